@@ -1,0 +1,18 @@
+# sp_library(NAME SRCS a.cc b.cc DEPS other_lib ...)
+function(sp_library name)
+  cmake_parse_arguments(A "" "" "SRCS;DEPS" ${ARGN})
+  add_library(${name} STATIC ${A_SRCS})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${A_DEPS} Threads::Threads)
+endfunction()
+
+# sp_test(NAME SRCS a_test.cc DEPS lib ...): one GoogleTest binary, each case registered with ctest.
+function(sp_test name)
+  if(NOT SP_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(A "" "" "SRCS;DEPS" ${ARGN})
+  add_executable(${name} ${A_SRCS})
+  target_link_libraries(${name} PRIVATE ${A_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 900)
+endfunction()

@@ -1,0 +1,62 @@
+#include "shardpoint/base/coding.h"
+
+namespace sp {
+
+Status ByteReader::Short(size_t needed) const {
+  return DataLossError(what_ + ": truncated at byte " + std::to_string(pos_) + " (needed " +
+                       std::to_string(needed) + " more bytes, " + std::to_string(remaining()) +
+                       " remain)");
+}
+
+Result<uint8_t> ByteReader::ReadU8() {
+  if (remaining() < 1) return Short(1);
+  return static_cast<uint8_t>(in_[pos_++]);
+}
+
+Result<uint32_t> ByteReader::ReadU32() {
+  if (remaining() < 4) return Short(4);
+  uint32_t v = DecodeFixed32(in_.data() + pos_);
+  pos_ += 4;
+  return v;
+}
+
+Result<uint64_t> ByteReader::ReadU64() {
+  if (remaining() < 8) return Short(8);
+  uint64_t v = DecodeFixed64(in_.data() + pos_);
+  pos_ += 8;
+  return v;
+}
+
+Result<int64_t> ByteReader::ReadI64() {
+  SP_ASSIGN_OR_RETURN(uint64_t v, ReadU64());
+  return static_cast<int64_t>(v);
+}
+
+Result<std::string_view> ByteReader::ReadRaw(size_t n) {
+  if (remaining() < n) return Short(n);
+  std::string_view out = in_.substr(pos_, n);
+  pos_ += n;
+  return out;
+}
+
+Result<std::string_view> ByteReader::ReadString(uint32_t max_len) {
+  SP_ASSIGN_OR_RETURN(uint32_t len, ReadU32());
+  if (len > max_len) {
+    return DataLossError(what_ + ": string length " + std::to_string(len) + " at byte " +
+                         std::to_string(pos_ - 4) + " exceeds the limit " +
+                         std::to_string(max_len));
+  }
+  return ReadRaw(len);
+}
+
+Result<uint32_t> ByteReader::ReadCount(size_t min_element_bytes) {
+  SP_ASSIGN_OR_RETURN(uint32_t count, ReadU32());
+  if (min_element_bytes > 0 && count > remaining() / min_element_bytes) {
+    return DataLossError(what_ + ": count " + std::to_string(count) + " at byte " +
+                         std::to_string(pos_ - 4) + " cannot fit in the " +
+                         std::to_string(remaining()) + " remaining bytes");
+  }
+  return count;
+}
+
+}  // namespace sp

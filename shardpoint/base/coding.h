@@ -1,0 +1,87 @@
+// Little-endian fixed-width encoding, and a bounds-checked reader for hostile bytes.
+//
+// ByteWriter appends to a std::string. ByteReader never reads past its input: every Read*
+// returns kDataLoss naming `what` when the input is too short. Lengths read from input are
+// checked against the remaining bytes before any allocation.
+#ifndef SHARDPOINT_BASE_CODING_H_
+#define SHARDPOINT_BASE_CODING_H_
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "shardpoint/base/result.h"
+
+namespace sp {
+
+inline void EncodeFixed32(char* dst, uint32_t v) { std::memcpy(dst, &v, 4); }  // x86-64/LE only
+inline void EncodeFixed64(char* dst, uint64_t v) { std::memcpy(dst, &v, 8); }
+inline uint32_t DecodeFixed32(const char* src) {
+  uint32_t v;
+  std::memcpy(&v, src, 4);
+  return v;
+}
+inline uint64_t DecodeFixed64(const char* src) {
+  uint64_t v;
+  std::memcpy(&v, src, 8);
+  return v;
+}
+
+class ByteWriter {
+ public:
+  explicit ByteWriter(std::string* out) : out_(out) {}
+  void PutU8(uint8_t v) { out_->push_back(static_cast<char>(v)); }
+  void PutU32(uint32_t v) {
+    char b[4];
+    EncodeFixed32(b, v);
+    out_->append(b, 4);
+  }
+  void PutU64(uint64_t v) {
+    char b[8];
+    EncodeFixed64(b, v);
+    out_->append(b, 8);
+  }
+  void PutI64(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
+  // u32 length, then the bytes.
+  void PutString(std::string_view s) {
+    PutU32(static_cast<uint32_t>(s.size()));
+    out_->append(s);
+  }
+  void PutRaw(std::string_view s) { out_->append(s); }
+  size_t size() const { return out_->size(); }
+
+ private:
+  std::string* out_;
+};
+
+class ByteReader {
+ public:
+  // `what` names the input in error messages ("metadata file /x/.metadata, tensor section").
+  ByteReader(std::string_view input, std::string what) : in_(input), what_(std::move(what)) {}
+
+  Result<uint8_t> ReadU8();
+  Result<uint32_t> ReadU32();
+  Result<uint64_t> ReadU64();
+  Result<int64_t> ReadI64();
+  // A u32 length then that many bytes, at most `max_len`.
+  Result<std::string_view> ReadString(uint32_t max_len = 1u << 20);
+  Result<std::string_view> ReadRaw(size_t n);
+  // Reads a u32 count and checks that count * min_element_bytes fits in what remains.
+  Result<uint32_t> ReadCount(size_t min_element_bytes);
+
+  size_t remaining() const { return in_.size() - pos_; }
+  size_t position() const { return pos_; }
+  bool done() const { return pos_ == in_.size(); }
+  const std::string& what() const { return what_; }
+
+ private:
+  Status Short(size_t needed) const;
+  std::string_view in_;
+  size_t pos_ = 0;
+  std::string what_;
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_BASE_CODING_H_

@@ -1,0 +1,41 @@
+// Communicator: how the ranks of one save or load exchange plans, as byte buffers.
+//
+// Every rank of a group must call the same collectives in the same order. Payloads are opaque
+// bytes (std::string). A collective returns an error only when the transport itself fails
+// (a rank left the group, a timeout); application errors travel as data through the helpers in
+// comm/collective.h, so that every rank returns the same error and nothing hangs.
+// One Communicator object is used by one thread (its rank) at a time.
+//
+// Implementations: ThreadComm (ranks as threads of one process; tests and offline tools),
+// MPI (comm/mpi_comm.h) and torch.distributed (from Python).
+#ifndef SHARDPOINT_COMM_COMMUNICATOR_H_
+#define SHARDPOINT_COMM_COMMUNICATOR_H_
+
+#include <string>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+
+namespace sp {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Root receives every rank's payload, indexed by rank; other ranks receive an empty vector.
+  virtual Result<std::vector<std::string>> Gather(std::string payload, int root) = 0;
+  // Root passes exactly size() payloads (ignored elsewhere); rank r receives payloads[r].
+  virtual Result<std::string> Scatter(std::vector<std::string> payloads, int root) = 0;
+  // Every rank receives root's payload (the argument is ignored on other ranks).
+  virtual Result<std::string> Broadcast(std::string payload, int root) = 0;
+  // Every rank receives every rank's payload, indexed by rank.
+  virtual Result<std::vector<std::string>> AllGather(std::string payload) = 0;
+  virtual Status Barrier() = 0;
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_COMM_COMMUNICATOR_H_

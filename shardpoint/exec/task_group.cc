@@ -1,0 +1,56 @@
+#include "shardpoint/exec/task_group.h"
+
+#include <algorithm>
+
+namespace sp {
+
+TaskGroup::~TaskGroup() { Wait().IgnoreError(); }
+
+void TaskGroup::Run(std::function<Status()> task) {
+  if (pool_ == nullptr || pool_->InWorkerThread()) {
+    Status s = cancelled() ? OkStatus() : task();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() && first_error_.ok()) {
+      first_error_ = std::move(s);
+      cancelled_ = true;
+    }
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pending_;
+  }
+  pool_->Schedule([this, task = std::move(task)] { Finish(cancelled() ? OkStatus() : task()); });
+}
+
+void TaskGroup::Finish(Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status.ok() && first_error_.ok()) {
+    first_error_ = std::move(status);
+    cancelled_ = true;
+  }
+  if (--pending_ == 0) cv_.notify_all();
+}
+
+Status TaskGroup::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return pending_ == 0; });
+  return first_error_;
+}
+
+Status ParallelFor(ThreadPool* pool, int64_t n, const std::function<Status(int64_t)>& body) {
+  if (n <= 0) return OkStatus();
+  int64_t blocks = pool == nullptr ? 1 : std::min<int64_t>(n, pool->size());
+  TaskGroup group(pool);
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t begin = n * b / blocks;
+    int64_t end = n * (b + 1) / blocks;
+    group.Run([&body, &group, begin, end]() -> Status {
+      for (int64_t i = begin; i < end && !group.cancelled(); ++i) SP_RETURN_IF_ERROR(body(i));
+      return OkStatus();
+    });
+  }
+  return group.Wait();
+}
+
+}  // namespace sp

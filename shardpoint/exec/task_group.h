@@ -1,0 +1,52 @@
+// TaskGroup: fan work out to a ThreadPool and collect the first error.
+//
+// Run() schedules a task returning Status; Wait() blocks until every scheduled task has finished
+// and returns the first non-OK status (in completion order), or OK. After the first failure,
+// cancelled() turns true so long tasks can stop early; tasks not yet started still run but may
+// check cancelled(). With a null pool, or when called from a worker of the same pool (to avoid
+// deadlock), tasks run inline. Run() and cancelled() are thread-safe; Wait() is called once by
+// the owner. The destructor waits.
+#ifndef SHARDPOINT_EXEC_TASK_GROUP_H_
+#define SHARDPOINT_EXEC_TASK_GROUP_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+#include "shardpoint/base/status.h"
+#include "shardpoint/exec/thread_pool.h"
+
+namespace sp {
+
+class TaskGroup {
+ public:
+  explicit TaskGroup(ThreadPool* pool) : pool_(pool) {}
+  ~TaskGroup();
+
+  TaskGroup(const TaskGroup&) = delete;
+  TaskGroup& operator=(const TaskGroup&) = delete;
+
+  void Run(std::function<Status()> task);
+  Status Wait();
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+ private:
+  void Finish(Status status);
+
+  ThreadPool* pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t pending_ = 0;
+  Status first_error_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// Runs body(i) for i in [0, n) on the pool, in up to pool->size() contiguous blocks.
+// Returns the first error.
+Status ParallelFor(ThreadPool* pool, int64_t n, const std::function<Status(int64_t)>& body);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_EXEC_TASK_GROUP_H_

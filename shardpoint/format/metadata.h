@@ -1,0 +1,77 @@
+// CheckpointMetadata: the in-memory model of one committed checkpoint.
+//
+// This is what a format driver decodes from disk and what the save planner produces. It says,
+// for every tensor, its dtype, global shape and the stored chunks that tile it, and for every
+// chunk the data file, the byte range and the checksums. Plain value types; no I/O here.
+// docs/FORMAT.md specifies how the native driver encodes it.
+#ifndef SHARDPOINT_FORMAT_METADATA_H_
+#define SHARDPOINT_FORMAT_METADATA_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardpoint/base/dtype.h"
+#include "shardpoint/geometry/box.h"
+
+namespace sp {
+
+// Default checksum block: one CRC32C per this many bytes of a chunk (the last block is shorter).
+// Block checksums let a resharding load verify exactly the part of a chunk it reads.
+inline constexpr uint64_t kDefaultChecksumBlockBytes = uint64_t{1} << 20;
+
+struct DataFile {
+  std::string name;         // relative to the checkpoint directory
+  uint64_t data_start = 0;  // byte offset of the data section (safetensors: 8 + header length)
+  uint64_t size = 0;        // total file size in bytes
+  int32_t writer_rank = 0;  // the rank that wrote it
+};
+
+struct StoredChunk {
+  Box box;                  // global coordinates
+  uint32_t file = 0;        // index into CheckpointMetadata::files
+  uint64_t data_offset = 0; // relative to the file's data_start
+  uint64_t byte_length = 0; // box.volume() * DTypeSize(dtype)
+  std::vector<uint32_t> block_crc32c;  // one per checksum block of this chunk's bytes
+};
+
+struct TensorMetadata {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<StoredChunk> chunks;  // non-empty boxes, no overlaps, covering the shape
+
+  uint64_t total_bytes() const { return static_cast<uint64_t>(ShapeVolume(shape)) * DTypeSize(dtype); }
+};
+
+enum class ObjectEncoding : uint8_t {
+  kJson = 1,    // UTF-8 JSON text of a plain-data value
+  kPickle = 2,  // pickled bytes; loaded only with an explicit opt-in
+  kBytes = 3,   // opaque bytes
+};
+
+struct ObjectEntry {
+  std::string name;
+  ObjectEncoding encoding = ObjectEncoding::kJson;
+  std::string payload;
+};
+
+struct CheckpointMetadata {
+  uint32_t version_major = 1;
+  uint32_t version_minor = 0;
+  std::string save_id;  // unique per save; data file names carry it
+  int32_t world_size = 1;
+  uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  std::vector<DataFile> files;
+  std::vector<TensorMetadata> tensors;   // sorted by name, names unique
+  std::vector<ObjectEntry> objects;      // sorted by name, names unique
+  std::map<std::string, std::string> attributes;  // free-form string pairs (e.g. "step")
+
+  const TensorMetadata* FindTensor(std::string_view name) const;
+  const ObjectEntry* FindObject(std::string_view name) const;
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_FORMAT_METADATA_H_

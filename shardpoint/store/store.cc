@@ -1,0 +1,29 @@
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+Result<std::string> Store::ReadFile(std::string_view path) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, OpenReadable(path));
+  std::string out(file->size(), '\0');
+  SP_RETURN_IF_ERROR(file->ReadAt(0, AsMutableBytes(out.data(), out.size())));
+  return out;
+}
+
+std::string JoinPath(std::string_view dir, std::string_view name) {
+  if (dir.empty()) return std::string(name);
+  std::string out(dir);
+  if (out.back() != '/') out += '/';
+  while (!name.empty() && name.front() == '/') name.remove_prefix(1);
+  out += name;
+  return out;
+}
+
+std::string ParentPath(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return "";
+  if (slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+}  // namespace sp

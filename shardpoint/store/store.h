@@ -1,0 +1,89 @@
+// Store: the file-system operations a checkpoint needs, behind one interface.
+//
+// Implementations: PosixStore (local and network file systems), MemoryStore (tests, tools),
+// FaultStore (wraps another store; injects errors and drops unsynced data to simulate a crash).
+// Paths are '/'-separated strings; a store interprets them as it likes (PosixStore: file system
+// paths; MemoryStore: keys). All methods are thread-safe. Files returned by a store are used by
+// one owner, but WriteAt / ReadAt on disjoint ranges may be called from several threads at once.
+//
+// Every error names the path and the operation ("write /ckpt/d-0.safetensors at offset 4096:
+// No space left on device (errno 28)").
+#ifndef SHARDPOINT_STORE_STORE_H_
+#define SHARDPOINT_STORE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/bytes.h"
+#include "shardpoint/base/result.h"
+
+namespace sp {
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Writes all of `data` at `offset`. Thread-safe for disjoint ranges.
+  virtual Status WriteAt(uint64_t offset, ByteView data) = 0;
+  // Makes every byte written so far durable (fdatasync).
+  virtual Status Sync() = 0;
+  // Releases the handle. Further calls fail. Destruction without Close closes silently.
+  virtual Status Close() = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+  // Reads exactly out.size() bytes at `offset`; a short file gives kDataLoss naming the path,
+  // the offset, the bytes wanted and the file size. Thread-safe.
+  virtual Status ReadAt(uint64_t offset, MutableByteView out) const = 0;
+  virtual uint64_t size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+struct DirEntry {
+  std::string name;  // not a path: the last component only
+  bool is_directory = false;
+  uint64_t size = 0;  // bytes, for files
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Creates (or truncates) a file. The parent directory must exist (kNotFound otherwise).
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) = 0;
+  // Opens an existing file (kNotFound when absent).
+  virtual Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) = 0;
+  // Reads a whole file (convenience over OpenReadable).
+  virtual Result<std::string> ReadFile(std::string_view path);
+  // Creates a directory and its missing parents; OK when it exists.
+  virtual Status CreateDirs(std::string_view path) = 0;
+  // Atomically renames `from` to `to`, replacing a file at `to`.
+  virtual Status Rename(std::string_view from, std::string_view to) = 0;
+  // Makes the directory's entries (creations, renames, removals) durable.
+  virtual Status SyncDir(std::string_view path) = 0;
+  // Removes one file (kNotFound when absent).
+  virtual Status RemoveFile(std::string_view path) = 0;
+  // Removes an empty directory.
+  virtual Status RemoveDir(std::string_view path) = 0;
+  // kNotFound when nothing is there.
+  virtual Result<bool> IsDirectory(std::string_view path) = 0;
+  virtual Result<bool> Exists(std::string_view path) = 0;
+  // Entries of a directory, sorted by name (kNotFound when absent).
+  virtual Result<std::vector<DirEntry>> ListDir(std::string_view path) = 0;
+  // A short name for messages: "posix", "memory", "fault(posix)".
+  virtual std::string name() const = 0;
+};
+
+// "a" + "b" -> "a/b" (no doubled slash).
+std::string JoinPath(std::string_view dir, std::string_view name);
+// "a/b/c" -> "a/b"; "c" -> "".
+std::string ParentPath(std::string_view path);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_STORE_STORE_H_
