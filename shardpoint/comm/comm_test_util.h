@@ -1,11 +1,16 @@
-// Payloads for communicator tests: deterministic pseudo-random bytes that can be checked
-// against their seed without keeping a second copy of a large buffer.
+// Helpers shared by the communicator tests: deterministic pseudo-random payloads that can be
+// checked against their seed without keeping a second copy of a large buffer, and a check that
+// runs every collective of a Communicator against those payloads.
 #ifndef SHARDPOINT_COMM_COMM_TEST_UTIL_H_
 #define SHARDPOINT_COMM_COMM_TEST_UTIL_H_
 
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/comm/communicator.h"
 
 namespace sp::testing {
 
@@ -41,6 +46,75 @@ inline bool MatchesPayload(const std::string& bytes, size_t size, uint64_t seed)
   }
   const uint64_t tail = SplitMix64(state);
   return std::memcmp(&bytes[i], &tail, size - i) == 0;
+}
+
+// Seed of the payload that `rank` contributes for `purpose` in test round `round`.
+inline uint64_t Seed(int round, int rank, int purpose) {
+  return (uint64_t(round) << 32) ^ (uint64_t(rank) << 8) ^ uint64_t(purpose);
+}
+
+// Size of rank r's payload in a test with base size `size`: ranks differ so that a payload
+// delivered to the wrong rank is caught.
+inline size_t SizeOf(size_t size, int rank) { return size == 0 ? 0 : size + rank; }
+
+// Records the first wrong payload seen. Checks keep going after one, so that every rank makes
+// the same sequence of collective calls whatever it finds (a rank that stopped early would make
+// the others wait for it).
+class FirstMismatch {
+ public:
+  void Check(bool ok, const char* collective, int root, int from_rank) {
+    if (ok || !status_.ok()) return;
+    status_ = InternalError(std::string(collective) + " with root " + std::to_string(root) +
+                            ": wrong payload from rank " + std::to_string(from_rank));
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+// Gather, Scatter and Broadcast with root `root`, each result checked against its seed.
+inline Status CheckRootedCollectives(Communicator& comm, size_t size, int round, int root,
+                                     FirstMismatch* mismatch) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  SP_ASSIGN_OR_RETURN(auto gathered,
+                      comm.Gather(MakePayload(SizeOf(size, me), Seed(round, me, 1)), root));
+  mismatch->Check(gathered.size() == (me == root ? size_t(n) : 0), "Gather", root, -1);
+  for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+    mismatch->Check(MatchesPayload(gathered[r], SizeOf(size, r), Seed(round, r, 1)), "Gather", root,
+                    r);
+  }
+  std::vector<std::string> parts;
+  for (int r = 0; me == root && r < n; ++r) {
+    parts.push_back(MakePayload(SizeOf(size, r), Seed(round, r, 2)));
+  }
+  SP_ASSIGN_OR_RETURN(std::string part, comm.Scatter(std::move(parts), root));
+  mismatch->Check(MatchesPayload(part, SizeOf(size, me), Seed(round, me, 2)), "Scatter", root,
+                  root);
+  std::string value = me == root ? MakePayload(size, Seed(round, root, 3)) : "ignored";
+  SP_ASSIGN_OR_RETURN(value, comm.Broadcast(std::move(value), root));
+  mismatch->Check(MatchesPayload(value, size, Seed(round, root, 3)), "Broadcast", root, root);
+  return OkStatus();
+}
+
+// Runs every collective on `comm` (the rooted ones once per root), checking each result against
+// its seed. Rank r's payloads have SizeOf(size, r) bytes. A transport error is returned at once;
+// a wrong payload is returned after every collective has run.
+inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  FirstMismatch mismatch;
+  for (int root = 0; root < n; ++root) {
+    SP_RETURN_IF_ERROR(CheckRootedCollectives(comm, size, round, root, &mismatch));
+  }
+  SP_ASSIGN_OR_RETURN(auto all, comm.AllGather(MakePayload(SizeOf(size, me), Seed(round, me, 4))));
+  mismatch.Check(all.size() == size_t(n), "AllGather", -1, -1);
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    mismatch.Check(MatchesPayload(all[r], SizeOf(size, r), Seed(round, r, 4)), "AllGather", -1, r);
+  }
+  SP_RETURN_IF_ERROR(comm.Barrier());
+  return mismatch.status();
 }
 
 }  // namespace sp::testing

@@ -12,57 +12,15 @@
 namespace sp {
 namespace {
 
+using ::sp::testing::CheckEveryCollective;
 using ::sp::testing::MakePayload;
 using ::sp::testing::MatchesPayload;
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-uint64_t Seed(int round, int rank, int purpose) {
-  return (uint64_t(round) << 32) ^ (uint64_t(rank) << 8) ^ uint64_t(purpose);
-}
-
-// Size of rank r's payload in a test with base size `size`: ranks differ so that a payload
-// delivered to the wrong rank is caught.
-size_t SizeOf(size_t size, int rank) { return size == 0 ? 0 : size + rank; }
-
 void ExpectAllOk(const std::vector<Status>& statuses) {
   for (size_t r = 0; r < statuses.size(); ++r)
     EXPECT_TRUE(statuses[r].ok()) << r << ": " << statuses[r];
-}
-
-// Runs every collective once per root on `comm`, checking each result against its seed.
-Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
-  const int n = comm.size();
-  const int me = comm.rank();
-  for (int root = 0; root < n; ++root) {
-    SP_ASSIGN_OR_RETURN(auto gathered,
-                        comm.Gather(MakePayload(SizeOf(size, me), Seed(round, me, 1)), root));
-    if (me != root && !gathered.empty()) return InternalError("non-root received a gather result");
-    for (int r = 0; me == root && r < n; ++r) {
-      if (gathered.size() != size_t(n) ||
-          !MatchesPayload(gathered[r], SizeOf(size, r), Seed(round, r, 1))) {
-        return InternalError("Gather: wrong payload from rank " + std::to_string(r));
-      }
-    }
-    std::vector<std::string> parts;
-    for (int r = 0; me == root && r < n; ++r)
-      parts.push_back(MakePayload(SizeOf(size, r), Seed(round, r, 2)));
-    SP_ASSIGN_OR_RETURN(std::string part, comm.Scatter(std::move(parts), root));
-    if (!MatchesPayload(part, SizeOf(size, me), Seed(round, me, 2)))
-      return InternalError("Scatter: wrong part");
-    std::string value =
-        me == root ? MakePayload(size, Seed(round, root, 3)) : std::string("ignored");
-    SP_ASSIGN_OR_RETURN(value, comm.Broadcast(std::move(value), root));
-    if (!MatchesPayload(value, size, Seed(round, root, 3)))
-      return InternalError("Broadcast: wrong value");
-  }
-  SP_ASSIGN_OR_RETURN(auto all, comm.AllGather(MakePayload(SizeOf(size, me), Seed(round, me, 4))));
-  for (int r = 0; r < n; ++r) {
-    if (all.size() != size_t(n) || !MatchesPayload(all[r], SizeOf(size, r), Seed(round, r, 4))) {
-      return InternalError("AllGather: wrong payload from rank " + std::to_string(r));
-    }
-  }
-  return comm.Barrier();
 }
 
 TEST(ThreadCommTest, EveryCollectiveEveryRootOneToEightRanks) {

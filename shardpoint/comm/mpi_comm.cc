@@ -1,0 +1,250 @@
+#include "shardpoint/comm/mpi_comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+
+namespace sp {
+namespace {
+
+Status MpiCheck(int rc, const char* call, const char* collective) {
+  if (rc == MPI_SUCCESS) return OkStatus();
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) length = 0;
+  int error_class = rc;
+  if (MPI_Error_class(rc, &error_class) != MPI_SUCCESS) error_class = rc;
+  return UnavailableError(std::string(call) + " in " + collective +
+                          " failed: " + std::string(text, length) + " (MPI error class " +
+                          std::to_string(error_class) + ")");
+}
+
+// One round of a split transfer: the bytes of each rank's payload that move in it.
+struct TransferRound {
+  std::vector<int> counts;        // bytes of rank r's payload moved in this round
+  std::vector<int> displs;        // where they sit in the round's staging buffer
+  std::vector<uint64_t> offsets;  // where they start in rank r's payload
+  int total = 0;                  // sum of counts
+};
+
+// Splits the transfer of sizes[r] bytes from (or to) every rank r into rounds that move at most
+// `limit` bytes in all, so that every MPI count and displacement fits in an int. Every rank
+// computes the same rounds from the same sizes.
+class RoundSchedule {
+ public:
+  RoundSchedule(const std::vector<uint64_t>& sizes, size_t limit)
+      : sizes_(sizes), sent_(sizes.size(), 0), limit_(limit) {}
+
+  // Fills *round with the next round; returns false once every byte has been scheduled.
+  bool Next(TransferRound* round) {
+    const size_t n = sizes_.size();
+    round->counts.assign(n, 0);
+    round->displs.assign(n, 0);
+    round->offsets.assign(n, 0);
+    round->total = 0;
+    uint64_t budget = limit_;
+    for (size_t r = 0; r < n; ++r) {
+      const uint64_t take = std::min<uint64_t>(sizes_[r] - sent_[r], budget);
+      round->offsets[r] = sent_[r];
+      round->counts[r] = static_cast<int>(take);
+      round->displs[r] = round->total;
+      round->total += static_cast<int>(take);
+      sent_[r] += take;
+      budget -= take;
+    }
+    return round->total > 0;
+  }
+
+ private:
+  const std::vector<uint64_t>& sizes_;
+  std::vector<uint64_t> sent_;
+  const uint64_t limit_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<MpiComm>> MpiComm::Create(MPI_Comm comm, MpiCommOptions options) {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return FailedPreconditionError(std::string("MpiComm::Create: MPI is ") +
+                                   (finalized ? "already finalized" : "not initialized") +
+                                   ", expected a call between MPI_Init and MPI_Finalize");
+  }
+  if (options.max_message_bytes == 0 || options.max_message_bytes > size_t{INT_MAX}) {
+    return InvalidArgumentError("MpiComm::Create: max_message_bytes is " +
+                                std::to_string(options.max_message_bytes) + ", expected 1 to " +
+                                std::to_string(INT_MAX));
+  }
+  MPI_Comm dup = MPI_COMM_NULL;
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup", "MpiComm::Create"));
+  int rank = 0;
+  int size = 0;
+  Status status = MpiCheck(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN),
+                           "MPI_Comm_set_errhandler", "MpiComm::Create");
+  if (status.ok()) status = MpiCheck(MPI_Comm_rank(dup, &rank), "MPI_Comm_rank", "MpiComm::Create");
+  if (status.ok()) status = MpiCheck(MPI_Comm_size(dup, &size), "MPI_Comm_size", "MpiComm::Create");
+  if (!status.ok()) {
+    MPI_Comm_free(&dup);
+    return status;
+  }
+  return std::unique_ptr<MpiComm>(new MpiComm(dup, rank, size, options));
+}
+
+MpiComm::MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options)
+    : comm_(comm), rank_(rank), size_(size), options_(options) {}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Status MpiComm::CheckRoot(int root, const char* collective) const {
+  if (root >= 0 && root < size_) return OkStatus();
+  return InvalidArgumentError(std::string(collective) + ": root " + std::to_string(root) +
+                              " is out of range for a group of " + std::to_string(size_) +
+                              " ranks");
+}
+
+Result<std::vector<uint64_t>> MpiComm::AllGatherSizes(uint64_t mine, const char* collective) {
+  std::vector<uint64_t> sizes(size_, 0);
+  SP_RETURN_IF_ERROR(
+      MpiCheck(MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_),
+               "MPI_Allgather of payload sizes", collective));
+  return sizes;
+}
+
+Result<std::vector<std::string>> MpiComm::Gather(std::string payload, int root) {
+  SP_RETURN_IF_ERROR(CheckRoot(root, "Gather"));
+  const bool is_root = rank_ == root;
+  // Root's own payload does not travel.
+  SP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
+                      AllGatherSizes(is_root ? 0 : payload.size(), "Gather"));
+  std::vector<std::string> gathered(is_root ? size_ : 0);
+  for (int r = 0; is_root && r < size_; ++r) gathered[r].reserve(sizes[r]);
+  SP_RETURN_IF_ERROR(GatherRounds(payload, sizes, root, &gathered));
+  if (is_root) gathered[root] = std::move(payload);
+  return gathered;
+}
+
+Status MpiComm::GatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes,
+                             int root, std::vector<std::string>* gathered) {
+  RoundSchedule schedule(sizes, options_.max_message_bytes);
+  TransferRound round;
+  std::string staging;
+  while (schedule.Next(&round)) {
+    if (rank_ == root) staging.resize(round.total);
+    SP_RETURN_IF_ERROR(
+        MpiCheck(MPI_Gatherv(payload.data() + round.offsets[rank_], round.counts[rank_], MPI_BYTE,
+                             staging.data(), round.counts.data(), round.displs.data(), MPI_BYTE,
+                             root, comm_),
+                 "MPI_Gatherv", "Gather"));
+    if (rank_ != root) continue;
+    for (int r = 0; r < size_; ++r) {
+      (*gathered)[r].append(staging.data() + round.displs[r], round.counts[r]);
+    }
+  }
+  return OkStatus();
+}
+
+Result<std::string> MpiComm::Scatter(std::vector<std::string> payloads, int root) {
+  SP_RETURN_IF_ERROR(CheckRoot(root, "Scatter"));
+  const bool is_root = rank_ == root;
+  // header[0]: how many payloads root was given; header[1 + r]: the size of rank r's payload
+  // (0 for root's own, which does not travel).
+  std::vector<uint64_t> header(size_ + 1, 0);
+  if (is_root) {
+    header[0] = payloads.size();
+    for (int r = 0; r < size_ && payloads.size() == size_t(size_); ++r) {
+      header[1 + r] = r == root ? 0 : payloads[r].size();
+    }
+  }
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Bcast(header.data(), size_ + 1, MPI_UINT64_T, root, comm_),
+                              "MPI_Bcast of payload sizes", "Scatter"));
+  if (header[0] != uint64_t(size_)) {
+    return InvalidArgumentError("Scatter: root " + std::to_string(root) + " passed " +
+                                std::to_string(header[0]) + " payloads, expected one per rank (" +
+                                std::to_string(size_) + ")");
+  }
+  const std::vector<uint64_t> sizes(header.begin() + 1, header.end());
+  std::string mine(sizes[rank_], '\0');
+  SP_RETURN_IF_ERROR(ScatterRounds(payloads, sizes, root, &mine));
+  if (is_root) mine = std::move(payloads[root]);
+  return mine;
+}
+
+Status MpiComm::ScatterRounds(const std::vector<std::string>& payloads,
+                              const std::vector<uint64_t>& sizes, int root, std::string* mine) {
+  RoundSchedule schedule(sizes, options_.max_message_bytes);
+  TransferRound round;
+  std::string staging;
+  while (schedule.Next(&round)) {
+    if (rank_ == root) {
+      staging.clear();
+      for (int r = 0; r < size_; ++r) {
+        staging.append(payloads[r].data() + round.offsets[r], round.counts[r]);
+      }
+    }
+    SP_RETURN_IF_ERROR(
+        MpiCheck(MPI_Scatterv(staging.data(), round.counts.data(), round.displs.data(), MPI_BYTE,
+                              mine->data() + round.offsets[rank_], round.counts[rank_], MPI_BYTE,
+                              root, comm_),
+                 "MPI_Scatterv", "Scatter"));
+  }
+  return OkStatus();
+}
+
+Result<std::string> MpiComm::Broadcast(std::string payload, int root) {
+  SP_RETURN_IF_ERROR(CheckRoot(root, "Broadcast"));
+  uint64_t total = rank_ == root ? payload.size() : 0;
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Bcast(&total, 1, MPI_UINT64_T, root, comm_),
+                              "MPI_Bcast of the payload size", "Broadcast"));
+  if (rank_ != root) {
+    payload.clear();
+    payload.resize(total);
+  }
+  // The payload goes straight into each rank's buffer, in pieces of at most max_message_bytes.
+  for (uint64_t offset = 0; offset < total; offset += options_.max_message_bytes) {
+    const int count =
+        static_cast<int>(std::min<uint64_t>(options_.max_message_bytes, total - offset));
+    SP_RETURN_IF_ERROR(MpiCheck(MPI_Bcast(payload.data() + offset, count, MPI_BYTE, root, comm_),
+                                "MPI_Bcast", "Broadcast"));
+  }
+  return payload;
+}
+
+Result<std::vector<std::string>> MpiComm::AllGather(std::string payload) {
+  SP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, AllGatherSizes(payload.size(), "AllGather"));
+  std::vector<std::string> gathered(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) gathered[r].reserve(sizes[r]);
+  }
+  SP_RETURN_IF_ERROR(AllGatherRounds(payload, sizes, &gathered));
+  gathered[rank_] = std::move(payload);
+  return gathered;
+}
+
+Status MpiComm::AllGatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes,
+                                std::vector<std::string>* gathered) {
+  RoundSchedule schedule(sizes, options_.max_message_bytes);
+  TransferRound round;
+  std::string staging;
+  while (schedule.Next(&round)) {
+    staging.resize(round.total);
+    SP_RETURN_IF_ERROR(MpiCheck(
+        MPI_Allgatherv(payload.data() + round.offsets[rank_], round.counts[rank_], MPI_BYTE,
+                       staging.data(), round.counts.data(), round.displs.data(), MPI_BYTE, comm_),
+        "MPI_Allgatherv", "AllGather"));
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) (*gathered)[r].append(staging.data() + round.displs[r], round.counts[r]);
+    }
+  }
+  return OkStatus();
+}
+
+Status MpiComm::Barrier() { return MpiCheck(MPI_Barrier(comm_), "MPI_Barrier", "Barrier"); }
+
+}  // namespace sp

@@ -1,0 +1,84 @@
+// MpiComm: a Communicator over an MPI communicator (built only where MPI is found).
+//
+// Every rank of the MPI communicator is one rank of the group. Payloads are variable-length: each
+// collective first exchanges payload sizes, then moves the bytes with MPI_Gatherv, MPI_Scatterv,
+// MPI_Allgatherv or MPI_Bcast. MPI counts and displacements are ints, so a transfer is split into
+// rounds that move at most `max_message_bytes` (default 1 GiB) in all; payloads of any size,
+// beyond 2 GiB included, go through. A rank's own payload never travels: the root of Gather and
+// Scatter keeps its own buffer, and AllGather moves each rank's own payload into its result.
+//
+// Errors. The wrapped communicator is duplicated (so shardpoint's messages never mix with the
+// application's) and set to MPI_ERRORS_RETURN; a failed MPI call returns kUnavailable naming the
+// call and the collective, with MPI's error string. Arguments every rank checks alike (root out
+// of range) and Scatter given the wrong number of payloads at the root fail with
+// kInvalidArgument on every rank. Unlike ThreadComm, MPI offers no timeouts and cannot detect
+// mismatched collectives: as with MPI itself, every rank must call the same collectives with the
+// same root in the same order. A rank that dies usually makes the MPI runtime end the job.
+//
+// Thread-safety: one thread uses an MpiComm at a time (MPI_THREAD_SERIALIZED or stronger when
+// other threads also call MPI). MPI must be initialized before Create and finalized only after
+// the MpiComm is destroyed.
+#ifndef SHARDPOINT_COMM_MPI_COMM_H_
+#define SHARDPOINT_COMM_MPI_COMM_H_
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/comm/communicator.h"
+
+namespace sp {
+
+struct MpiCommOptions {
+  // Upper bound on the bytes one MPI call moves in all (1 to INT_MAX). Smaller values bound the
+  // staging memory of Gather, Scatter and AllGather at the cost of more rounds.
+  size_t max_message_bytes = size_t{1} << 30;
+};
+
+class MpiComm final : public Communicator {
+ public:
+  // Duplicates `comm` (which the caller keeps owning). Returns kFailedPrecondition when MPI is
+  // not initialized, kInvalidArgument for a bad option, kUnavailable when MPI fails.
+  static Result<std::unique_ptr<MpiComm>> Create(MPI_Comm comm, MpiCommOptions options = {});
+  // Frees the duplicated communicator (unless MPI is already finalized).
+  ~MpiComm() override;
+
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Result<std::vector<std::string>> Gather(std::string payload, int root) override;
+  Result<std::string> Scatter(std::vector<std::string> payloads, int root) override;
+  Result<std::string> Broadcast(std::string payload, int root) override;
+  Result<std::vector<std::string>> AllGather(std::string payload) override;
+  Status Barrier() override;
+
+ private:
+  MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options);
+
+  Status CheckRoot(int root, const char* collective) const;
+  // Sizes of every rank's payload, known on every rank.
+  Result<std::vector<uint64_t>> AllGatherSizes(uint64_t mine, const char* collective);
+  Status GatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes, int root,
+                      std::vector<std::string>* gathered);
+  Status ScatterRounds(const std::vector<std::string>& payloads, const std::vector<uint64_t>& sizes,
+                       int root, std::string* mine);
+  Status AllGatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes,
+                         std::vector<std::string>* gathered);
+
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+  MpiCommOptions options_;
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_COMM_MPI_COMM_H_
