@@ -26,4 +26,20 @@ std::string ParentPath(std::string_view path) {
   return std::string(path.substr(0, slash));
 }
 
+std::string NormalizePath(std::string_view path) {
+  std::string out;
+  if (!path.empty() && path.front() == '/') out.push_back('/');
+  size_t pos = 0;
+  while (pos < path.size()) {
+    size_t end = path.find('/', pos);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(pos, end - pos);
+    pos = end + 1;
+    if (part.empty() || part == ".") continue;
+    if (!out.empty() && out.back() != '/') out += '/';
+    out += part;
+  }
+  return out;
+}
+
 }  // namespace sp

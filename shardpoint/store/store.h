@@ -32,6 +32,11 @@ class WritableFile {
   // Releases the handle. Further calls fail. Destruction without Close closes silently.
   virtual Status Close() = 0;
   virtual const std::string& path() const = 0;
+  // Reserves storage for the first `size` bytes so that later writes in that range do not fail for
+  // lack of space. The file may grow to `size` bytes at once (unwritten bytes read as zeros); it
+  // never shrinks. Out of space gives kResourceExhausted. The default does nothing and returns OK,
+  // for stores that cannot reserve space.
+  virtual Status Preallocate(uint64_t size) { return OkStatus(); }
 };
 
 class ReadableFile {
@@ -40,8 +45,13 @@ class ReadableFile {
   // Reads exactly out.size() bytes at `offset`; a short file gives kDataLoss naming the path,
   // the offset, the bytes wanted and the file size. Thread-safe.
   virtual Status ReadAt(uint64_t offset, MutableByteView out) const = 0;
+  // The file size when it was opened.
   virtual uint64_t size() const = 0;
   virtual const std::string& path() const = 0;
+  // Asks the store to forget any cached copy of this file, so that the next reads come from the
+  // device (honest cold-read benchmarks). Only clean (already synced) data can be dropped. The
+  // default does nothing and returns OK.
+  virtual Status DropCache() { return OkStatus(); }
 };
 
 struct DirEntry {
@@ -83,6 +93,9 @@ class Store {
 std::string JoinPath(std::string_view dir, std::string_view name);
 // "a/b/c" -> "a/b"; "c" -> "".
 std::string ParentPath(std::string_view path);
+// Collapses repeated '/', drops "." components and a trailing '/', keeps a leading '/':
+// "/a//b/./c/" -> "/a/b/c"; "a/" -> "a"; "/" -> "/"; "" -> "". ".." is kept as a component.
+std::string NormalizePath(std::string_view path);
 
 }  // namespace sp
 

@@ -1,0 +1,34 @@
+// Picks a Store by URL scheme. The one place where a scheme maps to an implementation.
+//
+//   "/ckpt/step-100", "ckpt", "file:///ckpt/step-100"  -> PosixStore
+//   "memory://"                                        -> a new, empty MemoryStore
+//
+// Anything else of the form "<scheme>://..." is kInvalidArgument naming the scheme. Thread-safe
+// (no shared state).
+#ifndef SHARDPOINT_STORE_OPEN_STORE_H_
+#define SHARDPOINT_STORE_OPEN_STORE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+struct StoreUrl {
+  std::string scheme;  // "file" or "memory"; a plain path gives "file"
+  std::string path;    // the path inside the store: "file:///a/b" -> "/a/b"; "memory:///x" -> "/x"
+};
+
+// Splits a URL into scheme and path. kInvalidArgument for an empty URL, an unsupported scheme, or
+// a file URL that names a host ("file://host/x").
+Result<StoreUrl> ParseStoreUrl(std::string_view url);
+
+// Returns a new store for the URL's scheme (the caller owns it). Errors as ParseStoreUrl.
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_STORE_OPEN_STORE_H_

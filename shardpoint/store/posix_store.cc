@@ -1,0 +1,289 @@
+#include "shardpoint/store/posix_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <utility>
+
+namespace sp {
+namespace {
+
+// The most one pread / pwrite call is asked to move (Linux caps a single transfer near 2 GiB).
+constexpr size_t kMaxTransfer = size_t{1} << 30;
+
+std::string At(std::string_view op, std::string_view path, uint64_t offset) {
+  std::string what(op);
+  what += ' ';
+  what += path;
+  what += " at offset " + std::to_string(offset);
+  return what;
+}
+
+std::string On(std::string_view op, std::string_view path) {
+  std::string what(op);
+  what += ' ';
+  what += path;
+  return what;
+}
+
+Status ClosedError(std::string_view op, std::string_view path) {
+  return FailedPreconditionError(On(op, path) + ": the file is already closed");
+}
+
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status WriteAt(uint64_t offset, ByteView data) override {
+    if (fd_ < 0) return ClosedError("write", path_);
+    while (!data.empty()) {
+      size_t want = std::min(data.size(), kMaxTransfer);
+      ssize_t n = ::pwrite(fd_, data.data(), want, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, At("write", path_, offset));
+      }
+      if (n == 0) return InternalError(At("write", path_, offset) + ": pwrite wrote 0 bytes");
+      data = data.subspan(static_cast<size_t>(n));
+      offset += static_cast<uint64_t>(n);
+    }
+    return OkStatus();
+  }
+
+  Status Sync() override {
+    if (fd_ < 0) return ClosedError("sync", path_);
+    while (::fdatasync(fd_) != 0) {
+      if (errno != EINTR) return ErrnoToStatus(errno, On("sync", path_));
+    }
+    return OkStatus();
+  }
+
+  Status Close() override {
+    if (fd_ < 0) return ClosedError("close", path_);
+    int fd = std::exchange(fd_, -1);
+    // Linux releases the descriptor even when close fails (EINTR included): never retry.
+    if (::close(fd) != 0) return ErrnoToStatus(errno, On("close", path_));
+    return OkStatus();
+  }
+
+  Status Preallocate(uint64_t size) override {
+    if (fd_ < 0) return ClosedError("preallocate", path_);
+    if (size == 0) return OkStatus();
+    int error = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+    while (error == EINTR) error = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+    // File systems without fallocate support report EOPNOTSUPP or EINVAL: reserving is a hint.
+    if (error == 0 || error == EOPNOTSUPP || error == EINVAL) return OkStatus();
+    return ErrnoToStatus(error, On("preallocate", path_) + " to " + std::to_string(size) + " bytes");
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+class PosixReadableFile : public ReadableFile {
+ public:
+  PosixReadableFile(int fd, std::string path, uint64_t size)
+      : fd_(fd), path_(std::move(path)), size_(size) {}
+  ~PosixReadableFile() override { ::close(fd_); }
+
+  Status ReadAt(uint64_t offset, MutableByteView out) const override {
+    const uint64_t start = offset;
+    const size_t wanted = out.size();
+    while (!out.empty()) {
+      size_t want = std::min(out.size(), kMaxTransfer);
+      ssize_t n = ::pread(fd_, out.data(), want, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, At("read", path_, offset));
+      }
+      if (n == 0) return ShortRead(start, wanted);
+      out = out.subspan(static_cast<size_t>(n));
+      offset += static_cast<uint64_t>(n);
+    }
+    return OkStatus();
+  }
+
+  uint64_t size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+  Status DropCache() override {
+    int error = ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+    if (error != 0) return ErrnoToStatus(error, On("drop cache of", path_));
+    return OkStatus();
+  }
+
+ private:
+  Status ShortRead(uint64_t offset, size_t wanted) const {
+    struct stat st;
+    uint64_t now = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : size_;
+    return DataLossError(At("read", path_, offset) + ": wanted " + std::to_string(wanted) +
+                         " bytes but the file holds " + std::to_string(now) + " bytes");
+  }
+
+  int fd_;
+  std::string path_;
+  uint64_t size_;
+};
+
+// mkdir of one component; OK when a directory is already there.
+Status MakeOneDir(const std::string& dir, std::string_view full_path) {
+  if (::mkdir(dir.c_str(), 0755) == 0) return OkStatus();
+  int error = errno;
+  if (error != EEXIST) return ErrnoToStatus(error, On("create directory", dir));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, On("create directory", dir));
+  if (!S_ISDIR(st.st_mode)) {
+    return FailedPreconditionError(On("create directory", full_path) + ": " + dir +
+                                   " exists and is not a directory");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<WritableFile>> PosixStore::NewWritableFile(std::string_view path) {
+  std::string p(path);
+  int fd;
+  do {
+    fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, On("create", path));
+  return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, std::move(p)));
+}
+
+Result<std::unique_ptr<ReadableFile>> PosixStore::OpenReadable(std::string_view path) {
+  std::string p(path);
+  int fd;
+  do {
+    fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, On("open", path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int error = errno;
+    ::close(fd);
+    return ErrnoToStatus(error, On("stat", path));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return ErrnoToStatus(EISDIR, On("open", path));
+  }
+  return std::unique_ptr<ReadableFile>(
+      std::make_unique<PosixReadableFile>(fd, std::move(p), static_cast<uint64_t>(st.st_size)));
+}
+
+Status PosixStore::CreateDirs(std::string_view path) {
+  std::string normal = NormalizePath(path);
+  size_t pos = (!normal.empty() && normal.front() == '/') ? 1 : 0;
+  while (pos < normal.size()) {
+    size_t end = normal.find('/', pos);
+    if (end == std::string::npos) end = normal.size();
+    SP_RETURN_IF_ERROR(MakeOneDir(normal.substr(0, end), path));
+    pos = end + 1;
+  }
+  return OkStatus();
+}
+
+Status PosixStore::Rename(std::string_view from, std::string_view to) {
+  std::string f(from), t(to);
+  if (::rename(f.c_str(), t.c_str()) != 0) {
+    return ErrnoToStatus(errno, "rename " + f + " to " + t);
+  }
+  return OkStatus();
+}
+
+Status PosixStore::SyncDir(std::string_view path) {
+  std::string p(path.empty() ? "." : path);
+  int fd;
+  do {
+    fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, On("sync directory", path));
+  Status status;
+  while (::fsync(fd) != 0) {
+    if (errno != EINTR) {
+      status = ErrnoToStatus(errno, On("sync directory", path));
+      break;
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+Status PosixStore::RemoveFile(std::string_view path) {
+  std::string p(path);
+  if (::unlink(p.c_str()) != 0) return ErrnoToStatus(errno, On("remove", path));
+  return OkStatus();
+}
+
+Status PosixStore::RemoveDir(std::string_view path) {
+  std::string p(path);
+  if (::rmdir(p.c_str()) == 0) return OkStatus();
+  int error = errno;
+  Status status = ErrnoToStatus(error, On("remove directory", path));
+  if (error == ENOTEMPTY || error == EEXIST) {
+    return FailedPreconditionError(status.message());
+  }
+  return status;
+}
+
+Result<bool> PosixStore::IsDirectory(std::string_view path) {
+  std::string p(path);
+  struct stat st;
+  if (::stat(p.c_str(), &st) != 0) return ErrnoToStatus(errno, On("stat", path));
+  return S_ISDIR(st.st_mode);
+}
+
+Result<bool> PosixStore::Exists(std::string_view path) {
+  std::string p(path);
+  struct stat st;
+  if (::stat(p.c_str(), &st) == 0) return true;
+  if (errno == ENOENT || errno == ENOTDIR) return false;
+  return ErrnoToStatus(errno, On("stat", path));
+}
+
+Result<std::vector<DirEntry>> PosixStore::ListDir(std::string_view path) {
+  std::string p(path.empty() ? "." : path);
+  DIR* dir = ::opendir(p.c_str());  // glibc opens the descriptor with O_CLOEXEC
+  if (dir == nullptr) return ErrnoToStatus(errno, On("list directory", path));
+  std::vector<DirEntry> entries;
+  Status status;
+  while (true) {
+    errno = 0;
+    struct dirent* ent = ::readdir(dir);
+    if (ent == nullptr) {
+      if (errno != 0) status = ErrnoToStatus(errno, On("list directory", path));
+      break;
+    }
+    std::string_view name(ent->d_name);
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (::fstatat(::dirfd(dir), ent->d_name, &st, 0) != 0) {
+      if (errno == ENOENT) continue;  // removed while listing
+      status = ErrnoToStatus(errno, On("stat", JoinPath(path, name)));
+      break;
+    }
+    DirEntry entry;
+    entry.name = std::string(name);
+    entry.is_directory = S_ISDIR(st.st_mode);
+    entry.size = entry.is_directory ? 0 : static_cast<uint64_t>(st.st_size);
+    entries.push_back(std::move(entry));
+  }
+  ::closedir(dir);
+  SP_RETURN_IF_ERROR(status);
+  std::sort(entries.begin(), entries.end(),
+            [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+  return entries;
+}
+
+}  // namespace sp

@@ -1,0 +1,51 @@
+// PosixStore: a Store over the local (or a network-mounted) POSIX file system.
+//
+// Paths are file system paths, used as given (relative paths resolve against the working
+// directory). Files are opened with O_CLOEXEC. WriteAt / ReadAt use pwrite / pread, retry on EINTR
+// and loop over short transfers, so a single call moves all its bytes or fails; they may be called
+// from several threads at once on disjoint ranges of the same file. Sync is fdatasync; SyncDir
+// opens the directory (O_RDONLY | O_DIRECTORY) and fsyncs it; Rename is rename(2), atomic within
+// one file system. Every error comes from ErrnoToStatus and names the operation, the path and,
+// for data transfers, the offset: "write /ckpt/d-0.safetensors at offset 4096: No space left on
+// device (errno 28)".
+//
+// A PosixStore holds no state of its own; all methods are thread-safe.
+#ifndef SHARDPOINT_STORE_POSIX_STORE_H_
+#define SHARDPOINT_STORE_POSIX_STORE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+class PosixStore : public Store {
+ public:
+  PosixStore() = default;
+
+  // Creates or truncates the file (mode 0644). kNotFound when the parent directory is missing,
+  // kInvalidArgument when `path` is a directory.
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override;
+  // kNotFound when absent, kInvalidArgument when `path` is a directory.
+  Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override;
+  // mkdir -p (mode 0755). kFailedPrecondition when a component exists and is not a directory.
+  Status CreateDirs(std::string_view path) override;
+  Status Rename(std::string_view from, std::string_view to) override;
+  Status SyncDir(std::string_view path) override;
+  Status RemoveFile(std::string_view path) override;
+  // kFailedPrecondition when the directory is not empty.
+  Status RemoveDir(std::string_view path) override;
+  Result<bool> IsDirectory(std::string_view path) override;
+  // false for ENOENT / ENOTDIR; other failures (EACCES, ...) are errors.
+  Result<bool> Exists(std::string_view path) override;
+  // Sizes and kinds come from stat (symbolic links are followed); "." and ".." are left out.
+  Result<std::vector<DirEntry>> ListDir(std::string_view path) override;
+  std::string name() const override { return "posix"; }
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_STORE_POSIX_STORE_H_

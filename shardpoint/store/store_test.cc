@@ -1,0 +1,182 @@
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "shardpoint/store/fault_store.h"
+#include "shardpoint/store/memory_store.h"
+#include "shardpoint/store/open_store.h"
+#include "shardpoint/store/posix_store.h"
+#include "shardpoint/store/store_conformance.h"
+
+namespace sp {
+namespace {
+
+using ::testing::HasSubstr;
+
+Result<std::string> MakeTempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "sp-store-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp " + pattern);
+  return pattern;
+}
+
+Result<StoreTestEnv> MakePosixEnv() {
+  SP_ASSIGN_OR_RETURN(std::string dir, MakeTempDir());
+  StoreTestEnv env;
+  env.cleanup = [dir] {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  };
+  env.store = std::make_unique<PosixStore>();
+  env.root = dir;
+  return env;
+}
+
+Result<StoreTestEnv> MakeMemoryEnv() {
+  StoreTestEnv env;
+  env.store = std::make_unique<MemoryStore>();
+  env.root = "/ckpt";
+  SP_RETURN_IF_ERROR(env.store->CreateDirs(env.root));
+  return env;
+}
+
+Result<StoreTestEnv> MakeFaultOverMemoryEnv() {
+  StoreTestEnv env;
+  env.base = std::make_unique<MemoryStore>();
+  env.store = std::make_unique<FaultStore>(env.base.get());
+  env.root = "/ckpt";
+  SP_RETURN_IF_ERROR(env.store->CreateDirs(env.root));
+  return env;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stores, StoreConformanceTest,
+    ::testing::Values(StoreConformanceParam{"Posix", MakePosixEnv, /*large_sparse_files=*/true},
+                      StoreConformanceParam{"Memory", MakeMemoryEnv},
+                      StoreConformanceParam{"FaultOverMemory", MakeFaultOverMemoryEnv}),
+    StoreConformanceParamName);
+
+TEST(PosixStoreTest, WriteErrorNamesPathAndOffset) {
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full";
+  PosixStore store;
+  auto file = store.NewWritableFile("/dev/full");
+  ASSERT_TRUE(file.ok()) << file.status();
+  Status status = (*file)->WriteAt(4096, AsBytes("payload"));
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(), HasSubstr("write /dev/full at offset 4096"));
+  EXPECT_THAT(status.message(), HasSubstr("errno 28"));
+}
+
+TEST(PosixStoreTest, ReaderSeesBytesWrittenAfterItOpened) {
+  auto env = MakePosixEnv();
+  ASSERT_TRUE(env.ok());
+  Store& store = *env->store;
+  const std::string path = JoinPath(env->root, "f");
+  auto writer = store.NewWritableFile(path);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->WriteAt(0, AsBytes("abc")).ok());
+  auto reader = store.OpenReadable(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->size(), 3u);  // the size when opened
+  ASSERT_TRUE((*writer)->WriteAt(3, AsBytes("def")).ok());
+  std::string out(6, '\0');
+  ASSERT_TRUE((*reader)->ReadAt(0, AsMutableBytes(out.data(), out.size())).ok());
+  EXPECT_EQ(out, "abcdef");
+}
+
+TEST(PosixStoreTest, WorksWithRelativeAndSlashedPaths) {
+  auto env = MakePosixEnv();
+  ASSERT_TRUE(env.ok());
+  PosixStore store;
+  ASSERT_TRUE(store.CreateDirs(env->root + "//x/./y/").ok());
+  auto is_dir = store.IsDirectory(env->root + "/x/y");
+  ASSERT_TRUE(is_dir.ok());
+  EXPECT_TRUE(*is_dir);
+}
+
+TEST(MemoryStoreTest, PathsAreNormalized) {
+  MemoryStore store;
+  ASSERT_TRUE(store.CreateDirs("/a//b/").ok());
+  auto file = store.NewWritableFile("a/b/./f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, AsBytes("12345")).ok());
+  auto read = store.ReadFile("/a/b/f");
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(*read, "12345");
+  EXPECT_EQ(store.TotalFileBytes(), 5u);
+  auto root = store.ListDir("/");
+  ASSERT_TRUE(root.ok());
+  ASSERT_EQ(root->size(), 1u);
+  EXPECT_EQ((*root)[0].name, "a");
+}
+
+TEST(MemoryStoreTest, RemovedFileStaysReadableThroughAnOpenHandle) {
+  MemoryStore store;
+  auto file = store.NewWritableFile("f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, AsBytes("kept")).ok());
+  auto reader = store.OpenReadable("f");
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE(store.RemoveFile("f").ok());
+  std::string out(4, '\0');
+  ASSERT_TRUE((*reader)->ReadAt(0, AsMutableBytes(out.data(), 4)).ok());
+  EXPECT_EQ(out, "kept");
+  EXPECT_EQ(store.TotalFileBytes(), 0u);
+}
+
+TEST(MemoryStoreTest, RenamingADirectoryIntoItselfFails) {
+  MemoryStore store;
+  ASSERT_TRUE(store.CreateDirs("d/e").ok());
+  Status status = store.Rename("d", "d/e/f");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  auto is_dir = store.IsDirectory("d/e");
+  ASSERT_TRUE(is_dir.ok());
+  EXPECT_TRUE(*is_dir);
+}
+
+TEST(NormalizePathTest, Cases) {
+  EXPECT_EQ(NormalizePath("/a//b/./c/"), "/a/b/c");
+  EXPECT_EQ(NormalizePath("a/"), "a");
+  EXPECT_EQ(NormalizePath("/"), "/");
+  EXPECT_EQ(NormalizePath("//"), "/");
+  EXPECT_EQ(NormalizePath(""), "");
+  EXPECT_EQ(NormalizePath("./a/../b"), "a/../b");
+}
+
+TEST(OpenStoreTest, PicksTheStoreByScheme) {
+  auto plain = OpenStore("/tmp/ckpt");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->name(), "posix");
+  auto file = OpenStore("file:///tmp/ckpt");
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ((*file)->name(), "posix");
+  auto memory = OpenStore("memory://");
+  ASSERT_TRUE(memory.ok());
+  EXPECT_EQ((*memory)->name(), "memory");
+  auto relative = ParseStoreUrl("runs/ckpt:1");
+  ASSERT_TRUE(relative.ok());
+  EXPECT_EQ(relative->scheme, "file");
+  EXPECT_EQ(relative->path, "runs/ckpt:1");
+  auto parsed = ParseStoreUrl("FILE:///a/b");
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->scheme, "file");
+  EXPECT_EQ(parsed->path, "/a/b");
+}
+
+TEST(OpenStoreTest, RejectsUnknownSchemesAndHosts) {
+  auto s3 = OpenStore("s3://bucket/ckpt");
+  ASSERT_FALSE(s3.ok());
+  EXPECT_EQ(s3.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s3.status().message(), HasSubstr("'s3'"));
+  EXPECT_THAT(s3.status().message(), HasSubstr("s3://bucket/ckpt"));
+  auto host = OpenStore("file://host/ckpt");
+  EXPECT_EQ(host.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenStore("").status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sp
