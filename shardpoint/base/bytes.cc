@@ -1,5 +1,8 @@
 #include "shardpoint/base/bytes.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <new>
 
@@ -7,9 +10,15 @@ namespace sp {
 
 AlignedBuffer::AlignedBuffer(size_t size, size_t alignment) : size_(size) {
   if (size == 0) return;
+  // Large buffers are aligned to 2 MiB and marked for transparent huge pages: one fault per
+  // 2 MiB instead of per 4 KiB when they are first touched.
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const bool huge = size >= kHugePage;
+  if (huge) alignment = std::max(alignment, kHugePage);
   void* p = nullptr;
   size_t rounded = (size + alignment - 1) / alignment * alignment;
   if (posix_memalign(&p, alignment, rounded) != 0) throw std::bad_alloc();
+  if (huge) madvise(p, rounded, MADV_HUGEPAGE);
   data_.reset(static_cast<std::byte*>(p));
 }
 

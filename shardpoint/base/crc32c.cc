@@ -27,14 +27,14 @@ constexpr std::array<uint32_t, 256> MakeTable() {
 }
 constexpr std::array<uint32_t, 256> kTable = MakeTable();
 
-uint32_t TableExtend(uint32_t crc, const uint8_t* p, size_t n) {
+[[maybe_unused]] uint32_t TableExtend(uint32_t crc, const uint8_t* p, size_t n) {
   crc = ~crc;
   for (size_t i = 0; i < n; ++i) crc = kTable[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
   return ~crc;
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t Sse42Extend(uint32_t crc, const uint8_t* p, size_t n) {
+[[maybe_unused]] __attribute__((target("sse4.2"))) uint32_t Sse42Extend(uint32_t crc, const uint8_t* p, size_t n) {
   uint64_t c = ~crc;
   while (n >= 8) {
     uint64_t v;
@@ -48,7 +48,7 @@ __attribute__((target("sse4.2"))) uint32_t Sse42Extend(uint32_t crc, const uint8
   return ~c32;
 }
 
-bool CpuHasSse42() {
+[[maybe_unused]] bool CpuHasSse42() {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
   return (c & bit_SSE4_2) != 0;

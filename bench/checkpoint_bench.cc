@@ -1,0 +1,257 @@
+// Save and load throughput against the raw disk, measured in the same run.
+//
+// For each state size: the synthetic transformer state of shardpoint demo, 4 in-process ranks on a
+// 2x2 mesh. Baselines use the same bytes, the same files count and the same thread pool:
+//   raw write: the bytes written to 4 files in 16 MiB pwrite pieces, fdatasync, directory fsync;
+//   raw read:  those files read back in 16 MiB pread pieces after evicting them from the page cache.
+// shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks;
+// the checkpoint files are evicted from the page cache before each load. Medians of --runs runs.
+//
+// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/exec/task_group.h"
+#include "shardpoint/testing/synthetic_model.h"
+
+namespace sp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kPiece = uint64_t{16} << 20;
+constexpr int kRawFiles = 4;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+void Check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+Status FirstError(const std::vector<Status>& statuses) {
+  for (const Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+// Evicts every regular file under `dir` from the page cache (files are already durable).
+void DropCache(const std::string& dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+struct RawPiece {
+  int file;
+  uint64_t offset;
+  std::byte* data;
+  uint64_t size;
+};
+
+// The model's bytes cut into 16 MiB pieces, dealt to kRawFiles files of equal size.
+std::vector<RawPiece> RawLayout(testing::GlobalModel& model) {
+  std::vector<RawPiece> pieces;
+  uint64_t total = model.total_bytes();
+  uint64_t per_file = (total + kRawFiles - 1) / kRawFiles;
+  uint64_t pos = 0;
+  for (AlignedBuffer& buffer : model.data) {
+    for (uint64_t lo = 0; lo < buffer.size();) {
+      int file = static_cast<int>(pos / per_file);
+      uint64_t file_end = (file + 1) * per_file;
+      uint64_t n = std::min({kPiece, buffer.size() - lo, file_end - pos});
+      pieces.push_back({file, pos - file * per_file, buffer.data() + lo, n});
+      lo += n;
+      pos += n;
+    }
+  }
+  return pieces;
+}
+
+double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, ThreadPool& pool) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto t0 = Clock::now();
+  int fds[kRawFiles];
+  for (int f = 0; f < kRawFiles; ++f) {
+    fds[f] = ::open((dir + "/raw-" + std::to_string(f)).c_str(),
+                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  Check(ParallelFor(&pool, static_cast<int64_t>(pieces.size()), [&](int64_t i) -> Status {
+          const RawPiece& p = pieces[i];
+          if (::pwrite(fds[p.file], p.data, p.size, p.offset) != static_cast<ssize_t>(p.size)) {
+            return ErrnoToStatus(errno, "raw pwrite");
+          }
+          return OkStatus();
+        }),
+        "raw write");
+  Check(ParallelFor(&pool, kRawFiles, [&](int64_t f) -> Status {
+          if (::fdatasync(fds[f]) != 0) return ErrnoToStatus(errno, "raw fdatasync");
+          ::close(fds[f]);
+          return OkStatus();
+        }),
+        "raw sync");
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  ::fsync(dfd);
+  ::close(dfd);
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
+               std::vector<AlignedBuffer>& sink, ThreadPool& pool) {
+  DropCache(dir);
+  auto t0 = Clock::now();
+  int fds[kRawFiles];
+  for (int f = 0; f < kRawFiles; ++f) {
+    fds[f] = ::open((dir + "/raw-" + std::to_string(f)).c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  Check(ParallelFor(&pool, static_cast<int64_t>(pieces.size()), [&](int64_t i) -> Status {
+          const RawPiece& p = pieces[i];
+          std::byte* out = sink[i % sink.size()].data();
+          if (::pread(fds[p.file], out, p.size, p.offset) != static_cast<ssize_t>(p.size)) {
+            return ErrnoToStatus(errno, "raw pread");
+          }
+          return OkStatus();
+        }),
+        "raw read");
+  for (int f = 0; f < kRawFiles; ++f) ::close(fds[f]);
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& train,
+                 const std::string& dir, ThreadPool& pool) {
+  auto t0 = Clock::now();
+  Check(FirstError(RunRanks(4, [&](Communicator& comm) {
+          SaveOptions options;
+          options.comm = &comm;
+          options.pool = &pool;
+          options.overwrite = true;
+          return Save(train[comm.rank()].AsSaveState(model), dir, options);
+        })),
+        "save");
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& dest,
+                 const std::string& dir, ThreadPool& pool, uint64_t* bytes_read) {
+  DropCache(dir);
+  std::vector<uint64_t> read(dest.size(), 0);
+  auto t0 = Clock::now();
+  Check(FirstError(RunRanks(static_cast<int>(dest.size()), [&](Communicator& comm) -> Status {
+          LoadOptions options;
+          options.comm = &comm;
+          options.pool = &pool;
+          SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
+          read[comm.rank()] = r.bytes_read;
+          return OkStatus();
+        })),
+        "load");
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  *bytes_read = 0;
+  for (uint64_t b : read) *bytes_read += b;
+  return secs;
+}
+
+void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool) {
+  testing::GlobalModel model = testing::MakeGlobalModel(testing::ConfigForBytes(mib << 20), 11);
+  auto train = testing::ShardModel(model, testing::Which::kTrain, true);
+  auto same = testing::ShardModel(model, testing::Which::kTrain, false);
+  auto serve = testing::ShardModel(model, testing::Which::kServe, false);
+  Check(train.status(), "shard");
+  Check(same.status(), "shard");
+  Check(serve.status(), "shard");
+  std::vector<RawPiece> raw = RawLayout(model);
+  std::vector<AlignedBuffer> sink;
+  for (int i = 0; i < pool.size(); ++i) sink.emplace_back(kPiece);
+  const double gb = model.total_bytes() / 1e9;
+  const std::string raw_dir = dir + "/raw", ckpt_dir = dir + "/checkpoint";
+
+  std::vector<double> raw_w, raw_r, save, load_same, load_reshard;
+  uint64_t read_same = 0, read_reshard = 0;
+  for (int run = 0; run < runs; ++run) {
+    raw_w.push_back(RawWrite(raw_dir, raw, pool));
+    raw_r.push_back(RawRead(raw_dir, raw, sink, pool));
+    std::filesystem::remove_all(raw_dir);
+    save.push_back(TimedSave(model, *train, ckpt_dir, pool));
+    load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same));
+    load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard));
+  }
+  std::string first;
+  int64_t bad = testing::CountMismatches(model, *same, &first) +
+                testing::CountMismatches(model, *serve, &first);
+  std::filesystem::remove_all(ckpt_dir);
+
+  auto line = [&](const char* name, const std::vector<double>& t, double base, const char* vs,
+                  const char* target) {
+    double m = Median(t);
+    std::printf("  %-20s median %7.3f s  (min %.3f, max %.3f)  %6.2f GB/s", name, m,
+                *std::min_element(t.begin(), t.end()), *std::max_element(t.begin(), t.end()),
+                gb / m);
+    if (base > 0) std::printf("  = %.2fx %s  [target %s]", base / m, vs, target);
+    std::printf("\n");
+  };
+  std::printf("state %s (%zu tensors), %d runs, %d I/O threads\n",
+              HumanBytes(model.total_bytes()).c_str(), model.specs.size(), runs, pool.size());
+  line("raw write+fdatasync", raw_w, 0, "", "");
+  line("raw read (cold)", raw_r, 0, "", "");
+  line("save (4 ranks)", save, Median(raw_w), "raw write", ">= 0.9x");
+  line("load same layout", load_same, Median(raw_r), "raw read", "");
+  line("load resharded 4->3", load_reshard, Median(raw_r), "raw read", ">= 0.7x");
+  std::printf("  bytes read: same layout %s, resharded %s (checkpoint %s); byte check: %s\n\n",
+              HumanBytes(read_same).c_str(), HumanBytes(read_reshard).c_str(),
+              HumanBytes(model.total_bytes()).c_str(),
+              bad == 0 ? "every byte matches" : ("MISMATCH " + first).c_str());
+  if (bad != 0) std::exit(1);
+}
+
+}  // namespace
+}  // namespace sp
+
+int main(int argc, char** argv) {
+  std::string dir = "/tmp/shardpoint-bench";
+  int runs = 5;
+  int threads = 0;
+  std::vector<uint64_t> sizes = {256, 1024};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--dir") dir = v;
+    else if (a == "--runs") runs = std::stoi(v);
+    else if (a == "--threads") threads = std::stoi(v);
+    else if (a == "--mib") {
+      sizes.clear();
+      for (size_t p = 0; p < v.size();) {
+        size_t c = v.find(',', p);
+        sizes.push_back(std::stoull(v.substr(p, c - p)));
+        p = c == std::string::npos ? v.size() : c + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T]\n");
+      return 2;
+    }
+  }
+  std::filesystem::create_directories(dir);
+  sp::ThreadPool pool(threads);
+  for (uint64_t mib : sizes) sp::BenchSize(mib, runs, dir, pool);
+  std::filesystem::remove_all(dir);
+  return 0;
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine, builds shardpoint and runs every test: the GoogleTest suites through
+# ctest (unit, store conformance, randomized resharding, failure injection, MPI when available),
+# then the fuzz targets for a bounded time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh build
+
+echo "== ctest"
+(cd build && ctest --output-on-failure -j "$(nproc)" --timeout 1200) 2>&1 | tee build/ctest.log | grep -vE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed" || true
+grep -qE "^100% tests passed" build/ctest.log || { echo "ctest failed"; exit 1; }
+
+if [ -x fuzz/run_fuzzers.sh ] && command -v clang++ >/dev/null; then
+  echo "== fuzzers (${FUZZ_SECONDS:-30} s each)"
+  fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-30}"
+fi
+echo "== all tests passed"

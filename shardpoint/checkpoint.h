@@ -1,0 +1,131 @@
+// shardpoint: the public entry points. Save, Load, ReadCheckpointMetadata and Verify.
+//
+// A checkpoint is a directory of data files plus one metadata file; it exists only once the
+// metadata is committed. Every rank of a save or load calls the same function with its own
+// state; ranks exchange plans through a Communicator (null: one rank in this process). The
+// state is made of views of the caller's memory: nothing is copied on save beyond what the
+// storage layer needs, and loads write straight into the caller's buffers.
+//
+// Errors: every function returns a Status or Result. Inside a collective save or load, if any rank
+// fails every rank returns the same error (DESIGN.md decision 5). A failed save never damages a
+// committed checkpoint, at the same path or elsewhere.
+//
+// Thread-safety: one call per rank at a time; the views must stay valid and (on save) unchanged
+// until the call returns.
+#ifndef SHARDPOINT_CHECKPOINT_H_
+#define SHARDPOINT_CHECKPOINT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/dtype.h"
+#include "shardpoint/base/result.h"
+#include "shardpoint/comm/communicator.h"
+#include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+// A box of a global tensor whose elements lie row-major and contiguous at `data`.
+struct ConstPieceView {
+  Box box;
+  const std::byte* data = nullptr;
+};
+struct PieceView {
+  Box box;
+  std::byte* data = nullptr;
+};
+
+// What one rank holds of one tensor (save). Pieces of one tensor on one rank must not overlap.
+struct SaveTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;  // global
+  std::vector<ConstPieceView> pieces;
+};
+
+struct SaveState {
+  std::vector<SaveTensor> tensors;
+  std::vector<ObjectEntry> objects;  // plain data (JSON) or opaque bytes; same name on many ranks: lowest rank's wins
+};
+
+// What one rank wants of one tensor (load).
+struct LoadTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;  // global; must equal the stored shape
+  std::vector<PieceView> pieces;
+};
+
+struct LoadState {
+  std::vector<LoadTensor> tensors;
+  std::vector<std::string> objects;  // names of the objects wanted
+};
+
+struct SaveOptions {
+  Communicator* comm = nullptr;   // null: this process is the only rank
+  Store* store = nullptr;         // null: the POSIX file system
+  ThreadPool* pool = nullptr;     // null: a pool of `threads` threads for the duration of the call
+  int threads = 0;                // 0: the number of cores
+  int coordinator = 0;            // the rank that plans and commits
+  int files_per_rank = 1;
+  bool overwrite = false;         // replace a committed checkpoint at the same path
+  bool dedup_to_lowest_rank = false;
+  uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  std::map<std::string, std::string> attributes;  // stored in the metadata (coordinator's copy)
+};
+
+struct LoadOptions {
+  Communicator* comm = nullptr;
+  Store* store = nullptr;
+  ThreadPool* pool = nullptr;
+  int threads = 0;
+  int coordinator = 0;              // the rank that reads the metadata and broadcasts it
+  bool strict = true;               // missing keys are an error
+  bool allow_cast = false;          // convert stored dtypes to the destination's dtype
+  bool verify_checksums = true;
+  uint64_t memory_budget_bytes = uint64_t{256} << 20;  // staging memory beyond the caller's buffers
+};
+
+struct LoadResult {
+  std::vector<std::string> missing_keys;     // wanted but not in the checkpoint (non-strict)
+  std::vector<std::string> unexpected_keys;  // in the checkpoint but not wanted
+  std::vector<ObjectEntry> objects;          // the wanted objects that were found
+  uint64_t bytes_read = 0;                   // bytes this rank read from storage
+};
+
+// Saves `state` as a checkpoint at `path` (a directory). Collective over options.comm.
+// Errors: kAlreadyExists when a committed checkpoint is at `path` and !overwrite; kInvalidArgument
+// for inconsistent state (names the tensor, ranks and values); storage errors name the file.
+Status Save(const SaveState& state, std::string_view path, const SaveOptions& options = {});
+
+// Loads the checkpoint at `path` into the pieces of `state`. Collective over options.comm.
+Result<LoadResult> Load(const LoadState& state, std::string_view path,
+                        const LoadOptions& options = {});
+
+// Reads and checks the committed metadata of the checkpoint at `path` (store null: POSIX).
+// kNotFound when no committed checkpoint is there.
+Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* store = nullptr);
+
+struct VerifyReport {
+  std::vector<std::string> defects;  // empty when the checkpoint is sound
+  uint64_t files_checked = 0;
+  uint64_t chunks_checked = 0;
+  uint64_t bytes_checked = 0;
+  bool ok() const { return defects.empty(); }
+};
+
+// Checks every file's presence, size and header, every checksum block, and the coverage of every
+// tensor. Defects are reported, not returned as errors; an error means the checkpoint could not be
+// examined at all (no metadata, unreadable metadata).
+Result<VerifyReport> Verify(std::string_view path, Store* store = nullptr, ThreadPool* pool = nullptr);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_CHECKPOINT_H_

@@ -1,0 +1,276 @@
+#include "shardpoint/engine/read_executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "shardpoint/engine/chunk_reader.h"
+#include "shardpoint/exec/task_group.h"
+#include "shardpoint/geometry/convert.h"
+#include "shardpoint/geometry/strided_copy.h"
+
+namespace sp {
+namespace {
+
+constexpr uint64_t kReadTaskBytes = uint64_t{16} << 20;
+
+// Reusable staging buffers for one call; at most one per running task.
+class StagingPool {
+ public:
+  AlignedBuffer Acquire(size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].size() >= size) {
+        AlignedBuffer out = std::move(free_[i]);
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        return out;
+      }
+    }
+    return AlignedBuffer(size);
+  }
+  void Release(AlignedBuffer buffer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(std::move(buffer));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<AlignedBuffer> free_;
+};
+
+struct Job {
+  const CheckpointMetadata& metadata;
+  const std::vector<std::unique_ptr<ReadableFile>>& files;
+  ReadExecutorOptions options;
+  StagingPool staging;
+  std::atomic<uint64_t> bytes_read{0};
+};
+
+StoredChunkRef RefFor(const Job& job, const ReadRequest& r) {
+  const DataFile& file = job.metadata.files[r.chunk->file];
+  return StoredChunkRef{job.files[r.chunk->file].get(), r.stored, r.chunk,
+                        file.data_start + r.chunk->data_offset, job.metadata.checksum_block_bytes};
+}
+
+// Copies `region` from `src` into the request's destination, converting the dtype if needed.
+Status CopyOut(const ConstChunkView& src, const Box& region, const ReadRequest& r) {
+  const DType stored = r.stored->dtype;
+  const DType wanted = r.dest->dtype;
+  ChunkView dst{r.piece->data, r.piece->box, DTypeSize(wanted)};
+  if (stored == wanted) return CopyRegion(src, dst, region);
+  const int64_t count = region.volume();
+  AlignedBuffer packed(static_cast<size_t>(count) * DTypeSize(stored));
+  AlignedBuffer converted(static_cast<size_t>(count) * DTypeSize(wanted));
+  SP_RETURN_IF_ERROR(CopyRegion(src, ChunkView{packed.data(), region, DTypeSize(stored)}, region));
+  SP_RETURN_IF_ERROR(ConvertElements(stored, packed.data(), wanted, converted.data(), count)
+                         .WithContext("tensor '" + r.dest->name + "'"));
+  return CopyRegion(ConstChunkView{converted.data(), region, DTypeSize(wanted)}, dst, region);
+}
+
+// Bytes per index step along each dim of a row-major chunk box.
+std::vector<uint64_t> Strides(const Box& chunk, size_t element_size) {
+  std::vector<uint64_t> step(chunk.rank());
+  if (chunk.rank() == 0) return step;
+  step.back() = element_size;
+  for (size_t d = chunk.rank() - 1; d > 0; --d) step[d - 1] = step[d] * chunk.sizes[d];
+  return step;
+}
+
+// A sub-box of a stored chunk, contiguous in the chunk's bytes [begin, end).
+struct Slab {
+  Box box;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// The rows of `chunk` (along dim 0) that `region` spans: the smallest contiguous sub-box
+// containing the region when rows are the unit.
+Slab RowCover(const Box& chunk, const Box& region, size_t element_size) {
+  if (chunk.rank() == 0) return Slab{chunk, 0, element_size};
+  const uint64_t row = Strides(chunk, element_size)[0];
+  Slab s{chunk, 0, 0};
+  s.box.offsets[0] = region.offsets[0];
+  s.box.sizes[0] = region.sizes[0];
+  s.begin = static_cast<uint64_t>(region.offsets[0] - chunk.offsets[0]) * row;
+  s.end = s.begin + static_cast<uint64_t>(region.sizes[0]) * row;
+  return s;
+}
+
+// Cuts `region` of `chunk` into contiguous slabs of at most `window` bytes (at least one index
+// step of the first dim whose step fits).
+std::vector<Slab> CutSlabs(const Box& chunk, const Box& region, size_t element_size,
+                           uint64_t window) {
+  const size_t n = chunk.rank();
+  if (n == 0) return {Slab{chunk, 0, element_size}};
+  const std::vector<uint64_t> step = Strides(chunk, element_size);
+  size_t k = 0;
+  while (k + 1 < n && step[k] > window) ++k;
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(window / step[k]));
+  std::vector<Slab> slabs;
+  std::vector<int64_t> prefix(region.offsets.begin(), region.offsets.begin() + k);
+  for (;;) {
+    for (int64_t lo = region.offsets[k]; lo < region.exclusive_max(k); lo += rows) {
+      Slab s{chunk, 0, 0};
+      for (size_t d = 0; d < k; ++d) {
+        s.box.offsets[d] = prefix[d];
+        s.box.sizes[d] = 1;
+      }
+      s.box.offsets[k] = lo;
+      s.box.sizes[k] = std::min<int64_t>(rows, region.exclusive_max(k) - lo);
+      for (size_t d = 0; d <= k; ++d) {
+        s.begin += static_cast<uint64_t>(s.box.offsets[d] - chunk.offsets[d]) * step[d];
+      }
+      s.end = s.begin + static_cast<uint64_t>(s.box.sizes[k]) * step[k];
+      slabs.push_back(std::move(s));
+    }
+    size_t d = k;  // odometer over the prefix dims
+    for (;;) {
+      if (d == 0) return slabs;
+      --d;
+      if (++prefix[d] < region.exclusive_max(d)) break;
+      prefix[d] = region.offsets[d];
+    }
+  }
+}
+
+Status ReadSlab(Job& job, const ReadRequest& r, const Slab& slab) {
+  AlignedBuffer buffer = job.staging.Acquire(slab.end - slab.begin);
+  Status status = [&]() -> Status {
+    SP_RETURN_IF_ERROR(ReadChunkBytes(RefFor(job, r), slab.begin, slab.end, buffer.data(),
+                                      job.options.verify, &job.bytes_read));
+    std::optional<Box> part = Intersect(r.region, slab.box);
+    if (!part) return OkStatus();
+    return CopyOut(ConstChunkView{buffer.data(), slab.box, DTypeSize(r.stored->dtype)}, *part, r);
+  }();
+  job.staging.Release(std::move(buffer));
+  return status;
+}
+
+// One read widened to whole rows and whole checksum blocks, for coalescing.
+struct Staged {
+  const ReadRequest* request;
+  Slab rows;             // chunk-relative
+  uint64_t file_begin;   // absolute, block-rounded
+  uint64_t file_end;
+};
+
+struct Span {
+  uint32_t file;
+  uint64_t begin;
+  uint64_t end;
+  std::vector<const Staged*> reads;
+};
+
+Status ReadSpan(Job& job, const Span& span) {
+  AlignedBuffer buffer = job.staging.Acquire(span.end - span.begin);
+  Status status = [&]() -> Status {
+    SP_RETURN_IF_ERROR(job.files[span.file]->ReadAt(
+        span.begin, MutableByteView(buffer.data(), span.end - span.begin)));
+    job.bytes_read.fetch_add(span.end - span.begin, std::memory_order_relaxed);
+    std::set<std::pair<const StoredChunk*, uint64_t>> verified;
+    for (const Staged* s : span.reads) {
+      const ReadRequest& r = *s->request;
+      const StoredChunkRef ref = RefFor(job, r);
+      const uint64_t bs = ref.block_bytes;
+      if (job.options.verify) {
+        for (uint64_t b = s->rows.begin / bs; b * bs < s->rows.end; ++b) {
+          if (!verified.insert({r.chunk, b}).second) continue;
+          const std::byte* at = buffer.data() + (ref.file_offset + b * bs - span.begin);
+          SP_RETURN_IF_ERROR(VerifyBlocks(ref, b, b + 1, at));
+        }
+      }
+      const std::byte* rows = buffer.data() + (ref.file_offset + s->rows.begin - span.begin);
+      SP_RETURN_IF_ERROR(
+          CopyOut(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)}, r.region, r));
+    }
+    return OkStatus();
+  }();
+  job.staging.Release(std::move(buffer));
+  return status;
+}
+
+void ScheduleDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
+                    TaskGroup& group) {
+  const StoredChunkRef ref = RefFor(job, r);
+  const uint64_t bs = job.metadata.checksum_block_bytes;
+  const uint64_t step = std::max<uint64_t>(bs, kReadTaskBytes / bs * bs);
+  for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
+    const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
+    std::byte* out = r.piece->data + dst.first_byte + (lo - src.first_byte);
+    group.Run([&job, ref, lo, hi, out] {
+      return ReadChunkBytes(ref, lo, hi, out, job.options.verify, &job.bytes_read);
+    });
+    lo = hi;
+  }
+}
+
+// Merges the staged reads of each file into spans of at most `window` bytes.
+std::vector<Span> Coalesce(std::vector<Staged>& staged, uint64_t window) {
+  std::sort(staged.begin(), staged.end(), [](const Staged& a, const Staged& b) {
+    if (a.request->chunk->file != b.request->chunk->file) {
+      return a.request->chunk->file < b.request->chunk->file;
+    }
+    return a.file_begin < b.file_begin;
+  });
+  std::vector<Span> spans;
+  for (const Staged& s : staged) {
+    const uint32_t file = s.request->chunk->file;
+    if (!spans.empty()) {
+      Span& last = spans.back();
+      const uint64_t end = std::max(last.end, s.file_end);
+      if (last.file == file && s.file_begin <= last.end + kMaxGapBytes &&
+          end - last.begin <= window) {
+        last.end = end;
+        last.reads.push_back(&s);
+        continue;
+      }
+    }
+    spans.push_back(Span{file, s.file_begin, s.file_end, {&s}});
+  }
+  return spans;
+}
+
+}  // namespace
+
+Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
+                              const CheckpointMetadata& metadata,
+                              const std::vector<std::unique_ptr<ReadableFile>>& files,
+                              ThreadPool& pool, const ReadExecutorOptions& options) {
+  Job job{metadata, files, options};
+  const uint64_t bs = metadata.checksum_block_bytes;
+  std::vector<Staged> staged;
+  TaskGroup group(&pool);
+  for (const ReadRequest& r : requests) {
+    const size_t es = DTypeSize(r.stored->dtype);
+    if (r.stored->dtype == r.dest->dtype) {
+      RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
+      RunSummary dst = SummarizeByteRuns(r.piece->box, r.region, es);
+      if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes) {
+        ScheduleDirect(job, r, src, dst, group);
+        continue;
+      }
+    }
+    Slab rows = RowCover(r.chunk->box, r.region, es);
+    if (rows.end - rows.begin > options.window) {
+      for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
+        group.Run([&job, &r, slab = std::move(slab)] { return ReadSlab(job, r, slab); });
+      }
+      continue;
+    }
+    const uint64_t file_offset = RefFor(job, r).file_offset;
+    const uint64_t lo = rows.begin / bs * bs;
+    const uint64_t hi = std::min(r.chunk->byte_length, (rows.end + bs - 1) / bs * bs);
+    staged.push_back(Staged{&r, std::move(rows), file_offset + lo, file_offset + hi});
+  }
+  const std::vector<Span> spans =
+      Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs));
+  for (const Span& span : spans) {
+    group.Run([&job, &span] { return ReadSpan(job, span); });
+  }
+  SP_RETURN_IF_ERROR(group.Wait());
+  return job.bytes_read.load();
+}
+
+}  // namespace sp

@@ -1,0 +1,311 @@
+// Save: local plan -> gather -> global plan (coordinator) -> scatter -> parallel checksummed
+// writes -> gather reports -> atomic commit by the coordinator -> every rank learns the outcome.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <set>
+
+#include "shardpoint/base/coding.h"
+#include "shardpoint/base/crc32c.h"
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/collective.h"
+#include "shardpoint/engine/cleanup.h"
+#include "shardpoint/engine/context.h"
+#include "shardpoint/engine/save_messages.h"
+#include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/plan/plan_codec.h"
+#include "shardpoint/plan/save_plan.h"
+
+namespace sp {
+namespace {
+
+// Writes are issued in pieces of at most this many bytes (a multiple of the checksum block), so
+// that one large tensor spreads over every I/O thread.
+constexpr uint64_t kWriteTaskBytes = uint64_t{16} << 20;
+
+std::string NewSaveId() {
+  std::random_device rd;
+  uint64_t bits = (uint64_t{rd()} << 32) ^ rd() ^
+                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  static const char kHex[] = "0123456789abcdef";
+  std::string id(12, '0');
+  for (char& c : id) {
+    c = kHex[bits & 15];
+    bits >>= 4;
+  }
+  return id;
+}
+
+Result<LocalSavePlan> BuildLocalPlan(const SaveState& state) {
+  LocalSavePlan plan;
+  std::set<std::string_view> names;
+  for (const SaveTensor& t : state.tensors) {
+    if (t.name.empty()) return InvalidArgumentError("a tensor has an empty name");
+    if (!names.insert(t.name).second) {
+      return InvalidArgumentError("tensor '" + t.name + "' appears twice in the state of one rank");
+    }
+    LocalTensor local{t.name, t.dtype, t.shape, {}};
+    for (int64_t d : t.shape) {
+      if (d < 0) {
+        return InvalidArgumentError("tensor '" + t.name + "' has a negative dimension in shape " +
+                                    ShapeToString(t.shape));
+      }
+    }
+    for (const ConstPieceView& piece : t.pieces) {
+      if (!WithinShape(piece.box, t.shape)) {
+        return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
+                                    " does not fit in shape " + ShapeToString(t.shape));
+      }
+      if (piece.data == nullptr && !piece.box.empty()) {
+        return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
+                                    " has no data");
+      }
+      local.boxes.push_back(piece.box);
+    }
+    plan.tensors.push_back(std::move(local));
+  }
+  for (const ObjectEntry& o : state.objects) {
+    if (!names.insert(o.name).second) {
+      return InvalidArgumentError("key '" + o.name + "' is used twice in the state of one rank");
+    }
+    plan.objects.push_back(o);
+  }
+  return plan;
+}
+
+// Coordinator: refuses to replace a committed checkpoint unless asked, plans, lays out each data
+// file's header, creates the directory, and returns the global plan plus one payload per rank.
+Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string>& gathered,
+                                                   std::string_view path,
+                                                   const SaveOptions& options, Store& store,
+                                                   CheckpointMetadata* metadata) {
+  const std::string metadata_path = JoinPath(path, kMetadataFileName);
+  SP_ASSIGN_OR_RETURN(bool exists, store.Exists(metadata_path));
+  if (exists && !options.overwrite) {
+    return AlreadyExistsError("a committed checkpoint already exists at " + std::string(path) +
+                              " (pass overwrite to replace it)");
+  }
+  std::vector<LocalSavePlan> locals;
+  locals.reserve(gathered.size());
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    SP_ASSIGN_OR_RETURN(LocalSavePlan local, DecodeLocalSavePlan(gathered[r]));
+    locals.push_back(std::move(local));
+  }
+  SavePlanOptions plan_options;
+  plan_options.files_per_rank = std::max(1, options.files_per_rank);
+  plan_options.dedup_to_lowest_rank = options.dedup_to_lowest_rank;
+  plan_options.save_id = NewSaveId();
+  plan_options.checksum_block_bytes = options.checksum_block_bytes;
+  SP_ASSIGN_OR_RETURN(GlobalSavePlan plan, PlanSave(locals, plan_options));
+  plan.metadata.world_size = static_cast<int32_t>(gathered.size());
+  plan.metadata.attributes = options.attributes;
+
+  std::vector<std::string> headers(plan.metadata.files.size());
+  std::vector<uint64_t> data_bytes(plan.metadata.files.size(), 0);
+  for (const TensorMetadata& t : plan.metadata.tensors) {
+    for (const StoredChunk& c : t.chunks) data_bytes[c.file] += c.byte_length;
+  }
+  for (uint32_t f = 0; f < plan.metadata.files.size(); ++f) {
+    headers[f] = BuildDataFileHeader(plan.metadata, f);
+    plan.metadata.files[f].data_start = headers[f].size();
+    plan.metadata.files[f].size = headers[f].size() + data_bytes[f];
+  }
+  SP_RETURN_IF_ERROR(store.CreateDirs(path));
+
+  std::vector<std::string> payloads(plan.ranks.size());
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    RankWriteOrder order;
+    order.plan = plan.ranks[r];
+    for (uint32_t f : plan.ranks[r].files) {
+      const DataFile& file = plan.metadata.files[f];
+      order.files.push_back({f, file.name, headers[f], file.size});
+    }
+    payloads[r] = EncodeRankWriteOrder(order);
+  }
+  *metadata = std::move(plan.metadata);
+  return payloads;
+}
+
+struct OpenFile {
+  const FileOrder* order = nullptr;
+  std::string final_path;
+  std::string temp_path;
+  std::unique_ptr<WritableFile> file;
+};
+
+// Writes one piece [begin, end) of a chunk, checksumming each block it holds.
+Status WritePiece(WritableFile& file, uint64_t file_offset, const std::byte* data,
+                  uint64_t begin, uint64_t end, uint64_t block_bytes, uint32_t* crcs) {
+  for (uint64_t lo = begin; lo < end; lo += block_bytes) {
+    uint64_t hi = std::min(lo + block_bytes, end);
+    crcs[lo / block_bytes] = Crc32c(data + lo, hi - lo);
+  }
+  return file.WriteAt(file_offset + begin, ByteView(data + begin, end - begin));
+}
+
+// Removes this rank's files of a failed save (best effort: the save already failed).
+void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
+  for (const OpenFile& f : files) {
+    store.RemoveFile(f.temp_path).IgnoreError();
+    store.RemoveFile(f.final_path).IgnoreError();
+  }
+}
+
+// Every rank: writes the files of its order and returns the checksum report.
+Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState& state,
+                                   std::string_view path, uint64_t block_bytes, Store& store,
+                                   ThreadPool& pool, std::vector<OpenFile>* files) {
+  std::vector<int> file_slot(order.files.empty() ? 0 : 1 + std::max_element(
+      order.files.begin(), order.files.end(),
+      [](const FileOrder& a, const FileOrder& b) { return a.index < b.index; })->index, -1);
+  for (const FileOrder& f : order.files) {
+    OpenFile open;
+    open.order = &f;
+    open.final_path = JoinPath(path, f.name);
+    open.temp_path = open.final_path + ".tmp";
+    SP_ASSIGN_OR_RETURN(open.file, store.NewWritableFile(open.temp_path));
+    SP_RETURN_IF_ERROR(open.file->Preallocate(f.size));
+    SP_RETURN_IF_ERROR(open.file->WriteAt(0, AsBytes(f.header)));
+    file_slot[f.index] = static_cast<int>(files->size());
+    files->push_back(std::move(open));
+  }
+  WriteReport report;
+  report.chunks.resize(order.plan.writes.size());
+  TaskGroup group(&pool);
+  for (size_t w = 0; w < order.plan.writes.size(); ++w) {
+    const ChunkWrite& write = order.plan.writes[w];
+    if (write.local_tensor >= state.tensors.size() ||
+        write.local_box >= state.tensors[write.local_tensor].pieces.size() ||
+        write.file >= file_slot.size() || file_slot[write.file] < 0) {
+      return InternalError("save plan refers to a piece or file this rank does not have");
+    }
+    const SaveTensor& tensor = state.tensors[write.local_tensor];
+    const std::byte* data = tensor.pieces[write.local_box].data;
+    OpenFile& file = (*files)[file_slot[write.file]];
+    ChunkReport& chunk_report = report.chunks[w];
+    chunk_report.tensor = write.tensor;
+    chunk_report.chunk = write.chunk;
+    chunk_report.block_crc32c.resize((write.byte_length + block_bytes - 1) / block_bytes);
+    const uint64_t step = std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
+    const uint64_t offset = file.order->header.size() + write.data_offset;
+    for (uint64_t lo = 0; lo < write.byte_length; lo += step) {
+      uint64_t hi = std::min(lo + step, write.byte_length);
+      WritableFile* out = file.file.get();
+      uint32_t* crcs = chunk_report.block_crc32c.data();
+      group.Run([=] { return WritePiece(*out, offset, data, lo, hi, block_bytes, crcs); });
+    }
+  }
+  SP_RETURN_IF_ERROR(group.Wait());
+  SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(files->size()), [&](int64_t i) {
+    OpenFile& f = (*files)[i];
+    SP_RETURN_IF_ERROR(f.file->Sync());
+    SP_RETURN_IF_ERROR(f.file->Close());
+    return store.Rename(f.temp_path, f.final_path);
+  }));
+  return EncodeWriteReport(report);
+}
+
+// Coordinator: fills in the checksums, makes the data durable, writes and renames the metadata,
+// then removes files of earlier or failed saves that the new metadata does not name.
+Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
+                           Store& store, CheckpointMetadata* metadata) {
+  for (size_t r = 0; r < reports.size(); ++r) {
+    SP_ASSIGN_OR_RETURN(WriteReport report, DecodeWriteReport(reports[r]));
+    for (ChunkReport& c : report.chunks) {
+      if (c.tensor >= metadata->tensors.size() ||
+          c.chunk >= metadata->tensors[c.tensor].chunks.size()) {
+        return InternalError("rank " + std::to_string(r) + " reported an unknown chunk");
+      }
+      metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c = std::move(c.block_crc32c);
+    }
+  }
+  for (const TensorMetadata& t : metadata->tensors) {
+    for (const StoredChunk& c : t.chunks) {
+      if (c.block_crc32c.empty() && c.byte_length > 0) {
+        return InternalError("no rank reported writing tensor '" + t.name + "' chunk " +
+                             c.box.ToString());
+      }
+    }
+  }
+  SP_RETURN_IF_ERROR(store.SyncDir(path));
+  const std::string final_path = JoinPath(path, kMetadataFileName);
+  const std::string temp_path = final_path + ".tmp";
+  const std::string encoded = EncodeMetadata(*metadata);
+  {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
+    SP_RETURN_IF_ERROR(file->WriteAt(0, AsBytes(encoded)));
+    SP_RETURN_IF_ERROR(file->Sync());
+    SP_RETURN_IF_ERROR(file->Close());
+  }
+  SP_RETURN_IF_ERROR(store.Rename(temp_path, final_path));
+  SP_RETURN_IF_ERROR(store.SyncDir(path));
+  RemoveUnreferencedFiles(store, path, *metadata);
+  return OkStatus();
+}
+
+}  // namespace
+
+void RemoveUnreferencedFiles(Store& store, std::string_view path,
+                             const CheckpointMetadata& metadata) {
+  Result<std::vector<DirEntry>> entries = store.ListDir(path);
+  if (!entries.ok()) return;
+  std::set<std::string> keep;
+  for (const DataFile& f : metadata.files) keep.insert(f.name);
+  for (const DirEntry& e : *entries) {
+    if (e.is_directory || keep.count(e.name)) continue;
+    bool ours = (e.name.starts_with("d-") && (e.name.ends_with(".safetensors") ||
+                                               e.name.ends_with(".safetensors.tmp"))) ||
+                e.name == std::string(kMetadataFileName) + ".tmp";
+    if (ours) store.RemoveFile(JoinPath(path, e.name)).IgnoreError();
+  }
+}
+
+Status Save(const SaveState& state, std::string_view path, const SaveOptions& options) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
+                      EngineContext::Make(path, options.comm, options.store, options.pool,
+                                          options.threads));
+  Communicator& comm = ctx->comm();
+  const int root = options.coordinator;
+  if (root < 0 || root >= comm.size()) {
+    return InvalidArgumentError("coordinator rank " + std::to_string(root) +
+                                " is outside the group of " + std::to_string(comm.size()));
+  }
+  if (options.checksum_block_bytes == 0) {
+    return InvalidArgumentError("checksum_block_bytes must be positive");
+  }
+  Result<std::string> local = [&]() -> Result<std::string> {
+    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state));
+    return EncodeLocalSavePlan(plan);
+  }();
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                      GatherOrFail(comm, std::move(local), root));
+
+  CheckpointMetadata metadata;
+  Result<std::vector<std::string>> payloads =
+      comm.rank() == root
+          ? PlanOnCoordinator(gathered, path, options, ctx->store(), &metadata)
+          : Result<std::vector<std::string>>(std::vector<std::string>());
+  SP_ASSIGN_OR_RETURN(std::string my_payload, ScatterOrFail(comm, std::move(payloads), root));
+
+  std::vector<OpenFile> files;
+  Result<std::string> report = [&]() -> Result<std::string> {
+    SP_ASSIGN_OR_RETURN(RankWriteOrder order, DecodeRankWriteOrder(my_payload));
+    return WriteRankFiles(order, state, path, options.checksum_block_bytes, ctx->store(),
+                          ctx->pool(), &files);
+  }();
+  Result<std::vector<std::string>> reports = GatherOrFail(comm, std::move(report), root);
+  if (!reports.ok()) {
+    RemoveFiles(ctx->store(), files);
+    return reports.status();
+  }
+  Status committed = comm.rank() == root
+                         ? CommitOnCoordinator(*reports, path, ctx->store(), &metadata)
+                         : OkStatus();
+  // A failed commit leaves the data files alone: the metadata may already be in place. Files
+  // that end up unreferenced are removed by the next save at this path.
+  return AgreeOnStatus(comm, committed);
+}
+
+}  // namespace sp

@@ -1,0 +1,79 @@
+#include "shardpoint/engine/save_messages.h"
+
+#include "shardpoint/base/coding.h"
+#include "shardpoint/plan/plan_codec.h"
+
+namespace sp {
+namespace {
+constexpr uint32_t kMaxHeaderBytes = 100'000'000;  // the safetensors header cap
+}  // namespace
+
+std::string EncodeRankWriteOrder(const RankWriteOrder& order) {
+  std::string out;
+  ByteWriter w(&out);
+  std::string plan = EncodeRankSavePlan(order.plan);
+  w.PutU64(plan.size());
+  w.PutRaw(plan);
+  w.PutU32(static_cast<uint32_t>(order.files.size()));
+  for (const FileOrder& f : order.files) {
+    w.PutU32(f.index);
+    w.PutString(f.name);
+    w.PutString(f.header);
+    w.PutU64(f.size);
+  }
+  return out;
+}
+
+Result<RankWriteOrder> DecodeRankWriteOrder(std::string_view bytes) {
+  ByteReader r(bytes, "rank write order");
+  RankWriteOrder order;
+  SP_ASSIGN_OR_RETURN(uint64_t plan_size, r.ReadU64());
+  if (plan_size > r.remaining()) return DataLossError("rank write order: plan size out of range");
+  SP_ASSIGN_OR_RETURN(std::string_view plan, r.ReadRaw(plan_size));
+  SP_ASSIGN_OR_RETURN(order.plan, DecodeRankSavePlan(plan));
+  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadCount(4 + 4 + 4 + 8));
+  order.files.resize(n);
+  for (FileOrder& f : order.files) {
+    SP_ASSIGN_OR_RETURN(f.index, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString(4096));
+    SP_ASSIGN_OR_RETURN(std::string_view header, r.ReadString(kMaxHeaderBytes));
+    SP_ASSIGN_OR_RETURN(f.size, r.ReadU64());
+    f.name = std::string(name);
+    f.header = std::string(header);
+  }
+  if (!r.done()) return DataLossError("rank write order: trailing bytes");
+  return order;
+}
+
+std::string EncodeWriteReport(const WriteReport& report) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU32(static_cast<uint32_t>(report.chunks.size()));
+  for (const ChunkReport& c : report.chunks) {
+    w.PutU32(c.tensor);
+    w.PutU32(c.chunk);
+    w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+    for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
+  }
+  return out;
+}
+
+Result<WriteReport> DecodeWriteReport(std::string_view bytes) {
+  ByteReader r(bytes, "write report");
+  WriteReport report;
+  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadCount(12));
+  report.chunks.resize(n);
+  for (ChunkReport& c : report.chunks) {
+    SP_ASSIGN_OR_RETURN(c.tensor, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(c.chunk, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
+    c.block_crc32c.resize(crcs);
+    for (uint32_t& crc : c.block_crc32c) {
+      SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
+    }
+  }
+  if (!r.done()) return DataLossError("write report: trailing bytes");
+  return report;
+}
+
+}  // namespace sp

@@ -1,0 +1,75 @@
+// A synthetic transformer-like training state, laid out on in-process ranks.
+//
+// Used by `shardpoint demo`, the benchmarks and the end-to-end tests. The model has token
+// embeddings with an uneven vocabulary, attention and MLP matrices, norms, and Adam moments for
+// every parameter: bf16 parameters, fp32 optimizer state. Two layouts are defined:
+//   - the training layout, on a 2x2 (dp, tp) mesh: matrices sharded on both mesh dims (tensor
+//     parallel on one dim and fully sharded on the other), norms replicated, the embedding split
+//     unevenly;
+//   - the serving layout, on 3 ranks: matrices split on the other dimension, embedding split
+//     unevenly in three, norms replicated.
+// Global tensor contents are pseudo-random bytes, so every byte is checked on reload.
+#ifndef SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_
+#define SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardpoint/base/bytes.h"
+#include "shardpoint/base/dtype.h"
+#include "shardpoint/base/result.h"
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/layout/mesh_layout.h"
+
+namespace sp::testing {
+
+struct ModelConfig {
+  int layers = 7;
+  int64_t hidden = 512;
+  int64_t ffn = 1376;
+  int64_t vocab = 8191;  // not divisible by 2, 3 or 4: uneven shards
+};
+
+// A config whose state is about `bytes` (layers scaled; at least 1).
+ModelConfig ConfigForBytes(uint64_t bytes);
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  MeshLayout train;  // on the 2x2 mesh
+  MeshLayout serve;  // on 3 ranks
+};
+
+std::vector<TensorSpec> ModelSpecs(const ModelConfig& config);
+
+// The whole model: one contiguous buffer per tensor, filled from `seed`.
+struct GlobalModel {
+  std::vector<TensorSpec> specs;
+  std::vector<AlignedBuffer> data;  // row-major, one per spec
+  uint64_t total_bytes() const;
+};
+GlobalModel MakeGlobalModel(const ModelConfig& config, uint64_t seed);
+
+// One rank's shards: its own contiguous copy of each piece it holds.
+struct RankShards {
+  std::vector<std::vector<Box>> boxes;             // [tensor][piece]
+  std::vector<std::vector<AlignedBuffer>> buffers;  // [tensor][piece]
+  SaveState AsSaveState(const GlobalModel& model) const;
+  LoadState AsLoadState(const GlobalModel& model);
+};
+
+enum class Which { kTrain, kServe };
+
+// The shards of every rank under one layout; with `fill`, copied from the model, else zeroed.
+Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which layout, bool fill);
+
+// Compares every byte of every rank's shards with the model. Returns the number of mismatching
+// tensors pieces and describes the first in *first_mismatch.
+int64_t CountMismatches(const GlobalModel& model, const std::vector<RankShards>& ranks,
+                        std::string* first_mismatch);
+
+}  // namespace sp::testing
+
+#endif  // SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_

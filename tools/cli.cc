@@ -1,0 +1,78 @@
+#include "tools/cli.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+namespace sp::cli {
+
+std::string Args::Get(const std::string& name, const std::string& fallback) const {
+  auto it = options.find(name);
+  return it == options.end() ? fallback : it->second;
+}
+
+Result<Args> ParseArgs(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
+                       const std::vector<std::string>& valued) {
+  Args args;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (!a.starts_with("--") || a == "--") {
+      args.positional.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2);
+    std::string value;
+    bool has_inline = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_inline = true;
+    }
+    if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
+      args.options[name] = "";
+    } else if (std::find(valued.begin(), valued.end(), name) != valued.end()) {
+      if (!has_inline) {
+        if (i + 1 >= argv.size()) return InvalidArgumentError("option --" + name + " needs a value");
+        value = argv[++i];
+      }
+      args.options[name] = value;
+    } else {
+      return InvalidArgumentError("unknown option --" + name);
+    }
+  }
+  return args;
+}
+
+int Fail(std::string_view verb, const Status& status) {
+  std::cerr << "shardpoint " << verb << ": " << status.message() << "\n";
+  return kExitFailure;
+}
+
+int UsageError(std::string_view verb, std::string_view message, std::string_view usage) {
+  std::cerr << "shardpoint " << verb << ": " << message << "\n\n" << usage;
+  return kExitUsage;
+}
+
+std::string JsonQuote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace sp::cli

@@ -1,0 +1,48 @@
+// Shared pieces of the shardpoint command-line tool: argument parsing and the one place where a
+// Status becomes a message and an exit code.
+//
+// Exit codes: 0 success; 1 the operation failed or found defects; 2 the command line is wrong.
+#ifndef SHARDPOINT_TOOLS_CLI_H_
+#define SHARDPOINT_TOOLS_CLI_H_
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+
+namespace sp::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+// Parsed arguments: positionals in order; "--name value" and "--flag" options.
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;  // flags map to ""
+  bool Has(const std::string& name) const { return options.count(name) > 0; }
+  std::string Get(const std::string& name, const std::string& fallback) const;
+};
+
+// `flags` lists options that take no value; every other "--x" consumes the next argument.
+// kInvalidArgument for an unknown option or a missing value.
+Result<Args> ParseArgs(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
+                       const std::vector<std::string>& valued);
+
+// Prints "shardpoint <verb>: <message>" on stderr and returns kExitFailure.
+int Fail(std::string_view verb, const Status& status);
+// Prints "shardpoint <verb>: <message>" and the verb's usage on stderr; returns kExitUsage.
+int UsageError(std::string_view verb, std::string_view message, std::string_view usage);
+
+// JSON string literal with escapes.
+std::string JsonQuote(std::string_view s);
+
+int InspectCommand(const std::vector<std::string>& argv);
+int VerifyCommand(const std::vector<std::string>& argv);
+int DemoCommand(const std::vector<std::string>& argv);
+
+}  // namespace sp::cli
+
+#endif  // SHARDPOINT_TOOLS_CLI_H_

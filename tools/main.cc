@@ -1,0 +1,35 @@
+// shardpoint: inspect, verify and demonstrate checkpoints from the command line.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/cli.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: shardpoint <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  demo                 save a synthetic model from 4 ranks, load it into 3, check every byte\n"
+    "  inspect PATH         list the tensors, objects and files of a checkpoint (--json)\n"
+    "  verify PATH          check every checksum and the coverage of every tensor\n"
+    "\n"
+    "Run 'shardpoint <command> --help' for the options of a command.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? sp::cli::kExitUsage : sp::cli::kExitOk;
+  }
+  const std::string verb = args[0];
+  args.erase(args.begin());
+  if (verb == "inspect") return sp::cli::InspectCommand(args);
+  if (verb == "verify") return sp::cli::VerifyCommand(args);
+  if (verb == "demo") return sp::cli::DemoCommand(args);
+  std::cerr << "shardpoint: unknown command '" << verb << "'\n\n" << kUsage;
+  return sp::cli::kExitUsage;
+}

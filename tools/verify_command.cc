@@ -1,0 +1,49 @@
+// shardpoint verify PATH [--json]
+#include <iostream>
+
+#include "shardpoint/checkpoint.h"
+#include "tools/cli.h"
+
+namespace sp::cli {
+namespace {
+constexpr char kVerifyUsage[] =
+    "usage: shardpoint verify PATH [--json]\n"
+    "\n"
+    "Checks the committed checkpoint at PATH: every data file's presence, size and header, every\n"
+    "checksum block of every chunk, and that the chunks of every tensor cover it exactly once.\n"
+    "Exits 0 when sound, 1 naming each defect otherwise.\n";
+}  // namespace
+
+int VerifyCommand(const std::vector<std::string>& argv) {
+  Result<Args> args = ParseArgs(argv, {"json", "help"}, {});
+  if (!args.ok()) return UsageError("verify", args.status().message(), kVerifyUsage);
+  if (args->Has("help")) {
+    std::cout << kVerifyUsage;
+    return kExitOk;
+  }
+  if (args->positional.size() != 1) {
+    return UsageError("verify", "expected exactly one PATH", kVerifyUsage);
+  }
+  const std::string& path = args->positional[0];
+  Result<VerifyReport> report = Verify(path);
+  if (!report.ok()) return Fail("verify", report.status());
+  if (args->Has("json")) {
+    std::cout << "{\"path\":" << JsonQuote(path) << ",\"ok\":" << (report->ok() ? "true" : "false")
+              << ",\"files_checked\":" << report->files_checked
+              << ",\"chunks_checked\":" << report->chunks_checked
+              << ",\"bytes_checked\":" << report->bytes_checked << ",\"defects\":[";
+    for (size_t i = 0; i < report->defects.size(); ++i) {
+      std::cout << (i ? "," : "") << JsonQuote(report->defects[i]);
+    }
+    std::cout << "]}\n";
+  } else {
+    for (const std::string& d : report->defects) std::cout << "DEFECT: " << d << "\n";
+    std::cout << (report->ok() ? "OK" : "FAILED") << ": " << path << ": "
+              << report->files_checked << " files, " << report->chunks_checked << " chunks, "
+              << HumanBytes(report->bytes_checked) << " checked, " << report->defects.size()
+              << " defect(s)\n";
+  }
+  return report->ok() ? kExitOk : kExitFailure;
+}
+
+}  // namespace sp::cli
