@@ -120,9 +120,12 @@ int DemoCommand(const std::vector<std::string>& argv) {
   std::printf("%-8s %5s  %12s  %5s  %10s  %11s\n", "phase", "ranks", "bytes", "files", "time",
               "throughput");
   Row("save", 4, model.total_bytes(), md->files.size(), save_secs);
-  Row("load", 3, read_total, md->files.size(), load_secs);
+  Row("load", 3, model.total_bytes(), md->files.size(), load_secs);
   Row("verify", 1, verified->bytes_checked, verified->files_checked, verify_secs);
-  std::printf("\nverification: %s; checksums: %s\n",
+  std::printf("\nload read %s from storage for %s of state (resharding reads whole rows of a\n"
+              "stored chunk wherever a rank needs part of them)\n",
+              HumanBytes(read_total).c_str(), HumanBytes(model.total_bytes()).c_str());
+  std::printf("verification: %s; checksums: %s\n",
               mismatches == 0 ? "every byte of every tensor on all 3 ranks matches the original"
                               : ("MISMATCH in " + std::to_string(mismatches) +
                                  " pieces, first: " + first).c_str(),

@@ -1,0 +1,163 @@
+// Unit tests for the engine's internal pieces: the save messages and verified chunk reads.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "shardpoint/base/crc32c.h"
+#include "shardpoint/engine/chunk_reader.h"
+#include "shardpoint/engine/save_messages.h"
+#include "shardpoint/store/memory_store.h"
+
+namespace sp {
+namespace {
+
+RankWriteOrder SampleOrder() {
+  RankWriteOrder order;
+  order.plan.files = {0, 2};
+  order.plan.writes.push_back(ChunkWrite{1, 0, 2, 5, 3, 4096, 128});
+  order.files.push_back(FileOrder{0, "d-abc-r00001-f000.safetensors", std::string(64, 'h'), 999});
+  order.files.push_back(FileOrder{2, "d-abc-r00001-f001.safetensors", "", 8});
+  return order;
+}
+
+TEST(SaveMessagesTest, RankWriteOrderRoundTrips) {
+  RankWriteOrder order = SampleOrder();
+  Result<RankWriteOrder> back = DecodeRankWriteOrder(EncodeRankWriteOrder(order));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->plan.files, order.plan.files);
+  ASSERT_EQ(back->plan.writes.size(), 1u);
+  EXPECT_EQ(back->plan.writes[0].data_offset, 4096u);
+  EXPECT_EQ(back->plan.writes[0].chunk, 3u);
+  ASSERT_EQ(back->files.size(), 2u);
+  EXPECT_EQ(back->files[0].name, order.files[0].name);
+  EXPECT_EQ(back->files[0].header, order.files[0].header);
+  EXPECT_EQ(back->files[1].size, 8u);
+}
+
+TEST(SaveMessagesTest, WriteReportRoundTrips) {
+  WriteReport report;
+  report.chunks.push_back(ChunkReport{7, 1, {0xdeadbeef, 1, 2}});
+  report.chunks.push_back(ChunkReport{0, 0, {}});
+  Result<WriteReport> back = DecodeWriteReport(EncodeWriteReport(report));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->chunks.size(), 2u);
+  EXPECT_EQ(back->chunks[0].tensor, 7u);
+  EXPECT_EQ(back->chunks[0].block_crc32c, (std::vector<uint32_t>{0xdeadbeef, 1, 2}));
+  EXPECT_TRUE(back->chunks[1].block_crc32c.empty());
+}
+
+TEST(SaveMessagesTest, EveryTruncationAndTrailingBytesAreDataLoss) {
+  const std::string order = EncodeRankWriteOrder(SampleOrder());
+  for (size_t n = 0; n < order.size(); ++n) {
+    EXPECT_EQ(DecodeRankWriteOrder(order.substr(0, n)).status().code(), StatusCode::kDataLoss) << n;
+  }
+  EXPECT_EQ(DecodeRankWriteOrder(order + "x").status().code(), StatusCode::kDataLoss);
+  WriteReport report;
+  report.chunks.push_back(ChunkReport{1, 2, {3, 4}});
+  const std::string encoded = EncodeWriteReport(report);
+  for (size_t n = 0; n < encoded.size(); ++n) {
+    EXPECT_EQ(DecodeWriteReport(encoded.substr(0, n)).status().code(), StatusCode::kDataLoss) << n;
+  }
+}
+
+TEST(SaveMessagesTest, RandomBytesNeverCrash) {
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 5000; ++i) {
+    std::string bytes(rng() % 64, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    DecodeRankWriteOrder(bytes).status().IgnoreError();
+    DecodeWriteReport(bytes).status().IgnoreError();
+  }
+}
+
+// A chunk of 10,000 bytes at offset 123 of a file, with 1,000-byte checksum blocks.
+class ChunkReaderTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kBlock = 1000;
+  static constexpr uint64_t kOffset = 123;
+
+  void SetUp() override {
+    std::mt19937_64 rng(9);
+    bytes_.resize(10'000);
+    for (char& c : bytes_) c = static_cast<char>(rng());
+    tensor_.name = "layers.0.w";
+    tensor_.dtype = DType::kUInt8;
+    tensor_.shape = {10'000};
+    chunk_.box = Box({0}, {10'000});
+    chunk_.byte_length = bytes_.size();
+    for (uint64_t lo = 0; lo < bytes_.size(); lo += kBlock) {
+      chunk_.block_crc32c.push_back(Crc32c(bytes_.data() + lo, std::min(kBlock, bytes_.size() - lo)));
+    }
+    Write(bytes_);
+  }
+
+  void Write(const std::string& chunk_bytes) {
+    auto file = store_.NewWritableFile("f");
+    ASSERT_TRUE(file.ok());
+    std::string all = std::string(kOffset, 'p') + chunk_bytes;
+    ASSERT_TRUE((*file)->WriteAt(0, AsBytes(all)).ok());
+    ASSERT_TRUE((*file)->Close().ok());
+    readable_ = std::move(store_.OpenReadable("f")).value();
+  }
+
+  StoredChunkRef Ref() { return StoredChunkRef{readable_.get(), &tensor_, &chunk_, kOffset, kBlock}; }
+
+  MemoryStore store_;
+  std::string bytes_;
+  TensorMetadata tensor_;
+  StoredChunk chunk_;
+  std::unique_ptr<ReadableFile> readable_;
+};
+
+TEST_F(ChunkReaderTest, AnyRangeReadsExactBytesAndCountsEdgeReads) {
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 300; ++i) {
+    uint64_t a = rng() % bytes_.size(), b = rng() % (bytes_.size() + 1);
+    if (a > b) std::swap(a, b);
+    std::string out(b - a, '\0');
+    std::atomic<uint64_t> read{0};
+    ASSERT_TRUE(ReadChunkBytes(Ref(), a, b, reinterpret_cast<std::byte*>(out.data()), true, &read).ok());
+    EXPECT_EQ(out, bytes_.substr(a, b - a));
+    if (a == b) continue;
+    // Exactly the whole blocks touched by [a, b) were read, once each.
+    uint64_t lo = a / kBlock * kBlock, hi = std::min<uint64_t>(bytes_.size(), (b + kBlock - 1) / kBlock * kBlock);
+    EXPECT_EQ(read.load(), hi - lo);
+  }
+}
+
+TEST_F(ChunkReaderTest, CorruptionInsideOrAtTheEdgeOfARangeIsCaught) {
+  std::string bad = bytes_;
+  bad[2500] ^= 0x10;  // block 2
+  Write(bad);
+  std::string out(10, '\0');
+  auto* dst = reinterpret_cast<std::byte*>(out.data());
+  // The range [2990, 3000) never covers byte 2500, but its block does.
+  Status s = ReadChunkBytes(Ref(), 2990, 3000, dst, true, nullptr);
+  ASSERT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("checksum mismatch in tensor 'layers.0.w' chunk [0:10000]"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("chunk bytes 2000..3000"), std::string::npos) << s;
+  // Block 3 is sound; without verification corruption is not looked for.
+  EXPECT_TRUE(ReadChunkBytes(Ref(), 3000, 3010, dst, true, nullptr).ok());
+  EXPECT_TRUE(ReadChunkBytes(Ref(), 2990, 3000, dst, false, nullptr).ok());
+  EXPECT_EQ(VerifyBlocks(Ref(), 2, 3, reinterpret_cast<const std::byte*>(bad.data()) + 2000).code(),
+            StatusCode::kDataLoss);
+  EXPECT_TRUE(VerifyBlocks(Ref(), 3, 10, reinterpret_cast<const std::byte*>(bad.data()) + 3000).ok());
+}
+
+TEST_F(ChunkReaderTest, WrongChecksumCountIsDataLoss) {
+  chunk_.block_crc32c.pop_back();
+  std::string out(1, '\0');
+  Status s = ReadChunkBytes(Ref(), 0, 1, reinterpret_cast<std::byte*>(out.data()), true, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("has 9 checksums, expected 10"), std::string::npos) << s;
+}
+
+TEST_F(ChunkReaderTest, ShortFileIsDataLoss) {
+  Write(bytes_.substr(0, 5000));
+  std::string out(100, '\0');
+  Status s = ReadChunkBytes(Ref(), 6000, 6100, reinterpret_cast<std::byte*>(out.data()), true, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+}
+
+}  // namespace
+}  // namespace sp
