@@ -1,0 +1,137 @@
+// Planning benchmark: a global save plan for many ranks, each holding one box of every tensor.
+//
+// The tensors cycle through the layouts of a 3-D parallel job on 1,024 ranks (mesh 8 x 16 x 8
+// by default: data-parallel replicas, FSDP shards, tensor-parallel shards): row-sharded over
+// all ranks, column-sharded over TP with replicas, a 2-D grid, and fully replicated. Reports
+// the median of 5 runs of PlanSave, and of PlanLoad for one rank reading every tensor whole
+// (the consolidation case: every stored chunk intersects the target).
+//
+// Usage: plan_bench [ranks] [tensors]   (ranks must be a multiple of 128)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "shardpoint/plan/load_plan.h"
+#include "shardpoint/plan/save_plan.h"
+
+namespace {
+
+using sp::Box;
+using sp::Shape;
+
+constexpr double kTargetSeconds = 0.2;
+
+// [offset, size) of piece `index` of `parts` equal pieces of [0, length).
+std::pair<int64_t, int64_t> Piece(int64_t length, int64_t parts, int64_t index) {
+  const int64_t size = length / parts;
+  return {size * index, size};
+}
+
+// The box rank `rank` holds of tensor number `t` (layout chosen by t % 4).
+Box LayoutBox(int t, int64_t rank, int64_t ranks, const Shape& shape) {
+  const int64_t tp = 8, fsdp = ranks / 128 * 16;  // dp = ranks / (tp * fsdp) = 8
+  const int64_t tp_rank = rank % tp, fsdp_rank = (rank / tp) % fsdp;
+  Box box = Box::Whole(shape);
+  switch (t % 4) {
+    case 0:  // row-sharded over all ranks
+      std::tie(box.offsets[0], box.sizes[0]) = Piece(shape[0], ranks, rank);
+      break;
+    case 1:  // column-sharded over TP, replicated over FSDP and DP
+      std::tie(box.offsets[1], box.sizes[1]) = Piece(shape[1], tp, tp_rank);
+      break;
+    case 2:  // FSDP rows x TP columns, replicated over DP
+      std::tie(box.offsets[0], box.sizes[0]) = Piece(shape[0], fsdp, fsdp_rank);
+      std::tie(box.offsets[1], box.sizes[1]) = Piece(shape[1], tp, tp_rank);
+      break;
+    default:  // replicated everywhere
+      break;
+  }
+  return box;
+}
+
+std::vector<sp::LocalSavePlan> MakeLocals(int64_t ranks, int tensors) {
+  std::vector<sp::LocalSavePlan> locals(ranks);
+  for (int64_t r = 0; r < ranks; ++r) {
+    locals[r].tensors.reserve(tensors);
+    for (int t = 0; t < tensors; ++t) {
+      const Shape shape = {ranks * 4, 1024};
+      locals[r].tensors.push_back(
+          sp::LocalTensor{"model.layers." + std::to_string(t / 8) + ".w" + std::to_string(t % 8),
+                          sp::DType::kBFloat16,
+                          shape,
+                          {LayoutBox(t, r, ranks, shape)}});
+    }
+  }
+  return locals;
+}
+
+struct Timing {
+  double wall_s;  // median wall-clock seconds
+  double cpu_s;   // median process CPU seconds (steadier on a busy machine)
+};
+
+// Runs `fn` 5 times; the value it returns is destroyed outside the timed region.
+template <typename Fn>
+Timing Median(Fn&& fn) {
+  std::vector<double> wall, cpu;
+  for (int i = 0; i < 5; ++i) {
+    const std::clock_t cpu_start = std::clock();
+    const auto start = std::chrono::steady_clock::now();
+    auto result = fn();
+    wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    cpu.push_back(static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC);
+    if (!result.ok()) std::abort();
+  }
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return Timing{wall[2], cpu[2]};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t ranks = argc > 1 ? std::atoll(argv[1]) : 1024;
+  const int tensors = argc > 2 ? std::atoi(argv[2]) : 500;
+  if (ranks < 128 || ranks % 128 != 0 || tensors < 1) {
+    std::fprintf(stderr, "usage: plan_bench [ranks: multiple of 128] [tensors >= 1]\n");
+    return 2;
+  }
+  const std::vector<sp::LocalSavePlan> locals = MakeLocals(ranks, tensors);
+  sp::SavePlanOptions options;
+  options.save_id = "bench";
+  sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(locals, options);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());
+    return 1;
+  }
+  size_t chunks = 0;
+  for (const auto& t : plan->metadata.tensors) chunks += t.chunks.size();
+  const Timing save = Median([&] { return sp::PlanSave(locals, options); });
+
+  std::vector<sp::LocalTensor> targets;
+  for (const auto& t : plan->metadata.tensors) {
+    targets.push_back(sp::LocalTensor{t.name, t.dtype, t.shape, {Box::Whole(t.shape)}});
+  }
+  sp::Result<sp::LoadPlan> load_plan = sp::PlanLoad(targets, plan->metadata, sp::LoadPlanOptions{});
+  if (!load_plan.ok()) {
+    std::fprintf(stderr, "PlanLoad failed: %s\n", load_plan.status().ToString().c_str());
+    return 1;
+  }
+  const Timing load =
+      Median([&] { return sp::PlanLoad(targets, plan->metadata, sp::LoadPlanOptions{}); });
+
+  std::printf("plan_bench: ranks=%lld tensors=%d chunks=%zu\n", static_cast<long long>(ranks),
+              tensors, chunks);
+  std::printf(
+      "  PlanSave median of 5: %.4f s wall, %.4f s cpu  (target < %.1f s for 1024 x 500: %s)\n",
+      save.wall_s, save.cpu_s, kTargetSeconds, save.wall_s < kTargetSeconds ? "met" : "NOT met");
+  std::printf(
+      "  PlanLoad median of 5: %.4f s wall, %.4f s cpu  (one rank reading every tensor "
+      "whole: %zu items)\n",
+      load.wall_s, load.cpu_s, load_plan->items.size());
+  return 0;
+}

@@ -1,0 +1,200 @@
+#include "shardpoint/plan/plan_codec.h"
+
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "shardpoint/base/coding.h"
+#include "shardpoint/base/crc32c.h"
+
+namespace sp {
+namespace {
+
+constexpr uint32_t kLocalSavePlanMagic = 0x31504C53;  // "SLP1"
+constexpr uint32_t kRankSavePlanMagic = 0x31505253;   // "SRP1"
+constexpr uint32_t kMaxNameBytes = 1u << 20;
+constexpr uint32_t kMaxPayloadBytes = std::numeric_limits<uint32_t>::max();
+// Smallest encodings, used to bound counts by the bytes that remain.
+constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4;
+constexpr size_t kMinBoxBytes = 4 + 4;
+constexpr size_t kMinObjectBytes = 4 + 1 + 4;
+constexpr size_t kWriteBytes = 5 * 4 + 2 * 8;
+
+void PutI64List(ByteWriter& w, const std::vector<int64_t>& values) {
+  w.PutU32(static_cast<uint32_t>(values.size()));
+  for (int64_t v : values) w.PutI64(v);
+}
+
+Result<std::vector<int64_t>> ReadI64List(ByteReader& r) {
+  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(8));
+  std::vector<int64_t> values(count);
+  for (int64_t& v : values) {
+    SP_ASSIGN_OR_RETURN(v, r.ReadI64());
+  }
+  return values;
+}
+
+// Appends the CRC32C of everything written so far.
+std::string Seal(std::string out) {
+  const uint32_t crc = Crc32c(out);
+  ByteWriter(&out).PutU32(crc);
+  return out;
+}
+
+// Checks the trailing checksum and the magic; returns a reader over the body.
+Result<ByteReader> Open(std::string_view bytes, uint32_t magic, std::string what) {
+  if (bytes.size() < 8) {
+    return DataLossError(what + ": " + std::to_string(bytes.size()) +
+                         " bytes is too short (at least 8 expected)");
+  }
+  const std::string_view covered = bytes.substr(0, bytes.size() - 4);
+  const uint32_t stored = DecodeFixed32(bytes.data() + covered.size());
+  const uint32_t actual = Crc32c(covered);
+  if (stored != actual) {
+    return DataLossError(what + ": checksum mismatch (stored " + std::to_string(stored) +
+                         ", computed " + std::to_string(actual) + ")");
+  }
+  ByteReader reader(covered, std::move(what));
+  SP_ASSIGN_OR_RETURN(uint32_t found, reader.ReadU32());
+  if (found != magic) {
+    return DataLossError(reader.what() + ": bad magic " + std::to_string(found) + " (expected " +
+                         std::to_string(magic) + ")");
+  }
+  return reader;
+}
+
+Status ExpectDone(const ByteReader& r) {
+  if (r.done()) return OkStatus();
+  return DataLossError(r.what() + ": " + std::to_string(r.remaining()) +
+                       " unexpected trailing bytes at byte " + std::to_string(r.position()));
+}
+
+Result<LocalTensor> ReadTensor(ByteReader& r) {
+  LocalTensor tensor;
+  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString(kMaxNameBytes));
+  tensor.name = std::string(name);
+  SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
+  Result<DType> dtype = DTypeFromCode(code);
+  if (!dtype.ok()) {
+    return DataLossError(r.what() + ": tensor '" + tensor.name + "' has unknown dtype code " +
+                         std::to_string(code));
+  }
+  tensor.dtype = *dtype;
+  SP_ASSIGN_OR_RETURN(tensor.shape, ReadI64List(r));
+  SP_ASSIGN_OR_RETURN(uint32_t num_boxes, r.ReadCount(kMinBoxBytes));
+  tensor.boxes.resize(num_boxes);
+  for (Box& box : tensor.boxes) {
+    SP_ASSIGN_OR_RETURN(box.offsets, ReadI64List(r));
+    SP_ASSIGN_OR_RETURN(box.sizes, ReadI64List(r));
+  }
+  return tensor;
+}
+
+Result<ObjectEntry> ReadObject(ByteReader& r) {
+  ObjectEntry object;
+  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString(kMaxNameBytes));
+  object.name = std::string(name);
+  SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
+  if (encoding < static_cast<uint8_t>(ObjectEncoding::kJson) ||
+      encoding > static_cast<uint8_t>(ObjectEncoding::kBytes)) {
+    return DataLossError(r.what() + ": object '" + object.name + "' has unknown encoding " +
+                         std::to_string(encoding));
+  }
+  object.encoding = static_cast<ObjectEncoding>(encoding);
+  SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(kMaxPayloadBytes));
+  object.payload = std::string(payload);
+  return object;
+}
+
+}  // namespace
+
+std::string EncodeLocalSavePlan(const LocalSavePlan& plan) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU32(kLocalSavePlanMagic);
+  w.PutU32(static_cast<uint32_t>(plan.tensors.size()));
+  for (const LocalTensor& tensor : plan.tensors) {
+    w.PutString(tensor.name);
+    w.PutU8(DTypeCode(tensor.dtype));
+    PutI64List(w, tensor.shape);
+    w.PutU32(static_cast<uint32_t>(tensor.boxes.size()));
+    for (const Box& box : tensor.boxes) {
+      PutI64List(w, box.offsets);
+      PutI64List(w, box.sizes);
+    }
+  }
+  w.PutU32(static_cast<uint32_t>(plan.objects.size()));
+  for (const ObjectEntry& object : plan.objects) {
+    w.PutString(object.name);
+    w.PutU8(static_cast<uint8_t>(object.encoding));
+    w.PutString(object.payload);
+  }
+  return Seal(std::move(out));
+}
+
+Result<LocalSavePlan> DecodeLocalSavePlan(std::string_view bytes) {
+  SP_ASSIGN_OR_RETURN(ByteReader r,
+                      Open(bytes, kLocalSavePlanMagic,
+                           "local save plan of " + std::to_string(bytes.size()) + " bytes"));
+  LocalSavePlan plan;
+  SP_ASSIGN_OR_RETURN(uint32_t num_tensors, r.ReadCount(kMinTensorBytes));
+  plan.tensors.reserve(num_tensors);
+  for (uint32_t i = 0; i < num_tensors; ++i) {
+    SP_ASSIGN_OR_RETURN(LocalTensor tensor, ReadTensor(r));
+    plan.tensors.push_back(std::move(tensor));
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t num_objects, r.ReadCount(kMinObjectBytes));
+  plan.objects.reserve(num_objects);
+  for (uint32_t i = 0; i < num_objects; ++i) {
+    SP_ASSIGN_OR_RETURN(ObjectEntry object, ReadObject(r));
+    plan.objects.push_back(std::move(object));
+  }
+  SP_RETURN_IF_ERROR(ExpectDone(r));
+  return plan;
+}
+
+std::string EncodeRankSavePlan(const RankSavePlan& plan) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU32(kRankSavePlanMagic);
+  w.PutU32(static_cast<uint32_t>(plan.files.size()));
+  for (uint32_t file : plan.files) w.PutU32(file);
+  w.PutU32(static_cast<uint32_t>(plan.writes.size()));
+  for (const ChunkWrite& write : plan.writes) {
+    w.PutU32(write.local_tensor);
+    w.PutU32(write.local_box);
+    w.PutU32(write.file);
+    w.PutU32(write.tensor);
+    w.PutU32(write.chunk);
+    w.PutU64(write.data_offset);
+    w.PutU64(write.byte_length);
+  }
+  return Seal(std::move(out));
+}
+
+Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes) {
+  SP_ASSIGN_OR_RETURN(ByteReader r,
+                      Open(bytes, kRankSavePlanMagic,
+                           "rank save plan of " + std::to_string(bytes.size()) + " bytes"));
+  RankSavePlan plan;
+  SP_ASSIGN_OR_RETURN(uint32_t num_files, r.ReadCount(4));
+  plan.files.resize(num_files);
+  for (uint32_t& file : plan.files) {
+    SP_ASSIGN_OR_RETURN(file, r.ReadU32());
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t num_writes, r.ReadCount(kWriteBytes));
+  plan.writes.resize(num_writes);
+  for (ChunkWrite& write : plan.writes) {
+    SP_ASSIGN_OR_RETURN(write.local_tensor, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(write.local_box, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(write.file, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(write.tensor, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(write.chunk, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(write.data_offset, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(write.byte_length, r.ReadU64());
+  }
+  SP_RETURN_IF_ERROR(ExpectDone(r));
+  return plan;
+}
+
+}  // namespace sp

@@ -1,0 +1,42 @@
+// Plan messages: the bytes that carry save plans between ranks.
+//
+// During a save every rank sends its LocalSavePlan to the coordinator, and the coordinator
+// sends each rank its RankSavePlan back, through a Communicator that moves byte strings. These
+// functions turn the plans into such strings and back.
+//
+// Encoding (all integers little-endian; strings and lists are a u32 count then the items):
+//   message      := magic:u32 body crc32c:u32   (the CRC32C covers magic and body)
+//   local plan   := magic "SLP1", tensors:list<tensor>, objects:list<object>
+//     tensor     := name:string dtype:u8 (DType code) shape:list<i64> boxes:list<box>
+//     box        := offsets:list<i64> sizes:list<i64>
+//     object     := name:string encoding:u8 payload:string
+//   rank plan    := magic "SRP1", files:list<u32>, writes:list<write>
+//     write      := local_tensor:u32 local_box:u32 file:u32 tensor:u32 chunk:u32
+//                   data_offset:u64 byte_length:u64
+// The format is internal to one job (both ends run the same build); it is not stored on disk.
+//
+// Decoders treat their input as hostile: every length is checked against the bytes that remain
+// before anything is allocated, and a bad checksum, magic, dtype or encoding code, truncation or
+// trailing bytes give kDataLoss naming the message and the position. They never crash. They
+// check structure only; PlanSave validates meaning (shapes, boxes, names).
+// All functions are pure and thread-safe.
+#ifndef SHARDPOINT_PLAN_PLAN_CODEC_H_
+#define SHARDPOINT_PLAN_PLAN_CODEC_H_
+
+#include <string>
+#include <string_view>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/plan/save_plan.h"
+
+namespace sp {
+
+std::string EncodeLocalSavePlan(const LocalSavePlan& plan);
+Result<LocalSavePlan> DecodeLocalSavePlan(std::string_view bytes);
+
+std::string EncodeRankSavePlan(const RankSavePlan& plan);
+Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_PLAN_PLAN_CODEC_H_

@@ -1,0 +1,456 @@
+#include "shardpoint/plan/save_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <queue>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "shardpoint/plan/box_set.h"
+
+namespace sp {
+namespace {
+
+constexpr size_t kMaxListedRanks = 8;
+
+// A rank's claim to one non-empty box of a tensor.
+struct Holding {
+  uint32_t key;  // position of the box's key in TensorEntry::keys
+  uint32_t rank;
+  uint32_t local_tensor;
+  uint32_t local_box;
+};
+
+// One global tensor while it is being planned.
+struct TensorEntry {
+  const LocalTensor* first = nullptr;  // as listed by the lowest rank that has it
+  uint32_t first_rank = 0;
+  uint32_t last_rank = 0;         // latest rank seen listing it (detects duplicates)
+  std::vector<Holding> holdings;  // after grouping: sorted by (box, rank, local_box)
+  // Compact copies of the held boxes, 2 * rank values each (offsets, then sizes): every later
+  // step compares boxes, and the originals are scattered over all the ranks' plans.
+  std::vector<int64_t> keys;
+  std::vector<uint32_t> chunk_begin;  // chunk c's holders: holdings[chunk_begin[c], [c+1])
+  std::vector<uint32_t> owner;        // per chunk: the index into holdings of its writer
+};
+
+size_t KeyWidth(const TensorEntry& entry) { return 2 * entry.first->shape.size(); }
+
+const int64_t* KeyOf(const TensorEntry& entry, const Holding& holding) {
+  return entry.keys.data() + holding.key * KeyWidth(entry);
+}
+
+Box BoxOf(const TensorEntry& entry, const Holding& holding) {
+  const int64_t* key = KeyOf(entry, holding);
+  const size_t rank = entry.first->shape.size();
+  return Box(std::vector<int64_t>(key, key + rank),
+             std::vector<int64_t>(key + rank, key + 2 * rank));
+}
+
+struct OwnedChunk {
+  uint32_t tensor;
+  uint32_t chunk;
+  uint64_t bytes;
+};
+
+std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+// The native data file name, d-<save_id>-r<rank:05>-f<k:03>.safetensors (the same rule as the
+// format module's).
+std::string NativeDataFileName(std::string_view save_id, uint32_t rank, uint32_t file_number) {
+  char suffix[48];
+  std::snprintf(suffix, sizeof(suffix), "-r%05u-f%03u.safetensors", rank, file_number);
+  return "d-" + std::string(save_id) + suffix;
+}
+
+// "rank 3" or "ranks 0, 1, 2 and 5 more" for the distinct ranks among `holdings`.
+std::string DescribeHolders(std::span<const Holding> holdings) {
+  std::vector<uint32_t> ranks;
+  for (const Holding& h : holdings) {
+    if (ranks.empty() || ranks.back() != h.rank) ranks.push_back(h.rank);
+  }
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < kMaxListedRanks; ++i) {
+    if (i) out += ", ";
+    out += std::to_string(ranks[i]);
+  }
+  if (ranks.size() > kMaxListedRanks) {
+    out += " and " + std::to_string(ranks.size() - kMaxListedRanks) + " more";
+  }
+  return out;
+}
+
+Status ValidateOptions(size_t world_size, const SavePlanOptions& options) {
+  if (options.files_per_rank < 1) {
+    return InvalidArgumentError("save plan: files_per_rank must be at least 1, got " +
+                                std::to_string(options.files_per_rank));
+  }
+  if (options.checksum_block_bytes == 0) {
+    return InvalidArgumentError("save plan: checksum_block_bytes must be positive, got 0");
+  }
+  if (world_size > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return InvalidArgumentError("save plan: " + std::to_string(world_size) +
+                                " local plans exceed the largest world size");
+  }
+  return OkStatus();
+}
+
+// Checks that the shape is non-negative and that its byte size fits in an int64.
+Status ValidateShape(uint32_t rank, const LocalTensor& tensor) {
+  int64_t elements = 1;
+  bool overflow = false;
+  for (int64_t d : tensor.shape) {
+    if (d < 0) {
+      return InvalidArgumentError("tensor " + Quote(tensor.name) + ": rank " +
+                                  std::to_string(rank) + " has invalid shape " +
+                                  ShapeToString(tensor.shape) + " (negative dimension)");
+    }
+    overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
+  }
+  int64_t bytes = 0;
+  overflow = overflow || __builtin_mul_overflow(
+                             elements, static_cast<int64_t>(DTypeSize(tensor.dtype)), &bytes);
+  if (overflow) {
+    return InvalidArgumentError("tensor " + Quote(tensor.name) + ": rank " + std::to_string(rank) +
+                                " has shape " + ShapeToString(tensor.shape) +
+                                ", whose byte size overflows");
+  }
+  return OkStatus();
+}
+
+Status ValidateBox(uint32_t rank, const LocalTensor& tensor, const Box& box) {
+  const bool ranks_agree = box.offsets.size() == box.sizes.size();
+  if (ranks_agree && WithinShape(box, tensor.shape)) return OkStatus();
+  std::string where = "tensor " + Quote(tensor.name) + ": rank " + std::to_string(rank);
+  if (!ranks_agree) {
+    return InvalidArgumentError(where + " holds a box with " + std::to_string(box.offsets.size()) +
+                                " offsets and " + std::to_string(box.sizes.size()) + " sizes");
+  }
+  return InvalidArgumentError(where + " holds box " + box.ToString() +
+                              ", which is not within shape " + ShapeToString(tensor.shape));
+}
+
+Status CheckAgreement(const TensorEntry& entry, uint32_t rank, const LocalTensor& tensor) {
+  const bool same_dtype = entry.first->dtype == tensor.dtype;
+  if (same_dtype && entry.first->shape == tensor.shape) return OkStatus();
+  std::string prefix =
+      "tensor " + Quote(tensor.name) + ": rank " + std::to_string(entry.first_rank) + " has ";
+  std::string other = " but rank " + std::to_string(rank) + " has ";
+  if (!same_dtype) {
+    return InvalidArgumentError(prefix + "dtype " + std::string(DTypeName(entry.first->dtype)) +
+                                other + std::string(DTypeName(tensor.dtype)));
+  }
+  return InvalidArgumentError(prefix + "shape " + ShapeToString(entry.first->shape) + other +
+                              ShapeToString(tensor.shape));
+}
+
+Status AddHoldings(uint32_t rank, uint32_t local_tensor, const LocalTensor& tensor,
+                   TensorEntry* entry) {
+  for (uint32_t b = 0; b < tensor.boxes.size(); ++b) {
+    SP_RETURN_IF_ERROR(ValidateBox(rank, tensor, tensor.boxes[b]));
+    const Box& box = tensor.boxes[b];
+    if (box.empty()) continue;
+    entry->holdings.push_back(
+        {static_cast<uint32_t>(entry->holdings.size()), rank, local_tensor, b});
+    entry->keys.insert(entry->keys.end(), box.offsets.begin(), box.offsets.end());
+    entry->keys.insert(entry->keys.end(), box.sizes.begin(), box.sizes.end());
+  }
+  return OkStatus();
+}
+
+// A later rank lists a known tensor: it must do so once and agree on dtype and shape.
+Status Revisit(uint32_t rank, const LocalTensor& tensor, TensorEntry* entry) {
+  if (entry->last_rank == rank) {
+    return InvalidArgumentError("tensor " + Quote(tensor.name) + ": rank " + std::to_string(rank) +
+                                " lists it twice");
+  }
+  entry->last_rank = rank;
+  return CheckAgreement(*entry, rank, tensor);
+}
+
+// Gathers every tensor named by any rank, validated, sorted by name. Ranks usually list the
+// same tensors in the same order, so the entry found at a list position on the previous rank is
+// tried before the hash table.
+Result<std::vector<TensorEntry>> CollectTensors(std::span<const LocalSavePlan> locals) {
+  constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+  std::unordered_map<std::string_view, uint32_t> index;
+  std::vector<TensorEntry> entries;
+  std::vector<uint32_t> previous;  // per list position: the entry it named on the last rank
+  for (uint32_t rank = 0; rank < locals.size(); ++rank) {
+    const auto& tensors = locals[rank].tensors;
+    if (previous.size() < tensors.size()) previous.resize(tensors.size(), kNone);
+    for (uint32_t t = 0; t < tensors.size(); ++t) {
+      const LocalTensor& tensor = tensors[t];
+      uint32_t e = previous[t];
+      if (e == kNone || entries[e].first->name != tensor.name) {
+        auto [it, inserted] = index.try_emplace(tensor.name, static_cast<uint32_t>(entries.size()));
+        e = it->second;
+        if (inserted) {
+          SP_RETURN_IF_ERROR(ValidateShape(rank, tensor));
+          entries.emplace_back();
+          entries.back().first = &tensor;
+          entries.back().first_rank = entries.back().last_rank = rank;
+        } else {
+          SP_RETURN_IF_ERROR(Revisit(rank, tensor, &entries[e]));
+        }
+      } else {
+        SP_RETURN_IF_ERROR(Revisit(rank, tensor, &entries[e]));
+      }
+      previous[t] = e;
+      SP_RETURN_IF_ERROR(AddHoldings(rank, t, tensor, &entries[e]));
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.first->name < b.first->name;
+  });
+  return entries;
+}
+
+// Sorts the holdings so that identical boxes (replicas) are adjacent; each run is one chunk.
+void GroupReplicas(TensorEntry* entry) {
+  std::vector<Holding>& holdings = entry->holdings;
+  const size_t width = KeyWidth(*entry);
+  auto by_box = [&](const Holding& a, const Holding& b) {
+    const int64_t* x = KeyOf(*entry, a);
+    const int64_t* y = KeyOf(*entry, b);
+    return std::lexicographical_compare(x, x + width, y, y + width);
+  };
+  // Holdings arrive in (rank, local_box) order, so a stable sort by box alone is enough; for
+  // row-sharded and replicated tensors they are already in box order.
+  if (!std::is_sorted(holdings.begin(), holdings.end(), by_box)) {
+    std::stable_sort(holdings.begin(), holdings.end(), by_box);
+  }
+  entry->chunk_begin.clear();
+  for (uint32_t i = 0; i < holdings.size(); ++i) {
+    if (i == 0 || !std::equal(KeyOf(*entry, holdings[i]), KeyOf(*entry, holdings[i]) + width,
+                              KeyOf(*entry, holdings[i - 1]))) {
+      entry->chunk_begin.push_back(i);
+    }
+  }
+  entry->chunk_begin.push_back(static_cast<uint32_t>(holdings.size()));
+}
+
+std::span<const Holding> HoldersOf(const TensorEntry& entry, size_t chunk) {
+  return std::span<const Holding>(entry.holdings)
+      .subspan(entry.chunk_begin[chunk], entry.chunk_begin[chunk + 1] - entry.chunk_begin[chunk]);
+}
+
+// Proves the distinct chunks of a tensor tile its shape: no overlap, no hole.
+Status ValidateTiling(const TensorEntry& entry, const TensorMetadata& md) {
+  const LocalTensor& tensor = *entry.first;
+  std::vector<const Box*> boxes(md.chunks.size());
+  for (size_t c = 0; c < boxes.size(); ++c) boxes[c] = &md.chunks[c].box;
+  if (auto pair = FindOverlappingPair(boxes)) {
+    return InvalidArgumentError("tensor " + Quote(tensor.name) + ": chunk " +
+                                boxes[pair->first]->ToString() + " held by " +
+                                DescribeHolders(HoldersOf(entry, pair->first)) +
+                                " overlaps chunk " + boxes[pair->second]->ToString() + " held by " +
+                                DescribeHolders(HoldersOf(entry, pair->second)));
+  }
+  int64_t covered = 0;  // disjoint boxes within the shape: the sum cannot overflow
+  for (const Box* box : boxes) covered += box->volume();
+  const int64_t volume = ShapeVolume(tensor.shape);
+  if (covered == volume) return OkStatus();
+  std::string message = "tensor " + Quote(tensor.name) + " of shape " +
+                        ShapeToString(tensor.shape) + ": no rank holds " +
+                        std::to_string(volume - covered) + " of its " + std::to_string(volume) +
+                        " elements";
+  if (auto point = FindUncoveredPoint(boxes, tensor.shape)) {
+    message += " (for example the element at " + PointToString(*point) + ")";
+  }
+  return InvalidArgumentError(message);
+}
+
+TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
+  TensorMetadata md;
+  md.name = entry.first->name;
+  md.dtype = entry.first->dtype;
+  md.shape = entry.first->shape;
+  const size_t num_chunks = entry.chunk_begin.size() - 1;
+  md.chunks.resize(num_chunks);
+  const uint64_t element_bytes = DTypeSize(md.dtype);
+  for (size_t c = 0; c < num_chunks; ++c) {
+    md.chunks[c].box = BoxOf(entry, entry.holdings[entry.chunk_begin[c]]);
+    md.chunks[c].byte_length = static_cast<uint64_t>(md.chunks[c].box.volume()) * element_bytes;
+  }
+  return md;
+}
+
+// Picks the writer of every chunk: sole holders first, then replica groups largest first, each
+// to the holder with the fewest bytes so far (or always the lowest holder).
+void AssignOwners(const std::vector<TensorMetadata>& tensors, size_t world_size, bool lowest_rank,
+                  std::vector<TensorEntry>* entries) {
+  struct Group {
+    uint64_t bytes;
+    uint32_t tensor;
+    uint32_t chunk;
+  };
+  std::vector<uint64_t> assigned(world_size, 0);
+  std::vector<Group> groups;
+  for (uint32_t t = 0; t < entries->size(); ++t) {
+    TensorEntry& entry = (*entries)[t];
+    entry.owner.resize(entry.chunk_begin.size() - 1);
+    for (uint32_t c = 0; c < entry.owner.size(); ++c) {
+      std::span<const Holding> holders = HoldersOf(entry, c);
+      entry.owner[c] = entry.chunk_begin[c];  // the lowest holder
+      if (holders.front().rank == holders.back().rank) {
+        assigned[holders.front().rank] += tensors[t].chunks[c].byte_length;
+      } else if (!lowest_rank) {
+        groups.push_back({tensors[t].chunks[c].byte_length, t, c});
+      }
+    }
+  }
+  std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
+    if (a.bytes != b.bytes) return a.bytes > b.bytes;
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.chunk < b.chunk;
+  });
+  for (const Group& group : groups) {
+    TensorEntry& entry = (*entries)[group.tensor];
+    uint32_t best = entry.chunk_begin[group.chunk];
+    for (uint32_t h = best + 1; h < entry.chunk_begin[group.chunk + 1]; ++h) {
+      if (assigned[entry.holdings[h].rank] < assigned[entry.holdings[best].rank]) best = h;
+    }
+    entry.owner[group.chunk] = best;
+    assigned[entry.holdings[best].rank] += group.bytes;
+  }
+}
+
+// Bin-packs `owned` (in (tensor, chunk) order) into `num_files` lists: largest first into the
+// lightest file (ties: lowest file). Each list keeps (tensor, chunk) order.
+std::vector<std::vector<OwnedChunk>> PackFiles(std::span<const OwnedChunk> owned,
+                                               size_t num_files) {
+  std::vector<uint32_t> order(owned.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return owned[a].bytes > owned[b].bytes; });
+  using Load = std::pair<uint64_t, uint32_t>;  // (bytes so far, file)
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> lightest;
+  for (uint32_t k = 0; k < num_files; ++k) lightest.push({0, k});
+  std::vector<uint32_t> file_of(owned.size());
+  for (uint32_t i : order) {
+    Load load = lightest.top();
+    lightest.pop();
+    file_of[i] = load.second;
+    lightest.push({load.first + owned[i].bytes, load.second});
+  }
+  std::vector<std::vector<OwnedChunk>> files(num_files);
+  for (uint32_t i = 0; i < owned.size(); ++i) files[file_of[i]].push_back(owned[i]);
+  return files;
+}
+
+// Creates the files of one rank and lays its chunks out in them, recording the writes.
+Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned,
+                  const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
+                  GlobalSavePlan* plan) {
+  if (owned.empty()) return OkStatus();
+  const size_t num_files = std::min<size_t>(options.files_per_rank, owned.size());
+  std::vector<std::vector<OwnedChunk>> packed;
+  if (num_files > 1) packed = PackFiles(owned, num_files);
+  RankSavePlan& rank_plan = plan->ranks[rank];
+  rank_plan.writes.reserve(owned.size());
+  for (uint32_t k = 0; k < num_files; ++k) {
+    const uint32_t file = static_cast<uint32_t>(plan->metadata.files.size());
+    plan->metadata.files.push_back(
+        DataFile{NativeDataFileName(options.save_id, rank, k), 0, 0, static_cast<int32_t>(rank)});
+    rank_plan.files.push_back(file);
+    uint64_t offset = 0;
+    for (const OwnedChunk& oc : num_files == 1 ? owned : std::span<const OwnedChunk>(packed[k])) {
+      StoredChunk& chunk = plan->metadata.tensors[oc.tensor].chunks[oc.chunk];
+      chunk.file = file;
+      chunk.data_offset = offset;
+      const TensorEntry& entry = entries[oc.tensor];
+      const Holding& writer = entry.holdings[entry.owner[oc.chunk]];
+      rank_plan.writes.push_back(ChunkWrite{writer.local_tensor, writer.local_box, file, oc.tensor,
+                                            oc.chunk, offset, oc.bytes});
+      if (__builtin_add_overflow(offset, oc.bytes, &offset)) {
+        return InvalidArgumentError("save plan: data file " + plan->metadata.files[file].name +
+                                    " of rank " + std::to_string(rank) +
+                                    " would exceed 2^64 bytes");
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
+                   GlobalSavePlan* plan) {
+  // Counting sort of the chunks by owner, keeping (tensor, chunk) order within each rank.
+  const size_t world_size = plan->ranks.size();
+  std::vector<uint32_t> begin(world_size + 1, 0);
+  for (const TensorEntry& entry : entries) {
+    for (uint32_t owner : entry.owner) ++begin[entry.holdings[owner].rank + 1];
+  }
+  for (size_t r = 0; r < world_size; ++r) begin[r + 1] += begin[r];
+  std::vector<OwnedChunk> owned(begin[world_size]);
+  std::vector<uint32_t> next(begin.begin(), begin.end() - 1);
+  for (uint32_t t = 0; t < entries.size(); ++t) {
+    for (uint32_t c = 0; c < entries[t].owner.size(); ++c) {
+      const uint32_t rank = entries[t].holdings[entries[t].owner[c]].rank;
+      owned[next[rank]++] = {t, c, plan->metadata.tensors[t].chunks[c].byte_length};
+    }
+  }
+  for (uint32_t rank = 0; rank < world_size; ++rank) {
+    std::span<const OwnedChunk> mine(owned.data() + begin[rank], begin[rank + 1] - begin[rank]);
+    SP_RETURN_IF_ERROR(LayOutRank(rank, mine, entries, options, plan));
+  }
+  return OkStatus();
+}
+
+// One entry per object name, from the lowest rank that has it, sorted by name.
+Result<std::vector<ObjectEntry>> MergeObjects(std::span<const LocalSavePlan> locals,
+                                              const std::vector<TensorEntry>& tensors) {
+  std::map<std::string_view, const ObjectEntry*> merged;
+  std::unordered_set<std::string_view> on_rank;
+  for (uint32_t rank = 0; rank < locals.size(); ++rank) {
+    on_rank.clear();
+    for (const ObjectEntry& object : locals[rank].objects) {
+      if (!on_rank.insert(object.name).second) {
+        return InvalidArgumentError("object " + Quote(object.name) + ": rank " +
+                                    std::to_string(rank) + " lists it twice");
+      }
+      auto it = std::lower_bound(
+          tensors.begin(), tensors.end(), object.name,
+          [](const TensorEntry& t, std::string_view name) { return t.first->name < name; });
+      if (it != tensors.end() && it->first->name == object.name) {
+        return InvalidArgumentError("name " + Quote(object.name) + " is a tensor on rank " +
+                                    std::to_string(it->first_rank) + " and an object on rank " +
+                                    std::to_string(rank));
+      }
+      merged.try_emplace(object.name, &object);
+    }
+  }
+  std::vector<ObjectEntry> objects;
+  objects.reserve(merged.size());
+  for (const auto& [name, object] : merged) objects.push_back(*object);
+  return objects;
+}
+
+}  // namespace
+
+Result<GlobalSavePlan> PlanSave(std::span<const LocalSavePlan> locals,
+                                const SavePlanOptions& options) {
+  SP_RETURN_IF_ERROR(ValidateOptions(locals.size(), options));
+  SP_ASSIGN_OR_RETURN(std::vector<TensorEntry> entries, CollectTensors(locals));
+  GlobalSavePlan plan;
+  plan.metadata.save_id = options.save_id;
+  plan.metadata.world_size = static_cast<int32_t>(locals.size());
+  plan.metadata.checksum_block_bytes = options.checksum_block_bytes;
+  plan.metadata.tensors.reserve(entries.size());
+  for (TensorEntry& entry : entries) {
+    GroupReplicas(&entry);
+    plan.metadata.tensors.push_back(MakeTensorMetadata(entry));
+    SP_RETURN_IF_ERROR(ValidateTiling(entry, plan.metadata.tensors.back()));
+  }
+  SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(locals, entries));
+  AssignOwners(plan.metadata.tensors, locals.size(), options.dedup_to_lowest_rank, &entries);
+  plan.ranks.resize(locals.size());
+  SP_RETURN_IF_ERROR(AssignFiles(entries, options, &plan));
+  return plan;
+}
+
+}  // namespace sp

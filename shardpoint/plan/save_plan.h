@@ -1,0 +1,105 @@
+// Save planning: from what every rank holds to who writes which chunk into which file.
+//
+// Each rank describes what it holds in a LocalSavePlan (tensors with the boxes it has in global
+// coordinates, plus plain objects). The coordinator gathers them, one per rank, and PlanSave
+// turns them into a GlobalSavePlan: the checkpoint metadata (tensors, chunks, data files,
+// objects) and, for every rank, the exact list of writes it performs.
+//
+// Replicas (the same box of a tensor held by several ranks) are written once. Ownership is
+// deterministic and balanced by bytes: it depends only on the local plans, so a later save with
+// the same layout reproduces it without a gather. Before any byte is written the plan proves
+// that the distinct chunks of every tensor tile its shape exactly (no overlap, no hole).
+//
+// Planning is pure: values in, values out, no I/O, no threads. All functions are thread-safe.
+#ifndef SHARDPOINT_PLAN_SAVE_PLAN_H_
+#define SHARDPOINT_PLAN_SAVE_PLAN_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardpoint/base/dtype.h"
+#include "shardpoint/base/result.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+
+namespace sp {
+
+// What one rank holds (save) or wants (load) of one tensor.
+struct LocalTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<Box> boxes;  // global coordinates; may include empty boxes (ignored)
+};
+
+// Everything one rank contributes to a save.
+struct LocalSavePlan {
+  std::vector<LocalTensor> tensors;
+  std::vector<ObjectEntry> objects;
+};
+
+struct SavePlanOptions {
+  int files_per_rank = 1;             // each rank's owned chunks are bin-packed by bytes into
+                                      // at most this many files (>= 1)
+  bool dedup_to_lowest_rank = false;  // DCP's dedup_save_to_lowest_rank; default: balanced by bytes
+  std::string save_id;                // goes into file names and metadata
+  uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;  // > 0
+};
+
+// One write a rank performs: the bytes of one of its local boxes into one file.
+struct ChunkWrite {
+  uint32_t local_tensor = 0;  // index into that rank's LocalSavePlan::tensors
+  uint32_t local_box = 0;     // index into that LocalTensor's boxes
+  uint32_t file = 0;          // index into GlobalSavePlan::metadata.files
+  uint32_t tensor = 0;        // index into metadata.tensors
+  uint32_t chunk = 0;         // index into metadata.tensors[tensor].chunks
+  uint64_t data_offset = 0;   // = that chunk's data_offset (relative to the file's data section)
+  uint64_t byte_length = 0;
+
+  friend bool operator==(const ChunkWrite&, const ChunkWrite&) = default;
+};
+
+// What one rank writes: its files (indices into metadata.files, in order) and its writes,
+// ordered by file and then by data_offset.
+struct RankSavePlan {
+  std::vector<uint32_t> files;
+  std::vector<ChunkWrite> writes;
+
+  friend bool operator==(const RankSavePlan&, const RankSavePlan&) = default;
+};
+
+struct GlobalSavePlan {
+  // Tensors sorted by name; chunks sorted by box; files named and ordered by (rank, file
+  // number); every chunk's file/data_offset/byte_length set; block_crc32c EMPTY (the writers
+  // compute them); DataFile::data_start and size are 0 (the engine fills them after building
+  // each file's header); objects: one per name, from the lowest rank that has it.
+  CheckpointMetadata metadata;
+  std::vector<RankSavePlan> ranks;  // indexed by rank
+};
+
+// Plans a save from `locals` (indexed by rank; world size = locals.size()).
+//
+// Ownership: a chunk held by one rank is written by it. Replica groups (boxes held by several
+// ranks) are taken largest first (ties: tensor name, then box) and each is given to the holder
+// with the fewest bytes assigned so far (ties: lowest rank); with dedup_to_lowest_rank the
+// lowest holder always writes. Each rank's owned chunks are bin-packed, largest first into the
+// lightest file, into min(files_per_rank, chunks owned) files named
+// d-<save_id>-r<rank:05>-f<k:03>.safetensors, packed back to back in (tensor name, box) order.
+//
+// Errors (kInvalidArgument, each naming the tensor or object, the ranks and the values):
+//   - options out of range (files_per_rank < 1, checksum_block_bytes == 0, too many ranks);
+//   - a shape with a negative dimension, or whose byte size overflows;
+//   - the same tensor with different dtypes or shapes on two ranks;
+//   - a box of the wrong rank or outside the shape;
+//   - a tensor or object listed twice by one rank, or a name that is a tensor on one rank and
+//     an object on another;
+//   - two distinct chunks of a tensor that overlap, or chunks that leave elements of the tensor
+//     uncovered (the message gives the count and, when found cheaply, one uncovered point).
+Result<GlobalSavePlan> PlanSave(std::span<const LocalSavePlan> locals,
+                                const SavePlanOptions& options);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_PLAN_SAVE_PLAN_H_

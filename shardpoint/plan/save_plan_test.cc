@@ -1,0 +1,345 @@
+#include "shardpoint/plan/save_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "shardpoint/plan/plan_test_util.h"
+
+namespace sp {
+namespace {
+
+using ::sp::testing::Tensor;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+SavePlanOptions Options(int files_per_rank = 1, bool lowest = false) {
+  SavePlanOptions options;
+  options.save_id = "s7";
+  options.files_per_rank = files_per_rank;
+  options.dedup_to_lowest_rank = lowest;
+  return options;
+}
+
+// A uint8 tensor of `bytes` elements held whole, so its size in bytes is `bytes`.
+LocalTensor Replicated(std::string name, int64_t bytes) {
+  return Tensor(std::move(name), DType::kUInt8, {bytes}, {Box({0}, {bytes})});
+}
+
+// The rank that writes chunk `c` of tensor `name`.
+int32_t Writer(const GlobalSavePlan& plan, std::string_view name, size_t c = 0) {
+  const TensorMetadata* t = plan.metadata.FindTensor(name);
+  return plan.metadata.files[t->chunks[c].file].writer_rank;
+}
+
+Status PlanError(const std::vector<LocalSavePlan>& locals, SavePlanOptions options = Options()) {
+  Result<GlobalSavePlan> plan = PlanSave(locals, options);
+  EXPECT_FALSE(plan.ok());
+  return plan.status();
+}
+
+TEST(SavePlanTest, RowShardedTensorOneChunkPerRank) {
+  // 10 x 4 float32 saved by 4 ranks with Shard(0): rows 3, 3, 3, 1 (torch.chunk).
+  std::vector<LocalSavePlan> locals(4);
+  const int64_t rows[4][2] = {{0, 3}, {3, 3}, {6, 3}, {9, 1}};
+  for (int r = 0; r < 4; ++r) {
+    locals[r].tensors.push_back(
+        Tensor("w", DType::kFloat32, {10, 4}, {Box({rows[r][0], 0}, {rows[r][1], 4})}));
+  }
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const CheckpointMetadata& md = plan->metadata;
+  EXPECT_EQ(md.save_id, "s7");
+  EXPECT_EQ(md.world_size, 4);
+  EXPECT_EQ(md.checksum_block_bytes, kDefaultChecksumBlockBytes);
+  ASSERT_EQ(md.files.size(), 4u);
+  EXPECT_EQ(md.files[0].name, "d-s7-r00000-f000.safetensors");
+  EXPECT_EQ(md.files[3].name, "d-s7-r00003-f000.safetensors");
+  ASSERT_EQ(md.tensors.size(), 1u);
+  ASSERT_EQ(md.tensors[0].chunks.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    const StoredChunk& chunk = md.tensors[0].chunks[r];
+    EXPECT_EQ(chunk.box, Box({rows[r][0], 0}, {rows[r][1], 4}));
+    EXPECT_EQ(chunk.file, static_cast<uint32_t>(r));
+    EXPECT_EQ(chunk.data_offset, 0u);
+    EXPECT_EQ(chunk.byte_length, static_cast<uint64_t>(rows[r][1] * 4 * 4));
+    EXPECT_TRUE(chunk.block_crc32c.empty());
+    EXPECT_EQ(md.files[r].writer_rank, r);
+    EXPECT_EQ(md.files[r].data_start, 0u);
+    EXPECT_EQ(md.files[r].size, 0u);
+    ASSERT_EQ(plan->ranks[r].writes.size(), 1u);
+    EXPECT_EQ(plan->ranks[r].writes[0],
+              (ChunkWrite{0, 0, static_cast<uint32_t>(r), 0, static_cast<uint32_t>(r), 0,
+                          chunk.byte_length}));
+    EXPECT_THAT(plan->ranks[r].files, ElementsAre(static_cast<uint32_t>(r)));
+  }
+}
+
+TEST(SavePlanTest, ReplicasAreBalancedByBytesLargestFirst) {
+  // Every rank holds all four tensors. Largest first to the lightest holder:
+  // a(100) -> r0, b(60) -> r1, c(50) -> r1 (60 < 100), d(40) -> r0 (100 < 110).
+  std::vector<LocalSavePlan> locals(2);
+  for (auto& local : locals) {
+    local.tensors = {Replicated("d", 40), Replicated("c", 50), Replicated("a", 100),
+                     Replicated("b", 60)};
+  }
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(Writer(*plan, "a"), 0);
+  EXPECT_EQ(Writer(*plan, "b"), 1);
+  EXPECT_EQ(Writer(*plan, "c"), 1);
+  EXPECT_EQ(Writer(*plan, "d"), 0);
+  // Local indices point into each rank's own tensor order.
+  ASSERT_EQ(plan->ranks[0].writes.size(), 2u);
+  EXPECT_EQ(plan->ranks[0].writes[0].local_tensor, 2u);  // a, first in (name, box) order
+  EXPECT_EQ(plan->ranks[0].writes[1].local_tensor, 0u);  // d
+  EXPECT_EQ(plan->ranks[0].writes[1].data_offset, 100u);
+}
+
+TEST(SavePlanTest, EqualReplicasSpreadOverAllHolders) {
+  std::vector<LocalSavePlan> locals(4);
+  for (auto& local : locals) {
+    for (char c = 'a'; c < 'a' + 8; ++c) local.tensors.push_back(Replicated(std::string(1, c), 64));
+  }
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(plan->ranks[r].writes.size(), 2u) << "rank " << r;
+  EXPECT_EQ(Writer(*plan, "a"), 0);
+  EXPECT_EQ(Writer(*plan, "b"), 1);
+  EXPECT_EQ(Writer(*plan, "e"), 0);
+}
+
+TEST(SavePlanTest, SoleHoldersAreCountedBeforeReplicas) {
+  // Rank 0 alone holds 1,000 bytes of "big"; the replicated "small" goes to rank 1.
+  std::vector<LocalSavePlan> locals(2);
+  locals[0].tensors = {Replicated("big", 1000), Replicated("small", 10)};
+  locals[1].tensors = {Replicated("small", 10)};
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(Writer(*plan, "big"), 0);
+  EXPECT_EQ(Writer(*plan, "small"), 1);
+  // With dedup_to_lowest_rank the lowest holder always writes.
+  plan = PlanSave(locals, Options(1, /*lowest=*/true));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(Writer(*plan, "small"), 0);
+  EXPECT_TRUE(plan->ranks[1].files.empty());
+  EXPECT_EQ(plan->metadata.files.size(), 1u);
+}
+
+TEST(SavePlanTest, FilesAreBinPackedLargestFirstIntoTheLightest) {
+  // Sizes 100, 60, 50, 5: 100 -> f0, 60 -> f1, 50 -> f1 (60 < 100), 5 -> f0 (100 < 110).
+  std::vector<LocalSavePlan> locals(1);
+  locals[0].tensors = {Replicated("p", 60), Replicated("q", 100), Replicated("r", 50),
+                       Replicated("s", 5)};
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options(2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const CheckpointMetadata& md = plan->metadata;
+  ASSERT_EQ(md.files.size(), 2u);
+  EXPECT_EQ(md.files[1].name, "d-s7-r00000-f001.safetensors");
+  auto where = [&](std::string_view name) {
+    const StoredChunk& c = md.FindTensor(name)->chunks[0];
+    return std::make_pair(c.file, c.data_offset);
+  };
+  EXPECT_EQ(where("q"), std::make_pair(0u, uint64_t{0}));  // f0: q(100) then s(5)
+  EXPECT_EQ(where("s"), std::make_pair(0u, uint64_t{100}));
+  EXPECT_EQ(where("p"), std::make_pair(1u, uint64_t{0}));  // f1: p(60), r(50) by name
+  EXPECT_EQ(where("r"), std::make_pair(1u, uint64_t{60}));
+  const auto& writes = plan->ranks[0].writes;
+  ASSERT_EQ(writes.size(), 4u);
+  EXPECT_EQ(writes[0].tensor, md.FindTensor("q") - md.tensors.data());
+  EXPECT_EQ(writes[1].data_offset, 100u);
+  EXPECT_EQ(writes[2].file, 1u);
+  EXPECT_EQ(writes[3].data_offset, 60u);
+}
+
+TEST(SavePlanTest, NeverCreatesEmptyFiles) {
+  std::vector<LocalSavePlan> locals(3);
+  locals[0].tensors = {Replicated("a", 8), Replicated("b", 8)};
+  locals[2].tensors = {Tensor("c", DType::kInt64, {2, 2}, {Box({0, 0}, {2, 2})})};
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options(8));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const CheckpointMetadata& md = plan->metadata;
+  ASSERT_EQ(md.files.size(), 3u);
+  EXPECT_EQ(md.files[0].name, "d-s7-r00000-f000.safetensors");
+  EXPECT_EQ(md.files[1].name, "d-s7-r00000-f001.safetensors");
+  EXPECT_EQ(md.files[2].name, "d-s7-r00002-f000.safetensors");
+  EXPECT_EQ(md.files[2].writer_rank, 2);
+  EXPECT_TRUE(plan->ranks[1].files.empty());
+  EXPECT_TRUE(plan->ranks[1].writes.empty());
+  EXPECT_THAT(plan->ranks[2].files, ElementsAre(2u));
+}
+
+TEST(SavePlanTest, ChunksAreSortedByBoxAndEmptyBoxesDropped) {
+  std::vector<LocalSavePlan> locals(2);
+  locals[0].tensors = {Tensor("w", DType::kBFloat16, {4, 6},
+                              {Box({2, 3}, {2, 3}), Box({0, 0}, {0, 6}), Box({0, 3}, {2, 3})})};
+  locals[1].tensors = {Tensor("w", DType::kBFloat16, {4, 6},
+                              {Box({2, 0}, {2, 3}), Box({0, 0}, {2, 3}), Box({4, 6}, {0, 0})})};
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto& chunks = plan->metadata.tensors[0].chunks;
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0].box, Box({0, 0}, {2, 3}));
+  EXPECT_EQ(chunks[1].box, Box({0, 3}, {2, 3}));
+  EXPECT_EQ(chunks[2].box, Box({2, 0}, {2, 3}));
+  EXPECT_EQ(chunks[3].box, Box({2, 3}, {2, 3}));
+  EXPECT_EQ(chunks[0].byte_length, 12u);
+  // Rank 0 writes its local boxes 2 then 0 (box order), rank 1 its boxes 1 then 0.
+  ASSERT_EQ(plan->ranks[0].writes.size(), 2u);
+  EXPECT_EQ(plan->ranks[0].writes[0].local_box, 2u);
+  EXPECT_EQ(plan->ranks[0].writes[1].local_box, 0u);
+  EXPECT_EQ(plan->ranks[0].writes[1].data_offset, 12u);
+  EXPECT_EQ(plan->ranks[1].writes[0].local_box, 1u);
+}
+
+TEST(SavePlanTest, ScalarsAndZeroSizedTensors) {
+  std::vector<LocalSavePlan> locals(3);
+  for (auto& local : locals) {
+    local.tensors = {Tensor("step", DType::kInt64, {}, {Box({}, {})}),
+                     Tensor("nothing", DType::kFloat32, {0, 4}, {Box({0, 0}, {0, 4})})};
+  }
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const TensorMetadata* step = plan->metadata.FindTensor("step");
+  ASSERT_EQ(step->chunks.size(), 1u);
+  EXPECT_EQ(step->chunks[0].box, Box({}, {}));
+  EXPECT_EQ(step->chunks[0].byte_length, 8u);
+  EXPECT_EQ(Writer(*plan, "step"), 0);
+  const TensorMetadata* nothing = plan->metadata.FindTensor("nothing");
+  ASSERT_NE(nothing, nullptr);
+  EXPECT_TRUE(nothing->chunks.empty());
+  EXPECT_EQ(plan->metadata.files.size(), 1u);
+}
+
+TEST(SavePlanTest, ObjectsKeepTheLowestRanksCopySortedByName) {
+  std::vector<LocalSavePlan> locals(3);
+  locals[2].objects = {{"lr", ObjectEncoding::kJson, "0.2"}, {"b", ObjectEncoding::kBytes, "x"}};
+  locals[1].objects = {{"lr", ObjectEncoding::kJson, "0.1"}};
+  locals[0].objects = {{"z", ObjectEncoding::kPickle, "p"}};
+  Result<GlobalSavePlan> plan = PlanSave(locals, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto& objects = plan->metadata.objects;
+  ASSERT_EQ(objects.size(), 3u);
+  EXPECT_EQ(objects[0].name, "b");
+  EXPECT_EQ(objects[1].name, "lr");
+  EXPECT_EQ(objects[1].payload, "0.1");
+  EXPECT_EQ(objects[2].encoding, ObjectEncoding::kPickle);
+  EXPECT_TRUE(plan->metadata.files.empty());
+}
+
+TEST(SavePlanTest, PlanDependsOnlyOnWhatIsHeld) {
+  std::vector<LocalSavePlan> a(3), b(3);
+  for (int r = 0; r < 3; ++r) {
+    a[r].tensors = {Replicated("x", 30), Replicated("y", 30), Replicated("z", 30)};
+    b[r].tensors = {Replicated("z", 30), Replicated("x", 30), Replicated("y", 30)};
+  }
+  Result<GlobalSavePlan> pa = PlanSave(a, Options()), pb = PlanSave(b, Options());
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  for (std::string_view name : {"x", "y", "z"}) EXPECT_EQ(Writer(*pa, name), Writer(*pb, name));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(pa->ranks[r].writes.size(), 1u);
+    EXPECT_EQ(pa->ranks[r].writes[0].tensor, pb->ranks[r].writes[0].tensor);
+  }
+}
+
+TEST(SavePlanTest, MismatchedShapeOrDtypeNamesBothRanks) {
+  std::vector<LocalSavePlan> locals(4);
+  locals[0].tensors = {Tensor("w", DType::kFloat32, {4, 8}, {Box({0, 0}, {4, 8})})};
+  locals[3].tensors = {Tensor("w", DType::kFloat32, {4, 9}, {Box({0, 0}, {4, 9})})};
+  Status s = PlanError(locals);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "tensor 'w': rank 0 has shape [4, 8] but rank 3 has [4, 9]");
+  locals[3].tensors = {Tensor("w", DType::kBFloat16, {4, 8}, {})};
+  s = PlanError(locals);
+  EXPECT_EQ(s.message(), "tensor 'w': rank 0 has dtype float32 but rank 3 has bfloat16");
+}
+
+TEST(SavePlanTest, BoxOutsideShapeIsRejected) {
+  std::vector<LocalSavePlan> locals(3);
+  locals[2].tensors = {Tensor("w", DType::kFloat32, {4, 8}, {Box({0, 8}, {4, 8})})};
+  Status s = PlanError(locals);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "tensor 'w': rank 2 holds box [0:4, 8:16], which is not within shape [4, 8]");
+  locals[2].tensors = {Tensor("w", DType::kFloat32, {4, 8}, {Box({0}, {4})})};
+  EXPECT_EQ(PlanError(locals).message(),
+            "tensor 'w': rank 2 holds box [0:4], which is not within shape [4, 8]");
+  locals[2].tensors = {Tensor("w", DType::kFloat32, {4, 8}, {Box({0, 0}, {4})})};
+  EXPECT_EQ(PlanError(locals).message(),
+            "tensor 'w': rank 2 holds a box with 2 offsets and 1 sizes");
+}
+
+TEST(SavePlanTest, InvalidShapesAreRejected) {
+  std::vector<LocalSavePlan> locals(1);
+  locals[0].tensors = {Tensor("w", DType::kFloat32, {4, -1}, {})};
+  EXPECT_EQ(PlanError(locals).message(),
+            "tensor 'w': rank 0 has invalid shape [4, -1] (negative dimension)");
+  locals[0].tensors = {Tensor("w", DType::kFloat64, {int64_t{1} << 31, int64_t{1} << 30}, {})};
+  EXPECT_EQ(PlanError(locals).message(),
+            "tensor 'w': rank 0 has shape [2147483648, 1073741824], whose byte size overflows");
+}
+
+TEST(SavePlanTest, DuplicateNamesAreRejected) {
+  std::vector<LocalSavePlan> locals(2);
+  locals[1].tensors = {Replicated("w", 4), Replicated("w", 4)};
+  EXPECT_EQ(PlanError(locals).message(), "tensor 'w': rank 1 lists it twice");
+  locals[1].tensors.clear();
+  locals[1].objects = {{"o", ObjectEncoding::kJson, "1"}, {"o", ObjectEncoding::kJson, "2"}};
+  EXPECT_EQ(PlanError(locals).message(), "object 'o': rank 1 lists it twice");
+  locals[0].tensors = {Replicated("o", 4)};
+  locals[1].objects.pop_back();
+  Status s = PlanError(locals);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "name 'o' is a tensor on rank 0 and an object on rank 1");
+}
+
+TEST(SavePlanTest, OverlappingChunksNameBoxesAndHolders) {
+  std::vector<LocalSavePlan> locals(3);
+  locals[0].tensors = {Tensor("w", DType::kFloat32, {6, 8}, {Box({0, 0}, {4, 8})})};
+  locals[1].tensors = {Tensor("w", DType::kFloat32, {6, 8}, {Box({2, 0}, {4, 8})})};
+  locals[2].tensors = {Tensor("w", DType::kFloat32, {6, 8}, {Box({2, 0}, {4, 8})})};
+  Status s = PlanError(locals);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      s.message(),
+      "tensor 'w': chunk [0:4, 0:8] held by rank 0 overlaps chunk [2:6, 0:8] held by ranks 1, 2");
+}
+
+TEST(SavePlanTest, UncoveredElementsAreCountedAndOneIsShown) {
+  std::vector<LocalSavePlan> locals(4);
+  for (int r = 0; r < 4; ++r) {
+    if (r == 2) continue;  // the shard of rank 2 is missing
+    locals[r].tensors = {Tensor("w", DType::kFloat32, {8, 4}, {Box({2 * r, 0}, {2, 4})})};
+  }
+  Status s = PlanError(locals);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "tensor 'w' of shape [8, 4]: no rank holds 8 of its 32 elements (for example the "
+            "element at (4, 0))");
+  for (auto& local : locals) local.tensors.clear();
+  locals[1].tensors = {Tensor("w", DType::kFloat32, {8, 4}, {Box({0, 0}, {0, 4})})};
+  EXPECT_EQ(PlanError(locals).message(),
+            "tensor 'w' of shape [8, 4]: no rank holds 32 of its 32 elements (for example the "
+            "element at (0, 0))");
+}
+
+TEST(SavePlanTest, OptionsAreValidated) {
+  std::vector<LocalSavePlan> locals(1);
+  EXPECT_EQ(PlanError(locals, Options(0)).message(),
+            "save plan: files_per_rank must be at least 1, got 0");
+  SavePlanOptions options = Options();
+  options.checksum_block_bytes = 0;
+  EXPECT_EQ(PlanError(locals, options).message(),
+            "save plan: checksum_block_bytes must be positive, got 0");
+}
+
+TEST(SavePlanTest, NoRanksGiveAnEmptyPlan) {
+  Result<GlobalSavePlan> plan = PlanSave({}, Options());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->metadata.world_size, 0);
+  EXPECT_TRUE(plan->ranks.empty());
+}
+
+}  // namespace
+}  // namespace sp
