@@ -126,9 +126,12 @@ int main(int argc, char** argv) {
 
   std::printf("plan_bench: ranks=%lld tensors=%d chunks=%zu\n", static_cast<long long>(ranks),
               tensors, chunks);
+  const bool target_size = ranks == 1024 && tensors == 500;
   std::printf(
-      "  PlanSave median of 5: %.4f s wall, %.4f s cpu  (target < %.1f s for 1024 x 500: %s)\n",
-      save.wall_s, save.cpu_s, kTargetSeconds, save.wall_s < kTargetSeconds ? "met" : "NOT met");
+      "  PlanSave median of 5: %.4f s wall, %.4f s cpu  (target: < %.1f s wall for 1024 x 500",
+      save.wall_s, save.cpu_s, kTargetSeconds);
+  std::printf(target_size ? ": %s)\n" : "; not this size%s)\n",
+              target_size ? (save.wall_s < kTargetSeconds ? "met" : "NOT met") : "");
   std::printf(
       "  PlanLoad median of 5: %.4f s wall, %.4f s cpu  (one rank reading every tensor "
       "whole: %zu items)\n",
