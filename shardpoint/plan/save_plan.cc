@@ -11,6 +11,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "shardpoint/format/native/metadata_codec.h"
+
 #include "shardpoint/plan/box_set.h"
 
 namespace sp {
@@ -59,14 +61,6 @@ struct OwnedChunk {
 };
 
 std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
-
-// The native data file name, d-<save_id>-r<rank:05>-f<k:03>.safetensors (the same rule as the
-// format module's).
-std::string NativeDataFileName(std::string_view save_id, uint32_t rank, uint32_t file_number) {
-  char suffix[48];
-  std::snprintf(suffix, sizeof(suffix), "-r%05u-f%03u.safetensors", rank, file_number);
-  return "d-" + std::string(save_id) + suffix;
-}
 
 // "rank 3" or "ranks 0, 1, 2 and 5 more" for the distinct ranks among `holdings`.
 std::string DescribeHolders(std::span<const Holding> holdings) {
@@ -356,7 +350,7 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned,
   for (uint32_t k = 0; k < num_files; ++k) {
     const uint32_t file = static_cast<uint32_t>(plan->metadata.files.size());
     plan->metadata.files.push_back(
-        DataFile{NativeDataFileName(options.save_id, rank, k), 0, 0, static_cast<int32_t>(rank)});
+        DataFile{DataFileName(options.save_id, static_cast<int>(rank), static_cast<int>(k)), 0, 0, static_cast<int32_t>(rank)});
     rank_plan.files.push_back(file);
     uint64_t offset = 0;
     for (const OwnedChunk& oc : num_files == 1 ? owned : std::span<const OwnedChunk>(packed[k])) {
