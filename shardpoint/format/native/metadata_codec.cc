@@ -1,0 +1,211 @@
+#include "shardpoint/format/native/metadata_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "shardpoint/base/coding.h"
+#include "shardpoint/base/crc32c.h"
+#include "shardpoint/format/native/metadata_sections.h"
+
+namespace sp {
+namespace {
+
+using native_metadata::Corrupt;
+using native_metadata::kObjectIndex;
+using native_metadata::kObjectRecords;
+using native_metadata::kSummary;
+using native_metadata::kTensorIndex;
+using native_metadata::kTensorRecords;
+
+// Encodes `items` (sorted by name here) into an index section and a records section.
+template <typename T, typename EncodeRecord>
+void EncodeNamed(const std::vector<T>& items, EncodeRecord encode_record, std::string* index,
+                 std::string* records) {
+  std::vector<const T*> sorted;
+  sorted.reserve(items.size());
+  for (const T& item : items) sorted.push_back(&item);
+  std::sort(sorted.begin(), sorted.end(), [](const T* a, const T* b) { return a->name < b->name; });
+  for (const T* item : sorted) {
+    std::string record = encode_record(*item);
+    MetadataReader::RecordSlot slot{records->size(), record.size(), Crc32c(record)};
+    native_metadata::EncodeIndexEntry(index, item->name, slot);
+    records->append(record);
+  }
+}
+
+// A ReadableFile over bytes owned by the caller (DecodeMetadata's input).
+class BytesFile : public ReadableFile {
+ public:
+  BytesFile(std::string_view bytes, std::string_view path) : bytes_(bytes), path_(path) {}
+  Status ReadAt(uint64_t offset, MutableByteView out) const override {
+    if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
+      return DataLossError("read " + path_ + " at offset " + std::to_string(offset) + ": wanted " +
+                           std::to_string(out.size()) + " bytes of a " +
+                           std::to_string(bytes_.size()) + "-byte file");
+    }
+    if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
+    return OkStatus();
+  }
+  uint64_t size() const override { return bytes_.size(); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string_view bytes_;
+  std::string path_;
+};
+
+Result<std::string> ReadBytes(const ReadableFile& file, uint64_t offset, uint64_t length) {
+  std::string out(length, '\0');
+  SP_RETURN_IF_ERROR(file.ReadAt(offset, AsMutableBytes(out.data(), out.size())));
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeMetadata(const CheckpointMetadata& metadata) {
+  std::string sections[native_metadata::kSectionCount];
+  sections[kSummary] = native_metadata::EncodeSummary(metadata);
+  EncodeNamed(metadata.tensors, native_metadata::EncodeTensorRecord, &sections[kTensorIndex],
+              &sections[kTensorRecords]);
+  EncodeNamed(metadata.objects, native_metadata::EncodeObjectRecord, &sections[kObjectIndex],
+              &sections[kObjectRecords]);
+  const uint32_t counts[] = {0, static_cast<uint32_t>(metadata.tensors.size()),
+                             static_cast<uint32_t>(metadata.tensors.size()),
+                             static_cast<uint32_t>(metadata.objects.size()),
+                             static_cast<uint32_t>(metadata.objects.size())};
+  const uint32_t header_length = native_metadata::kPrefixBytes +
+                                 native_metadata::kSectionEntryBytes * native_metadata::kSectionCount + 4;
+  uint64_t file_size = header_length;
+  for (const std::string& s : sections) file_size += s.size();
+
+  std::string out;
+  out.reserve(file_size);
+  ByteWriter w(&out);
+  w.PutRaw(std::string_view(native_metadata::kMagic, sizeof(native_metadata::kMagic)));
+  w.PutU32(kNativeFormatMajor);
+  w.PutU32(kNativeFormatMinor);
+  w.PutU32(header_length);
+  w.PutU32(native_metadata::kSectionCount);
+  w.PutU64(file_size);
+  uint64_t offset = header_length;
+  for (size_t i = 0; i < native_metadata::kSectionCount; ++i) {
+    w.PutU64(offset);
+    w.PutU64(sections[i].size());
+    w.PutU32(Crc32c(sections[i]));
+    w.PutU32(counts[i]);
+    offset += sections[i].size();
+  }
+  w.PutU32(Crc32c(out));
+  for (const std::string& s : sections) w.PutRaw(s);
+  return out;
+}
+
+Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<MetadataReader> reader,
+                      MetadataReader::Open(std::make_unique<BytesFile>(bytes, path)));
+  return reader->ReadAll();
+}
+
+Result<std::unique_ptr<MetadataReader>> MetadataReader::Open(std::unique_ptr<ReadableFile> file) {
+  auto reader = std::make_unique<MetadataReader>(PrivateTag{});
+  reader->file_ = std::move(file);
+  SP_RETURN_IF_ERROR(reader->LoadHeader());
+  SP_RETURN_IF_ERROR(reader->LoadSummaryAndIndexes());
+  return reader;
+}
+
+Status MetadataReader::LoadHeader() {
+  const uint64_t file_size = file_->size();
+  SP_ASSIGN_OR_RETURN(
+      std::string prefix,
+      ReadBytes(*file_, 0, std::min<uint64_t>(file_size, native_metadata::kPrefixBytes)));
+  SP_ASSIGN_OR_RETURN(uint32_t header_length,
+                      native_metadata::DecodePrefix(prefix, file_size, path(), &summary_));
+  SP_ASSIGN_OR_RETURN(std::string header, ReadBytes(*file_, 0, header_length));
+  SP_ASSIGN_OR_RETURN(sections_,
+                      native_metadata::DecodeSectionTable(header, file_size, path()));
+  return OkStatus();
+}
+
+Status MetadataReader::LoadSummaryAndIndexes() {
+  SP_ASSIGN_OR_RETURN(std::string summary, ReadSection(kSummary, "summary"));
+  SP_RETURN_IF_ERROR(native_metadata::DecodeSummary(summary, newer_minor(), path(), &summary_));
+  SP_ASSIGN_OR_RETURN(std::string tensor_index, ReadSection(kTensorIndex, "tensor index"));
+  SP_RETURN_IF_ERROR(native_metadata::DecodeIndex(
+      tensor_index, sections_[kTensorIndex].count, sections_[kTensorRecords].length,
+      "tensor index", path(), &tensor_names_, &tensor_slots_));
+  SP_ASSIGN_OR_RETURN(std::string object_index, ReadSection(kObjectIndex, "object index"));
+  SP_RETURN_IF_ERROR(native_metadata::DecodeIndex(
+      object_index, sections_[kObjectIndex].count, sections_[kObjectRecords].length,
+      "object index", path(), &object_names_, &object_slots_));
+  return OkStatus();
+}
+
+Result<std::string> MetadataReader::ReadSection(size_t index, std::string_view what) const {
+  const Section& section = sections_[index];
+  SP_ASSIGN_OR_RETURN(std::string bytes, ReadBytes(*file_, section.offset, section.length));
+  SP_RETURN_IF_ERROR(native_metadata::CheckCrc(bytes, section.crc32c, what, path()));
+  return bytes;
+}
+
+Result<std::string> MetadataReader::ReadRecord(const Section& section, const RecordSlot& slot,
+                                               std::string_view kind,
+                                               std::string_view name) const {
+  SP_ASSIGN_OR_RETURN(std::string bytes,
+                      ReadBytes(*file_, section.offset + slot.offset, slot.length));
+  SP_RETURN_IF_ERROR(native_metadata::CheckCrc(
+      bytes, slot.crc32c, std::string(kind) + " \"" + std::string(name) + "\" record", path()));
+  return bytes;
+}
+
+Result<TensorMetadata> MetadataReader::ReadTensor(std::string_view name) const {
+  auto it = std::lower_bound(tensor_names_.begin(), tensor_names_.end(), name);
+  if (it == tensor_names_.end() || *it != name) {
+    return NotFoundError("tensor \"" + std::string(name) + "\" not found in metadata file " +
+                         path());
+  }
+  const RecordSlot& slot = tensor_slots_[it - tensor_names_.begin()];
+  SP_ASSIGN_OR_RETURN(std::string bytes,
+                      ReadRecord(sections_[kTensorRecords], slot, "tensor", name));
+  return native_metadata::DecodeTensorRecord(bytes, std::string(name), summary_, newer_minor(),
+                                             path());
+}
+
+Result<ObjectEntry> MetadataReader::ReadObject(std::string_view name) const {
+  auto it = std::lower_bound(object_names_.begin(), object_names_.end(), name);
+  if (it == object_names_.end() || *it != name) {
+    return NotFoundError("object \"" + std::string(name) + "\" not found in metadata file " +
+                         path());
+  }
+  const RecordSlot& slot = object_slots_[it - object_names_.begin()];
+  SP_ASSIGN_OR_RETURN(std::string bytes,
+                      ReadRecord(sections_[kObjectRecords], slot, "object", name));
+  return native_metadata::DecodeObjectRecord(bytes, std::string(name), newer_minor(), path());
+}
+
+Result<CheckpointMetadata> MetadataReader::ReadAll() const {
+  CheckpointMetadata out = summary_;
+  SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
+  out.tensors.reserve(tensor_names_.size());
+  for (size_t i = 0; i < tensor_names_.size(); ++i) {
+    const RecordSlot& slot = tensor_slots_[i];
+    SP_ASSIGN_OR_RETURN(TensorMetadata tensor,
+                        native_metadata::DecodeTensorRecord(
+                            std::string_view(tensors).substr(slot.offset, slot.length),
+                            tensor_names_[i], summary_, newer_minor(), path()));
+    out.tensors.push_back(std::move(tensor));
+  }
+  SP_ASSIGN_OR_RETURN(std::string objects, ReadSection(kObjectRecords, "object records"));
+  out.objects.reserve(object_names_.size());
+  for (size_t i = 0; i < object_names_.size(); ++i) {
+    const RecordSlot& slot = object_slots_[i];
+    SP_ASSIGN_OR_RETURN(ObjectEntry object,
+                        native_metadata::DecodeObjectRecord(
+                            std::string_view(objects).substr(slot.offset, slot.length),
+                            object_names_[i], newer_minor(), path()));
+    out.objects.push_back(std::move(object));
+  }
+  return out;
+}
+
+}  // namespace sp

@@ -1,0 +1,115 @@
+// The native metadata file `shardpoint.metadata` and the native data file conventions.
+//
+// docs/FORMAT.md §3 specifies the bytes: a fixed header with a section table, a summary (save_id,
+// world size, checksum block size, files, attributes), sorted name indexes, and one record per
+// tensor and per object, each section and record covered by a CRC32C. The file can be read in
+// part: MetadataReader reads the header, summary and indexes, then only the records asked for.
+//
+// Decoders treat the bytes as hostile: every length is capped, every count is checked against the
+// bytes that remain before anything is allocated, arithmetic is checked, and the decoded metadata
+// is checked for consistency (chunks inside their files and tensors, checksum counts, sorted
+// unique names). Corruption is kDataLoss; a newer major version is kFailedPrecondition. Every
+// message names the metadata file's path.
+//
+// Thread-safety: the free functions are pure. A MetadataReader is immutable after Open and its
+// const methods may be called from several threads at once (ReadableFile::ReadAt is thread-safe).
+#ifndef SHARDPOINT_FORMAT_NATIVE_METADATA_CODEC_H_
+#define SHARDPOINT_FORMAT_NATIVE_METADATA_CODEC_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+inline constexpr char kMetadataFileName[] = "shardpoint.metadata";
+// The format version this code writes; it reads every 1.x.
+inline constexpr uint32_t kNativeFormatMajor = 1;
+inline constexpr uint32_t kNativeFormatMinor = 0;
+
+// Encodes `metadata` as a version 1.0 metadata file (the version fields of `metadata` are not
+// used). Tensors and objects are written sorted by name; the caller guarantees unique names and
+// consistent chunks (a file that breaks the rules of docs/FORMAT.md is refused by the decoder).
+std::string EncodeMetadata(const CheckpointMetadata& metadata);
+
+// Decodes and validates a whole metadata file held in memory. `path` names it in messages.
+// The result's version fields are those of the file.
+Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path);
+
+// Reads a metadata file in part. Open reads and validates the header, the summary and the two
+// name indexes; ReadTensor / ReadObject read and validate one record each.
+class MetadataReader {
+  struct PrivateTag {};
+
+ public:
+  // Takes ownership of `file`. Errors as for DecodeMetadata.
+  static Result<std::unique_ptr<MetadataReader>> Open(std::unique_ptr<ReadableFile> file);
+
+  // Sorted, unique.
+  const std::vector<std::string>& tensor_names() const { return tensor_names_; }
+  const std::vector<std::string>& object_names() const { return object_names_; }
+  // version, save_id, world_size, checksum_block_bytes, files, attributes; no tensors or objects.
+  const CheckpointMetadata& summary() const { return summary_; }
+  const std::string& path() const { return file_->path(); }
+
+  // kNotFound naming the tensor and the file when there is no such tensor; kDataLoss when its
+  // record is corrupt.
+  Result<TensorMetadata> ReadTensor(std::string_view name) const;
+  Result<ObjectEntry> ReadObject(std::string_view name) const;
+  // Everything, reading the two record sections whole and checking their section CRCs.
+  Result<CheckpointMetadata> ReadAll() const;
+
+  // A record's place, relative to its records section, and its CRC32C (public for the codec's
+  // own helpers; not part of the reader's contract).
+  struct RecordSlot {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint32_t crc32c = 0;
+  };
+  struct Section {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint32_t crc32c = 0;
+    uint32_t count = 0;
+  };
+
+  explicit MetadataReader(PrivateTag) {}
+
+ private:
+  Status LoadHeader();
+  Status LoadSummaryAndIndexes();
+  Result<std::string> ReadSection(size_t index, std::string_view what) const;
+  Result<std::string> ReadRecord(const Section& section, const RecordSlot& slot,
+                                 std::string_view kind, std::string_view name) const;
+  bool newer_minor() const { return summary_.version_minor > kNativeFormatMinor; }
+
+  std::unique_ptr<ReadableFile> file_;
+  std::vector<Section> sections_;
+  CheckpointMetadata summary_;
+  std::vector<std::string> tensor_names_;
+  std::vector<RecordSlot> tensor_slots_;
+  std::vector<std::string> object_names_;
+  std::vector<RecordSlot> object_slots_;
+};
+
+// The safetensors header for data file `file_index` of `metadata`: entries are that file's chunks
+// in data_offset order, keyed by ChunkEntryName, and "__metadata__" holds format, format_version
+// and save_id. The engine writes it at offset 0; its size is the file's data_start.
+std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index);
+
+// "model.layers.0.w@0,128"; "step@" for a rank-0 tensor.
+std::string ChunkEntryName(std::string_view tensor, const Box& box);
+
+// "d-<save_id>-r00003-f001.safetensors".
+std::string DataFileName(std::string_view save_id, int rank, int file_in_rank);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_FORMAT_NATIVE_METADATA_CODEC_H_

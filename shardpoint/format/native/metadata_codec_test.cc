@@ -1,0 +1,186 @@
+#include "shardpoint/format/native/metadata_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "shardpoint/base/coding.h"
+#include "shardpoint/base/crc32c.h"
+#include "shardpoint/format/native/metadata_test_util.h"
+
+namespace sp {
+namespace {
+
+using ::sp::testing::ExpectMetadataEq;
+using ::sp::testing::ExpectTensorEq;
+using ::sp::testing::RandomMetadata;
+
+// An in-memory ReadableFile that counts the bytes read through it.
+class CountingFile : public ReadableFile {
+ public:
+  CountingFile(std::string bytes, std::string path, std::atomic<uint64_t>* bytes_read)
+      : bytes_(std::move(bytes)), path_(std::move(path)), bytes_read_(bytes_read) {}
+  Status ReadAt(uint64_t offset, MutableByteView out) const override {
+    if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
+      return DataLossError("read past the end of " + path_);
+    }
+    std::memcpy(out.data(), bytes_.data() + offset, out.size());
+    *bytes_read_ += out.size();
+    return OkStatus();
+  }
+  uint64_t size() const override { return bytes_.size(); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string bytes_;
+  std::string path_;
+  std::atomic<uint64_t>* bytes_read_;
+};
+
+TEST(MetadataCodecTest, RandomRoundTripsAreExact) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    std::string bytes = EncodeMetadata(m);
+    Result<CheckpointMetadata> decoded = DecodeMetadata(bytes, "/ckpt/shardpoint.metadata");
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ExpectMetadataEq(m, *decoded);
+    EXPECT_EQ(EncodeMetadata(*decoded), bytes);  // the encoding is canonical
+  }
+}
+
+TEST(MetadataCodecTest, CoversEveryDTypeRankAndEncoding) {
+  std::set<DType> dtypes;
+  std::set<size_t> ranks;
+  std::set<ObjectEncoding> encodings;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    for (const TensorMetadata& t : m.tensors) {
+      dtypes.insert(t.dtype);
+      ranks.insert(t.shape.size());
+    }
+    for (const ObjectEntry& o : m.objects) encodings.insert(o.encoding);
+  }
+  EXPECT_EQ(dtypes.size(), AllDTypes().size());
+  EXPECT_EQ(ranks.size(), 6u);
+  EXPECT_EQ(encodings.size(), 3u);
+}
+
+TEST(MetadataCodecTest, EmptyCheckpointRoundTrips) {
+  CheckpointMetadata m;
+  m.save_id = "empty";
+  std::string bytes = EncodeMetadata(m);
+  // Header, then a summary of save_id (4 + 5), world size, block size, file and attribute counts.
+  EXPECT_EQ(bytes.size(), 156u + 9 + 4 + 8 + 4 + 4);
+  Result<CheckpointMetadata> decoded = DecodeMetadata(bytes, "m");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectMetadataEq(m, *decoded);
+}
+
+TEST(MetadataCodecTest, EncoderSortsTensorsAndObjects) {
+  CheckpointMetadata m = RandomMetadata(7, 10);
+  CheckpointMetadata shuffled = m;
+  std::reverse(shuffled.tensors.begin(), shuffled.tensors.end());
+  std::reverse(shuffled.objects.begin(), shuffled.objects.end());
+  EXPECT_EQ(EncodeMetadata(shuffled), EncodeMetadata(m));
+}
+
+TEST(MetadataCodecTest, FileStartsWithMagicAndVersion) {
+  std::string bytes = EncodeMetadata(RandomMetadata(3));
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89SPMD\r\n\x1a", 8));
+  EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 1u);
+  EXPECT_EQ(DecodeFixed32(bytes.data() + 12), 0u);
+  EXPECT_EQ(DecodeFixed32(bytes.data() + 16), 156u);
+  EXPECT_EQ(DecodeFixed64(bytes.data() + 24), bytes.size());
+  EXPECT_EQ(DecodeFixed32(bytes.data() + 152), Crc32c(bytes.data(), 152));
+}
+
+TEST(MetadataReaderTest, PartialReadsTouchOnlyTheRecordsAskedFor) {
+  CheckpointMetadata m = RandomMetadata(11, 400);
+  std::string bytes = EncodeMetadata(m);
+  // Header, summary and both indexes: everything before the tensor records, plus the object index.
+  const uint64_t tensor_records_at = DecodeFixed64(bytes.data() + 32 + 2 * 24);
+  const uint64_t object_index_length = DecodeFixed64(bytes.data() + 32 + 3 * 24 + 8);
+  std::atomic<uint64_t> bytes_read{0};
+  Result<std::unique_ptr<MetadataReader>> reader =
+      MetadataReader::Open(std::make_unique<CountingFile>(bytes, "/c/shardpoint.metadata", &bytes_read));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(bytes_read.load(), 32 + tensor_records_at + object_index_length);
+  EXPECT_LT(bytes_read.load(), bytes.size() / 4);
+
+  const TensorMetadata& wanted = m.tensors[123];
+  uint64_t before = bytes_read.load();
+  Result<TensorMetadata> tensor = (*reader)->ReadTensor(wanted.name);
+  ASSERT_TRUE(tensor.ok()) << tensor.status();
+  ExpectTensorEq(wanted, *tensor);
+  uint64_t record_length = 2 + 8 * wanted.shape.size() + 4;
+  for (const StoredChunk& c : wanted.chunks) {
+    record_length += 4 + 8 + 8 + 16 * wanted.shape.size() + 4 + 4 * c.block_crc32c.size();
+  }
+  EXPECT_EQ(bytes_read.load() - before, record_length);
+}
+
+TEST(MetadataReaderTest, NamesSummaryObjectsAndReadAll) {
+  CheckpointMetadata m = RandomMetadata(12, 30);
+  std::atomic<uint64_t> bytes_read{0};
+  auto reader = MetadataReader::Open(
+      std::make_unique<CountingFile>(EncodeMetadata(m), "/c/shardpoint.metadata", &bytes_read));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const MetadataReader& r = **reader;
+  ASSERT_EQ(r.tensor_names().size(), m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) EXPECT_EQ(r.tensor_names()[i], m.tensors[i].name);
+  ASSERT_EQ(r.object_names().size(), m.objects.size());
+  EXPECT_TRUE(r.summary().tensors.empty());
+  EXPECT_TRUE(r.summary().objects.empty());
+  CheckpointMetadata expected_summary = m;
+  expected_summary.tensors.clear();
+  expected_summary.objects.clear();
+  ExpectMetadataEq(expected_summary, r.summary());
+  for (const ObjectEntry& o : m.objects) {
+    Result<ObjectEntry> got = r.ReadObject(o.name);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->encoding, o.encoding);
+    EXPECT_EQ(got->payload, o.payload);
+  }
+  Result<CheckpointMetadata> all = r.ReadAll();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ExpectMetadataEq(m, *all);
+}
+
+TEST(MetadataReaderTest, MissingNamesAreNotFoundNamingTheFile) {
+  std::atomic<uint64_t> bytes_read{0};
+  auto reader = MetadataReader::Open(std::make_unique<CountingFile>(
+      EncodeMetadata(RandomMetadata(5)), "/c/shardpoint.metadata", &bytes_read));
+  ASSERT_TRUE(reader.ok());
+  Result<TensorMetadata> t = (*reader)->ReadTensor("model.nope");
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(t.status().message(),
+            "tensor \"model.nope\" not found in metadata file /c/shardpoint.metadata");
+  Result<ObjectEntry> o = (*reader)->ReadObject("obj.zzz");
+  EXPECT_EQ(o.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(o.status().message().find("obj.zzz"), std::string::npos);
+}
+
+TEST(MetadataReaderTest, CorruptRecordIsDataLossOnlyForThatTensor) {
+  CheckpointMetadata m = RandomMetadata(21, 10);
+  std::string bytes = EncodeMetadata(m);
+  // Flip the last byte of the tensor records section: the last tensor's record.
+  const uint64_t records_at = DecodeFixed64(bytes.data() + 32 + 2 * 24);
+  const uint64_t records_length = DecodeFixed64(bytes.data() + 32 + 2 * 24 + 8);
+  bytes[records_at + records_length - 1] ^= 0x40;
+  std::atomic<uint64_t> bytes_read{0};
+  auto reader = MetadataReader::Open(std::make_unique<CountingFile>(bytes, "/c/m", &bytes_read));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->ReadTensor(m.tensors.front().name).ok());
+  Result<TensorMetadata> bad = (*reader)->ReadTensor(m.tensors.back().name);
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("metadata file /c/m: tensor \"" + m.tensors.back().name +
+                                        "\" record checksum mismatch"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_EQ((*reader)->ReadAll().status().code(), StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace sp

@@ -1,0 +1,91 @@
+// Internal to the native metadata codec: the layout constants of docs/FORMAT.md §3 and the
+// encoders and decoders of its sections and records. metadata_codec.h is the public interface.
+// All functions are pure and thread-safe.
+#ifndef SHARDPOINT_FORMAT_NATIVE_METADATA_SECTIONS_H_
+#define SHARDPOINT_FORMAT_NATIVE_METADATA_SECTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/format/native/metadata_codec.h"
+
+namespace sp::native_metadata {
+
+inline constexpr char kMagic[8] = {'\x89', 'S', 'P', 'M', 'D', '\r', '\n', '\x1a'};
+inline constexpr size_t kPrefixBytes = 32;        // magic .. file_size
+inline constexpr size_t kSectionEntryBytes = 24;  // offset, length, crc, count
+inline constexpr uint32_t kSectionCount = 5;      // written by 1.0
+inline constexpr uint32_t kMaxSectionCount = 64;
+
+enum SectionId : size_t {
+  kSummary = 0,
+  kTensorIndex = 1,
+  kTensorRecords = 2,
+  kObjectIndex = 3,
+  kObjectRecords = 4,
+};
+
+// Caps (docs/FORMAT.md §3).
+inline constexpr uint64_t kMaxMetadataBytes = uint64_t{4} << 30;
+inline constexpr uint32_t kMaxSaveIdBytes = 128;
+inline constexpr int32_t kMaxWorldSize = 1 << 24;
+inline constexpr uint64_t kMaxChecksumBlockBytes = uint64_t{1} << 40;
+inline constexpr uint32_t kMaxFiles = 1 << 24;
+inline constexpr uint32_t kMaxFileNameBytes = 255;
+inline constexpr uint32_t kMaxAttributes = 1 << 20;
+inline constexpr uint32_t kMaxAttributeKeyBytes = 4096;
+inline constexpr uint32_t kMaxAttributeValueBytes = 1 << 20;
+inline constexpr uint32_t kMaxNameBytes = 4096;
+inline constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 31;
+inline constexpr size_t kMaxRank = 64;
+inline constexpr int64_t kMaxDimension = int64_t{1} << 62;
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 62;
+inline constexpr uint32_t kMaxChunks = 1 << 24;
+inline constexpr uint64_t kMaxObjectBytes = uint64_t{1} << 30;
+
+using Section = MetadataReader::Section;
+using RecordSlot = MetadataReader::RecordSlot;
+
+// "metadata file <path>: <problem>" as kDataLoss.
+Status Corrupt(std::string_view path, std::string_view problem);
+
+// Checks the 32-byte prefix: magic, version (kFailedPrecondition for a newer major), header
+// length and section count against `file_size`. Sets the version fields of `summary`.
+Result<uint32_t> DecodePrefix(std::string_view prefix, uint64_t file_size, std::string_view path,
+                              CheckpointMetadata* summary);
+// Checks the header CRC and the placement of every section; returns the section table.
+Result<std::vector<Section>> DecodeSectionTable(std::string_view header, uint64_t file_size,
+                                                std::string_view path);
+Status CheckCrc(std::string_view bytes, uint32_t expected, std::string_view what,
+                std::string_view path);
+
+std::string EncodeSummary(const CheckpointMetadata& metadata);
+// Fills everything but the version, tensors and objects.
+Status DecodeSummary(std::string_view bytes, bool newer_minor, std::string_view path,
+                     CheckpointMetadata* out);
+
+// Appends one index entry.
+void EncodeIndexEntry(std::string* out, std::string_view name, const RecordSlot& slot);
+// Decodes `count` entries; checks names (sorted, unique, capped) and that the records tile
+// [0, records_length) in order.
+Status DecodeIndex(std::string_view bytes, uint32_t count, uint64_t records_length,
+                   std::string_view what, std::string_view path, std::vector<std::string>* names,
+                   std::vector<RecordSlot>* slots);
+
+std::string EncodeTensorRecord(const TensorMetadata& tensor);
+// `summary` supplies the files and the checksum block size the chunks are checked against.
+Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
+                                          const CheckpointMetadata& summary, bool newer_minor,
+                                          std::string_view path);
+
+std::string EncodeObjectRecord(const ObjectEntry& object);
+Result<ObjectEntry> DecodeObjectRecord(std::string_view bytes, std::string name, bool newer_minor,
+                                       std::string_view path);
+
+}  // namespace sp::native_metadata
+
+#endif  // SHARDPOINT_FORMAT_NATIVE_METADATA_SECTIONS_H_
