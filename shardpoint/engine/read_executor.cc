@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -38,6 +39,43 @@ class StagingPool {
  private:
   std::mutex mu_;
   std::vector<AlignedBuffer> free_;
+};
+
+// One read the executor will issue: its byte range (for read-ahead) and the work itself.
+struct Task {
+  const ReadableFile* file;
+  uint64_t offset;
+  uint64_t length;
+  std::function<Status()> run;
+};
+
+// Keeps the store fetching about kReadAheadBytes beyond the reads that have started, in the
+// order the tasks were queued, so that the device always has work queued.
+class ReadAhead {
+ public:
+  explicit ReadAhead(const std::vector<Task>& tasks) : tasks_(tasks) {
+    uint64_t pos = 0;
+    for (const Task& t : tasks_) {
+      starts_.push_back(pos);
+      pos += t.length;
+    }
+  }
+  // Called when task i starts.
+  void Advance(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t horizon = starts_[i] + tasks_[i].length + kReadAheadBytes;
+    while (next_ < tasks_.size() && starts_[next_] < horizon) {
+      const Task& t = tasks_[next_++];
+      t.file->Prefetch(t.offset, t.length);
+    }
+  }
+
+ private:
+  static constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
+  const std::vector<Task>& tasks_;
+  std::vector<uint64_t> starts_;
+  std::mutex mu_;
+  size_t next_ = 0;
 };
 
 struct Job {
@@ -191,17 +229,17 @@ Status ReadSpan(Job& job, const Span& span) {
   return status;
 }
 
-void ScheduleDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
-                    TaskGroup& group) {
+void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
+               std::vector<Task>& tasks) {
   const StoredChunkRef ref = RefFor(job, r);
   const uint64_t bs = job.metadata.checksum_block_bytes;
   const uint64_t step = std::max<uint64_t>(bs, kReadTaskBytes / bs * bs);
   for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
     const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
     std::byte* out = r.piece->data + dst.first_byte + (lo - src.first_byte);
-    group.Run([&job, ref, lo, hi, out] {
+    tasks.push_back(Task{ref.file, ref.file_offset + lo, hi - lo, [&job, ref, lo, hi, out] {
       return ReadChunkBytes(ref, lo, hi, out, job.options.verify, &job.bytes_read);
-    });
+    }});
     lo = hi;
   }
 }
@@ -241,21 +279,23 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   Job job{metadata, files, options};
   const uint64_t bs = metadata.checksum_block_bytes;
   std::vector<Staged> staged;
-  TaskGroup group(&pool);
+  std::vector<Task> tasks;
   for (const ReadRequest& r : requests) {
     const size_t es = DTypeSize(r.stored->dtype);
     if (r.stored->dtype == r.dest->dtype) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
       RunSummary dst = SummarizeByteRuns(r.piece->box, r.region, es);
       if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes) {
-        ScheduleDirect(job, r, src, dst, group);
+        AddDirect(job, r, src, dst, tasks);
         continue;
       }
     }
     Slab rows = RowCover(r.chunk->box, r.region, es);
     if (rows.end - rows.begin > options.window) {
+      const StoredChunkRef ref = RefFor(job, r);
       for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
-        group.Run([&job, &r, slab = std::move(slab)] { return ReadSlab(job, r, slab); });
+        tasks.push_back(Task{ref.file, ref.file_offset + slab.begin, slab.end - slab.begin,
+                             [&job, &r, slab] { return ReadSlab(job, r, slab); }});
       }
       continue;
     }
@@ -267,7 +307,16 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   const std::vector<Span> spans =
       Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs));
   for (const Span& span : spans) {
-    group.Run([&job, &span] { return ReadSpan(job, span); });
+    tasks.push_back(Task{files[span.file].get(), span.begin, span.end - span.begin,
+                         [&job, &span] { return ReadSpan(job, span); }});
+  }
+  ReadAhead read_ahead(tasks);
+  TaskGroup group(&pool);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    group.Run([&read_ahead, &tasks, i] {
+      read_ahead.Advance(i);
+      return tasks[i].run();
+    });
   }
   SP_RETURN_IF_ERROR(group.Wait());
   return job.bytes_read.load();

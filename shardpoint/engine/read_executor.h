@@ -10,7 +10,8 @@
 //    to kMaxGapBytes are read through), each span read with one pread into a staging buffer,
 //    its blocks verified once, and each region copied (and cast if asked) into its destination;
 //  - sliced: a read whose rows alone exceed the window is cut into slabs read one at a time.
-// Staging never exceeds `window` bytes per pool thread. Thread-safe for one call at a time.
+// Staging never exceeds `window` bytes per pool thread. The store is asked to prefetch about
+// 64 MiB ahead of the reads in progress. Thread-safe for one call at a time.
 #ifndef SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 #define SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 

@@ -118,6 +118,10 @@ class FaultStore::WritableHandle : public WritableFile {
     return OkStatus();
   }
 
+  void StartWriteback(uint64_t offset, uint64_t length) override {
+    if (store_->epoch() == epoch_) base_->StartWriteback(offset, length);
+  }
+
   const std::string& path() const override { return base_->path(); }
 
  private:
@@ -143,6 +147,9 @@ class FaultStore::ReadableHandle : public ReadableFile {
   uint64_t size() const override { return base_->size(); }
   const std::string& path() const override { return base_->path(); }
   Status DropCache() override { return base_->DropCache(); }
+  void Prefetch(uint64_t offset, uint64_t length) const override {
+    if (store_->epoch() == epoch_) base_->Prefetch(offset, length);
+  }
 
  private:
   FaultStore* store_;

@@ -37,6 +37,10 @@ class WritableFile {
   // never shrinks. Out of space gives kResourceExhausted. The default does nothing and returns OK,
   // for stores that cannot reserve space.
   virtual Status Preallocate(uint64_t size) { return OkStatus(); }
+  // A hint: start writing bytes [offset, offset + length) to the device now, without waiting, so
+  // that the final Sync has less to flush and device writes overlap the caller's work. Durability
+  // still comes only from Sync. The default does nothing.
+  virtual void StartWriteback(uint64_t offset, uint64_t length) {}
 };
 
 class ReadableFile {
@@ -52,6 +56,9 @@ class ReadableFile {
   // device (honest cold-read benchmarks). Only clean (already synced) data can be dropped. The
   // default does nothing and returns OK.
   virtual Status DropCache() { return OkStatus(); }
+  // A hint: bytes [offset, offset + length) will be read soon; start fetching them in the
+  // background. The default does nothing.
+  virtual void Prefetch(uint64_t offset, uint64_t length) const {}
 };
 
 struct DirEntry {
