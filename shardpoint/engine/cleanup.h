@@ -10,7 +10,7 @@
 namespace sp {
 
 // Best effort, after a commit: removes the data files ("d-*.safetensors", their ".tmp" names) and
-// the metadata temporary in `path` that `metadata` does not name (left by an earlier checkpoint
+// the metadata temporaries ("shardpoint.metadata.tmp-*") in `path` that `metadata` does not name (left by an earlier checkpoint
 // at this path or by a failed save). Files of other kinds are never touched.
 void RemoveUnreferencedFiles(Store& store, std::string_view path,
                              const CheckpointMetadata& metadata);

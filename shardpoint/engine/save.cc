@@ -240,7 +240,7 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
   }
   SP_RETURN_IF_ERROR(store.SyncDir(path));
   const std::string final_path = JoinPath(path, kMetadataFileName);
-  const std::string temp_path = final_path + ".tmp";
+  const std::string temp_path = final_path + ".tmp-" + metadata->save_id;
   const std::string encoded = EncodeMetadata(*metadata);
   {
     SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
@@ -266,7 +266,7 @@ void RemoveUnreferencedFiles(Store& store, std::string_view path,
     if (e.is_directory || keep.count(e.name)) continue;
     bool ours = (e.name.starts_with("d-") && (e.name.ends_with(".safetensors") ||
                                                e.name.ends_with(".safetensors.tmp"))) ||
-                e.name == std::string(kMetadataFileName) + ".tmp";
+                e.name.starts_with(std::string(kMetadataFileName) + ".tmp-");
     if (ours) store.RemoveFile(JoinPath(path, e.name)).IgnoreError();
   }
 }
