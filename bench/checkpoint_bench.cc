@@ -143,13 +143,14 @@ double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
 }
 
 double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& train,
-                 const std::string& dir, ThreadPool& pool) {
+                 const std::string& dir, ThreadPool& pool, SaveStats* rank0) {
   auto t0 = Clock::now();
   Check(FirstError(RunRanks(4, [&](Communicator& comm) {
           SaveOptions options;
           options.comm = &comm;
           options.pool = &pool;
           options.overwrite = true;
+          if (comm.rank() == 0) options.stats = rank0;
           return Save(train[comm.rank()].AsSaveState(model), dir, options);
         })),
         "save");
@@ -191,12 +192,18 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   const std::string raw_dir = dir + "/raw", ckpt_dir = dir + "/checkpoint";
 
   std::vector<double> raw_w, raw_r, save, load_same, load_reshard;
+  std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
   uint64_t read_same = 0, read_reshard = 0;
   for (int run = 0; run < runs; ++run) {
     raw_w.push_back(RawWrite(raw_dir, raw, pool));
     raw_r.push_back(RawRead(raw_dir, raw, sink, pool));
     std::filesystem::remove_all(raw_dir);
-    save.push_back(TimedSave(model, *train, ckpt_dir, pool));
+    SaveStats stats;
+    save.push_back(TimedSave(model, *train, ckpt_dir, pool, &stats));
+    phases[0].push_back(stats.plan_seconds);
+    phases[1].push_back(stats.write_seconds);
+    phases[2].push_back(stats.sync_seconds);
+    phases[3].push_back(stats.commit_seconds);
     load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same));
     load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard));
   }
@@ -219,6 +226,9 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   line("raw write+fdatasync", raw_w, 0, "", "");
   line("raw read (cold)", raw_r, 0, "", "");
   line("save (4 ranks)", save, Median(raw_w), "raw write", ">= 0.9x");
+  std::printf("  %-20s plan %.3f s, write %.3f s, sync %.3f s, commit %.3f s (rank 0, medians)\n",
+              "save phases", Median(phases[0]), Median(phases[1]), Median(phases[2]),
+              Median(phases[3]));
   line("load same layout", load_same, Median(raw_r), "raw read", "");
   line("load resharded 4->3", load_reshard, Median(raw_r), "raw read", ">= 0.7x");
   std::printf("  bytes read: same layout %s, resharded %s (checkpoint %s); byte check: %s\n\n",

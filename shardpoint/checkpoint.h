@@ -68,6 +68,16 @@ struct LoadState {
   std::vector<std::string> objects;  // names of the objects wanted
 };
 
+// Where the time of one rank's save went (seconds, wall clock), and what it wrote.
+struct SaveStats {
+  double plan_seconds = 0;    // local plan, gather, global plan (coordinator), scatter
+  double write_seconds = 0;   // checksumming and writing this rank's data files
+  double sync_seconds = 0;    // fsync, close and rename of this rank's data files
+  double commit_seconds = 0;  // report, metadata write and commit (coordinator), agreement
+  uint64_t bytes_written = 0; // data bytes this rank wrote (headers excluded)
+  uint32_t files_written = 0;
+};
+
 struct SaveOptions {
   Communicator* comm = nullptr;   // null: this process is the only rank
   Store* store = nullptr;         // null: the POSIX file system
@@ -79,6 +89,7 @@ struct SaveOptions {
   bool dedup_to_lowest_rank = false;
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   std::map<std::string, std::string> attributes;  // stored in the metadata (coordinator's copy)
+  SaveStats* stats = nullptr;     // when set, filled with this rank's figures
 };
 
 struct LoadOptions {

@@ -27,6 +27,15 @@ constexpr uint64_t kWriteTaskBytes = uint64_t{16} << 20;
 // Bytes checksummed then written together, small enough to stay in the CPU cache in between.
 constexpr uint64_t kWriteGroupBytes = uint64_t{1} << 20;
 
+using Clock = std::chrono::steady_clock;
+
+// Adds the time since *since to *into and restarts the clock.
+void Lap(Clock::time_point* since, double* into) {
+  const Clock::time_point now = Clock::now();
+  *into += std::chrono::duration<double>(now - *since).count();
+  *since = now;
+}
+
 std::string NewSaveId() {
   std::random_device rd;
   uint64_t bits = (uint64_t{rd()} << 32) ^ rd() ^
@@ -165,7 +174,8 @@ void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
 // Every rank: writes the files of its order and returns the checksum report.
 Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState& state,
                                    std::string_view path, uint64_t block_bytes, Store& store,
-                                   ThreadPool& pool, std::vector<OpenFile>* files) {
+                                   ThreadPool& pool, std::vector<OpenFile>* files,
+                                   Clock::time_point* clock, SaveStats* stats) {
   std::vector<int> file_slot(order.files.empty() ? 0 : 1 + std::max_element(
       order.files.begin(), order.files.end(),
       [](const FileOrder& a, const FileOrder& b) { return a.index < b.index; })->index, -1);
@@ -207,12 +217,14 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     }
   }
   SP_RETURN_IF_ERROR(group.Wait());
+  Lap(clock, &stats->write_seconds);
   SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(files->size()), [&](int64_t i) {
     OpenFile& f = (*files)[i];
     SP_RETURN_IF_ERROR(f.file->Sync());
     SP_RETURN_IF_ERROR(f.file->Close());
     return store.Rename(f.temp_path, f.final_path);
   }));
+  Lap(clock, &stats->sync_seconds);
   return EncodeWriteReport(report);
 }
 
@@ -272,6 +284,10 @@ void RemoveUnreferencedFiles(Store& store, std::string_view path,
 }
 
 Status Save(const SaveState& state, std::string_view path, const SaveOptions& options) {
+  SaveStats local_stats;
+  SaveStats& stats = options.stats != nullptr ? *options.stats : local_stats;
+  stats = SaveStats();
+  Clock::time_point clock = Clock::now();
   SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
                                           options.threads));
@@ -297,12 +313,15 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
           ? PlanOnCoordinator(gathered, path, options, ctx->store(), &metadata)
           : Result<std::vector<std::string>>(std::vector<std::string>());
   SP_ASSIGN_OR_RETURN(std::string my_payload, ScatterOrFail(comm, std::move(payloads), root));
+  Lap(&clock, &stats.plan_seconds);
 
   std::vector<OpenFile> files;
   Result<std::string> report = [&]() -> Result<std::string> {
     SP_ASSIGN_OR_RETURN(RankWriteOrder order, DecodeRankWriteOrder(my_payload));
+    for (const ChunkWrite& w : order.plan.writes) stats.bytes_written += w.byte_length;
+    stats.files_written = static_cast<uint32_t>(order.files.size());
     return WriteRankFiles(order, state, path, options.checksum_block_bytes, ctx->store(),
-                          ctx->pool(), &files);
+                          ctx->pool(), &files, &clock, &stats);
   }();
   Result<std::vector<std::string>> reports = GatherOrFail(comm, std::move(report), root);
   if (!reports.ok()) {
@@ -314,7 +333,9 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
                          : OkStatus();
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.
-  return AgreeOnStatus(comm, committed);
+  Status agreed = AgreeOnStatus(comm, committed);
+  Lap(&clock, &stats.commit_seconds);
+  return agreed;
 }
 
 }  // namespace sp
