@@ -34,7 +34,9 @@ ModelConfig ConfigForBytes(uint64_t bytes) {
   const uint64_t per_layer = 10 * static_cast<uint64_t>(
       4 * config.hidden * config.hidden + 3 * config.hidden * config.ffn + 2 * config.hidden);
   const uint64_t fixed = 10 * static_cast<uint64_t>(config.vocab * config.hidden + config.hidden);
-  if (bytes > fixed) config.layers = static_cast<int>(std::max<uint64_t>(1, (bytes - fixed) / per_layer));
+  if (bytes > fixed) {
+    config.layers = static_cast<int>(std::max<uint64_t>(1, (bytes - fixed + per_layer / 2) / per_layer));
+  }
   return config;
 }
 

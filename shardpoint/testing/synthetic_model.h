@@ -25,9 +25,9 @@
 namespace sp::testing {
 
 struct ModelConfig {
-  int layers = 7;
-  int64_t hidden = 512;
-  int64_t ffn = 1376;
+  int layers = 9;
+  int64_t hidden = 448;   // not divisible by 3: uneven splits on 3 ranks
+  int64_t ffn = 1152;
   int64_t vocab = 8191;  // not divisible by 2, 3 or 4: uneven shards
 };
 
