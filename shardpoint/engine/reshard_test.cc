@@ -1,1 +1,1099 @@
+// End-to-end resharding: save a state laid out one way on N in-process ranks, load it laid out
+// another way on M ranks, and compare every destination byte with a reference computed element
+// by element from the global tensor.
+//
+// The randomized test runs SP_RESHARD_CASES cases (default 2000) from SP_RESHARD_SEED, starting
+// at SP_RESHARD_FIRST_CASE; each case depends only on (seed, case index), so a failure printed as
+// "seed S case C" is reproduced with SP_RESHARD_SEED=S SP_RESHARD_FIRST_CASE=C SP_RESHARD_CASES=1.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/geometry/convert.h"
+#include "shardpoint/layout/mesh_layout.h"
+#include "shardpoint/layout/pieces.h"
+#include "shardpoint/layout/tensor_map.h"
+#include "shardpoint/store/memory_store.h"
+#include "shardpoint/store/posix_store.h"
+
+namespace sp {
+namespace {
+
+using Rng = std::mt19937_64;
+using Bytes = std::vector<std::byte>;
+// Per rank: the pieces of one tensor, all placed in that rank's one local buffer.
+using Holdings = std::vector<std::vector<Piece>>;
+// Per rank, per tensor: a local buffer with kGuard bytes on each side.
+using RankBuffers = std::vector<std::vector<Bytes>>;
+
+constexpr size_t kGuard = 16;  // keeps 16-byte element alignment after the leading guard
+constexpr int64_t kMaxElements = int64_t{1} << 14;
+constexpr uint64_t kDefaultSeed = 0x5eed2024ull;
+
+int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // inclusive
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+bool Chance(Rng& rng, double p) { return std::bernoulli_distribution(p)(rng); }
+template <typename T>
+const T& Pick(Rng& rng, const std::vector<T>& v) {
+  return v[static_cast<size_t>(Uniform(rng, 0, static_cast<int64_t>(v.size()) - 1))];
+}
+
+int64_t EnvOr(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  return value == nullptr || *value == '\0' ? fallback : std::strtoll(value, nullptr, 0);
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+struct Layout {
+  Holdings ranks;
+  std::string description;
+};
+
+struct TensorCase {
+  std::string name;
+  DType dtype = DType::kFloat32;       // as saved
+  DType load_dtype = DType::kFloat32;  // as loaded (different: cast on load)
+  Shape shape;
+  Bytes global;  // row-major, in `dtype`
+  Layout save;
+  Layout load;
+};
+
+struct ObjectCase {
+  std::string name;
+  std::vector<ObjectEntry> per_rank;  // [save rank]; empty name: the rank does not save it
+};
+
+struct Case {
+  int save_ranks = 1;
+  int load_ranks = 1;
+  std::vector<TensorCase> tensors;
+  std::vector<ObjectCase> objects;
+  std::vector<std::vector<bool>> lists_on_save;  // [save rank][tensor]: in the SaveState
+  std::vector<std::vector<bool>> lists_on_load;  // [load rank][tensor]: in the LoadState
+  std::vector<std::vector<bool>> wants_object;   // [load rank][object]
+  SaveOptions save_options;                      // comm, store and pool are filled in per rank
+  LoadOptions load_options;
+  uint64_t order_seed = 0;  // shuffles the order in which each rank lists its tensors
+};
+
+// --- Layouts ---
+
+Layout OneChunkPerRank(int n, const std::vector<std::optional<Box>>& boxes) {
+  Layout out;
+  out.ranks.resize(n);
+  for (int r = 0; r < n; ++r) {
+    if (boxes[r]) out.ranks[r].push_back(Piece{*boxes[r], 0});
+  }
+  return out;
+}
+
+// A mesh shape of `dims` dims whose volume is n (prime factors dealt out at random).
+Shape RandomMeshShape(Rng& rng, int n, int dims) {
+  Shape mesh(dims, 1);
+  for (int p = 2; n > 1;) {
+    if (n % p != 0) {
+      ++p;
+      continue;
+    }
+    mesh[Uniform(rng, 0, dims - 1)] *= p;
+    n /= p;
+  }
+  return mesh;
+}
+
+std::vector<int64_t> MaybeShuffledRanks(Rng& rng, int n) {
+  if (!Chance(rng, 0.25)) return {};
+  std::vector<int64_t> ranks(n);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  std::shuffle(ranks.begin(), ranks.end(), rng);
+  return ranks;
+}
+
+std::string RankListText(const std::vector<int64_t>& ranks) {
+  return ranks.empty() ? "" : " rank_list " + ShapeToString(ranks);
+}
+
+Result<Layout> MeshCase(Rng& rng, const Shape& shape, int n) {
+  MeshLayout layout;
+  layout.mesh_shape = RandomMeshShape(rng, n, static_cast<int>(Uniform(rng, 1, 3)));
+  std::vector<std::string> names;
+  for (size_t m = 0; m < layout.mesh_shape.size(); ++m) {
+    const bool shard = !shape.empty() && !Chance(rng, 0.3);
+    layout.placements.push_back(
+        shard ? Placement::Shard(static_cast<int>(Uniform(rng, 0, shape.size() - 1)))
+              : Placement::Replicate());
+    names.push_back(layout.placements.back().ToString());
+  }
+  layout.rank_list = MaybeShuffledRanks(rng, n);
+  SP_ASSIGN_OR_RETURN(std::vector<Box> boxes, MeshChunksPerRank(shape, layout));
+  std::vector<std::optional<Box>> per_rank(n);
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    per_rank[layout.rank_list.empty() ? i : layout.rank_list[i]] = boxes[i];
+  }
+  Layout out = OneChunkPerRank(n, per_rank);
+  out.description = "mesh " + ShapeToString(layout.mesh_shape) + " (" + Join(names) + ")" +
+                    RankListText(layout.rank_list);
+  return out;
+}
+
+Result<Layout> TensorMapCase(Rng& rng, const Shape& shape, int n) {
+  TensorMapLayout layout;
+  layout.mesh_shape = RandomMeshShape(rng, n, static_cast<int>(Uniform(rng, 1, 3)));
+  const int mesh_rank = static_cast<int>(layout.mesh_shape.size());
+  layout.tensor_map.assign(shape.size(), {});
+  for (int m = 0; m < mesh_rank; ++m) {  // m from the left; the map counts from the right
+    if (shape.empty() || Chance(rng, 0.3)) continue;
+    layout.tensor_map[Uniform(rng, 0, shape.size() - 1)].push_back(mesh_rank - 1 - m);
+  }
+  std::string map_text;
+  for (std::vector<int>& dims : layout.tensor_map) {
+    std::shuffle(dims.begin(), dims.end(), rng);
+    if (dims.empty() && Chance(rng, 0.5)) dims.push_back(-1);
+    map_text += ShapeToString(std::vector<int64_t>(dims.begin(), dims.end()));
+  }
+  for (int m = 0; m < mesh_rank; ++m) {
+    if (Chance(rng, 0.3)) layout.uneven_mesh_dims.push_back(m);
+  }
+  layout.rank_list = MaybeShuffledRanks(rng, n);
+  SP_ASSIGN_OR_RETURN(auto boxes, TensorMapChunksPerRank(shape, layout, n));
+  Layout out = OneChunkPerRank(n, boxes);
+  out.description = "tensor_map mesh " + ShapeToString(layout.mesh_shape) + " map " + map_text +
+                    " uneven " + std::to_string(layout.uneven_mesh_dims.size()) +
+                    RankListText(layout.rank_list);
+  return out;
+}
+
+// Cuts `box` into at most `budget` boxes by random guillotine cuts.
+void Tile(Rng& rng, const Box& box, int64_t budget, std::vector<Box>* out) {
+  std::vector<size_t> cuttable;
+  for (size_t d = 0; d < box.rank(); ++d) {
+    if (box.sizes[d] >= 2) cuttable.push_back(d);
+  }
+  if (budget <= 1 || cuttable.empty() || Chance(rng, 0.2)) {
+    out->push_back(box);
+    return;
+  }
+  const size_t d = Pick(rng, cuttable);
+  const int64_t cut = Uniform(rng, 1, box.sizes[d] - 1);
+  Box low = box, high = box;
+  low.sizes[d] = cut;
+  high.offsets[d] += cut;
+  high.sizes[d] -= cut;
+  const int64_t low_budget = Uniform(rng, 1, budget - 1);
+  Tile(rng, low, low_budget, out);
+  Tile(rng, high, budget - low_budget, out);
+}
+
+// Explicit boxes: a random tiling, each tile held by random ranks (at least one on save: replicas
+// are the same tile on several ranks), packed in random order with gaps into one buffer per rank.
+Result<Layout> ExplicitCase(Rng& rng, const std::string& name, const Shape& shape, int n,
+                            bool save) {
+  std::vector<Box> tiles;
+  Tile(rng, Box::Whole(shape), Uniform(rng, 1, 12), &tiles);
+  SP_RETURN_IF_ERROR(ValidateBoxes(name, shape, tiles));
+  std::vector<std::vector<Box>> held(n);
+  std::vector<int> ranks(n);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  for (const Box& tile : tiles) {
+    int64_t copies = Chance(rng, 0.3) ? Uniform(rng, save ? 1 : 0, n) : 1;
+    std::shuffle(ranks.begin(), ranks.end(), rng);
+    for (int64_t i = 0; i < copies; ++i) held[ranks[i]].push_back(tile);
+  }
+  Layout out;
+  out.ranks.resize(n);
+  for (int r = 0; r < n; ++r) {
+    std::shuffle(held[r].begin(), held[r].end(), rng);
+    int64_t offset = 0;
+    for (const Box& box : held[r]) {
+      offset += Uniform(rng, 0, 3);
+      out.ranks[r].push_back(Piece{box, offset});
+      offset += box.volume();
+    }
+  }
+  out.description = "explicit " + std::to_string(tiles.size()) + " tiles";
+  return out;
+}
+
+// Megatron: tensor parallel groups of `tp` ranks split one dim with torch.chunk; within each
+// group's box, the dp ranks hold random contiguous flat ranges of its row-major flattening.
+Result<Layout> FlatCase(Rng& rng, const Shape& shape, int n) {
+  std::vector<int> divisors;
+  for (int t = 1; t <= n; ++t) {
+    if (n % t == 0) divisors.push_back(t);
+  }
+  const int tp = shape.empty() ? 1 : Pick(rng, divisors);
+  const int dp = n / tp;
+  std::vector<Box> tp_boxes(tp, Box::Whole(shape));
+  const int dim = shape.empty() ? 0 : static_cast<int>(Uniform(rng, 0, shape.size() - 1));
+  if (tp > 1) {
+    SP_ASSIGN_OR_RETURN(tp_boxes,
+                        MeshChunksPerRank(shape, MeshLayout{{tp}, {Placement::Shard(dim)}, {}}));
+  }
+  Layout out;
+  out.ranks.resize(n);
+  for (int t = 0; t < tp; ++t) {
+    const int64_t volume = tp_boxes[t].volume();
+    std::vector<int64_t> cuts = {0, volume};
+    for (int q = 1; q < dp; ++q) cuts.push_back(Uniform(rng, 0, volume));
+    std::sort(cuts.begin(), cuts.end());
+    for (int q = 0; q < dp; ++q) {
+      SP_ASSIGN_OR_RETURN(out.ranks[q * tp + t],
+                          FlatRangePieces(shape, tp_boxes[t], cuts[q], cuts[q + 1]));
+    }
+  }
+  out.description = "flat tp " + std::to_string(tp) + " on dim " + std::to_string(dim) + " dp " +
+                    std::to_string(dp);
+  return out;
+}
+
+Result<Layout> RandomLayout(Rng& rng, const std::string& name, const Shape& shape, int n,
+                            bool save) {
+  switch (Uniform(rng, 0, 3)) {
+    case 0:
+      return MeshCase(rng, shape, n);
+    case 1:
+      return TensorMapCase(rng, shape, n);
+    case 2:
+      return ExplicitCase(rng, name, shape, n, save);
+    default:
+      return FlatCase(rng, shape, n);
+  }
+}
+
+// --- Tensors and cases ---
+
+Shape RandomShape(Rng& rng) {
+  static const std::vector<int64_t> kSizes = {1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 100};
+  Shape shape(Uniform(rng, 0, 4));
+  for (int64_t& d : shape) d = Chance(rng, 0.04) ? 0 : Pick(rng, kSizes);
+  while (ShapeVolume(shape) > kMaxElements) {
+    *std::max_element(shape.begin(), shape.end()) /= 2;
+  }
+  return shape;
+}
+
+Bytes RandomBytes(Rng& rng, size_t size, DType dtype) {
+  Bytes bytes(size);
+  for (std::byte& b : bytes) b = static_cast<std::byte>(rng() & 0xFF);
+  if (dtype == DType::kBool) {
+    for (std::byte& b : bytes) b &= std::byte{1};
+  }
+  return bytes;
+}
+
+bool IsComplex(DType d) { return d == DType::kComplex64 || d == DType::kComplex128; }
+
+DType RandomLoadDType(Rng& rng, DType stored) {
+  if (!Chance(rng, 0.1)) return stored;
+  std::vector<DType> options;
+  for (DType d : AllDTypes()) {
+    if (d != stored && IsComplex(d) == IsComplex(stored) && CanConvert(stored, d)) {
+      options.push_back(d);
+    }
+  }
+  return options.empty() ? stored : Pick(rng, options);
+}
+
+Result<TensorCase> RandomTensor(Rng& rng, size_t index, int save_ranks, int load_ranks) {
+  const std::vector<DType> dtypes(AllDTypes().begin(), AllDTypes().end());
+  TensorCase t;
+  t.name =
+      std::string(1, static_cast<char>('a' + Uniform(rng, 0, 25))) + ".w" + std::to_string(index);
+  t.dtype = Pick(rng, dtypes);
+  t.load_dtype = RandomLoadDType(rng, t.dtype);
+  t.shape = RandomShape(rng);
+  t.global = RandomBytes(rng, ShapeVolume(t.shape) * DTypeSize(t.dtype), t.dtype);
+  SP_ASSIGN_OR_RETURN(t.save, RandomLayout(rng, t.name, t.shape, save_ranks, true));
+  SP_ASSIGN_OR_RETURN(t.load, RandomLayout(rng, t.name, t.shape, load_ranks, false));
+  return t;
+}
+
+// 0-2 objects, each saved by a random non-empty set of ranks with rank-specific payloads.
+std::vector<ObjectCase> RandomObjects(Rng& rng, int save_ranks) {
+  std::vector<ObjectCase> objects(Uniform(rng, 0, 2));
+  for (size_t k = 0; k < objects.size(); ++k) {
+    ObjectCase& o = objects[k];
+    o.name = "obj." + std::to_string(k);
+    o.per_rank.resize(save_ranks);
+    const int64_t always = Uniform(rng, 0, save_ranks - 1);
+    for (int r = 0; r < save_ranks; ++r) {
+      if (r != always && Chance(rng, 0.5)) continue;
+      const bool json = Chance(rng, 0.7);
+      o.per_rank[r] = ObjectEntry{o.name, json ? ObjectEncoding::kJson : ObjectEncoding::kBytes,
+                                  json ? "{\"rank\": " + std::to_string(r) + "}"
+                                       : std::string("\0\xff", 2) + std::to_string(r)};
+    }
+  }
+  return objects;
+}
+
+void RandomOptions(Rng& rng, Case* c) {
+  static const std::vector<uint64_t> kBlocks = {
+      64, 96, 100, 256, 1000, 4096, kDefaultChecksumBlockBytes};
+  static const std::vector<uint64_t> kBudgets = {1, 4096, 65536, uint64_t{1} << 20,
+                                                 uint64_t{256} << 20};
+  c->save_options.files_per_rank = static_cast<int>(Uniform(rng, 1, 3));
+  c->save_options.dedup_to_lowest_rank = Chance(rng, 0.5);
+  c->save_options.checksum_block_bytes = Pick(rng, kBlocks);
+  c->save_options.coordinator = static_cast<int>(Uniform(rng, 0, c->save_ranks - 1));
+  c->load_options.memory_budget_bytes = Pick(rng, kBudgets);
+  c->load_options.verify_checksums = Chance(rng, 0.9);
+  c->load_options.strict = Chance(rng, 0.5);
+  c->load_options.coordinator = static_cast<int>(Uniform(rng, 0, c->load_ranks - 1));
+  c->load_options.allow_cast = Chance(rng, 0.2);
+  for (const TensorCase& t : c->tensors) {
+    if (t.dtype != t.load_dtype) c->load_options.allow_cast = true;
+  }
+}
+
+bool HoldsAny(const std::vector<Piece>& pieces) {
+  for (const Piece& p : pieces) {
+    if (!p.box.empty()) return true;
+  }
+  return false;
+}
+
+// A rank may leave out a tensor it holds nothing of: on save only when the tensor has elements
+// (so that other ranks list it), on load always. A load rank wants each object or not.
+void RandomListing(Rng& rng, Case* c) {
+  c->lists_on_save.assign(c->save_ranks, std::vector<bool>(c->tensors.size(), true));
+  c->lists_on_load.assign(c->load_ranks, std::vector<bool>(c->tensors.size(), true));
+  c->wants_object.assign(c->load_ranks, std::vector<bool>(c->objects.size(), true));
+  for (size_t t = 0; t < c->tensors.size(); ++t) {
+    const TensorCase& tensor = c->tensors[t];
+    for (int r = 0; r < c->save_ranks; ++r) {
+      if (!HoldsAny(tensor.save.ranks[r]) && ShapeVolume(tensor.shape) > 0 && Chance(rng, 0.5)) {
+        c->lists_on_save[r][t] = false;
+      }
+    }
+    for (int r = 0; r < c->load_ranks; ++r) {
+      if (!HoldsAny(tensor.load.ranks[r]) && Chance(rng, 0.5)) c->lists_on_load[r][t] = false;
+    }
+  }
+  for (int r = 0; r < c->load_ranks; ++r) {
+    for (size_t o = 0; o < c->objects.size(); ++o) c->wants_object[r][o] = Chance(rng, 0.75);
+  }
+}
+
+Result<Case> RandomCase(uint64_t seed, int64_t index) {
+  Rng rng(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index + 1)));
+  Case c;
+  c.save_ranks = static_cast<int>(Uniform(rng, 1, 8));
+  c.load_ranks = static_cast<int>(Uniform(rng, 1, 8));
+  const int64_t num_tensors = Uniform(rng, 1, 6);
+  for (int64_t i = 0; i < num_tensors; ++i) {
+    SP_ASSIGN_OR_RETURN(TensorCase t, RandomTensor(rng, i, c.save_ranks, c.load_ranks));
+    c.tensors.push_back(std::move(t));
+  }
+  c.objects = RandomObjects(rng, c.save_ranks);
+  RandomOptions(rng, &c);
+  RandomListing(rng, &c);
+  c.order_seed = rng();
+  return c;
+}
+
+std::string Describe(const Case& c) {
+  std::string out = "save " + std::to_string(c.save_ranks) + " ranks (files_per_rank " +
+                    std::to_string(c.save_options.files_per_rank) + ", dedup_to_lowest_rank " +
+                    std::to_string(c.save_options.dedup_to_lowest_rank) + ", block " +
+                    std::to_string(c.save_options.checksum_block_bytes) + "), load " +
+                    std::to_string(c.load_ranks) + " ranks (budget " +
+                    std::to_string(c.load_options.memory_budget_bytes) + ", verify " +
+                    std::to_string(c.load_options.verify_checksums) + ")";
+  for (const TensorCase& t : c.tensors) {
+    out += "\n  '" + t.name + "' " + std::string(DTypeName(t.dtype)) + "->" +
+           std::string(DTypeName(t.load_dtype)) + " " + ShapeToString(t.shape) + ": save " +
+           t.save.description + "; load " + t.load.description;
+  }
+  return out;
+}
+
+// --- Buffers and the reference ---
+
+int64_t BufferElements(const std::vector<Piece>& pieces) {
+  int64_t end = 0;
+  for (const Piece& p : pieces) end = std::max(end, p.element_offset + p.box.volume());
+  return end;
+}
+
+// Writes the elements of piece.box of the global tensor (dtype `from`), converted to `to`,
+// row-major at piece.element_offset of `local`: one element at a time, from its coordinates.
+Status PlaceFromGlobal(const TensorCase& t, const Piece& piece, DType to, std::byte* local) {
+  const size_t from_size = DTypeSize(t.dtype), to_size = DTypeSize(to);
+  const size_t n = t.shape.size();
+  std::vector<int64_t> index(n, 0);  // position inside piece.box
+  const int64_t count = piece.box.volume();
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < n; ++d) flat = flat * t.shape[d] + piece.box.offsets[d] + index[d];
+    const std::byte* src = t.global.data() + flat * from_size;
+    std::byte* dst = local + (piece.element_offset + k) * to_size;
+    if (t.dtype == to) {
+      std::memcpy(dst, src, to_size);
+    } else {
+      SP_RETURN_IF_ERROR(ConvertElements(t.dtype, src, to, dst, 1));
+    }
+    for (size_t d = n; d-- > 0;) {
+      if (++index[d] < piece.box.sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+  return OkStatus();
+}
+
+// Buffers of random bytes (the guards and gaps), with the save pieces filled in.
+Result<RankBuffers> MakeBuffers(const Case& c, bool save, Rng& rng) {
+  const int n = save ? c.save_ranks : c.load_ranks;
+  RankBuffers buffers(n);
+  for (int r = 0; r < n; ++r) {
+    for (const TensorCase& t : c.tensors) {
+      const std::vector<Piece>& pieces = (save ? t.save : t.load).ranks[r];
+      const DType dtype = save ? t.dtype : t.load_dtype;
+      Bytes bytes =
+          RandomBytes(rng, 2 * kGuard + BufferElements(pieces) * DTypeSize(dtype), DType::kUInt8);
+      for (const Piece& p : pieces) {
+        if (save) SP_RETURN_IF_ERROR(PlaceFromGlobal(t, p, dtype, bytes.data() + kGuard));
+      }
+      buffers[r].push_back(std::move(bytes));
+    }
+  }
+  return buffers;
+}
+
+// Names where `actual` first differs from `expected` in a buffer holding `pieces`.
+std::string DescribeMismatch(const Bytes& actual, const Bytes& expected,
+                             const std::vector<Piece>& pieces, size_t element_size) {
+  size_t at = 0;
+  while (at < actual.size() && actual[at] == expected[at]) ++at;
+  if (at < kGuard || at >= actual.size() - kGuard) return "guard byte " + std::to_string(at);
+  const int64_t element = static_cast<int64_t>((at - kGuard) / element_size);
+  for (const Piece& p : pieces) {
+    int64_t k = element - p.element_offset;
+    if (k < 0 || k >= p.box.volume()) continue;
+    std::vector<int64_t> coordinate(p.box.rank());
+    for (size_t d = p.box.rank(); d-- > 0; k /= p.box.sizes[d]) {
+      coordinate[d] = p.box.offsets[d] + k % p.box.sizes[d];
+    }
+    return "piece " + p.box.ToString() + " element at " + ShapeToString(coordinate);
+  }
+  return "gap element " + std::to_string(element) + " (outside every piece) was overwritten";
+}
+
+// Every loaded buffer equals its initial bytes with the reference written into its pieces.
+void ExpectLoaded(const Case& c, const RankBuffers& initial, const RankBuffers& loaded) {
+  for (int r = 0; r < c.load_ranks; ++r) {
+    for (size_t i = 0; i < c.tensors.size(); ++i) {
+      const TensorCase& t = c.tensors[i];
+      Bytes expected = initial[r][i];
+      if (c.lists_on_load[r][i]) {
+        for (const Piece& p : t.load.ranks[r]) {
+          ASSERT_TRUE(PlaceFromGlobal(t, p, t.load_dtype, expected.data() + kGuard).ok());
+        }
+      }
+      if (loaded[r][i] != expected) {
+        ADD_FAILURE() << "rank " << r << " tensor '" << t.name << "': "
+                      << DescribeMismatch(loaded[r][i], expected, t.load.ranks[r],
+                                          DTypeSize(t.load_dtype));
+        return;
+      }
+    }
+  }
+}
+
+// --- Running a case ---
+
+std::vector<size_t> RankOrder(const Case& c, int rank) {
+  std::vector<size_t> order(c.tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(c.order_seed + static_cast<uint64_t>(rank));
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+Status FirstError(const std::vector<Status>& statuses) {
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    if (!statuses[r].ok()) return statuses[r].WithContext("rank " + std::to_string(r));
+  }
+  return OkStatus();
+}
+
+SaveState SaveStateOf(const Case& c, int r, const RankBuffers& buffers) {
+  SaveState state;
+  for (size_t i : RankOrder(c, r)) {
+    if (!c.lists_on_save[r][i]) continue;
+    const TensorCase& t = c.tensors[i];
+    SaveTensor tensor{t.name, t.dtype, t.shape, {}};
+    for (const Piece& p : t.save.ranks[r]) {
+      tensor.pieces.push_back(ConstPieceView{
+          p.box, buffers[r][i].data() + kGuard + p.element_offset * DTypeSize(t.dtype)});
+    }
+    state.tensors.push_back(std::move(tensor));
+  }
+  for (const ObjectCase& o : c.objects) {
+    if (!o.per_rank[r].name.empty()) state.objects.push_back(o.per_rank[r]);
+  }
+  return state;
+}
+
+Status SaveCase(const Case& c, const RankBuffers& buffers, Store& store, ThreadPool* pool,
+                const std::string& path) {
+  return FirstError(RunRanks(c.save_ranks, [&](Communicator& comm) {
+    SaveOptions options = c.save_options;
+    options.comm = &comm;
+    options.store = &store;
+    options.pool = pool;
+    options.threads = pool == nullptr ? 1 + comm.rank() % 2 : 0;
+    return Save(SaveStateOf(c, comm.rank(), buffers), path, options);
+  }));
+}
+
+LoadState LoadStateOf(const Case& c, int r, RankBuffers& buffers) {
+  LoadState state;
+  for (size_t i : RankOrder(c, r)) {
+    if (!c.lists_on_load[r][i]) continue;
+    const TensorCase& t = c.tensors[i];
+    LoadTensor tensor{t.name, t.load_dtype, t.shape, {}};
+    for (const Piece& p : t.load.ranks[r]) {
+      tensor.pieces.push_back(PieceView{
+          p.box, buffers[r][i].data() + kGuard + p.element_offset * DTypeSize(t.load_dtype)});
+    }
+    state.tensors.push_back(std::move(tensor));
+  }
+  for (size_t o = 0; o < c.objects.size(); ++o) {
+    if (c.wants_object[r][o]) state.objects.push_back(c.objects[o].name);
+  }
+  return state;
+}
+
+// Loads on every rank; each rank's status, and its result in *results where it succeeded.
+std::vector<Status> LoadEveryRank(const Case& c, RankBuffers& buffers, Store& store,
+                                  ThreadPool* pool, const std::string& path,
+                                  std::vector<LoadResult>* results) {
+  results->assign(c.load_ranks, LoadResult{});
+  return RunRanks(c.load_ranks, [&](Communicator& comm) -> Status {
+    LoadOptions options = c.load_options;
+    options.comm = &comm;
+    options.store = &store;
+    options.pool = pool;
+    options.threads = pool == nullptr ? 1 + comm.rank() % 2 : 0;
+    SP_ASSIGN_OR_RETURN((*results)[comm.rank()],
+                        Load(LoadStateOf(c, comm.rank(), buffers), path, options));
+    return OkStatus();
+  });
+}
+
+Result<std::vector<LoadResult>> LoadCase(const Case& c, RankBuffers& buffers, Store& store,
+                                         ThreadPool* pool, const std::string& path) {
+  std::vector<LoadResult> results;
+  SP_RETURN_IF_ERROR(FirstError(LoadEveryRank(c, buffers, store, pool, path, &results)));
+  return results;
+}
+
+// The keys, objects and (for the lowest saver) payloads each load rank must report.
+void ExpectResults(const Case& c, const std::vector<LoadResult>& results) {
+  for (int r = 0; r < c.load_ranks; ++r) {
+    std::vector<std::string> unexpected;
+    std::vector<ObjectEntry> objects;
+    for (size_t i = 0; i < c.tensors.size(); ++i) {
+      if (!c.lists_on_load[r][i]) unexpected.push_back(c.tensors[i].name);
+    }
+    for (size_t o = 0; o < c.objects.size(); ++o) {
+      if (!c.wants_object[r][o]) {
+        unexpected.push_back(c.objects[o].name);
+        continue;
+      }
+      for (const ObjectEntry& e : c.objects[o].per_rank) {
+        if (e.name.empty()) continue;
+        objects.push_back(e);  // the lowest rank that saved it
+        break;
+      }
+    }
+    std::sort(unexpected.begin(), unexpected.end());
+    EXPECT_TRUE(results[r].missing_keys.empty()) << "rank " << r;
+    EXPECT_EQ(results[r].unexpected_keys, unexpected) << "rank " << r;
+    ASSERT_EQ(results[r].objects.size(), objects.size()) << "rank " << r;
+    for (size_t k = 0; k < objects.size(); ++k) {
+      EXPECT_EQ(results[r].objects[k].name, objects[k].name) << "rank " << r;
+      EXPECT_EQ(results[r].objects[k].encoding, objects[k].encoding) << "rank " << r;
+      EXPECT_EQ(results[r].objects[k].payload, objects[k].payload) << "rank " << r;
+    }
+  }
+}
+
+// The stored chunks are the distinct non-empty save boxes, each written once by one of its
+// holders (the lowest with dedup_to_lowest_rank), with one checksum per block.
+void ExpectMetadata(const Case& c, const CheckpointMetadata& md) {
+  EXPECT_EQ(md.world_size, c.save_ranks);
+  EXPECT_EQ(md.checksum_block_bytes, c.save_options.checksum_block_bytes);
+  ASSERT_EQ(md.tensors.size(), c.tensors.size());
+  for (const TensorCase& t : c.tensors) {
+    const TensorMetadata* stored = md.FindTensor(t.name);
+    ASSERT_NE(stored, nullptr) << t.name;
+    EXPECT_EQ(stored->dtype, t.dtype);
+    EXPECT_EQ(stored->shape, t.shape);
+    std::map<Box, std::vector<int>> holders;
+    for (int r = 0; r < c.save_ranks; ++r) {
+      for (const Piece& p : t.save.ranks[r]) {
+        if (!p.box.empty()) holders[p.box].push_back(r);
+      }
+    }
+    ASSERT_EQ(stored->chunks.size(), holders.size()) << t.name;
+    const uint64_t bs = c.save_options.checksum_block_bytes;
+    for (const StoredChunk& chunk : stored->chunks) {
+      auto it = holders.find(chunk.box);
+      ASSERT_NE(it, holders.end()) << t.name << " " << chunk.box.ToString();
+      const int writer = md.files.at(chunk.file).writer_rank;
+      EXPECT_TRUE(std::count(it->second.begin(), it->second.end(), writer)) << t.name;
+      if (c.save_options.dedup_to_lowest_rank) {
+        EXPECT_EQ(writer, it->second.front());
+      }
+      EXPECT_EQ(chunk.block_crc32c.size(), (chunk.byte_length + bs - 1) / bs);
+    }
+  }
+}
+
+void RunCase(const Case& c, Store& store, ThreadPool* pool, const std::string& path, bool verify,
+             Rng& rng) {
+  Result<RankBuffers> save_buffers = MakeBuffers(c, true, rng);
+  ASSERT_TRUE(save_buffers.ok()) << save_buffers.status();
+  const RankBuffers before_save = *save_buffers;
+  Status saved = SaveCase(c, *save_buffers, store, pool, path);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_TRUE(before_save == *save_buffers) << "save modified the state it was given";
+  Result<CheckpointMetadata> md = ReadCheckpointMetadata(path, &store);
+  ASSERT_TRUE(md.ok()) << md.status();
+  ExpectMetadata(c, *md);
+  if (verify) {
+    Result<VerifyReport> report = Verify(path, &store, pool);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_TRUE(report->ok()) << Join(report->defects);
+  }
+  Result<RankBuffers> initial = MakeBuffers(c, false, rng);
+  ASSERT_TRUE(initial.ok()) << initial.status();
+  RankBuffers loaded = *initial;
+  Result<std::vector<LoadResult>> results = LoadCase(c, loaded, store, pool, path);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ExpectResults(c, *results);
+  ExpectLoaded(c, *initial, loaded);
+}
+
+// On PosixStore: a fresh directory under the system temporary directory, removed afterwards.
+void RunCaseOnDisk(const Case& c, ThreadPool* pool, Rng& rng) {
+  std::string dir = (std::filesystem::temp_directory_path() / "sp_reshard_XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  PosixStore store;
+  RunCase(c, store, pool, dir + "/ckpt", true, rng);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
+  const uint64_t seed = static_cast<uint64_t>(EnvOr("SP_RESHARD_SEED", kDefaultSeed));
+  const int64_t first = EnvOr("SP_RESHARD_FIRST_CASE", 0);
+  const int64_t cases = EnvOr("SP_RESHARD_CASES", 2000);
+  ThreadPool shared_pool(2);
+  for (int64_t i = first; i < first + cases; ++i) {
+    Result<Case> c = RandomCase(seed, i);
+    ASSERT_TRUE(c.ok()) << "seed " << seed << " case " << i << ": " << c.status();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " case " + std::to_string(i) + ": " +
+                 Describe(*c));
+    Rng rng(seed + static_cast<uint64_t>(i));
+    ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
+    if (i % 50 == 49) {
+      RunCaseOnDisk(*c, pool, rng);
+    } else {
+      MemoryStore store;
+      RunCase(*c, store, pool, "/ckpt/case" + std::to_string(i), i % 10 == 0, rng);
+    }
+    if (HasFailure()) {
+      FAIL() << "reproduce with SP_RESHARD_SEED=" << seed << " SP_RESHARD_FIRST_CASE=" << i
+             << " SP_RESHARD_CASES=1";
+    }
+  }
+}
+
+// --- Focused cases ---
+
+TensorCase MakeTensor(const std::string& name, DType dtype, const Shape& shape, uint64_t seed) {
+  Rng rng(seed);
+  TensorCase t;
+  t.name = name;
+  t.dtype = t.load_dtype = dtype;
+  t.shape = shape;
+  t.global = RandomBytes(rng, ShapeVolume(shape) * DTypeSize(dtype), dtype);
+  return t;
+}
+
+Layout MeshOf(const Shape& shape, const MeshLayout& layout) {
+  Result<std::vector<Box>> boxes = MeshChunksPerRank(shape, layout);
+  EXPECT_TRUE(boxes.ok()) << boxes.status();
+  if (!boxes.ok()) return Layout{};
+  return OneChunkPerRank(static_cast<int>(boxes->size()),
+                         std::vector<std::optional<Box>>(boxes->begin(), boxes->end()));
+}
+
+MeshLayout Mesh(Shape mesh_shape, std::vector<Placement> placements) {
+  return MeshLayout{std::move(mesh_shape), std::move(placements), {}};
+}
+
+// Every rank lists every tensor on both sides; no objects.
+Case MakeCase(std::vector<TensorCase> tensors, int save_ranks, int load_ranks) {
+  Case c;
+  c.save_ranks = save_ranks;
+  c.load_ranks = load_ranks;
+  c.tensors = std::move(tensors);
+  c.lists_on_save.assign(save_ranks, std::vector<bool>(c.tensors.size(), true));
+  c.lists_on_load.assign(load_ranks, std::vector<bool>(c.tensors.size(), true));
+  c.wants_object.assign(load_ranks, {});
+  return c;
+}
+
+bool HasText(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+class ReshardTest : public ::testing::Test {
+ protected:
+  void SaveOk(const Case& c, const std::string& path = "/ckpt") {
+    Result<RankBuffers> buffers = MakeBuffers(c, true, rng_);
+    ASSERT_TRUE(buffers.ok()) << buffers.status();
+    Status saved = SaveCase(c, *buffers, store_, &pool_, path);
+    ASSERT_TRUE(saved.ok()) << saved;
+  }
+  // Loads into fresh buffers (initial_ keeps their first contents, loaded_ the result).
+  std::vector<Status> LoadAll(const Case& c, const std::string& path = "/ckpt") {
+    initial_ = MakeBuffers(c, false, rng_).value();
+    loaded_ = initial_;
+    return LoadEveryRank(c, loaded_, store_, &pool_, path, &results_);
+  }
+  void LoadOk(const Case& c, const std::string& path = "/ckpt") {
+    Status loaded = FirstError(LoadAll(c, path));
+    ASSERT_TRUE(loaded.ok()) << loaded;
+  }
+  CheckpointMetadata Metadata(const std::string& path = "/ckpt") {
+    Result<CheckpointMetadata> md = ReadCheckpointMetadata(path, &store_);
+    EXPECT_TRUE(md.ok()) << md.status();
+    return md.ok() ? *md : CheckpointMetadata{};
+  }
+
+  MemoryStore store_;
+  ThreadPool pool_{2};
+  Rng rng_{7};
+  RankBuffers initial_;
+  RankBuffers loaded_;
+  std::vector<LoadResult> results_;
+};
+
+TEST_F(ReshardTest, SameLayoutFourToFourIsBitExactAndReadsTheStoredBytesOnce) {
+  // 1 MiB contiguous chunks take the direct path; the others are coalesced.
+  TensorCase big = MakeTensor("big", DType::kFloat32, {1024, 1024}, 1);
+  big.save = big.load = MeshOf(big.shape, Mesh({4}, {Placement::Shard(0)}));
+  TensorCase grid = MakeTensor("grid", DType::kBFloat16, {64, 13}, 2);
+  grid.save = grid.load =
+      MeshOf(grid.shape, Mesh({2, 2}, {Placement::Shard(1), Placement::Shard(0)}));
+  TensorCase odd = MakeTensor("odd", DType::kComplex128, {7, 3, 5}, 3);
+  odd.save = odd.load = MeshOf(odd.shape, Mesh({4}, {Placement::Shard(2)}));
+  Case c = MakeCase({big, grid, odd}, 4, 4);
+  c.save_options.checksum_block_bytes = 4096;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  ExpectResults(c, results_);
+
+  uint64_t stored = 0, chunks = 0, read = 0;
+  for (const TensorMetadata& t : Metadata().tensors) {
+    for (const StoredChunk& chunk : t.chunks) stored += chunk.byte_length;
+    chunks += t.chunks.size();
+  }
+  for (const LoadResult& r : results_) read += r.bytes_read;
+  EXPECT_EQ(stored, big.global.size() + grid.global.size() + odd.global.size());
+  EXPECT_GE(read, stored);
+  EXPECT_LE(read, stored + chunks * c.save_options.checksum_block_bytes);
+}
+
+TEST_F(ReshardTest, WorkedExampleTenByFourShardedOnFourRanksLoadsOnThree) {
+  TensorCase t = MakeTensor("w", DType::kFloat32, {10, 4}, 4);
+  t.save = MeshOf(t.shape, Mesh({4}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({3}, {Placement::Shard(0)}));
+  ASSERT_EQ(t.load.ranks[2], (std::vector<Piece>{Piece{Box({8, 0}, {2, 4}), 0}}));
+  Case c = MakeCase({t}, 4, 3);
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  const CheckpointMetadata md = Metadata();
+  ASSERT_EQ(md.tensors.size(), 1u);
+  std::vector<Box> boxes;
+  for (const StoredChunk& chunk : md.tensors[0].chunks) boxes.push_back(chunk.box);
+  EXPECT_EQ(boxes, (std::vector<Box>{Box({0, 0}, {3, 4}), Box({3, 0}, {3, 4}), Box({6, 0}, {3, 4}),
+                                     Box({9, 0}, {1, 4})}));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  // Rank 2's rows 8 and 9 come from two stored chunks: compare them directly as well.
+  EXPECT_EQ(0, std::memcmp(loaded_[2][0].data() + kGuard, t.global.data() + 8 * 4 * 4, 2 * 4 * 4));
+}
+
+TEST_F(ReshardTest, ChunkLargerThanTheBudgetIsReadInSlabsForAColumnReshard) {
+  // 256 KiB row chunks; each load rank wants a column block of both. With a 16 KiB budget the
+  // staging window is one checksum block, far below the rows a column block spans.
+  TensorCase t = MakeTensor("wide", DType::kFloat32, {256, 512}, 5);
+  t.save = MeshOf(t.shape, Mesh({2}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({4}, {Placement::Shard(1)}));
+  TensorCase u = MakeTensor("tall", DType::kFloat16, {300, 3, 40}, 6);
+  u.save = MeshOf(u.shape, Mesh({2}, {Placement::Replicate()}));
+  u.load = MeshOf(u.shape, Mesh({2, 2}, {Placement::Shard(2), Placement::Shard(1)}));
+  Case c = MakeCase({t, u}, 2, 4);
+  c.save_options.checksum_block_bytes = 4096;
+  c.load_options.memory_budget_bytes = 16 << 10;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+}
+
+TEST_F(ReshardTest, DirectReadsStartingInsideAChecksumBlockAreVerified) {
+  // 4 MB row chunks on 2 ranks read by 3 ranks: each region is one contiguous run of at least
+  // 1 MiB in both chunks (the direct path) whose ends fall inside 1000-byte checksum blocks.
+  TensorCase t = MakeTensor("rows", DType::kFloat32, {1000, 2000}, 12);
+  t.save = MeshOf(t.shape, Mesh({2}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({3}, {Placement::Shard(0)}));
+  Case c = MakeCase({t}, 2, 3);
+  c.save_options.checksum_block_bytes = 1000;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+}
+
+// fp32 values with the cases a narrowing cast must get right, then random ones.
+TensorCase Float32Specials(const std::string& name, const Shape& shape) {
+  TensorCase t = MakeTensor(name, DType::kFloat32, shape, 8);
+  using Limits = std::numeric_limits<float>;
+  const float max = Limits::max(), inf = Limits::infinity(), nan = Limits::quiet_NaN();
+  const float tiny = Limits::denorm_min();
+  const float special[] = {0.0f,     -0.0f, 1.0f, -1.5f, 1.00390625f, 1.01171875f, 1e-40f,
+                           65504.0f, max,   inf,  -inf,  nan,         tiny};
+  std::memcpy(t.global.data(), special, sizeof(special));
+  return t;
+}
+
+Case CastCase() {
+  TensorCase t = Float32Specials("model.w", {33, 20});
+  t.load_dtype = DType::kBFloat16;
+  t.save = MeshOf(t.shape, Mesh({2}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({3}, {Placement::Shard(1)}));
+  return MakeCase({t}, 2, 3);
+}
+
+TEST_F(ReshardTest, CastOnLoadMatchesConvertElements) {
+  Case c = CastCase();
+  c.load_options.allow_cast = true;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  // The reference: the whole global tensor converted by ConvertElements, then placed unchanged.
+  Case expected = c;
+  TensorCase& t = expected.tensors[0];
+  Bytes converted(ShapeVolume(t.shape) * DTypeSize(DType::kBFloat16));
+  ASSERT_TRUE(ConvertElements(DType::kFloat32, t.global.data(), DType::kBFloat16, converted.data(),
+                              ShapeVolume(t.shape))
+                  .ok());
+  t.dtype = DType::kBFloat16;
+  t.global = std::move(converted);
+  ExpectLoaded(expected, initial_, loaded_);
+}
+
+TEST_F(ReshardTest, DTypeMismatchWithoutAllowCastNamesBothDTypesOnEveryRank) {
+  Case c = CastCase();
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  std::vector<Status> statuses = LoadAll(c);
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(HasText(s.message(), "float32")) << s;
+    EXPECT_TRUE(HasText(s.message(), "bfloat16")) << s;
+    EXPECT_TRUE(HasText(s.message(), "model.w")) << s;
+    EXPECT_EQ(s, statuses[0]);
+  }
+  EXPECT_EQ(loaded_, initial_);  // nothing was written
+}
+
+// Saves "a" [5, 3] and "b" [2] as float32 and the object "step" from one rank at /ckpt.
+class KeysTest : public ReshardTest {
+ protected:
+  void SetUp() override {
+    TensorCase a = MakeTensor("a", DType::kFloat32, {5, 3}, 9);
+    TensorCase b = MakeTensor("b", DType::kFloat32, {2}, 10);
+    a.save = a.load = MeshOf(a.shape, Mesh({1}, {Placement::Replicate()}));
+    b.save = b.load = MeshOf(b.shape, Mesh({1}, {Placement::Replicate()}));
+    case_ = MakeCase({a, b}, 1, 1);
+    case_.objects.push_back(
+        ObjectCase{"step", {ObjectEntry{"step", ObjectEncoding::kJson, "1200"}}});
+    ASSERT_NO_FATAL_FAILURE(SaveOk(case_));
+  }
+  Result<LoadResult> LoadOne(const LoadState& state, const LoadOptions& options) {
+    LoadOptions with_store = options;
+    with_store.store = &store_;
+    with_store.pool = &pool_;
+    return Load(state, "/ckpt", with_store);
+  }
+  Case case_;
+};
+
+TEST_F(KeysTest, StrictMissingTensorOrObjectIsNotFoundNamingTheKey) {
+  Bytes a(15 * 4);
+  LoadState state;
+  state.tensors.push_back(
+      LoadTensor{"a", DType::kFloat32, {5, 3}, {PieceView{Box({0, 0}, {5, 3}), a.data()}}});
+  state.tensors.push_back(LoadTensor{"absent.weight", DType::kFloat32, {4}, {}});
+  Result<LoadResult> result = LoadOne(state, LoadOptions{});
+  EXPECT_EQ(result.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(HasText(result.status().message(), "'absent.weight'")) << result.status();
+  state.tensors.pop_back();
+  state.objects.push_back("absent.object");
+  result = LoadOne(state, LoadOptions{});
+  EXPECT_EQ(result.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(HasText(result.status().message(), "'absent.object'")) << result.status();
+}
+
+TEST_F(KeysTest, NonStrictListsMissingAndUnexpectedKeys) {
+  Bytes a(15 * 4), ghost(4 * 4, std::byte{0x5a});
+  LoadState state;
+  state.tensors.push_back(
+      LoadTensor{"a", DType::kFloat32, {5, 3}, {PieceView{Box({0, 0}, {5, 3}), a.data()}}});
+  state.tensors.push_back(
+      LoadTensor{"ghost", DType::kFloat32, {4}, {PieceView{Box({0}, {4}), ghost.data()}}});
+  state.objects.push_back("ghost.object");
+  LoadOptions options;
+  options.strict = false;
+  Result<LoadResult> result = LoadOne(state, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::vector<std::string> missing = result->missing_keys;
+  std::sort(missing.begin(), missing.end());
+  EXPECT_EQ(missing, (std::vector<std::string>{"ghost", "ghost.object"}));
+  EXPECT_EQ(result->unexpected_keys, (std::vector<std::string>{"b", "step"}));
+  EXPECT_TRUE(result->objects.empty());
+  EXPECT_EQ(a, case_.tensors[0].global);
+  EXPECT_EQ(ghost, Bytes(4 * 4, std::byte{0x5a}));
+}
+
+TEST_F(KeysTest, ShapeMismatchNamesBothShapes) {
+  Bytes a(15 * 4);
+  LoadState state;
+  state.tensors.push_back(
+      LoadTensor{"a", DType::kFloat32, {3, 5}, {PieceView{Box({0, 0}, {3, 5}), a.data()}}});
+  Result<LoadResult> result = LoadOne(state, LoadOptions{});
+  EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(HasText(result.status().message(), "'a'")) << result.status();
+  EXPECT_TRUE(HasText(result.status().message(), "[5, 3]")) << result.status();
+  EXPECT_TRUE(HasText(result.status().message(), "[3, 5]")) << result.status();
+}
+
+TEST_F(ReshardTest, ObjectsRoundTripAndTheLowestRankWins) {
+  auto json = [](const std::string& name, const std::string& payload) {
+    return ObjectEntry{name, ObjectEncoding::kJson, payload};
+  };
+  const std::string blob("\0\x01\xfe\xff binary", 12);
+  Case c = MakeCase({}, 3, 2);
+  c.objects.push_back(ObjectCase{
+      "config", {ObjectEntry{}, json("config", "{\"lr\": 0.1}"), json("config", "{\"lr\": 0.2}")}});
+  c.objects.push_back(
+      ObjectCase{"step", {json("step", "100"), json("step", "101"), json("step", "102")}});
+  c.objects.push_back(ObjectCase{
+      "blob", {ObjectEntry{}, ObjectEntry{}, ObjectEntry{"blob", ObjectEncoding::kBytes, blob}}});
+  c.wants_object.assign(2, std::vector<bool>(3, true));
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectResults(c, results_);
+  ASSERT_EQ(results_[1].objects.size(), 3u);
+  EXPECT_EQ(results_[1].objects[0].payload, "{\"lr\": 0.1}");
+  EXPECT_EQ(results_[1].objects[1].payload, "100");
+  EXPECT_EQ(results_[1].objects[2].payload, blob);
+  const CheckpointMetadata md = Metadata();
+  ASSERT_NE(md.FindObject("config"), nullptr);
+  EXPECT_EQ(md.FindObject("config")->payload, "{\"lr\": 0.1}");
+}
+
+TEST_F(ReshardTest, RankHoldingNothingOnSaveAndOnLoad) {
+  TensorCase t = MakeTensor("w", DType::kInt64, {6, 5}, 11);
+  t.save.ranks = {{Piece{Box({0, 0}, {3, 5}), 0}}, {}, {Piece{Box({3, 0}, {3, 5}), 0}}};
+  t.load.ranks = {{Piece{Box({0, 0}, {6, 5}), 0}}, {}, {Piece{Box({2, 1}, {3, 3}), 0}}};
+  Case c = MakeCase({t}, 3, 3);
+  c.lists_on_save[1][0] = false;  // rank 1's SaveState is empty
+  c.lists_on_load[1][0] = false;  // rank 1's LoadState is empty
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  ExpectResults(c, results_);
+  EXPECT_EQ(results_[1].unexpected_keys, std::vector<std::string>{"w"});
+  EXPECT_EQ(results_[1].bytes_read, 0u);
+  const CheckpointMetadata md = Metadata();
+  for (const DataFile& f : md.files) EXPECT_NE(f.writer_rank, 1) << f.name;
+}
+
+// Four ranks each hold the same eight equal tensors.
+Case ReplicatedCase() {
+  std::vector<TensorCase> tensors;
+  for (int k = 0; k < 8; ++k) {
+    TensorCase t = MakeTensor("rep." + std::to_string(k), DType::kFloat32, {16, 16}, 20 + k);
+    t.save = MeshOf(t.shape, Mesh({4}, {Placement::Replicate()}));
+    t.load = MeshOf(t.shape, Mesh({2}, {Placement::Shard(1)}));
+    tensors.push_back(std::move(t));
+  }
+  return MakeCase(std::move(tensors), 4, 2);
+}
+
+// Chunks written per rank, checking that every tensor is stored as one chunk.
+std::map<int, int> ChunksPerWriter(const CheckpointMetadata& md) {
+  std::map<int, int> per_rank;
+  for (const TensorMetadata& t : md.tensors) {
+    EXPECT_EQ(t.chunks.size(), 1u) << t.name;
+    for (const StoredChunk& chunk : t.chunks) ++per_rank[md.files.at(chunk.file).writer_rank];
+  }
+  return per_rank;
+}
+
+TEST_F(ReshardTest, ReplicatedTensorsAreWrittenOnceWithBalancedOwnership) {
+  Case c = ReplicatedCase();
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c, "/balanced"));
+  EXPECT_EQ(ChunksPerWriter(Metadata("/balanced")),
+            (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}}));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c, "/balanced"));
+  ExpectLoaded(c, initial_, loaded_);
+
+  c.save_options.dedup_to_lowest_rank = true;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c, "/lowest"));
+  EXPECT_EQ(ChunksPerWriter(Metadata("/lowest")), (std::map<int, int>{{0, 8}}));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c, "/lowest"));
+  ExpectLoaded(c, initial_, loaded_);
+}
+
+TEST_F(ReshardTest, PartiallyReplicatedMeshStoresEachChunkOnce) {
+  TensorCase t = MakeTensor("m", DType::kFloat8E4M3FN, {9, 4}, 30);
+  t.save = MeshOf(t.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Replicate()}));
+  t.load = MeshOf(t.shape, Mesh({1}, {Placement::Replicate()}));
+  Case c = MakeCase({t}, 4, 1);
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  const CheckpointMetadata md = Metadata();
+  ExpectMetadata(c, md);
+  ASSERT_EQ(md.tensors.size(), 1u);
+  EXPECT_EQ(md.tensors[0].chunks.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+}
+
+}  // namespace
+}  // namespace sp
