@@ -1,6 +1,7 @@
 #include "tools/cli.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 
@@ -51,6 +52,18 @@ int Fail(std::string_view verb, const Status& status) {
 int UsageError(std::string_view verb, std::string_view message, std::string_view usage) {
   std::cerr << "shardpoint " << verb << ": " << message << "\n\n" << usage;
   return kExitUsage;
+}
+
+Result<int64_t> ParseInt(std::string_view option, std::string_view text, int64_t min,
+                         int64_t max) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min || value > max) {
+    return InvalidArgumentError("--" + std::string(option) + " expects a whole number from " +
+                                std::to_string(min) + " to " + std::to_string(max) + ", not '" +
+                                std::string(text) + "'");
+  }
+  return value;
 }
 
 std::string JsonQuote(std::string_view s) {

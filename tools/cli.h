@@ -36,6 +36,9 @@ int Fail(std::string_view verb, const Status& status);
 // Prints "shardpoint <verb>: <message>" and the verb's usage on stderr; returns kExitUsage.
 int UsageError(std::string_view verb, std::string_view message, std::string_view usage);
 
+// Parses a whole decimal integer in [min, max]; kInvalidArgument naming the option otherwise.
+Result<int64_t> ParseInt(std::string_view option, std::string_view text, int64_t min, int64_t max);
+
 // JSON string literal with escapes.
 std::string JsonQuote(std::string_view s);
 

@@ -109,10 +109,10 @@ check "inspect --json totals the tensor bytes" \
 check "inspect --json has the object" \
   python_json "assert [o['name'] for o in d['objects']] == ['train.step']"
 
-# synthetic_model.cc ConfigForBytes keeps the full 8191 x 512 embedding and at least one layer,
-# so "--mib N  approximate state size in MiB" gives about 57 MiB for any N below that.
-known_bug "demo --mib 8 writes about 8 MiB of state" "ConfigForBytes has a floor of about 57 MiB" \
-  python_json "assert d['total_bytes'] <= 16 << 20, d['total_bytes']"
+# Regression: ConfigForBytes kept the full embedding and one layer, so --mib below about 57 gave
+# about 57 MiB.
+check "demo --mib 8 writes about 8 MiB of state" \
+  python_json "assert 4 << 20 <= d['total_bytes'] <= 16 << 20, d['total_bytes']"
 
 run inspect "$CKPT" --json --chunks
 expect_rc "inspect --json --chunks exits 0" 0
@@ -213,11 +213,11 @@ run no-such-command
 expect_rc "an unknown command exits 2" 2
 check "an unknown command is named" contains "$ERR" "unknown command 'no-such-command'"
 
-# demo_command.cc converts --mib and --threads with std::stoull / std::stoi unchecked: a value
-# that is not a number throws and aborts the process (exit 134) instead of a usage error.
+# Regression: --mib and --threads were converted unchecked, so a value that is not a number
+# aborted the process (exit 134) instead of giving a usage error.
 run demo --mib lots --dir "$WORK/not-written"
-known_bug "demo with a non-numeric --mib exits 2" "std::stoull throws in DemoCommand" \
-  test "$RC" -eq 2
+expect_rc "demo with a non-numeric --mib exits 2" 2
+check "demo names the bad --mib value" contains "$ERR" "--mib expects a whole number"
 
 echo "$skipped skipped (known bugs)"
 echo "$passed passed, $failed failed"

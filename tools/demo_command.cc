@@ -53,8 +53,10 @@ int DemoCommand(const std::vector<std::string>& argv) {
     std::cout << kDemoUsage;
     return kExitOk;
   }
-  const uint64_t mib = std::stoull(args->Get("mib", "256"));
-  const int threads = std::stoi(args->Get("threads", "0"));
+  Result<int64_t> mib = ParseInt("mib", args->Get("mib", "256"), 1, int64_t{1} << 20);
+  if (!mib.ok()) return UsageError("demo", mib.status().message(), kDemoUsage);
+  Result<int64_t> threads = ParseInt("threads", args->Get("threads", "0"), 0, 1024);
+  if (!threads.ok()) return UsageError("demo", threads.status().message(), kDemoUsage);
   std::string dir = args->Get("dir", "");
   bool remove_after = !args->Has("keep") && dir.empty();
   if (dir.empty()) {
@@ -63,14 +65,14 @@ int DemoCommand(const std::vector<std::string>& argv) {
     dir = std::string(tmpl) + "/checkpoint";
   }
 
-  testing::GlobalModel model = testing::MakeGlobalModel(testing::ConfigForBytes(mib << 20), 7);
+  testing::GlobalModel model = testing::MakeGlobalModel(testing::ConfigForBytes(static_cast<uint64_t>(*mib) << 20), 7);
   Result<std::vector<testing::RankShards>> train =
       testing::ShardModel(model, testing::Which::kTrain, true);
   Result<std::vector<testing::RankShards>> serve =
       testing::ShardModel(model, testing::Which::kServe, false);
   if (!train.ok()) return Fail("demo", train.status());
   if (!serve.ok()) return Fail("demo", serve.status());
-  ThreadPool pool(threads);
+  ThreadPool pool(static_cast<int>(*threads));
 
   std::printf("shardpoint demo: %zu tensors (bf16 weights, fp32 Adam moments), %s\n",
               model.specs.size(), HumanBytes(model.total_bytes()).c_str());

@@ -21,9 +21,13 @@ constexpr char kUsage[] =
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+  if (args.empty()) {
+    std::cerr << kUsage;
+    return sp::cli::kExitUsage;
+  }
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::cout << kUsage;
-    return args.empty() ? sp::cli::kExitUsage : sp::cli::kExitOk;
+    return sp::cli::kExitOk;
   }
   const std::string verb = args[0];
   args.erase(args.begin());

@@ -435,12 +435,10 @@ TEST_F(EngineFailureTest, InvalidStateOnOneRankFailsEveryRankBeforeAnythingIsWri
   EXPECT_FALSE(base.Exists(kPath).value());
 }
 
-// Bug: WriteRankFiles (save.cc) registers a data file for cleanup only after its Preallocate and
-// header write succeed, so a rank whose Preallocate fails (a full disk, the likeliest case)
-// leaves its possibly large "<name>.tmp" behind, although RemoveFiles removes every other file
-// of the failed save.
+// Regression: WriteRankFiles (save.cc) registered a data file for cleanup only after its
+// Preallocate and header write succeeded, so a rank whose Preallocate failed (a full disk, the
+// likeliest case) left its possibly large "<name>.tmp" behind.
 TEST_F(EngineFailureTest, FailedPreallocateLeavesTemporaryFile) {
-  GTEST_SKIP() << "save.cc WriteRankFiles leaks the temporary data file when Preallocate fails";
   MemoryStore base;
   FaultStore store(&base);
   store.FailMatching(Op::kWrite, "-r00002-", ResourceExhaustedError("no space left (injected)"));
@@ -543,11 +541,10 @@ TEST_F(EngineFailureTest, CrashAtAnyStepOfAFirstSaveLeavesNothingOrNew) {
   CrashSweep(/*with_old=*/false, /*sticky=*/true);
 }
 
-// Bug: Save (save.cc, PlanOnCoordinator) creates the checkpoint directory with CreateDirs but no
-// step of the commit syncs its parent, so the new directory entry is not durable: a save into a
-// new directory returns OK and a crash right after loses the whole checkpoint.
+// Regression: Save (save.cc, PlanOnCoordinator) created the checkpoint directory with CreateDirs
+// but never synced its parent, so the new directory entry was not durable: a save into a new
+// directory returned OK and a crash right after lost the whole checkpoint.
 TEST_F(EngineFailureTest, SaveIntoNewDirectoryIsLostInACrash) {
-  GTEST_SKIP() << "save.cc never syncs the parent of a directory it creates";
   MemoryStore base;
   FaultStore store(&base);
   SaveA(&store);
@@ -647,12 +644,11 @@ TEST_F(EngineCorruptionTest, MissingDataFile) {
   EXPECT_EQ(report.files_checked, md_.files.size() - 1);
 }
 
-// Bug: Load (load.cc, OpenFiles) passes on the store's kNotFound for a data file that the
+// Regression: Load (load.cc, OpenFiles) passed on the store's kNotFound for a data file that the
 // committed metadata names, the code that ReadCheckpointMetadata uses for "no checkpoint here";
 // a caller that resumes when a checkpoint exists and starts afresh on kNotFound would silently
 // drop a damaged checkpoint. A committed checkpoint missing one of its files is data loss.
 TEST_F(EngineCorruptionTest, MissingDataFileIsReportedAsNotFound) {
-  GTEST_SKIP() << "load.cc reports a committed checkpoint's missing data file as kNotFound";
   ASSERT_TRUE(base_.RemoveFile(file_path()).ok());
   Status s = LoadError(&base_);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;

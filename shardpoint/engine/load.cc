@@ -47,7 +47,14 @@ Result<std::vector<std::unique_ptr<ReadableFile>>> OpenFiles(
     const uint32_t f = r.chunk->file;
     if (files[f]) continue;
     const DataFile& file = metadata.files[f];
-    SP_ASSIGN_OR_RETURN(files[f], store.OpenReadable(JoinPath(path, file.name)));
+    Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(JoinPath(path, file.name));
+    if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
+      // The metadata is committed, so a missing file is damage, not an absent checkpoint.
+      return DataLossError("data file " + JoinPath(path, file.name) +
+                           " named by the committed metadata is missing: " +
+                           opened.status().message());
+    }
+    SP_ASSIGN_OR_RETURN(files[f], std::move(opened));
     if (files[f]->size() != file.size) {
       return DataLossError("data file " + files[f]->path() + " has " +
                            std::to_string(files[f]->size()) + " bytes, expected " +

@@ -86,6 +86,23 @@ Result<LocalSavePlan> BuildLocalPlan(const SaveState& state) {
   return plan;
 }
 
+// Creates `path` and its missing ancestors, and syncs the parent of each directory it created so
+// that the new entries survive a crash.
+Status CreateDurableDirs(Store& store, std::string_view path) {
+  std::vector<std::string> created;
+  for (std::string dir(path); !dir.empty() && dir != "/"; dir = ParentPath(dir)) {
+    SP_ASSIGN_OR_RETURN(bool exists, store.Exists(dir));
+    if (exists) break;
+    created.push_back(dir);
+  }
+  SP_RETURN_IF_ERROR(store.CreateDirs(path));
+  for (const std::string& dir : created) {
+    const std::string parent = ParentPath(dir);
+    SP_RETURN_IF_ERROR(store.SyncDir(parent.empty() ? "." : parent));
+  }
+  return OkStatus();
+}
+
 // Coordinator: refuses to replace a committed checkpoint unless asked, plans, lays out each data
 // file's header, creates the directory, and returns the global plan plus one payload per rank.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string>& gathered,
@@ -123,7 +140,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
     plan.metadata.files[f].data_start = headers[f].size();
     plan.metadata.files[f].size = headers[f].size() + data_bytes[f];
   }
-  SP_RETURN_IF_ERROR(store.CreateDirs(path));
+  SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
 
   std::vector<std::string> payloads(plan.ranks.size());
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
@@ -185,10 +202,12 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     open.final_path = JoinPath(path, f.name);
     open.temp_path = open.final_path + ".tmp";
     SP_ASSIGN_OR_RETURN(open.file, store.NewWritableFile(open.temp_path));
-    SP_RETURN_IF_ERROR(open.file->Preallocate(f.size));
-    SP_RETURN_IF_ERROR(open.file->WriteAt(0, AsBytes(f.header)));
+    // Registered before anything else can fail, so that a failed save removes it.
     file_slot[f.index] = static_cast<int>(files->size());
     files->push_back(std::move(open));
+    WritableFile& file = *files->back().file;
+    SP_RETURN_IF_ERROR(file.Preallocate(f.size));
+    SP_RETURN_IF_ERROR(file.WriteAt(0, AsBytes(f.header)));
   }
   WriteReport report;
   report.chunks.resize(order.plan.writes.size());

@@ -28,12 +28,27 @@ uint64_t SplitMix(uint64_t& state) {
 
 }  // namespace
 
+namespace {
+// Bytes of state (bf16 weight + two fp32 moments: 10 bytes per parameter) of the parts of a model.
+uint64_t FixedBytes(const ModelConfig& c) {
+  return 10 * static_cast<uint64_t>(c.vocab * c.hidden + c.hidden);
+}
+uint64_t LayerBytes(const ModelConfig& c) {
+  return 10 * static_cast<uint64_t>(4 * c.hidden * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden);
+}
+}  // namespace
+
 ModelConfig ConfigForBytes(uint64_t bytes) {
   ModelConfig config;
+  // Small states: narrow the model (keeping the uneven sizes odd) until one layer fits.
+  while (config.hidden > 16 && FixedBytes(config) + LayerBytes(config) > bytes) {
+    config.hidden /= 2;
+    config.ffn /= 2;
+    config.vocab = config.vocab / 2 | 1;
+  }
+  if (config.hidden % 3 == 0) config.hidden += 2;
+  const uint64_t fixed = FixedBytes(config), per_layer = LayerBytes(config);
   config.layers = 1;
-  const uint64_t per_layer = 10 * static_cast<uint64_t>(
-      4 * config.hidden * config.hidden + 3 * config.hidden * config.ffn + 2 * config.hidden);
-  const uint64_t fixed = 10 * static_cast<uint64_t>(config.vocab * config.hidden + config.hidden);
   if (bytes > fixed) {
     config.layers = static_cast<int>(std::max<uint64_t>(1, (bytes - fixed + per_layer / 2) / per_layer));
   }
