@@ -1,0 +1,128 @@
+#include "python/_core/py_comm.h"
+
+#include <string_view>
+#include <utility>
+
+#include "python/_core/arrays.h"
+#include "python/_core/errors.h"
+
+namespace nb = nanobind;
+
+namespace sp::python {
+namespace {
+
+constexpr const char* kMethods[] = {"gather", "scatter", "broadcast", "all_gather", "barrier"};
+
+nb::bytes ToBytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
+
+// A list of exactly `count` bytes-like objects; raises TypeError / ValueError.
+std::vector<std::string> FromBytesList(nb::handle obj, int count, std::string_view op) {
+  if (obj.is_none()) {
+    throw nb::type_error((std::string(op) + " returned None, expected a list of " +
+                          std::to_string(count) + " bytes objects").c_str());
+  }
+  std::vector<std::string> out;
+  for (nb::handle item : obj) out.push_back(BytesFromPython(item));
+  if (static_cast<int>(out.size()) != count) {
+    throw nb::value_error((std::string(op) + " returned " + std::to_string(out.size()) +
+                           " payloads, expected one per rank (" + std::to_string(count) + ")")
+                              .c_str());
+  }
+  return out;
+}
+
+// Runs `body` with the GIL held; a Python exception becomes kUnavailable naming the collective.
+template <typename T, typename Body>
+Result<T> CallWithGil(std::string_view op, Body&& body) {
+  nb::gil_scoped_acquire gil;
+  try {
+    return body();
+  } catch (nb::python_error& e) {
+    return UnavailableError("communicator " + std::string(op) +
+                            " failed: " + DescribePythonError(e));
+  } catch (const std::exception& e) {
+    return UnavailableError("communicator " + std::string(op) + " failed: " + e.what());
+  }
+}
+
+int ReadIntAttribute(nb::handle comm, const char* name) {
+  if (!nb::hasattr(comm, name)) {
+    throw nb::type_error(
+        (std::string("comm object has no attribute '") + name + "' (expected an int)").c_str());
+  }
+  nb::object value = comm.attr(name);
+  int out = 0;
+  if (!nb::try_cast(value, out)) {
+    throw nb::type_error((std::string("comm.") + name + " must be an int, found " +
+                          nb::type_name(value.type()).c_str())
+                             .c_str());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<PyCommunicator> PyCommunicator::FromObject(nb::handle comm) {
+  const int rank = ReadIntAttribute(comm, "rank");
+  const int size = ReadIntAttribute(comm, "size");
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw nb::value_error(("comm has rank " + std::to_string(rank) + " and size " +
+                           std::to_string(size) + ": expected 0 <= rank < size")
+                              .c_str());
+  }
+  for (const char* method : kMethods) {
+    if (!nb::hasattr(comm, method)) {
+      throw nb::type_error((std::string("comm object has no method '") + method + "'").c_str());
+    }
+  }
+  return std::unique_ptr<PyCommunicator>(
+      new PyCommunicator(nb::borrow<nb::object>(comm), rank, size));
+}
+
+Result<std::vector<std::string>> PyCommunicator::Gather(std::string payload, int root) {
+  return CallWithGil<std::vector<std::string>>("gather", [&] {
+    nb::object gathered = comm_.attr("gather")(ToBytes(payload), root);
+    if (rank_ != root) return std::vector<std::string>();
+    return FromBytesList(gathered, size_, "gather");
+  });
+}
+
+Result<std::string> PyCommunicator::Scatter(std::vector<std::string> payloads, int root) {
+  return CallWithGil<std::string>("scatter", [&] {
+    nb::object chunks = nb::none();
+    if (rank_ == root) {
+      nb::list list;
+      for (const std::string& p : payloads) list.append(ToBytes(p));
+      chunks = std::move(list);
+    }
+    return BytesFromPython(comm_.attr("scatter")(chunks, root));
+  });
+}
+
+Result<std::string> PyCommunicator::Broadcast(std::string payload, int root) {
+  return CallWithGil<std::string>("broadcast", [&] {
+    nb::object data = rank_ == root ? nb::object(ToBytes(payload)) : nb::none();
+    return BytesFromPython(comm_.attr("broadcast")(data, root));
+  });
+}
+
+Result<std::vector<std::string>> PyCommunicator::AllGather(std::string payload) {
+  return CallWithGil<std::vector<std::string>>("all_gather", [&] {
+    return FromBytesList(comm_.attr("all_gather")(ToBytes(payload)), size_, "all_gather");
+  });
+}
+
+Status PyCommunicator::Barrier() {
+  Result<bool> done = CallWithGil<bool>("barrier", [&] {
+    comm_.attr("barrier")();
+    return true;
+  });
+  return done.status();
+}
+
+std::unique_ptr<PyCommunicator> MaybeCommunicator(nb::handle comm) {
+  if (comm.is_none()) return nullptr;
+  return PyCommunicator::FromObject(comm);
+}
+
+}  // namespace sp::python

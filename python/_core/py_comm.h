@@ -1,0 +1,60 @@
+// PyCommunicator: a Communicator whose collectives are methods of a Python object.
+//
+// The object (typically shardpoint's torch.distributed adapter, or an in-process fake in tests)
+// has integer attributes `rank` and `size` and the methods
+//   gather(data: bytes, root: int) -> list[bytes] | None      (None on non-root ranks)
+//   scatter(chunks: list[bytes] | None, root: int) -> bytes
+//   broadcast(data: bytes | None, root: int) -> bytes
+//   all_gather(data: bytes) -> list[bytes]
+//   barrier() -> None
+// Each collective acquires the GIL only for the duration of the Python call, so the engine can
+// run with the GIL released, on any thread (AsyncSaver's background thread included). A Python
+// exception raised by a method, or a result of the wrong shape, becomes kUnavailable
+// "communicator <op> failed: <exception text>"; the Python error is cleared.
+//
+// Thread-safety: like any Communicator, one thread calls it at a time. Construction and
+// destruction need the GIL (the object holds a Python reference).
+#ifndef SHARDPOINT_PYTHON_CORE_PY_COMM_H_
+#define SHARDPOINT_PYTHON_CORE_PY_COMM_H_
+
+#include <nanobind/nanobind.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardpoint/comm/communicator.h"
+
+namespace sp::python {
+
+class PyCommunicator final : public Communicator {
+ public:
+  // Reads `rank` and `size` once and checks the methods exist. Raises TypeError / ValueError
+  // (naming the missing attribute or the bad value) when `comm` does not look like a
+  // communicator. GIL held.
+  static std::unique_ptr<PyCommunicator> FromObject(nanobind::handle comm);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Result<std::vector<std::string>> Gather(std::string payload, int root) override;
+  Result<std::string> Scatter(std::vector<std::string> payloads, int root) override;
+  Result<std::string> Broadcast(std::string payload, int root) override;
+  Result<std::vector<std::string>> AllGather(std::string payload) override;
+  Status Barrier() override;
+
+ private:
+  PyCommunicator(nanobind::object comm, int rank, int size)
+      : comm_(std::move(comm)), rank_(rank), size_(size) {}
+
+  nanobind::object comm_;
+  int rank_;
+  int size_;
+};
+
+// Returns a PyCommunicator for `comm`, or null when `comm` is None (one rank). GIL held.
+std::unique_ptr<PyCommunicator> MaybeCommunicator(nanobind::handle comm);
+
+}  // namespace sp::python
+
+#endif  // SHARDPOINT_PYTHON_CORE_PY_COMM_H_
