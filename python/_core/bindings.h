@@ -19,6 +19,9 @@ namespace sp::python {
 // save, load, read_metadata, read_objects, verify (checkpoint_bindings.cc).
 void DefineCheckpointFunctions(nanobind::module_& m);
 
+// AsyncSaver (async_bindings.cc).
+void DefineAsyncSaver(nanobind::module_& m);
+
 // The keyword arguments of save() and AsyncSaver.start().
 struct SaveKeywords {
   nanobind::handle comm;

@@ -10,7 +10,8 @@
 #include "python/_core/errors.h"
 
 NB_MODULE(_core, m) {
-  m.doc() = "shardpoint's C++ engine: save, load, read_metadata, read_objects, verify";
+  m.doc() = "shardpoint's C++ engine: save, load, read_metadata, read_objects, verify, AsyncSaver";
   sp::python::DefineStatusError(m);
   sp::python::DefineCheckpointFunctions(m);
+  sp::python::DefineAsyncSaver(m);
 }

@@ -1,0 +1,134 @@
+// shardpoint._core.AsyncSaver: AsyncSaver with Python arguments.
+//
+// start() parses its arguments with the GIL held, then releases it for the copy into staging and
+// returns; the background save runs without the GIL, taking it only inside the Python
+// communicator's collectives. The communicator object of the running save is kept referenced until
+// that save is over (the next start, or the saver's end). At interpreter exit, every save still
+// running is waited for (an atexit hook), so that no background thread needs the GIL after
+// Python has started shutting down.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "python/_core/bindings.h"
+#include "python/_core/errors.h"
+#include "shardpoint/engine/async_save.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace sp::python {
+namespace {
+
+class PyAsyncSaver;
+
+// The savers alive in this process, for the exit hook.
+std::mutex g_live_mu;
+std::set<PyAsyncSaver*>* g_live = new std::set<PyAsyncSaver*>();
+
+class PyAsyncSaver {
+ public:
+  explicit PyAsyncSaver(uint64_t staging_budget_bytes)
+      : saver_(std::make_unique<AsyncSaver>(staging_budget_bytes)) {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    g_live->insert(this);
+  }
+
+  ~PyAsyncSaver() {
+    {
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      g_live->erase(this);
+    }
+    {
+      nb::gil_scoped_release release;
+      saver_.reset();  // waits for a running save
+    }
+    comm_.reset();  // with the GIL: it holds a Python reference
+  }
+
+  PyAsyncSaver(const PyAsyncSaver&) = delete;
+  PyAsyncSaver& operator=(const PyAsyncSaver&) = delete;
+
+  void Start(const std::string& path, nb::handle tensors, nb::handle objects,
+             const SaveKeywords& keywords) {
+    std::unique_ptr<PreparedSave> prepared = PrepareSave(tensors, objects, keywords);
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      status = saver_->Start(prepared->state, path, prepared->options);
+    }
+    // Start waited for the previous save, so its communicator is no longer in use.
+    comm_ = status.ok() ? std::move(prepared->comm) : nullptr;
+    ThrowIfError(status);
+  }
+
+  void Wait() {
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      status = saver_->Wait();
+    }
+    if (!pending_.ok()) status = std::exchange(pending_, OkStatus());
+    ThrowIfError(status);
+  }
+
+  bool Done() const { return saver_->Done(); }
+
+  uint64_t staging_bytes() const { return saver_->staging_capacity_bytes(); }
+
+  // Blocks until the running save (if any) is over, leaving its result for Wait. GIL released.
+  void Drain() {
+    Status result = saver_->Wait();
+    if (pending_.ok()) pending_ = std::move(result);
+  }
+
+ private:
+  std::unique_ptr<AsyncSaver> saver_;
+  std::unique_ptr<PyCommunicator> comm_;
+  Status pending_;  // a result taken by Drain, for the next Wait
+};
+
+// Waits for every running save; called by the atexit hook with the GIL held.
+void WaitForAllSaves() {
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (PyAsyncSaver* saver : *g_live) saver->Drain();
+}
+
+}  // namespace
+
+void DefineAsyncSaver(nb::module_& m) {
+  nb::class_<PyAsyncSaver>(m, "AsyncSaver",
+                           "Saves in the background after copying the state into host staging "
+                           "memory (reused across saves, bounded by staging_budget_bytes; 0: no "
+                           "limit). One save at a time.")
+      .def(nb::init<uint64_t>(), "staging_budget_bytes"_a = 0)
+      .def(
+          "start",
+          [](PyAsyncSaver& self, const std::string& path, nb::handle tensors, nb::handle objects,
+             nb::handle comm, bool overwrite, int threads, int files_per_rank,
+             bool dedup_to_lowest_rank,
+             std::optional<std::map<std::string, std::string>> attributes) {
+            self.Start(path, tensors, objects,
+                       SaveKeywords{comm, overwrite, threads, files_per_rank,
+                                    dedup_to_lowest_rank, std::move(attributes)});
+          },
+          "path"_a, "tensors"_a, "objects"_a, nb::kw_only(), "comm"_a = nb::none(),
+          "overwrite"_a = false, "threads"_a = 0, "files_per_rank"_a = 1,
+          "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(),
+          "Waits for the previous save, copies the state into staging and starts the save;\n"
+          "returns once the caller may modify its arrays.")
+      .def("wait", &PyAsyncSaver::Wait, "Waits for the save; raises StatusError if it failed.")
+      .def("done", &PyAsyncSaver::Done, "True when no save is running.")
+      .def_prop_ro("staging_bytes", &PyAsyncSaver::staging_bytes,
+                   "Bytes of staging memory held for reuse.");
+  m.def("_wait_for_all_async_saves", &WaitForAllSaves);
+  nb::module_::import_("atexit").attr("register")(m.attr("_wait_for_all_async_saves"));
+}
+
+}  // namespace sp::python

@@ -1,0 +1,338 @@
+// Tests of AsyncSaver: the checkpoint holds the state as it was when Start returned, a failing save
+// surfaces on Wait on every rank and commits nothing, staging memory is reused and bounded.
+#include "shardpoint/engine/async_save.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/store/fault_store.h"
+#include "shardpoint/store/memory_store.h"
+#include "shardpoint/testing/synthetic_model.h"
+
+namespace sp {
+namespace {
+
+namespace spt = ::sp::testing;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kPath[] = "/ckpt";
+
+// Forwards to a base store; every WriteAt blocks until Open() is called.
+class GatedStore : public Store {
+ public:
+  explicit GatedStore(Store* base) : base_(base) {}
+
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path));
+    return std::unique_ptr<WritableFile>(std::make_unique<File>(this, std::move(file)));
+  }
+  Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override {
+    return base_->OpenReadable(path);
+  }
+  Status CreateDirs(std::string_view path) override { return base_->CreateDirs(path); }
+  Status Rename(std::string_view from, std::string_view to) override {
+    return base_->Rename(from, to);
+  }
+  Status SyncDir(std::string_view path) override { return base_->SyncDir(path); }
+  Status RemoveFile(std::string_view path) override { return base_->RemoveFile(path); }
+  Status RemoveDir(std::string_view path) override { return base_->RemoveDir(path); }
+  Result<bool> IsDirectory(std::string_view path) override { return base_->IsDirectory(path); }
+  Result<bool> Exists(std::string_view path) override { return base_->Exists(path); }
+  Result<std::vector<DirEntry>> ListDir(std::string_view path) override {
+    return base_->ListDir(path);
+  }
+  std::string name() const override { return "gated(" + base_->name() + ")"; }
+
+ private:
+  class File : public WritableFile {
+   public:
+    File(GatedStore* store, std::unique_ptr<WritableFile> base)
+        : store_(store), base_(std::move(base)) {}
+    Status WriteAt(uint64_t offset, ByteView data) override {
+      store_->AwaitOpen();
+      return base_->WriteAt(offset, data);
+    }
+    Status Preallocate(uint64_t size) override { return base_->Preallocate(size); }
+    Status Sync() override { return base_->Sync(); }
+    Status Close() override { return base_->Close(); }
+    const std::string& path() const override { return base_->path(); }
+
+   private:
+    GatedStore* store_;
+    std::unique_ptr<WritableFile> base_;
+  };
+
+  void AwaitOpen() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+  Store* base_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// A small state of one rank: a few tensors of several dtypes, each one piece, random bytes.
+struct Tensors {
+  std::vector<std::string> names;
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  std::vector<std::vector<std::byte>> data;
+
+  SaveState AsSaveState() const {
+    SaveState state;
+    for (size_t i = 0; i < names.size(); ++i) {
+      state.tensors.push_back({names[i], dtypes[i], shapes[i],
+                               {ConstPieceView{Box::Whole(shapes[i]), data[i].data()}}});
+    }
+    state.objects.push_back({"step", ObjectEncoding::kJson, "17"});
+    return state;
+  }
+  uint64_t total_bytes() const {
+    uint64_t total = 0;
+    for (const auto& d : data) total += d.size();
+    return total;
+  }
+};
+
+Tensors MakeTensors(uint64_t seed, int64_t scale = 1) {
+  std::mt19937_64 rng(seed);
+  Tensors t;
+  t.names = {"a.weight", "b.bias", "c.mask", "d.scale"};
+  t.dtypes = {DType::kBFloat16, DType::kFloat32, DType::kBool, DType::kFloat8E4M3FN};
+  t.shapes = {{33 * scale, 17}, {257 * scale}, {5, 7 * scale}, {1}};
+  for (size_t i = 0; i < t.names.size(); ++i) {
+    std::vector<std::byte>& bytes = t.data.emplace_back(ShapeVolume(t.shapes[i]) *
+                                                        DTypeSize(t.dtypes[i]));
+    for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+    if (t.dtypes[i] == DType::kBool) {
+      for (std::byte& b : bytes) b &= std::byte{1};
+    }
+  }
+  return t;
+}
+
+// Loads every tensor of `like` (whole) from `path` and returns the bytes read back.
+std::vector<std::vector<std::byte>> LoadBack(Store& store, const Tensors& like,
+                                             std::string_view path = kPath) {
+  std::vector<std::vector<std::byte>> out;
+  LoadState state;
+  for (size_t i = 0; i < like.names.size(); ++i) {
+    out.emplace_back(like.data[i].size());
+  }
+  for (size_t i = 0; i < like.names.size(); ++i) {
+    state.tensors.push_back({like.names[i], like.dtypes[i], like.shapes[i],
+                             {PieceView{Box::Whole(like.shapes[i]), out[i].data()}}});
+  }
+  LoadOptions options;
+  options.store = &store;
+  Result<LoadResult> result = Load(state, path, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return out;
+}
+
+// Runs body(rank, comm) on `ranks` threads of one ThreadCommGroup; returns each rank's status.
+std::vector<Status> RunRanks(int ranks, const std::function<Status(int, Communicator&)>& body) {
+  ThreadCommOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(60);
+  ThreadCommGroup group(ranks, comm_options);
+  std::vector<Status> statuses(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] { statuses[r] = body(r, group.comm(r)); });
+  }
+  for (std::thread& t : threads) t.join();
+  return statuses;
+}
+
+TEST(AsyncSaverTest, CheckpointHoldsTheStateAsOfStart) {
+  MemoryStore memory;
+  GatedStore gated(&memory);
+  Tensors tensors = MakeTensors(1);
+  const Tensors original = tensors;
+  AsyncSaver saver;
+  SaveOptions options;
+  options.store = &gated;
+  options.threads = 2;
+  ASSERT_TRUE(saver.Start(tensors.AsSaveState(), kPath, options).ok());
+  // No byte can have been written yet: the gate holds every write.
+  EXPECT_FALSE(saver.Done());
+  for (auto& bytes : tensors.data) std::memset(bytes.data(), 0xAB, bytes.size());
+  gated.Open();
+  ASSERT_TRUE(saver.Wait().ok());
+  EXPECT_TRUE(saver.Done());
+  EXPECT_EQ(LoadBack(memory, original), original.data);
+  EXPECT_TRUE(saver.Wait().ok());  // nothing running: OK
+}
+
+TEST(AsyncSaverTest, RoundTripsAResharded4RankModel) {
+  spt::ModelConfig config;
+  config.layers = 1;
+  config.hidden = 64;
+  config.ffn = 96;
+  config.vocab = 101;
+  const spt::GlobalModel model = spt::MakeGlobalModel(config, 7);
+  Result<std::vector<spt::RankShards>> train = spt::ShardModel(model, spt::Which::kTrain, true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  MemoryStore store;
+  std::vector<Status> saved = RunRanks(4, [&](int r, Communicator& comm) {
+    AsyncSaver saver;
+    SaveOptions options;
+    options.comm = &comm;
+    options.store = &store;
+    options.threads = 1;
+    SP_RETURN_IF_ERROR(saver.Start((*train)[r].AsSaveState(model), kPath, options));
+    // Training goes on: the caller's shards change right away.
+    for (AlignedBuffer& b : (*train)[r].buffers[0]) std::memset(b.data(), 0, b.size());
+    return saver.Wait();
+  });
+  for (const Status& s : saved) ASSERT_TRUE(s.ok()) << s;
+  Result<std::vector<spt::RankShards>> serve = spt::ShardModel(model, spt::Which::kServe, false);
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  std::vector<Status> loaded = RunRanks(3, [&](int r, Communicator& comm) -> Status {
+    LoadOptions options;
+    options.comm = &comm;
+    options.store = &store;
+    return Load((*serve)[r].AsLoadState(model), kPath, options).status();
+  });
+  for (const Status& s : loaded) ASSERT_TRUE(s.ok()) << s;
+  std::string first_mismatch;
+  EXPECT_EQ(spt::CountMismatches(model, *serve, &first_mismatch), 0) << first_mismatch;
+}
+
+TEST(AsyncSaverTest, FailedSaveSurfacesOnWaitOnEveryRankAndCommitsNothing) {
+  MemoryStore memory;
+  FaultStore faults(&memory);
+  faults.FailMatching(FaultStore::Op::kWrite, "-r00001-", UnavailableError("disk gone"));
+  std::vector<Status> statuses = RunRanks(3, [&](int r, Communicator& comm) {
+    Tensors tensors = MakeTensors(10 + r);
+    for (std::string& name : tensors.names) name = "rank" + std::to_string(r) + "." + name;
+    AsyncSaver saver;
+    SaveOptions options;
+    options.comm = &comm;
+    options.store = &faults;
+    SP_RETURN_IF_ERROR(saver.Start(tensors.AsSaveState(), kPath, options));
+    return saver.Wait();
+  });
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s, statuses[0]);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), HasSubstr("disk gone"));
+  }
+  EXPECT_EQ(ReadCheckpointMetadata(kPath, &memory).status().code(), StatusCode::kNotFound);
+}
+
+TEST(AsyncSaverTest, UnreportedFailureIsReturnedByTheNextStart) {
+  MemoryStore memory;
+  FaultStore faults(&memory);
+  faults.FailNext(FaultStore::Op::kSync, DataLossError("bad sector"));
+  const Tensors tensors = MakeTensors(3);
+  AsyncSaver saver;
+  SaveOptions options;
+  options.store = &faults;
+  ASSERT_TRUE(saver.Start(tensors.AsSaveState(), kPath, options).ok());
+  const Status again = saver.Start(tensors.AsSaveState(), "/other", options);
+  EXPECT_EQ(again.code(), StatusCode::kDataLoss) << again;
+  EXPECT_THAT(again.message(), StartsWith("previous async save to /ckpt: "));
+  EXPECT_THAT(again.message(), HasSubstr("bad sector"));
+  // The error was reported once; the next save proceeds.
+  ASSERT_TRUE(saver.Start(tensors.AsSaveState(), "/other", options).ok());
+  ASSERT_TRUE(saver.Wait().ok());
+  EXPECT_EQ(LoadBack(memory, tensors, "/other"), tensors.data);
+  EXPECT_EQ(ReadCheckpointMetadata(kPath, &memory).status().code(), StatusCode::kNotFound);
+}
+
+TEST(AsyncSaverTest, StagingIsReusedAcrossSaves) {
+  MemoryStore store;
+  AsyncSaver saver;
+  SaveOptions options;
+  options.store = &store;
+  options.overwrite = true;
+  const Tensors first = MakeTensors(4);
+  ASSERT_TRUE(saver.Start(first.AsSaveState(), kPath, options).ok());
+  ASSERT_TRUE(saver.Wait().ok());
+  const uint64_t capacity = saver.staging_capacity_bytes();
+  EXPECT_GE(capacity, first.total_bytes());
+  EXPECT_LE(capacity, first.total_bytes() + 64 * first.names.size());
+  const Tensors second = MakeTensors(5);  // same sizes, other values
+  ASSERT_TRUE(saver.Start(second.AsSaveState(), kPath, options).ok());
+  ASSERT_TRUE(saver.Wait().ok());
+  EXPECT_EQ(saver.staging_capacity_bytes(), capacity);
+  EXPECT_EQ(LoadBack(store, second), second.data);
+  const Tensors larger = MakeTensors(6, 3);
+  ASSERT_TRUE(saver.Start(larger.AsSaveState(), kPath, options).ok());
+  ASSERT_TRUE(saver.Wait().ok());
+  EXPECT_GT(saver.staging_capacity_bytes(), capacity);
+  EXPECT_EQ(LoadBack(store, larger), larger.data);
+}
+
+TEST(AsyncSaverTest, BudgetExceededOnOneRankFailsStartOnEveryRank) {
+  MemoryStore store;
+  const uint64_t budget = MakeTensors(0).total_bytes() + 4096;
+  std::vector<bool> done(2, false);
+  std::vector<Status> statuses = RunRanks(2, [&](int r, Communicator& comm) {
+    const Tensors tensors = MakeTensors(20 + r, r == 1 ? 4 : 1);  // rank 1 holds more
+    AsyncSaver saver(budget);
+    SaveOptions options;
+    options.comm = &comm;
+    options.store = &store;
+    Status started = saver.Start(tensors.AsSaveState(), kPath, options);
+    done[r] = saver.Done();
+    return started;
+  });
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s, statuses[0]);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(s.message(), StartsWith("rank 1: async save to /ckpt needs "));
+    EXPECT_THAT(s.message(), HasSubstr("over the budget of " + std::to_string(budget) + " bytes"));
+  }
+  EXPECT_TRUE(done[0] && done[1]);
+  EXPECT_EQ(ReadCheckpointMetadata(kPath, &store).status().code(), StatusCode::kNotFound);
+}
+
+TEST(AsyncSaverTest, DestructorWaitsForTheSaveToCommit) {
+  MemoryStore store;
+  const Tensors tensors = MakeTensors(8);
+  {
+    AsyncSaver saver;
+    SaveOptions options;
+    options.store = &store;
+    ASSERT_TRUE(saver.Start(tensors.AsSaveState(), kPath, options).ok());
+  }
+  EXPECT_EQ(LoadBack(store, tensors), tensors.data);
+}
+
+TEST(AsyncSaverTest, RejectsAPieceWithoutData) {
+  AsyncSaver saver;
+  SaveState state;
+  state.tensors.push_back({"w", DType::kFloat32, {4}, {ConstPieceView{Box({0}, {4}), nullptr}}});
+  MemoryStore store;
+  SaveOptions options;
+  options.store = &store;
+  const Status status = saver.Start(state, kPath, options);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'w' piece [0:4] has no data"));
+}
+
+}  // namespace
+}  // namespace sp
