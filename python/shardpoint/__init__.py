@@ -1,0 +1,42 @@
+"""shardpoint: fast distributed checkpoints of sharded PyTorch (and numpy) state.
+
+    import shardpoint as sp
+    sp.save(state_dict, path)                      # collective over torch.distributed when initialized
+    handle = sp.async_save(state_dict, path); ...; handle.wait()
+    result = sp.load(state_dict, path)             # in place, any layout; result.missing_keys
+    info = sp.inspect(path)                        # tensors, chunks, objects, sizes
+    state = sp.load_full(path)                     # whole tensors, no template
+"""
+
+from ._api import (
+    CheckpointInfo,
+    LoadResult,
+    ObjectInfo,
+    SaveHandle,
+    TensorInfo,
+    VerifyReport,
+    async_save,
+    inspect,
+    load,
+    load_full,
+    save,
+    verify,
+)
+from ._errors import (
+    CheckpointArgumentError,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CheckpointVersionError,
+)
+from ._layouts import HyperParallelTensor, ShardedTensor
+from ._moe import ExpertShard, mark_experts
+
+__all__ = [
+    "save", "async_save", "load", "inspect", "load_full", "verify",
+    "SaveHandle", "LoadResult", "CheckpointInfo", "TensorInfo", "ObjectInfo", "VerifyReport",
+    "CheckpointError", "CheckpointNotFoundError", "CheckpointExistsError", "CheckpointCorruptError",
+    "CheckpointVersionError", "CheckpointArgumentError",
+    "HyperParallelTensor", "ShardedTensor", "ExpertShard", "mark_experts",
+]

@@ -1,0 +1,352 @@
+"""save, async_save, load, inspect, load_full and verify over the core."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core, _dist
+from ._errors import CheckpointError, CheckpointNotFoundError, code_of, error_for, translated
+from ._flatten import decode_paths, encode_paths, flatten, set_by_path, unflatten
+from ._pieces import TensorPlan, numpy_dtype
+from ._progress import Progress
+from ._values import decode_object, encode_object, is_tensor_leaf, tensor_plan
+
+PathLike = Union[str, "os.PathLike[str]"]
+_PATHS_ATTRIBUTE = "python.state_dict_paths"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A stored tensor: dtype (torch's name), global shape, and its chunks as (offsets, sizes)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """A stored object: its encoding ("json", "bytes" or "pickle") and payload size."""
+
+    encoding: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What :func:`inspect` reports about a committed checkpoint."""
+
+    path: str
+    version: str
+    save_id: str
+    world_size: int
+    total_bytes: int
+    tensors: dict[str, TensorInfo]
+    objects: dict[str, ObjectInfo]
+    files: list[dict[str, Any]] = field(default_factory=list)
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Keys wanted but not stored (non-strict loads), keys stored but not wanted, bytes read here."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify` found: ``ok`` when ``defects`` is empty."""
+
+    ok: bool
+    defects: list[str]
+    files_checked: int
+    chunks_checked: int
+    bytes_checked: int
+
+
+@contextlib.contextmanager
+def _host_staging() -> Iterator[None]:
+    """Holds the torch adapter's pinned staging for one operation (when torch is in use)."""
+    if "torch" not in sys.modules:
+        yield
+        return
+    from . import _torch
+
+    with _torch.STAGING.lock:
+        _torch.STAGING.reset()
+        yield
+        _torch.synchronize([])
+
+
+def _agree(comm: Optional[_dist.TorchComm], error: Optional[BaseException]) -> None:
+    """Raises on every rank the first error any rank met while preparing (one all-gather)."""
+    if comm is None:
+        if error is not None:
+            raise error
+        return
+    message = b""
+    if error is not None:
+        text = error.message if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
+        message = json.dumps({"code": code_of(error), "message": text}).encode()
+    for rank, reply in enumerate(comm.all_gather(message)):
+        if reply:
+            failure = json.loads(reply)
+            raise error_for(failure["code"], f"rank {rank}: {failure['message']}") from error
+
+
+def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool
+                  ) -> tuple[list[TensorPlan], list[tuple[str, str, bytes]], dict[str, str]]:
+    flat, paths = flatten(state_dict, is_tensor_leaf)
+    plans, objects = [], []
+    for key, value in flat.items():
+        if is_tensor_leaf(value):
+            plans.append(tensor_plan(key, value, rank, for_load=False))
+        else:
+            objects.append(encode_object(key, value, allow_pickle))
+    return plans, objects, {_PATHS_ATTRIBUTE: json.dumps(encode_paths(paths))}
+
+
+def _prepared_save(state_dict: Mapping[str, Any], comm: Optional[_dist.TorchComm], allow_pickle: bool
+                   ) -> tuple[list[TensorPlan], list[tuple[str, str, bytes]], dict[str, str]]:
+    prepared, error = None, None
+    try:
+        prepared = _prepare_save(state_dict, comm.rank if comm else 0, allow_pickle)
+    except Exception as e:  # forwarded to every rank by _agree
+        error = e
+    _agree(comm, error)
+    return prepared
+
+
+def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, overwrite: bool = False,
+         threads: Optional[int] = None, allow_pickle: bool = False) -> None:
+    """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
+    as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
+    torch.distributed is initialized, else this process alone).
+
+    Raises CheckpointExistsError when a committed checkpoint is at ``path`` and not ``overwrite``;
+    CheckpointArgumentError for an unsupported value (non-plain objects need ``allow_pickle``) or an
+    inconsistent layout; the same error on every rank whenever any rank fails.
+    """
+    comm = _dist.resolve(process_group)
+    path = os.fspath(path)
+    with _host_staging():
+        plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
+        progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
+        with translated():
+            _core.save(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
+                       threads=threads or 0, attributes=attributes)
+        progress.finish()
+
+
+def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
+         cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None) -> LoadResult:
+    """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
+    is done by the reads), objects replaced in the structure. Collective over ``process_group``.
+
+    ``strict``: keys of ``state_dict`` missing from the checkpoint are an error (else reported in
+    ``missing_keys``). ``cast``: convert stored dtypes to the destination's (else a mismatch is an
+    error). Pickled objects need ``allow_pickle``. Raises CheckpointNotFoundError when no committed
+    checkpoint is at ``path``, CheckpointArgumentError for shape/dtype mismatches,
+    CheckpointCorruptError for bad data; the same error on every rank.
+    """
+    comm = _dist.resolve(process_group)
+    path = os.fspath(path)
+    flat, paths = flatten(state_dict, is_tensor_leaf)
+    with _host_staging():
+        plans, error = [], None
+        try:
+            rank = comm.rank if comm else 0
+            plans = [tensor_plan(k, v, rank, for_load=True) for k, v in flat.items() if is_tensor_leaf(v)]
+        except Exception as e:  # forwarded to every rank by _agree
+            error = e
+        _agree(comm, error)
+        object_names = [k for k, v in flat.items() if not is_tensor_leaf(v)]
+        progress = Progress(f"shardpoint load {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
+        with translated():
+            missing, unexpected, objects, bytes_read = _core.load(
+                path, [p.entry() for p in plans], object_names, comm=comm, strict=strict, allow_cast=cast,
+                threads=threads or 0)
+        for plan in plans:
+            for copy_back in plan.after_load:
+                copy_back()
+        progress.finish()
+    for name, encoding, payload in objects:
+        set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name]))
+    return LoadResult(list(missing), list(unexpected), int(bytes_read))
+
+
+class SaveHandle:
+    """An asynchronous save in flight: ``wait()`` returns when it is committed (or raises its error,
+    the same on every rank); ``done()`` says whether it has finished."""
+
+    def __init__(self, saver: Any, path: str, comm: Any) -> None:
+        self.path = path
+        self._saver = saver
+        self._comm = comm  # the core uses it from its background thread until the save ends
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: Optional[BaseException] = None
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            try:
+                with translated():
+                    self._saver.wait()
+            except CheckpointError as e:
+                self._error = e
+            self._finished = True
+            self._comm = None
+
+    def wait(self) -> None:
+        """Blocks until the save has committed; raises its CheckpointError if it failed."""
+        self._finish()
+        if self._error is not None:
+            raise self._error
+
+    def done(self) -> bool:
+        """True once the save has finished (committed or failed); never blocks."""
+        return self._finished or self._saver.done()
+
+
+class _AsyncState:
+    """The process's async saver (staging reused across saves) and its latest handle."""
+
+    def __init__(self) -> None:
+        self.saver: Any = None
+        self.last: Optional[SaveHandle] = None
+
+    def wait_last(self) -> None:
+        if self.last is not None:
+            self.last._finish()
+
+
+_ASYNC = _AsyncState()
+atexit.register(_ASYNC.wait_last)
+
+
+def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None,
+               overwrite: bool = False, allow_pickle: bool = False, staging_budget_bytes: int = 0) -> SaveHandle:
+    """Starts saving ``state_dict`` at ``path`` and returns once its values are copied into host
+    staging memory; the caller may change its tensors right away. Writing and commit run on
+    background threads over a dedicated gloo group. A previous async save is waited for first (its
+    handle keeps its outcome). Errors known before the copy are raised here, the rest by
+    ``SaveHandle.wait()``; an unfinished save never leaves a committed checkpoint.
+    """
+    comm = _dist.resolve(process_group, for_async=True)
+    path = os.fspath(path)
+    _ASYNC.wait_last()
+    if _ASYNC.saver is None:
+        _ASYNC.saver = _core.AsyncSaver(staging_budget_bytes)
+    with _host_staging():
+        plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
+        with translated():
+            _ASYNC.saver.start(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
+                               attributes=attributes)
+    _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
+    return _ASYNC.last
+
+
+def inspect(path: PathLike) -> CheckpointInfo:
+    """The committed metadata at ``path``: tensors (dtype, shape, chunks), objects, sizes.
+
+    Raises CheckpointNotFoundError when no committed checkpoint is there.
+    """
+    path = os.fspath(path)
+    with translated():
+        md = _core.read_metadata(path)
+    tensors = {name: TensorInfo(t["dtype"], tuple(t["shape"]),
+                                [(tuple(o), tuple(s)) for o, s in t["chunks"]], int(t.get("bytes", 0)))
+               for name, t in md["tensors"].items()}
+    objects = {name: ObjectInfo(o["encoding"], int(o["bytes"])) for name, o in md["objects"].items()}
+    attributes = {k: v for k, v in dict(md.get("attributes", {})).items() if k != _PATHS_ATTRIBUTE}
+    return CheckpointInfo(path, str(md.get("version", "")), str(md.get("save_id", "")), int(md["world_size"]),
+                          int(md["total_bytes"]), tensors, objects, list(md.get("files", [])), attributes)
+
+
+def _selected(names: Sequence[str], keys: Optional[Sequence[str]]) -> list[str]:
+    if keys is None:
+        return list(names)
+    if isinstance(keys, str):
+        keys = [keys]
+    chosen = [n for n in names if any(n == k or n.startswith(k + ".") for k in keys)]
+    unmatched = [k for k in keys if not any(n == k or n.startswith(k + ".") for n in names)]
+    if unmatched:
+        raise CheckpointNotFoundError(f"keys {unmatched} match nothing in the checkpoint", "NOT_FOUND")
+    return chosen
+
+
+def _empty_tensor(dtype: str, shape: tuple[int, ...], use_torch: bool) -> Any:
+    if use_torch:
+        from . import _torch
+
+        return _torch.empty_like_stored(dtype, shape)
+    return np.empty(shape, dtype=numpy_dtype(dtype))
+
+
+def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pickle: bool = False,
+              threads: Optional[int] = None) -> dict[str, Any]:
+    """Every tensor whole (torch tensors when torch can be imported, else numpy arrays) and every
+    object of the checkpoint, rebuilt into the saved nested structure. No template is needed.
+
+    ``keys``: dotted names or prefixes of them to load (default: all); a key that matches nothing
+    raises CheckpointNotFoundError. Runs on this process alone.
+    """
+    path = os.fspath(path)
+    try:
+        import torch  # noqa: F401
+        use_torch = True
+    except ImportError:
+        use_torch = False
+    with translated():
+        md = _core.read_metadata(path)
+    chosen = set(_selected(list(md["tensors"]) + list(md["objects"]), keys))
+    tensor_names = [n for n in md["tensors"] if n in chosen]
+    object_names = [n for n in md["objects"] if n in chosen]
+    flat: dict[str, Any] = {}
+    plans = []
+    for name in tensor_names:
+        t = md["tensors"][name]
+        flat[name] = _empty_tensor(t["dtype"], tuple(t["shape"]), use_torch)
+        plans.append(tensor_plan(name, flat[name], 0, for_load=True))
+    progress = Progress(f"shardpoint load_full {path}", sum(p.nbytes for p in plans))
+    with translated():
+        _, _, objects, _ = _core.load(path, [p.entry() for p in plans], object_names, comm=None, strict=True,
+                                      threads=threads or 0)
+    progress.finish()
+    for name, encoding, payload in objects:
+        flat[name] = decode_object(name, encoding, payload, allow_pickle)
+    encoded = md.get("attributes", {}).get(_PATHS_ATTRIBUTE)
+    paths = decode_paths(json.loads(encoded)) if encoded else {}
+    return unflatten({n: flat[n] for n in sorted(flat, key=_order(paths))}, paths)
+
+
+def _order(paths: Mapping[str, Any]) -> Any:
+    position = {key: i for i, key in enumerate(paths)}
+    return lambda name: (position.get(name, len(position)), name)
+
+
+def verify(path: PathLike) -> VerifyReport:
+    """Checks every file, checksum and tensor coverage of the checkpoint at ``path``.
+
+    Defects are reported in the result; raises CheckpointNotFoundError / CheckpointCorruptError only
+    when the metadata itself cannot be read.
+    """
+    with translated():
+        report = _core.verify(os.fspath(path))
+    return VerifyReport(bool(report["ok"]), list(report["defects"]), int(report["files_checked"]),
+                        int(report["chunks_checked"]), int(report["bytes_checked"]))

@@ -1,0 +1,110 @@
+"""Communicator adapter: the core's comm protocol over torch.distributed object collectives.
+
+``resolve(process_group)`` picks what the core talks through: ``None`` (one rank) when
+torch.distributed is not initialized or the group has one rank, else a :class:`TorchComm` on a gloo
+group: the group itself when it is gloo, otherwise a gloo group over the same ranks, created once
+(collectively, by the group's ranks only) and cached. Async saves always get their own cached gloo
+group so the background thread never interleaves with the training's collectives.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Optional
+
+from ._errors import CheckpointArgumentError
+
+_GROUPS: dict[tuple, Any] = {}
+_GROUPS_LOCK = threading.Lock()
+
+
+class TorchComm:
+    """The core's communicator over one torch.distributed (gloo) process group.
+
+    ``rank`` and ``size`` are within the group; roots are group ranks. Calls block until every rank
+    of the group has made the matching call; one call at a time per instance.
+    """
+
+    def __init__(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.rank: int = dist.get_rank(group)
+        self.size: int = dist.get_world_size(group)
+
+    def _global(self, group_rank: int) -> int:
+        return self._dist.get_global_rank(self.group, group_rank)
+
+    def gather(self, data: bytes, root: int) -> Optional[list[bytes]]:
+        """Every rank's ``data`` at ``root`` (None elsewhere)."""
+        out = [None] * self.size if self.rank == root else None
+        self._dist.gather_object(data, out, dst=self._global(root), group=self.group)
+        return out
+
+    def scatter(self, chunks: Optional[list[bytes]], root: int) -> bytes:
+        """Rank i receives ``chunks[i]`` from ``root``."""
+        out: list[Any] = [None]
+        self._dist.scatter_object_list(out, chunks if self.rank == root else None,
+                                       src=self._global(root), group=self.group)
+        return out[0]
+
+    def broadcast(self, data: Optional[bytes], root: int) -> bytes:
+        """``root``'s ``data`` on every rank."""
+        box = [data]
+        self._dist.broadcast_object_list(box, src=self._global(root), group=self.group)
+        return box[0]
+
+    def all_gather(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` on every rank."""
+        out: list[Any] = [None] * self.size
+        self._dist.all_gather_object(out, data, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        """Returns once every rank has called it."""
+        self._dist.barrier(group=self.group)
+
+
+def _initialized() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _gloo_group(group: Any, purpose: str) -> Any:
+    """A gloo group over ``group``'s ranks, created once per (ranks, purpose) by those ranks."""
+    import torch.distributed as dist
+
+    ranks = tuple(dist.get_process_group_ranks(group))
+    key = (ranks, purpose)
+    with _GROUPS_LOCK:
+        if key not in _GROUPS:
+            _GROUPS[key] = dist.new_group(ranks=list(ranks), backend="gloo", use_local_synchronization=True)
+        return _GROUPS[key]
+
+
+def resolve(process_group: Any = None, *, for_async: bool = False) -> Optional[TorchComm]:
+    """The comm for ``process_group`` (see the module docstring); None means one rank.
+
+    Raises CheckpointArgumentError when a group is given but torch.distributed is not initialized,
+    or when this process is not a member of the group.
+    """
+    if not _initialized():
+        if process_group is not None:
+            raise CheckpointArgumentError("process_group given but torch.distributed is not initialized",
+                                          "INVALID_ARGUMENT")
+        return None
+    import torch.distributed as dist
+
+    group = process_group if process_group is not None else dist.group.WORLD
+    if dist.get_rank(group) < 0:
+        raise CheckpointArgumentError(f"this process (global rank {dist.get_rank()}) is not in the process group",
+                                      "INVALID_ARGUMENT")
+    if dist.get_world_size(group) == 1:
+        return None
+    if for_async:
+        return TorchComm(_gloo_group(group, "async"))
+    if dist.get_backend(group) != "gloo":
+        return TorchComm(_gloo_group(group, "sync"))
+    return TorchComm(group)

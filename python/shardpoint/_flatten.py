@@ -1,0 +1,121 @@
+"""Flattening of nested state dicts to dotted keys, and rebuilding them.
+
+As torch.distributed.checkpoint does: dicts are walked with their (string) keys, lists and tuples
+that hold containers or tensors are walked with their indices, and the keys along the way are
+joined with ".". Everything else is a leaf. An empty dict or list is a leaf too (stored as a plain
+object), so the structure comes back whole. A path records, per level, whether it went through a
+dict (a str key) or a list (an int index), which is what :func:`unflatten` needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+Path = tuple  # tuple[str | int, ...]
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, Mapping) or isinstance(value, (list, tuple))
+
+
+def _walks_into(value: Any, is_leaf: Callable[[Any], bool]) -> bool:
+    if is_leaf(value):
+        return False
+    if isinstance(value, Mapping):
+        return len(value) > 0
+    if isinstance(value, (list, tuple)):
+        return not _is_plain_sequence(value, is_leaf)
+    return False
+
+
+def _is_plain_sequence(value: Sequence[Any], is_leaf: Callable[[Any], bool]) -> bool:
+    """A list of scalars (no tensors, no containers) is one plain object, as in DCP."""
+    return all(not _is_container(v) and not is_leaf(v) for v in value)
+
+
+def flatten(state_dict: Mapping[str, Any], is_leaf: Callable[[Any], bool]) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Flattens ``state_dict``; returns ({dotted key: leaf}, {dotted key: path}).
+
+    ``is_leaf(value)`` tells which values are tensors (never walked into). Raises ValueError naming
+    both paths when two different paths give the same dotted key, and TypeError for a non-string
+    dict key.
+    """
+    flat: dict[str, Any] = {}
+    paths: dict[str, Path] = {}
+
+    def visit(value: Any, path: Path) -> None:
+        if path and not _walks_into(value, is_leaf):
+            key = ".".join(str(p) for p in path)
+            if key in flat:
+                raise ValueError(f"state dict key {key!r} is produced by two paths: {paths[key]} and {path}")
+            flat[key] = value
+            paths[key] = path
+            return
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"state dict key {k!r} under {'.'.join(map(str, path)) or '<root>'} is not a str")
+                visit(v, path + (k,))
+        else:
+            for i, v in enumerate(value):
+                visit(v, path + (i,))
+
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"a state dict must be a mapping, found {type(state_dict).__name__}")
+    visit(state_dict, ())
+    return flat, paths
+
+
+def set_by_path(root: Any, path: Path, value: Any) -> None:
+    """Replaces the leaf at ``path`` inside ``root`` (dicts and lists; a tuple on the way is rebuilt)."""
+    parent = root
+    for step in path[:-1]:
+        child = parent[step]
+        if isinstance(child, tuple):
+            child = list(child)
+            _assign(parent, step, child)
+        parent = child
+    _assign(parent, path[-1], value)
+
+
+def _assign(container: Any, step: Any, value: Any) -> None:
+    container[step] = value
+
+
+def unflatten(flat: Mapping[str, Any], paths: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """Rebuilds the nested structure from leaves and their paths (keys without a path stay flat)."""
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        path = tuple(paths.get(key, (key,)))
+        node: Any = root
+        for step, next_step in zip(path[:-1], path[1:]):
+            node = _child(node, step, [] if isinstance(next_step, int) else {})
+        _put(node, path[-1], value)
+    return root
+
+
+def _child(node: Any, step: Any, empty: Any) -> Any:
+    if isinstance(node, list):
+        while len(node) <= step:
+            node.append(None)
+        if node[step] is None:
+            node[step] = empty
+        return node[step]
+    return node.setdefault(step, empty)
+
+
+def _put(node: Any, step: Any, value: Any) -> None:
+    if isinstance(node, list):
+        while len(node) <= step:
+            node.append(None)
+    node[step] = value
+
+
+def encode_paths(paths: Mapping[str, Path]) -> list[list[Any]]:
+    """JSON-able form of the paths (stored as a checkpoint attribute), in key order."""
+    return [[key, list(path)] for key, path in paths.items()]
+
+
+def decode_paths(encoded: Sequence[Sequence[Any]]) -> dict[str, Path]:
+    """Inverse of :func:`encode_paths`."""
+    return {key: tuple(path) for key, path in encoded}

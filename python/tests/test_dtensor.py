@@ -1,0 +1,231 @@
+"""DTensor state dicts over real gloo process groups: bit-exact round trips across world sizes,
+meshes and placements, and failures that reach every rank."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import shardpoint as sp
+from distributed import run_ranks
+
+# Stored tensors: uneven sizes, several dtypes, a 0-d tensor (replicated only).
+SHAPES = {"w.a": ((16, 8), torch.float32), "w.b": ((10, 7), torch.bfloat16), "w.c": ((5, 3, 4), torch.float64),
+          "bias": ((13,), torch.int32), "lists.0": ((9, 6), torch.float16)}
+
+
+def reference() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    out = {}
+    for name, (shape, dtype) in SHAPES.items():
+        values = torch.randn(shape, generator=g, dtype=torch.float64) * 100
+        out[name] = values.to(dtype)
+    out["scalar"] = torch.tensor(3.25, dtype=torch.float32)
+    return out
+
+
+def _indices(length: int, splits: list[tuple[int, int, int]]) -> list[int]:
+    """Reference index set of one tensor dim: splits (mesh size, coordinate, split factor) in order."""
+    idx = list(range(length))
+    for n, c, sf in splits:
+        if sf == 1:
+            pieces = [list(p) for p in torch.tensor(idx, dtype=torch.long).chunk(n)] if idx else []
+            idx = [int(i) for i in pieces[c]] if c < len(pieces) else []
+        else:
+            outer = [list(p) for p in torch.tensor(idx, dtype=torch.long).chunk(sf)]
+            taken = []
+            for piece in outer:
+                inner = list(torch.tensor(piece, dtype=torch.long).chunk(n))
+                taken += [int(i) for i in inner[c]] if c < len(inner) else []
+            idx = taken
+    return idx
+
+
+def _placements(spec: list, ndim: int) -> list:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    out = []
+    for p in spec:
+        if p == "R" or ndim == 0:
+            out.append(Replicate())
+        elif p[0] == "S":
+            out.append(Shard(p[1] % ndim))
+        else:
+            out.append(_StridedShard(p[1] % ndim, split_factor=p[2]))
+    return out
+
+
+def _mesh(spec):
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if isinstance(spec, dict):
+        return DeviceMesh("cpu", torch.tensor(spec["ranks"]).reshape(spec["shape"]))
+    return init_device_mesh("cpu", tuple(spec))
+
+
+def make_dtensor(full: torch.Tensor, mesh, spec: list):
+    """A DTensor of ``full`` whose local chunk is cut by the reference index sets (not DTensor's)."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    placements = _placements(spec, full.dim())
+    coordinate = mesh.get_coordinate()
+    local = full
+    if coordinate is None:
+        local = full.new_empty((0,) * full.dim())
+    else:
+        for d in range(full.dim()):
+            splits = [(mesh.size(m), coordinate[m], p.split_factor if isinstance(p, _StridedShard) else 1)
+                      for m, p in enumerate(placements) if isinstance(p, (Shard, _StridedShard)) and p.dim == d]
+            local = local.index_select(d, torch.tensor(_indices(full.shape[d], splits), dtype=torch.long))
+    return DTensor.from_local(local.contiguous(), mesh, placements, run_check=False, shape=full.shape,
+                              stride=full.stride())
+
+
+def state_for(mesh_spec, spec, zeros: bool) -> dict:
+    mesh = _mesh(mesh_spec)
+    ref = reference()
+    tensors = {k: make_dtensor(torch.zeros_like(v) if zeros else v, mesh, spec) for k, v in ref.items()}
+    return {"w": {"a": tensors["w.a"], "b": tensors["w.b"], "c": tensors["w.c"]}, "bias": tensors["bias"],
+            "lists": [tensors["lists.0"]], "scalar": tensors["scalar"], "step": 0 if zeros else 17,
+            "meta": {"name": "" if zeros else "run-1", "betas": (0.0, 0.0) if zeros else (0.9, 0.95)}}
+
+
+def flat_tensors(state: dict) -> dict:
+    return {"w.a": state["w"]["a"], "w.b": state["w"]["b"], "w.c": state["w"]["c"], "bias": state["bias"],
+            "lists.0": state["lists"][0], "scalar": state["scalar"]}
+
+
+def save_cases(rank, world, root, cases):
+    for name, mesh_spec, spec in cases:
+        sp.save(state_for(mesh_spec, spec, zeros=False), os.path.join(root, name))
+
+
+def load_cases(rank, world, root, cases):
+    mismatches = []
+    for name, mesh_spec, spec in cases:
+        state = state_for(mesh_spec, spec, zeros=True)
+        result = sp.load(state, os.path.join(root, name))
+        assert result.missing_keys == [] and result.unexpected_keys == []
+        ref = reference()
+        for key, value in flat_tensors(state).items():
+            full = value.full_tensor()
+            if full.dtype != ref[key].dtype or not torch.equal(full.view(-1), ref[key].view(-1)):
+                mismatches.append((name, key))
+        if (state["step"], state["meta"]) != (17, {"name": "run-1", "betas": (0.9, 0.95)}):
+            mismatches.append((name, "objects"))
+    return mismatches
+
+
+SAVED_AT_4 = [
+    ("a_1d", (4,), [("S", 0)]),
+    ("b_two_dims_one_tensor_dim", (2, 2), [("S", 0), ("S", 0)]),
+    ("d_submesh", {"ranks": [1, 2, 3], "shape": (3,)}, [("S", 0)]),
+    ("e_strided", (2, 2), [("SS", 0, 2), ("S", 0)]),
+]
+SAVED_AT_2 = [("c_replicated", (2,), ["R"])]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("dtensor"))
+    run_ranks(4, save_cases, root, SAVED_AT_4)
+    run_ranks(2, save_cases, root, SAVED_AT_2)
+    return root
+
+
+def test_load_at_4_ranks_same_and_other_layouts(checkpoints):
+    cases = [("a_1d", (4,), [("S", 0)]),                              # 4 -> 4, same layout
+             ("b_two_dims_one_tensor_dim", (1, 2, 2), ["R", ("S", 1), ("S", 0)]),  # 3-D mesh
+             ("c_replicated", (2, 2), [("S", 0), ("S", 1)]),          # 2 -> 4
+             ("d_submesh", (4,), [("S", 1)]),
+             ("e_strided", (2, 2), [("SS", 0, 2), ("S", 0)])]
+    assert run_ranks(4, load_cases, checkpoints, cases) == [[]] * 4
+
+
+def test_load_at_2_and_3_ranks(checkpoints):
+    cases2 = [("a_1d", (2,), [("S", 1)]), ("e_strided", (2,), [("S", 0)]), ("d_submesh", (1, 2), ["R", ("S", 0)])]
+    assert run_ranks(2, load_cases, checkpoints, cases2) == [[]] * 2
+    cases3 = [("a_1d", (3,), [("S", 0)]), ("b_two_dims_one_tensor_dim", (3,), [("S", 1)])]
+    assert run_ranks(3, load_cases, checkpoints, cases3) == [[]] * 3
+
+
+def test_load_at_1_process_and_load_full(checkpoints):
+    ref = reference()
+    for name, *_ in SAVED_AT_4 + SAVED_AT_2:
+        path = os.path.join(checkpoints, name)
+        template = {"w": {k: torch.zeros_like(ref["w." + k]) for k in "abc"}, "bias": torch.zeros_like(ref["bias"]),
+                    "lists": [torch.zeros_like(ref["lists.0"])], "scalar": torch.zeros(()), "step": 0,
+                    "meta": {"name": "", "betas": (0.0, 0.0)}}
+        sp.load(template, path)                                       # 4 -> 1
+        full = sp.load_full(path)
+        for state in (template, full):
+            assert torch.equal(state["w"]["b"], ref["w.b"]) and torch.equal(state["lists"][0], ref["lists.0"])
+            assert torch.equal(state["w"]["a"], ref["w.a"]) and torch.equal(state["w"]["c"], ref["w.c"])
+            assert torch.equal(state["bias"], ref["bias"]) and torch.equal(state["scalar"], ref["scalar"])
+            assert state["step"] == 17 and state["meta"]["name"] == "run-1"
+        assert template["meta"]["betas"] == (0.9, 0.95) and full["meta"]["betas"] == [0.9, 0.95]
+    info = sp.inspect(os.path.join(checkpoints, "b_two_dims_one_tensor_dim"))
+    assert info.world_size == 4 and info.tensors["w.b"].shape == (10, 7) and info.tensors["w.b"].dtype == "bfloat16"
+    # [S(0), S(0)] over (2, 2) splits 10 rows into 5 | 5, then 3 + 2 each: four row chunks.
+    assert sorted(c for c in info.tensors["w.b"].chunks) == [((0, 0), (3, 7)), ((3, 0), (2, 7)),
+                                                             ((5, 0), (3, 7)), ((8, 0), (2, 7))]
+    assert sp.inspect(os.path.join(checkpoints, "d_submesh")).tensors["w.a"].chunks.__len__() == 3
+
+
+def strided_without_shard(rank, world, path):
+    mesh = _mesh((2, 2))
+    value = make_dtensor(reference()["w.a"], mesh, [("S", 1), ("SS", 0, 2)])
+    try:
+        sp.save({"x": value}, path)
+    except sp.CheckpointArgumentError as e:
+        return str(e)
+    return None
+
+
+def test_strided_shard_without_following_shard_is_refused(tmp_path):
+    messages = run_ranks(4, strided_without_shard, str(tmp_path / "ckpt"))
+    assert all(m is not None and "'x'" in m and "_StridedShard" in m for m in messages)
+    with pytest.raises(sp.CheckpointNotFoundError):
+        sp.inspect(str(tmp_path / "ckpt"))
+
+
+def failing_rank(rank, world, path):
+    state = {"x": torch.arange(8, dtype=torch.float32) + rank, "obj": object() if rank == 2 else 1}
+    try:
+        sp.save(state, path)
+    except sp.CheckpointError as e:
+        return type(e).__name__, e.code, str(e)
+    return None
+
+
+def test_a_rank_failing_mid_save_fails_every_rank(tmp_path):
+    results = run_ranks(4, failing_rank, str(tmp_path / "ckpt"))
+    assert all(r is not None for r in results)
+    assert {r[0] for r in results} == {"CheckpointArgumentError"}
+    assert all("rank 2" in r[2] and "'obj'" in r[2] and "allow_pickle" in r[2] for r in results)
+    with pytest.raises(sp.CheckpointNotFoundError):
+        sp.inspect(str(tmp_path / "ckpt"))
+
+
+def inconsistent_rank(rank, world, path):
+    # Rank 3 claims a different global shape: the core's plan validation fails on every rank.
+    shape = (8,) if rank != 3 else (9,)
+    state = {"x": sp.ShardedTensor(torch.ones(2), shape, (2 * rank,))}
+    try:
+        sp.save(state, path)
+    except sp.CheckpointError as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_inconsistent_layout_fails_every_rank(tmp_path):
+    results = run_ranks(4, inconsistent_rank, str(tmp_path / "ckpt"))
+    assert all(r is not None and r[0] == "CheckpointArgumentError" for r in results)
+    assert len({r[1] for r in results}) == 1 and "x" in results[0][1]
+    with pytest.raises(sp.CheckpointNotFoundError):
+        sp.inspect(str(tmp_path / "ckpt"))
