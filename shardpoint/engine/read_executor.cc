@@ -79,6 +79,10 @@ class ReadAhead {
 };
 
 struct Job {
+  Job(const CheckpointMetadata& metadata_in,
+      const std::vector<std::unique_ptr<ReadableFile>>& files_in, ReadExecutorOptions options_in)
+      : metadata(metadata_in), files(files_in), options(options_in) {}
+
   const CheckpointMetadata& metadata;
   const std::vector<std::unique_ptr<ReadableFile>>& files;
   ReadExecutorOptions options;
@@ -276,7 +280,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
                               const CheckpointMetadata& metadata,
                               const std::vector<std::unique_ptr<ReadableFile>>& files,
                               ThreadPool& pool, const ReadExecutorOptions& options) {
-  Job job{metadata, files, options};
+  Job job(metadata, files, options);
   const uint64_t bs = metadata.checksum_block_bytes;
   std::vector<Staged> staged;
   std::vector<Task> tasks;

@@ -8,8 +8,8 @@
 namespace sp::testing {
 namespace {
 
-MeshLayout Mesh2x2(Placement dp, Placement tp) { return MeshLayout{{2, 2}, {dp, tp}}; }
-MeshLayout Mesh3(Placement p) { return MeshLayout{{3}, {p}}; }
+MeshLayout Mesh2x2(Placement dp, Placement tp) { return MeshLayout{{2, 2}, {dp, tp}, {}}; }
+MeshLayout Mesh3(Placement p) { return MeshLayout{{3}, {p}, {}}; }
 
 // Adds a parameter and its two Adam moments.
 void AddParam(std::vector<TensorSpec>& specs, const std::string& name, Shape shape,
