@@ -12,6 +12,10 @@ grep -qE "^100% tests passed" build/ctest.log || { echo "ctest failed"; exit 1; 
 
 if [ -x fuzz/run_fuzzers.sh ] && command -v clang++ >/dev/null; then
   echo "== fuzzers (${FUZZ_SECONDS:-30} s each)"
-  fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-30}"
+  fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1 || { tail -50 build/fuzz.log; echo "fuzzers failed"; exit 1; }
+  grep -E "^(== |Done [0-9]+ runs)" build/fuzz.log
 fi
+
+echo "== summary"
+grep -E "^[0-9]+% tests passed" build/ctest.log
 echo "== all tests passed"
