@@ -6,6 +6,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/plan/load_plan.h"
@@ -18,21 +19,7 @@ Result<std::vector<LocalTensor>> BuildTargets(const LoadState& state) {
   std::vector<LocalTensor> targets;
   std::set<std::string_view> names;
   for (const LoadTensor& t : state.tensors) {
-    if (!names.insert(t.name).second) {
-      return InvalidArgumentError("tensor '" + t.name + "' appears twice in the state of one rank");
-    }
-    LocalTensor local{t.name, t.dtype, t.shape, {}};
-    for (const PieceView& piece : t.pieces) {
-      if (!WithinShape(piece.box, t.shape)) {
-        return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
-                                    " does not fit in shape " + ShapeToString(t.shape));
-      }
-      if (piece.data == nullptr && !piece.box.empty()) {
-        return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
-                                    " has no destination memory");
-      }
-      local.boxes.push_back(piece.box);
-    }
+    SP_ASSIGN_OR_RETURN(LocalTensor local, ToLocalTensor(t, names));
     targets.push_back(std::move(local));
   }
   return targets;

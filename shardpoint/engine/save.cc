@@ -12,6 +12,7 @@
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/cleanup.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
@@ -53,28 +54,7 @@ Result<LocalSavePlan> BuildLocalPlan(const SaveState& state) {
   LocalSavePlan plan;
   std::set<std::string_view> names;
   for (const SaveTensor& t : state.tensors) {
-    if (t.name.empty()) return InvalidArgumentError("a tensor has an empty name");
-    if (!names.insert(t.name).second) {
-      return InvalidArgumentError("tensor '" + t.name + "' appears twice in the state of one rank");
-    }
-    LocalTensor local{t.name, t.dtype, t.shape, {}};
-    for (int64_t d : t.shape) {
-      if (d < 0) {
-        return InvalidArgumentError("tensor '" + t.name + "' has a negative dimension in shape " +
-                                    ShapeToString(t.shape));
-      }
-    }
-    for (const ConstPieceView& piece : t.pieces) {
-      if (!WithinShape(piece.box, t.shape)) {
-        return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
-                                    " does not fit in shape " + ShapeToString(t.shape));
-      }
-      if (piece.data == nullptr && !piece.box.empty()) {
-        return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
-                                    " has no data");
-      }
-      local.boxes.push_back(piece.box);
-    }
+    SP_ASSIGN_OR_RETURN(LocalTensor local, ToLocalTensor(t, names));
     plan.tensors.push_back(std::move(local));
   }
   for (const ObjectEntry& o : state.objects) {

@@ -26,23 +26,8 @@ struct FaultStore::DirInode {
 
 namespace {
 
-std::string At(std::string_view op, std::string_view path, uint64_t offset) {
-  std::string what(op);
-  what += ' ';
-  what += path;
-  what += " at offset " + std::to_string(offset);
-  return what;
-}
-
-std::string On(std::string_view op, std::string_view path) {
-  std::string what(op);
-  what += ' ';
-  what += path;
-  return what;
-}
-
 Status LostInCrash(std::string_view op, std::string_view path) {
-  return FailedPreconditionError(On(op, path) + ": the file was lost in a simulated crash");
+  return FailedPreconditionError(OpOn(op, path) + ": the file was lost in a simulated crash");
 }
 
 std::vector<std::string> Components(const std::string& normal) {
@@ -78,7 +63,7 @@ class FaultStore::WritableHandle : public WritableFile {
   Status WriteAt(uint64_t offset, ByteView data) override {
     const std::string& p = path();
     if (store_->epoch() != epoch_) return LostInCrash("write", p);
-    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kWrite, p, {}, At("write", p, offset)));
+    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kWrite, p, {}, OpAt("write", p, offset)));
     SP_RETURN_IF_ERROR(base_->WriteAt(offset, data));
     std::lock_guard<std::mutex> lock(mu_);
     if (offset + data.size() > shadow_.size()) shadow_.resize(offset + data.size());
@@ -89,7 +74,7 @@ class FaultStore::WritableHandle : public WritableFile {
   Status Sync() override {
     const std::string& p = path();
     if (store_->epoch() != epoch_) return LostInCrash("sync", p);
-    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kSync, p, {}, On("sync", p)));
+    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kSync, p, {}, OpOn("sync", p)));
     SP_RETURN_IF_ERROR(base_->Sync());
     std::string content;
     {
@@ -102,7 +87,7 @@ class FaultStore::WritableHandle : public WritableFile {
 
   Status Close() override {
     const std::string& p = path();
-    Status fault = store_->CheckFault(Op::kClose, p, {}, On("close", p));
+    Status fault = store_->CheckFault(Op::kClose, p, {}, OpOn("close", p));
     Status closed = base_->Close();
     if (store_->epoch() != epoch_) return LostInCrash("close", p);
     return fault.ok() ? closed : fault;
@@ -111,7 +96,7 @@ class FaultStore::WritableHandle : public WritableFile {
   Status Preallocate(uint64_t size) override {
     const std::string& p = path();
     if (store_->epoch() != epoch_) return LostInCrash("preallocate", p);
-    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kWrite, p, {}, On("preallocate", p)));
+    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kWrite, p, {}, OpOn("preallocate", p)));
     SP_RETURN_IF_ERROR(base_->Preallocate(size));
     std::lock_guard<std::mutex> lock(mu_);
     if (size > shadow_.size()) shadow_.resize(size);
@@ -141,7 +126,7 @@ class FaultStore::ReadableHandle : public ReadableFile {
   Status ReadAt(uint64_t offset, MutableByteView out) const override {
     const std::string& p = path();
     if (store_->epoch() != epoch_) return LostInCrash("read", p);
-    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kRead, p, {}, At("read", p, offset)));
+    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kRead, p, {}, OpAt("read", p, offset)));
     return base_->ReadAt(offset, out);
   }
   uint64_t size() const override { return base_->size(); }
@@ -318,7 +303,7 @@ void FaultStore::RecordSync(const std::shared_ptr<Inode>& file, std::string cont
 // Store operations.
 
 Result<std::unique_ptr<WritableFile>> FaultStore::NewWritableFile(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kCreate, path, {}, On("create", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kCreate, path, {}, OpOn("create", path)));
   std::string normal = NormalizePath(path);
   std::lock_guard<std::mutex> lock(mu_);
   SP_ASSIGN_OR_RETURN(std::optional<Located> place, Locate(normal));
@@ -340,13 +325,13 @@ Result<std::unique_ptr<WritableFile>> FaultStore::NewWritableFile(std::string_vi
 }
 
 Result<std::unique_ptr<ReadableFile>> FaultStore::OpenReadable(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kOpen, path, {}, On("open", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kOpen, path, {}, OpOn("open", path)));
   SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, base_->OpenReadable(path));
   return std::unique_ptr<ReadableFile>(std::make_unique<ReadableHandle>(this, std::move(file)));
 }
 
 Status FaultStore::CreateDirs(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kCreateDirs, path, {}, On("create directory", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kCreateDirs, path, {}, OpOn("create directory", path)));
   std::string normal = NormalizePath(path);
   std::lock_guard<std::mutex> lock(mu_);
   SP_RETURN_IF_ERROR(FindDir(ParentPath(normal)).status());  // list the levels that exist now
@@ -387,7 +372,7 @@ Status FaultStore::Rename(std::string_view from, std::string_view to) {
 }
 
 Status FaultStore::SyncDir(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kSyncDir, path, {}, On("sync directory", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kSyncDir, path, {}, OpOn("sync directory", path)));
   std::string normal = NormalizePath(path);
   std::lock_guard<std::mutex> lock(mu_);
   SP_RETURN_IF_ERROR(base_->SyncDir(path));
@@ -397,7 +382,7 @@ Status FaultStore::SyncDir(std::string_view path) {
 }
 
 Status FaultStore::RemoveFile(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kRemove, path, {}, On("remove", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kRemove, path, {}, OpOn("remove", path)));
   std::string normal = NormalizePath(path);
   std::lock_guard<std::mutex> lock(mu_);
   SP_ASSIGN_OR_RETURN(std::optional<Located> place, Locate(normal));
@@ -413,7 +398,7 @@ Status FaultStore::RemoveFile(std::string_view path) {
 }
 
 Status FaultStore::RemoveDir(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kRemove, path, {}, On("remove directory", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kRemove, path, {}, OpOn("remove directory", path)));
   std::string normal = NormalizePath(path);
   std::lock_guard<std::mutex> lock(mu_);
   SP_ASSIGN_OR_RETURN(std::optional<Located> place, Locate(normal));
@@ -433,7 +418,7 @@ Result<bool> FaultStore::IsDirectory(std::string_view path) { return base_->IsDi
 Result<bool> FaultStore::Exists(std::string_view path) { return base_->Exists(path); }
 
 Result<std::vector<DirEntry>> FaultStore::ListDir(std::string_view path) {
-  SP_RETURN_IF_ERROR(CheckFault(Op::kList, path, {}, On("list directory", path)));
+  SP_RETURN_IF_ERROR(CheckFault(Op::kList, path, {}, OpOn("list directory", path)));
   return base_->ListDir(path);
 }
 

@@ -23,15 +23,8 @@ std::string Key(std::string_view path) {
   return normal;
 }
 
-std::string On(std::string_view op, std::string_view path) {
-  std::string what(op);
-  what += ' ';
-  what += path;
-  return what;
-}
-
 Status ClosedError(std::string_view op, std::string_view path) {
-  return FailedPreconditionError(On(op, path) + ": the file is already closed");
+  return FailedPreconditionError(OpOn(op, path) + ": the file is already closed");
 }
 
 class MemoryWritableFile : public WritableFile {
@@ -42,7 +35,7 @@ class MemoryWritableFile : public WritableFile {
   Status WriteAt(uint64_t offset, ByteView data) override {
     if (closed_.load()) return ClosedError("write", path_);
     if (offset > std::numeric_limits<uint64_t>::max() - data.size()) {
-      return InvalidArgumentError(On("write", path_) + " at offset " + std::to_string(offset) +
+      return InvalidArgumentError(OpOn("write", path_) + " at offset " + std::to_string(offset) +
                                   ": the range overflows 64 bits");
     }
     std::lock_guard<std::mutex> lock(data_->mu);
@@ -85,7 +78,7 @@ class MemoryReadableFile : public ReadableFile {
     std::lock_guard<std::mutex> lock(data_->mu);
     const uint64_t held = data_->bytes.size();
     if (offset > held || out.size() > held - offset) {
-      return DataLossError(On("read", path_) + " at offset " + std::to_string(offset) +
+      return DataLossError(OpOn("read", path_) + " at offset " + std::to_string(offset) +
                            ": wanted " + std::to_string(out.size()) +
                            " bytes but the file holds " + std::to_string(held) + " bytes");
     }
@@ -136,14 +129,14 @@ Result<std::unique_ptr<WritableFile>> MemoryStore::NewWritableFile(std::string_v
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node != nullptr && node->is_directory) return ErrnoToStatus(EISDIR, On("create", path));
+  if (node != nullptr && node->is_directory) return ErrnoToStatus(EISDIR, OpOn("create", path));
   std::shared_ptr<FileData> data;
   if (node != nullptr) {
     data = node->file;
     std::lock_guard<std::mutex> data_lock(data->mu);
     data->bytes.clear();
   } else {
-    if (int error = ParentError(key); error != 0) return ErrnoToStatus(error, On("create", path));
+    if (int error = ParentError(key); error != 0) return ErrnoToStatus(error, OpOn("create", path));
     data = std::make_shared<FileData>();
     nodes_[key] = Node{false, data};
   }
@@ -155,8 +148,8 @@ Result<std::unique_ptr<ReadableFile>> MemoryStore::OpenReadable(std::string_view
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node == nullptr) return ErrnoToStatus(ENOENT, On("open", path));
-  if (node->is_directory) return ErrnoToStatus(EISDIR, On("open", path));
+  if (node == nullptr) return ErrnoToStatus(ENOENT, OpOn("open", path));
+  if (node->is_directory) return ErrnoToStatus(EISDIR, OpOn("open", path));
   uint64_t size;
   {
     std::lock_guard<std::mutex> data_lock(node->file->mu);
@@ -178,7 +171,7 @@ Status MemoryStore::CreateDirs(std::string_view path) {
     if (node == nullptr) {
       nodes_[prefix] = Node{true, nullptr};
     } else if (!node->is_directory) {
-      return FailedPreconditionError(On("create directory", path) + ": " + prefix +
+      return FailedPreconditionError(OpOn("create directory", path) + ": " + prefix +
                                      " exists and is not a directory");
     }
     pos = slash + 1;
@@ -230,8 +223,8 @@ Status MemoryStore::SyncDir(std::string_view path) {
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node == nullptr) return ErrnoToStatus(ENOENT, On("sync directory", path));
-  if (!node->is_directory) return ErrnoToStatus(ENOTDIR, On("sync directory", path));
+  if (node == nullptr) return ErrnoToStatus(ENOENT, OpOn("sync directory", path));
+  if (!node->is_directory) return ErrnoToStatus(ENOTDIR, OpOn("sync directory", path));
   return OkStatus();
 }
 
@@ -239,8 +232,8 @@ Status MemoryStore::RemoveFile(std::string_view path) {
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node == nullptr) return ErrnoToStatus(ENOENT, On("remove", path));
-  if (node->is_directory) return ErrnoToStatus(EISDIR, On("remove", path));
+  if (node == nullptr) return ErrnoToStatus(ENOENT, OpOn("remove", path));
+  if (node->is_directory) return ErrnoToStatus(EISDIR, OpOn("remove", path));
   nodes_.erase(key);
   return OkStatus();
 }
@@ -249,11 +242,11 @@ Status MemoryStore::RemoveDir(std::string_view path) {
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node == nullptr) return ErrnoToStatus(ENOENT, On("remove directory", path));
-  if (!node->is_directory) return ErrnoToStatus(ENOTDIR, On("remove directory", path));
-  if (key.empty()) return ErrnoToStatus(EBUSY, On("remove directory", path));
+  if (node == nullptr) return ErrnoToStatus(ENOENT, OpOn("remove directory", path));
+  if (!node->is_directory) return ErrnoToStatus(ENOTDIR, OpOn("remove directory", path));
+  if (key.empty()) return ErrnoToStatus(EBUSY, OpOn("remove directory", path));
   if (HasChildren(key)) {
-    return FailedPreconditionError(ErrnoToStatus(ENOTEMPTY, On("remove directory", path)).message());
+    return FailedPreconditionError(ErrnoToStatus(ENOTEMPTY, OpOn("remove directory", path)).message());
   }
   nodes_.erase(key);
   return OkStatus();
@@ -263,7 +256,7 @@ Result<bool> MemoryStore::IsDirectory(std::string_view path) {
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node == nullptr) return ErrnoToStatus(ENOENT, On("stat", path));
+  if (node == nullptr) return ErrnoToStatus(ENOENT, OpOn("stat", path));
   return node->is_directory;
 }
 
@@ -277,8 +270,8 @@ Result<std::vector<DirEntry>> MemoryStore::ListDir(std::string_view path) {
   std::string key = Key(path);
   std::lock_guard<std::mutex> lock(mu_);
   const Node* node = Find(key);
-  if (node == nullptr) return ErrnoToStatus(ENOENT, On("list directory", path));
-  if (!node->is_directory) return ErrnoToStatus(ENOTDIR, On("list directory", path));
+  if (node == nullptr) return ErrnoToStatus(ENOENT, OpOn("list directory", path));
+  if (!node->is_directory) return ErrnoToStatus(ENOTDIR, OpOn("list directory", path));
   const std::string prefix = key.empty() ? std::string() : key + "/";
   std::vector<DirEntry> entries;
   // Keys under one prefix are ordered by the rest of the key, so children come out sorted.

@@ -15,23 +15,8 @@ namespace {
 // The most one pread / pwrite call is asked to move (Linux caps a single transfer near 2 GiB).
 constexpr size_t kMaxTransfer = size_t{1} << 30;
 
-std::string At(std::string_view op, std::string_view path, uint64_t offset) {
-  std::string what(op);
-  what += ' ';
-  what += path;
-  what += " at offset " + std::to_string(offset);
-  return what;
-}
-
-std::string On(std::string_view op, std::string_view path) {
-  std::string what(op);
-  what += ' ';
-  what += path;
-  return what;
-}
-
 Status ClosedError(std::string_view op, std::string_view path) {
-  return FailedPreconditionError(On(op, path) + ": the file is already closed");
+  return FailedPreconditionError(OpOn(op, path) + ": the file is already closed");
 }
 
 class PosixWritableFile : public WritableFile {
@@ -48,9 +33,9 @@ class PosixWritableFile : public WritableFile {
       ssize_t n = ::pwrite(fd_, data.data(), want, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return ErrnoToStatus(errno, At("write", path_, offset));
+        return ErrnoToStatus(errno, OpAt("write", path_, offset));
       }
-      if (n == 0) return InternalError(At("write", path_, offset) + ": pwrite wrote 0 bytes");
+      if (n == 0) return InternalError(OpAt("write", path_, offset) + ": pwrite wrote 0 bytes");
       data = data.subspan(static_cast<size_t>(n));
       offset += static_cast<uint64_t>(n);
     }
@@ -60,7 +45,7 @@ class PosixWritableFile : public WritableFile {
   Status Sync() override {
     if (fd_ < 0) return ClosedError("sync", path_);
     while (::fdatasync(fd_) != 0) {
-      if (errno != EINTR) return ErrnoToStatus(errno, On("sync", path_));
+      if (errno != EINTR) return ErrnoToStatus(errno, OpOn("sync", path_));
     }
     return OkStatus();
   }
@@ -69,7 +54,7 @@ class PosixWritableFile : public WritableFile {
     if (fd_ < 0) return ClosedError("close", path_);
     int fd = std::exchange(fd_, -1);
     // Linux releases the descriptor even when close fails (EINTR included): never retry.
-    if (::close(fd) != 0) return ErrnoToStatus(errno, On("close", path_));
+    if (::close(fd) != 0) return ErrnoToStatus(errno, OpOn("close", path_));
     return OkStatus();
   }
 
@@ -80,7 +65,7 @@ class PosixWritableFile : public WritableFile {
     while (error == EINTR) error = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
     // File systems without fallocate support report EOPNOTSUPP or EINVAL: reserving is a hint.
     if (error == 0 || error == EOPNOTSUPP || error == EINVAL) return OkStatus();
-    return ErrnoToStatus(error, On("preallocate", path_) + " to " + std::to_string(size) + " bytes");
+    return ErrnoToStatus(error, OpOn("preallocate", path_) + " to " + std::to_string(size) + " bytes");
   }
 
   void StartWriteback(uint64_t offset, uint64_t length) override {
@@ -110,7 +95,7 @@ class PosixReadableFile : public ReadableFile {
       ssize_t n = ::pread(fd_, out.data(), want, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return ErrnoToStatus(errno, At("read", path_, offset));
+        return ErrnoToStatus(errno, OpAt("read", path_, offset));
       }
       if (n == 0) return ShortRead(start, wanted);
       out = out.subspan(static_cast<size_t>(n));
@@ -129,7 +114,7 @@ class PosixReadableFile : public ReadableFile {
 
   Status DropCache() override {
     int error = ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
-    if (error != 0) return ErrnoToStatus(error, On("drop cache of", path_));
+    if (error != 0) return ErrnoToStatus(error, OpOn("drop cache of", path_));
     return OkStatus();
   }
 
@@ -137,7 +122,7 @@ class PosixReadableFile : public ReadableFile {
   Status ShortRead(uint64_t offset, size_t wanted) const {
     struct stat st;
     uint64_t now = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : size_;
-    return DataLossError(At("read", path_, offset) + ": wanted " + std::to_string(wanted) +
+    return DataLossError(OpAt("read", path_, offset) + ": wanted " + std::to_string(wanted) +
                          " bytes but the file holds " + std::to_string(now) + " bytes");
   }
 
@@ -150,11 +135,11 @@ class PosixReadableFile : public ReadableFile {
 Status MakeOneDir(const std::string& dir, std::string_view full_path) {
   if (::mkdir(dir.c_str(), 0755) == 0) return OkStatus();
   int error = errno;
-  if (error != EEXIST) return ErrnoToStatus(error, On("create directory", dir));
+  if (error != EEXIST) return ErrnoToStatus(error, OpOn("create directory", dir));
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, On("create directory", dir));
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, OpOn("create directory", dir));
   if (!S_ISDIR(st.st_mode)) {
-    return FailedPreconditionError(On("create directory", full_path) + ": " + dir +
+    return FailedPreconditionError(OpOn("create directory", full_path) + ": " + dir +
                                    " exists and is not a directory");
   }
   return OkStatus();
@@ -168,7 +153,7 @@ Result<std::unique_ptr<WritableFile>> PosixStore::NewWritableFile(std::string_vi
   do {
     fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoToStatus(errno, On("create", path));
+  if (fd < 0) return ErrnoToStatus(errno, OpOn("create", path));
   return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(fd, std::move(p)));
 }
 
@@ -178,16 +163,16 @@ Result<std::unique_ptr<ReadableFile>> PosixStore::OpenReadable(std::string_view 
   do {
     fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoToStatus(errno, On("open", path));
+  if (fd < 0) return ErrnoToStatus(errno, OpOn("open", path));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int error = errno;
     ::close(fd);
-    return ErrnoToStatus(error, On("stat", path));
+    return ErrnoToStatus(error, OpOn("stat", path));
   }
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
-    return ErrnoToStatus(EISDIR, On("open", path));
+    return ErrnoToStatus(EISDIR, OpOn("open", path));
   }
   return std::unique_ptr<ReadableFile>(
       std::make_unique<PosixReadableFile>(fd, std::move(p), static_cast<uint64_t>(st.st_size)));
@@ -219,11 +204,11 @@ Status PosixStore::SyncDir(std::string_view path) {
   do {
     fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoToStatus(errno, On("sync directory", path));
+  if (fd < 0) return ErrnoToStatus(errno, OpOn("sync directory", path));
   Status status;
   while (::fsync(fd) != 0) {
     if (errno != EINTR) {
-      status = ErrnoToStatus(errno, On("sync directory", path));
+      status = ErrnoToStatus(errno, OpOn("sync directory", path));
       break;
     }
   }
@@ -233,7 +218,7 @@ Status PosixStore::SyncDir(std::string_view path) {
 
 Status PosixStore::RemoveFile(std::string_view path) {
   std::string p(path);
-  if (::unlink(p.c_str()) != 0) return ErrnoToStatus(errno, On("remove", path));
+  if (::unlink(p.c_str()) != 0) return ErrnoToStatus(errno, OpOn("remove", path));
   return OkStatus();
 }
 
@@ -241,7 +226,7 @@ Status PosixStore::RemoveDir(std::string_view path) {
   std::string p(path);
   if (::rmdir(p.c_str()) == 0) return OkStatus();
   int error = errno;
-  Status status = ErrnoToStatus(error, On("remove directory", path));
+  Status status = ErrnoToStatus(error, OpOn("remove directory", path));
   if (error == ENOTEMPTY || error == EEXIST) {
     return FailedPreconditionError(status.message());
   }
@@ -251,7 +236,7 @@ Status PosixStore::RemoveDir(std::string_view path) {
 Result<bool> PosixStore::IsDirectory(std::string_view path) {
   std::string p(path);
   struct stat st;
-  if (::stat(p.c_str(), &st) != 0) return ErrnoToStatus(errno, On("stat", path));
+  if (::stat(p.c_str(), &st) != 0) return ErrnoToStatus(errno, OpOn("stat", path));
   return S_ISDIR(st.st_mode);
 }
 
@@ -260,20 +245,20 @@ Result<bool> PosixStore::Exists(std::string_view path) {
   struct stat st;
   if (::stat(p.c_str(), &st) == 0) return true;
   if (errno == ENOENT || errno == ENOTDIR) return false;
-  return ErrnoToStatus(errno, On("stat", path));
+  return ErrnoToStatus(errno, OpOn("stat", path));
 }
 
 Result<std::vector<DirEntry>> PosixStore::ListDir(std::string_view path) {
   std::string p(path.empty() ? "." : path);
   DIR* dir = ::opendir(p.c_str());  // glibc opens the descriptor with O_CLOEXEC
-  if (dir == nullptr) return ErrnoToStatus(errno, On("list directory", path));
+  if (dir == nullptr) return ErrnoToStatus(errno, OpOn("list directory", path));
   std::vector<DirEntry> entries;
   Status status;
   while (true) {
     errno = 0;
     struct dirent* ent = ::readdir(dir);
     if (ent == nullptr) {
-      if (errno != 0) status = ErrnoToStatus(errno, On("list directory", path));
+      if (errno != 0) status = ErrnoToStatus(errno, OpOn("list directory", path));
       break;
     }
     std::string_view name(ent->d_name);
@@ -281,7 +266,7 @@ Result<std::vector<DirEntry>> PosixStore::ListDir(std::string_view path) {
     struct stat st;
     if (::fstatat(::dirfd(dir), ent->d_name, &st, 0) != 0) {
       if (errno == ENOENT) continue;  // removed while listing
-      status = ErrnoToStatus(errno, On("stat", JoinPath(path, name)));
+      status = ErrnoToStatus(errno, OpOn("stat", JoinPath(path, name)));
       break;
     }
     DirEntry entry;

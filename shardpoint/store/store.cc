@@ -9,6 +9,17 @@ Result<std::string> Store::ReadFile(std::string_view path) {
   return out;
 }
 
+std::string OpOn(std::string_view op, std::string_view path) {
+  std::string what(op);
+  what += ' ';
+  what += path;
+  return what;
+}
+
+std::string OpAt(std::string_view op, std::string_view path, uint64_t offset) {
+  return OpOn(op, path) + " at offset " + std::to_string(offset);
+}
+
 std::string JoinPath(std::string_view dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
   std::string out(dir);

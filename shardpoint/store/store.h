@@ -96,6 +96,11 @@ class Store {
   virtual std::string name() const = 0;
 };
 
+// The words every store's error messages start with: "write /ckpt/d-0.safetensors" and, with
+// an offset, "write /ckpt/d-0.safetensors at offset 4096".
+std::string OpOn(std::string_view op, std::string_view path);
+std::string OpAt(std::string_view op, std::string_view path, uint64_t offset);
+
 // "a" + "b" -> "a/b" (no doubled slash).
 std::string JoinPath(std::string_view dir, std::string_view name);
 // "a/b/c" -> "a/b"; "c" -> "".
