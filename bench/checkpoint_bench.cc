@@ -5,10 +5,13 @@
 //   raw write: the bytes written to 4 preallocated files in 16 MiB pwrite pieces, fdatasync,
 //              directory fsync;
 //   raw read:  those files read back in 16 MiB pread pieces after evicting them from the page cache.
-// shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks;
-// the checkpoint files are evicted from the page cache before each load. Medians of --runs runs.
+// shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
+// (tensor parallel 3, the same tensor dims split), and Load into 3 ranks with every matrix split
+// along the other dim (the worst case: stored chunks are needed in part by two ranks each, and
+// checksum blocks are read whole). The checkpoint files are evicted from the page cache before each
+// load. Medians of --runs runs.
 //
-// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T]
+// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -31,6 +34,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kPiece = uint64_t{16} << 20;
 constexpr int kRawFiles = 4;
+bool g_verify = true;  // --no-verify: loads skip checksum verification
+uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -152,6 +157,7 @@ double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           SaveOptions options;
           options.comm = &comm;
           options.pool = &pool;
+          options.checksum_block_bytes = g_block;
           if (comm.rank() == 0) options.stats = rank0;
           return Save(train[comm.rank()].AsSaveState(model), dir, options);
         })),
@@ -168,6 +174,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           LoadOptions options;
           options.comm = &comm;
           options.pool = &pool;
+          options.verify_checksums = g_verify;
           SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
           read[comm.rank()] = r.bytes_read;
           return OkStatus();
@@ -184,18 +191,20 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   auto train = testing::ShardModel(model, testing::Which::kTrain, true);
   auto same = testing::ShardModel(model, testing::Which::kTrain, false);
   auto serve = testing::ShardModel(model, testing::Which::kServe, false);
+  auto transposed = testing::ShardModel(model, testing::Which::kTransposed, false);
   Check(train.status(), "shard");
   Check(same.status(), "shard");
   Check(serve.status(), "shard");
+  Check(transposed.status(), "shard");
   std::vector<RawPiece> raw = RawLayout(model);
   std::vector<AlignedBuffer> sink;
   for (int i = 0; i < pool.size(); ++i) sink.emplace_back(kPiece);
   const double gb = model.total_bytes() / 1e9;
   const std::string raw_dir = dir + "/raw", ckpt_dir = dir + "/checkpoint";
 
-  std::vector<double> raw_w, raw_r, save, load_same, load_reshard;
+  std::vector<double> raw_w, raw_r, save, load_same, load_reshard, load_transposed;
   std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
-  uint64_t read_same = 0, read_reshard = 0;
+  uint64_t read_same = 0, read_reshard = 0, read_transposed = 0;
   for (int run = 0; run < runs; ++run) {
     raw_w.push_back(RawWrite(raw_dir, raw, pool));
     raw_r.push_back(RawRead(raw_dir, raw, sink, pool));
@@ -208,10 +217,12 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     phases[3].push_back(stats.commit_seconds);
     load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same));
     load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard));
+    load_transposed.push_back(TimedLoad(model, *transposed, ckpt_dir, pool, &read_transposed));
   }
   std::string first;
   int64_t bad = testing::CountMismatches(model, *same, &first) +
-                testing::CountMismatches(model, *serve, &first);
+                testing::CountMismatches(model, *serve, &first) +
+                testing::CountMismatches(model, *transposed, &first);
   std::filesystem::remove_all(ckpt_dir);
 
   auto line = [&](const char* name, const std::vector<double>& t, double base, const char* vs,
@@ -233,8 +244,11 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
               Median(phases[3]));
   line("load same layout", load_same, Median(raw_r), "raw read", "");
   line("load resharded 4->3", load_reshard, Median(raw_r), "raw read", ">= 0.7x");
-  std::printf("  bytes read: same layout %s, resharded %s (checkpoint %s); byte check: %s\n\n",
+  line("load transposed 4->3", load_transposed, Median(raw_r), "raw read", "none: worst case");
+  std::printf("  bytes read: same layout %s, resharded %s, transposed %s (checkpoint %s); "
+              "byte check: %s\n\n",
               HumanBytes(read_same).c_str(), HumanBytes(read_reshard).c_str(),
+              HumanBytes(read_transposed).c_str(),
               HumanBytes(model.total_bytes()).c_str(),
               bad == 0 ? "every byte matches" : ("MISMATCH " + first).c_str());
   if (bad != 0) std::exit(1);
@@ -248,11 +262,19 @@ int main(int argc, char** argv) {
   int runs = 5;
   int threads = 0;
   std::vector<uint64_t> sizes = {256, 1024};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--no-verify") {
+      sp::g_verify = false;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) a = "--help";
+    std::string v = a == "--help" ? "" : argv[i + 1];
     if (a == "--dir") dir = v;
     else if (a == "--runs") runs = std::stoi(v);
     else if (a == "--threads") threads = std::stoi(v);
+    else if (a == "--block-kib") sp::g_block = std::stoull(v) << 10;
     else if (a == "--mib") {
       sizes.clear();
       for (size_t p = 0; p < v.size();) {
@@ -261,12 +283,12 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N]\n");
       return 2;
     }
   }
   std::filesystem::create_directories(dir);
-  sp::ThreadPool pool(threads);
+  sp::ThreadPool pool(threads > 0 ? threads : sp::DefaultIoThreads());
   for (uint64_t mib : sizes) sp::BenchSize(mib, runs, dir, pool);
   std::filesystem::remove_all(dir);
   return 0;

@@ -82,7 +82,7 @@ struct SaveOptions {
   Communicator* comm = nullptr;   // null: this process is the only rank
   Store* store = nullptr;         // null: the POSIX file system
   ThreadPool* pool = nullptr;     // null: a pool of `threads` threads for the duration of the call
-  int threads = 0;                // 0: the number of cores
+  int threads = 0;                // 0: DefaultIoThreads(), max(4, cores)
   int coordinator = 0;            // the rank that plans and commits
   int files_per_rank = 1;
   bool overwrite = false;         // replace a committed checkpoint at the same path
@@ -96,7 +96,7 @@ struct LoadOptions {
   Communicator* comm = nullptr;
   Store* store = nullptr;
   ThreadPool* pool = nullptr;
-  int threads = 0;
+  int threads = 0;                  // 0: DefaultIoThreads(), max(4, cores)
   int coordinator = 0;              // the rank that reads the metadata and broadcasts it
   bool strict = true;               // missing keys are an error
   bool allow_cast = false;          // convert stored dtypes to the destination's dtype

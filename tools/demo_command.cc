@@ -23,7 +23,7 @@ constexpr char kDemoUsage[] =
     "into 3 ranks with another layout, checks every byte and prints the figures.\n"
     "  --dir DIR     where to write the checkpoint (default: a fresh directory under /tmp)\n"
     "  --mib N       approximate state size in MiB (default 256)\n"
-    "  --threads T   I/O threads shared by the ranks (default: the number of cores)\n"
+    "  --threads T   I/O threads shared by the ranks (default: max(4, cores))\n"
     "  --keep        keep the checkpoint afterwards\n";
 
 using Clock = std::chrono::steady_clock;
@@ -72,7 +72,7 @@ int DemoCommand(const std::vector<std::string>& argv) {
       testing::ShardModel(model, testing::Which::kServe, false);
   if (!train.ok()) return Fail("demo", train.status());
   if (!serve.ok()) return Fail("demo", serve.status());
-  ThreadPool pool(static_cast<int>(*threads));
+  ThreadPool pool(*threads > 0 ? static_cast<int>(*threads) : DefaultIoThreads());
 
   std::printf("shardpoint demo: %zu tensors (bf16 weights, fp32 Adam moments), %s\n",
               model.specs.size(), HumanBytes(model.total_bytes()).c_str());

@@ -13,7 +13,7 @@ Result<std::unique_ptr<EngineContext>> EngineContext::Make(std::string_view path
     store = ctx->owned_store_.get();
   }
   if (pool == nullptr) {
-    ctx->owned_pool_ = std::make_unique<ThreadPool>(threads);
+    ctx->owned_pool_ = std::make_unique<ThreadPool>(threads > 0 ? threads : DefaultIoThreads());
     pool = ctx->owned_pool_.get();
   }
   if (comm == nullptr) {

@@ -28,7 +28,7 @@
 
 namespace sp {
 
-inline constexpr uint64_t kDirectMinBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kDirectMinBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kMaxGapBytes = uint64_t{256} << 10;
 inline constexpr uint64_t kMaxSpanBytes = uint64_t{16} << 20;
 

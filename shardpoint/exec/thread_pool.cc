@@ -1,9 +1,15 @@
 #include "shardpoint/exec/thread_pool.h"
 
+#include <algorithm>
+
 namespace sp {
 namespace {
 thread_local const ThreadPool* current_pool = nullptr;
 }  // namespace
+
+int DefaultIoThreads() {
+  return std::max(4, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());

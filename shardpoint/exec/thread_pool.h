@@ -15,6 +15,10 @@
 
 namespace sp {
 
+// The default number of I/O threads: max(4, cores). Threads doing blocking reads and writes
+// spend most of their time waiting on the device, so more of them than cores keeps it busy.
+int DefaultIoThreads();
+
 class ThreadPool {
  public:
   // num_threads <= 0 means std::thread::hardware_concurrency() (at least 1).

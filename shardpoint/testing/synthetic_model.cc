@@ -13,10 +13,12 @@ MeshLayout Mesh3(Placement p) { return MeshLayout{{3}, {p}, {}}; }
 
 // Adds a parameter and its two Adam moments.
 void AddParam(std::vector<TensorSpec>& specs, const std::string& name, Shape shape,
-              MeshLayout train, MeshLayout serve) {
-  specs.push_back({"model." + name, DType::kBFloat16, shape, train, serve});
-  specs.push_back({"optim.state." + name + ".exp_avg", DType::kFloat32, shape, train, serve});
-  specs.push_back({"optim.state." + name + ".exp_avg_sq", DType::kFloat32, shape, train, serve});
+              MeshLayout train, MeshLayout serve, MeshLayout transposed) {
+  specs.push_back({"model." + name, DType::kBFloat16, shape, train, serve, transposed});
+  for (const char* moment : {".exp_avg", ".exp_avg_sq"}) {
+    specs.push_back({"optim.state." + name + moment, DType::kFloat32, shape, train, serve,
+                     transposed});
+  }
 }
 
 uint64_t SplitMix(uint64_t& state) {
@@ -58,24 +60,24 @@ ModelConfig ConfigForBytes(uint64_t bytes) {
 std::vector<TensorSpec> ModelSpecs(const ModelConfig& c) {
   const Placement S0 = Placement::Shard(0), S1 = Placement::Shard(1), R = Placement::Replicate();
   std::vector<TensorSpec> specs;
-  // Embedding: vocab rows split over all four ranks (uneven), then over three (uneven).
-  AddParam(specs, "embed.weight", {c.vocab, c.hidden}, Mesh2x2(S0, S0), Mesh3(S0));
+  // Vocabulary-parallel embedding: rows split over all four ranks, then over three (uneven).
+  AddParam(specs, "embed.weight", {c.vocab, c.hidden}, Mesh2x2(S0, S0), Mesh3(S0), Mesh3(S1));
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    // Column-parallel (tp splits dim 0), fully sharded on dp along dim 1.
+    // Column-parallel: tp splits the output rows, dp shards the rows again (FSDP on dim 0).
     for (const char* w : {"attn.wq", "attn.wk", "attn.wv"}) {
-      AddParam(specs, p + w, {c.hidden, c.hidden}, Mesh2x2(S1, S0), Mesh3(S1));
+      AddParam(specs, p + w, {c.hidden, c.hidden}, Mesh2x2(S0, S0), Mesh3(S0), Mesh3(S1));
     }
-    // Row-parallel (tp splits dim 1), fully sharded on dp along dim 0.
-    AddParam(specs, p + "attn.wo", {c.hidden, c.hidden}, Mesh2x2(S0, S1), Mesh3(S0));
-    AddParam(specs, p + "mlp.w1", {c.ffn, c.hidden}, Mesh2x2(S1, S0), Mesh3(S1));
-    AddParam(specs, p + "mlp.w3", {c.ffn, c.hidden}, Mesh2x2(S1, S0), Mesh3(S1));
-    AddParam(specs, p + "mlp.w2", {c.hidden, c.ffn}, Mesh2x2(S0, S1), Mesh3(S0));
-    // Norms: replicated everywhere while training; split in three (uneven) when serving.
-    AddParam(specs, p + "attn_norm.weight", {c.hidden}, Mesh2x2(R, R), Mesh3(S0));
-    AddParam(specs, p + "mlp_norm.weight", {c.hidden}, Mesh2x2(S0, R), Mesh3(R));
+    AddParam(specs, p + "mlp.w1", {c.ffn, c.hidden}, Mesh2x2(S0, S0), Mesh3(S0), Mesh3(S1));
+    AddParam(specs, p + "mlp.w3", {c.ffn, c.hidden}, Mesh2x2(S0, S0), Mesh3(S0), Mesh3(S1));
+    // Row-parallel: tp splits the input columns, dp shards the rows.
+    AddParam(specs, p + "attn.wo", {c.hidden, c.hidden}, Mesh2x2(S0, S1), Mesh3(S1), Mesh3(S0));
+    AddParam(specs, p + "mlp.w2", {c.hidden, c.ffn}, Mesh2x2(S0, S1), Mesh3(S1), Mesh3(S0));
+    // Norms: replicated everywhere, or sharded by dp only; split in three (uneven) or replicated.
+    AddParam(specs, p + "attn_norm.weight", {c.hidden}, Mesh2x2(R, R), Mesh3(S0), Mesh3(S0));
+    AddParam(specs, p + "mlp_norm.weight", {c.hidden}, Mesh2x2(S0, R), Mesh3(R), Mesh3(R));
   }
-  AddParam(specs, "final_norm.weight", {c.hidden}, Mesh2x2(R, R), Mesh3(R));
+  AddParam(specs, "final_norm.weight", {c.hidden}, Mesh2x2(R, R), Mesh3(R), Mesh3(R));
   return specs;
 }
 
@@ -107,6 +109,14 @@ GlobalModel MakeGlobalModel(const ModelConfig& config, uint64_t seed) {
 
 Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which which, bool fill) {
   const int world = which == Which::kTrain ? 4 : 3;
+  auto layout_of = [which](const TensorSpec& spec) -> const MeshLayout& {
+    switch (which) {
+      case Which::kTrain: return spec.train;
+      case Which::kServe: return spec.serve;
+      case Which::kTransposed: return spec.transposed;
+    }
+    return spec.train;
+  };
   std::vector<RankShards> ranks(world);
   for (RankShards& r : ranks) {
     r.boxes.resize(model.specs.size());
@@ -114,7 +124,7 @@ Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which which
   }
   for (size_t t = 0; t < model.specs.size(); ++t) {
     const TensorSpec& spec = model.specs[t];
-    const MeshLayout& layout = which == Which::kTrain ? spec.train : spec.serve;
+    const MeshLayout& layout = layout_of(spec);
     SP_ASSIGN_OR_RETURN(std::vector<Box> boxes, MeshChunksPerRank(spec.shape, layout));
     const size_t es = DTypeSize(spec.dtype);
     ConstChunkView whole{model.data[t].data(), Box::Whole(spec.shape), es};

@@ -2,12 +2,14 @@
 //
 // Used by `shardpoint demo`, the benchmarks and the end-to-end tests. The model has token
 // embeddings with an uneven vocabulary, attention and MLP matrices, norms, and Adam moments for
-// every parameter: bf16 parameters, fp32 optimizer state. Two layouts are defined:
-//   - the training layout, on a 2x2 (dp, tp) mesh: matrices sharded on both mesh dims (tensor
-//     parallel on one dim and fully sharded on the other), norms replicated, the embedding split
-//     unevenly;
-//   - the serving layout, on 3 ranks: matrices split on the other dimension, embedding split
-//     unevenly in three, norms replicated.
+// every parameter: bf16 parameters, fp32 optimizer state. Three layouts are defined:
+//   - training, on a 2x2 (dp, tp) mesh: column-parallel matrices split on dim 0 by both mesh dims,
+//     row-parallel ones split on dim 1 by tp and on dim 0 by dp (fully sharded), the embedding
+//     split unevenly on all four ranks, norms replicated or sharded by dp only;
+//   - serving, on 3 ranks (tensor parallel 3, as when training ends and inference starts):
+//     the same tensor dims split three ways, unevenly, norms replicated or split;
+//   - transposed, on 3 ranks: every matrix split along the OTHER dim, the worst case for
+//     resharding (each stored chunk is needed in part by two ranks).
 // Global tensor contents are pseudo-random bytes, so every byte is checked on reload.
 #ifndef SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_
 #define SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_
@@ -38,8 +40,9 @@ struct TensorSpec {
   std::string name;
   DType dtype;
   Shape shape;
-  MeshLayout train;  // on the 2x2 mesh
-  MeshLayout serve;  // on 3 ranks
+  MeshLayout train;       // on the 2x2 mesh
+  MeshLayout serve;       // on 3 ranks
+  MeshLayout transposed;  // on 3 ranks
 };
 
 std::vector<TensorSpec> ModelSpecs(const ModelConfig& config);
@@ -60,7 +63,7 @@ struct RankShards {
   LoadState AsLoadState(const GlobalModel& model);
 };
 
-enum class Which { kTrain, kServe };
+enum class Which { kTrain, kServe, kTransposed };
 
 // The shards of every rank under one layout; with `fill`, copied from the model, else zeroed.
 Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which layout, bool fill);
