@@ -116,6 +116,10 @@ def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool
             plans.append(tensor_plan(key, value, rank, for_load=False))
         else:
             objects.append(encode_object(key, value, allow_pickle))
+    if "torch" in sys.modules:
+        from . import _torch
+
+        _torch.synchronize(plans)  # device-to-host copies into pinned staging must land first
     return plans, objects, {_PATHS_ATTRIBUTE: json.dumps(encode_paths(paths))}
 
 

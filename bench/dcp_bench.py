@@ -1,0 +1,164 @@
+"""shardpoint vs torch.distributed.checkpoint on the same state dict, ranks and disk, in one run.
+
+Spawns N gloo ranks (default 4) holding a DTensor state dict of about --gib GiB in --tensors tensors
+(sharded on dim 0), and measures, median of --runs runs each:
+  save           dcp.save             vs sp.save
+  load           dcp.load             vs sp.load         (same layout)
+  load resharded dcp.load             vs sp.load         (loaded as Shard(1) on the same ranks)
+  async blocking dcp.async_save(...)  vs sp.async_save   vs a plain copy of the same bytes into
+                 preallocated host memory (the floor for any async save)
+Times are wall clock on rank 0 between barriers; GB/s are global bytes over that time. Targets:
+save and load >= 3x faster than DCP; async blocking <= 1.2x the plain copy. Loads are read back
+right after the saves, so both libraries read from the page cache when the files fit in it.
+
+    python bench/dcp_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+import shardpoint as sp
+
+
+def make_state(mesh, gib: float, tensors: int, placement, fill: bool) -> dict:
+    """``tensors`` float32/bfloat16 DTensors of about ``gib`` GiB in all, with a few uneven shapes."""
+    from torch.distributed.tensor import distribute_tensor
+
+    per_tensor = int(gib * (1 << 30)) // tensors
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for i in range(tensors):
+        dtype = torch.bfloat16 if i % 3 == 0 else torch.float32
+        cols = 1024 if i % 5 else 1000
+        rows = max(8, per_tensor // (cols * torch.empty((), dtype=dtype).element_size()))
+        full = torch.empty(rows, cols, dtype=dtype)
+        if fill:
+            full.copy_(torch.rand(rows, cols, generator=g) if i < 4 else torch.full((rows, cols), float(i)))
+        else:
+            full.zero_()
+        state[f"model.layers.{i // 4}.w{i % 4}"] = distribute_tensor(full, mesh, [placement])
+    return {"model": state, "step": 1000}
+
+
+def local_bytes(state: dict) -> int:
+    return sum(t._local_tensor.numel() * t._local_tensor.element_size() for t in state["model"].values())
+
+
+class Timer:
+    """Times a collective step on every rank between barriers; rank 0 keeps the figures."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, list[float]] = {}
+
+    def run(self, label: str, fn) -> None:
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        dist.barrier()
+        self.results.setdefault(label, []).append(time.perf_counter() - start)
+
+
+def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    os.environ["SHARDPOINT_QUIET"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=1800))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    state = make_state(mesh, args.gib, args.tensors, Shard(0), fill=True)
+    same = make_state(mesh, args.gib, args.tensors, Shard(0), fill=False)
+    resharded = make_state(mesh, args.gib, args.tensors, Shard(1), fill=False)
+    staging = {k: torch.empty_like(v._local_tensor) for k, v in state["model"].items()}
+    timer = Timer()
+
+    def fresh(name: str, i: int) -> str:
+        path = os.path.join(args.dir, f"{name}-{i}")
+        if rank == 0 and os.path.exists(path):
+            shutil.rmtree(path)
+        dist.barrier()
+        return path
+
+    def plain_copy() -> None:
+        for k, v in state["model"].items():
+            staging[k].copy_(v._local_tensor)
+
+    for i in range(args.runs):
+        dcp_path, sp_path = fresh("dcp", i), fresh("sp", i)
+        timer.run("save dcp", lambda: dcp.save(state, checkpoint_id=dcp_path))
+        timer.run("save sp", lambda: sp.save(state, sp_path))
+        timer.run("load dcp", lambda: dcp.load(same, checkpoint_id=dcp_path))
+        timer.run("load sp", lambda: sp.load(same, sp_path))
+        timer.run("load resharded dcp", lambda: dcp.load(resharded, checkpoint_id=dcp_path))
+        timer.run("load resharded sp", lambda: sp.load(resharded, sp_path))
+        timer.run("async plain copy", plain_copy)
+        adcp_path, asp_path = fresh("adcp", i), fresh("asp", i)
+        futures = []
+        timer.run("async dcp", lambda: futures.append(dcp.async_save(state, checkpoint_id=adcp_path)))
+        futures[-1].result()
+        handles = []
+        timer.run("async sp", lambda: handles.append(sp.async_save(state, asp_path)))
+        handles[-1].wait()
+        dist.barrier()
+        if rank == 0:
+            for path in (dcp_path, sp_path, adcp_path, asp_path):
+                shutil.rmtree(path, ignore_errors=True)
+
+    for k, v in state["model"].items():  # the last load was sp.load into the same layout
+        if not torch.equal(same["model"][k]._local_tensor, v._local_tensor):
+            raise RuntimeError(f"rank {rank}: {k} differs after sp.load")
+    total = torch.tensor([local_bytes(state)], dtype=torch.int64)
+    dist.all_reduce(total)
+    if rank == 0:
+        report(timer.results, int(total.item()), world, args)
+    dist.destroy_process_group()
+
+
+def report(results: dict[str, list[float]], total_bytes: int, world: int, args: argparse.Namespace) -> None:
+    median = {k: statistics.median(v) for k, v in results.items()}
+    print(f"state: {total_bytes / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
+          f"median of {args.runs} runs; dir {args.dir}")
+    print(f"{'':22}{'seconds':>10}{'GB/s':>9}")
+    for label, seconds in median.items():
+        print(f"{label:22}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
+    print("ratios:")
+    for what in ("save", "load", "load resharded"):
+        ratio = median[f"{what} dcp"] / median[f"{what} sp"]
+        print(f"  {what:16} sp is {ratio:5.2f}x faster than dcp (target >= 3x): {'met' if ratio >= 3 else 'NOT met'}")
+    ratio = median["async sp"] / median["async plain copy"]
+    print(f"  async blocking   sp = {ratio:5.2f}x the plain copy (target <= 1.2x): {'met' if ratio <= 1.2 else 'NOT met'};"
+          f" dcp = {median['async dcp'] / median['async plain copy']:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary dir)")
+    parser.add_argument("--gib", type=float, default=1.0, help="global state size in GiB")
+    parser.add_argument("--tensors", type=int, default=300)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        args.dir = tmp
+        rendezvous = os.path.join(tmp, "rendezvous")
+        mp.start_processes(bench, args=(args.ranks, rendezvous, args), nprocs=args.ranks, join=True,
+                           start_method="spawn")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
