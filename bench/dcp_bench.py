@@ -100,18 +100,18 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
     for i in range(args.runs):
         dcp_path, sp_path = fresh("dcp", i), fresh("sp", i)
         timer.run("save dcp", lambda: dcp.save(state, checkpoint_id=dcp_path))
-        timer.run("save sp", lambda: sp.save(state, sp_path))
+        timer.run("save sp", lambda: sp.save(state, sp_path, threads=args.threads))
         timer.run("load dcp", lambda: dcp.load(same, checkpoint_id=dcp_path))
-        timer.run("load sp", lambda: sp.load(same, sp_path))
+        timer.run("load sp", lambda: sp.load(same, sp_path, threads=args.threads))
         timer.run("load resharded dcp", lambda: dcp.load(resharded, checkpoint_id=dcp_path))
-        timer.run("load resharded sp", lambda: sp.load(resharded, sp_path))
+        timer.run("load resharded sp", lambda: sp.load(resharded, sp_path, threads=args.threads))
         timer.run("async plain copy", plain_copy)
         adcp_path, asp_path = fresh("adcp", i), fresh("asp", i)
         futures = []
         timer.run("async dcp", lambda: futures.append(dcp.async_save(state, checkpoint_id=adcp_path)))
         futures[-1].result()
         handles = []
-        timer.run("async sp", lambda: handles.append(sp.async_save(state, asp_path)))
+        timer.run("async sp", lambda: handles.append(sp.async_save(state, asp_path, threads=args.threads)))
         handles[-1].wait()
         dist.barrier()
         if rank == 0:
@@ -131,7 +131,7 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
 def report(results: dict[str, list[float]], total_bytes: int, world: int, args: argparse.Namespace) -> None:
     median = {k: statistics.median(v) for k, v in results.items()}
     print(f"state: {total_bytes / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
-          f"median of {args.runs} runs; dir {args.dir}")
+          f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'cores'}; dir {args.dir}")
     print(f"{'':22}{'seconds':>10}{'GB/s':>9}")
     for label, seconds in median.items():
         print(f"{label:22}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=300)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="shardpoint threads per rank (default: cores)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         args.dir = tmp

@@ -22,6 +22,7 @@ from ._values import decode_object, encode_object, is_tensor_leaf, tensor_plan
 
 PathLike = Union[str, "os.PathLike[str]"]
 _PATHS_ATTRIBUTE = "python.state_dict_paths"
+_LOAD_FULL_BATCH_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class VerifyReport:
 @contextlib.contextmanager
 def _host_staging() -> Iterator[None]:
     """Holds the torch adapter's pinned staging for one operation (when torch is in use)."""
-    if "torch" not in sys.modules:
+    if sys.modules.get("torch") is None:
         yield
         return
     from . import _torch
@@ -116,7 +117,7 @@ def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool
             plans.append(tensor_plan(key, value, rank, for_load=False))
         else:
             objects.append(encode_object(key, value, allow_pickle))
-    if "torch" in sys.modules:
+    if sys.modules.get("torch") is not None:
         from . import _torch
 
         _torch.synchronize(plans)  # device-to-host copies into pinned staging must land first
@@ -244,12 +245,15 @@ atexit.register(_ASYNC.wait_last)
 
 
 def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None,
-               overwrite: bool = False, allow_pickle: bool = False, staging_budget_bytes: int = 0) -> SaveHandle:
+               overwrite: bool = False, allow_pickle: bool = False, staging_budget_bytes: int = 0,
+               threads: Optional[int] = None) -> SaveHandle:
     """Starts saving ``state_dict`` at ``path`` and returns once its values are copied into host
     staging memory; the caller may change its tensors right away. Writing and commit run on
     background threads over a dedicated gloo group. A previous async save is waited for first (its
     handle keeps its outcome). Errors known before the copy are raised here, the rest by
     ``SaveHandle.wait()``; an unfinished save never leaves a committed checkpoint.
+    ``staging_budget_bytes`` bounds the host staging (0: no bound; fixed by the first async save of
+    the process); ``threads`` is the copy and write parallelism (default: the number of cores).
     """
     comm = _dist.resolve(process_group, for_async=True)
     path = os.fspath(path)
@@ -260,7 +264,7 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
         plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
         with translated():
             _ASYNC.saver.start(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                               attributes=attributes)
+                               threads=threads or 0, attributes=attributes)
     _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
     return _ASYNC.last
 
@@ -322,15 +326,25 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     tensor_names = [n for n in md["tensors"] if n in chosen]
     object_names = [n for n in md["objects"] if n in chosen]
     flat: dict[str, Any] = {}
-    plans = []
+    batches: list[list[TensorPlan]] = [[]]
+    batch_bytes = 0
     for name in tensor_names:
         t = md["tensors"][name]
         flat[name] = _empty_tensor(t["dtype"], tuple(t["shape"]), use_torch)
-        plans.append(tensor_plan(name, flat[name], 0, for_load=True))
-    progress = Progress(f"shardpoint load_full {path}", sum(p.nbytes for p in plans))
-    with translated():
-        _, _, objects, _ = _core.load(path, [p.entry() for p in plans], object_names, comm=None, strict=True,
-                                      threads=threads or 0)
+        plan = tensor_plan(name, flat[name], 0, for_load=True)
+        if batch_bytes and batch_bytes + plan.nbytes > _LOAD_FULL_BATCH_BYTES:
+            batches.append([])
+            batch_bytes = 0
+        batches[-1].append(plan)
+        batch_bytes += plan.nbytes
+    progress = Progress(f"shardpoint load_full {path}", sum(p.nbytes for b in batches for p in b))
+    objects: list = []
+    for i, batch in enumerate(batches):  # batches keep the bar moving; each reads its tensors once
+        with translated():
+            _, _, found, _ = _core.load(path, [p.entry() for p in batch], object_names if i == 0 else [],
+                                        comm=None, strict=True, threads=threads or 0)
+        objects += found
+        progress.advance(sum(p.nbytes for p in batch))
     progress.finish()
     for name, encoding, payload in objects:
         flat[name] = decode_object(name, encoding, payload, allow_pickle)

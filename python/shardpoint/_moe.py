@@ -62,7 +62,7 @@ class ExpertShard:
 def _is_dtensor(value: Any) -> bool:
     import sys
 
-    if "torch" not in sys.modules:
+    if sys.modules.get("torch") is None:
         return False
     from . import _torch
 

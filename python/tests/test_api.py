@@ -222,3 +222,52 @@ def test_cuda_tensors_go_through_host_staging(tmp_path):
     sp.load(target, tmp_path / "c")
     assert torch.equal(target["a"], source["a"]) and torch.equal(target["b"], source["b"])
     assert target["a"].device.type == "cuda"
+
+
+def test_works_with_numpy_alone_when_torch_cannot_be_imported(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+sys.modules["torch"] = None  # import torch now raises ImportError
+import numpy as np
+import shardpoint as sp
+state = {{"w": np.arange(12, dtype=np.float32).reshape(3, 4), "opt": {{"lr": 0.5, "m": np.ones(3, np.int16)}}}}
+sp.save(state, {str(tmp_path / "c")!r})
+full = sp.load_full({str(tmp_path / "c")!r})
+assert type(full["w"]) is np.ndarray and np.array_equal(full["w"], state["w"]), full
+assert full["opt"]["lr"] == 0.5 and full["opt"]["m"].dtype == np.int16
+target = {{"w": np.zeros((3, 4), np.float32), "opt": {{"lr": 0.0, "m": np.zeros(3, np.int16)}}}}
+sp.load(target, {str(tmp_path / "c")!r})
+assert np.array_equal(target["w"], state["w"]) and target["opt"]["lr"] == 0.5
+assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None and m == "torch"]
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_progress_bar_on_a_terminal_and_quiet_otherwise():
+    import io
+
+    from shardpoint._progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    progress = Progress("load", 3 << 20, stream=terminal)
+    progress.enabled = True  # SHARDPOINT_QUIET is set for the test session
+    progress.advance(1 << 20)
+    progress.advance(2 << 20)
+    progress.finish()
+    text = terminal.getvalue()
+    assert "[##########" in text and "1.0 MiB / 3.0 MiB" in text and "load: 3.0 MiB in" in text and "GB/s" in text
+    quiet = io.StringIO()
+    progress = Progress("load", 10, stream=quiet)
+    progress.advance(10)
+    progress.finish()
+    assert not progress.enabled and quiet.getvalue() == ""
+    assert not Progress("load", 10, rank=1, stream=Terminal()).enabled

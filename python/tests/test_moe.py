@@ -59,7 +59,7 @@ def load_moe(rank, world, path):
 
 
 def test_expert_parallel_resize(tmp_path):
-    at4, at2 = str(tmp_path / "ep4"), str(tmp_path / "ep2")
+    at4, at2, at8 = str(tmp_path / "ep4"), str(tmp_path / "ep2"), str(tmp_path / "ep8")
     run_ranks(4, save_moe, at4)
     info = sp.inspect(at4)
     assert info.tensors["model.experts.w1"].shape == (EXPERTS, 6, 4)
@@ -67,6 +67,8 @@ def test_expert_parallel_resize(tmp_path):
     assert run_ranks(2, load_moe, at4) == [True, True]                  # EP 4 -> 2
     run_ranks(2, save_moe, at2)
     assert run_ranks(4, load_moe, at2) == [True] * 4                    # EP 2 -> 4
+    run_ranks(8, save_moe, at8)
+    assert run_ranks(4, load_moe, at8) == [True] * 4                    # EP 8 -> 4
     ref = global_weights()
     full = sp.load_full(at4)                                             # EP 4 -> 1, no template
     assert all(torch.equal(full["model"][k], v) for k, v in ref.items())
