@@ -131,7 +131,7 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
 def report(results: dict[str, list[float]], total_bytes: int, world: int, args: argparse.Namespace) -> None:
     median = {k: statistics.median(v) for k, v in results.items()}
     print(f"state: {total_bytes / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
-          f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'cores'}; dir {args.dir}")
+          f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'default'}; dir {args.dir}")
     print(f"{'':22}{'seconds':>10}{'GB/s':>9}")
     for label, seconds in median.items():
         print(f"{label:22}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=300)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="shardpoint threads per rank (default: cores)")
+    parser.add_argument("--threads", type=int, default=None, help="shardpoint threads per rank (default: the cores shared among the ranks on the machine)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         args.dir = tmp

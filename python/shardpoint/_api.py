@@ -139,7 +139,8 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
          threads: Optional[int] = None, allow_pickle: bool = False) -> None:
     """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
     as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
-    torch.distributed is initialized, else this process alone).
+    torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
+    rank (default: the machine's cores shared among the group's ranks on it).
 
     Raises CheckpointExistsError when a committed checkpoint is at ``path`` and not ``overwrite``;
     CheckpointArgumentError for an unsupported value (non-plain objects need ``allow_pickle``) or an
@@ -152,7 +153,7 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
             _core.save(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                       threads=threads or 0, attributes=attributes)
+                       threads=threads or _dist.default_threads(comm), attributes=attributes)
         progress.finish()
 
 
@@ -183,7 +184,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         with translated():
             missing, unexpected, objects, bytes_read = _core.load(
                 path, [p.entry() for p in plans], object_names, comm=comm, strict=strict, allow_cast=cast,
-                threads=threads or 0)
+                threads=threads or _dist.default_threads(comm))
         for plan in plans:
             for copy_back in plan.after_load:
                 copy_back()
@@ -264,7 +265,7 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
         plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
         with translated():
             _ASYNC.saver.start(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                               threads=threads or 0, attributes=attributes)
+                               threads=threads or _dist.default_threads(comm), attributes=attributes)
     _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
     return _ASYNC.last
 

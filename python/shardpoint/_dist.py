@@ -9,6 +9,8 @@ group so the background thread never interleaves with the training's collectives
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import threading
 from typing import Any, Optional
@@ -16,6 +18,7 @@ from typing import Any, Optional
 from ._errors import CheckpointArgumentError
 
 _GROUPS: dict[tuple, Any] = {}
+_THREADS: dict[tuple, int] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
@@ -108,3 +111,25 @@ def resolve(process_group: Any = None, *, for_async: bool = False) -> Optional[T
     if dist.get_backend(group) != "gloo":
         return TorchComm(_gloo_group(group, "sync"))
     return TorchComm(group)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def default_threads(comm: Optional[TorchComm]) -> int:
+    """Threads per rank when the caller gives none: this machine's cores shared among the group's
+    ranks on it (learned once per group with one all-gather of host names), so that ranks sharing a
+    machine do not oversubscribe it; 0 (the core's default: all cores) for one rank."""
+    if comm is None:
+        return 0
+    import torch.distributed as dist
+
+    key = tuple(dist.get_process_group_ranks(comm.group))
+    if key not in _THREADS:
+        hosts = comm.all_gather(socket.gethostname().encode())
+        _THREADS[key] = max(1, _cores() // hosts.count(hosts[comm.rank]))
+    return _THREADS[key]
