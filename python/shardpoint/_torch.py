@@ -9,6 +9,7 @@ already loaded or a caller asks for torch tensors.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, Optional
 
@@ -111,13 +112,10 @@ def tensor_plan(name: str, value: torch.Tensor, for_load: bool) -> TensorPlan:
     return local_plan(name, value.detach(), shape, [(Box(tuple(0 for _ in shape), shape), 0)], for_load)
 
 
-def dtensor_box(name: str, value: Any) -> Optional[Box]:
-    """The global box of this rank's local tensor of a DTensor (None when the rank is outside the mesh)."""
+def _check_placements(name: str, placements: tuple) -> None:
     from torch.distributed.tensor import Shard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     from torch.distributed.tensor.placement_types import Replicate, _StridedShard
 
-    placements = tuple(value.placements)
     for i, p in enumerate(placements):
         if isinstance(p, _StridedShard):
             follows = any(isinstance(q, Shard) and not isinstance(q, _StridedShard) and q.dim == p.dim
@@ -131,15 +129,37 @@ def dtensor_box(name: str, value: Any) -> Optional[Box]:
             raise CheckpointArgumentError(
                 f"tensor {name!r}: placement {p} cannot be saved (expected Shard, Replicate or _StridedShard); "
                 f"redistribute it first", "INVALID_ARGUMENT")
-    if value.device_mesh.get_coordinate() is None:
+
+
+@functools.lru_cache(maxsize=65536)
+def _local_box(shape: tuple, mesh: Any, placements: tuple) -> Optional[Box]:
+    """DTensor's own answer for (global shape, mesh, placements); cached: a training loop saves the
+    same layouts again and again."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if mesh.get_coordinate() is None:
         return None
-    local_shape, offsets = compute_local_shape_and_global_offset(value.shape, value.device_mesh, placements)
-    local = value._local_tensor
-    if tuple(local.shape) != tuple(local_shape):
-        raise CheckpointArgumentError(
-            f"tensor {name!r}: local tensor has shape {tuple(local.shape)}, expected {tuple(local_shape)} "
-            f"for global shape {tuple(value.shape)} and placements {placements}", "INVALID_ARGUMENT")
+    local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, placements)
     return Box(tuple(int(o) for o in offsets), tuple(int(s) for s in local_shape))
+
+
+def dtensor_box(name: str, value: Any) -> Optional[Box]:
+    """The global box of this rank's local tensor of a DTensor (None when the rank is outside the mesh).
+
+    Raises CheckpointArgumentError naming the tensor for a placement that cannot be stored (Partial,
+    a _StridedShard not followed by a Shard of the same dim) or a local tensor of another shape.
+    """
+    placements = tuple(value.placements)
+    _check_placements(name, placements)
+    box = _local_box(tuple(value.shape), value.device_mesh, placements)
+    if box is None:
+        return None
+    local = value._local_tensor
+    if tuple(local.shape) != box.sizes:
+        raise CheckpointArgumentError(
+            f"tensor {name!r}: local tensor has shape {tuple(local.shape)}, expected {box.sizes} "
+            f"for global shape {tuple(value.shape)} and placements {placements}", "INVALID_ARGUMENT")
+    return box
 
 
 def dtensor_plan(name: str, value: Any, for_load: bool) -> TensorPlan:
