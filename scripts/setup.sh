@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 
 APT_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libisal-dev
-              clang libclang-rt-dev openmpi-bin libopenmpi-dev)
+              clang libclang-rt-dev openmpi-bin libopenmpi-dev python3-venv python3-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine, builds shardpoint and runs every test: the GoogleTest suites through
-# ctest (unit, store conformance, randomized resharding, failure injection, MPI when available),
-# then the fuzz targets for a bounded time.
+# ctest (unit, store conformance, randomized resharding, failure injection, MPI, the CLI), the
+# Python package's tests through pytest (multi-process torch.distributed with gloo), then the fuzz
+# targets for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
@@ -9,6 +10,20 @@ scripts/setup.sh build
 echo "== ctest"
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 1200) 2>&1 | tee build/ctest.log | grep -vE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed" || true
 grep -qE "^100% tests passed" build/ctest.log || { echo "ctest failed"; exit 1; }
+
+echo "== python package (venv in build/venv)"
+python3 -m venv build/venv
+VPY=build/venv/bin/python
+$VPY -m pip install -q --upgrade pip >/dev/null
+# torch is pinned: 2.13.0 is the CPU build; an unpinned torch would pull the CUDA packages.
+$VPY -m pip install -q torch==2.13.0 numpy pytest nanobind scikit-build-core safetensors
+$VPY -m pip install -q --no-build-isolation --config-settings=build-dir=build/python .
+echo "== pytest"
+set +e
+$VPY -m pytest -q python/tests 2>&1 | tee build/pytest.log | tail -25
+PYTEST_RC=${PIPESTATUS[0]}
+set -e
+if [ "$PYTEST_RC" -ne 0 ]; then echo "pytest failed ($PYTEST_RC)"; exit 1; fi
 
 if [ -x fuzz/run_fuzzers.sh ] && command -v clang++ >/dev/null; then
   echo "== fuzzers (${FUZZ_SECONDS:-30} s each)"
@@ -18,4 +33,5 @@ fi
 
 echo "== summary"
 grep -E "^[0-9]+% tests passed" build/ctest.log
+grep -E "[0-9]+ passed" build/pytest.log | tail -1
 echo "== all tests passed"
