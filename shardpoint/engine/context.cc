@@ -6,7 +6,8 @@ namespace sp {
 
 Result<std::unique_ptr<EngineContext>> EngineContext::Make(std::string_view path,
                                                            Communicator* comm, Store* store,
-                                                           ThreadPool* pool, int threads) {
+                                                           ThreadPool* pool, int threads,
+                                                           int coordinator) {
   auto ctx = std::unique_ptr<EngineContext>(new EngineContext());
   if (store == nullptr) {
     SP_ASSIGN_OR_RETURN(ctx->owned_store_, OpenStore(path));
@@ -19,6 +20,10 @@ Result<std::unique_ptr<EngineContext>> EngineContext::Make(std::string_view path
   if (comm == nullptr) {
     ctx->owned_group_ = std::make_unique<ThreadCommGroup>(1);
     comm = &ctx->owned_group_->comm(0);
+  }
+  if (coordinator < 0 || coordinator >= comm->size()) {
+    return InvalidArgumentError("coordinator rank " + std::to_string(coordinator) +
+                                " is outside the group of " + std::to_string(comm->size()));
   }
   ctx->store_ = store;
   ctx->pool_ = pool;

@@ -19,8 +19,10 @@ namespace sp {
 class EngineContext {
  public:
   // Borrowed pointers stay owned by the caller; null ones are replaced by owned defaults.
+  // kInvalidArgument when `coordinator` is not a rank of the communicator.
   static Result<std::unique_ptr<EngineContext>> Make(std::string_view path, Communicator* comm,
-                                                     Store* store, ThreadPool* pool, int threads);
+                                                     Store* store, ThreadPool* pool, int threads,
+                                                     int coordinator = 0);
 
   Store& store() { return *store_; }
   ThreadPool& pool() { return *pool_; }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/store/memory_store.h"
@@ -157,6 +158,22 @@ TEST_F(ChunkReaderTest, ShortFileIsDataLoss) {
   std::string out(100, '\0');
   Status s = ReadChunkBytes(Ref(), 6000, 6100, reinterpret_cast<std::byte*>(out.data()), true, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+}
+
+TEST(EngineContextTest, CoordinatorOutsideTheGroupIsInvalidArgument) {
+  MemoryStore store;
+  SaveOptions save_options;
+  save_options.store = &store;
+  save_options.coordinator = 1;
+  Status s = Save(SaveState(), "/ckpt", save_options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "coordinator rank 1 is outside the group of 1");
+  LoadOptions load_options;
+  load_options.store = &store;
+  load_options.coordinator = -1;
+  EXPECT_EQ(Load(LoadState(), "/ckpt", load_options).status().message(),
+            "coordinator rank -1 is outside the group of 1");
+  EXPECT_FALSE(store.Exists("/ckpt").value());
 }
 
 }  // namespace

@@ -123,13 +123,9 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
                         const LoadOptions& options) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
-                                          options.threads));
+                                          options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
   const int root = options.coordinator;
-  if (root < 0 || root >= comm.size()) {
-    return InvalidArgumentError("coordinator rank " + std::to_string(root) +
-                                " is outside the group of " + std::to_string(comm.size()));
-  }
   // The coordinator reads the metadata; every rank gets its bytes (or the same error) and
   // decodes them, so a corrupt file fails identically everywhere.
   Result<std::string> encoded = [&]() -> Result<std::string> {

@@ -289,13 +289,9 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
   Clock::time_point clock = Clock::now();
   SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
-                                          options.threads));
+                                          options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
   const int root = options.coordinator;
-  if (root < 0 || root >= comm.size()) {
-    return InvalidArgumentError("coordinator rank " + std::to_string(root) +
-                                " is outside the group of " + std::to_string(comm.size()));
-  }
   if (options.checksum_block_bytes == 0) {
     return InvalidArgumentError("checksum_block_bytes must be positive");
   }
