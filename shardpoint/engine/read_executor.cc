@@ -233,6 +233,17 @@ Status ReadSpan(Job& job, const Span& span) {
   return status;
 }
 
+// The bytes a verified read of chunk bytes [lo, hi) touches: whole checksum blocks, since the
+// edges of partial blocks are read to complete their checksums. For read-ahead.
+std::pair<uint64_t, uint64_t> TouchedRange(const Job& job, const StoredChunkRef& ref, uint64_t lo,
+                                           uint64_t hi) {
+  if (!job.options.verify || lo == hi) return {ref.file_offset + lo, hi - lo};
+  const uint64_t bs = ref.block_bytes;
+  const uint64_t begin = lo / bs * bs;
+  const uint64_t end = std::min(ref.chunk->byte_length, (hi + bs - 1) / bs * bs);
+  return {ref.file_offset + begin, end - begin};
+}
+
 void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
                std::vector<Task>& tasks) {
   const StoredChunkRef ref = RefFor(job, r);
@@ -241,7 +252,8 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
   for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
     const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
     std::byte* out = r.piece->data + dst.first_byte + (lo - src.first_byte);
-    tasks.push_back(Task{ref.file, ref.file_offset + lo, hi - lo, [&job, ref, lo, hi, out] {
+    const auto [offset, length] = TouchedRange(job, ref, lo, hi);
+    tasks.push_back(Task{ref.file, offset, length, [&job, ref, lo, hi, out] {
       return ReadChunkBytes(ref, lo, hi, out, job.options.verify, &job.bytes_read);
     }});
     lo = hi;
@@ -298,7 +310,8 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     if (rows.end - rows.begin > options.window) {
       const StoredChunkRef ref = RefFor(job, r);
       for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
-        tasks.push_back(Task{ref.file, ref.file_offset + slab.begin, slab.end - slab.begin,
+        const auto [offset, length] = TouchedRange(job, ref, slab.begin, slab.end);
+        tasks.push_back(Task{ref.file, offset, length,
                              [&job, &r, slab] { return ReadSlab(job, r, slab); }});
       }
       continue;
