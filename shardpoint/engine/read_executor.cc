@@ -60,18 +60,37 @@ class ReadAhead {
       pos += t.length;
     }
   }
-  // Called when task i starts.
+  // Called when task i starts. Ranges of consecutive tasks that are adjacent (or nearly) in one
+  // file are merged into one hint, so that the device sees large requests.
   void Advance(size_t i) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t horizon = starts_[i] + tasks_[i].length + kReadAheadBytes;
-    while (next_ < tasks_.size() && starts_[next_] < horizon) {
-      const Task& t = tasks_[next_++];
-      t.file->Prefetch(t.offset, t.length);
+    struct Hint {
+      const ReadableFile* file;
+      uint64_t begin;
+      uint64_t end;
+    };
+    std::vector<Hint> hints;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint64_t horizon = starts_[i] + tasks_[i].length + kReadAheadBytes;
+      while (next_ < tasks_.size() && starts_[next_] < horizon) {
+        const Task& t = tasks_[next_++];
+        if (!hints.empty() && hints.back().file == t.file &&
+            t.offset <= hints.back().end + kMergeGapBytes &&
+            t.offset + kMergeGapBytes >= hints.back().begin) {
+          hints.back().begin = std::min(hints.back().begin, t.offset);
+          hints.back().end = std::max(hints.back().end, t.offset + t.length);
+        } else {
+          hints.push_back(Hint{t.file, t.offset, t.offset + t.length});
+        }
+      }
     }
+    // Outside the lock: a hint may block while the store queues its reads.
+    for (const Hint& h : hints) h.file->Prefetch(h.begin, h.end - h.begin);
   }
 
  private:
   static constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
+  static constexpr uint64_t kMergeGapBytes = uint64_t{1} << 20;
   const std::vector<Task>& tasks_;
   std::vector<uint64_t> starts_;
   std::mutex mu_;
