@@ -2,8 +2,8 @@
 //
 // For each state size: the synthetic transformer state of shardpoint demo, 4 in-process ranks on a
 // 2x2 mesh. Baselines use the same bytes, the same files count and the same thread pool:
-//   raw write: the bytes written to 4 preallocated files in 16 MiB pwrite pieces, fdatasync,
-//              directory fsync;
+//   raw write: the bytes written to 4 files in 16 MiB pwrite pieces, fdatasync, directory fsync;
+//              each run times it with and without preallocating the files and keeps the faster;
 //   raw read:  those files read back in 16 MiB pread pieces after evicting them from the page cache.
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
 // (tensor parallel 3, the same tensor dims split), and Load into 3 ranks with every matrix split
@@ -94,7 +94,8 @@ std::vector<RawPiece> RawLayout(testing::GlobalModel& model) {
   return pieces;
 }
 
-double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, ThreadPool& pool) {
+double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, ThreadPool& pool,
+                bool preallocate) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto t0 = Clock::now();
@@ -104,7 +105,7 @@ double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, Thr
   for (int f = 0; f < kRawFiles; ++f) {
     fds[f] = ::open((dir + "/raw-" + std::to_string(f)).c_str(),
                     O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    ::posix_fallocate(fds[f], 0, static_cast<off_t>(file_bytes[f]));  // as the save does
+    if (preallocate) ::posix_fallocate(fds[f], 0, static_cast<off_t>(file_bytes[f]));
   }
   Check(ParallelFor(&pool, static_cast<int64_t>(pieces.size()), [&](int64_t i) -> Status {
           const RawPiece& p = pieces[i];
@@ -206,7 +207,9 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
   uint64_t read_same = 0, read_reshard = 0, read_transposed = 0;
   for (int run = 0; run < runs; ++run) {
-    raw_w.push_back(RawWrite(raw_dir, raw, pool));
+    // The faster of a plain and a preallocated write: the most demanding baseline.
+    const double plain = RawWrite(raw_dir, raw, pool, false);
+    raw_w.push_back(std::min(plain, RawWrite(raw_dir, raw, pool, true)));
     raw_r.push_back(RawRead(raw_dir, raw, sink, pool));
     std::filesystem::remove_all(raw_dir);
     SaveStats stats;
@@ -236,7 +239,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   };
   std::printf("state %s (%zu tensors), %d runs, %d I/O threads\n",
               HumanBytes(model.total_bytes()).c_str(), model.specs.size(), runs, pool.size());
-  line("raw write+fdatasync", raw_w, 0, "", "");
+  line("raw write+fdatasync", raw_w, 0, "", "");  // per run: min(plain, preallocated)
   line("raw read (cold)", raw_r, 0, "", "");
   line("save (4 ranks)", save, Median(raw_w), "raw write", ">= 0.9x");
   std::printf("  %-20s plan %.3f s, write %.3f s, sync %.3f s, commit %.3f s (rank 0, medians)\n",
