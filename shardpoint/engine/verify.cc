@@ -1,7 +1,7 @@
 // Verify: checks a committed checkpoint end to end and reports every defect it finds.
 #include <algorithm>
 #include <mutex>
-#include <numeric>
+#include <optional>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
@@ -9,6 +9,7 @@
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/safetensors/safetensors.h"
+#include "shardpoint/plan/box_set.h"
 
 namespace sp {
 namespace {
@@ -31,6 +32,8 @@ class DefectList {
 void CheckCoverage(const TensorMetadata& t, DefectList& defects) {
   const std::string prefix = "tensor '" + t.name + "': ";
   int64_t covered = 0;
+  std::vector<const Box*> boxes;
+  boxes.reserve(t.chunks.size());
   for (const StoredChunk& c : t.chunks) {
     if (!WithinShape(c.box, t.shape)) {
       defects.Add(prefix + "chunk " + c.box.ToString() + " lies outside shape " +
@@ -38,29 +41,12 @@ void CheckCoverage(const TensorMetadata& t, DefectList& defects) {
       return;
     }
     covered += c.box.volume();
+    boxes.push_back(&c.box);
   }
-  if (t.shape.empty() && t.chunks.size() > 1) {
-    defects.Add(prefix + "a scalar has " + std::to_string(t.chunks.size()) + " chunks");
+  if (std::optional<std::pair<size_t, size_t>> pair = FindOverlappingPair(boxes)) {
+    defects.Add(prefix + "chunks " + boxes[pair->first]->ToString() + " and " +
+                boxes[pair->second]->ToString() + " overlap");
     return;
-  }
-  std::vector<size_t> order(t.chunks.size());
-  std::iota(order.begin(), order.end(), 0);
-  if (!t.shape.empty()) {
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return t.chunks[a].box.offsets[0] < t.chunks[b].box.offsets[0];
-    });
-    // Sweep along dim 0: only chunks whose dim-0 extents overlap can overlap.
-    for (size_t i = 0; i < order.size(); ++i) {
-      const Box& a = t.chunks[order[i]].box;
-      for (size_t j = i + 1; j < order.size(); ++j) {
-        const Box& b = t.chunks[order[j]].box;
-        if (b.offsets[0] >= a.exclusive_max(0)) break;
-        if (Intersect(a, b)) {
-          defects.Add(prefix + "chunks " + a.ToString() + " and " + b.ToString() + " overlap");
-          return;
-        }
-      }
-    }
   }
   if (covered != ShapeVolume(t.shape)) {
     defects.Add(prefix + "chunks cover " + std::to_string(covered) + " of " +
