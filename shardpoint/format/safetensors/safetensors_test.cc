@@ -8,29 +8,21 @@
 #include <sstream>
 
 #include "shardpoint/base/coding.h"
+#include "shardpoint/store/memory_store.h"
 
 namespace sp {
 namespace {
 
 constexpr char kPath[] = "/hf/model.safetensors";
 
-class StringFile : public ReadableFile {
- public:
-  StringFile(std::string bytes, std::string path) : bytes_(std::move(bytes)), path_(std::move(path)) {}
-  Status ReadAt(uint64_t offset, MutableByteView out) const override {
-    if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
-      return DataLossError("read past the end of " + path_);
-    }
-    std::memcpy(out.data(), bytes_.data() + offset, out.size());
-    return OkStatus();
-  }
-  uint64_t size() const override { return bytes_.size(); }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string bytes_;
-  std::string path_;
-};
+// `bytes` as a file of a fresh in-memory store, opened for reading.
+std::unique_ptr<ReadableFile> FileOf(const std::string& bytes) {
+  MemoryStore store;
+  EXPECT_TRUE(store.CreateDirs("/hf").ok());
+  auto out = store.NewWritableFile(kPath);
+  EXPECT_TRUE(out.ok() && (*out)->WriteAt(0, AsBytes(bytes)).ok() && (*out)->Close().ok());
+  return std::move(store.OpenReadable(kPath)).value();
+}
 
 // A header followed by `data_bytes` zero bytes.
 std::string WholeFile(const std::vector<SafetensorsEntry>& entries,
@@ -87,8 +79,7 @@ TEST(SafetensorsTest, RandomHeadersRoundTrip) {
     EXPECT_EQ(r->data_start, 8 + header_length);
     EXPECT_EQ(r->entries, entries);
     EXPECT_EQ(r->metadata, metadata);
-    StringFile f(file, kPath);
-    Result<SafetensorsHeader> read = ReadSafetensorsHeader(f);
+    Result<SafetensorsHeader> read = ReadSafetensorsHeader(*FileOf(file));
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(read->entries, entries);
   }
@@ -192,8 +183,7 @@ TEST(SafetensorsTest, HeaderLengthIsCappedAndCheckedAgainstTheFile) {
   ExpectCorrupt(file, "header length 9 runs past the end of the file (16 bytes)");
   EncodeFixed64(file.data(), UINT64_MAX);
   ExpectCorrupt(file, "exceeds the limit");
-  StringFile f(file, kPath);
-  EXPECT_EQ(ReadSafetensorsHeader(f).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(ReadSafetensorsHeader(*FileOf(file)).status().code(), StatusCode::kDataLoss);
   // A caller that passes fewer bytes than the header needs gets kDataLoss, not a read past them.
   std::string good = WholeFile({{"a", DType::kUInt8, {1}, 0, 1}}, {}, 1);
   Result<SafetensorsHeader> r = ParseSafetensorsHeader(std::string_view(good).substr(0, 20), good.size(), kPath);
