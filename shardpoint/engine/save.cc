@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <random>
 #include <set>
 
@@ -173,9 +174,7 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
                                    std::string_view path, uint64_t block_bytes, Store& store,
                                    ThreadPool& pool, std::vector<OpenFile>* files,
                                    Clock::time_point* clock, SaveStats* stats) {
-  std::vector<int> file_slot(order.files.empty() ? 0 : 1 + std::max_element(
-      order.files.begin(), order.files.end(),
-      [](const FileOrder& a, const FileOrder& b) { return a.index < b.index; })->index, -1);
+  std::map<uint32_t, size_t> file_slot;  // checkpoint file index -> position in *files
   for (const FileOrder& f : order.files) {
     OpenFile open;
     open.order = &f;
@@ -183,7 +182,7 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     open.temp_path = open.final_path + ".tmp";
     SP_ASSIGN_OR_RETURN(open.file, store.NewWritableFile(open.temp_path));
     // Registered before anything else can fail, so that a failed save removes it.
-    file_slot[f.index] = static_cast<int>(files->size());
+    file_slot[f.index] = files->size();
     files->push_back(std::move(open));
     WritableFile& file = *files->back().file;
     SP_RETURN_IF_ERROR(file.Preallocate(f.size));
@@ -196,12 +195,12 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     const ChunkWrite& write = order.plan.writes[w];
     if (write.local_tensor >= state.tensors.size() ||
         write.local_box >= state.tensors[write.local_tensor].pieces.size() ||
-        write.file >= file_slot.size() || file_slot[write.file] < 0) {
+        !file_slot.count(write.file)) {
       return InternalError("save plan refers to a piece or file this rank does not have");
     }
     const SaveTensor& tensor = state.tensors[write.local_tensor];
     const std::byte* data = tensor.pieces[write.local_box].data;
-    OpenFile& file = (*files)[file_slot[write.file]];
+    OpenFile& file = (*files)[file_slot.at(write.file)];
     ChunkReport& chunk_report = report.chunks[w];
     chunk_report.tensor = write.tensor;
     chunk_report.chunk = write.chunk;
