@@ -28,12 +28,33 @@ struct DataFile {
   int32_t writer_rank = 0;  // the rank that wrote it
 };
 
+// Which on-disk format a CheckpointMetadata was decoded from. Every format is read through the
+// same model; only the native format carries checksums.
+enum class CheckpointFormat : uint8_t {
+  kNative = 0,       // docs/FORMAT.md
+  kTorchDcp = 1,     // PyTorch distributed checkpoint (.metadata + .distcp files)
+  kSafetensors = 2,  // a directory of safetensors files (Hugging Face), with or without an index
+};
+
+// How a stored chunk's bytes lie in its file.
+enum class ChunkEncoding : uint8_t {
+  // byte_length bytes at data_offset: the box's elements in row-major order.
+  kRaw = 0,
+  // stored_length bytes at data_offset that the format driver decodes into byte_length row-major
+  // bytes (a compressed or non-contiguous item of a foreign format). Read whole, never in part.
+  kDriverDecoded = 1,
+};
+
 struct StoredChunk {
   Box box;                  // global coordinates
   uint32_t file = 0;        // index into CheckpointMetadata::files
   uint64_t data_offset = 0; // relative to the file's data_start
   uint64_t byte_length = 0; // box.volume() * DTypeSize(dtype)
-  std::vector<uint32_t> block_crc32c;  // one per checksum block of this chunk's bytes
+  // One per checksum block of this chunk's bytes; empty when the checkpoint has no checksums
+  // (CheckpointMetadata::checksum_block_bytes == 0).
+  std::vector<uint32_t> block_crc32c;
+  ChunkEncoding encoding = ChunkEncoding::kRaw;
+  uint64_t stored_length = 0;  // kDriverDecoded only: the bytes to read and decode
 };
 
 struct TensorMetadata {
@@ -62,6 +83,8 @@ struct CheckpointMetadata {
   uint32_t version_minor = 0;
   std::string save_id;  // unique per save; data file names carry it
   int32_t world_size = 1;
+  CheckpointFormat format = CheckpointFormat::kNative;
+  // 0: the format stores no checksums (foreign formats); chunks are read unverified.
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   std::vector<DataFile> files;
   std::vector<TensorMetadata> tensors;   // sorted by name, names unique
