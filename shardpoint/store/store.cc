@@ -22,6 +22,7 @@ std::string OpAt(std::string_view op, std::string_view path, uint64_t offset) {
 
 std::string JoinPath(std::string_view dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
+  if (name.empty()) return std::string(dir);
   std::string out(dir);
   if (out.back() != '/') out += '/';
   while (!name.empty() && name.front() == '/') name.remove_prefix(1);

@@ -101,7 +101,8 @@ class Store {
 std::string OpOn(std::string_view op, std::string_view path);
 std::string OpAt(std::string_view op, std::string_view path, uint64_t offset);
 
-// "a" + "b" -> "a/b" (no doubled slash).
+// "a" + "b" -> "a/b" (no doubled slash); "a" + "" -> "a" (the directory itself, or the one
+// file of a single-file checkpoint).
 std::string JoinPath(std::string_view dir, std::string_view name);
 // "a/b/c" -> "a/b"; "c" -> "".
 std::string ParentPath(std::string_view path);

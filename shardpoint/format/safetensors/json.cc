@@ -8,7 +8,8 @@ namespace {
 
 class JsonParser {
  public:
-  JsonParser(std::string_view text, std::string_view what) : text_(text), what_(what) {}
+  JsonParser(std::string_view text, std::string_view what, JsonSyntax syntax)
+      : text_(text), what_(what), full_(syntax == JsonSyntax::kFull) {}
 
   Result<JsonValue> ParseDocument() {
     JsonValue value;
@@ -45,8 +46,10 @@ class JsonParser {
       out->kind = JsonValue::Kind::kString;
       return ParseString(&out->string);
     }
+    if (full_ && (c == '-' || c == 't' || c == 'f' || c == 'n')) return ParseOther(out);
     if (c >= '0' && c <= '9') {
       out->kind = JsonValue::Kind::kNumber;
+      if (full_ && !IsPlainInteger()) return ParseOther(out);
       return ParseNumber(&out->number);
     }
     return Error(std::string("unsupported JSON token '") + Printable(c) + "'");
@@ -267,14 +270,62 @@ class JsonParser {
   }
 
   std::string_view text_;
+  // At a digit: true when the number is a non-negative integer that fits in 64 bits.
+  bool IsPlainInteger() const {
+    size_t end = pos_;
+    while (end < text_.size() && text_[end] >= '0' && text_[end] <= '9') ++end;
+    if (end < text_.size() && (text_[end] == '.' || text_[end] == 'e' || text_[end] == 'E')) {
+      return false;
+    }
+    const std::string_view digits = text_.substr(pos_, end - pos_);
+    return digits.size() < 20 || (digits.size() == 20 && digits <= "18446744073709551615");
+  }
+
+  // kFull only: true, false, null, or any JSON number, kept as text.
+  Status ParseOther(JsonValue* out) {
+    out->kind = JsonValue::Kind::kOther;
+    for (std::string_view word : {"true", "false", "null"}) {
+      if (text_.substr(pos_, word.size()) == word) {
+        out->string = std::string(word);
+        pos_ += word.size();
+        return OkStatus();
+      }
+    }
+    const size_t start = pos_;
+    if (pos_ < text_.size() && text_[pos_] == '-') ++pos_;
+    SP_RETURN_IF_ERROR(SkipDigits(/*leading_zero_ok=*/false));
+    if (pos_ < text_.size() && text_[pos_] == '.') {
+      ++pos_;
+      SP_RETURN_IF_ERROR(SkipDigits(true));
+    }
+    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
+      SP_RETURN_IF_ERROR(SkipDigits(true));
+    }
+    out->string = std::string(text_.substr(start, pos_ - start));
+    return OkStatus();
+  }
+
+  Status SkipDigits(bool leading_zero_ok) {
+    const size_t start = pos_;
+    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+    if (pos_ == start) return Error("invalid JSON token");
+    if (!leading_zero_ok && pos_ - start > 1 && text_[start] == '0') {
+      return ErrorAt("number with a leading zero", start);
+    }
+    return OkStatus();
+  }
+
   std::string_view what_;
   size_t pos_ = 0;
+  bool full_ = false;
 };
 
 }  // namespace
 
-Result<JsonValue> ParseJson(std::string_view text, std::string_view what) {
-  return JsonParser(text, what).ParseDocument();
+Result<JsonValue> ParseJson(std::string_view text, std::string_view what, JsonSyntax syntax) {
+  return JsonParser(text, what, syntax).ParseDocument();
 }
 
 void AppendJsonString(std::string* out, std::string_view s) {
