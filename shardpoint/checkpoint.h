@@ -129,6 +129,9 @@ struct VerifyReport {
   uint64_t files_checked = 0;
   uint64_t chunks_checked = 0;
   uint64_t bytes_checked = 0;
+  // False for formats that store no checksums (torch-dcp, safetensors): only the presence and
+  // size of each file, the structure the driver parsed, and coverage were checked.
+  bool has_checksums = true;
   bool ok() const { return defects.empty(); }
 };
 

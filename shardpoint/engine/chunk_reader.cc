@@ -62,7 +62,7 @@ Status ReadChunkBytes(const StoredChunkRef& ref, uint64_t begin, uint64_t end, s
   if (begin == end) return OkStatus();
   SP_RETURN_IF_ERROR(ref.file->ReadAt(ref.file_offset + begin, MutableByteView(out, end - begin)));
   uint64_t read = end - begin;
-  if (verify) {
+  if (verify && ref.block_bytes > 0) {
     const uint64_t bs = ref.block_bytes;
     const uint64_t first_block = begin / bs;
     const uint64_t last_block = (end - 1) / bs;

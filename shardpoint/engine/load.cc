@@ -8,7 +8,8 @@
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/read_executor.h"
-#include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/metadata_wire.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/store/open_store.h"
 
@@ -90,7 +91,7 @@ Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& m
   read_options.verify = options.verify_checksums;
   // Staging per task; a cast needs up to twice more for the packed and converted copies.
   const uint64_t tasks = static_cast<uint64_t>(std::max(1, ctx.pool().size()));
-  read_options.window = std::max<uint64_t>(metadata.checksum_block_bytes,
+  read_options.window = std::max<uint64_t>(std::max<uint64_t>(1, metadata.checksum_block_bytes),
                                            options.memory_budget_bytes / (3 * tasks));
   SP_ASSIGN_OR_RETURN(result.bytes_read,
                       ExecuteReads(requests, metadata, files, ctx.pool(), read_options));
@@ -99,24 +100,13 @@ Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& m
 
 }  // namespace
 
-static Result<std::string> ReadMetadataBytes(std::string_view path, Store& store) {
-  const std::string metadata_path = JoinPath(path, kMetadataFileName);
-  Result<std::string> bytes = store.ReadFile(metadata_path);
-  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) {
-    return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
-                         std::string(kMetadataFileName) + " is missing)");
-  }
-  return bytes;
-}
-
 Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* store) {
   std::unique_ptr<Store> owned;
   if (store == nullptr) {
     SP_ASSIGN_OR_RETURN(owned, OpenStore(path));
     store = owned.get();
   }
-  SP_ASSIGN_OR_RETURN(std::string bytes, ReadMetadataBytes(path, *store));
-  return DecodeMetadata(bytes, JoinPath(path, kMetadataFileName));
+  return OpenCheckpointMetadata(*store, path, nullptr);
 }
 
 Result<LoadResult> Load(const LoadState& state, std::string_view path,
@@ -126,16 +116,17 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
                                           options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
   const int root = options.coordinator;
-  // The coordinator reads the metadata; every rank gets its bytes (or the same error) and
-  // decodes them, so a corrupt file fails identically everywhere.
+  // The coordinator opens the checkpoint, whatever its format, and every rank gets the decoded
+  // metadata (or the same error), so a corrupt file fails identically everywhere.
   Result<std::string> encoded = [&]() -> Result<std::string> {
     if (comm.rank() != root) return std::string();
-    return ReadMetadataBytes(path, ctx->store());
+    SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata,
+                        OpenCheckpointMetadata(ctx->store(), path, &ctx->pool()));
+    return EncodeMetadataForWire(metadata);
   }();
   SP_ASSIGN_OR_RETURN(std::string bytes, BroadcastOrFail(comm, std::move(encoded), root));
   Result<LoadResult> result = [&]() -> Result<LoadResult> {
-    SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata,
-                        DecodeMetadata(bytes, JoinPath(path, kMetadataFileName)));
+    SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata, DecodeMetadataFromWire(bytes));
     return LoadLocal(state, metadata, path, options, *ctx);
   }();
   SP_RETURN_IF_ERROR(AgreeOnStatus(comm, result.status()));

@@ -9,6 +9,7 @@
 
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/geometry/convert.h"
 #include "shardpoint/geometry/strided_copy.h"
 
@@ -266,7 +267,7 @@ std::pair<uint64_t, uint64_t> TouchedRange(const Job& job, const StoredChunkRef&
 void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
                std::vector<Task>& tasks) {
   const StoredChunkRef ref = RefFor(job, r);
-  const uint64_t bs = job.metadata.checksum_block_bytes;
+  const uint64_t bs = std::max<uint64_t>(1, job.metadata.checksum_block_bytes);
   const uint64_t step = std::max<uint64_t>(bs, kReadTaskBytes / bs * bs);
   for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
     const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
@@ -277,6 +278,31 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
     }});
     lo = hi;
   }
+}
+
+// Reads a driver-decoded chunk whole, decodes it, and serves every request that needs it.
+Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& requests) {
+  const ReadRequest& first = *requests.front();
+  const StoredChunk& chunk = *first.chunk;
+  const DataFile& file = job.metadata.files[chunk.file];
+  AlignedBuffer stored = job.staging.Acquire(chunk.stored_length);
+  AlignedBuffer decoded(chunk.byte_length);
+  Status status = [&]() -> Status {
+    SP_RETURN_IF_ERROR(job.files[chunk.file]->ReadAt(
+        file.data_start + chunk.data_offset, MutableByteView(stored.data(), chunk.stored_length)));
+    job.bytes_read.fetch_add(chunk.stored_length, std::memory_order_relaxed);
+    SP_RETURN_IF_ERROR(DecodeStoredChunk(job.metadata, *first.stored, chunk,
+                                         ByteView(stored.data(), chunk.stored_length),
+                                         decoded.data()));
+    for (const ReadRequest* r : requests) {
+      SP_RETURN_IF_ERROR(CopyOut(ConstChunkView{decoded.data(), chunk.box,
+                                                DTypeSize(r->stored->dtype)},
+                                 r->region, *r));
+    }
+    return OkStatus();
+  }();
+  job.staging.Release(std::move(stored));
+  return status;
 }
 
 // Merges the staged reads of each file into spans of at most `window` bytes.
@@ -311,11 +337,19 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
                               const CheckpointMetadata& metadata,
                               const std::vector<std::unique_ptr<ReadableFile>>& files,
                               ThreadPool& pool, const ReadExecutorOptions& options) {
-  Job job(metadata, files, options);
-  const uint64_t bs = metadata.checksum_block_bytes;
+  // A format without checksums (block size 0) is read unverified, with no block rounding.
+  ReadExecutorOptions effective = options;
+  effective.verify = options.verify && metadata.checksum_block_bytes > 0;
+  Job job(metadata, files, effective);
+  const uint64_t bs = std::max<uint64_t>(1, metadata.checksum_block_bytes);
   std::vector<Staged> staged;
   std::vector<Task> tasks;
+  std::map<const StoredChunk*, std::vector<const ReadRequest*>> decoded;
   for (const ReadRequest& r : requests) {
+    if (r.chunk->encoding == ChunkEncoding::kDriverDecoded) {
+      decoded[r.chunk].push_back(&r);
+      continue;
+    }
     const size_t es = DTypeSize(r.stored->dtype);
     if (r.stored->dtype == r.dest->dtype) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
@@ -345,6 +379,11 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   for (const Span& span : spans) {
     tasks.push_back(Task{files[span.file].get(), span.begin, span.end - span.begin,
                          [&job, &span] { return ReadSpan(job, span); }});
+  }
+  for (const auto& [chunk, users] : decoded) {
+    const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
+    tasks.push_back(Task{files[chunk->file].get(), offset, chunk->stored_length,
+                         [&job, &users] { return ReadDecodedChunk(job, users); }});
   }
   ReadAhead read_ahead(tasks);
   TaskGroup group(&pool);

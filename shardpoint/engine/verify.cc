@@ -69,6 +69,7 @@ std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f
                 " bytes, expected " + std::to_string(file.size));
     return nullptr;
   }
+  if (md.format != CheckpointFormat::kNative) return handle;  // its driver parsed the file
   Result<SafetensorsHeader> found = ReadSafetensorsHeader(*handle);
   if (!found.ok()) {
     defects.Add("data file " + file.name + ": " + found.status().message());
@@ -99,6 +100,7 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
                       EngineContext::Make(path, nullptr, store, pool, 0));
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, ReadCheckpointMetadata(path, &ctx->store()));
   VerifyReport report;
+  report.has_checksums = md.checksum_block_bytes > 0;
   DefectList defects;
   std::vector<std::unique_ptr<ReadableFile>> files(md.files.size());
   for (uint32_t f = 0; f < md.files.size(); ++f) {
@@ -112,6 +114,7 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
     for (const StoredChunk& c : t.chunks) {
       if (c.file >= files.size() || !files[c.file]) continue;
       ++report.chunks_checked;
+      if (!report.has_checksums) continue;
       StoredChunkRef ref{files[c.file].get(), &t, &c, md.files[c.file].data_start + c.data_offset,
                          md.checksum_block_bytes};
       for (uint64_t lo = 0; lo < c.byte_length; lo += kVerifyTaskBytes) {

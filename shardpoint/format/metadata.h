@@ -26,6 +26,8 @@ struct DataFile {
   uint64_t data_start = 0;  // byte offset of the data section (safetensors: 8 + header length)
   uint64_t size = 0;        // total file size in bytes
   int32_t writer_rank = 0;  // the rank that wrote it
+
+  friend bool operator==(const DataFile&, const DataFile&) = default;
 };
 
 // Which on-disk format a CheckpointMetadata was decoded from. Every format is read through the
@@ -55,6 +57,8 @@ struct StoredChunk {
   std::vector<uint32_t> block_crc32c;
   ChunkEncoding encoding = ChunkEncoding::kRaw;
   uint64_t stored_length = 0;  // kDriverDecoded only: the bytes to read and decode
+
+  friend bool operator==(const StoredChunk&, const StoredChunk&) = default;
 };
 
 struct TensorMetadata {
@@ -64,6 +68,7 @@ struct TensorMetadata {
   std::vector<StoredChunk> chunks;  // non-empty boxes, no overlaps, covering the shape
 
   uint64_t total_bytes() const { return static_cast<uint64_t>(ShapeVolume(shape)) * DTypeSize(dtype); }
+  friend bool operator==(const TensorMetadata&, const TensorMetadata&) = default;
 };
 
 enum class ObjectEncoding : uint8_t {
@@ -76,6 +81,8 @@ struct ObjectEntry {
   std::string name;
   ObjectEncoding encoding = ObjectEncoding::kJson;
   std::string payload;
+
+  friend bool operator==(const ObjectEntry&, const ObjectEntry&) = default;
 };
 
 struct CheckpointMetadata {
@@ -93,6 +100,7 @@ struct CheckpointMetadata {
 
   const TensorMetadata* FindTensor(std::string_view name) const;
   const ObjectEntry* FindObject(std::string_view name) const;
+  friend bool operator==(const CheckpointMetadata&, const CheckpointMetadata&) = default;
 };
 
 }  // namespace sp

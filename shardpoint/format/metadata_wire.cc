@@ -1,0 +1,174 @@
+#include "shardpoint/format/metadata_wire.h"
+
+#include "shardpoint/base/coding.h"
+
+namespace sp {
+namespace {
+
+constexpr uint32_t kWireMagic = 0x57505053;  // "SPPW"
+constexpr uint32_t kMaxRank = 64;
+
+void PutShape(ByteWriter& w, const std::vector<int64_t>& v) {
+  w.PutU32(static_cast<uint32_t>(v.size()));
+  for (int64_t x : v) w.PutI64(x);
+}
+
+Status GetShape(ByteReader& r, std::vector<int64_t>* v) {
+  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadCount(8));
+  if (n > kMaxRank) return DataLossError(r.what() + ": rank " + std::to_string(n));
+  v->resize(n);
+  for (int64_t& x : *v) {
+    SP_ASSIGN_OR_RETURN(x, r.ReadI64());
+  }
+  return OkStatus();
+}
+
+void PutChunk(ByteWriter& w, const StoredChunk& c) {
+  PutShape(w, c.box.offsets);
+  PutShape(w, c.box.sizes);
+  w.PutU32(c.file);
+  w.PutU64(c.data_offset);
+  w.PutU64(c.byte_length);
+  w.PutU8(static_cast<uint8_t>(c.encoding));
+  w.PutU64(c.stored_length);
+  w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+  for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
+}
+
+Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
+  SP_RETURN_IF_ERROR(GetShape(r, &c->box.offsets));
+  SP_RETURN_IF_ERROR(GetShape(r, &c->box.sizes));
+  SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
+  if (c->file >= file_count) return DataLossError(r.what() + ": file index out of range");
+  SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(c->byte_length, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
+  if (encoding > static_cast<uint8_t>(ChunkEncoding::kDriverDecoded)) {
+    return DataLossError(r.what() + ": unknown chunk encoding " + std::to_string(encoding));
+  }
+  c->encoding = static_cast<ChunkEncoding>(encoding);
+  SP_ASSIGN_OR_RETURN(c->stored_length, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
+  c->block_crc32c.resize(crcs);
+  for (uint32_t& crc : c->block_crc32c) {
+    SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
+  }
+  return OkStatus();
+}
+
+Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
+  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+  t->name = std::string(name);
+  SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
+  SP_ASSIGN_OR_RETURN(t->dtype, DTypeFromCode(code));
+  SP_RETURN_IF_ERROR(GetShape(r, &t->shape));
+  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 4 + 8 + 8 + 1 + 8 + 4));
+  t->chunks.resize(chunks);
+  for (StoredChunk& c : t->chunks) SP_RETURN_IF_ERROR(GetChunk(r, file_count, &c));
+  return OkStatus();
+}
+
+Status GetObject(ByteReader& r, ObjectEntry* o) {
+  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+  o->name = std::string(name);
+  SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
+  if (encoding < 1 || encoding > 3) return DataLossError(r.what() + ": unknown object encoding");
+  o->encoding = static_cast<ObjectEncoding>(encoding);
+  SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(UINT32_MAX));
+  o->payload = std::string(payload);
+  return OkStatus();
+}
+
+Status GetHead(ByteReader& r, CheckpointMetadata* m) {
+  SP_ASSIGN_OR_RETURN(uint32_t magic, r.ReadU32());
+  if (magic != kWireMagic) return DataLossError(r.what() + ": bad magic");
+  SP_ASSIGN_OR_RETURN(m->version_major, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(m->version_minor, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(std::string_view save_id, r.ReadString());
+  m->save_id = std::string(save_id);
+  SP_ASSIGN_OR_RETURN(uint32_t world, r.ReadU32());
+  m->world_size = static_cast<int32_t>(world);
+  SP_ASSIGN_OR_RETURN(uint8_t format, r.ReadU8());
+  if (format > static_cast<uint8_t>(CheckpointFormat::kSafetensors)) {
+    return DataLossError(r.what() + ": unknown format " + std::to_string(format));
+  }
+  m->format = static_cast<CheckpointFormat>(format);
+  SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadCount(4 + 8 + 8 + 4));
+  m->files.resize(files);
+  for (DataFile& f : m->files) {
+    SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+    f.name = std::string(name);
+    SP_ASSIGN_OR_RETURN(f.data_start, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(f.size, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(uint32_t writer, r.ReadU32());
+    f.writer_rank = static_cast<int32_t>(writer);
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t attributes, r.ReadCount(8));
+  for (uint32_t i = 0; i < attributes; ++i) {
+    SP_ASSIGN_OR_RETURN(std::string_view key, r.ReadString());
+    SP_ASSIGN_OR_RETURN(std::string_view value, r.ReadString(UINT32_MAX));
+    m->attributes.emplace(std::string(key), std::string(value));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU32(kWireMagic);
+  w.PutU32(m.version_major);
+  w.PutU32(m.version_minor);
+  w.PutString(m.save_id);
+  w.PutU32(static_cast<uint32_t>(m.world_size));
+  w.PutU8(static_cast<uint8_t>(m.format));
+  w.PutU64(m.checksum_block_bytes);
+  w.PutU32(static_cast<uint32_t>(m.files.size()));
+  for (const DataFile& f : m.files) {
+    w.PutString(f.name);
+    w.PutU64(f.data_start);
+    w.PutU64(f.size);
+    w.PutU32(static_cast<uint32_t>(f.writer_rank));
+  }
+  w.PutU32(static_cast<uint32_t>(m.attributes.size()));
+  for (const auto& [key, value] : m.attributes) {
+    w.PutString(key);
+    w.PutString(value);
+  }
+  w.PutU32(static_cast<uint32_t>(m.tensors.size()));
+  for (const TensorMetadata& t : m.tensors) {
+    w.PutString(t.name);
+    w.PutU8(DTypeCode(t.dtype));
+    PutShape(w, t.shape);
+    w.PutU32(static_cast<uint32_t>(t.chunks.size()));
+    for (const StoredChunk& c : t.chunks) PutChunk(w, c);
+  }
+  w.PutU32(static_cast<uint32_t>(m.objects.size()));
+  for (const ObjectEntry& o : m.objects) {
+    w.PutString(o.name);
+    w.PutU8(static_cast<uint8_t>(o.encoding));
+    w.PutString(o.payload);
+  }
+  return out;
+}
+
+Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes) {
+  ByteReader r(bytes, "checkpoint metadata received from the coordinator");
+  CheckpointMetadata m;
+  SP_RETURN_IF_ERROR(GetHead(r, &m));
+  const uint32_t file_count = static_cast<uint32_t>(m.files.size());
+  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(4 + 1 + 4 + 4));
+  m.tensors.resize(tensors);
+  for (TensorMetadata& t : m.tensors) SP_RETURN_IF_ERROR(GetTensor(r, file_count, &t));
+  SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4));
+  m.objects.resize(objects);
+  for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, &o));
+  if (!r.done()) {
+    return DataLossError(r.what() + ": " + std::to_string(r.remaining()) + " trailing bytes");
+  }
+  return m;
+}
+
+}  // namespace sp

@@ -1,0 +1,22 @@
+// The wire encoding of a CheckpointMetadata, for sending a decoded checkpoint from one rank to the
+// others (the coordinator opens the checkpoint once, whatever its format, and every rank gets the
+// same model). Not an on-disk format: both ends run the same build. Every field of the model is
+// carried, so Decode(Encode(m)) == m. Decoding is bounds-checked and refuses trailing bytes.
+#ifndef SHARDPOINT_FORMAT_METADATA_WIRE_H_
+#define SHARDPOINT_FORMAT_METADATA_WIRE_H_
+
+#include <string>
+#include <string_view>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/format/metadata.h"
+
+namespace sp {
+
+std::string EncodeMetadataForWire(const CheckpointMetadata& metadata);
+// kDataLoss naming the byte offset when `bytes` is not a complete encoding.
+Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_FORMAT_METADATA_WIRE_H_

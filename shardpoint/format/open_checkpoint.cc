@@ -1,0 +1,65 @@
+#include "shardpoint/format/open_checkpoint.h"
+
+#include "shardpoint/format/native/metadata_codec.h"
+
+namespace sp {
+
+std::string_view CheckpointFormatName(CheckpointFormat format) {
+  switch (format) {
+    case CheckpointFormat::kNative:
+      return "native";
+    case CheckpointFormat::kTorchDcp:
+      return "torch-dcp";
+    case CheckpointFormat::kSafetensors:
+      return "safetensors";
+  }
+  return "unknown";
+}
+
+Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
+  for (CheckpointFormat f : {CheckpointFormat::kNative, CheckpointFormat::kTorchDcp,
+                             CheckpointFormat::kSafetensors}) {
+    if (name == CheckpointFormatName(f)) return f;
+  }
+  return InvalidArgumentError("unknown checkpoint format '" + std::string(name) +
+                              "' (expected native, torch-dcp or safetensors)");
+}
+
+Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view path) {
+  SP_ASSIGN_OR_RETURN(bool native, store.Exists(JoinPath(path, kMetadataFileName)));
+  if (native) return CheckpointFormat::kNative;
+  return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
+                       std::string(kMetadataFileName) + " is missing)");
+}
+
+Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
+                                                  ThreadPool* pool) {
+  SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(store, path));
+  switch (format) {
+    case CheckpointFormat::kNative: {
+      const std::string metadata_path = JoinPath(path, kMetadataFileName);
+      Result<std::string> bytes = store.ReadFile(metadata_path);
+      if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) {
+        return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
+                             std::string(kMetadataFileName) + " is missing)");
+      }
+      SP_RETURN_IF_ERROR(bytes.status());
+      return DecodeMetadata(*bytes, metadata_path);
+    }
+    default:
+      break;
+  }
+  return UnimplementedError("checkpoints in the " + std::string(CheckpointFormatName(format)) +
+                            " format cannot be opened by this build");
+}
+
+Status DecodeStoredChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
+                         const StoredChunk& chunk, ByteView stored, std::byte* out) {
+  return UnimplementedError("tensor '" + tensor.name + "' chunk " + chunk.box.ToString() +
+                            " in " + metadata.files.at(chunk.file).name +
+                            " needs a decoder the " +
+                            std::string(CheckpointFormatName(metadata.format)) +
+                            " driver does not provide");
+}
+
+}  // namespace sp

@@ -1,0 +1,44 @@
+// Opening a checkpoint of any format shardpoint reads.
+//
+// One place picks the format driver by what is on disk (STYLE: no registration by static
+// initializers): a native checkpoint has `shardpoint.metadata`; every format decodes into the same
+// CheckpointMetadata, so planning, loading, verifying and inspecting are format-blind. Chunks of
+// foreign formats that are not plain row-major bytes (ChunkEncoding::kDriverDecoded) are turned
+// into row-major bytes by DecodeStoredChunk. Stateless and thread-safe.
+#ifndef SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
+#define SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
+
+#include <string_view>
+
+#include "shardpoint/base/bytes.h"
+#include "shardpoint/base/result.h"
+#include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+// The name of a format as users write it: "native", "torch-dcp", "safetensors".
+std::string_view CheckpointFormatName(CheckpointFormat format);
+// Parses such a name; kInvalidArgument naming the accepted names otherwise.
+Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name);
+
+// Which format the checkpoint at `path` is in, judged by its files. kNotFound ("no committed
+// checkpoint at PATH ...") when it holds none of them.
+Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view path);
+
+// Decodes the metadata of the checkpoint at `path`, whatever its format. Drivers that must read
+// data files to locate chunks spread those reads over `pool` (may be null: one thread).
+// Errors name the file and what is wrong with it; kNotFound when there is no checkpoint.
+Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
+                                                  ThreadPool* pool);
+
+// Turns the stored bytes of a kDriverDecoded chunk (`stored`, chunk.stored_length bytes read
+// from its data_offset) into chunk.byte_length row-major bytes at `out`. Errors name the tensor,
+// the chunk and the file.
+Status DecodeStoredChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
+                         const StoredChunk& chunk, ByteView stored, std::byte* out);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
