@@ -45,6 +45,10 @@ std::string JsonQuote(std::string_view s);
 int InspectCommand(const std::vector<std::string>& argv);
 int VerifyCommand(const std::vector<std::string>& argv);
 int DemoCommand(const std::vector<std::string>& argv);
+int ListCommand(const std::vector<std::string>& argv);
+int GcCommand(const std::vector<std::string>& argv);
+int PruneCommand(const std::vector<std::string>& argv);
+int DiffCommand(const std::vector<std::string>& argv);
 
 }  // namespace sp::cli
 

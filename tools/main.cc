@@ -14,6 +14,10 @@ constexpr char kUsage[] =
     "  demo                 save a synthetic model from 4 ranks, load it into 3, check every byte\n"
     "  inspect PATH         list the tensors, objects and files of a checkpoint (--json)\n"
     "  verify PATH          check every checksum and the coverage of every tensor\n"
+    "  list DIR             list the step checkpoints in a run directory (--json)\n"
+    "  gc DIR               delete old step checkpoints (--keep-last K, --keep-every N)\n"
+    "  prune PATH           remove the tensors and objects under key prefixes, in place\n"
+    "  diff A B             compare two checkpoints key by key and value by value\n"
     "\n"
     "Run 'shardpoint <command> --help' for the options of a command.\n";
 
@@ -34,6 +38,10 @@ int main(int argc, char** argv) {
   if (verb == "inspect") return sp::cli::InspectCommand(args);
   if (verb == "verify") return sp::cli::VerifyCommand(args);
   if (verb == "demo") return sp::cli::DemoCommand(args);
+  if (verb == "list") return sp::cli::ListCommand(args);
+  if (verb == "gc") return sp::cli::GcCommand(args);
+  if (verb == "prune") return sp::cli::PruneCommand(args);
+  if (verb == "diff") return sp::cli::DiffCommand(args);
   std::cerr << "shardpoint: unknown command '" << verb << "'\n\n" << kUsage;
   return sp::cli::kExitUsage;
 }
