@@ -89,6 +89,9 @@ struct SaveOptions {
   bool dedup_to_lowest_rank = false;
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   std::map<std::string, std::string> attributes;  // stored in the metadata (coordinator's copy)
+  // Megatron's separation_hint: chunks of tensors whose names start with one of these prefixes
+  // are written to data files of their own on each rank (see SavePlanOptions).
+  std::vector<std::string> separate_key_prefixes;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures
 };
 

@@ -217,5 +217,33 @@ TEST(PruneTest, CrashSweepLeavesOldOrNew) {
   EXPECT_EQ(outcomes, (std::set<std::string>{"old", "new"}));
 }
 
+// Megatron's separation_hint: a save that separates "optim." writes files holding only optimizer
+// chunks or none, loads back bit-exact, and a prune of "optim." then only drops whole files.
+TEST(PruneTest, SeparatedSaveRoundTripsAndPrunesByDroppingFiles) {
+  MemoryStore store;
+  ASSERT_TRUE(store.CreateDirs(kPath).ok());
+  SaveOptions options;
+  options.separate_key_prefixes = {"optim."};
+  Status saved = spt::SaveWhole(&store, kPath, Tensors(), Objects(), 2, options);
+  ASSERT_TRUE(saved.ok()) << saved;
+  ExpectHolds(store, {"model.w", "model.b", "optim.a", "optim.b", "extra"});
+  Result<CheckpointMetadata> md = ReadCheckpointMetadata(kPath, &store);
+  ASSERT_TRUE(md.ok());
+  std::map<uint32_t, std::set<bool>> kinds;  // file -> {holds optim chunks?}
+  for (const TensorMetadata& t : md->tensors) {
+    for (const StoredChunk& c : t.chunks) kinds[c.file].insert(t.name.starts_with("optim."));
+  }
+  ASSERT_EQ(kinds.size(), 4u);  // two ranks, each with a model file and an optimizer file
+  for (const auto& [file, k] : kinds) EXPECT_EQ(k.size(), 1u) << md->files[file].name;
+
+  Result<PruneReport> report = Prune(kPath, {"optim."}, {&store});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->files_rewritten.empty());
+  EXPECT_EQ(report->files_dropped.size(), 2u);
+  EXPECT_EQ(report->files_untouched.size(), 2u);
+  EXPECT_EQ(report->bytes_copied, 0u);
+  ExpectHolds(store, {"model.w", "model.b", "extra"});
+}
+
 }  // namespace
 }  // namespace sp

@@ -107,6 +107,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
   plan_options.dedup_to_lowest_rank = options.dedup_to_lowest_rank;
   plan_options.save_id = NewSaveId();
   plan_options.checksum_block_bytes = options.checksum_block_bytes;
+  plan_options.separate_key_prefixes = options.separate_key_prefixes;
   SP_ASSIGN_OR_RETURN(GlobalSavePlan plan, PlanSave(locals, plan_options));
   plan.metadata.world_size = static_cast<int32_t>(gathered.size());
   plan.metadata.attributes = options.attributes;

@@ -87,6 +87,11 @@ Status ValidateOptions(size_t world_size, const SavePlanOptions& options) {
   if (options.checksum_block_bytes == 0) {
     return InvalidArgumentError("save plan: checksum_block_bytes must be positive, got 0");
   }
+  for (const std::string& prefix : options.separate_key_prefixes) {
+    if (prefix.empty()) {
+      return InvalidArgumentError("save plan: a separation prefix is empty (it would match every key)");
+    }
+  }
   if (world_size > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return InvalidArgumentError("save plan: " + std::to_string(world_size) +
                                 " local plans exceed the largest world size");
@@ -337,20 +342,21 @@ std::vector<std::vector<OwnedChunk>> PackFiles(std::span<const OwnedChunk> owned
   return files;
 }
 
-// Creates the files of one rank and lays its chunks out in them, recording the writes.
-Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned,
-                  const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
-                  GlobalSavePlan* plan) {
-  if (owned.empty()) return OkStatus();
+// Creates files first_k, first_k + 1, ... of one rank for one group of its chunks and lays the
+// chunks out in them, recording the writes. Returns the number of files created.
+Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t first_k,
+                             const std::vector<TensorEntry>& entries,
+                             const SavePlanOptions& options, GlobalSavePlan* plan) {
+  if (owned.empty()) return uint32_t{0};
   const size_t num_files = std::min<size_t>(options.files_per_rank, owned.size());
   std::vector<std::vector<OwnedChunk>> packed;
   if (num_files > 1) packed = PackFiles(owned, num_files);
   RankSavePlan& rank_plan = plan->ranks[rank];
-  rank_plan.writes.reserve(owned.size());
   for (uint32_t k = 0; k < num_files; ++k) {
     const uint32_t file = static_cast<uint32_t>(plan->metadata.files.size());
-    plan->metadata.files.push_back(
-        DataFile{DataFileName(options.save_id, static_cast<int>(rank), static_cast<int>(k)), 0, 0, static_cast<int32_t>(rank)});
+    plan->metadata.files.push_back(DataFile{
+        DataFileName(options.save_id, static_cast<int>(rank), static_cast<int>(first_k + k)), 0,
+        0, static_cast<int32_t>(rank)});
     rank_plan.files.push_back(file);
     uint64_t offset = 0;
     for (const OwnedChunk& oc : num_files == 1 ? owned : std::span<const OwnedChunk>(packed[k])) {
@@ -367,6 +373,35 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned,
                                     " would exceed 2^64 bytes");
       }
     }
+  }
+  return static_cast<uint32_t>(num_files);
+}
+
+// The separation group of a tensor: the index of the first prefix its name starts with, plus
+// one; 0 for the others.
+size_t GroupOf(std::string_view name, const std::vector<std::string>& prefixes) {
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    if (name.starts_with(prefixes[i])) return i + 1;
+  }
+  return 0;
+}
+
+// Lays out one rank's chunks: one group without separation prefixes, else the others and then
+// one group per prefix, each in files of its own.
+Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned,
+                  const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
+                  GlobalSavePlan* plan) {
+  plan->ranks[rank].writes.reserve(owned.size());
+  const std::vector<std::string>& prefixes = options.separate_key_prefixes;
+  if (prefixes.empty()) return LayOutGroup(rank, owned, 0, entries, options, plan).status();
+  std::vector<std::vector<OwnedChunk>> groups(prefixes.size() + 1);
+  for (const OwnedChunk& oc : owned) {
+    groups[GroupOf(plan->metadata.tensors[oc.tensor].name, prefixes)].push_back(oc);
+  }
+  uint32_t next_k = 0;
+  for (const std::vector<OwnedChunk>& group : groups) {
+    SP_ASSIGN_OR_RETURN(uint32_t made, LayOutGroup(rank, group, next_k, entries, options, plan));
+    next_k += made;
   }
   return OkStatus();
 }

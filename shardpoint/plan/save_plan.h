@@ -46,6 +46,11 @@ struct SavePlanOptions {
   bool dedup_to_lowest_rank = false;  // DCP's dedup_save_to_lowest_rank; default: balanced by bytes
   std::string save_id;                // goes into file names and metadata
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;  // > 0
+  // Megatron's separation_hint: the chunks of tensors whose names start with one of these
+  // prefixes go into files of their own (per rank and per prefix, the first matching prefix
+  // wins), apart from the rank's other chunks. Each non-empty group of a rank gets
+  // min(files_per_rank, its chunks) files. Prefixes must not be empty.
+  std::vector<std::string> separate_key_prefixes;
 };
 
 // One write a rank performs: the bytes of one of its local boxes into one file.
@@ -87,9 +92,13 @@ struct GlobalSavePlan {
 // lowest holder always writes. Each rank's owned chunks are bin-packed, largest first into the
 // lightest file, into min(files_per_rank, chunks owned) files named
 // d-<save_id>-r<rank:05>-f<k:03>.safetensors, packed back to back in (tensor name, box) order.
+// With separate_key_prefixes, a rank's chunks are first grouped (the others, then one group per
+// prefix in the order given) and each group is packed into its own files as above; k counts on
+// across the groups.
 //
 // Errors (kInvalidArgument, each naming the tensor or object, the ranks and the values):
-//   - options out of range (files_per_rank < 1, checksum_block_bytes == 0, too many ranks);
+//   - options out of range (files_per_rank < 1, checksum_block_bytes == 0, too many ranks, an
+//     empty separation prefix);
 //   - a shape with a negative dimension, or whose byte size overflows;
 //   - the same tensor with different dtypes or shapes on two ranks;
 //   - a box of the wrong rank or outside the shape;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "shardpoint/plan/plan_test_util.h"
 
@@ -339,6 +341,73 @@ TEST(SavePlanTest, NoRanksGiveAnEmptyPlan) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->metadata.world_size, 0);
   EXPECT_TRUE(plan->ranks.empty());
+}
+
+// Megatron's separation_hint: every file holds only chunks of tensors under a separation prefix
+// or only others.
+TEST(SavePlanTest, SeparatedPrefixesGetFilesOfTheirOwn) {
+  std::vector<LocalSavePlan> locals(2);
+  for (int r = 0; r < 2; ++r) {
+    for (const char* name : {"model.w", "optim.m", "optim.v", "sched.x"}) {
+      locals[r].tensors.push_back(
+          Tensor(name, DType::kFloat32, {4, 4}, {Box({2 * r, 0}, {2, 4})}));
+    }
+  }
+  for (int files_per_rank : {1, 2, 3}) {
+    SavePlanOptions options = Options(files_per_rank);
+    options.separate_key_prefixes = {"optim.", "sched."};
+    Result<GlobalSavePlan> plan = PlanSave(locals, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const CheckpointMetadata& md = plan->metadata;
+    std::map<uint32_t, std::set<std::string>> groups_in_file;
+    for (const TensorMetadata& t : md.tensors) {
+      const std::string group = t.name.substr(0, t.name.find('.'));
+      for (const StoredChunk& c : t.chunks) groups_in_file[c.file].insert(group);
+    }
+    ASSERT_EQ(groups_in_file.size(), md.files.size());
+    for (const auto& [file, groups] : groups_in_file) {
+      EXPECT_EQ(groups.size(), 1u) << md.files[file].name << " holds " << groups.size()
+                                   << " groups (files_per_rank " << files_per_rank << ")";
+    }
+    // Per rank: model (1 chunk: 1 file), optim (2 chunks: min(files_per_rank, 2) files), sched
+    // (1 file), numbered on from f000 with the others first.
+    const size_t optim_files = std::min(files_per_rank, 2);
+    EXPECT_EQ(md.files.size(), 2 * (2 + optim_files));
+    EXPECT_EQ(md.files[0].name, "d-s7-r00000-f000.safetensors");
+    EXPECT_EQ(md.files[md.files.size() / 2 - 1].name,
+              "d-s7-r00000-f00" + std::to_string(1 + optim_files) + ".safetensors");
+    EXPECT_EQ(md.files[md.tensors[0].chunks[0].file].name, "d-s7-r00000-f000.safetensors");
+    // Every rank writes into its own files only, in file order.
+    for (size_t r = 0; r < plan->ranks.size(); ++r) {
+      for (const ChunkWrite& w : plan->ranks[r].writes) {
+        EXPECT_EQ(md.files[w.file].writer_rank, static_cast<int32_t>(r));
+      }
+    }
+  }
+}
+
+TEST(SavePlanTest, SeparationWithoutMatchesChangesNothing) {
+  std::vector<LocalSavePlan> locals(2);
+  for (int r = 0; r < 2; ++r) {
+    locals[r].tensors.push_back(Tensor("w", DType::kFloat32, {4}, {Box({2 * r}, {2})}));
+  }
+  SavePlanOptions options = Options();
+  Result<GlobalSavePlan> plain = PlanSave(locals, options);
+  options.separate_key_prefixes = {"optim."};
+  Result<GlobalSavePlan> separated = PlanSave(locals, options);
+  ASSERT_TRUE(plain.ok() && separated.ok());
+  EXPECT_EQ(separated->ranks, plain->ranks);
+  ASSERT_EQ(separated->metadata.files.size(), 2u);
+  EXPECT_EQ(separated->metadata.files[1].name, "d-s7-r00001-f000.safetensors");
+}
+
+TEST(SavePlanTest, EmptySeparationPrefixIsRefused) {
+  std::vector<LocalSavePlan> locals(1);
+  locals[0].tensors.push_back(Tensor("w", DType::kFloat32, {4}, {Box({0}, {4})}));
+  SavePlanOptions options = Options();
+  options.separate_key_prefixes = {"optim.", ""};
+  EXPECT_THAT(PlanError(locals, options).message(),
+              HasSubstr("a separation prefix is empty (it would match every key)"));
 }
 
 }  // namespace
