@@ -37,6 +37,7 @@ class UncheckedReadTest : public ::testing::Test {
     metadata_.tensors = {tensor_};
     std::string file(kDataStart, 'h');
     file.append(reinterpret_cast<const char*>(values_.data()), bytes);
+    ASSERT_TRUE(store_.CreateDirs("/m").ok());
     auto writable = store_.NewWritableFile("/m/model.safetensors").value();
     ASSERT_TRUE(writable->WriteAt(0, AsBytes(file)).ok());
     ASSERT_TRUE(writable->Close().ok());
