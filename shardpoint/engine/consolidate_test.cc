@@ -1,0 +1,292 @@
+#include "shardpoint/engine/consolidate.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "shardpoint/engine/consolidate_plan.h"
+#include "shardpoint/engine/edit_test_util.h"
+#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/format/safetensors/safetensors.h"
+#include "shardpoint/geometry/convert.h"
+#include "shardpoint/store/fault_store.h"
+#include "shardpoint/store/memory_store.h"
+
+namespace sp {
+namespace {
+
+using testing::Iota;
+using testing::MakeTensor;
+using testing::SaveWhole;
+using testing::WholeTensor;
+
+TEST(ParseByteSizeTest, HuggingFaceSizes) {
+  EXPECT_EQ(*ParseByteSize("5GB"), 5'000'000'000u);
+  EXPECT_EQ(*ParseByteSize("500MB"), 500'000'000u);
+  EXPECT_EQ(*ParseByteSize("2GiB"), uint64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("10kb"), 10'000u);
+  EXPECT_EQ(*ParseByteSize("1.5 GB"), 1'500'000'000u);
+  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+  EXPECT_EQ(*ParseByteSize("64KiB"), 65536u);
+  for (std::string_view bad : {"", "GB", "5XB", "-5GB", "0", "0GB", "1..5GB", ".5GB", "5.GB",
+                               "99999999999999999999", "20000000TB"}) {
+    Result<uint64_t> r = ParseByteSize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("invalid size '" + std::string(bad) + "'"),
+              std::string::npos)
+        << r.status();
+  }
+}
+
+TEST(ParseConsolidateDTypeTest, ShortAndLongNames) {
+  EXPECT_EQ(*ParseConsolidateDType("bf16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseConsolidateDType("BF16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseConsolidateDType("bfloat16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseConsolidateDType("fp16"), DType::kFloat16);
+  EXPECT_EQ(*ParseConsolidateDType("float32"), DType::kFloat32);
+  EXPECT_EQ(ParseConsolidateDType("fp12").status().code(), StatusCode::kInvalidArgument);
+}
+
+CheckpointMetadata SampleMetadata(const std::vector<std::pair<std::string, Shape>>& tensors,
+                                  DType dtype = DType::kFloat32) {
+  CheckpointMetadata md;
+  for (const auto& [name, shape] : tensors) md.tensors.push_back({name, dtype, shape, {}});
+  std::sort(md.tensors.begin(), md.tensors.end(),
+            [](const TensorMetadata& a, const TensorMetadata& b) { return a.name < b.name; });
+  return md;
+}
+
+TEST(ConsolidatePlanTest, ShardsBySizeLikeHuggingFace) {
+  // 400, 400, 1200 and 40 bytes with a 1000-byte limit: [a b] [c] [d].
+  CheckpointMetadata md =
+      SampleMetadata({{"a", {100}}, {"b", {100}}, {"c", {300}}, {"d", {10}}});
+  ConsolidateOptions options;
+  options.max_shard_bytes = 1000;
+  Result<ConsolidationPlan> plan = PlanConsolidation(md, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->files.size(), 3u);
+  EXPECT_EQ(plan->files[0].name, "model-00001-of-00003.safetensors");
+  EXPECT_EQ(plan->files[2].name, "model-00003-of-00003.safetensors");
+  EXPECT_EQ(plan->files[0].tensors.size(), 2u);
+  EXPECT_EQ(plan->files[1].tensors[0].name, "c");
+  EXPECT_EQ(plan->total_bytes, 2040u);
+  EXPECT_EQ(plan->index_name, "model.safetensors.index.json");
+  EXPECT_EQ(plan->index_json,
+            "{\n  \"metadata\": {\n    \"total_size\": 2040\n  },\n  \"weight_map\": {\n"
+            "    \"a\": \"model-00001-of-00003.safetensors\",\n"
+            "    \"b\": \"model-00001-of-00003.safetensors\",\n"
+            "    \"c\": \"model-00002-of-00003.safetensors\",\n"
+            "    \"d\": \"model-00003-of-00003.safetensors\"\n  }\n}\n");
+  // The header is a valid safetensors header of the planned size, with {"format": "pt"}.
+  const OutputFile& f = plan->files[0];
+  Result<SafetensorsHeader> header = ParseSafetensorsHeader(f.head, f.size, f.name);
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->metadata.at("format"), "pt");
+  EXPECT_EQ(f.tensors[1].file_offset, header->data_start + 400);
+  options.max_shard_bytes = 5000;
+  plan = PlanConsolidation(md, options);
+  ASSERT_EQ(plan->files.size(), 1u);
+  EXPECT_EQ(plan->files[0].name, "model.safetensors");
+  EXPECT_TRUE(plan->index_name.empty());
+}
+
+TEST(ConsolidatePlanTest, KeysPrefixesRenamesAndDtypes) {
+  CheckpointMetadata md = SampleMetadata(
+      {{"model.layers.0.w", {2}}, {"model.layers.0.b", {2}}, {"model.layers.10.w", {2}},
+       {"model.embed", {4}}, {"lm_head", {4}}});
+  md.tensors.push_back({"step", DType::kInt64, {}, {}});
+  ConsolidateOptions options;
+  options.keys = {"model.layers.1", "model.layers.0", "step"};  // .1 selects nothing
+  EXPECT_EQ(SelectOutputTensors(md, options).status().message(),
+            "key 'model.layers.1' selects no tensor of the checkpoint");
+  options.keys = {"model.layers.0", "step"};
+  options.prefixes = {"model.layers.1"};
+  options.rename = {{"model.layers.", "layers."}, {"model.", ""}};
+  options.dtype = DType::kBFloat16;
+  Result<std::vector<OutputTensor>> out = SelectOutputTensors(md, options);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::map<std::string, std::pair<std::string, DType>> got;
+  for (const OutputTensor& t : *out) got[t.name] = {t.source->name, t.dtype};
+  EXPECT_EQ(got, (std::map<std::string, std::pair<std::string, DType>>{
+                     {"layers.0.b", {"model.layers.0.b", DType::kBFloat16}},
+                     {"layers.0.w", {"model.layers.0.w", DType::kBFloat16}},
+                     {"layers.10.w", {"model.layers.10.w", DType::kBFloat16}},
+                     {"step", {"step", DType::kInt64}}}));
+  EXPECT_EQ((*out)[0].bytes, 4u);
+  options = {};
+  options.rename = {{"model.embed", "lm_head"}};
+  EXPECT_EQ(SelectOutputTensors(md, options).status().message(),
+            "tensors 'lm_head' and 'model.embed' would both be written as 'lm_head'");
+  options.rename = {{"lm_head", "__metadata__"}};
+  EXPECT_EQ(SelectOutputTensors(md, options).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ConsolidatePlanTest, OutputNames) {
+  EXPECT_EQ(ShardFileName(ConsolidateFormat::kTorch, 2, 7), "pytorch_model-00002-of-00007.bin");
+  EXPECT_TRUE(IsOutputFileName(ConsolidateFormat::kSafetensors, "model-00002-of-00007.safetensors"));
+  EXPECT_TRUE(IsOutputFileName(ConsolidateFormat::kSafetensors, "model.safetensors.index.json"));
+  EXPECT_FALSE(IsOutputFileName(ConsolidateFormat::kSafetensors, "model-x-of-2.safetensors"));
+  EXPECT_FALSE(IsOutputFileName(ConsolidateFormat::kSafetensors, "pytorch_model.bin"));
+  EXPECT_FALSE(IsOutputFileName(ConsolidateFormat::kSafetensors, "config.json"));
+  EXPECT_TRUE(IsOutputFileName(ConsolidateFormat::kTorch, "pytorch_model.bin.index.json"));
+}
+
+// Consolidation end to end on an in-memory store.
+class ConsolidateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tensors_ = {Iota("model.embed", {37, 24}), Iota("model.w3d", {3, 2, 40000}, 7),
+                Iota("model.bias", {5}, -2), Iota("empty", {0, 4}),
+                MakeTensor<int64_t>("step", DType::kInt64, {}, {42}, 0),
+                MakeTensor<uint16_t>("half", DType::kFloat16, {4}, {0x3c00, 0x4000, 0x7bff, 0})};
+    ASSERT_TRUE(SaveWhole(&store_, "/ckpt", tensors_, {}, /*ranks=*/3).ok());
+    options_.store = &store_;
+    options_.threads = 3;
+  }
+
+  const WholeTensor& Source(const std::string& name) const {
+    for (const WholeTensor& t : tensors_) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << name;
+    return tensors_[0];
+  }
+
+  // Every output file, parsed: tensor name -> (dtype, shape, bytes).
+  std::map<std::string, std::tuple<DType, Shape, std::string>> ReadOutputs(
+      const ConsolidateResult& result, const std::string& dir = "/out") {
+    std::map<std::string, std::tuple<DType, Shape, std::string>> out;
+    for (const std::string& name : result.files) {
+      std::string bytes = *store_.ReadFile(JoinPath(dir, name));
+      Result<SafetensorsHeader> h = ParseSafetensorsHeader(bytes, bytes.size(), name);
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) continue;
+      for (const SafetensorsEntry& e : h->entries) {
+        out[e.name] = {e.dtype, e.shape, bytes.substr(h->data_start + e.begin, e.end - e.begin)};
+      }
+    }
+    return out;
+  }
+
+  std::vector<std::string> DirNames(const std::string& dir = "/out") {
+    std::vector<std::string> names;
+    Result<std::vector<DirEntry>> entries = store_.ListDir(dir);
+    EXPECT_TRUE(entries.ok()) << entries.status();
+    for (const DirEntry& e : *entries) names.push_back(e.name);
+    return names;
+  }
+
+  MemoryStore store_;
+  std::vector<WholeTensor> tensors_;
+  ConsolidateOptions options_;
+};
+
+TEST_F(ConsolidateTest, ShardedSaveBecomesBitExactWholeTensorsWithAnIndex) {
+  options_.max_shard_bytes = 300'000;
+  options_.memory_budget_bytes = 1;  // the smallest slabs: every tensor is cut many times
+  std::vector<std::pair<uint64_t, uint64_t>> progress;
+  options_.progress = [&](uint64_t done, uint64_t total) { progress.push_back({done, total}); };
+  Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->files.size(), 3u);  // 480,000 bytes of w3d alone; the rest in two shards
+  EXPECT_EQ(result->index_file, "model.safetensors.index.json");
+  EXPECT_EQ(result->tensors, 6u);
+  EXPECT_EQ(result->total_bytes, 37 * 24 * 4 + 240000 * 4 + 5 * 4 + 8 + 8u);
+  auto outputs = ReadOutputs(*result);
+  ASSERT_EQ(outputs.size(), 6u);
+  for (const WholeTensor& t : tensors_) {
+    const auto& [dtype, shape, bytes] = outputs.at(t.name);
+    EXPECT_EQ(dtype, t.dtype) << t.name;
+    EXPECT_EQ(shape, t.shape) << t.name;
+    EXPECT_TRUE(bytes == std::string(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size()))
+        << t.name;
+  }
+  Result<JsonValue> index = ParseJson(*store_.ReadFile("/out/model.safetensors.index.json"), "idx");
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->values[0].values[0].number, result->total_bytes);
+  EXPECT_EQ(index->values[1].keys.size(), 6u);
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back(), std::make_pair(result->total_bytes, result->total_bytes));
+  for (const std::string& name : DirNames()) EXPECT_NE(name.front(), '.') << name;
+}
+
+TEST_F(ConsolidateTest, Bf16ConversionRoundsLikeTorchAndKeepsIntegers) {
+  options_.dtype = DType::kBFloat16;
+  options_.keys = {"model", "step"};
+  options_.rename = {{"model.", "m."}};
+  Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->files, std::vector<std::string>{"model.safetensors"});
+  auto outputs = ReadOutputs(*result);
+  ASSERT_EQ(outputs.size(), 4u);  // no "empty" nor "half"
+  for (const char* name : {"model.embed", "model.w3d", "model.bias"}) {
+    const WholeTensor& t = Source(name);
+    const auto& [dtype, shape, bytes] = outputs.at(std::string("m.") + (name + 6));
+    EXPECT_EQ(dtype, DType::kBFloat16);
+    std::string expected(t.bytes.size() / 2, '\0');
+    ASSERT_TRUE(ConvertElements(DType::kFloat32, t.bytes.data(), DType::kBFloat16,
+                                expected.data(), ShapeVolume(t.shape))
+                    .ok());
+    EXPECT_TRUE(bytes == expected) << name;
+  }
+  EXPECT_EQ(std::get<0>(outputs.at("step")), DType::kInt64);
+}
+
+TEST_F(ConsolidateTest, RefusesToOverwriteUnlessAskedAndThenRemovesStaleShards) {
+  options_.max_shard_bytes = 300'000;
+  ASSERT_TRUE(Consolidate("/ckpt", "/out", options_).ok());
+  ASSERT_TRUE(store_.NewWritableFile("/out/config.json").ok());
+  options_.max_shard_bytes = kDefaultMaxShardBytes;
+  Result<ConsolidateResult> again = Consolidate("/ckpt", "/out", options_);
+  ASSERT_EQ(again.status().code(), StatusCode::kAlreadyExists) << again.status();
+  EXPECT_NE(again.status().message().find("/out already holds model-00001-of-00003.safetensors "
+                                          "and 3 more output file(s)"),
+            std::string::npos)
+      << again.status();
+  options_.overwrite = true;
+  again = Consolidate("/ckpt", "/out", options_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(DirNames(), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(Consolidate("/ckpt", "/ckpt/", options_).status().code(),
+            StatusCode::kInvalidArgument);
+  options_.keys = {"nothing"};
+  EXPECT_EQ(Consolidate("/ckpt", "/out2", options_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ConsolidateTest, AFailedReadLeavesNoOutputThatLooksFinished) {
+  CheckpointMetadata md = *ReadCheckpointMetadata("/ckpt", &store_);
+  const DataFile& victim = md.files[md.FindTensor("model.w3d")->chunks[1].file];
+  {  // flip one byte inside the chunk: its checksum fails
+    std::string bytes = *store_.ReadFile(JoinPath("/ckpt", victim.name));
+    bytes[victim.data_start + md.FindTensor("model.w3d")->chunks[1].data_offset + 5] ^= 1;
+    auto out = store_.NewWritableFile(JoinPath("/ckpt", victim.name));
+    ASSERT_TRUE((*out)->WriteAt(0, AsBytes(bytes)).ok());
+  }
+  options_.max_shard_bytes = 300'000;
+  Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
+  ASSERT_EQ(result.status().code(), StatusCode::kDataLoss) << result.status();
+  EXPECT_NE(result.status().message().find("checksum mismatch in tensor 'model.w3d'"),
+            std::string::npos)
+      << result.status();
+  EXPECT_NE(result.status().message().find("consolidating tensor 'model.w3d'"), std::string::npos);
+  EXPECT_TRUE(DirNames().empty()) << DirNames().front();
+}
+
+TEST_F(ConsolidateTest, AWriteErrorLeavesNoOutputAndNamesTheFile) {
+  FaultStore faulty(&store_);
+  faulty.FailMatching(FaultStore::Op::kWrite, "model-00002",
+                      ResourceExhaustedError("No space left on device"));
+  options_.store = &faulty;
+  options_.max_shard_bytes = 300'000;
+  Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("model-00002-of-00003.safetensors"), std::string::npos)
+      << result.status();
+  EXPECT_TRUE(DirNames().empty()) << DirNames().front();
+}
+
+}  // namespace
+}  // namespace sp
