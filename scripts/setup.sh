@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 
-APT_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libisal-dev
+APT_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libisal-dev libzstd-dev
               clang libclang-rt-dev openmpi-bin libopenmpi-dev python3-venv python3-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

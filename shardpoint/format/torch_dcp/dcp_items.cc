@@ -1,0 +1,156 @@
+#include "shardpoint/format/torch_dcp/dcp_items.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "shardpoint/format/safetensors/json.h"
+
+namespace sp::torch_dcp {
+
+namespace {
+
+struct DctxFree {
+  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+};
+struct CctxFree {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+
+Status TooLarge(std::string_view what, uint64_t max_decoded_bytes) {
+  return ResourceExhaustedError("zstd item " + std::string(what) + " decodes to more than " +
+                                std::to_string(max_decoded_bytes) + " bytes");
+}
+
+// Streams (the frame header need not declare the content size) with the output capped.
+Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std::string_view what) {
+  std::unique_ptr<ZSTD_DCtx, DctxFree> dctx(ZSTD_createDCtx());
+  if (!dctx) return InternalError("zstd: cannot create a decompression context");
+  std::string out;
+  ZSTD_inBuffer in{stored.data(), stored.size(), 0};
+  size_t hint = 1;
+  for (;;) {
+    size_t used = out.size();
+    size_t chunk = static_cast<size_t>(
+        std::min<uint64_t>(ZSTD_DStreamOutSize(), max_decoded_bytes + 1 - used));
+    out.resize(used + chunk);
+    ZSTD_outBuffer o{out.data() + used, chunk, 0};
+    hint = ZSTD_decompressStream(dctx.get(), &o, &in);
+    out.resize(used + o.pos);
+    if (ZSTD_isError(hint)) {
+      return DataLossError("zstd item " + std::string(what) + ": " + ZSTD_getErrorName(hint));
+    }
+    if (out.size() > max_decoded_bytes) return TooLarge(what, max_decoded_bytes);
+    // Output space left over with all input consumed: nothing more is buffered.
+    if (in.pos == in.size && o.pos < chunk) break;
+  }
+  if (hint != 0) {
+    return DataLossError("zstd item " + std::string(what) + " is truncated (the stream does not end)");
+  }
+  return out;
+}
+
+Result<std::vector<int64_t>> SavedOffsets(const JsonValue& info, std::string_view fqn,
+                                          std::string_view path) {
+  auto bad = [&](const std::string& problem) {
+    return DataLossError("safetensors file " + std::string(path) + ": DCP_SHARDING_INFO for '" +
+                         std::string(fqn) + "': " + problem);
+  };
+  if (!info.is_object()) return bad("not an object");
+  for (size_t i = 0; i < info.keys.size(); ++i) {
+    if (info.keys[i] != "saved_offsets") continue;
+    const JsonValue& list = info.values[i];
+    if (!list.is_array()) return bad("saved_offsets is not an array");
+    std::vector<int64_t> out;
+    for (const JsonValue& v : list.items) {
+      if (!v.is_number() || v.number > (uint64_t{1} << 62)) return bad("offset is not a number");
+      out.push_back(static_cast<int64_t>(v.number));
+    }
+    return out;
+  }
+  return bad("no saved_offsets");
+}
+
+}  // namespace
+
+Result<std::string> DecodeTransformedItem(std::span<const std::string> descriptors, ByteView stored,
+                                          uint64_t max_decoded_bytes, std::string_view what) {
+  if (descriptors.empty()) {
+    if (stored.size() > max_decoded_bytes) {
+      return ResourceExhaustedError("item " + std::string(what) + " is larger than " +
+                                    std::to_string(max_decoded_bytes) + " bytes");
+    }
+    return std::string(AsStringView(stored));
+  }
+  if (descriptors.size() > 1) {
+    return UnimplementedError("item " + std::string(what) + " has " + std::to_string(descriptors.size()) +
+                              " stream transforms; only one (stream.zstd) is supported");
+  }
+  std::string_view d = descriptors[0];
+  size_t slash = d.find('/');
+  std::string_view name = d.substr(0, slash);
+  std::string_view version = slash == std::string_view::npos ? "" : d.substr(slash + 1);
+  if (name != "stream.zstd" || version.substr(0, version.find('.')) != "1") {
+    return UnimplementedError("item " + std::string(what) + ": unknown stream transform '" +
+                              std::string(d) + "' (only stream.zstd/1 is supported)");
+  }
+  return ZstdDecode(stored, max_decoded_bytes, what);
+}
+
+Result<std::string> EncodeZstdItem(ByteView raw, int level) {
+  std::unique_ptr<ZSTD_CCtx, CctxFree> cctx(ZSTD_createCCtx());
+  if (!cctx) return InternalError("zstd: cannot create a compression context");
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_contentSizeFlag, 0);
+  std::string out(ZSTD_compressBound(raw.size()), '\0');
+  ZSTD_inBuffer in{raw.data(), raw.size(), 0};
+  ZSTD_outBuffer o{out.data(), out.size(), 0};
+  size_t left = ZSTD_compressStream2(cctx.get(), &o, &in, ZSTD_e_end);
+  if (ZSTD_isError(left) || left != 0) {
+    return InternalError(std::string("zstd compression failed: ") +
+                         (ZSTD_isError(left) ? ZSTD_getErrorName(left) : "output buffer too small"));
+  }
+  out.resize(o.pos);
+  return out;
+}
+
+Result<std::vector<DcpSafetensorsChunk>> DcpSafetensorsChunks(const SafetensorsHeader& header,
+                                                              std::string_view path) {
+  std::vector<std::string> keys;
+  std::vector<JsonValue> infos;
+  auto it = header.metadata.find("DCP_SHARDING_INFO");
+  if (it != header.metadata.end()) {
+    SP_ASSIGN_OR_RETURN(JsonValue sharding,
+                        ParseJson(it->second, "safetensors file " + std::string(path) + " DCP_SHARDING_INFO"));
+    if (!sharding.is_object()) {
+      return DataLossError("safetensors file " + std::string(path) + ": DCP_SHARDING_INFO is not an object");
+    }
+    keys = sharding.keys;
+    infos = sharding.values;
+  }
+  std::vector<DcpSafetensorsChunk> out;
+  for (const SafetensorsEntry& e : header.entries) {
+    DcpSafetensorsChunk c{e.name, e.dtype, Box::Whole(e.shape), header.data_start + e.begin, e.end - e.begin};
+    auto k = std::find(keys.begin(), keys.end(), e.name);
+    if (k != keys.end()) {
+      SP_ASSIGN_OR_RETURN(c.box.offsets, SavedOffsets(infos[k - keys.begin()], e.name, path));
+      if (c.box.offsets.size() != e.shape.size()) {
+        return DataLossError("safetensors file " + std::string(path) + ": DCP_SHARDING_INFO for '" +
+                             e.name + "' has " + std::to_string(c.box.offsets.size()) +
+                             " offsets for a tensor of rank " + std::to_string(e.shape.size()));
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  for (const std::string& key : keys) {
+    bool found = std::any_of(out.begin(), out.end(), [&](const auto& c) { return c.fqn == key; });
+    if (!found) {
+      return DataLossError("safetensors file " + std::string(path) + ": DCP_SHARDING_INFO names '" +
+                           key + "', which the file does not hold");
+    }
+  }
+  return out;
+}
+
+}  // namespace sp::torch_dcp
