@@ -1,0 +1,106 @@
+#include "shardpoint/format/torch_dcp/dcp_items.h"
+
+#include <gtest/gtest.h>
+
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/test_util.h"
+#include "shardpoint/format/torch_dcp/torch_save.h"
+
+namespace sp::torch_dcp {
+namespace {
+
+TEST(DecodeTransformedItem, ZstdItemsWrittenByTorch) {
+  Result<DcpMetadata> md = DecodeDcpMetadata(AsBytes(TestData("zstd/.metadata")), "zstd/.metadata");
+  ASSERT_TRUE(md.ok()) << md.status();
+  std::string data = TestData("zstd/__0_0.distcp");
+  std::vector<int64_t> origin = {0, 0};
+  const DcpStorageEntry* w = md->FindStorage("w", &origin);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->transform_descriptors, std::vector<std::string>{kZstdTransformDescriptor});
+  Result<std::string> item = DecodeTransformedItem(
+      w->transform_descriptors, AsBytes(data).subspan(w->offset, w->length), 1 << 20, "w");
+  ASSERT_TRUE(item.ok()) << item.status();
+  Result<TorchSaveTensorInfo> t = ParseTorchSaveTensor(MemoryRangeReader(AsBytes(*item)), item->size(), "w");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->dtype, DType::kInt64);
+  EXPECT_EQ(t->shape, (Shape{8, 8}));
+  int64_t last;
+  std::memcpy(&last, item->data() + t->data_offset + 63 * 8, 8);
+  EXPECT_EQ(last, 63);
+
+  const DcpStorageEntry* note = md->FindStorage("note", nullptr);
+  ASSERT_NE(note, nullptr);
+  Result<std::string> obj = DecodeTransformedItem(
+      note->transform_descriptors, AsBytes(data).subspan(note->offset, note->length), 1 << 20, "note");
+  ASSERT_TRUE(obj.ok()) << obj.status();
+  Result<PlainValue> v = ParseTorchSaveObject(MemoryRangeReader(AsBytes(*obj)), obj->size(), "note");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, PlainValue::String("compressed"));
+
+  // The size cap, truncation, and transforms that are not supported.
+  ByteView stored = AsBytes(data).subspan(w->offset, w->length);
+  SP_EXPECT_ERROR(DecodeTransformedItem(w->transform_descriptors, stored, 100, "w").status(),
+                  StatusCode::kResourceExhausted, "more than 100 bytes");
+  SP_EXPECT_ERROR(DecodeTransformedItem(w->transform_descriptors, stored.first(stored.size() - 5), 1 << 20, "w")
+                      .status(),
+                  StatusCode::kDataLoss, "zstd item w");
+  std::vector<std::string> unknown = {"stream.lz4/1"};
+  SP_EXPECT_ERROR(DecodeTransformedItem(unknown, stored, 1 << 20, "w").status(), StatusCode::kUnimplemented,
+                  "unknown stream transform 'stream.lz4/1'");
+  std::vector<std::string> v2 = {"stream.zstd/2"};
+  SP_EXPECT_ERROR(DecodeTransformedItem(v2, stored, 1 << 20, "w").status(), StatusCode::kUnimplemented,
+                  "stream.zstd/2");
+}
+
+TEST(DecodeTransformedItem, RoundTripsAndPassesRawItemsThrough) {
+  std::string raw;
+  for (int i = 0; i < 300000; ++i) raw.push_back(static_cast<char>(i % 251));
+  Result<std::string> z = EncodeZstdItem(AsBytes(raw));
+  ASSERT_TRUE(z.ok());
+  std::vector<std::string> zstd = {kZstdTransformDescriptor};
+  Result<std::string> back = DecodeTransformedItem(zstd, AsBytes(*z), raw.size(), "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, raw);
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(*z), raw.size() - 1, "x").status(),
+                  StatusCode::kResourceExhausted, "more than");
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(std::string_view("not zstd")), 100, "x").status(),
+                  StatusCode::kDataLoss, "zstd item x");
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, ByteView(), 100, "x").status(), StatusCode::kDataLoss, "truncated");
+  Result<std::string> plain = DecodeTransformedItem({}, AsBytes(raw), raw.size(), "x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(*plain, raw);
+}
+
+TEST(DcpSafetensorsChunks, UsesShardingInfo) {
+  std::vector<SafetensorsEntry> entries = {{"w", DType::kFloat32, {2, 3}, 0, 24}, {"b", DType::kBFloat16, {4}, 24, 32}};
+  std::map<std::string, std::string> meta = {
+      {"DCP_SHARDING_INFO", R"({"w": {"saved_offsets": [2, 0]}, "b": {"saved_offsets": [4]}})"},
+      {"DCP_VERSION", "1.0"},
+      {"format", "pt"}};
+  std::string header = EncodeSafetensorsHeader(entries, meta);
+  std::string file = header + std::string(32, '\0');
+  Result<SafetensorsHeader> parsed = ParseSafetensorsHeader(file, file.size(), "shard.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  Result<std::vector<DcpSafetensorsChunk>> chunks = DcpSafetensorsChunks(*parsed, "shard.safetensors");
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  ASSERT_EQ(chunks->size(), 2u);
+  EXPECT_EQ((*chunks)[0].fqn, "w");
+  EXPECT_EQ((*chunks)[0].box, Box({2, 0}, {2, 3}));
+  EXPECT_EQ((*chunks)[0].data_offset, header.size());
+  EXPECT_EQ((*chunks)[1].box, Box({4}, {4}));
+  EXPECT_EQ((*chunks)[1].data_offset, header.size() + 24);
+
+  parsed->metadata["DCP_SHARDING_INFO"] = R"({"w": {"saved_offsets": [2]}})";
+  SP_EXPECT_ERROR(DcpSafetensorsChunks(*parsed, "shard.safetensors").status(), StatusCode::kDataLoss,
+                  "has 1 offsets for a tensor of rank 2");
+  parsed->metadata["DCP_SHARDING_INFO"] = R"({"ghost": {"saved_offsets": []}})";
+  SP_EXPECT_ERROR(DcpSafetensorsChunks(*parsed, "shard.safetensors").status(), StatusCode::kDataLoss,
+                  "names 'ghost'");
+  parsed->metadata.clear();
+  chunks = DcpSafetensorsChunks(*parsed, "plain.safetensors");
+  ASSERT_TRUE(chunks.ok());
+  EXPECT_EQ((*chunks)[0].box, Box({0, 0}, {2, 3}));
+}
+
+}  // namespace
+}  // namespace sp::torch_dcp
