@@ -22,6 +22,9 @@ void DefineCheckpointFunctions(nanobind::module_& m);
 // AsyncSaver (async_bindings.cc).
 void DefineAsyncSaver(nanobind::module_& m);
 
+// list_checkpoints, plan_gc, gc, delete_checkpoint, save_separated (retention_bindings.cc).
+void DefineRetentionFunctions(nanobind::module_& m);
+
 // The keyword arguments of save() and AsyncSaver.start().
 struct SaveKeywords {
   nanobind::handle comm;

@@ -14,4 +14,5 @@ NB_MODULE(_core, m) {
   sp::python::DefineStatusError(m);
   sp::python::DefineCheckpointFunctions(m);
   sp::python::DefineAsyncSaver(m);
+  sp::python::DefineRetentionFunctions(m);
 }

@@ -31,6 +31,7 @@ from ._errors import (
     CheckpointVersionError,
 )
 from ._layouts import HyperParallelTensor, ShardedTensor
+from ._manager import CheckpointEntry, CheckpointManager
 from ._moe import ExpertShard, mark_experts
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "CheckpointError", "CheckpointNotFoundError", "CheckpointExistsError", "CheckpointCorruptError",
     "CheckpointVersionError", "CheckpointArgumentError",
     "HyperParallelTensor", "ShardedTensor", "ExpertShard", "mark_experts",
+    "CheckpointManager", "CheckpointEntry",
 ]

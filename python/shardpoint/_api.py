@@ -136,7 +136,8 @@ def _prepared_save(state_dict: Mapping[str, Any], comm: Optional[_dist.TorchComm
 
 
 def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, overwrite: bool = False,
-         threads: Optional[int] = None, allow_pickle: bool = False) -> None:
+         threads: Optional[int] = None, allow_pickle: bool = False,
+         separation_hint: Union[str, Sequence[str], None] = None) -> None:
     """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
     as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
     torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
@@ -145,15 +146,24 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     Raises CheckpointExistsError when a committed checkpoint is at ``path`` and not ``overwrite``;
     CheckpointArgumentError for an unsupported value (non-plain objects need ``allow_pickle``) or an
     inconsistent layout; the same error on every rank whenever any rank fails.
+
+    ``separation_hint`` (Megatron's): a key prefix or a list of them; the chunks of tensors whose
+    keys start with one are written into data files of their own on each rank (so that, for
+    example, the optimizer state can later be pruned by dropping whole files).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
+    separate = [separation_hint] if isinstance(separation_hint, str) else list(separation_hint or [])
     with _host_staging():
         plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
         progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
-            _core.save(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                       threads=threads or _dist.default_threads(comm), attributes=attributes)
+            kwargs = dict(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
+                          attributes=attributes)
+            if separate:
+                _core.save_separated(path, [p.entry() for p in plans], objects, separate, **kwargs)
+            else:
+                _core.save(path, [p.entry() for p in plans], objects, **kwargs)
         progress.finish()
 
 
