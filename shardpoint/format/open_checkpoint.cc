@@ -1,6 +1,7 @@
 #include "shardpoint/format/open_checkpoint.h"
 
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/safetensors/hf_directory.h"
 
 namespace sp {
 
@@ -28,6 +29,9 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
 Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view path) {
   SP_ASSIGN_OR_RETURN(bool native, store.Exists(JoinPath(path, kMetadataFileName)));
   if (native) return CheckpointFormat::kNative;
+  if (Result<bool> hf = LooksLikeSafetensorsCheckpoint(store, path); hf.ok() && *hf) {
+    return CheckpointFormat::kSafetensors;
+  }
   return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
                        std::string(kMetadataFileName) + " is missing)");
 }
@@ -46,6 +50,8 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
       SP_RETURN_IF_ERROR(bytes.status());
       return DecodeMetadata(*bytes, metadata_path);
     }
+    case CheckpointFormat::kSafetensors:
+      return ReadSafetensorsDirectory(store, path, pool);
     default:
       break;
   }

@@ -177,10 +177,10 @@ Status ReadOneHeader(Store& store, FileHeader* file) {
   SP_ASSIGN_OR_RETURN(file->header, ReadSafetensorsHeader(*handle));
   const std::map<std::string, std::string>& md = file->header.metadata;
   if (auto it = md.find("format"); it != md.end() && it->second == "shardpoint") {
-    return FailedPreconditionError(
-        "safetensors file " + file->path +
-        " is a data file of a shardpoint checkpoint whose metadata is missing (an unfinished or "
-        "damaged save); it is not loaded as a Hugging Face checkpoint");
+    // Never load a native save that was not committed (DESIGN.md decision 4).
+    return NotFoundError("no committed checkpoint at " + ParentPath(file->path) + " (" +
+                         file->path +
+                         " is a data file of a shardpoint save whose metadata is missing)");
   }
   if (auto it = md.find(kDcpShardingInfoKey); it != md.end()) {
     file->sharded = true;

@@ -21,7 +21,8 @@
 //
 // Headers are hostile input: they are parsed by the safetensors codec (docs/FORMAT.md §2.1), and the
 // index and the sharding info are size-capped and checked. Errors are kDataLoss naming the file and
-// the tensor, kNotFound when PATH holds no safetensors checkpoint. Thread-safe (no shared state);
+// the tensor; kNotFound when PATH holds no safetensors checkpoint, or holds data files of a
+// native shardpoint save that was never committed (they are never loaded). Thread-safe (no shared state);
 // headers are read in parallel on `pool` when one is given.
 #ifndef SHARDPOINT_FORMAT_SAFETENSORS_HF_DIRECTORY_H_
 #define SHARDPOINT_FORMAT_SAFETENSORS_HF_DIRECTORY_H_

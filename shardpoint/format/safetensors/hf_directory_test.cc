@@ -195,8 +195,9 @@ TEST_F(HfDirectoryTest, DataFilesOfAnUncommittedNativeCheckpointAreRefused) {
   Write("d-s1-r00000-f000.safetensors",
         FileBytes({{"a@0", DType::kFloat32, {2}}},
                   {{"format", "shardpoint"}, {"format_version", "1.0"}, {"save_id", "s1"}}));
-  ExpectError(StatusCode::kFailedPrecondition,
-              {"/hf/d-s1-r00000-f000.safetensors", "shardpoint checkpoint whose metadata is missing"});
+  ExpectError(StatusCode::kNotFound,
+              {"no committed checkpoint at /hf (/hf/d-s1-r00000-f000.safetensors is a data file "
+               "of a shardpoint save whose metadata is missing)"});
 }
 
 std::string Sharding(const std::map<std::string, std::vector<int>>& offsets) {
