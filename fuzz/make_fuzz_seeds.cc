@@ -1,10 +1,12 @@
 // Writes a seed corpus for the fuzz targets: a few valid metadata files and data file headers.
-// Usage: make_fuzz_seeds METADATA_DIR SAFETENSORS_DIR
+// Usage: make_fuzz_seeds METADATA_DIR SAFETENSORS_DIR [UNPICKLE_DIR ZIP_DIR]
 #include <fstream>
 #include <iostream>
 #include <string>
 
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/torch_save.h"
 
 namespace {
 
@@ -40,11 +42,45 @@ sp::CheckpointMetadata Seed(int variant) {
   return m;
 }
 
+void Write(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// DCP metadata and plain-data pickles (unpickle_fuzz), torch.save archives (zip_fuzz).
+void TorchSeeds(const std::string& unpickle_dir, const std::string& zip_dir) {
+  namespace td = sp::torch_dcp;
+  using P = td::PlainValue;
+  td::DcpMetadata md;
+  md.state_dict_metadata = {{"w", td::DcpEntry::Kind::kTensor, {sp::DType::kBFloat16}, {4, 2},
+                             {sp::Box({0, 0}, {2, 2}), sp::Box({2, 0}, {2, 2})}},
+                            {"step", td::DcpEntry::Kind::kBytes, {}, {}, {}}};
+  md.storage_data = {{"w", std::vector<int64_t>{0, 0}, 0, "__0_0.distcp", 0, 1577, {}},
+                     {"w", std::vector<int64_t>{2, 0}, 1, "__1_0.distcp", 0, 1577, {"stream.zstd/1"}},
+                     {"step", std::nullopt, std::nullopt, "__0_0.distcp", 1577, 1261, {}}};
+  md.planner_data = td::MakeDcpPlannerData({{"w", {std::string("w")}}, {"step", {std::string("step")}}});
+  md.storage_meta = td::DcpStorageMeta{"/ckpt", "seed", std::nullopt, {}};
+  md.version = td::kDcpVersion;
+  Write(unpickle_dir + "/dcp-metadata", td::EncodeDcpMetadata(md).value());
+  P plain = P::Dict({{P::String("lr"), P::Float(0.5)},
+                     {P::String("ids"), P::List({P::Int(-1), P::Int(int64_t{1} << 40), P::None()})},
+                     {P::String("t"), P::Tuple({P::Bool(true), P::Bytes("\x01\xff")})}});
+  Write(unpickle_dir + "/plain", td::EncodePlainPickle(plain).value());
+  td::TorchSaveLayout tensor = td::LayoutTensorItem(sp::DType::kFloat32, {2, 3}).value();
+  Write(unpickle_dir + "/tensor-data.pkl", tensor.data_pkl());
+  Write(zip_dir + "/tensor", td::TensorItemPrefix(tensor) + std::string(24, '\1') +
+                                td::TensorItemSuffix(tensor, 0));
+  td::TorchSaveLayout sd = td::TorchSaveLayout::ForStateDict(
+      {{"a", sp::DType::kUInt16, {2}}, {"b", sp::DType::kInt8, {}}}).value();
+  Write(zip_dir + "/state-dict", sd.Head() + std::string(4, '\2') + sd.Between(0, 0) + "x" +
+                                    sd.Tail(std::vector<uint32_t>{0, 0}));
+  Write(zip_dir + "/object", td::EncodePlainObjectItem(plain).value());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: make_fuzz_seeds METADATA_DIR SAFETENSORS_DIR\n";
+  if (argc != 3 && argc != 5) {
+    std::cerr << "usage: make_fuzz_seeds METADATA_DIR SAFETENSORS_DIR [UNPICKLE_DIR ZIP_DIR]\n";
     return 2;
   }
   for (int variant = 0; variant < 3; ++variant) {
@@ -59,5 +95,6 @@ int main(int argc, char** argv) {
           << file;
     }
   }
+  if (argc == 5) TorchSeeds(argv[3], argv[4]);
   return 0;
 }
