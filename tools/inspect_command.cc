@@ -24,6 +24,7 @@ std::string EncodingName(ObjectEncoding e) {
     case ObjectEncoding::kJson: return "json";
     case ObjectEncoding::kPickle: return "pickle";
     case ObjectEncoding::kBytes: return "bytes";
+    case ObjectEncoding::kTorchSave: return "torch-save";
   }
   return "unknown";
 }

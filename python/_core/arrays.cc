@@ -169,8 +169,9 @@ ObjectEncoding ParseEncoding(const std::string& encoding, const std::string& obj
   if (encoding == "json") return ObjectEncoding::kJson;
   if (encoding == "pickle") return ObjectEncoding::kPickle;
   if (encoding == "bytes") return ObjectEncoding::kBytes;
+  if (encoding == "torch-save") return ObjectEncoding::kTorchSave;
   ValueError("object '" + object_name + "': unknown encoding '" + encoding +
-             "', expected 'json', 'pickle' or 'bytes'");
+             "', expected 'json', 'pickle', 'bytes' or 'torch-save'");
 }
 
 const char* EncodingName(ObjectEncoding encoding) {
@@ -178,6 +179,7 @@ const char* EncodingName(ObjectEncoding encoding) {
     case ObjectEncoding::kJson: return "json";
     case ObjectEncoding::kPickle: return "pickle";
     case ObjectEncoding::kBytes: return "bytes";
+    case ObjectEncoding::kTorchSave: return "torch-save";
   }
   return "unknown";
 }

@@ -75,10 +75,16 @@ def decode_object(name: str, encoding: str, payload: bytes, allow_pickle: bool, 
         return tuple(value) if isinstance(template, tuple) and isinstance(value, list) else value
     if encoding == "bytes":
         return bytes(payload)
-    if encoding == "pickle":
+    if encoding in ("pickle", "torch-save"):
         if not allow_pickle:
             raise CheckpointArgumentError(
-                f"object {name!r} is stored with pickle; loading it runs code from the checkpoint, so it needs "
+                f"object {name!r} is stored with {encoding}; loading it runs code from the checkpoint, so it needs "
                 f"allow_pickle=True", "INVALID_ARGUMENT")
+        if encoding == "torch-save":
+            import io
+
+            import torch
+
+            return torch.load(io.BytesIO(payload), weights_only=False)
         return pickle.loads(payload)
     raise CheckpointArgumentError(f"object {name!r} has unknown encoding {encoding!r}", "INVALID_ARGUMENT")

@@ -57,6 +57,7 @@ struct StoredChunk {
   std::vector<uint32_t> block_crc32c;
   ChunkEncoding encoding = ChunkEncoding::kRaw;
   uint64_t stored_length = 0;  // kDriverDecoded only: the bytes to read and decode
+  uint32_t driver_tag = 0;     // kDriverDecoded only: how the driver decodes them (its own codes)
 
   friend bool operator==(const StoredChunk&, const StoredChunk&) = default;
 };
@@ -75,6 +76,8 @@ enum class ObjectEncoding : uint8_t {
   kJson = 1,    // UTF-8 JSON text of a plain-data value
   kPickle = 2,  // pickled bytes; loaded only with an explicit opt-in
   kBytes = 3,   // opaque bytes
+  kTorchSave = 4,  // a torch.save archive of a Python object (PyTorch DCP's non-tensor items);
+                   // loaded only with the same opt-in as kPickle
 };
 
 struct ObjectEntry {

@@ -31,6 +31,7 @@ void PutChunk(ByteWriter& w, const StoredChunk& c) {
   w.PutU64(c.byte_length);
   w.PutU8(static_cast<uint8_t>(c.encoding));
   w.PutU64(c.stored_length);
+  w.PutU32(c.driver_tag);
   w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
   for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
 }
@@ -48,6 +49,7 @@ Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
   }
   c->encoding = static_cast<ChunkEncoding>(encoding);
   SP_ASSIGN_OR_RETURN(c->stored_length, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(c->driver_tag, r.ReadU32());
   SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
   c->block_crc32c.resize(crcs);
   for (uint32_t& crc : c->block_crc32c) {
@@ -62,7 +64,7 @@ Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
   SP_ASSIGN_OR_RETURN(t->dtype, DTypeFromCode(code));
   SP_RETURN_IF_ERROR(GetShape(r, &t->shape));
-  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 4 + 8 + 8 + 1 + 8 + 4));
+  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 4 + 8 + 8 + 1 + 8 + 4 + 4));
   t->chunks.resize(chunks);
   for (StoredChunk& c : t->chunks) SP_RETURN_IF_ERROR(GetChunk(r, file_count, &c));
   return OkStatus();
@@ -72,7 +74,7 @@ Status GetObject(ByteReader& r, ObjectEntry* o) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   o->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (encoding < 1 || encoding > 3) return DataLossError(r.what() + ": unknown object encoding");
+  if (encoding < 1 || encoding > 4) return DataLossError(r.what() + ": unknown object encoding");
   o->encoding = static_cast<ObjectEncoding>(encoding);
   SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(UINT32_MAX));
   o->payload = std::string(payload);

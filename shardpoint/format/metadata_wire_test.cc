@@ -17,12 +17,13 @@ CheckpointMetadata Sample() {
   m.attributes = {{"step", "7"}, {"origin", "torch"}};
   TensorMetadata a{"layers.0.w", DType::kBFloat16, {4, 6}, {}};
   StoredChunk c0{Box{{0, 0}, {2, 6}}, 0, 64, 24, {}, ChunkEncoding::kRaw, 0};
-  StoredChunk c1{Box{{2, 0}, {2, 6}}, 1, 0, 24, {1, 2}, ChunkEncoding::kDriverDecoded, 90};
+  StoredChunk c1{Box{{2, 0}, {2, 6}}, 1, 0, 24, {1, 2}, ChunkEncoding::kDriverDecoded, 90, 1};
   a.chunks = {c0, c1};
   TensorMetadata scalar{"step", DType::kInt64, {}, {{Box{{}, {}}, 0, 8, 8, {}, {}, 0}}};
   m.tensors = {a, scalar};
   m.objects = {{"cfg", ObjectEncoding::kJson, "{\"lr\": 0.1}"},
-               {"rng", ObjectEncoding::kPickle, std::string("\x80\x02N.", 4)}};
+               {"rng", ObjectEncoding::kPickle, std::string("\x80\x02N.", 4)},
+               {"sched", ObjectEncoding::kTorchSave, "PK\x03\x04"}};
   return m;
 }
 

@@ -1,6 +1,8 @@
 #include "shardpoint/format/open_checkpoint.h"
 
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/safetensors/hf_directory.h"
 
 namespace sp {
@@ -29,6 +31,8 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
 Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view path) {
   SP_ASSIGN_OR_RETURN(bool native, store.Exists(JoinPath(path, kMetadataFileName)));
   if (native) return CheckpointFormat::kNative;
+  SP_ASSIGN_OR_RETURN(bool dcp, store.Exists(JoinPath(path, torch_dcp::kDcpMetadataFileName)));
+  if (dcp) return CheckpointFormat::kTorchDcp;
   if (Result<bool> hf = LooksLikeSafetensorsCheckpoint(store, path); hf.ok() && *hf) {
     return CheckpointFormat::kSafetensors;
   }
@@ -52,6 +56,8 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
     }
     case CheckpointFormat::kSafetensors:
       return ReadSafetensorsDirectory(store, path, pool);
+    case CheckpointFormat::kTorchDcp:
+      return torch_dcp::ReadDcpCheckpoint(store, path, pool);
     default:
       break;
   }
@@ -61,6 +67,9 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
 
 Status DecodeStoredChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
                          const StoredChunk& chunk, ByteView stored, std::byte* out) {
+  if (metadata.format == CheckpointFormat::kTorchDcp) {
+    return torch_dcp::DecodeDcpChunk(metadata, tensor, chunk, stored, out);
+  }
   return UnimplementedError("tensor '" + tensor.name + "' chunk " + chunk.box.ToString() +
                             " in " + metadata.files.at(chunk.file).name +
                             " needs a decoder the " +

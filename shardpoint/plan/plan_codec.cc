@@ -96,7 +96,7 @@ Result<ObjectEntry> ReadObject(ByteReader& r) {
   object.name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
   if (encoding < static_cast<uint8_t>(ObjectEncoding::kJson) ||
-      encoding > static_cast<uint8_t>(ObjectEncoding::kBytes)) {
+      encoding > static_cast<uint8_t>(ObjectEncoding::kTorchSave)) {
     return DataLossError(r.what() + ": object '" + object.name + "' has unknown encoding " +
                          std::to_string(encoding));
   }

@@ -1,0 +1,275 @@
+#include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/format/torch_dcp/dcp_items.h"
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/torch_save.h"
+
+namespace sp::torch_dcp {
+namespace {
+
+// The files `.metadata` names, opened, with their sizes.
+struct OpenedFiles {
+  std::map<std::string, uint32_t> index;  // relative path -> position in metadata.files
+  std::vector<std::unique_ptr<ReadableFile>> handles;
+};
+
+Result<OpenedFiles> OpenDataFiles(Store& store, std::string_view path, const DcpMetadata& dcp,
+                                  CheckpointMetadata* out) {
+  OpenedFiles files;
+  for (const DcpStorageEntry& e : dcp.storage_data) {
+    if (files.index.count(e.relative_path)) continue;
+    const std::string file_path = JoinPath(path, e.relative_path);
+    Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(file_path);
+    if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
+      return DataLossError("data file " + file_path + " named by " +
+                           JoinPath(path, kDcpMetadataFileName) + " is missing");
+    }
+    SP_RETURN_IF_ERROR(opened.status());
+    files.index[e.relative_path] = static_cast<uint32_t>(out->files.size());
+    out->files.push_back(DataFile{e.relative_path, 0, (*opened)->size(), 0});
+    files.handles.push_back(std::move(opened).value());
+  }
+  return files;
+}
+
+RangeReader FileRangeReader(const ReadableFile& file, uint64_t base) {
+  return [&file, base](uint64_t offset, uint64_t n, std::byte* out) {
+    return file.ReadAt(base + offset, MutableByteView(out, n));
+  };
+}
+
+std::string ItemName(const TensorMetadata& t, const Box& box, const DataFile& file,
+                     const DcpStorageEntry& e) {
+  return "tensor '" + t.name + "' chunk " + box.ToString() + " (item at offset " +
+         std::to_string(e.offset) + " of " + file.name + ")";
+}
+
+Status CheckView(const TorchSaveTensorInfo& info, const TensorMetadata& t, const Box& box,
+                 std::string_view what) {
+  if (info.dtype != t.dtype) {
+    return DataLossError(std::string(what) + " holds " + std::string(DTypeName(info.dtype)) +
+                         ", .metadata says " + std::string(DTypeName(t.dtype)));
+  }
+  if (info.shape != box.sizes) {
+    return DataLossError(std::string(what) + " has shape " + ShapeToString(info.shape) +
+                         ", .metadata says " + ShapeToString(box.sizes));
+  }
+  return OkStatus();
+}
+
+// Locates one tensor chunk's bytes in its item.
+Status ResolveChunk(const OpenedFiles& files, const CheckpointMetadata& md,
+                    const TensorMetadata& t, const DcpStorageEntry& e, StoredChunk* chunk) {
+  chunk->file = files.index.at(e.relative_path);
+  const DataFile& file = md.files[chunk->file];
+  const std::string what = ItemName(t, chunk->box, file, e);
+  if (e.offset > file.size || e.length > file.size - e.offset) {
+    return DataLossError(what + ": bytes [" + std::to_string(e.offset) + ", +" +
+                         std::to_string(e.length) + ") lie past the end of the file (" +
+                         std::to_string(file.size) + " bytes)");
+  }
+  chunk->byte_length = static_cast<uint64_t>(chunk->box.volume()) * DTypeSize(t.dtype);
+  if (!e.transform_descriptors.empty()) {
+    if (e.transform_descriptors.size() != 1 ||
+        !e.transform_descriptors[0].starts_with("stream.zstd/1")) {
+      std::string list;
+      for (const std::string& d : e.transform_descriptors) list += (list.empty() ? "" : ", ") + d;
+      return UnimplementedError(what + ": stream transforms [" + list +
+                                "] are not supported (only stream.zstd/1)");
+    }
+    chunk->encoding = ChunkEncoding::kDriverDecoded;
+    chunk->driver_tag = kDcpItemZstd;
+    chunk->data_offset = e.offset;
+    chunk->stored_length = e.length;
+    return OkStatus();
+  }
+  SP_ASSIGN_OR_RETURN(TorchSaveTensorInfo info,
+                      ParseTorchSaveTensor(FileRangeReader(*files.handles[chunk->file], e.offset),
+                                           e.length, what));
+  SP_RETURN_IF_ERROR(CheckView(info, t, chunk->box, what));
+  if (info.IsDenseRowMajor()) {
+    chunk->data_offset = e.offset + info.data_offset;
+  } else {
+    chunk->encoding = ChunkEncoding::kDriverDecoded;
+    chunk->driver_tag = kDcpItemPlain;
+    chunk->data_offset = e.offset;
+    chunk->stored_length = e.length;
+  }
+  return OkStatus();
+}
+
+Result<std::string> ReadItem(const ReadableFile& file, const DcpStorageEntry& e,
+                             std::string_view what) {
+  if (e.offset > file.size() || e.length > file.size() - e.offset) {
+    return DataLossError(std::string(what) + " lies past the end of " + file.path());
+  }
+  std::string bytes(e.length, '\0');
+  SP_RETURN_IF_ERROR(file.ReadAt(e.offset, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
+                                                           bytes.size())));
+  if (e.transform_descriptors.empty()) return bytes;
+  return DecodeTransformedItem(e.transform_descriptors, AsBytes(bytes), uint64_t{1} << 30, what);
+}
+
+// planner_data -> the JSON paths attribute ([[key, [components]], ...]).
+std::string JsonQuoteString(std::string_view s) {
+  std::string out;
+  AppendJsonString(&out, s);
+  return out;
+}
+
+Result<std::string> PathsAttribute(const PlainValue& planner_data) {
+  SP_ASSIGN_OR_RETURN(std::vector<DcpPlannerPath> paths, ParseDcpPlannerData(planner_data));
+  std::string out = "[";
+  for (size_t i = 0; i < paths.size(); ++i) {
+    out += (i ? ", [" : "[") + JsonQuoteString(paths[i].fqn) + ", [";
+    for (size_t j = 0; j < paths[i].path.size(); ++j) {
+      if (j) out += ", ";
+      const auto& part = paths[i].path[j];
+      out += std::holds_alternative<int64_t>(part) ? std::to_string(std::get<int64_t>(part))
+                                                   : JsonQuoteString(std::get<std::string>(part));
+    }
+    out += "]]";
+  }
+  return out + "]";
+}
+
+Result<DcpMetadata> ReadDcpMetadataFile(Store& store, std::string_view path) {
+  const std::string metadata_path = JoinPath(path, kDcpMetadataFileName);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenReadable(metadata_path));
+  if (file->size() > kMaxDcpMetadataBytes) {
+    return DataLossError(metadata_path + " has " + std::to_string(file->size()) +
+                         " bytes, more than the limit of " + std::to_string(kMaxDcpMetadataBytes));
+  }
+  std::string bytes(file->size(), '\0');
+  SP_RETURN_IF_ERROR(file->ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
+                                                     bytes.size())));
+  return DecodeDcpMetadata(AsBytes(bytes), metadata_path);
+}
+
+}  // namespace
+
+std::string DcpFileName(int rank, int index) {
+  return "__" + std::to_string(rank) + "_" + std::to_string(index) + ".distcp";
+}
+
+Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path, ThreadPool* pool) {
+  SP_ASSIGN_OR_RETURN(DcpMetadata dcp, ReadDcpMetadataFile(store, path));
+  CheckpointMetadata md;
+  md.format = CheckpointFormat::kTorchDcp;
+  md.checksum_block_bytes = 0;
+  md.save_id = "dcp";
+  if (dcp.storage_meta && dcp.storage_meta->save_id && !dcp.storage_meta->save_id->empty()) {
+    md.save_id = *dcp.storage_meta->save_id;
+  }
+  if (dcp.version) md.attributes["torch_dcp.version"] = *dcp.version;
+  if (dcp.planner_data && dcp.planner_data->is(PlainValue::Kind::kDict)) {
+    SP_ASSIGN_OR_RETURN(md.attributes[kStateDictPathsAttribute], PathsAttribute(*dcp.planner_data));
+  }
+  SP_ASSIGN_OR_RETURN(OpenedFiles files, OpenDataFiles(store, path, dcp, &md));
+  struct Work {
+    size_t tensor;
+    size_t chunk;
+    const DcpStorageEntry* entry;
+  };
+  std::vector<Work> work;
+  std::vector<std::pair<std::string, const DcpStorageEntry*>> objects;
+  for (const DcpEntry& e : dcp.state_dict_metadata) {
+    if (e.kind == DcpEntry::Kind::kBytes) {
+      objects.emplace_back(e.fqn, dcp.FindStorage(e.fqn, nullptr));
+      continue;
+    }
+    TensorMetadata t{e.fqn, e.properties.dtype, e.size, {}};
+    for (size_t c = 0; c < e.chunks.size(); ++c) {
+      t.chunks.push_back(StoredChunk{e.chunks[c], 0, 0, 0, {}, ChunkEncoding::kRaw, 0, 0});
+      work.push_back(Work{md.tensors.size(), c, dcp.FindStorage(e.fqn, &e.chunks[c].offsets)});
+    }
+    md.tensors.push_back(std::move(t));
+  }
+  // A few small reads per item: spread over the pool (or run here when there is none).
+  TaskGroup group(pool);
+  for (const Work& w : work) {
+    group.Run([&files, &md, w] {
+      TensorMetadata& t = md.tensors[w.tensor];
+      return ResolveChunk(files, md, t, *w.entry, &t.chunks[w.chunk]);
+    });
+  }
+  SP_RETURN_IF_ERROR(group.Wait());
+  for (const auto& [name, entry] : objects) {
+    const uint32_t f = files.index.at(entry->relative_path);
+    SP_ASSIGN_OR_RETURN(std::string payload,
+                        ReadItem(*files.handles[f], *entry, "object '" + name + "'"));
+    md.objects.push_back(ObjectEntry{name, ObjectEncoding::kTorchSave, std::move(payload)});
+  }
+  std::sort(md.tensors.begin(), md.tensors.end(),
+            [](const TensorMetadata& a, const TensorMetadata& b) { return a.name < b.name; });
+  std::sort(md.objects.begin(), md.objects.end(),
+            [](const ObjectEntry& a, const ObjectEntry& b) { return a.name < b.name; });
+  return md;
+}
+
+namespace {
+
+// Copies the view (shape, strides, storage_offset) of `storage` into row-major `out`.
+void GatherView(const TorchSaveTensorInfo& info, const std::byte* storage, std::byte* out) {
+  const size_t es = DTypeSize(info.dtype);
+  const size_t n = info.shape.size();
+  const int64_t volume = ShapeVolume(info.shape);
+  if (volume == 0) return;
+  if (n == 0) {
+    std::memcpy(out, storage + info.storage_offset * es, es);
+    return;
+  }
+  const int64_t inner = info.shape[n - 1];
+  const int64_t inner_stride = info.strides[n - 1];
+  std::vector<int64_t> index(n, 0);
+  for (int64_t done = 0; done < volume; done += inner) {
+    int64_t at = info.storage_offset;
+    for (size_t d = 0; d + 1 < n; ++d) at += index[d] * info.strides[d];
+    if (inner_stride == 1) {
+      std::memcpy(out, storage + at * es, static_cast<size_t>(inner) * es);
+      out += inner * es;
+    } else {
+      for (int64_t i = 0; i < inner; ++i, out += es) {
+        std::memcpy(out, storage + (at + i * inner_stride) * es, es);
+      }
+    }
+    for (size_t d = n - 1; d-- > 0;) {  // odometer over the outer dims
+      if (++index[d] < info.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+Status DecodeDcpChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
+                      const StoredChunk& chunk, ByteView stored, std::byte* out) {
+  const DataFile& file = metadata.files.at(chunk.file);
+  const std::string what = "tensor '" + tensor.name + "' chunk " + chunk.box.ToString() +
+                           " (item at offset " + std::to_string(chunk.data_offset) + " of " +
+                           file.name + ")";
+  std::string decoded;
+  ByteView archive = stored;
+  if (chunk.driver_tag == kDcpItemZstd) {
+    const std::string zstd[] = {kZstdTransformDescriptor};
+    const uint64_t cap = 4 * chunk.byte_length + (uint64_t{64} << 20);
+    SP_ASSIGN_OR_RETURN(decoded, DecodeTransformedItem(zstd, stored, cap, what));
+    archive = AsBytes(decoded);
+  } else if (chunk.driver_tag != kDcpItemPlain) {
+    return DataLossError(what + ": unknown item kind " + std::to_string(chunk.driver_tag));
+  }
+  SP_ASSIGN_OR_RETURN(TorchSaveTensorInfo info,
+                      ParseTorchSaveTensor(MemoryRangeReader(archive), archive.size(), what));
+  SP_RETURN_IF_ERROR(CheckView(info, tensor, chunk.box, what));
+  GatherView(info, archive.data() + info.data_offset, out);
+  return OkStatus();
+}
+
+}  // namespace sp::torch_dcp
