@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "tools/cli.h"
 
 namespace sp::cli {
@@ -47,11 +48,24 @@ uint64_t TotalBytes(const CheckpointMetadata& md) {
   return total;
 }
 
+// "shardpoint" and "1.0" for native checkpoints; the driver's name and version otherwise.
+std::pair<std::string, std::string> FormatAndVersion(const CheckpointMetadata& md) {
+  if (md.format == CheckpointFormat::kNative) {
+    return {"shardpoint", std::to_string(md.version_major) + "." + std::to_string(md.version_minor)};
+  }
+  auto version = md.attributes.find("torch_dcp.version");
+  return {std::string(CheckpointFormatName(md.format)),
+          version != md.attributes.end() ? version->second : ""};
+}
+
 void PrintJson(const CheckpointMetadata& md, std::string_view path, bool chunks) {
   std::ostream& o = std::cout;
-  o << "{\"path\":" << JsonQuote(path) << ",\"format\":\"shardpoint\",\"version\":\""
-    << md.version_major << "." << md.version_minor << "\",\"save_id\":" << JsonQuote(md.save_id)
-    << ",\"world_size\":" << md.world_size << ",\"checksum\":\"crc32c\",\"checksum_block_bytes\":"
+  const auto [format, version] = FormatAndVersion(md);
+  o << "{\"path\":" << JsonQuote(path) << ",\"format\":" << JsonQuote(format)
+    << ",\"version\":" << JsonQuote(version) << ",\"checksums\":"
+    << (md.checksum_block_bytes > 0 ? "true" : "false") << ",\"save_id\":" << JsonQuote(md.save_id)
+    << ",\"world_size\":" << md.world_size << ",\"checksum\":\""
+    << (md.checksum_block_bytes > 0 ? "crc32c" : "none") << "\",\"checksum_block_bytes\":"
     << md.checksum_block_bytes << ",\"total_bytes\":" << TotalBytes(md) << ",\"tensors\":[";
   for (size_t i = 0; i < md.tensors.size(); ++i) {
     const TensorMetadata& t = md.tensors[i];
@@ -92,8 +106,9 @@ void PrintJson(const CheckpointMetadata& md, std::string_view path, bool chunks)
 
 void PrintTable(const CheckpointMetadata& md, std::string_view path, bool chunks) {
   std::ostream& o = std::cout;
-  o << "checkpoint " << path << "\n  format shardpoint " << md.version_major << "."
-    << md.version_minor << ", save " << md.save_id << ", written by " << md.world_size
+  const auto [format, version] = FormatAndVersion(md);
+  o << "checkpoint " << path << "\n  format " << format << (version.empty() ? "" : " ")
+    << version << (md.checksum_block_bytes > 0 ? "" : " (no checksums)") << ", save " << md.save_id << ", written by " << md.world_size
     << " rank(s)\n  " << md.tensors.size() << " tensors, " << md.objects.size() << " objects, "
     << md.files.size() << " files, " << HumanBytes(TotalBytes(md)) << "\n\n";
   size_t width = 6;

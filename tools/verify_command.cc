@@ -31,7 +31,9 @@ int VerifyCommand(const std::vector<std::string>& argv) {
     std::cout << "{\"path\":" << JsonQuote(path) << ",\"ok\":" << (report->ok() ? "true" : "false")
               << ",\"files_checked\":" << report->files_checked
               << ",\"chunks_checked\":" << report->chunks_checked
-              << ",\"bytes_checked\":" << report->bytes_checked << ",\"defects\":[";
+              << ",\"bytes_checked\":" << report->bytes_checked
+              << ",\"checksums\":" << (report->has_checksums ? "true" : "false")
+              << ",\"defects\":[";
     for (size_t i = 0; i < report->defects.size(); ++i) {
       std::cout << (i ? "," : "") << JsonQuote(report->defects[i]);
     }
@@ -41,7 +43,10 @@ int VerifyCommand(const std::vector<std::string>& argv) {
     std::cout << (report->ok() ? "OK" : "FAILED") << ": " << path << ": "
               << report->files_checked << " files, " << report->chunks_checked << " chunks, "
               << HumanBytes(report->bytes_checked) << " checked, " << report->defects.size()
-              << " defect(s)\n";
+              << " defect(s)"
+              << (report->has_checksums ? "" : " (this format has no checksums: file sizes, "
+                                               "item structure and coverage were checked)")
+              << "\n";
   }
   return report->ok() ? kExitOk : kExitFailure;
 }
