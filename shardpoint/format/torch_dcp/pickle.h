@@ -10,7 +10,7 @@
 // Safety rules (docs/TORCH_DCP.md):
 //  - Every GLOBAL / STACK_GLOBAL is checked against the caller's allowlist; anything else is
 //    refused with kDataLoss naming `module.name` and its byte offset.
-//  - Only the opcodes listed in opcode table of pickle.cc are accepted; any other opcode is refused
+//  - Only the opcodes pickle.cc handles are accepted (docs/TORCH_DCP.md §5); any other is refused
 //    naming its byte value, its pickle name and its offset.
 //  - Caps on open MARKs, stack size, memo entries, nodes and string lengths (checked against the
 //    bytes that remain); truncated input is a clean kDataLoss.
