@@ -288,5 +288,115 @@ TEST_F(ConsolidateTest, AWriteErrorLeavesNoOutputAndNamesTheFile) {
   EXPECT_TRUE(DirNames().empty()) << DirNames().front();
 }
 
+// A Hugging Face directory on an in-memory store: safetensors files written here.
+class HfSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(store_.CreateDirs("/hf").ok()); }
+
+  // Writes `tensors` (with their DCP offsets when `offsets` is given) as one safetensors file.
+  void WriteFile(const std::string& name, const std::vector<WholeTensor>& tensors,
+                 const std::map<std::string, std::string>& metadata = {}) {
+    std::vector<SafetensorsEntry> entries;
+    std::string data;
+    for (const WholeTensor& t : tensors) {
+      entries.push_back({t.name, t.dtype, t.shape, data.size(), data.size() + t.bytes.size()});
+      data.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+    }
+    auto out = store_.NewWritableFile(JoinPath("/hf", name));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)->WriteAt(0, AsBytes(EncodeSafetensorsHeader(entries, metadata) + data)).ok());
+  }
+
+  // Rows [begin, end) of a 2-D float tensor, as its own tensor.
+  static WholeTensor Rows(const WholeTensor& t, int64_t begin, int64_t end) {
+    const size_t row = t.bytes.size() / t.shape[0];
+    WholeTensor part{t.name, t.dtype, {end - begin, t.shape[1]}, {}, -1};
+    part.bytes.assign(t.bytes.begin() + begin * row, t.bytes.begin() + end * row);
+    return part;
+  }
+
+  std::string Bytes(const WholeTensor& t) {
+    return std::string(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  }
+
+  MemoryStore store_;
+};
+
+TEST_F(HfSourceTest, LoadingIntoAShardedLayoutReadsOnlyEachRanksRows) {
+  const WholeTensor w = Iota("model.w", {64, 1024});  // 256 KiB
+  const WholeTensor b = Iota("model.b", {1024}, 5);
+  WriteFile("model-00001-of-00002.safetensors", {w});
+  WriteFile("model-00002-of-00002.safetensors", {b});
+  std::vector<std::vector<float>> got(2, std::vector<float>(32 * 1024));
+  std::vector<uint64_t> bytes_read(2);
+  std::vector<Status> statuses = RunRanks(2, [&](Communicator& comm) -> Status {
+    const int r = comm.rank();
+    LoadState state;
+    state.tensors.push_back({"model.w", DType::kFloat32, {64, 1024},
+                             {{Box({32 * r, 0}, {32, 1024}),
+                               reinterpret_cast<std::byte*>(got[r].data())}}});
+    LoadOptions options;
+    options.comm = &comm;
+    options.store = &store_;
+    options.strict = false;
+    SP_ASSIGN_OR_RETURN(LoadResult result, Load(state, "/hf", options));
+    bytes_read[r] = result.bytes_read;
+    if (result.unexpected_keys != std::vector<std::string>{"model.b"}) {
+      return InternalError("unexpected keys wrong");
+    }
+    return OkStatus();
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(bytes_read[r], 128u << 10) << "rank " << r;  // its half, nothing else
+    EXPECT_EQ(std::memcmp(got[r].data(), w.bytes.data() + r * (128 << 10), 128 << 10), 0);
+  }
+}
+
+TEST_F(HfSourceTest, DcpShardedSafetensorsConsolidateIntoWholeTensors) {
+  const WholeTensor w = Iota("w", {10, 6});
+  const WholeTensor v = Iota("v", {4, 3}, 100);
+  WriteFile("shard-00001-model-00001-of-00001.safetensors", {Rows(w, 0, 4), Rows(v, 0, 2)},
+            {{"DCP_SHARDING_INFO",
+              R"({"w": {"saved_offsets": [0, 0]}, "v": {"saved_offsets": [0, 0]}})"}});
+  WriteFile("shard-00002-model-00001-of-00001.safetensors", {Rows(w, 4, 10), Rows(v, 2, 4)},
+            {{"DCP_SHARDING_INFO",
+              R"({"w": {"saved_offsets": [4, 0]}, "v": {"saved_offsets": [2, 0]}})"}});
+  ConsolidateOptions options;
+  options.store = &store_;
+  Result<ConsolidateResult> result = Consolidate("/hf", "/out", options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::string file = *store_.ReadFile("/out/model.safetensors");
+  Result<SafetensorsHeader> h = ParseSafetensorsHeader(file, file.size(), "out");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->entries.size(), 2u);
+  EXPECT_EQ(h->entries[0].name, "v");
+  EXPECT_EQ(h->entries[1].shape, (Shape{10, 6}));
+  EXPECT_EQ(file.substr(h->data_start), Bytes(v) + Bytes(w));
+  // A consolidated single file is itself a checkpoint that consolidates to the same bytes.
+  ASSERT_TRUE(Consolidate("/out/model.safetensors", "/again", options).ok());
+  EXPECT_EQ(*store_.ReadFile("/again/model.safetensors"), file);
+}
+
+TEST_F(HfSourceTest, VerifyChecksCoverageAndSaysThereAreNoChecksums) {
+  const WholeTensor w = Iota("w", {10, 6});
+  WriteFile("a.safetensors", {Rows(w, 0, 4)},
+            {{"DCP_SHARDING_INFO", R"({"w": {"saved_offsets": [0, 0]}})"}});
+  WriteFile("b.safetensors", {Rows(w, 7, 10)},
+            {{"DCP_SHARDING_INFO", R"({"w": {"saved_offsets": [7, 0]}})"}});
+  Result<VerifyReport> report = Verify("/hf", &store_);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->has_checksums);
+  EXPECT_EQ(report->files_checked, 2u);
+  ASSERT_EQ(report->defects.size(), 1u);
+  EXPECT_EQ(report->defects[0], "tensor 'w': chunks cover 42 of 60 elements");
+  ConsolidateOptions options;
+  options.store = &store_;
+  Result<ConsolidateResult> result = Consolidate("/hf", "/out", options);
+  ASSERT_EQ(result.status().code(), StatusCode::kDataLoss) << result.status();
+  EXPECT_NE(result.status().message().find("18 elements are missing"), std::string::npos)
+      << result.status();
+}
+
 }  // namespace
 }  // namespace sp
