@@ -59,11 +59,13 @@ int GcCommand(const std::vector<std::string>& argv) {
   if (args->positional.size() != 1) return UsageError("gc", "expected exactly one DIR", kGcUsage);
   if (!args->Has("keep-last")) return UsageError("gc", "--keep-last is required", kGcUsage);
   RetentionPolicy policy;
-  Result<int64_t> keep_last = ParseInt("keep-last", args->Get("keep-last", ""), 1, int64_t{1} << 40);
+  Result<int64_t> keep_last =
+      ParseInt("keep-last", args->Get("keep-last", ""), 1, int64_t{1} << 40);
   if (!keep_last.ok()) return UsageError("gc", keep_last.status().message(), kGcUsage);
   policy.keep_last = *keep_last;
   if (args->Has("keep-every")) {
-    Result<int64_t> every = ParseInt("keep-every", args->Get("keep-every", ""), 1, int64_t{1} << 62);
+    Result<int64_t> every =
+        ParseInt("keep-every", args->Get("keep-every", ""), 1, int64_t{1} << 62);
     if (!every.ok()) return UsageError("gc", every.status().message(), kGcUsage);
     policy.keep_every = *every;
   }

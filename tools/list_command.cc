@@ -48,10 +48,10 @@ void PrintTable(const CheckpointListing& listing) {
                 c.name.c_str(), listing.latest == i ? "  (latest)" : "");
   }
   const StepCheckpoint* latest = listing.latest_checkpoint();
-  std::printf("%zu checkpoint(s), %s; latest committed: %s\n", listing.checkpoints.size(),
-              HumanBytes(total).c_str(),
-              latest ? (latest->name + " (step " + std::to_string(latest->step) + ")").c_str()
-                     : "none");
+  std::printf(
+      "%zu checkpoint(s), %s; latest committed: %s\n", listing.checkpoints.size(),
+      HumanBytes(total).c_str(),
+      latest ? (latest->name + " (step " + std::to_string(latest->step) + ")").c_str() : "none");
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ struct Whole {
 
 template <typename T>
 Whole Make(std::string name, sp::DType dtype, sp::Shape shape, const std::vector<T>& values) {
-  Whole w{std::move(name), dtype, std::move(shape), std::vector<std::byte>(values.size() * sizeof(T))};
+  Whole w{std::move(name), dtype, std::move(shape),
+          std::vector<std::byte>(values.size() * sizeof(T))};
   std::memcpy(w.bytes.data(), values.data(), w.bytes.size());
   return w;
 }
@@ -44,7 +45,8 @@ sp::Status SaveWholes(const std::string& dir, const std::vector<Whole>& tensors,
       sp::Box box(std::vector<int64_t>(t.shape.size(), 0), t.shape);
       box.offsets[0] = begin;
       box.sizes[0] = end - begin;
-      state.tensors.push_back({t.name, t.dtype, t.shape, {{box, t.bytes.data() + begin * row_bytes}}});
+      state.tensors.push_back(
+          {t.name, t.dtype, t.shape, {{box, t.bytes.data() + begin * row_bytes}}});
     }
     if (comm.rank() == 0) state.objects = objects;
     sp::SaveOptions options;
@@ -78,8 +80,7 @@ int main(int argc, char** argv) {
                                 Make("model.b", sp::DType::kFloat32, {16}, b)};
   if (!parsed->Has("no-optim")) {
     tensors.push_back(Make("optim.m", sp::DType::kFloat32, {16, 8}, m));
-    tensors.push_back(
-        Make<int64_t>("optim.count", sp::DType::kInt64, {4}, {0, 1000, 2000, 3000}));
+    tensors.push_back(Make<int64_t>("optim.count", sp::DType::kInt64, {4}, {0, 1000, 2000, 3000}));
   }
   std::vector<sp::ObjectEntry> objects = {
       {"train.step", sp::ObjectEncoding::kJson, parsed->Get("step", "100")}};

@@ -53,8 +53,7 @@ void PrintText(const std::string& path, const PruneReport& r, bool dry_run) {
             << " tensor(s) (" << HumanBytes(r.tensor_bytes_removed) << ") and "
             << r.objects_removed.size() << " object(s); " << r.files_untouched.size()
             << " file(s) untouched, " << r.files_rewritten.size() << " rewritten ("
-            << HumanBytes(r.bytes_copied) << " copied), " << r.files_dropped.size()
-            << " deleted\n";
+            << HumanBytes(r.bytes_copied) << " copied), " << r.files_dropped.size() << " deleted\n";
 }
 
 // ParseArgs keeps the last value of a repeated option, so the prefixes are collected here.
@@ -80,7 +79,8 @@ int PruneCommand(const std::vector<std::string>& argv) {
     return UsageError("prune", "expected exactly one PATH", kPruneUsage);
   }
   const std::vector<std::string> prefixes = Prefixes(argv);
-  if (prefixes.empty()) return UsageError("prune", "at least one --prefix is required", kPruneUsage);
+  if (prefixes.empty())
+    return UsageError("prune", "at least one --prefix is required", kPruneUsage);
   for (const std::string& p : prefixes) {
     if (p.empty()) return UsageError("prune", "--prefix must not be empty", kPruneUsage);
   }

@@ -19,11 +19,18 @@ enum class Kind { kFloat, kComplex, kExact };
 
 Kind KindOf(DType dtype) {
   switch (dtype) {
-    case DType::kFloat16: case DType::kBFloat16: case DType::kFloat32: case DType::kFloat64:
-    case DType::kFloat8E4M3FN: case DType::kFloat8E5M2: case DType::kFloat8E4M3FNUZ:
-    case DType::kFloat8E5M2FNUZ: case DType::kFloat8E8M0FNU:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU:
       return Kind::kFloat;
-    case DType::kComplex64: case DType::kComplex128:
+    case DType::kComplex64:
+    case DType::kComplex128:
       return Kind::kComplex;
     default:
       return Kind::kExact;

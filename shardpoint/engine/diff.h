@@ -34,9 +34,9 @@ namespace sp {
 struct DiffOptions {
   Store* store_a = nullptr;  // null: the POSIX file system
   Store* store_b = nullptr;
-  double atol = 0;           // >= 0; floating types only
+  double atol = 0;                           // >= 0; floating types only
   uint64_t slab_bytes = uint64_t{64} << 20;  // bounded memory per side (>= 1)
-  int threads = 0;           // I/O threads of each Load; 0: the engine's default
+  int threads = 0;                           // I/O threads of each Load; 0: the engine's default
 };
 
 struct TensorMismatch {  // same name, different dtype or shape
@@ -51,8 +51,8 @@ struct TensorValueDiff {
   std::string name;
   DType dtype = DType::kFloat32;
   uint64_t elements_differing = 0;
-  double max_abs_diff = 0;            // over the differing elements
-  std::vector<int64_t> first_index;   // global index of one differing element (the first met)
+  double max_abs_diff = 0;           // over the differing elements
+  std::vector<int64_t> first_index;  // global index of one differing element (the first met)
 };
 
 struct DiffReport {

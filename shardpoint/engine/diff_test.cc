@@ -101,11 +101,13 @@ TEST_F(DiffTest, SameValuesInDifferentLayoutsAreEqual) {
 }
 
 TEST_F(DiffTest, KeysOnlyOnOneSideAndMismatches) {
-  Save("/a", {spt::Iota("both", {4}), spt::Iota("only.a", {2}), spt::Iota("shape", {4, 2}),
-              spt::Iota("dtype", {3})},
+  Save("/a",
+       {spt::Iota("both", {4}), spt::Iota("only.a", {2}), spt::Iota("shape", {4, 2}),
+        spt::Iota("dtype", {3})},
        {{"o.a", ObjectEncoding::kJson, "1"}, {"o.same", ObjectEncoding::kJson, "2"}});
-  Save("/b", {spt::Iota("both", {4}), spt::Iota("only.b", {2}), spt::Iota("shape", {2, 4}),
-              spt::MakeTensor<double>("dtype", DType::kFloat64, {3}, {0, 1, 2})},
+  Save("/b",
+       {spt::Iota("both", {4}), spt::Iota("only.b", {2}), spt::Iota("shape", {2, 4}),
+        spt::MakeTensor<double>("dtype", DType::kFloat64, {3}, {0, 1, 2})},
        {{"o.b", ObjectEncoding::kJson, "1"}, {"o.same", ObjectEncoding::kJson, "3"}});
   Result<DiffReport> report = Run();
   ASSERT_TRUE(report.ok()) << report.status();

@@ -88,8 +88,10 @@ inline Result<std::vector<std::byte>> LoadWhole(Store* store, const std::string&
   std::vector<std::byte> out(t->total_bytes());
   LoadState state;
   state.tensors.push_back(
-      {name, t->dtype, t->shape, {{Box{std::vector<int64_t>(t->shape.size(), 0), t->shape},
-                                   out.data()}}});
+      {name,
+       t->dtype,
+       t->shape,
+       {{Box{std::vector<int64_t>(t->shape.size(), 0), t->shape}, out.data()}}});
   LoadOptions options;
   options.store = store;
   options.threads = 2;

@@ -140,7 +140,8 @@ void LayOutRewrites(const CheckpointMetadata& md, const std::vector<int64_t>& fi
     for (size_t c = 0; c < t.chunks.size(); ++c) {
       const uint32_t old_file = t.chunks[c].file;
       t.chunks[c].file = static_cast<uint32_t>(file_map[old_file]);
-      if (by_old.count(old_file)) moved.push_back({&t.chunks[c], {old_tensor, &old_tensor->chunks[c], 0}});
+      if (by_old.count(old_file))
+        moved.push_back({&t.chunks[c], {old_tensor, &old_tensor->chunks[c], 0}});
     }
   }
   std::sort(moved.begin(), moved.end(), [](const auto& a, const auto& b) {
@@ -148,9 +149,8 @@ void LayOutRewrites(const CheckpointMetadata& md, const std::vector<int64_t>& fi
   });
   for (auto& [chunk, copy] : moved) {
     RewrittenFile& r = *by_old.at(copy.chunk->file);
-    copy.new_offset = r.copies.empty() ? 0
-                                       : r.copies.back().new_offset +
-                                             r.copies.back().chunk->byte_length;
+    copy.new_offset =
+        r.copies.empty() ? 0 : r.copies.back().new_offset + r.copies.back().chunk->byte_length;
     chunk->data_offset = copy.new_offset;
     r.copies.push_back(copy);
   }
@@ -205,8 +205,8 @@ Status WriteRewrite(Store& store, std::string_view path, const CheckpointMetadat
     for (uint64_t lo = 0; lo < c.chunk->byte_length; lo += step) {
       const uint64_t hi = std::min(lo + step, c.chunk->byte_length);
       SP_RETURN_IF_ERROR(ReadChunkBytes(ref, lo, hi, buffer.data(), true, &bytes_read));
-      SP_RETURN_IF_ERROR(out->WriteAt(file.data_start + c.new_offset + lo,
-                                      ByteView(buffer.data(), hi - lo)));
+      SP_RETURN_IF_ERROR(
+          out->WriteAt(file.data_start + c.new_offset + lo, ByteView(buffer.data(), hi - lo)));
     }
   }
   SP_RETURN_IF_ERROR(out->Sync());

@@ -40,8 +40,8 @@
 namespace sp {
 
 struct PruneOptions {
-  Store* store = nullptr;  // null: the POSIX file system
-  bool dry_run = false;    // plan and report; change nothing
+  Store* store = nullptr;                           // null: the POSIX file system
+  bool dry_run = false;                             // plan and report; change nothing
   uint64_t copy_buffer_bytes = uint64_t{16} << 20;  // bounded memory for copying chunks
 };
 

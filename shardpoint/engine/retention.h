@@ -1,4 +1,5 @@
-// Retention: the step checkpoints of a training run's directory, and garbage collection of old ones.
+// Retention: the step checkpoints of a training run's directory, and garbage collection of old
+// ones.
 //
 // A training run saves into one directory, one checkpoint per step: `run/step_000100`,
 // `run/step_000200`, ... ListCheckpoints finds them and says which are committed; PlanGc decides,
@@ -47,12 +48,12 @@ std::optional<int64_t> StepOfName(std::string_view name);
 
 struct StepCheckpoint {
   int64_t step = 0;
-  std::string name;       // the directory's name in the run directory
-  std::string path;       // run directory + "/" + name
-  uint64_t bytes = 0;     // sum of the sizes of every file under it
+  std::string name;    // the directory's name in the run directory
+  std::string path;    // run directory + "/" + name
+  uint64_t bytes = 0;  // sum of the sizes of every file under it
   bool committed = false;
-  std::string format;     // "native", "torch-dcp", or "" when uncommitted
-  std::string problem;    // why native metadata was refused (uncommitted only), else ""
+  std::string format;   // "native", "torch-dcp", or "" when uncommitted
+  std::string problem;  // why native metadata was refused (uncommitted only), else ""
 };
 
 struct CheckpointListing {

@@ -56,7 +56,7 @@ TEST(StepOfNameTest, NotAStep) {
   EXPECT_EQ(StepOfName(""), std::nullopt);
   EXPECT_EQ(StepOfName("latest"), std::nullopt);
   EXPECT_EQ(StepOfName("step_100.tmp"), std::nullopt);
-  EXPECT_EQ(StepOfName(".step_100"), std::nullopt);           // hidden / temporary
+  EXPECT_EQ(StepOfName(".step_100"), std::nullopt);                 // hidden / temporary
   EXPECT_EQ(StepOfName("step_1000000000000000000"), std::nullopt);  // 19 digits: overflow risk
 }
 
@@ -79,8 +79,8 @@ TEST(ListCheckpointsTest, FindsStepsCommitsAndLatest) {
   ASSERT_TRUE(listing.ok()) << listing.status();
   std::vector<std::string> names;
   for (const StepCheckpoint& c : listing->checkpoints) names.push_back(c.name);
-  EXPECT_THAT(names, ElementsAre("iter_0000050", "step_000100", "step-200", "global_step300",
-                                 "step_400"));
+  EXPECT_THAT(names,
+              ElementsAre("iter_0000050", "step_000100", "step-200", "global_step300", "step_400"));
   const auto& c = listing->checkpoints;
   EXPECT_EQ(c[0].step, 50);
   EXPECT_TRUE(c[0].committed);
@@ -148,8 +148,8 @@ TEST(PlanGcTest, KeepLastAndKeepEvery) {
   CheckpointListing listing = Synthetic({100, 200, 300, 400, 500, 600, 700});
   Result<GcPlan> plan = PlanGc(listing, {2, 0});
   ASSERT_TRUE(plan.ok());
-  EXPECT_THAT(Removed(*plan), ElementsAre("step_100", "step_200", "step_300", "step_400",
-                                          "step_500"));
+  EXPECT_THAT(Removed(*plan),
+              ElementsAre("step_100", "step_200", "step_300", "step_400", "step_500"));
   EXPECT_EQ(plan->removals(), 5u);
   EXPECT_EQ(plan->bytes_to_remove(), 50u);
   EXPECT_EQ(plan->decisions[6].reason, "latest");
