@@ -178,17 +178,38 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
     size_t chunk;
     const DcpStorageEntry* entry;
   };
+  // (fqn, chunk offsets) -> storage entry; bytes entries have no offsets. Decoding checked that
+  // every chunk and bytes entry has exactly one.
+  std::map<std::pair<std::string_view, std::vector<int64_t>>, const DcpStorageEntry*> chunk_items;
+  std::map<std::string_view, const DcpStorageEntry*> object_items;
+  for (const DcpStorageEntry& s : dcp.storage_data) {
+    if (s.chunk_offsets) {
+      chunk_items[{s.fqn, *s.chunk_offsets}] = &s;
+    } else {
+      object_items[s.fqn] = &s;
+    }
+  }
   std::vector<Work> work;
   std::vector<std::pair<std::string, const DcpStorageEntry*>> objects;
   for (const DcpEntry& e : dcp.state_dict_metadata) {
     if (e.kind == DcpEntry::Kind::kBytes) {
-      objects.emplace_back(e.fqn, dcp.FindStorage(e.fqn, nullptr));
+      auto it = object_items.find(e.fqn);
+      if (it == object_items.end()) {
+        return DataLossError(JoinPath(path, kDcpMetadataFileName) + ": object '" + e.fqn +
+                             "' has no storage entry");
+      }
+      objects.emplace_back(e.fqn, it->second);
       continue;
     }
     TensorMetadata t{e.fqn, e.properties.dtype, e.size, {}};
     for (size_t c = 0; c < e.chunks.size(); ++c) {
+      auto it = chunk_items.find({e.fqn, e.chunks[c].offsets});
+      if (it == chunk_items.end()) {
+        return DataLossError(JoinPath(path, kDcpMetadataFileName) + ": tensor '" + e.fqn +
+                             "' chunk " + e.chunks[c].ToString() + " has no storage entry");
+      }
       t.chunks.push_back(StoredChunk{e.chunks[c], 0, 0, 0, {}, ChunkEncoding::kRaw, 0, 0});
-      work.push_back(Work{md.tensors.size(), c, dcp.FindStorage(e.fqn, &e.chunks[c].offsets)});
+      work.push_back(Work{md.tensors.size(), c, it->second});
     }
     md.tensors.push_back(std::move(t));
   }
