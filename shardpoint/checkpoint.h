@@ -92,6 +92,9 @@ struct SaveOptions {
   // Megatron's separation_hint: chunks of tensors whose names start with one of these prefixes
   // are written to data files of their own on each rank (see SavePlanOptions).
   std::vector<std::string> separate_key_prefixes;
+  // kNative (docs/FORMAT.md) or kTorchDcp (a checkpoint torch.distributed.checkpoint.load reads,
+  // without checksums); kSafetensors is not a save format (see consolidation).
+  CheckpointFormat format = CheckpointFormat::kNative;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures
 };
 

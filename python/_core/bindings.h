@@ -22,7 +22,7 @@ void DefineCheckpointFunctions(nanobind::module_& m);
 // AsyncSaver (async_bindings.cc).
 void DefineAsyncSaver(nanobind::module_& m);
 
-// list_checkpoints, plan_gc, gc, delete_checkpoint, save_separated (retention_bindings.cc).
+// list_checkpoints, plan_gc, gc, delete_checkpoint (retention_bindings.cc).
 void DefineRetentionFunctions(nanobind::module_& m);
 
 // The keyword arguments of save() and AsyncSaver.start().
@@ -33,6 +33,8 @@ struct SaveKeywords {
   int files_per_rank = 1;
   bool dedup_to_lowest_rank = false;
   std::optional<std::map<std::string, std::string>> attributes;
+  std::string format = "native";                    // "native" or "torch-dcp"
+  std::vector<std::string> separate_key_prefixes;  // Megatron's separation_hint
 };
 
 // One save's arguments, parsed (GIL held). `options.comm` points into `comm` and the state into

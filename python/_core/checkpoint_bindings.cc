@@ -157,6 +157,10 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   options.files_per_rank = keywords.files_per_rank;
   options.dedup_to_lowest_rank = keywords.dedup_to_lowest_rank;
   if (keywords.attributes) options.attributes = *keywords.attributes;
+  options.separate_key_prefixes = keywords.separate_key_prefixes;
+  Result<CheckpointFormat> format = ParseCheckpointFormat(keywords.format);
+  if (!format.ok()) ValueError(format.status().message());
+  options.format = *format;
   return prepared;
 }
 
@@ -165,16 +169,20 @@ void DefineCheckpointFunctions(nb::module_& m) {
       "save",
       [](const std::string& path, nb::handle tensors, nb::handle objects, nb::handle comm,
          bool overwrite, int threads, int files_per_rank, bool dedup_to_lowest_rank,
-         std::optional<std::map<std::string, std::string>> attributes) {
+         std::optional<std::map<std::string, std::string>> attributes, std::string format,
+         std::vector<std::string> separate_key_prefixes) {
         Save(tensors, objects, path,
              SaveKeywords{comm, overwrite, threads, files_per_rank, dedup_to_lowest_rank,
-                          std::move(attributes)});
+                          std::move(attributes), std::move(format),
+                          std::move(separate_key_prefixes)});
       },
       "path"_a, "tensors"_a, "objects"_a, nb::kw_only(), "comm"_a = nb::none(),
       "overwrite"_a = false, "threads"_a = 0, "files_per_rank"_a = 1,
-      "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(),
+      "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(), "format"_a = "native",
+      "separate_key_prefixes"_a = std::vector<std::string>(),
       "Saves tensor entries (name, dtype, shape, [(offsets, sizes, array)]) and object entries\n"
-      "(name, encoding, payload) as a checkpoint at `path`. Collective over `comm`.");
+      "(name, encoding, payload) as a checkpoint at `path` in `format` (\"native\" or\n"
+      "\"torch-dcp\"). Collective over `comm`.");
   m.def("load", &Load, "path"_a, "tensors"_a, "object_names"_a, nb::kw_only(),
         "comm"_a = nb::none(), "strict"_a = true, "allow_cast"_a = false, "threads"_a = 0,
         "verify_checksums"_a = true,

@@ -1,6 +1,6 @@
 // list_checkpoints, plan_gc, gc and delete_checkpoint over the retention library
-// (shardpoint/engine/retention.h), and save_separated: save with separate_key_prefixes
-// (Megatron's separation_hint). Each runs with the GIL released and raises StatusError on failure.
+// (shardpoint/engine/retention.h). Each runs with the GIL released and raises StatusError on
+// failure.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -82,19 +82,6 @@ void DeleteOne(const std::string& path) {
   ThrowIfError(status);
 }
 
-void SaveSeparated(const std::string& path, nb::handle tensors, nb::handle objects,
-                   const std::vector<std::string>& separate_key_prefixes,
-                   const SaveKeywords& keywords) {
-  std::unique_ptr<PreparedSave> prepared = PrepareSave(tensors, objects, keywords);
-  prepared->options.separate_key_prefixes = separate_key_prefixes;
-  Status status;
-  {
-    nb::gil_scoped_release release;
-    status = sp::Save(prepared->state, path, prepared->options);
-  }
-  ThrowIfError(status);
-}
-
 }  // namespace
 
 void DefineRetentionFunctions(nb::module_& m) {
@@ -116,20 +103,6 @@ void DefineRetentionFunctions(nb::module_& m) {
         "uncommitted one). Returns (decisions, removed paths).");
   m.def("delete_checkpoint", &DeleteOne, "path"_a,
         "Deletes one checkpoint directory, its metadata first.");
-  m.def(
-      "save_separated",
-      [](const std::string& path, nb::handle tensors, nb::handle objects,
-         const std::vector<std::string>& separate_key_prefixes, nb::handle comm, bool overwrite,
-         int threads, int files_per_rank, bool dedup_to_lowest_rank,
-         std::optional<std::map<std::string, std::string>> attributes) {
-        SaveSeparated(path, tensors, objects, separate_key_prefixes,
-                      SaveKeywords{comm, overwrite, threads, files_per_rank, dedup_to_lowest_rank,
-                                   std::move(attributes)});
-      },
-      "path"_a, "tensors"_a, "objects"_a, "separate_key_prefixes"_a, nb::kw_only(),
-      "comm"_a = nb::none(), "overwrite"_a = false, "threads"_a = 0, "files_per_rank"_a = 1,
-      "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(),
-      "save(), writing the chunks of tensors under each prefix into data files of their own.");
 }
 
 }  // namespace sp::python

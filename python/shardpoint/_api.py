@@ -137,7 +137,7 @@ def _prepared_save(state_dict: Mapping[str, Any], comm: Optional[_dist.TorchComm
 
 def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, overwrite: bool = False,
          threads: Optional[int] = None, allow_pickle: bool = False,
-         separation_hint: Union[str, Sequence[str], None] = None) -> None:
+         separation_hint: Union[str, Sequence[str], None] = None, format: str = "native") -> None:
     """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
     as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
     torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
@@ -150,6 +150,10 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     ``separation_hint`` (Megatron's): a key prefix or a list of them; the chunks of tensors whose
     keys start with one are written into data files of their own on each rank (so that, for
     example, the optimizer state can later be pruned by dropping whole files).
+
+    ``format``: ``"native"`` (shardpoint's format, checksummed) or ``"torch-dcp"`` (a PyTorch
+    distributed checkpoint that ``torch.distributed.checkpoint.load`` reads, at any number of ranks;
+    it has no checksums and ``separation_hint`` does not apply to it).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -158,12 +162,9 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
         progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
-            kwargs = dict(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
-                          attributes=attributes)
-            if separate:
-                _core.save_separated(path, [p.entry() for p in plans], objects, separate, **kwargs)
-            else:
-                _core.save(path, [p.entry() for p in plans], objects, **kwargs)
+            _core.save(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
+                       threads=threads or _dist.default_threads(comm), attributes=attributes, format=format,
+                       separate_key_prefixes=separate)
         progress.finish()
 
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -17,6 +18,10 @@
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/dcp_writer.h"
+#include "shardpoint/format/torch_dcp/zip.h"
 #include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/save_plan.h"
 
@@ -84,17 +89,35 @@ Status CreateDurableDirs(Store& store, std::string_view path) {
   return OkStatus();
 }
 
+// Native data files: a safetensors header, then the chunks at their planned offsets.
+void SetNativeFileLayout(CheckpointMetadata* md, std::vector<std::string>* headers) {
+  std::vector<uint64_t> data_bytes(md->files.size(), 0);
+  for (const TensorMetadata& t : md->tensors) {
+    for (const StoredChunk& c : t.chunks) data_bytes[c.file] += c.byte_length;
+  }
+  for (uint32_t f = 0; f < md->files.size(); ++f) {
+    (*headers)[f] = BuildDataFileHeader(*md, f);
+    md->files[f].data_start = (*headers)[f].size();
+    md->files[f].size = (*headers)[f].size() + data_bytes[f];
+  }
+}
+
 // Coordinator: refuses to replace a committed checkpoint unless asked, plans, lays out each data
 // file's header, creates the directory, and returns the global plan plus one payload per rank.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string>& gathered,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
                                                    CheckpointMetadata* metadata) {
-  const std::string metadata_path = JoinPath(path, kMetadataFileName);
-  SP_ASSIGN_OR_RETURN(bool exists, store.Exists(metadata_path));
-  if (exists && !options.overwrite) {
-    return AlreadyExistsError("a committed checkpoint already exists at " + std::string(path) +
-                              " (pass overwrite to replace it)");
+  if (options.format != CheckpointFormat::kNative && options.format != CheckpointFormat::kTorchDcp) {
+    return InvalidArgumentError("cannot save in the safetensors format (use consolidation)");
+  }
+  for (std::string_view name : {std::string_view(kMetadataFileName),
+                                std::string_view(torch_dcp::kDcpMetadataFileName)}) {
+    SP_ASSIGN_OR_RETURN(bool exists, store.Exists(JoinPath(path, name)));
+    if (exists && !options.overwrite) {
+      return AlreadyExistsError("a committed checkpoint already exists at " + std::string(path) +
+                                " (pass overwrite to replace it)");
+    }
   }
   std::vector<LocalSavePlan> locals;
   locals.reserve(gathered.size());
@@ -112,21 +135,25 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
   plan.metadata.world_size = static_cast<int32_t>(gathered.size());
   plan.metadata.attributes = options.attributes;
 
+  plan.metadata.format = options.format;
   std::vector<std::string> headers(plan.metadata.files.size());
-  std::vector<uint64_t> data_bytes(plan.metadata.files.size(), 0);
-  for (const TensorMetadata& t : plan.metadata.tensors) {
-    for (const StoredChunk& c : t.chunks) data_bytes[c.file] += c.byte_length;
-  }
-  for (uint32_t f = 0; f < plan.metadata.files.size(); ++f) {
-    headers[f] = BuildDataFileHeader(plan.metadata, f);
-    plan.metadata.files[f].data_start = headers[f].size();
-    plan.metadata.files[f].size = headers[f].size() + data_bytes[f];
+  if (options.format == CheckpointFormat::kTorchDcp) {
+    plan.metadata.checksum_block_bytes = 0;
+    SP_RETURN_IF_ERROR(torch_dcp::LayoutDcpFiles(&plan.metadata));
+    for (RankSavePlan& rank : plan.ranks) {
+      for (ChunkWrite& w : rank.writes) {
+        w.data_offset = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
+      }
+    }
+  } else {
+    SetNativeFileLayout(&plan.metadata, &headers);
   }
   SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
 
   std::vector<std::string> payloads(plan.ranks.size());
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     RankWriteOrder order;
+    order.format = options.format;
     order.plan = plan.ranks[r];
     for (uint32_t f : plan.ranks[r].files) {
       const DataFile& file = plan.metadata.files[f];
@@ -170,6 +197,82 @@ void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
   }
 }
 
+// Queues the checksummed writes of one native chunk, in pieces spread over the pool.
+void QueueNativeChunk(const ChunkWrite& write, const std::byte* data, OpenFile& file,
+                      uint64_t block_bytes, TaskGroup& group, ChunkReport* report) {
+  report->block_crc32c.resize((write.byte_length + block_bytes - 1) / block_bytes);
+  const uint64_t step = std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
+  const uint64_t offset = file.order->header.size() + write.data_offset;
+  WritableFile* out = file.file.get();
+  uint32_t* crcs = report->block_crc32c.data();
+  for (uint64_t lo = 0; lo < write.byte_length; lo += step) {
+    const uint64_t hi = std::min(lo + step, write.byte_length);
+    group.Run([=] { return WritePiece(*out, offset, data, lo, hi, block_bytes, crcs); });
+  }
+}
+
+// One chunk written as a PyTorch DCP item: a torch.save archive whose storage bytes are the
+// chunk's, written from the caller's memory in pieces, each piece's CRC-32 computed as it goes;
+// the archive's tail (which holds the CRC-32) is written once every piece is done.
+struct DcpItem {
+  std::optional<torch_dcp::TorchSaveLayout> layout;
+  WritableFile* file = nullptr;
+  uint64_t data_offset = 0;
+  std::vector<uint64_t> piece_bytes;
+  std::vector<uint32_t> piece_crc32;
+
+  Status WriteTail() const {
+    uint32_t crc = 0;
+    for (size_t i = 0; i < piece_crc32.size(); ++i) {
+      crc = torch_dcp::Crc32Combine(crc, piece_crc32[i], piece_bytes[i]);
+    }
+    const std::string tail = layout->Tail(std::span<const uint32_t>(&crc, 1));
+    return file->WriteAt(data_offset + layout->data_bytes(0), AsBytes(tail));
+  }
+};
+
+// Writes [begin, end) of a DCP item's storage bytes, computing their CRC-32 on the way.
+Status WriteDcpPiece(WritableFile& file, uint64_t file_offset, const std::byte* data,
+                     uint64_t begin, uint64_t end, uint32_t* crc32) {
+  uint32_t crc = 0;
+  for (uint64_t lo = begin; lo < end; lo += kWriteGroupBytes) {
+    const uint64_t hi = std::min(lo + kWriteGroupBytes, end);
+    crc = torch_dcp::Crc32(crc, data + lo, hi - lo);
+    SP_RETURN_IF_ERROR(file.WriteAt(file_offset + lo, ByteView(data + lo, hi - lo)));
+  }
+  *crc32 = crc;
+  file.StartWriteback(file_offset + begin, end - begin);
+  return OkStatus();
+}
+
+Status QueueDcpItem(const ChunkWrite& write, DType dtype, const ConstPieceView& piece,
+                    OpenFile& file, TaskGroup& group, DcpItem* item) {
+  SP_ASSIGN_OR_RETURN(item->layout, torch_dcp::ChunkItemLayout(dtype, piece.box));
+  if (item->layout->data_bytes(0) != write.byte_length ||
+      item->layout->data_offset(0) > write.data_offset) {
+    return InternalError("DCP item layout disagrees with the save plan for a chunk of " +
+                         std::to_string(write.byte_length) + " bytes");
+  }
+  item->file = file.file.get();
+  item->data_offset = write.data_offset;
+  const uint64_t item_start = write.data_offset - item->layout->data_offset(0);
+  SP_RETURN_IF_ERROR(item->file->WriteAt(item_start, AsBytes(item->layout->Head())));
+  const size_t pieces = static_cast<size_t>((write.byte_length + kWriteTaskBytes - 1) / kWriteTaskBytes);
+  item->piece_bytes.resize(pieces);
+  item->piece_crc32.resize(pieces);
+  for (size_t i = 0; i < pieces; ++i) {
+    const uint64_t lo = i * kWriteTaskBytes;
+    const uint64_t hi = std::min(lo + kWriteTaskBytes, write.byte_length);
+    item->piece_bytes[i] = hi - lo;
+    WritableFile* out = item->file;
+    uint32_t* crc = &item->piece_crc32[i];
+    const std::byte* data = piece.data;
+    const uint64_t at = write.data_offset;
+    group.Run([=] { return WriteDcpPiece(*out, at, data, lo, hi, crc); });
+  }
+  return OkStatus();
+}
+
 // Every rank: writes the files of its order and returns the checksum report.
 Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState& state,
                                    std::string_view path, uint64_t block_bytes, Store& store,
@@ -191,6 +294,7 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   }
   WriteReport report;
   report.chunks.resize(order.plan.writes.size());
+  std::vector<DcpItem> items(order.format == CheckpointFormat::kTorchDcp ? order.plan.writes.size() : 0);
   TaskGroup group(&pool);
   for (size_t w = 0; w < order.plan.writes.size(); ++w) {
     const ChunkWrite& write = order.plan.writes[w];
@@ -200,22 +304,18 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
       return InternalError("save plan refers to a piece or file this rank does not have");
     }
     const SaveTensor& tensor = state.tensors[write.local_tensor];
-    const std::byte* data = tensor.pieces[write.local_box].data;
+    const ConstPieceView& piece = tensor.pieces[write.local_box];
     OpenFile& file = (*files)[file_slot.at(write.file)];
-    ChunkReport& chunk_report = report.chunks[w];
-    chunk_report.tensor = write.tensor;
-    chunk_report.chunk = write.chunk;
-    chunk_report.block_crc32c.resize((write.byte_length + block_bytes - 1) / block_bytes);
-    const uint64_t step = std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
-    const uint64_t offset = file.order->header.size() + write.data_offset;
-    for (uint64_t lo = 0; lo < write.byte_length; lo += step) {
-      uint64_t hi = std::min(lo + step, write.byte_length);
-      WritableFile* out = file.file.get();
-      uint32_t* crcs = chunk_report.block_crc32c.data();
-      group.Run([=] { return WritePiece(*out, offset, data, lo, hi, block_bytes, crcs); });
+    report.chunks[w].tensor = write.tensor;
+    report.chunks[w].chunk = write.chunk;
+    if (order.format == CheckpointFormat::kTorchDcp) {
+      SP_RETURN_IF_ERROR(QueueDcpItem(write, tensor.dtype, piece, file, group, &items[w]));
+    } else {
+      QueueNativeChunk(write, piece.data, file, block_bytes, group, &report.chunks[w]);
     }
   }
   SP_RETURN_IF_ERROR(group.Wait());
+  for (DcpItem& item : items) SP_RETURN_IF_ERROR(item.WriteTail());
   Lap(clock, &stats->write_seconds);
   SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(files->size()), [&](int64_t i) {
     OpenFile& f = (*files)[i];
@@ -229,8 +329,30 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
 
 // Coordinator: fills in the checksums, makes the data durable, writes and renames the metadata,
 // then removes files of earlier or failed saves that the new metadata does not name.
-Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
-                           Store& store, CheckpointMetadata* metadata) {
+// Writes `bytes` to `name` in `path` durably: a temporary name, fsync, rename.
+Status WriteFileDurably(Store& store, std::string_view path, std::string_view name,
+                        std::string_view temp_suffix, std::string_view bytes) {
+  const std::string final_path = JoinPath(path, name);
+  const std::string temp_path = final_path + std::string(temp_suffix);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
+  Status written = [&]() -> Status {
+    SP_RETURN_IF_ERROR(file->WriteAt(0, AsBytes(bytes)));
+    SP_RETURN_IF_ERROR(file->Sync());
+    return file->Close();
+  }();
+  if (!written.ok()) {
+    store.RemoveFile(temp_path).IgnoreError();
+    return written;
+  }
+  return store.Rename(temp_path, final_path);
+}
+
+// Checks that some rank reported every chunk, and takes the checksums of native chunks.
+Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadata* metadata) {
+  std::vector<std::vector<bool>> reported(metadata->tensors.size());
+  for (size_t t = 0; t < metadata->tensors.size(); ++t) {
+    reported[t].resize(metadata->tensors[t].chunks.size());
+  }
   for (size_t r = 0; r < reports.size(); ++r) {
     SP_ASSIGN_OR_RETURN(WriteReport report, DecodeWriteReport(reports[r]));
     for (ChunkReport& c : report.chunks) {
@@ -238,29 +360,53 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
           c.chunk >= metadata->tensors[c.tensor].chunks.size()) {
         return InternalError("rank " + std::to_string(r) + " reported an unknown chunk");
       }
+      reported[c.tensor][c.chunk] = true;
       metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c = std::move(c.block_crc32c);
     }
   }
-  for (const TensorMetadata& t : metadata->tensors) {
-    for (const StoredChunk& c : t.chunks) {
-      if (c.block_crc32c.empty() && c.byte_length > 0) {
-        return InternalError("no rank reported writing tensor '" + t.name + "' chunk " +
-                             c.box.ToString());
+  for (size_t t = 0; t < metadata->tensors.size(); ++t) {
+    for (size_t c = 0; c < reported[t].size(); ++c) {
+      if (!reported[t][c]) {
+        return InternalError("no rank reported writing tensor '" + metadata->tensors[t].name +
+                             "' chunk " + metadata->tensors[t].chunks[c].box.ToString());
       }
     }
   }
-  SP_RETURN_IF_ERROR(store.SyncDir(path));
-  const std::string final_path = JoinPath(path, kMetadataFileName);
-  const std::string temp_path = final_path + ".tmp-" + metadata->save_id;
-  const std::string encoded = EncodeMetadata(*metadata);
-  {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
-    SP_RETURN_IF_ERROR(file->WriteAt(0, AsBytes(encoded)));
-    SP_RETURN_IF_ERROR(file->Sync());
-    SP_RETURN_IF_ERROR(file->Close());
+  return OkStatus();
+}
+
+// Coordinator: takes the reports, makes the data durable, writes and renames the metadata (for
+// PyTorch DCP, after the file of the objects), removes the other format's metadata if a
+// checkpoint of that format was replaced, then removes files of earlier or failed saves that the
+// new metadata does not name.
+Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
+                           Store& store, int coordinator, CheckpointMetadata* metadata) {
+  SP_RETURN_IF_ERROR(CollectReports(reports, metadata));
+  const std::string temp_suffix = ".tmp-" + metadata->save_id;
+  std::string metadata_name = kMetadataFileName, other_name = torch_dcp::kDcpMetadataFileName;
+  std::string encoded;
+  if (metadata->format == CheckpointFormat::kTorchDcp) {
+    std::swap(metadata_name, other_name);
+    SP_ASSIGN_OR_RETURN(torch_dcp::DcpObjectFile objects,
+                        torch_dcp::BuildDcpObjectFile(*metadata, coordinator));
+    SP_ASSIGN_OR_RETURN(encoded, torch_dcp::BuildDcpMetadataFile(*metadata, objects, path));
+    if (!objects.items.empty()) {
+      SP_RETURN_IF_ERROR(WriteFileDurably(store, path, objects.name, ".tmp", objects.bytes));
+      metadata->files.push_back(DataFile{objects.name, 0, objects.bytes.size(), coordinator});
+    }
+  } else {
+    encoded = EncodeMetadata(*metadata);
   }
-  SP_RETURN_IF_ERROR(store.Rename(temp_path, final_path));
   SP_RETURN_IF_ERROR(store.SyncDir(path));
+  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, metadata_name, temp_suffix, encoded));
+  SP_RETURN_IF_ERROR(store.SyncDir(path));
+  // A checkpoint of the other format replaced by this one: its metadata goes only now, so that
+  // a crash before this point leaves the old checkpoint loadable.
+  const std::string other_path = JoinPath(path, other_name);
+  if (Result<bool> other = store.Exists(other_path); other.ok() && *other) {
+    SP_RETURN_IF_ERROR(store.RemoveFile(other_path));
+    SP_RETURN_IF_ERROR(store.SyncDir(path));
+  }
   RemoveUnreferencedFiles(store, path, *metadata);
   return OkStatus();
 }
@@ -277,7 +423,10 @@ void RemoveUnreferencedFiles(Store& store, std::string_view path,
     if (e.is_directory || keep.count(e.name)) continue;
     bool ours = (e.name.starts_with("d-") && (e.name.ends_with(".safetensors") ||
                                                e.name.ends_with(".safetensors.tmp"))) ||
-                e.name.starts_with(std::string(kMetadataFileName) + ".tmp-");
+                (e.name.starts_with("__") && (e.name.ends_with(".distcp") ||
+                                              e.name.ends_with(".distcp.tmp"))) ||
+                e.name.starts_with(std::string(kMetadataFileName) + ".tmp-") ||
+                e.name.starts_with(std::string(torch_dcp::kDcpMetadataFileName) + ".tmp-");
     if (ours) store.RemoveFile(JoinPath(path, e.name)).IgnoreError();
   }
 }
@@ -324,7 +473,7 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
     return reports.status();
   }
   Status committed = comm.rank() == root
-                         ? CommitOnCoordinator(*reports, path, ctx->store(), &metadata)
+                         ? CommitOnCoordinator(*reports, path, ctx->store(), root, &metadata)
                          : OkStatus();
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.

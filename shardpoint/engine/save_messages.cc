@@ -11,6 +11,7 @@ constexpr uint32_t kMaxHeaderBytes = 100'000'000;  // the safetensors header cap
 std::string EncodeRankWriteOrder(const RankWriteOrder& order) {
   std::string out;
   ByteWriter w(&out);
+  w.PutU8(static_cast<uint8_t>(order.format));
   std::string plan = EncodeRankSavePlan(order.plan);
   w.PutU64(plan.size());
   w.PutRaw(plan);
@@ -27,6 +28,11 @@ std::string EncodeRankWriteOrder(const RankWriteOrder& order) {
 Result<RankWriteOrder> DecodeRankWriteOrder(std::string_view bytes) {
   ByteReader r(bytes, "rank write order");
   RankWriteOrder order;
+  SP_ASSIGN_OR_RETURN(uint8_t format, r.ReadU8());
+  if (format > static_cast<uint8_t>(CheckpointFormat::kTorchDcp)) {
+    return DataLossError("rank write order: unknown format " + std::to_string(format));
+  }
+  order.format = static_cast<CheckpointFormat>(format);
   SP_ASSIGN_OR_RETURN(uint64_t plan_size, r.ReadU64());
   if (plan_size > r.remaining()) return DataLossError("rank write order: plan size out of range");
   SP_ASSIGN_OR_RETURN(std::string_view plan, r.ReadRaw(plan_size));

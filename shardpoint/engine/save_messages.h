@@ -24,6 +24,7 @@ struct FileOrder {
 };
 
 struct RankWriteOrder {
+  CheckpointFormat format = CheckpointFormat::kNative;  // how chunks are framed in the files
   RankSavePlan plan;
   std::vector<FileOrder> files;
 };

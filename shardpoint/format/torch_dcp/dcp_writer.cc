@@ -1,0 +1,219 @@
+#include "shardpoint/format/torch_dcp/dcp_writer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+
+#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/zip.h"
+
+namespace sp::torch_dcp {
+namespace {
+
+constexpr uint32_t kCrc32Polynomial = 0xedb88320;  // reflected
+
+// a * b modulo the CRC-32 polynomial, both in the reflected bit order (x^0 is bit 31).
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = uint32_t{1} << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kCrc32Polynomial : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 * bytes) modulo the polynomial, by squaring.
+uint32_t PowerOfXForBytes(uint64_t bytes) {
+  uint32_t power = uint32_t{1} << 31;  // x^0
+  uint32_t square = uint32_t{1} << 30;  // x^1
+  for (uint64_t bits = bytes * 8; bits != 0; bits >>= 1) {
+    if (bits & 1) power = MultiplyModP(square, power);
+    square = MultiplyModP(square, square);
+  }
+  return power;
+}
+
+Result<PlainValue> JsonToPlain(const JsonValue& v, std::string_view what) {
+  switch (v.kind) {
+    case JsonValue::Kind::kString:
+      return PlainValue::String(v.string);
+    case JsonValue::Kind::kNumber:
+      if (v.number > static_cast<uint64_t>(INT64_MAX)) return PlainValue::Float(double(v.number));
+      return PlainValue::Int(static_cast<int64_t>(v.number));
+    case JsonValue::Kind::kArray: {
+      std::vector<PlainValue> items;
+      for (const JsonValue& item : v.items) {
+        SP_ASSIGN_OR_RETURN(PlainValue p, JsonToPlain(item, what));
+        items.push_back(std::move(p));
+      }
+      return PlainValue::List(std::move(items));
+    }
+    case JsonValue::Kind::kObject: {
+      std::vector<std::pair<PlainValue, PlainValue>> pairs;
+      for (size_t i = 0; i < v.keys.size(); ++i) {
+        SP_ASSIGN_OR_RETURN(PlainValue p, JsonToPlain(v.values[i], what));
+        pairs.emplace_back(PlainValue::String(v.keys[i]), std::move(p));
+      }
+      return PlainValue::Dict(std::move(pairs));
+    }
+    case JsonValue::Kind::kOther:
+      break;
+  }
+  if (v.string == "true" || v.string == "false") return PlainValue::Bool(v.string == "true");
+  if (v.string == "null") return PlainValue::None();
+  const bool fractional = v.string.find_first_of(".eE") != std::string::npos;
+  char* end = nullptr;
+  if (!fractional) {
+    errno = 0;
+    long long n = std::strtoll(v.string.c_str(), &end, 10);
+    if (errno == 0 && *end == '\0') return PlainValue::Int(n);
+  }
+  double d = std::strtod(v.string.c_str(), &end);
+  if (*end != '\0') {
+    return InvalidArgumentError(std::string(what) + ": cannot store JSON value " + v.string);
+  }
+  return PlainValue::Float(d);
+}
+
+Result<std::string> ObjectItem(const ObjectEntry& o) {
+  const std::string what = "object '" + o.name + "'";
+  switch (o.encoding) {
+    case ObjectEncoding::kJson: {
+      SP_ASSIGN_OR_RETURN(JsonValue json, ParseJson(o.payload, what, JsonSyntax::kFull));
+      SP_ASSIGN_OR_RETURN(PlainValue value, JsonToPlain(json, what));
+      return EncodePlainObjectItem(value);
+    }
+    case ObjectEncoding::kBytes:
+      return EncodePlainObjectItem(PlainValue::Bytes(o.payload));
+    case ObjectEncoding::kPickle:  // torch.load unpickles data.pkl with any protocol
+      return BuildZip({{"archive/data.pkl", o.payload},
+                       {"archive/byteorder", "little"},
+                       {"archive/version", "3\n"}});
+    case ObjectEncoding::kTorchSave:
+      return o.payload;
+  }
+  return InvalidArgumentError(what + ": unknown encoding");
+}
+
+// Each key's nested path, from the paths attribute; keys it lacks are their own path.
+Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md) {
+  std::map<std::string, DcpPlannerPath> by_key;
+  auto attr = md.attributes.find(kStateDictPathsAttribute);
+  if (attr != md.attributes.end()) {
+    SP_ASSIGN_OR_RETURN(JsonValue json, ParseJson(attr->second, kStateDictPathsAttribute,
+                                                  JsonSyntax::kFull));
+    for (const JsonValue& pair : json.items) {
+      if (!pair.is_array() || pair.items.size() != 2 || !pair.items[0].is_string() ||
+          !pair.items[1].is_array()) {
+        return InvalidArgumentError(std::string(kStateDictPathsAttribute) + " is not a list of "
+                                    "[key, [component, ...]] pairs");
+      }
+      DcpPlannerPath path{pair.items[0].string, {}};
+      for (const JsonValue& c : pair.items[1].items) {
+        if (c.is_number()) {
+          path.path.emplace_back(static_cast<int64_t>(c.number));
+        } else {
+          path.path.emplace_back(c.string);
+        }
+      }
+      by_key[path.fqn] = std::move(path);
+    }
+  }
+  std::vector<DcpPlannerPath> paths;
+  auto add = [&](const std::string& name) {
+    auto it = by_key.find(name);
+    paths.push_back(it != by_key.end() ? it->second : DcpPlannerPath{name, {name}});
+  };
+  for (const TensorMetadata& t : md.tensors) add(t.name);
+  for (const ObjectEntry& o : md.objects) add(o.name);
+  return paths;
+}
+
+}  // namespace
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return MultiplyModP(PowerOfXForBytes(length_b), crc_a) ^ crc_b;
+}
+
+Result<TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box) {
+  return TorchSaveLayout::ForTensor(dtype, box.sizes);
+}
+
+Status LayoutDcpFiles(CheckpointMetadata* md) {
+  struct Ref {
+    StoredChunk* chunk;
+    DType dtype;
+  };
+  std::vector<std::vector<Ref>> by_file(md->files.size());
+  for (TensorMetadata& t : md->tensors) {
+    for (StoredChunk& c : t.chunks) by_file.at(c.file).push_back(Ref{&c, t.dtype});
+  }
+  std::map<int32_t, int> next_index;  // writer rank -> files named so far
+  for (size_t f = 0; f < md->files.size(); ++f) {
+    std::vector<Ref>& refs = by_file[f];
+    std::sort(refs.begin(), refs.end(),
+              [](const Ref& a, const Ref& b) { return a.chunk->data_offset < b.chunk->data_offset; });
+    uint64_t end = 0;
+    for (const Ref& r : refs) {
+      SP_ASSIGN_OR_RETURN(TorchSaveLayout layout, ChunkItemLayout(r.dtype, r.chunk->box));
+      r.chunk->data_offset = end + layout.data_offset(0);
+      end += layout.total_size();
+    }
+    DataFile& file = md->files[f];
+    file.name = DcpFileName(file.writer_rank, next_index[file.writer_rank]++);
+    file.data_start = 0;
+    file.size = end;
+  }
+  return OkStatus();
+}
+
+Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank) {
+  int index = 0;
+  for (const DataFile& f : md.files) index += f.writer_rank == rank ? 1 : 0;
+  DcpObjectFile out;
+  out.name = DcpFileName(rank, index);
+  for (const ObjectEntry& o : md.objects) {
+    SP_ASSIGN_OR_RETURN(std::string item, ObjectItem(o));
+    out.items.push_back(DcpObjectItem{o.name, out.bytes.size(), item.size()});
+    out.bytes += item;
+  }
+  return out;
+}
+
+Result<std::string> BuildDcpMetadataFile(const CheckpointMetadata& md, const DcpObjectFile& objects,
+                                         std::string_view checkpoint_id) {
+  DcpMetadata dcp;
+  for (const TensorMetadata& t : md.tensors) {
+    DcpEntry entry;
+    entry.fqn = t.name;
+    entry.properties.dtype = t.dtype;
+    entry.size = t.shape;
+    for (size_t c = 0; c < t.chunks.size(); ++c) {
+      const StoredChunk& chunk = t.chunks[c];
+      SP_ASSIGN_OR_RETURN(TorchSaveLayout layout, ChunkItemLayout(t.dtype, chunk.box));
+      entry.chunks.push_back(chunk.box);
+      dcp.storage_data.push_back(DcpStorageEntry{
+          t.name, chunk.box.offsets, static_cast<int64_t>(c), md.files.at(chunk.file).name,
+          chunk.data_offset - layout.data_offset(0), layout.total_size(), {}});
+    }
+    dcp.state_dict_metadata.push_back(std::move(entry));
+  }
+  for (const DcpObjectItem& item : objects.items) {
+    DcpEntry entry;
+    entry.fqn = item.name;
+    entry.kind = DcpEntry::Kind::kBytes;
+    dcp.state_dict_metadata.push_back(std::move(entry));
+    dcp.storage_data.push_back(DcpStorageEntry{item.name, std::nullopt, std::nullopt, objects.name,
+                                               item.offset, item.length, {}});
+  }
+  SP_ASSIGN_OR_RETURN(std::vector<DcpPlannerPath> paths, PlannerPaths(md));
+  dcp.planner_data = MakeDcpPlannerData(paths);
+  dcp.storage_meta = DcpStorageMeta{std::string(checkpoint_id), md.save_id, std::nullopt, {}};
+  dcp.version = kDcpVersion;
+  return EncodeDcpMetadata(dcp);
+}
+
+}  // namespace sp::torch_dcp
