@@ -49,6 +49,7 @@ int ListCommand(const std::vector<std::string>& argv);
 int GcCommand(const std::vector<std::string>& argv);
 int PruneCommand(const std::vector<std::string>& argv);
 int DiffCommand(const std::vector<std::string>& argv);
+int ConsolidateCommand(const std::vector<std::string>& argv);
 
 }  // namespace sp::cli
 

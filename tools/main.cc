@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "  gc DIR               delete old step checkpoints (--keep-last K, --keep-every N)\n"
     "  prune PATH           remove the tensors and objects under key prefixes, in place\n"
     "  diff A B             compare two checkpoints key by key and value by value\n"
+    "  consolidate SRC OUT  write whole tensors as Hugging Face safetensors (or torch) files\n"
     "\n"
     "Run 'shardpoint <command> --help' for the options of a command.\n";
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (verb == "gc") return sp::cli::GcCommand(args);
   if (verb == "prune") return sp::cli::PruneCommand(args);
   if (verb == "diff") return sp::cli::DiffCommand(args);
+  if (verb == "consolidate") return sp::cli::ConsolidateCommand(args);
   std::cerr << "shardpoint: unknown command '" << verb << "'\n\n" << kUsage;
   return sp::cli::kExitUsage;
 }
