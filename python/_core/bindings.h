@@ -25,6 +25,9 @@ void DefineAsyncSaver(nanobind::module_& m);
 // list_checkpoints, plan_gc, gc, delete_checkpoint (retention_bindings.cc).
 void DefineRetentionFunctions(nanobind::module_& m);
 
+// consolidate, parse_byte_size (consolidate_bindings.cc).
+void DefineConsolidateFunctions(nanobind::module_& m);
+
 // The keyword arguments of save() and AsyncSaver.start().
 struct SaveKeywords {
   nanobind::handle comm;

@@ -15,4 +15,5 @@ NB_MODULE(_core, m) {
   sp::python::DefineCheckpointFunctions(m);
   sp::python::DefineAsyncSaver(m);
   sp::python::DefineRetentionFunctions(m);
+  sp::python::DefineConsolidateFunctions(m);
 }
