@@ -116,7 +116,7 @@ void DefineAsyncSaver(nb::module_& m) {
              std::optional<std::map<std::string, std::string>> attributes) {
             self.Start(path, tensors, objects,
                        SaveKeywords{comm, overwrite, threads, files_per_rank,
-                                    dedup_to_lowest_rank, std::move(attributes)});
+                                    dedup_to_lowest_rank, std::move(attributes), "native", {}});
           },
           "path"_a, "tensors"_a, "objects"_a, nb::kw_only(), "comm"_a = nb::none(),
           "overwrite"_a = false, "threads"_a = 0, "files_per_rank"_a = 1,

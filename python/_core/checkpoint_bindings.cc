@@ -11,6 +11,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
+#include "shardpoint/format/open_checkpoint.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -159,7 +160,7 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   if (keywords.attributes) options.attributes = *keywords.attributes;
   options.separate_key_prefixes = keywords.separate_key_prefixes;
   Result<CheckpointFormat> format = ParseCheckpointFormat(keywords.format);
-  if (!format.ok()) ValueError(format.status().message());
+  if (!format.ok()) throw nb::value_error(format.status().message().c_str());
   options.format = *format;
   return prepared;
 }
