@@ -6,6 +6,7 @@
     result = sp.load(state_dict, path)             # in place, any layout; result.missing_keys
     info = sp.inspect(path)                        # tensors, chunks, objects, sizes
     state = sp.load_full(path)                     # whole tensors, no template
+    sp.consolidate(path, out_dir, max_shard_size="5GB")  # Hugging Face safetensors shards
 """
 
 from ._api import (
@@ -30,6 +31,7 @@ from ._errors import (
     CheckpointNotFoundError,
     CheckpointVersionError,
 )
+from ._consolidate import ConsolidateResult, consolidate
 from ._layouts import HyperParallelTensor, ShardedTensor
 from ._manager import CheckpointEntry, CheckpointManager
 from ._moe import ExpertShard, mark_experts
@@ -41,4 +43,5 @@ __all__ = [
     "CheckpointVersionError", "CheckpointArgumentError",
     "HyperParallelTensor", "ShardedTensor", "ExpertShard", "mark_experts",
     "CheckpointManager", "CheckpointEntry",
+    "consolidate", "ConsolidateResult",
 ]

@@ -1,0 +1,139 @@
+"""Consolidation: a checkpoint of any layout and format written as whole tensors for serving tools.
+
+    import shardpoint as sp
+    sp.consolidate("ckpt/step_1000", "export/", max_shard_size="5GB", dtype=torch.bfloat16)
+
+writes ``model.safetensors`` (or ``model-0000K-of-0000N.safetensors`` shards and
+``model.safetensors.index.json``) exactly as Hugging Face's ``save_pretrained`` lays them out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from ._errors import translated
+from ._progress import Progress
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass
+class ConsolidateResult:
+    """What :func:`consolidate` wrote into ``out_dir``."""
+
+    out_dir: str
+    files: list[str] = field(default_factory=list)  # data files, in shard order
+    index_file: Optional[str] = None                 # None when everything is in one file
+    tensors: int = 0
+    total_bytes: int = 0                             # tensor bytes written (the index's total_size)
+    bytes_read: int = 0                              # bytes read from the source checkpoint
+
+
+def _dtype_name(dtype: Any) -> Optional[str]:
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        return dtype
+    name = str(dtype)  # torch.bfloat16 -> "torch.bfloat16"; numpy dtypes print their name
+    return name.removeprefix("torch.")
+
+
+def _rename_pairs(rename: Union[None, Mapping[str, str], Iterable[Sequence[str]]]) -> list[tuple[str, str]]:
+    if rename is None:
+        return []
+    items = rename.items() if isinstance(rename, Mapping) else rename
+    pairs = []
+    for item in items:
+        old, new = item
+        if not isinstance(old, str) or not isinstance(new, str) or not old:
+            raise ValueError(f"rename expects (old_prefix, new_prefix) strings with a non-empty old_prefix, "
+                             f"got {item!r}")
+        pairs.append((old, new))
+    return pairs
+
+
+def _names(value: Union[None, str, Iterable[str]], what: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    names = list(value)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"{what} must be non-empty strings, got {names!r}")
+    return names
+
+
+def _byte_size(size: Union[int, str], what: str) -> int:
+    from . import _core
+
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise TypeError(f"{what} must be an int or a string like '5GB', got {size!r}")
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"{what} must be positive, got {size}")
+        return size
+    with translated():
+        return int(_core.parse_byte_size(size))
+
+
+def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, str] = "5GB",
+                dtype: Any = None, keys: Union[None, str, Iterable[str]] = None,
+                rename: Union[None, Mapping[str, str], Iterable[Sequence[str]]] = None,
+                format: str = "safetensors", overwrite: bool = False, threads: Optional[int] = None, *,
+                prefixes: Union[None, str, Iterable[str]] = None,
+                memory_budget: Union[int, str] = "256MiB") -> ConsolidateResult:
+    """Writes the tensors of the checkpoint at ``path`` as whole tensors into ``out_dir``.
+
+    The source may be any checkpoint shardpoint reads (its own, PyTorch DCP, Hugging Face
+    safetensors), saved by any number of ranks in any layout. Outputs follow Hugging Face's
+    ``save_pretrained``: ``model.safetensors`` when everything fits in ``max_shard_size``, else
+    ``model-0000K-of-0000N.safetensors`` plus ``model.safetensors.index.json``; with
+    ``format="torch"``, ``pytorch_model.bin`` or ``pytorch_model-0000K-of-0000N.bin`` plus its index.
+    Non-tensor objects of the checkpoint are not written.
+
+    Args:
+        max_shard_size: bytes, or a string like "5GB", "500MB", "2GiB".
+        dtype: convert floating-point tensors (float16, bfloat16, float32, float64) to this dtype
+            (``torch.bfloat16``, "bf16", ...) with torch's rounding; other tensors keep theirs.
+        keys: tensor names; each selects that tensor and the tensors under it ("model.layers.0"
+            selects "model.layers.0.mlp.w1"). ``prefixes`` select by plain string prefix. A key or
+            prefix that selects nothing is an error. Default: every tensor.
+        rename: ``{old_prefix: new_prefix}`` (or pairs), applied in order, first match wins.
+        overwrite: replace existing outputs of this format in ``out_dir``; otherwise they are an error.
+        threads: I/O threads (default: max(4, cores)).
+        memory_budget: memory for tensor data in flight; peak memory stays near it whatever the
+            size of the checkpoint or of its tensors.
+
+    Files appear under their final names only once complete. Call it from one process.
+    Raises CheckpointNotFoundError (no checkpoint; a key that selects nothing), CheckpointExistsError
+    (outputs already there), CheckpointArgumentError (bad options), CheckpointCorruptError (a
+    damaged source).
+    """
+    from . import _core
+
+    if format not in ("safetensors", "torch"):
+        raise ValueError(f"format must be 'safetensors' or 'torch', got {format!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    shard_bytes = _byte_size(max_shard_size, "max_shard_size")
+    budget = _byte_size(memory_budget, "memory_budget")
+    bar: dict[str, Progress] = {}
+
+    def progress(done: int, total: int) -> None:
+        if "bar" not in bar:
+            bar["bar"] = Progress("consolidate", total)
+        bar["bar"].advance(done - bar["bar"].done)
+
+    probe = Progress("consolidate", 0)
+    with translated():
+        result = _core.consolidate(os.fspath(path), os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
+                                   keys=_names(keys, "keys"), prefixes=_names(prefixes, "prefixes"),
+                                   rename=_rename_pairs(rename), format=format, overwrite=bool(overwrite),
+                                   threads=threads or 0, memory_budget_bytes=budget,
+                                   progress=progress if probe.enabled else None)
+    if "bar" in bar:
+        bar["bar"].finish()
+    return ConsolidateResult(os.fspath(out_dir), list(result["files"]), result["index_file"],
+                             int(result["tensors"]), int(result["total_bytes"]), int(result["bytes_read"]))
