@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -95,6 +96,13 @@ struct SaveOptions {
   // kNative (docs/FORMAT.md) or kTorchDcp (a checkpoint torch.distributed.checkpoint.load reads,
   // without checksums); kSafetensors is not a save format (see consolidation).
   CheckpointFormat format = CheckpointFormat::kNative;
+  // Streaming saves (conversion): pieces whose data is null get their bytes from fill_piece
+  // (tensor and piece index in this rank's SaveState) just before they are written, with at most
+  // max(fill_budget_bytes, the largest such piece) bytes held at once. Called from I/O threads.
+  std::function<Status(size_t tensor, size_t piece, MutableByteView out)> fill_piece;
+  uint64_t fill_budget_bytes = uint64_t{256} << 20;
+  // Called from I/O threads with the bytes of each chunk once written (for progress reports).
+  std::function<void(uint64_t bytes)> on_chunk_written;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures
 };
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include "shardpoint/base/bytes.h"
+
 namespace sp::cli {
 
 std::string Args::Get(const std::string& name, const std::string& fallback) const {
@@ -86,6 +88,16 @@ std::string JsonQuote(std::string_view s) {
     }
   }
   return out + "\"";
+}
+
+void DrawProgressBar(std::string_view label, uint64_t done, uint64_t total) {
+  constexpr int kWidth = 30;
+  const int filled = total == 0 ? kWidth : static_cast<int>(kWidth * std::min(done, total) / total);
+  std::fprintf(stderr, "\r%.*s [%s%s] %s / %s", static_cast<int>(label.size()), label.data(),
+               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+               HumanBytes(done).c_str(), HumanBytes(total).c_str());
+  if (done >= total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
 }
 
 }  // namespace sp::cli

@@ -42,6 +42,10 @@ Result<int64_t> ParseInt(std::string_view option, std::string_view text, int64_t
 // JSON string literal with escapes.
 std::string JsonQuote(std::string_view s);
 
+// Draws "<label> [#####.....] done / total" on stderr, redrawn in place; ends the line when
+// done == total. For terminals only (callers check isatty); not thread-safe.
+void DrawProgressBar(std::string_view label, uint64_t done, uint64_t total);
+
 int InspectCommand(const std::vector<std::string>& argv);
 int VerifyCommand(const std::vector<std::string>& argv);
 int DemoCommand(const std::vector<std::string>& argv);
@@ -50,6 +54,7 @@ int GcCommand(const std::vector<std::string>& argv);
 int PruneCommand(const std::vector<std::string>& argv);
 int DiffCommand(const std::vector<std::string>& argv);
 int ConsolidateCommand(const std::vector<std::string>& argv);
+int ConvertCommand(const std::vector<std::string>& argv);
 
 }  // namespace sp::cli
 

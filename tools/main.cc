@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  prune PATH           remove the tensors and objects under key prefixes, in place\n"
     "  diff A B             compare two checkpoints key by key and value by value\n"
     "  consolidate SRC OUT  write whole tensors as Hugging Face safetensors (or torch) files\n"
+    "  convert SRC DST      rewrite a checkpoint as native or PyTorch DCP (--to)\n"
     "\n"
     "Run 'shardpoint <command> --help' for the options of a command.\n";
 
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   if (verb == "prune") return sp::cli::PruneCommand(args);
   if (verb == "diff") return sp::cli::DiffCommand(args);
   if (verb == "consolidate") return sp::cli::ConsolidateCommand(args);
+  if (verb == "convert") return sp::cli::ConvertCommand(args);
   std::cerr << "shardpoint: unknown command '" << verb << "'\n\n" << kUsage;
   return sp::cli::kExitUsage;
 }

@@ -16,9 +16,11 @@ namespace sp {
 // Turns one rank's tensor (its pieces of a global tensor) into the planner's LocalTensor, after
 // checking the name is new to this rank (`names`), the shape has no negative dimension, every
 // piece fits in the shape, and non-empty pieces have memory. kInvalidArgument names the tensor,
-// the piece and the shape. Piece is ConstPieceView or PieceView.
+// the piece and the shape. Piece is ConstPieceView or PieceView. With `data_optional`, pieces
+// may have no memory (a save whose SaveOptions::fill_piece provides their bytes).
 template <typename Tensor>
-Result<LocalTensor> ToLocalTensor(const Tensor& t, std::set<std::string_view>& names) {
+Result<LocalTensor> ToLocalTensor(const Tensor& t, std::set<std::string_view>& names,
+                                  bool data_optional = false) {
   if (t.name.empty()) return InvalidArgumentError("a tensor has an empty name");
   if (!names.insert(t.name).second) {
     return InvalidArgumentError("tensor '" + t.name + "' appears twice in the state of one rank");
@@ -36,7 +38,7 @@ Result<LocalTensor> ToLocalTensor(const Tensor& t, std::set<std::string_view>& n
       return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
                                   " does not fit in shape " + ShapeToString(t.shape));
     }
-    if (piece.data == nullptr && !piece.box.empty()) {
+    if (piece.data == nullptr && !piece.box.empty() && !data_optional) {
       return InvalidArgumentError("tensor '" + t.name + "': piece " + piece.box.ToString() +
                                   " has no memory");
     }

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -56,11 +58,11 @@ std::string NewSaveId() {
   return id;
 }
 
-Result<LocalSavePlan> BuildLocalPlan(const SaveState& state) {
+Result<LocalSavePlan> BuildLocalPlan(const SaveState& state, bool data_optional) {
   LocalSavePlan plan;
   std::set<std::string_view> names;
   for (const SaveTensor& t : state.tensors) {
-    SP_ASSIGN_OR_RETURN(LocalTensor local, ToLocalTensor(t, names));
+    SP_ASSIGN_OR_RETURN(LocalTensor local, ToLocalTensor(t, names, data_optional));
     plan.tensors.push_back(std::move(local));
   }
   for (const ObjectEntry& o : state.objects) {
@@ -198,8 +200,11 @@ void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
 }
 
 // Queues the checksummed writes of one native chunk, in pieces spread over the pool.
+using WrittenCallback = std::function<void(uint64_t)>;
+
 void QueueNativeChunk(const ChunkWrite& write, const std::byte* data, OpenFile& file,
-                      uint64_t block_bytes, TaskGroup& group, ChunkReport* report) {
+                      uint64_t block_bytes, const WrittenCallback* written, TaskGroup& group,
+                      ChunkReport* report) {
   report->block_crc32c.resize((write.byte_length + block_bytes - 1) / block_bytes);
   const uint64_t step = std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
   const uint64_t offset = file.order->header.size() + write.data_offset;
@@ -207,7 +212,11 @@ void QueueNativeChunk(const ChunkWrite& write, const std::byte* data, OpenFile& 
   uint32_t* crcs = report->block_crc32c.data();
   for (uint64_t lo = 0; lo < write.byte_length; lo += step) {
     const uint64_t hi = std::min(lo + step, write.byte_length);
-    group.Run([=] { return WritePiece(*out, offset, data, lo, hi, block_bytes, crcs); });
+    group.Run([=] {
+      SP_RETURN_IF_ERROR(WritePiece(*out, offset, data, lo, hi, block_bytes, crcs));
+      if (*written) (*written)(hi - lo);
+      return OkStatus();
+    });
   }
 }
 
@@ -246,7 +255,8 @@ Status WriteDcpPiece(WritableFile& file, uint64_t file_offset, const std::byte* 
 }
 
 Status QueueDcpItem(const ChunkWrite& write, DType dtype, const ConstPieceView& piece,
-                    OpenFile& file, TaskGroup& group, DcpItem* item) {
+                    OpenFile& file, const WrittenCallback* written, TaskGroup& group,
+                    DcpItem* item) {
   SP_ASSIGN_OR_RETURN(item->layout, torch_dcp::ChunkItemLayout(dtype, piece.box));
   if (item->layout->data_bytes(0) != write.byte_length ||
       item->layout->data_offset(0) > write.data_offset) {
@@ -268,14 +278,67 @@ Status QueueDcpItem(const ChunkWrite& write, DType dtype, const ConstPieceView& 
     uint32_t* crc = &item->piece_crc32[i];
     const std::byte* data = piece.data;
     const uint64_t at = write.data_offset;
-    group.Run([=] { return WriteDcpPiece(*out, at, data, lo, hi, crc); });
+    group.Run([=] {
+      SP_RETURN_IF_ERROR(WriteDcpPiece(*out, at, data, lo, hi, crc));
+      if (*written) (*written)(hi - lo);
+      return OkStatus();
+    });
   }
   return OkStatus();
 }
 
+// Bytes of streamed pieces held at once: Acquire blocks until `n` (at most the capacity) are free.
+class ByteBudget {
+ public:
+  explicit ByteBudget(uint64_t capacity) : capacity_(std::max<uint64_t>(1, capacity)), free_(capacity_) {}
+  uint64_t Acquire(uint64_t n) {
+    n = std::min(n, capacity_);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return free_ >= n; });
+    free_ -= n;
+    return n;
+  }
+  void Release(uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_ += n;
+    cv_.notify_all();
+  }
+
+ private:
+  const uint64_t capacity_;
+  uint64_t free_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// A piece without memory (a streaming save): its bytes are fetched with options.fill_piece into
+// a buffer charged to `budget`, then written like any other chunk, all on this task's thread.
+Status WriteFilledChunk(const ChunkWrite& write, const SaveTensor& tensor, const SaveOptions& options,
+                        CheckpointFormat format, OpenFile& file, ByteBudget& budget,
+                        ChunkReport* report, DcpItem* item) {
+  const uint64_t charged = budget.Acquire(write.byte_length);
+  Status status = [&]() -> Status {
+    AlignedBuffer buffer(write.byte_length);
+    SP_RETURN_IF_ERROR(options.fill_piece(write.local_tensor, write.local_box,
+                                          MutableByteView(buffer.data(), write.byte_length)));
+    const ConstPieceView view{tensor.pieces[write.local_box].box, buffer.data()};
+    TaskGroup inline_group(nullptr);
+    if (format == CheckpointFormat::kTorchDcp) {
+      SP_RETURN_IF_ERROR(
+          QueueDcpItem(write, tensor.dtype, view, file, &options.on_chunk_written, inline_group, item));
+    } else {
+      QueueNativeChunk(write, buffer.data(), file, options.checksum_block_bytes,
+                       &options.on_chunk_written, inline_group, report);
+    }
+    return inline_group.Wait();
+  }();
+  budget.Release(charged);
+  return status;
+}
+
 // Every rank: writes the files of its order and returns the checksum report.
 Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState& state,
-                                   std::string_view path, uint64_t block_bytes, Store& store,
+                                   std::string_view path, const SaveOptions& options, Store& store,
                                    ThreadPool& pool, std::vector<OpenFile>* files,
                                    Clock::time_point* clock, SaveStats* stats) {
   std::map<uint32_t, size_t> file_slot;  // checkpoint file index -> position in *files
@@ -295,6 +358,7 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   WriteReport report;
   report.chunks.resize(order.plan.writes.size());
   std::vector<DcpItem> items(order.format == CheckpointFormat::kTorchDcp ? order.plan.writes.size() : 0);
+  ByteBudget budget(options.fill_budget_bytes);
   TaskGroup group(&pool);
   for (size_t w = 0; w < order.plan.writes.size(); ++w) {
     const ChunkWrite& write = order.plan.writes[w];
@@ -308,10 +372,20 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     OpenFile& file = (*files)[file_slot.at(write.file)];
     report.chunks[w].tensor = write.tensor;
     report.chunks[w].chunk = write.chunk;
-    if (order.format == CheckpointFormat::kTorchDcp) {
-      SP_RETURN_IF_ERROR(QueueDcpItem(write, tensor.dtype, piece, file, group, &items[w]));
+    DcpItem* item = items.empty() ? nullptr : &items[w];
+    if (piece.data == nullptr && write.byte_length > 0) {
+      if (!options.fill_piece) return InternalError("a piece without memory and no fill_piece");
+      ChunkReport* chunk_report = &report.chunks[w];
+      group.Run([&, chunk_report, item, w] {
+        return WriteFilledChunk(order.plan.writes[w], tensor, options, order.format, file, budget,
+                                chunk_report, item);
+      });
+    } else if (item != nullptr) {
+      SP_RETURN_IF_ERROR(QueueDcpItem(write, tensor.dtype, piece, file, &options.on_chunk_written,
+                                      group, item));
     } else {
-      QueueNativeChunk(write, piece.data, file, block_bytes, group, &report.chunks[w]);
+      QueueNativeChunk(write, piece.data, file, options.checksum_block_bytes,
+                       &options.on_chunk_written, group, &report.chunks[w]);
     }
   }
   SP_RETURN_IF_ERROR(group.Wait());
@@ -445,7 +519,7 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
     return InvalidArgumentError("checksum_block_bytes must be positive");
   }
   Result<std::string> local = [&]() -> Result<std::string> {
-    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state));
+    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fill_piece != nullptr));
     return EncodeLocalSavePlan(plan);
   }();
   SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
@@ -464,7 +538,7 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
     SP_ASSIGN_OR_RETURN(RankWriteOrder order, DecodeRankWriteOrder(my_payload));
     for (const ChunkWrite& w : order.plan.writes) stats.bytes_written += w.byte_length;
     stats.files_written = static_cast<uint32_t>(order.files.size());
-    return WriteRankFiles(order, state, path, options.checksum_block_bytes, ctx->store(),
+    return WriteRankFiles(order, state, path, options, ctx->store(),
                           ctx->pool(), &files, &clock, &stats);
   }();
   Result<std::vector<std::string>> reports = GatherOrFail(comm, std::move(report), root);
