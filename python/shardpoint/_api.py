@@ -190,7 +190,10 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         except Exception as e:  # forwarded to every rank by _agree
             error = e
         _agree(comm, error)
-        object_names = [k for k, v in flat.items() if not is_tensor_leaf(v)]
+        # An empty dict has nothing to load: DCP stores nothing for it (so it is not asked for), and
+        # a shardpoint checkpoint stores it as {} (so not reading it changes nothing).
+        empty_dicts = {k for k, v in flat.items() if isinstance(v, Mapping) and not v}
+        object_names = [k for k, v in flat.items() if not is_tensor_leaf(v) and k not in empty_dicts]
         progress = Progress(f"shardpoint load {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
             missing, unexpected, objects, bytes_read = _core.load(
@@ -202,7 +205,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         progress.finish()
     for name, encoding, payload in objects:
         set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name]))
-    return LoadResult(list(missing), list(unexpected), int(bytes_read))
+    return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read))
 
 
 class SaveHandle:
@@ -272,11 +275,23 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
     _ASYNC.wait_last()
     if _ASYNC.saver is None:
         _ASYNC.saver = _core.AsyncSaver(staging_budget_bytes)
+    threads = threads or _dist.default_threads(comm)
+    # No collective call here (the caller is blocked only for the copy): a rank that fails to
+    # prepare joins its peers' save with the error, so that their wait() raises it too.
     with _host_staging():
-        plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
+        try:
+            plans, objects, attributes = _prepare_save(state_dict, comm.rank if comm else 0, allow_pickle)
+        except Exception as e:
+            if comm is not None:
+                text = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+                try:
+                    _ASYNC.saver.start_failed(path, code_of(e), text, comm=comm, threads=threads)
+                except _core.StatusError:
+                    pass  # that same failure: raised below as it was met
+            raise
         with translated():
             _ASYNC.saver.start(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                               threads=threads or _dist.default_threads(comm), attributes=attributes)
+                               threads=threads, attributes=attributes)
     _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
     return _ASYNC.last
 

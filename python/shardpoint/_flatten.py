@@ -1,10 +1,11 @@
 """Flattening of nested state dicts to dotted keys, and rebuilding them.
 
 As torch.distributed.checkpoint does: dicts are walked with their (string) keys, lists and tuples
-that hold containers or tensors are walked with their indices, and the keys along the way are
-joined with ".". Everything else is a leaf. An empty dict or list is a leaf too (stored as a plain
-object), so the structure comes back whole. A path records, per level, whether it went through a
-dict (a str key) or a list (an int index), which is what :func:`unflatten` needs.
+that hold mappings or tensors (at any depth) are walked with their indices, and the keys along the
+way are joined with ".". Everything else is a leaf (unlike DCP, a tuple holding tensors is
+walked). An empty dict or list is a leaf too (stored as a plain object), so the structure comes
+back whole. A path records, per level, whether it went through a dict (a str key) or a list (an
+int index), which is what :func:`unflatten` needs.
 """
 
 from __future__ import annotations
@@ -12,10 +13,6 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 Path = tuple  # tuple[str | int, ...]
-
-
-def _is_container(value: Any) -> bool:
-    return isinstance(value, Mapping) or isinstance(value, (list, tuple))
 
 
 def _walks_into(value: Any, is_leaf: Callable[[Any], bool]) -> bool:
@@ -29,8 +26,10 @@ def _walks_into(value: Any, is_leaf: Callable[[Any], bool]) -> bool:
 
 
 def _is_plain_sequence(value: Sequence[Any], is_leaf: Callable[[Any], bool]) -> bool:
-    """A list of scalars (no tensors, no containers) is one plain object, as in DCP."""
-    return all(not _is_container(v) and not is_leaf(v) for v in value)
+    """A list of scalars and of such lists (no tensors, no mappings at any depth) is one plain
+    object, as in DCP (``[[1, 2], [3]]`` is stored under its own key, not as ``x.0`` and ``x.1``)."""
+    return all(not is_leaf(v) and not isinstance(v, Mapping)
+               and (not isinstance(v, (list, tuple)) or _is_plain_sequence(v, is_leaf)) for v in value)
 
 
 def flatten(state_dict: Mapping[str, Any], is_leaf: Callable[[Any], bool]) -> tuple[dict[str, Any], dict[str, Path]]:

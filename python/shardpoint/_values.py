@@ -65,14 +65,22 @@ def encode_object(name: str, value: Any, allow_pickle: bool) -> tuple[str, str, 
     return (name, "pickle", pickle.dumps(value))
 
 
+def _shaped_like(template: Any, value: Any) -> Any:
+    """``value`` (decoded JSON) with its lists turned back into tuples where ``template`` has tuples."""
+    if not isinstance(value, list) or not isinstance(template, (list, tuple)):
+        return value
+    items = [_shaped_like(template[i] if i < len(template) else None, v) for i, v in enumerate(value)]
+    return tuple(items) if isinstance(template, tuple) else items
+
+
 def decode_object(name: str, encoding: str, payload: bytes, allow_pickle: bool, template: Any = None) -> Any:
-    """The value of a stored object. A tuple ``template`` turns a JSON list back into a tuple.
+    """The value of a stored object. Where ``template`` (the value it replaces) has tuples, JSON
+    lists become tuples again, at any depth.
 
     Raises CheckpointArgumentError for a pickled object without ``allow_pickle`` or an unknown encoding.
     """
     if encoding == "json":
-        value = json.loads(payload)
-        return tuple(value) if isinstance(template, tuple) and isinstance(value, list) else value
+        return _shaped_like(template, json.loads(payload))
     if encoding == "bytes":
         return bytes(payload)
     if encoding in ("pickle", "torch-save"):

@@ -92,6 +92,16 @@ def test_nested_structure_is_flattened_and_rebuilt(tmp_path):
     assert torch.equal(template["model"]["layers"][1]["w"], torch.ones(2, 3))
 
 
+def test_nested_plain_lists_are_one_object_and_tuples_come_back(tmp_path):
+    # As in DCP: a list of lists of scalars is one object; a template's tuples are restored at any depth.
+    state = {"grid": [[1, 2], [3]], "pairs": ((1, 2), (3, 4)), "w": torch.ones(2)}
+    sp.save(state, tmp_path / "c")
+    assert {k: v.encoding for k, v in sp.inspect(tmp_path / "c").objects.items()} == {"grid": "json", "pairs": "json"}
+    template = {"grid": [], "pairs": ((0, 0), (0, 0)), "w": torch.zeros(2)}
+    sp.load(template, tmp_path / "c")
+    assert template["grid"] == [[1, 2], [3]] and template["pairs"] == ((1, 2), (3, 4))
+
+
 def test_load_full_keys_selects_by_name_or_prefix(tmp_path):
     state = {"a": {"x": torch.ones(2), "y": torch.zeros(3)}, "b": torch.full((2,), 7.0), "n": 3}
     sp.save(state, tmp_path / "c")
