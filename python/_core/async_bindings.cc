@@ -62,8 +62,27 @@ class PyAsyncSaver {
       nb::gil_scoped_release release;
       status = saver_->Start(prepared->state, path, prepared->options);
     }
-    // Start waited for the previous save, so its communicator is no longer in use.
-    comm_ = status.ok() ? std::move(prepared->comm) : nullptr;
+    // Start waited for the previous save, so its communicator is no longer in use; a failed Start
+    // may still be taking part in its peers' save with it.
+    comm_ = std::move(prepared->comm);
+    ThrowIfError(status);
+  }
+
+  // This rank failed before it could stage its state: joins the peers' save with the failure
+  // (code name, message) in the background, and raises it here.
+  void StartFailed(const std::string& path, const std::string& code, const std::string& message,
+                   const SaveKeywords& keywords) {
+    StatusCode status_code = StatusCode::kInternal;
+    for (int c = 1; c <= static_cast<int>(StatusCode::kDataLoss); ++c) {
+      if (StatusCodeName(static_cast<StatusCode>(c)) == code) status_code = static_cast<StatusCode>(c);
+    }
+    std::unique_ptr<PreparedSave> prepared = PrepareSave(nb::list(), nb::list(), keywords);
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      status = saver_->StartFailed(Status(status_code, message), path, prepared->options);
+    }
+    comm_ = std::move(prepared->comm);  // the background save may still be using it
     ThrowIfError(status);
   }
 
@@ -122,7 +141,17 @@ void DefineAsyncSaver(nb::module_& m) {
           "overwrite"_a = false, "threads"_a = 0, "files_per_rank"_a = 1,
           "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(),
           "Waits for the previous save, copies the state into staging and starts the save;\n"
-          "returns once the caller may modify its arrays.")
+          "returns once the caller may modify its arrays. Makes no collective call: a rank that\n"
+          "cannot stage raises here, and its peers' wait() raises the same error.")
+      .def(
+          "start_failed",
+          [](PyAsyncSaver& self, const std::string& path, const std::string& code,
+             const std::string& message, nb::handle comm, int threads) {
+            self.StartFailed(path, code, message, SaveKeywords{comm, false, threads});
+          },
+          "path"_a, "code"_a, "message"_a, nb::kw_only(), "comm"_a = nb::none(), "threads"_a = 0,
+          "For a rank that failed before start(): joins its peers' save with the error (status\n"
+          "code name, message) so that their wait() raises it, and raises it here.")
       .def("wait", &PyAsyncSaver::Wait, "Waits for the save; raises StatusError if it failed.")
       .def("done", &PyAsyncSaver::Done, "True when no save is running.")
       .def_prop_ro("staging_bytes", &PyAsyncSaver::staging_bytes,

@@ -46,3 +46,35 @@ def async_worker(rank, world, root):
 def test_async_save_captures_values_at_the_call(tmp_path):
     results = run_ranks(2, async_worker, str(tmp_path))
     assert results == [(True, ("CheckpointExistsError", "ALREADY_EXISTS"), True)] * 2
+
+
+class NotPlainData:
+    """An object that is not plain data: saving it needs allow_pickle."""
+
+
+def failing_prep_worker(rank, world, root):
+    path = os.path.join(root, "failed")
+    state = {"w": torch.full((16,), float(rank)), "cfg": NotPlainData() if rank == 1 else {"lr": 0.1}}
+    raised_at_call = raised_at_wait = None
+    try:
+        handle = sp.async_save(state, path)   # no collective call: rank 0 returns at once
+    except sp.CheckpointError as e:
+        raised_at_call = (type(e).__name__, e.message)
+    else:
+        try:
+            handle.wait()
+        except sp.CheckpointError as e:
+            raised_at_wait = (type(e).__name__, e.message)
+    torch.distributed.barrier()
+    # The failure is not raised again by the next save on the failing rank.
+    sp.async_save({"w": torch.full((16,), float(rank))}, os.path.join(root, "next")).wait()
+    return raised_at_call, raised_at_wait, os.path.exists(os.path.join(path, "shardpoint.metadata"))
+
+
+def test_a_rank_failing_before_its_copy_fails_the_other_ranks_wait(tmp_path):
+    (call0, wait0, committed0), (call1, wait1, committed1) = run_ranks(2, failing_prep_worker, str(tmp_path))
+    assert call0 is None and call1 is not None and wait1 is None
+    assert call1[0] == "CheckpointArgumentError" and "allow_pickle" in call1[1]
+    assert wait0[0] == "CheckpointArgumentError" and wait0[1].startswith("rank 1: ") and "allow_pickle" in wait0[1]
+    assert not committed0 and not committed1
+    assert sp.load_full(str(tmp_path / "next"))["w"].shape == (16,)

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "shardpoint/comm/collective.h"
+#include "shardpoint/engine/save_internal.h"
 #include "shardpoint/exec/task_group.h"
 
 namespace sp {
@@ -108,32 +108,57 @@ Status AsyncSaver::Stage(const SaveState& state, const std::string& path, Thread
 }
 
 Status AsyncSaver::Start(const SaveState& state, std::string path, SaveOptions options) {
-  {
-    const std::string previous_path = path_;
-    Status previous = JoinAndTakeResult();
-    if (!previous.ok()) return previous.WithContext("previous async save to " + previous_path);
-  }
+  SP_RETURN_IF_ERROR(TakePrevious());
   options.pool = PoolFor(options);
   Status staged = Stage(state, path, options.pool);
-  if (options.comm != nullptr) staged = AgreeOnStatus(*options.comm, staged);
   if (!staged.ok()) {
     staged_ = SaveState{};
-    return staged;
+    if (options.comm == nullptr) return staged;
+    return StartFailedLocked(staged, std::move(path), std::move(options));
   }
+  Launch(std::move(path), std::move(options), OkStatus());
+  return OkStatus();
+}
+
+Status AsyncSaver::StartFailed(Status failure, std::string path, SaveOptions options) {
+  SP_RETURN_IF_ERROR(TakePrevious());
+  staged_ = SaveState{};
+  if (options.comm == nullptr) return failure;
+  options.pool = PoolFor(options);
+  return StartFailedLocked(std::move(failure), std::move(path), std::move(options));
+}
+
+Status AsyncSaver::StartFailedLocked(Status failure, std::string path, SaveOptions options) {
+  Launch(std::move(path), std::move(options), failure);
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_reported_ = true;
+  return failure;
+}
+
+Status AsyncSaver::TakePrevious() {
+  const std::string previous_path = path_;
+  const bool reported = failure_reported_;
+  Status previous = JoinAndTakeResult();
+  failure_reported_ = false;
+  if (previous.ok() || reported) return OkStatus();
+  return previous.WithContext("previous async save to " + previous_path);
+}
+
+void AsyncSaver::Launch(std::string path, SaveOptions options, Status local_failure) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     path_ = path;
   }
   running_.store(true);
-  worker_ = std::thread([this, path = std::move(path), options = std::move(options)] {
-    Status status = Save(staged_, path, options);
+  worker_ = std::thread([this, path = std::move(path), options = std::move(options),
+                         local_failure = std::move(local_failure)] {
+    Status status = SaveWithLocalStatus(staged_, path, options, local_failure);
     {
       std::lock_guard<std::mutex> lock(mu_);
       result_ = std::move(status);
     }
     running_.store(false);
   });
-  return OkStatus();
 }
 
 Status AsyncSaver::JoinAndTakeResult() {

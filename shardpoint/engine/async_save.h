@@ -11,11 +11,13 @@
 // async save to <path>: ") and starts nothing; the next Start proceeds. A failed save leaves no
 // committed checkpoint (Save's commit protocol), and a collective save fails on every rank alike.
 //
-// Collectives: with options.comm set, Start makes one collective call of its own (every rank
-// learns whether every rank could stage its state, so that a budget error on one rank is
-// returned by Start on every rank instead of leaving the others waiting), and the background save
-// makes Save's collectives on the background thread. The communicator, store and pool in the
-// options must outlive the save (until Wait returns or the next Start returns).
+// Collectives: Start makes none, so the caller is blocked only for the copy; the background save
+// makes Save's collectives on its thread. A rank that cannot stage its state (over the budget, a
+// bad piece) or that failed before it could call Start (StartFailed) still joins the save its
+// peers have started, carrying its error: Start / StartFailed return the error on that rank at
+// once, and every other rank's Wait returns it; nothing is written. That failure is not returned
+// again by the next Start on the failing rank (Wait still returns it). The communicator, store
+// and pool in the options must outlive the save (until Wait returns or the next Start returns).
 //
 // Thread-safety: Start, Wait and the destructor are called by one owner thread at a time; Done
 // may be called from any thread.
@@ -47,11 +49,16 @@ class AsyncSaver {
   // Waits for the previous save, copies `state` into staging (in parallel on options.pool, or on
   // a pool of options.threads threads that the saver keeps), then starts
   // Save(staged_state, path, options) on a background thread and returns OK.
-  // Errors (nothing started): the previous save's unreported error (see above);
+  // Errors: the previous save's unreported error (see above; nothing started);
   // kResourceExhausted "async save to <path> needs N bytes of staging memory, over the budget of
-  // M bytes" (collective: every rank returns the failing rank's error); kInvalidArgument for a
-  // piece with a null pointer or a negative size.
+  // M bytes", kInvalidArgument for a piece with a null pointer or a negative size (with a comm,
+  // the failing rank's peers get these from Wait; see Collectives above).
   Status Start(const SaveState& state, std::string path, SaveOptions options);
+
+  // For a rank that failed before it could call Start (in a collective save): waits for the
+  // previous save, then joins this save's collectives with `failure` in the background so that
+  // every rank's Wait returns it, and returns `failure`. Without options.comm it only returns it.
+  Status StartFailed(Status failure, std::string path, SaveOptions options);
 
   // Blocks until the running save (if any) finishes; returns its result, or OK when no save has
   // run since the last Wait.
@@ -66,6 +73,11 @@ class AsyncSaver {
  private:
   // Joins the background thread and returns the pending result (OK if none), clearing it.
   Status JoinAndTakeResult();
+  // Start's first step: the previous save's unreported error, with context, or OK.
+  Status TakePrevious();
+  // Runs SaveWithLocalStatus(staged_, path, options, local_failure) on the worker thread.
+  void Launch(std::string path, SaveOptions options, Status local_failure);
+  Status StartFailedLocked(Status failure, std::string path, SaveOptions options);
   // Sizes staging for `state`, checks the budget, copies every piece, and fills staged_.
   Status Stage(const SaveState& state, const std::string& path, ThreadPool* pool);
   ThreadPool* PoolFor(const SaveOptions& options);
@@ -80,6 +92,7 @@ class AsyncSaver {
   std::atomic<bool> running_{false};
   mutable std::mutex mu_;          // guards result_ and path_
   Status result_;                  // of the last save not yet taken by Wait or Start
+  bool failure_reported_ = false;  // result_ is a failure Start already returned
   std::string path_;               // of the running or last save
 };
 

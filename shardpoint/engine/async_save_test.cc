@@ -286,27 +286,60 @@ TEST(AsyncSaverTest, StagingIsReusedAcrossSaves) {
   EXPECT_EQ(LoadBack(store, larger), larger.data);
 }
 
-TEST(AsyncSaverTest, BudgetExceededOnOneRankFailsStartOnEveryRank) {
+TEST(AsyncSaverTest, BudgetExceededOnOneRankFailsItsStartAndEveryRanksWait) {
   MemoryStore store;
   const uint64_t budget = MakeTensors(0).total_bytes() + 4096;
-  std::vector<bool> done(2, false);
-  std::vector<Status> statuses = RunRanks(2, [&](int r, Communicator& comm) {
+  std::vector<Status> started(2), waited(2), restarted(2), rewaited(2);
+  RunRanks(2, [&](int r, Communicator& comm) {
     const Tensors tensors = MakeTensors(20 + r, r == 1 ? 4 : 1);  // rank 1 holds more
     AsyncSaver saver(budget);
     SaveOptions options;
     options.comm = &comm;
     options.store = &store;
-    Status started = saver.Start(tensors.AsSaveState(), kPath, options);
-    done[r] = saver.Done();
-    return started;
+    started[r] = saver.Start(tensors.AsSaveState(), kPath, options);  // no collective call
+    waited[r] = saver.Wait();
+    // The failure was returned by Start on rank 1: the next Start does not return it again.
+    const Tensors small = MakeTensors(40 + r, 1);
+    restarted[r] = saver.Start(small.AsSaveState(), kPath, options);
+    rewaited[r] = saver.Wait();
+    return OkStatus();
   });
-  for (const Status& s : statuses) {
-    EXPECT_EQ(s, statuses[0]);
+  EXPECT_TRUE(started[0].ok()) << started[0];
+  EXPECT_EQ(started[1].code(), StatusCode::kResourceExhausted) << started[1];
+  EXPECT_THAT(started[1].message(), StartsWith("async save to /ckpt needs "));
+  for (const Status& s : waited) {
     EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
     EXPECT_THAT(s.message(), StartsWith("rank 1: async save to /ckpt needs "));
     EXPECT_THAT(s.message(), HasSubstr("over the budget of " + std::to_string(budget) + " bytes"));
   }
-  EXPECT_TRUE(done[0] && done[1]);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(restarted[r].ok()) << restarted[r];
+    EXPECT_TRUE(rewaited[r].ok()) << rewaited[r];
+  }
+  EXPECT_TRUE(ReadCheckpointMetadata(kPath, &store).ok());
+}
+
+TEST(AsyncSaverTest, RankThatFailedBeforeStartFailsEveryRanksWait) {
+  MemoryStore store;
+  std::vector<Status> started(2), waited(2);
+  RunRanks(2, [&](int r, Communicator& comm) {
+    const Tensors tensors = MakeTensors(50 + r, 1);
+    AsyncSaver saver;
+    SaveOptions options;
+    options.comm = &comm;
+    options.store = &store;
+    started[r] = r == 0 ? saver.StartFailed(InvalidArgumentError("object 'cfg' is not plain data"),
+                                            kPath, options)
+                        : saver.Start(tensors.AsSaveState(), kPath, options);
+    waited[r] = saver.Wait();
+    return OkStatus();
+  });
+  EXPECT_EQ(started[0].message(), "object 'cfg' is not plain data");
+  EXPECT_TRUE(started[1].ok()) << started[1];
+  for (const Status& s : waited) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message(), "rank 0: object 'cfg' is not plain data");
+  }
   EXPECT_EQ(ReadCheckpointMetadata(kPath, &store).status().code(), StatusCode::kNotFound);
 }
 

@@ -17,6 +17,7 @@
 #include "shardpoint/engine/cleanup.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/local_state.h"
+#include "shardpoint/engine/save_internal.h"
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
@@ -506,6 +507,11 @@ void RemoveUnreferencedFiles(Store& store, std::string_view path,
 }
 
 Status Save(const SaveState& state, std::string_view path, const SaveOptions& options) {
+  return SaveWithLocalStatus(state, path, options, OkStatus());
+}
+
+Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
+                           const SaveOptions& options, const Status& local_failure) {
   SaveStats local_stats;
   SaveStats& stats = options.stats != nullptr ? *options.stats : local_stats;
   stats = SaveStats();
@@ -519,6 +525,7 @@ Status Save(const SaveState& state, std::string_view path, const SaveOptions& op
     return InvalidArgumentError("checksum_block_bytes must be positive");
   }
   Result<std::string> local = [&]() -> Result<std::string> {
+    SP_RETURN_IF_ERROR(local_failure);
     SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fill_piece != nullptr));
     return EncodeLocalSavePlan(plan);
   }();
