@@ -23,8 +23,8 @@ import torch.distributed.checkpoint as dcp
 
 import shardpoint as sp
 from distributed import run_ranks
-from torch_dcp_util import (bit_equal, cli, differences, random_tensor, save_in_process, storage_of, stored_item,
-                            torch_metadata, writer)
+from torch_dcp_util import (bit_equal, cli, differences, flipped, random_tensor, save_in_process, storage_of,
+                            stored_item, torch_metadata, writer)
 
 # ---------------------------------------------------------------------------------------------
 # DTensors saved by torch at 1, 2 and 4 ranks, loaded by shardpoint at other ranks and layouts.
@@ -81,12 +81,13 @@ def dtensor_state(meshes: dict, position: int, seed: int) -> dict:
     return state
 
 
-def write_dtensor_checkpoints(rank, world, root, with_zstd):
+def write_dtensor_checkpoints(rank, world, root, variants):
     state = dtensor_state(_meshes(world), SAVED, REF_SEED)
     state.update(copy.deepcopy(OBJECTS))
     dcp.save(state, storage_writer=writer(os.path.join(root, "plain")))
-    if with_zstd:
+    if variants:  # items zstd-compressed; items at offsets in torch's default files (thread_count of them)
         dcp.save(state, storage_writer=writer(os.path.join(root, "zstd"), zstd=True))
+        dcp.save(state, storage_writer=writer(os.path.join(root, "few_files"), single_file_per_rank=True))
 
 
 def load_resharded(rank, world, paths):
@@ -109,7 +110,8 @@ def load_resharded(rank, world, paths):
 
 @pytest.fixture(scope="module")
 def written_by(tmp_path_factory):
-    """written_by(world): the directory holding the "plain" (and at 2 ranks "zstd") checkpoints."""
+    """written_by(world): the directory holding the "plain" (at 2 ranks also "zstd" and "few_files")
+    checkpoints."""
     roots: dict[int, str] = {}
 
     def get(world: int) -> str:
@@ -160,9 +162,11 @@ def test_saved_at_4_loaded_at_2_other_layouts(written_by):
     assert run_ranks(2, load_resharded, [path]) == [{"plain": ([], [], [])}] * 2
 
 
-def test_saved_at_2_loaded_at_3_plain_and_zstd(written_by):
-    paths = [os.path.join(written_by(2), name) for name in ("plain", "zstd")]
-    assert run_ranks(3, load_resharded, paths) == [{"plain": ([], [], []), "zstd": ([], [], [])}] * 3
+def test_saved_at_2_loaded_at_3_plain_zstd_and_few_files(written_by):
+    names = ("plain", "zstd", "few_files")
+    assert len(os.listdir(os.path.join(written_by(2), "few_files"))) == 1 + 2 * 3  # 3 files per rank, many items each
+    paths = [os.path.join(written_by(2), name) for name in names]
+    assert run_ranks(3, load_resharded, paths) == [{name: ([], [], []) for name in names}] * 3
 
 
 def test_saved_at_4_loaded_in_one_process(written_by):
@@ -183,7 +187,7 @@ def test_saved_at_4_loaded_in_one_process(written_by):
 
 
 def test_verify_good_checkpoints_exit_0_and_say_no_checksums(written_by):
-    for name in ("plain", "zstd"):
+    for name in ("plain", "zstd", "few_files"):
         path = os.path.join(written_by(2), name)
         run = cli("verify", path)
         assert run.returncode == 0, run.stderr
@@ -268,10 +272,10 @@ def fsdp_resume(rank, world, path):
         leaves = _leaves(dict(zip(("model", "optim"), get_state_dict(model, optimizer))))
         resumed[reader] = (leaves, _train(model, optimizer, batches[SAVE_AT:]), refusal)
     theirs, ours = resumed["torch"][0], resumed["shardpoint"][0]
-    differing = sorted(k for k in theirs if not (bit_equal(ours.get(k), theirs[k]) if isinstance(theirs[k], torch.Tensor)
-                                                  else ours.get(k) == theirs[k]))
-    return resumed["torch"][1], resumed["shardpoint"][1], differing, sorted(theirs) == sorted(ours), \
-        resumed["shardpoint"][2]
+    same = lambda a, b: bit_equal(a, b) if isinstance(b, torch.Tensor) else a == b  # noqa: E731
+    return {"torch_losses": resumed["torch"][1], "losses": resumed["shardpoint"][1],
+            "differing": sorted(k for k in theirs if not same(ours.get(k), theirs[k])),
+            "same_keys": sorted(theirs) == sorted(ours), "refusal": resumed["shardpoint"][2]}
 
 
 def test_fsdp2_adam_saved_by_torch_at_4_resumed_by_shardpoint_at_2(tmp_path):
@@ -279,13 +283,14 @@ def test_fsdp2_adam_saved_by_torch_at_4_resumed_by_shardpoint_at_2(tmp_path):
     uninterrupted = run_ranks(4, fsdp_save, path)[0]
     info = sp.inspect(path)
     assert len(info.tensors["model.0.weight"].chunks) == 4 and info.tensors["model.0.weight"].shape == (35, 12)
-    assert {"optim.state.0.weight.exp_avg", "optim.state.2.bias.exp_avg_sq", "optim.state.0.weight.step"} <= set(info.tensors)
+    optimizer_keys = {"optim.state.0.weight.exp_avg", "optim.state.2.bias.exp_avg_sq", "optim.state.0.weight.step"}
+    assert optimizer_keys <= set(info.tensors)
     assert info.objects["optim.param_groups.0.lr"].encoding == "torch-save"
-    for torch_losses, sp_losses, differing, same_keys, refusal in run_ranks(2, fsdp_resume, path):
-        assert refusal is not None and "optim.param_groups.0." in refusal and "allow_pickle=True" in refusal
-        assert same_keys and differing == []
-        assert sp_losses == torch_losses  # the same bytes loaded: the same arithmetic
-        assert sp_losses == pytest.approx(uninterrupted[SAVE_AT:], rel=1e-5)
+    for rank in run_ranks(2, fsdp_resume, path):
+        assert "optim.param_groups.0." in rank["refusal"] and "allow_pickle=True" in rank["refusal"]
+        assert rank["same_keys"] and rank["differing"] == []
+        assert rank["losses"] == rank["torch_losses"]  # the same bytes loaded: the same arithmetic
+        assert rank["losses"] == pytest.approx(uninterrupted[SAVE_AT:], rel=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,9 +389,7 @@ def test_every_dtype_scalar_empty_and_strided_tensor(tmp_path):
     assert info.tensors["full.float8_e8m0fnu"].dtype == "float8_e8m0fnu" and info.tensors["scalar.uint64"].shape == ()
     assert info.tensors["empty.middle"].shape == (2, 0, 3)
     assert differences(sp.load_full(path), original) == []
-    template = {group: {k: torch.zeros_like(v, memory_format=torch.contiguous_format) if v.dtype != torch.bool
-                        else torch.ones_like(v, memory_format=torch.contiguous_format) for k, v in values.items()}
-                for group, values in original.items()}
+    template = {group: {k: flipped(v) for k, v in values.items()} for group, values in original.items()}
     result = sp.load(template, path)
     assert (result.missing_keys, result.unexpected_keys) == ([], [])
     assert differences(template, original) == []
@@ -440,8 +443,7 @@ def test_zstd_items(tmp_path):
     assert big.transform_descriptors == ["stream.zstd/1"] and big.length < 256 * 64 * 4 // 4
     assert storage_of(path, "note").transform_descriptors == ["stream.zstd/1"]
     assert differences(sp.load_full(path, allow_pickle=True), original) == []
-    template = {k: torch.zeros_like(v, memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else ""
-                for k, v in original.items()}
+    template = {k: flipped(v) if isinstance(v, torch.Tensor) else "" for k, v in original.items()}
     sp.load(template, path, allow_pickle=True)
     assert differences(template, original) == []
     rows = torch.zeros(40, 64)
@@ -482,11 +484,11 @@ def test_objects_named_and_sized_by_inspect(tmp_path):
     assert sorted(sizes) == sorted(f"obj.{k}" for k in _object_state()["obj"])
     assert len(set(sizes.values())) > 2  # sizes that tell the items apart
     info = sp.inspect(path)
-    assert {k: (o.encoding, o.nbytes) for k, o in info.objects.items()} == {k: ("torch-save", n) for k, n in sizes.items()}
+    expected = {k: ("torch-save", n) for k, n in sizes.items()}
+    assert {k: (o.encoding, o.nbytes) for k, o in info.objects.items()} == expected
     assert list(info.tensors) == ["t"]
     shown = json.loads(cli("inspect", "--json", path).stdout)
-    assert {o["name"]: (o["encoding"], o["bytes"]) for o in shown["objects"]} == {k: ("torch-save", n)
-                                                                                for k, n in sizes.items()}
+    assert {o["name"]: (o["encoding"], o["bytes"]) for o in shown["objects"]} == expected
 
 
 def test_objects_need_allow_pickle(tmp_path):

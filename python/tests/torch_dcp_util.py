@@ -18,14 +18,15 @@ import torch.distributed.checkpoint as dcp
 CLI = os.path.join(os.path.dirname(sys.executable), "shardpoint")
 
 
-def writer(path: str, *, zstd: bool = False) -> dcp.FileSystemWriter:
-    """torch's FileSystemWriter with three writer threads and one file per item."""
+def writer(path: str, *, zstd: bool = False, single_file_per_rank: bool = False) -> dcp.FileSystemWriter:
+    """torch's FileSystemWriter with three writer threads and (by default) one file per item."""
     extensions = None
     if zstd:
         from torch.distributed.checkpoint._extension import ZStandard
 
         extensions = [ZStandard()]
-    return dcp.FileSystemWriter(path, thread_count=3, single_file_per_rank=False, _extensions=extensions)
+    return dcp.FileSystemWriter(path, thread_count=3, single_file_per_rank=single_file_per_rank,
+                                _extensions=extensions)
 
 
 def save_in_process(state: dict, path: str, *, zstd: bool = False) -> None:
@@ -68,6 +69,13 @@ def random_tensor(shape: tuple, dtype: torch.dtype, seed: int) -> torch.Tensor:
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The bytes of ``t``'s elements in row-major order."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def flipped(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor like ``t`` whose every element differs from ``t``'s (every bit flipped)."""
+    if t.dtype == torch.bool:
+        return t.logical_not().contiguous()
+    return (bits(t) ^ 0xFF).view(t.dtype).reshape(t.shape)
 
 
 def bit_equal(a: Any, b: Any) -> bool:
