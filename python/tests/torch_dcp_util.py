@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -15,7 +16,9 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-CLI = os.path.join(os.path.dirname(sys.executable), "shardpoint")
+CLI = os.path.join(os.path.dirname(sys.executable), "shardpoint")  # installed beside the interpreter
+if not os.path.exists(CLI):
+    CLI = shutil.which("shardpoint") or CLI
 
 
 def writer(path: str, *, zstd: bool = False, single_file_per_rank: bool = False) -> dcp.FileSystemWriter:
