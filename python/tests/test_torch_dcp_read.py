@@ -148,9 +148,6 @@ def test_written_by_ranks_inspected_and_loaded_whole(written_by, world):
     assert (full["step"], full["cfg"]) == (OBJECTS["step"], OBJECTS["cfg"])
 
 
-@pytest.mark.xfail(strict=True, reason="the torch-dcp driver reports writer_rank 0 for every file and world_size 1 "
-                   "(shardpoint/format/torch_dcp/dcp_checkpoint.cc, OpenDataFiles: DataFile{..., 0}), though "
-                   "torch names each file __{rank}_{n}.distcp after the rank that wrote it")
 def test_inspect_reports_the_writer_rank_of_each_file(written_by):
     info = sp.inspect(os.path.join(written_by(4), "plain"))
     assert all(f["writer_rank"] == int(f["name"].split("_")[2]) for f in info.files)
@@ -589,8 +586,6 @@ def test_damaged_checkpoint_errors_are_clear(tmp_path, name):
     assert not os.path.exists(os.path.join(tmp_path, "command-ran"))
 
 
-@pytest.mark.xfail(strict=True, reason="the missing-file error names the file only: shardpoint/format/torch_dcp/"
-                   "dcp_checkpoint.cc:30 (OpenDataFiles) does not say which keys the file holds")
 def test_missing_item_file_error_names_the_key(tmp_path):
     path = _damaged(_damage_base(tmp_path), tmp_path, "missing", _remove_item_file)
     with pytest.raises(sp.CheckpointCorruptError) as e:

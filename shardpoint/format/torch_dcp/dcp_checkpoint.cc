@@ -20,6 +20,31 @@ struct OpenedFiles {
   std::vector<std::unique_ptr<ReadableFile>> handles;
 };
 
+// The rank in torch's file name "__<rank>_<n>.distcp"; 0 for other names.
+int32_t WriterRankOf(std::string_view name) {
+  if (!name.starts_with("__")) return 0;
+  int64_t rank = 0;
+  size_t i = 2;
+  for (; i < name.size() && i < 12 && name[i] >= '0' && name[i] <= '9'; ++i) {
+    rank = rank * 10 + (name[i] - '0');
+  }
+  return i > 2 && i < name.size() && name[i] == '_' ? static_cast<int32_t>(rank) : 0;
+}
+
+// "'a', 'b' and 3 more": the keys with items in `relative_path`, for messages.
+std::string KeysIn(const DcpMetadata& dcp, std::string_view relative_path) {
+  std::vector<std::string_view> keys;
+  for (const DcpStorageEntry& e : dcp.storage_data) {
+    if (e.relative_path == relative_path && (keys.empty() || keys.back() != e.fqn)) {
+      keys.push_back(e.fqn);
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < keys.size() && i < 3; ++i) out += (i ? ", '" : "'") + std::string(keys[i]) + "'";
+  if (keys.size() > 3) out += " and " + std::to_string(keys.size() - 3) + " more";
+  return out;
+}
+
 Result<OpenedFiles> OpenDataFiles(Store& store, std::string_view path, const DcpMetadata& dcp,
                                   CheckpointMetadata* out) {
   OpenedFiles files;
@@ -29,11 +54,14 @@ Result<OpenedFiles> OpenDataFiles(Store& store, std::string_view path, const Dcp
     Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(file_path);
     if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
       return DataLossError("data file " + file_path + " named by " +
-                           JoinPath(path, kDcpMetadataFileName) + " is missing");
+                           JoinPath(path, kDcpMetadataFileName) + " is missing (it holds " +
+                           KeysIn(dcp, e.relative_path) + ")");
     }
     SP_RETURN_IF_ERROR(opened.status());
     files.index[e.relative_path] = static_cast<uint32_t>(out->files.size());
-    out->files.push_back(DataFile{e.relative_path, 0, (*opened)->size(), 0});
+    const int32_t writer = WriterRankOf(e.relative_path);
+    out->files.push_back(DataFile{e.relative_path, 0, (*opened)->size(), writer});
+    out->world_size = std::max(out->world_size, writer + 1);
     files.handles.push_back(std::move(opened).value());
   }
   return files;
