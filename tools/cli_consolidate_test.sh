@@ -130,6 +130,28 @@ for k, t in got.items():
 print("ok", len(got))
 '
 
+# Every tensor of the torch files in sys.argv[2] (torch.load, weights_only) equals the same tensor
+# of the safetensors files in sys.argv[1].
+TORCH_PY='
+import glob, json, os, sys, torch
+from safetensors.torch import load_file
+ref = {}
+for path in glob.glob(os.path.join(sys.argv[1], "*.safetensors")):
+    ref.update(load_file(path))
+with open(os.path.join(sys.argv[2], "pytorch_model.bin.index.json")) as f:
+    weight_map = json.load(f)["weight_map"]
+got = {}
+for name in sorted(set(weight_map.values())):
+    part = torch.load(os.path.join(sys.argv[2], name), weights_only=True)
+    assert all(weight_map[k] == name for k in part), name
+    got.update(part)
+assert set(got) == set(ref), sorted(set(got) ^ set(ref))[:5]
+for k, t in got.items():
+    assert t.dtype == ref[k].dtype and t.shape == ref[k].shape, k
+    assert torch.equal(t.reshape(-1).view(torch.uint8), ref[k].reshape(-1).view(torch.uint8)), k
+print("ok", len(got))
+'
+
 # ---- command line -------------------------------------------------------------------------------
 run consolidate --help
 expect_rc "--help exits 0" 0
@@ -175,6 +197,12 @@ expect_rc "--overwrite replaces them" 0
 check "one file now, stale shards and index gone" [ "$(listing "$WORK/hf")" = "model.safetensors " ]
 check "--json result" contains "$OUT" '"files":["model.safetensors"],"index":null'
 py_check "the single file equals the source" "$COMPARE_PY" "$CKPT" "$WORK/hf"
+
+run consolidate "$CKPT" "$WORK/pt" --format torch --max-shard-size 3MB --memory-budget 1MiB
+expect_rc "--format torch exits 0" 0
+check "three .bin shards and their index" [ "$(listing "$WORK/pt")" = "pytorch_model-00001-of-00003.bin pytorch_model-00002-of-00003.bin pytorch_model-00003-of-00003.bin pytorch_model.bin.index.json " ]
+py_check "torch.load reads the .bin shards, equal to the safetensors output" "$TORCH_PY" \
+  "$WORK/hf" "$WORK/pt"
 
 run consolidate "$CKPT" "$WORK/bf16" --dtype bf16 --keys optim.state.layers.0 --prefix model.layers.1. \
   --rename optim.state.=opt.

@@ -11,6 +11,8 @@
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/torch_dcp/dcp_writer.h"
+#include "shardpoint/format/torch_dcp/zip.h"
 #include "shardpoint/plan/load_plan.h"
 
 namespace sp {
@@ -143,6 +145,7 @@ struct Job {
   std::vector<std::unique_ptr<ReadableFile>> sources;
   std::vector<std::unique_ptr<WritableFile>> outputs;
   uint64_t window = 0;
+  std::vector<uint32_t> slab_crc32;  // torch files: the CRC-32 of each slab's bytes
   std::atomic<uint64_t> bytes_read{0};
   std::mutex progress_mu;
   uint64_t bytes_written = 0;  // guarded by progress_mu
@@ -158,7 +161,7 @@ void ReportProgress(Job& job, uint64_t bytes) {
   job.options.progress(job.bytes_written, job.plan.total_bytes);
 }
 
-Status FillSlab(Job& job, const Slab& slab) {
+Status FillSlab(Job& job, const Slab& slab, size_t index) {
   const OutputTensor& out = job.plan.files[slab.file].tensors[slab.tensor];
   const TensorMetadata& stored = *out.source;
   AlignedBuffer buffer(slab.bytes);
@@ -174,6 +177,9 @@ Status FillSlab(Job& job, const Slab& slab) {
   SP_ASSIGN_OR_RETURN(uint64_t read,
                       ExecuteReads(requests, job.md, job.sources, job.pool, read_options));
   job.bytes_read.fetch_add(read, std::memory_order_relaxed);
+  if (job.plan.files[slab.file].torch) {
+    job.slab_crc32[index] = torch_dcp::Crc32(0, buffer.data(), slab.bytes);
+  }
   WritableFile& file = *job.outputs[slab.file];
   const uint64_t offset = out.file_offset + slab.byte_offset;
   SP_RETURN_IF_ERROR(file.WriteAt(offset, buffer.view()));
@@ -256,16 +262,45 @@ Status PrepareOutputDirectory(Store& store, std::string_view source, std::string
 }
 
 Status RunSlabs(Job& job, const std::vector<Slab>& slabs) {
+  job.slab_crc32.assign(slabs.size(), 0);
   TaskGroup group(&job.pool);
-  for (const Slab& slab : slabs) {
-    group.Run([&job, &slab, &group]() -> Status {
+  for (size_t i = 0; i < slabs.size(); ++i) {
+    group.Run([&job, &slab = slabs[i], i, &group]() -> Status {
       if (group.cancelled()) return OkStatus();
-      return FillSlab(job, slab).WithContext(
+      return FillSlab(job, slab, i).WithContext(
           "consolidating tensor '" + job.plan.files[slab.file].tensors[slab.tensor].name +
           "' into " + job.plan.files[slab.file].name);
     });
   }
   return group.Wait();
+}
+
+// Torch archives: the ZIP framing after each tensor (data descriptor, next local header) and the
+// central directory need every tensor's CRC-32, combined from its slabs' (in order).
+Status WriteTorchFraming(Job& job, const std::vector<Slab>& slabs) {
+  std::vector<std::vector<uint32_t>> crcs(job.plan.files.size());
+  for (size_t f = 0; f < job.plan.files.size(); ++f) {
+    crcs[f].assign(job.plan.files[f].tensors.size(), 0);
+  }
+  for (size_t i = 0; i < slabs.size(); ++i) {
+    if (!job.plan.files[slabs[i].file].torch) continue;
+    uint32_t& crc = crcs[slabs[i].file][slabs[i].tensor];
+    crc = torch_dcp::Crc32Combine(crc, job.slab_crc32[i], slabs[i].bytes);
+  }
+  for (size_t f = 0; f < job.plan.files.size(); ++f) {
+    const OutputFile& file = job.plan.files[f];
+    if (!file.torch) continue;
+    const torch_dcp::TorchSaveLayout& layout = *file.torch;
+    for (size_t i = 0; i + 1 < file.tensors.size(); ++i) {
+      SP_RETURN_IF_ERROR(job.outputs[f]->WriteAt(layout.data_offset(i) + layout.data_bytes(i),
+                                                 AsBytes(layout.Between(i, crcs[f][i]))));
+    }
+    const size_t n = file.tensors.size();
+    const uint64_t tail_offset =
+        n == 0 ? file.head.size() : layout.data_offset(n - 1) + layout.data_bytes(n - 1);
+    SP_RETURN_IF_ERROR(job.outputs[f]->WriteAt(tail_offset, AsBytes(layout.Tail(crcs[f]))));
+  }
+  return OkStatus();
 }
 
 void RemoveTemporaries(Job& job, Store& store, std::string_view out_dir) {
@@ -288,6 +323,7 @@ Result<ConsolidateResult> Execute(Job& job, EngineContext& ctx, std::string_view
   SP_ASSIGN_OR_RETURN(job.sources, OpenSources(slabs, job.plan, job.md, ctx.store(), source));
   Status status = CreateOutputs(job, ctx.store(), out_dir);
   if (status.ok()) status = RunSlabs(job, slabs);
+  if (status.ok()) status = WriteTorchFraming(job, slabs);
   if (status.ok()) status = Commit(job, ctx.store(), out_dir);
   if (!status.ok()) {
     RemoveTemporaries(job, ctx.store(), out_dir);
@@ -315,9 +351,6 @@ Result<ConsolidateResult> Consolidate(std::string_view source, std::string_view 
                                       const ConsolidateOptions& options) {
   if (options.memory_budget_bytes == 0) {
     return InvalidArgumentError("the memory budget must be positive");
-  }
-  if (options.format == ConsolidateFormat::kTorch) {
-    return UnimplementedError("consolidation to torch files is not available in this build");
   }
   SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
                       EngineContext::Make(source, nullptr, options.store, options.pool,

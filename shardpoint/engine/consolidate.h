@@ -80,7 +80,7 @@ struct ConsolidateResult {
 //   kAlreadyExists: an output of this format already in `out_dir` (without `overwrite`);
 //   kInvalidArgument: out_dir is the source; two tensors renamed to one name; a conversion the
 //     dtype policy refuses (complex); max_shard_bytes or the budget is 0;
-//   kUnimplemented: the torch format in a build without the torch.save writer;
+//   kUnimplemented: the torch format for a dtype torch.save archives cannot hold here;
 //   read errors of the source (kDataLoss naming file and tensor), write errors naming the file.
 Result<ConsolidateResult> Consolidate(std::string_view source, std::string_view out_dir,
                                       const ConsolidateOptions& options);

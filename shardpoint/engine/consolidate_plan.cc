@@ -86,6 +86,26 @@ void LayOutSafetensorsFile(OutputFile& file) {
   file.size = file.head.size() + offset;
 }
 
+// Fills head, offsets, size and the archive layout of a torch output file.
+Status LayOutTorchFile(OutputFile& file) {
+  std::vector<torch_dcp::TorchSaveTensorSpec> specs;
+  for (const OutputTensor& t : file.tensors) specs.push_back({t.name, t.dtype, t.source->shape});
+  SP_ASSIGN_OR_RETURN(torch_dcp::TorchSaveLayout layout,
+                      torch_dcp::TorchSaveLayout::ForStateDict(std::move(specs)));
+  for (size_t i = 0; i < file.tensors.size(); ++i) {
+    if (layout.data_bytes(i) != file.tensors[i].bytes) {
+      return InternalError("torch archive layout of " + file.name + " gives tensor '" +
+                           file.tensors[i].name + "' " + std::to_string(layout.data_bytes(i)) +
+                           " bytes, expected " + std::to_string(file.tensors[i].bytes));
+    }
+    file.tensors[i].file_offset = layout.data_offset(i);
+  }
+  file.head = layout.Head();
+  file.size = layout.total_size();
+  file.torch = std::make_shared<const torch_dcp::TorchSaveLayout>(std::move(layout));
+  return OkStatus();
+}
+
 }  // namespace
 
 std::string SingleFileName(ConsolidateFormat format) {
@@ -176,7 +196,11 @@ Result<ConsolidationPlan> PlanConsolidation(const CheckpointMetadata& metadata,
                                    : ShardFileName(options.format, k + 1, shards.size());
     file.tensors = std::move(shards[k]);
     for (const OutputTensor& t : file.tensors) plan.total_bytes += t.bytes;
-    LayOutSafetensorsFile(file);
+    if (options.format == ConsolidateFormat::kTorch) {
+      SP_RETURN_IF_ERROR(LayOutTorchFile(file).WithContext("laying out " + file.name));
+    } else {
+      LayOutSafetensorsFile(file);
+    }
   }
   if (plan.files.size() > 1) {
     plan.index_name = IndexFileName(options.format);

@@ -5,12 +5,14 @@
 #define SHARDPOINT_ENGINE_CONSOLIDATE_PLAN_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/engine/consolidate.h"
 #include "shardpoint/format/metadata.h"
+#include "shardpoint/format/torch_dcp/torch_save.h"
 
 namespace sp {
 
@@ -25,8 +27,10 @@ struct OutputTensor {
 struct OutputFile {
   std::string name;
   std::vector<OutputTensor> tensors;  // in file order
-  std::string head;                   // bytes at offset 0 (the safetensors header)
+  std::string head;                   // bytes at offset 0 (safetensors header, archive head)
   uint64_t size = 0;                  // total bytes
+  // Torch files: the archive layout, whose framing after each tensor needs its CRC-32.
+  std::shared_ptr<const torch_dcp::TorchSaveLayout> torch;
 };
 
 struct ConsolidationPlan {
@@ -53,8 +57,8 @@ Result<std::vector<OutputTensor>> SelectOutputTensors(const CheckpointMetadata& 
 std::vector<std::vector<OutputTensor>> SplitIntoShards(std::vector<OutputTensor> tensors,
                                                        uint64_t max_shard_bytes);
 
-// The whole plan for the safetensors format: names, headers ({"format": "pt"} metadata), offsets
-// and the index.
+// The whole plan: names, headers (safetensors: {"format": "pt"} metadata; torch: the torch.save
+// archive of the shard's dict), offsets and the index.
 Result<ConsolidationPlan> PlanConsolidation(const CheckpointMetadata& metadata,
                                             const ConsolidateOptions& options);
 

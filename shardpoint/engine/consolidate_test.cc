@@ -10,6 +10,8 @@
 #include "shardpoint/engine/edit_test_util.h"
 #include "shardpoint/format/safetensors/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"
+#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_dcp/zip.h"
 #include "shardpoint/geometry/convert.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
@@ -233,6 +235,46 @@ TEST_F(ConsolidateTest, Bf16ConversionRoundsLikeTorchAndKeepsIntegers) {
     EXPECT_TRUE(bytes == expected) << name;
   }
   EXPECT_EQ(std::get<0>(outputs.at("step")), DType::kInt64);
+}
+
+TEST_F(ConsolidateTest, TorchFilesAreTorchSaveArchivesOfTheWholeTensors) {
+  options_.format = ConsolidateFormat::kTorch;
+  options_.max_shard_bytes = 300'000;
+  options_.memory_budget_bytes = 1;  // many slabs per tensor: their CRC-32s are combined
+  Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->files, (std::vector<std::string>{"pytorch_model-00001-of-00003.bin",
+                                                     "pytorch_model-00002-of-00003.bin",
+                                                     "pytorch_model-00003-of-00003.bin"}));
+  EXPECT_EQ(result->index_file, "pytorch_model.bin.index.json");
+  std::map<std::string, std::string> found;
+  for (const std::string& name : result->files) {
+    const std::string bytes = *store_.ReadFile(JoinPath("/out", name));
+    auto parsed = torch_dcp::ParseTorchSaveStateDict(torch_dcp::MemoryRangeReader(AsBytes(bytes)),
+                                                     bytes.size(), name);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    for (const torch_dcp::TorchSaveNamedTensor& t : *parsed) {
+      ASSERT_TRUE(t.info.IsDenseRowMajor()) << t.name;
+      found[t.name] = bytes.substr(t.info.data_offset, t.info.storage_bytes);
+      // The ZIP directory's CRC-32 of the entry is the CRC-32 of the tensor's bytes.
+      auto dir = torch_dcp::ReadZipDirectory(torch_dcp::MemoryRangeReader(AsBytes(bytes)),
+                                             bytes.size(), name);
+      ASSERT_TRUE(dir.ok()) << dir.status();
+      const torch_dcp::ZipEntry* entry = dir->Find(t.info.record);
+      ASSERT_NE(entry, nullptr) << t.info.record;
+      EXPECT_EQ(entry->crc32, torch_dcp::Crc32(0, found[t.name].data(), found[t.name].size()))
+          << t.name;
+    }
+  }
+  ASSERT_EQ(found.size(), tensors_.size());
+  for (const WholeTensor& t : tensors_) {
+    EXPECT_TRUE(found.at(t.name) ==
+                std::string(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size()))
+        << t.name;
+  }
+  EXPECT_NE(store_.ReadFile("/out/pytorch_model.bin.index.json")->find(
+                "\"model.w3d\": \"pytorch_model-00002-of-00003.bin\""),
+            std::string::npos);
 }
 
 TEST_F(ConsolidateTest, RefusesToOverwriteUnlessAskedAndThenRemovesStaleShards) {
