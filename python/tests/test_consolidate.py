@@ -160,6 +160,27 @@ def test_argument_errors(two_rank_checkpoint, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_torch_format_is_read_by_torch_load(two_rank_checkpoint, tmp_path):
+    result = sp.consolidate(two_rank_checkpoint, tmp_path, format="torch", max_shard_size=3000)
+    assert result.index_file == "pytorch_model.bin.index.json"
+    assert result.files[0] == f"pytorch_model-00001-of-{len(result.files):05d}.bin"
+    with open(tmp_path / result.index_file) as f:
+        weight_map = json.load(f)["weight_map"]
+    got = {}
+    for name in result.files:
+        part = torch.load(tmp_path / name, weights_only=True)
+        assert all(weight_map[k] == name for k in part)
+        got.update(part)
+    ref = reference()
+    assert set(got) == set(ref)
+    for name, t in ref.items():
+        assert same_bits(got[name], t), name
+    single = sp.consolidate(two_rank_checkpoint, tmp_path / "one", format="torch", dtype=torch.bfloat16)
+    assert single.files == ["pytorch_model.bin"]
+    one = torch.load(tmp_path / "one" / "pytorch_model.bin", weights_only=True)
+    assert same_bits(one["model.embed.weight"], ref["model.embed.weight"].to(torch.bfloat16))
+
+
 def write_hf_directory(directory, tensors: dict[str, torch.Tensor], files: int) -> None:
     """A Hugging Face checkpoint written by the safetensors library: `files` shards and an index."""
     os.makedirs(directory, exist_ok=True)
