@@ -36,12 +36,21 @@ uint32_t PowerOfXForBytes(uint64_t bytes) {
   return power;
 }
 
+// Python ints beyond 64 bits: refused rather than rounded to a float.
+Status IntegerTooLarge(const std::string& text, std::string_view what) {
+  return InvalidArgumentError(std::string(what) + ": integer " + text +
+                              " does not fit in 64 bits (PyTorch DCP objects written by shardpoint "
+                              "hold 64-bit integers only)");
+}
+
 Result<PlainValue> JsonToPlain(const JsonValue& v, std::string_view what) {
   switch (v.kind) {
     case JsonValue::Kind::kString:
       return PlainValue::String(v.string);
     case JsonValue::Kind::kNumber:
-      if (v.number > static_cast<uint64_t>(INT64_MAX)) return PlainValue::Float(double(v.number));
+      if (v.number > static_cast<uint64_t>(INT64_MAX)) {
+        return IntegerTooLarge(std::to_string(v.number), what);
+      }
       return PlainValue::Int(static_cast<int64_t>(v.number));
     case JsonValue::Kind::kArray: {
       std::vector<PlainValue> items;
@@ -70,6 +79,7 @@ Result<PlainValue> JsonToPlain(const JsonValue& v, std::string_view what) {
     errno = 0;
     long long n = std::strtoll(v.string.c_str(), &end, 10);
     if (errno == 0 && *end == '\0') return PlainValue::Int(n);
+    if (errno == ERANGE && *end == '\0') return IntegerTooLarge(v.string, what);
   }
   double d = std::strtod(v.string.c_str(), &end);
   if (*end != '\0') {
@@ -96,6 +106,15 @@ Result<std::string> ObjectItem(const ObjectEntry& o) {
       return o.payload;
   }
   return InvalidArgumentError(what + ": unknown encoding");
+}
+
+// An empty dict: torch.distributed.checkpoint stores nothing for one (its flattening never
+// reaches a leaf there), and an item for it makes torch's dcp.load of the same structure see a
+// key its state dict lacks, which sends it down its pre-2.4 key fallback and fails the load.
+bool IsEmptyDict(const ObjectEntry& o) {
+  if (o.encoding != ObjectEncoding::kJson) return false;
+  Result<JsonValue> json = ParseJson(o.payload, o.name, JsonSyntax::kFull);
+  return json.ok() && json->is_object() && json->keys.empty();
 }
 
 // Each key's nested path, from the paths attribute; keys it lacks are their own path.
@@ -128,7 +147,9 @@ Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md) {
     paths.push_back(it != by_key.end() ? it->second : DcpPlannerPath{name, {name}});
   };
   for (const TensorMetadata& t : md.tensors) add(t.name);
-  for (const ObjectEntry& o : md.objects) add(o.name);
+  for (const ObjectEntry& o : md.objects) {
+    if (!IsEmptyDict(o)) add(o.name);
+  }
   return paths;
 }
 
@@ -176,6 +197,7 @@ Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank)
   DcpObjectFile out;
   out.name = DcpFileName(rank, index);
   for (const ObjectEntry& o : md.objects) {
+    if (IsEmptyDict(o)) continue;
     SP_ASSIGN_OR_RETURN(std::string item, ObjectItem(o));
     out.items.push_back(DcpObjectItem{o.name, out.bytes.size(), item.size()});
     out.bytes += item;

@@ -43,8 +43,9 @@ struct DcpObjectFile {
 
 // The BYTE_IO items of md's objects, written by the coordinator `rank`: JSON values become
 // torch.save archives of the same Python values, bytes a torch.save of bytes, pickled objects an
-// archive around their pickle, torch-save payloads stay as they are. kInvalidArgument naming the
-// object when its JSON cannot be represented.
+// archive around their pickle, torch-save payloads stay as they are. An empty dict gets no item
+// (as in torch's own checkpoints). kInvalidArgument naming the object when its JSON cannot be
+// represented (an integer beyond 64 bits among them).
 Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank);
 
 // `.metadata` for md (laid out by LayoutDcpFiles) and its objects. planner_data comes from the
