@@ -1,5 +1,7 @@
 // Save: local plan -> gather -> global plan (coordinator) -> scatter -> parallel checksummed
 // writes -> gather reports -> atomic commit by the coordinator -> every rank learns the outcome.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -312,6 +314,27 @@ class ByteBudget {
   std::condition_variable cv_;
 };
 
+// The buffer of one filled piece: an anonymous mapping, given back to the system as soon as the
+// piece is written. (Freed heap blocks of chunk size stay in the allocator's per-thread arenas,
+// so the resident memory would grow to one chunk per I/O thread whatever the budget.)
+class PieceBuffer {
+ public:
+  explicit PieceBuffer(uint64_t size) : size_(size) {
+    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  }
+  ~PieceBuffer() {
+    if (data_ != nullptr) munmap(data_, size_);
+  }
+  PieceBuffer(const PieceBuffer&) = delete;
+  PieceBuffer& operator=(const PieceBuffer&) = delete;
+  std::byte* data() const { return data_; }
+
+ private:
+  uint64_t size_;
+  std::byte* data_ = nullptr;
+};
+
 // A piece without memory (a streaming save): its bytes are fetched with options.fill_piece into
 // a buffer charged to `budget`, then written like any other chunk, all on this task's thread.
 Status WriteFilledChunk(const ChunkWrite& write, const SaveTensor& tensor, const SaveOptions& options,
@@ -319,7 +342,11 @@ Status WriteFilledChunk(const ChunkWrite& write, const SaveTensor& tensor, const
                         ChunkReport* report, DcpItem* item) {
   const uint64_t charged = budget.Acquire(write.byte_length);
   Status status = [&]() -> Status {
-    AlignedBuffer buffer(write.byte_length);
+    PieceBuffer buffer(write.byte_length);  // byte_length > 0: empty pieces are not filled
+    if (buffer.data() == nullptr) {
+      return ResourceExhaustedError("cannot allocate " + std::to_string(write.byte_length) +
+                                    " bytes for a chunk of tensor '" + tensor.name + "'");
+    }
     SP_RETURN_IF_ERROR(options.fill_piece(write.local_tensor, write.local_box,
                                           MutableByteView(buffer.data(), write.byte_length)));
     const ConstPieceView view{tensor.pieces[write.local_box].box, buffer.data()};
