@@ -10,6 +10,8 @@ with what shardpoint was given. Also: the overwrite rules across the two formats
 from __future__ import annotations
 
 import copy
+import datetime
+import fractions
 import math
 import os
 import warnings
@@ -292,6 +294,17 @@ def test_regression_empty_dict_beside_a_list_of_dicts_loads_in_torch(tmp_path):
     template = copy.deepcopy(original)
     template["w"].zero_()
     template["optim"]["param_groups"][0]["lr"] = 0.0
+    torch_load_in_process(template, path)
+    assert differences(template, original) == []
+
+
+def test_bytes_and_pickled_objects_come_back_through_torch(tmp_path):
+    path = str(tmp_path / "pickled")
+    original = {"w": torch.ones(2), "raw": b"\x00\xff" * 50, "fraction": fractions.Fraction(1, 3),
+                "date": datetime.date(2024, 5, 6), "set": {1, 2}}
+    sp.save(original, path, format="torch-dcp", allow_pickle=True)
+    assert differences(_ordered(torch_save_of(path, str(tmp_path / "p.pt"))), _ordered(original)) == []
+    template = {"w": torch.zeros(2), "raw": b"", "fraction": None, "date": None, "set": set()}
     torch_load_in_process(template, path)
     assert differences(template, original) == []
 
