@@ -181,6 +181,28 @@ def test_torch_format_is_read_by_torch_load(two_rank_checkpoint, tmp_path):
     assert same_bits(one["model.embed.weight"], ref["model.embed.weight"].to(torch.bfloat16))
 
 
+def _dcp_save_two_ranks(rank: int, world_size: int, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    state = {name: distribute_tensor(t, mesh, [Shard(0)]) if t.dim() > 0 and t.dtype != torch.bool else t
+             for name, t in reference().items()}
+    dcp.save(state, checkpoint_id=path)
+
+
+def test_a_torch_dcp_checkpoint_consolidates_bit_exact(tmp_path):
+    run_ranks(2, _dcp_save_two_ranks, str(tmp_path / "dcp"))
+    result = sp.consolidate(tmp_path / "dcp", tmp_path / "hf", max_shard_size="3KB")
+    assert result.index_file is not None
+    got = read_outputs(tmp_path / "hf")
+    ref = reference()
+    assert set(got) == set(ref)
+    for name, t in ref.items():
+        assert same_bits(got[name], t), name
+
+
 def write_hf_directory(directory, tensors: dict[str, torch.Tensor], files: int) -> None:
     """A Hugging Face checkpoint written by the safetensors library: `files` shards and an index."""
     os.makedirs(directory, exist_ok=True)
