@@ -506,17 +506,3 @@ def test_a_rank_failing_to_write_leaves_no_metadata_and_no_files(tmp_path):
     results = run_ranks(2, blocked_writer, path, 1.0, "torch-dcp")
     assert all(r is not None and "rank 1" in r and "__1_0.distcp.tmp" in r for r in results)
     assert sorted(os.listdir(path)) == ["__1_0.distcp.tmp"]
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "a failed torch-dcp save over a committed torch-dcp checkpoint deletes the old checkpoint's data files: DCP "
-    "data files have fixed names (__<rank>_<k>.distcp), each rank renames its new files over the old ones before "
-    "the commit (shardpoint/engine/save.cc, WriteRankFiles) and, when another rank failed, RemoveFiles removes "
-    "final_path too; the old .metadata then names missing files"))
-def test_a_failed_overwrite_keeps_the_old_checkpoint(tmp_path):
-    path = str(tmp_path / "ckpt")
-    run_ranks(2, sp_save_ranks, path, 1.0, "torch-dcp")
-    os.makedirs(os.path.join(path, "__1_0.distcp.tmp"))  # rank 1 cannot create its data file
-    results = run_ranks(2, blocked_writer, path, 9.0, "torch-dcp")
-    assert all(r is not None and "__1_0.distcp.tmp" in r for r in results)
-    assert differences(sp.load_full(path), {"x": torch.ones(4), "v": 1.0}) == []

@@ -237,6 +237,7 @@ class EngineFailureTest : public ::testing::Test {
       options.store = store;
       options.pool = &pool_;
       options.overwrite = overwrite;
+      options.format = format_;
       return Save(shards[comm.rank()].AsSaveState(model), path, options);
     }, Bounded());
   }
@@ -342,6 +343,7 @@ class EngineFailureTest : public ::testing::Test {
     EXPECT_EQ(outcomes.size(), 2u);
   }
 
+  CheckpointFormat format_ = CheckpointFormat::kNative;  // of the saves
   ThreadPool pool_;
   spt::GlobalModel a_, b_;
   std::vector<spt::RankShards> a_shards_, b_shards_;
@@ -502,6 +504,32 @@ TEST_F(EngineFailureTest, FailedOverwriteKeepsThePreviousCheckpointLoadable) {
     for (const auto& [name, bytes] : before) EXPECT_EQ(after[name], bytes) << name << ", " << s;
     EXPECT_EQ(ReadCheckpointMetadata(kPath, &base).value().save_id, old.save_id);
     EXPECT_EQ(Identify(&base).value(), 'A') << s;
+  }
+}
+
+// PyTorch DCP data files have fixed names: a save replacing a DCP checkpoint must not rename its
+// files over the old ones before its commit.
+TEST_F(EngineFailureTest, TorchDcpCrashAtAnyStepLeavesTheOldOrTheNewCheckpoint) {
+  format_ = CheckpointFormat::kTorchDcp;
+  CrashSweep(/*with_old=*/true, /*sticky=*/false);
+}
+
+TEST_F(EngineFailureTest, TorchDcpFailedOverwriteKeepsTheOldCheckpointAndTheNewOneReplacesIt) {
+  format_ = CheckpointFormat::kTorchDcp;
+  MemoryStore base;
+  FaultStore store(&base);
+  SaveA(&store);
+  const std::map<std::string, std::string> before = Snapshot(base, kPath);
+  EXPECT_TRUE(before.count("__0_0.distcp")) << "a fresh DCP save keeps torch's file names";
+  store.FailMatching(Op::kWrite, "__2_0", UnavailableError("injected"));
+  EXPECT_EQ(Agreed(SaveAll(true, &store, true)).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Snapshot(base, kPath), before);
+  EXPECT_EQ(Identify(&base).value(), 'A');
+  store.ClearFaults();
+  for (const Status& s : SaveAll(true, &store, true)) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Identify(&base).value(), 'B');
+  for (const auto& [name, bytes] : Snapshot(base, kPath)) {  // A's files are gone
+    EXPECT_TRUE(name == ".metadata" || name.find('-') != std::string::npos) << name;
   }
 }
 

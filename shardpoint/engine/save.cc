@@ -94,6 +94,13 @@ Status CreateDurableDirs(Store& store, std::string_view path) {
   return OkStatus();
 }
 
+// PyTorch DCP data files keep torch's names ("__<rank>_<k>.distcp") unless they would replace the
+// files of a committed DCP checkpoint before the new one is committed: then they carry the save id.
+Result<std::string> DcpNameSuffix(Store& store, std::string_view path, std::string_view save_id) {
+  SP_ASSIGN_OR_RETURN(bool replacing, store.Exists(JoinPath(path, torch_dcp::kDcpMetadataFileName)));
+  return replacing ? "-" + std::string(save_id) : std::string();
+}
+
 // Native data files: a safetensors header, then the chunks at their planned offsets.
 void SetNativeFileLayout(CheckpointMetadata* md, std::vector<std::string>* headers) {
   std::vector<uint64_t> data_bytes(md->files.size(), 0);
@@ -144,7 +151,8 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
   std::vector<std::string> headers(plan.metadata.files.size());
   if (options.format == CheckpointFormat::kTorchDcp) {
     plan.metadata.checksum_block_bytes = 0;
-    SP_RETURN_IF_ERROR(torch_dcp::LayoutDcpFiles(&plan.metadata));
+    SP_ASSIGN_OR_RETURN(const std::string suffix, DcpNameSuffix(store, path, plan.metadata.save_id));
+    SP_RETURN_IF_ERROR(torch_dcp::LayoutDcpFiles(&plan.metadata, suffix));
     for (RankSavePlan& rank : plan.ranks) {
       for (ChunkWrite& w : rank.writes) {
         w.data_offset = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
@@ -489,8 +497,10 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
   std::string encoded;
   if (metadata->format == CheckpointFormat::kTorchDcp) {
     std::swap(metadata_name, other_name);
+    // The same answer as when the files were named: only this commit changes `.metadata`.
+    SP_ASSIGN_OR_RETURN(const std::string suffix, DcpNameSuffix(store, path, metadata->save_id));
     SP_ASSIGN_OR_RETURN(torch_dcp::DcpObjectFile objects,
-                        torch_dcp::BuildDcpObjectFile(*metadata, coordinator));
+                        torch_dcp::BuildDcpObjectFile(*metadata, coordinator, suffix));
     SP_ASSIGN_OR_RETURN(encoded, torch_dcp::BuildDcpMetadataFile(*metadata, objects, path));
     if (!objects.items.empty()) {
       SP_RETURN_IF_ERROR(WriteFileDurably(store, path, objects.name, ".tmp", objects.bytes));

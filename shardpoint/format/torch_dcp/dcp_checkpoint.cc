@@ -183,8 +183,9 @@ Result<DcpMetadata> ReadDcpMetadataFile(Store& store, std::string_view path) {
 
 }  // namespace
 
-std::string DcpFileName(int rank, int index) {
-  return "__" + std::to_string(rank) + "_" + std::to_string(index) + ".distcp";
+std::string DcpFileName(int rank, int index, std::string_view suffix) {
+  return "__" + std::to_string(rank) + "_" + std::to_string(index) + std::string(suffix) +
+         ".distcp";
 }
 
 Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path, ThreadPool* pool) {

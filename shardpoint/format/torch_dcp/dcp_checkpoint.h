@@ -43,8 +43,8 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
 Status DecodeDcpChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
                       const StoredChunk& chunk, ByteView stored, std::byte* out);
 
-// "__<rank>_<index>.distcp".
-std::string DcpFileName(int rank, int index);
+// "__<rank>_<index><suffix>.distcp".
+std::string DcpFileName(int rank, int index, std::string_view suffix = "");
 
 }  // namespace sp::torch_dcp
 

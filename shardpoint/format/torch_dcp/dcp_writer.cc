@@ -163,7 +163,7 @@ Result<TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box) {
   return TorchSaveLayout::ForTensor(dtype, box.sizes);
 }
 
-Status LayoutDcpFiles(CheckpointMetadata* md) {
+Status LayoutDcpFiles(CheckpointMetadata* md, std::string_view name_suffix) {
   struct Ref {
     StoredChunk* chunk;
     DType dtype;
@@ -184,18 +184,19 @@ Status LayoutDcpFiles(CheckpointMetadata* md) {
       end += layout.total_size();
     }
     DataFile& file = md->files[f];
-    file.name = DcpFileName(file.writer_rank, next_index[file.writer_rank]++);
+    file.name = DcpFileName(file.writer_rank, next_index[file.writer_rank]++, name_suffix);
     file.data_start = 0;
     file.size = end;
   }
   return OkStatus();
 }
 
-Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank) {
+Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank,
+                                         std::string_view name_suffix) {
   int index = 0;
   for (const DataFile& f : md.files) index += f.writer_rank == rank ? 1 : 0;
   DcpObjectFile out;
-  out.name = DcpFileName(rank, index);
+  out.name = DcpFileName(rank, index, name_suffix);
   for (const ObjectEntry& o : md.objects) {
     if (IsEmptyDict(o)) continue;
     SP_ASSIGN_OR_RETURN(std::string item, ObjectItem(o));

@@ -24,10 +24,13 @@ namespace sp::torch_dcp {
 // The torch.save archive layout of one chunk's item.
 Result<TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box);
 
-// Renames md's data files to "__<writer_rank>_<k>.distcp" and lays each one out as a sequence of
-// items, one per chunk in the order of their data_offset: sets each chunk's data_offset to where
-// its bytes go, each file's data_start to 0 and size to the sum of its items.
-Status LayoutDcpFiles(CheckpointMetadata* md);
+// Renames md's data files to "__<writer_rank>_<k><name_suffix>.distcp" and lays each one out as a
+// sequence of items, one per chunk in the order of their data_offset: sets each chunk's
+// data_offset to where its bytes go, each file's data_start to 0 and size to the sum of its
+// items. torch names files "__<rank>_<k>.distcp" (empty suffix); a save that replaces a committed
+// DCP checkpoint must not reuse its names (its files are renamed into place before the commit),
+// so it passes a suffix unique to the save, e.g. "-<save_id>"; torch reads any name .metadata gives.
+Status LayoutDcpFiles(CheckpointMetadata* md, std::string_view name_suffix = "");
 
 struct DcpObjectItem {
   std::string name;
@@ -41,12 +44,14 @@ struct DcpObjectFile {
   std::vector<DcpObjectItem> items;
 };
 
-// The BYTE_IO items of md's objects, written by the coordinator `rank`: JSON values become
+// The BYTE_IO items of md's objects, written by the coordinator `rank` to a file named like the
+// data files (with the same `name_suffix`): JSON values become
 // torch.save archives of the same Python values, bytes a torch.save of bytes, pickled objects an
 // archive around their pickle, torch-save payloads stay as they are. An empty dict gets no item
 // (as in torch's own checkpoints). kInvalidArgument naming the object when its JSON cannot be
 // represented (an integer beyond 64 bits among them).
-Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank);
+Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank,
+                                         std::string_view name_suffix = "");
 
 // `.metadata` for md (laid out by LayoutDcpFiles) and its objects. planner_data comes from the
 // "python.state_dict_paths" attribute when present, else each key is its own one-element path.
