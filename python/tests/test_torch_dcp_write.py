@@ -309,10 +309,6 @@ def test_bytes_and_pickled_objects_come_back_through_torch(tmp_path):
     assert differences(template, original) == []
 
 
-@pytest.mark.xfail(strict=True, reason="a float NaN or +-Infinity among the objects fails a torch-dcp save with "
-                   "CheckpointCorruptError 'unsupported JSON token': Python's json writes NaN/Infinity/-Infinity, "
-                   "which the JSON parser used by shardpoint/format/torch_dcp/dcp_writer.cc (ObjectItem -> ParseJson, "
-                   "JsonSyntax::kFull) rejects; the native format stores the same objects")
 def test_non_finite_floats_among_the_objects(tmp_path):
     path = str(tmp_path / "non_finite")
     original = {"w": torch.ones(2), "nan": float("nan"), "inf": float("inf"), "ninf": float("-inf")}

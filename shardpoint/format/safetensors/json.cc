@@ -46,7 +46,9 @@ class JsonParser {
       out->kind = JsonValue::Kind::kString;
       return ParseString(&out->string);
     }
-    if (full_ && (c == '-' || c == 't' || c == 'f' || c == 'n')) return ParseOther(out);
+    if (full_ && (c == '-' || c == 't' || c == 'f' || c == 'n' || c == 'N' || c == 'I')) {
+      return ParseOther(out);
+    }
     if (c >= '0' && c <= '9') {
       out->kind = JsonValue::Kind::kNumber;
       if (full_ && !IsPlainInteger()) return ParseOther(out);
@@ -281,10 +283,11 @@ class JsonParser {
     return digits.size() < 20 || (digits.size() == 20 && digits <= "18446744073709551615");
   }
 
-  // kFull only: true, false, null, or any JSON number, kept as text.
+  // kFull only: true, false, null, or any JSON number, kept as text; also NaN, Infinity and
+  // -Infinity, which Python's json module writes for non-finite floats.
   Status ParseOther(JsonValue* out) {
     out->kind = JsonValue::Kind::kOther;
-    for (std::string_view word : {"true", "false", "null"}) {
+    for (std::string_view word : {"true", "false", "null", "NaN", "Infinity", "-Infinity"}) {
       if (text_.substr(pos_, word.size()) == word) {
         out->string = std::string(word);
         pos_ += word.size();

@@ -5,7 +5,8 @@
 // control characters; escapes include \uXXXX with surrogate pairs. Duplicate object keys, nesting
 // deeper than kMaxJsonDepth and anything outside the subset are refused with kDataLoss naming the
 // byte offset. docs/FORMAT.md §2.1 specifies it. JsonSyntax::kFull also accepts the rest of JSON
-// (true, false, null, negative, fractional and exponent numbers) for documents that are not
+// (true, false, null, negative, fractional and exponent numbers, and the NaN / Infinity /
+// -Infinity that Python's json module writes) for documents that are not
 // safetensors headers, such as model.safetensors.index.json. All functions are pure and
 // thread-safe.
 #ifndef SHARDPOINT_FORMAT_SAFETENSORS_JSON_H_

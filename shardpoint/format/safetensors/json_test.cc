@@ -112,7 +112,8 @@ TEST(JsonTest, StringsRoundTripThroughTheWriter) {
 
 TEST(JsonTest, FullSyntaxKeepsValuesOutsideTheSubsetAsText) {
   Result<JsonValue> r = ParseJson(
-      R"({"a": true, "b": [false, null, -3, 0.5, 1e-3, 2E+10, 18446744073709551616], "c": 7})", "idx",
+      R"({"a": true, "b": [false, null, -3, 0.5, 1e-3, 2E+10, 18446744073709551616, NaN, Infinity, -Infinity], "c": 7})",
+      "idx",
       JsonSyntax::kFull);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->values[0].kind, JsonValue::Kind::kOther);
@@ -123,12 +124,14 @@ TEST(JsonTest, FullSyntaxKeepsValuesOutsideTheSubsetAsText) {
     texts.push_back(v.string);
   }
   EXPECT_EQ(texts, (std::vector<std::string>{"false", "null", "-3", "0.5", "1e-3", "2E+10",
-                                              "18446744073709551616"}));
+                                              "18446744073709551616", "NaN", "Infinity",
+                                              "-Infinity"}));
   EXPECT_TRUE(r->values[2].is_number());
   EXPECT_EQ(r->values[2].number, 7u);
   // The safetensors subset still refuses them; full JSON still refuses malformed tokens.
   ExpectRejected(R"({"a": true})", "unsupported JSON token 't'");
-  for (std::string_view bad : {"-", "01", "-01", "1.", "1e", "tru", "nul", "[1.5.2]", "- 1"}) {
+  for (std::string_view bad : {"-", "01", "-01", "1.", "1e", "tru", "nul", "[1.5.2]", "- 1", "Inf",
+                               "NaNa", "-Inf"}) {
     Result<JsonValue> bad_r = ParseJson(bad, "idx", JsonSyntax::kFull);
     EXPECT_FALSE(bad_r.ok()) << bad;
     if (!bad_r.ok()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <map>
 
 #include "shardpoint/format/safetensors/json.h"
@@ -73,6 +74,9 @@ Result<PlainValue> JsonToPlain(const JsonValue& v, std::string_view what) {
   }
   if (v.string == "true" || v.string == "false") return PlainValue::Bool(v.string == "true");
   if (v.string == "null") return PlainValue::None();
+  if (v.string == "NaN") return PlainValue::Float(std::numeric_limits<double>::quiet_NaN());
+  if (v.string == "Infinity") return PlainValue::Float(std::numeric_limits<double>::infinity());
+  if (v.string == "-Infinity") return PlainValue::Float(-std::numeric_limits<double>::infinity());
   const bool fractional = v.string.find_first_of(".eE") != std::string::npos;
   char* end = nullptr;
   if (!fractional) {
