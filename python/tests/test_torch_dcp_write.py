@@ -14,6 +14,7 @@ import datetime
 import fractions
 import math
 import os
+import re
 import warnings
 
 import pytest
@@ -429,19 +430,28 @@ def _data_files(path: str) -> list[str]:
     return sorted(f for f in os.listdir(path) if not f.startswith((".metadata", NATIVE_METADATA)))
 
 
+def _dcp_files(path: str) -> list[str]:
+    """The data files .metadata names, after checking that they are all the directory holds and
+    have torch's names ("__<rank>_<k>.distcp", with the save id when they replaced another DCP save)."""
+    named = sorted({info.relative_path for info in torch_metadata(path).storage_data.values()})
+    assert _data_files(path) == named
+    assert all(re.fullmatch(r"__\d+_\d+(-[0-9a-f]+)?\.distcp", n) for n in named), named
+    return [re.sub(r"-[0-9a-f]+\.distcp$", ".distcp", n) for n in named]
+
+
 def test_overwriting_across_formats_leaves_one_checkpoint_and_no_stale_files(tmp_path):
     path = str(tmp_path / "ckpt")
     sp.save({"w": torch.ones(3), "old": torch.ones(5), "note": "native"}, path)
     sp.save({"w": torch.full((3,), 2.0), "step": 1}, path, format="torch-dcp", overwrite=True)
     assert ".metadata" in os.listdir(path) and NATIVE_METADATA not in os.listdir(path)
-    assert _data_files(path) == ["__0_0.distcp", "__0_1.distcp"]  # the tensors; the objects
+    assert _dcp_files(path) == ["__0_0.distcp", "__0_1.distcp"]  # the tensors; the objects
     assert sp.inspect(path).tensors.keys() == {"w"}
     state = {"w": torch.zeros(3), "step": 0}
     torch_load_in_process(state, path)
     assert torch.equal(state["w"], torch.full((3,), 2.0)) and state["step"] == 1
 
     sp.save({"w": torch.full((3,), 3.0)}, path, format="torch-dcp", overwrite=True)  # fewer files than before
-    assert _data_files(path) == ["__0_0.distcp"]
+    assert _dcp_files(path) == ["__0_0.distcp"]
     assert differences(torch_save_of(path, str(tmp_path / "w.pt")), {"w": torch.full((3,), 3.0)}) == []
 
     sp.save({"w": torch.full((3,), 4.0), "note": "native again"}, path, overwrite=True)
@@ -458,9 +468,9 @@ def sp_save_ranks(rank, world, path, value, fmt):
 def test_overwriting_2_ranks_with_1_removes_the_files_of_rank_1(tmp_path):
     path = str(tmp_path / "ckpt")
     run_ranks(2, sp_save_ranks, path, 1.0, "torch-dcp")
-    assert _data_files(path) == ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp"]
+    assert _dcp_files(path) == ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp"]
     sp_save_ranks(0, 1, path, 5.0, "torch-dcp")  # this process alone
-    assert _data_files(path) == ["__0_0.distcp", "__0_1.distcp"]
+    assert _dcp_files(path) == ["__0_0.distcp", "__0_1.distcp"]
     state = {"x": torch.zeros(2), "v": 0.0}
     torch_load_in_process(state, path)
     assert torch.equal(state["x"], torch.full((2,), 5.0)) and state["v"] == 5.0
