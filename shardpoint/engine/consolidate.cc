@@ -87,7 +87,13 @@ Result<std::vector<Slab>> PlanSlabs(const ConsolidationPlan& plan, const Checkpo
       Slab prototype;
       prototype.file = f;
       prototype.tensor = i;
-      CutTensor(t.source->shape, DTypeSize(t.dtype), slab_bytes, prototype, slabs);
+      // A driver-decoded chunk (zstd or strided DCP item) is read and decoded whole for every
+      // slab that needs it: such tensors go in one slab, so each chunk is decoded once.
+      const bool decoded = std::any_of(
+          t.source->chunks.begin(), t.source->chunks.end(),
+          [](const StoredChunk& c) { return c.encoding == ChunkEncoding::kDriverDecoded; });
+      CutTensor(t.source->shape, DTypeSize(t.dtype), decoded ? UINT64_MAX : slab_bytes, prototype,
+                slabs);
       LocalTensor& target = targets.emplace_back();
       target = LocalTensor{t.source->name, t.dtype, t.source->shape, {}};
       std::vector<size_t>& boxes = slab_of.emplace_back();
@@ -240,8 +246,10 @@ Result<std::vector<std::string>> ExistingOutputs(Store& store, std::string_view 
   return names;
 }
 
+// Creates out_dir (*created: whether it was absent) and lists the outputs already there.
 Status PrepareOutputDirectory(Store& store, std::string_view source, std::string_view out_dir,
-                              const ConsolidateOptions& options, std::vector<std::string>* stale) {
+                              const ConsolidateOptions& options, std::vector<std::string>* stale,
+                              bool* created) {
   const std::string src = NormalizePath(source), out = NormalizePath(out_dir);
   const Result<bool> source_is_directory = store.IsDirectory(src);
   const bool source_is_file = source_is_directory.ok() && !*source_is_directory;
@@ -249,7 +257,9 @@ Status PrepareOutputDirectory(Store& store, std::string_view source, std::string
     return InvalidArgumentError("the output directory " + std::string(out_dir) +
                                 " holds the source checkpoint; choose another directory");
   }
+  SP_ASSIGN_OR_RETURN(bool exists, store.Exists(out_dir));
   SP_RETURN_IF_ERROR(store.CreateDirs(out_dir));
+  *created = !exists;
   SP_ASSIGN_OR_RETURN(*stale, ExistingOutputs(store, out_dir, options.format));
   if (!stale->empty() && !options.overwrite) {
     return AlreadyExistsError(std::string(out_dir) + " already holds " + stale->front() +
@@ -312,14 +322,8 @@ void RemoveTemporaries(Job& job, Store& store, std::string_view out_dir) {
 }
 
 Result<ConsolidateResult> Execute(Job& job, EngineContext& ctx, std::string_view source,
-                                  std::string_view out_dir,
+                                  std::string_view out_dir, const std::vector<Slab>& slabs,
                                   const std::vector<std::string>& stale) {
-  const int threads = std::max(1, ctx.pool().size());
-  // Per thread: the slab, the read staging window, and a cast's packed and converted copies.
-  const uint64_t slab_bytes =
-      std::max(kMinSlabBytes, job.options.memory_budget_bytes / (4 * threads));
-  job.window = slab_bytes;
-  SP_ASSIGN_OR_RETURN(std::vector<Slab> slabs, PlanSlabs(job.plan, job.md, slab_bytes));
   SP_ASSIGN_OR_RETURN(job.sources, OpenSources(slabs, job.plan, job.md, ctx.store(), source));
   Status status = CreateOutputs(job, ctx.store(), out_dir);
   if (status.ok()) status = RunSlabs(job, slabs);
@@ -357,10 +361,19 @@ Result<ConsolidateResult> Consolidate(std::string_view source, std::string_view 
                                           options.threads));
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, ReadCheckpointMetadata(source, &ctx->store()));
   SP_ASSIGN_OR_RETURN(ConsolidationPlan plan, PlanConsolidation(md, options));
+  // Per thread: the slab, the read staging window, and a cast's packed and converted copies.
+  const uint64_t threads = static_cast<uint64_t>(std::max(1, ctx->pool().size()));
+  const uint64_t slab_bytes = std::max(kMinSlabBytes, options.memory_budget_bytes / (4 * threads));
+  SP_ASSIGN_OR_RETURN(std::vector<Slab> slabs, PlanSlabs(plan, md, slab_bytes));
   std::vector<std::string> stale;
-  SP_RETURN_IF_ERROR(PrepareOutputDirectory(ctx->store(), source, out_dir, options, &stale));
+  bool created = false;
+  SP_RETURN_IF_ERROR(
+      PrepareOutputDirectory(ctx->store(), source, out_dir, options, &stale, &created));
   Job job(plan, md, ctx->pool(), options);
-  return Execute(job, *ctx, source, out_dir, stale);
+  job.window = slab_bytes;
+  Result<ConsolidateResult> result = Execute(job, *ctx, source, out_dir, slabs, stale);
+  if (!result.ok() && created) ctx->store().RemoveDir(out_dir).IgnoreError();  // when empty
+  return result;
 }
 
 }  // namespace sp

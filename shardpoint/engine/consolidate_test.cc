@@ -314,10 +314,12 @@ TEST_F(ConsolidateTest, AFailedReadLeavesNoOutputThatLooksFinished) {
             std::string::npos)
       << result.status();
   EXPECT_NE(result.status().message().find("consolidating tensor 'model.w3d'"), std::string::npos);
-  EXPECT_TRUE(DirNames().empty()) << DirNames().front();
+  EXPECT_FALSE(*store_.Exists("/out"));  // created by the call, removed when it failed
 }
 
 TEST_F(ConsolidateTest, AWriteErrorLeavesNoOutputAndNamesTheFile) {
+  ASSERT_TRUE(store_.CreateDirs("/out").ok());
+  ASSERT_TRUE(store_.NewWritableFile("/out/config.json").ok());
   FaultStore faulty(&store_);
   faulty.FailMatching(FaultStore::Op::kWrite, "model-00002",
                       ResourceExhaustedError("No space left on device"));
@@ -327,7 +329,7 @@ TEST_F(ConsolidateTest, AWriteErrorLeavesNoOutputAndNamesTheFile) {
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("model-00002-of-00003.safetensors"), std::string::npos)
       << result.status();
-  EXPECT_TRUE(DirNames().empty()) << DirNames().front();
+  EXPECT_EQ(DirNames(), std::vector<std::string>{"config.json"});  // temporaries removed
 }
 
 // A Hugging Face directory on an in-memory store: safetensors files written here.
@@ -438,6 +440,7 @@ TEST_F(HfSourceTest, VerifyChecksCoverageAndSaysThereAreNoChecksums) {
   ASSERT_EQ(result.status().code(), StatusCode::kDataLoss) << result.status();
   EXPECT_NE(result.status().message().find("18 elements are missing"), std::string::npos)
       << result.status();
+  EXPECT_FALSE(*store_.Exists("/out"));  // the plan failed before any output
 }
 
 }  // namespace
