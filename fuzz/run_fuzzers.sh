@@ -12,10 +12,11 @@ flags="-fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer"
 CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSP_BUILD_FUZZERS=ON -DSP_BUILD_TESTS=OFF \
   -DCMAKE_C_FLAGS="${flags}" -DCMAKE_CXX_FLAGS="${flags}" >/dev/null
-ninja -C "${build}" metadata_fuzz safetensors_fuzz unpickle_fuzz zip_fuzz make_fuzz_seeds
+ninja -C "${build}" metadata_fuzz safetensors_fuzz unpickle_fuzz zip_fuzz hf_directory_fuzz make_fuzz_seeds
 
 corpus="${build}/corpus"
-mkdir -p "${corpus}/metadata" "${corpus}/safetensors" "${corpus}/unpickle" "${corpus}/zip"
+mkdir -p "${corpus}/metadata" "${corpus}/safetensors" "${corpus}/unpickle" "${corpus}/zip" \
+  "${corpus}/hf_directory"
 "${build}/fuzz/make_fuzz_seeds" "${corpus}/metadata" "${corpus}/safetensors" "${corpus}/unpickle" \
   "${corpus}/zip"
 cp "${root}/shardpoint/format/safetensors/testdata/"*.safetensors "${corpus}/safetensors/"
@@ -23,9 +24,10 @@ torch_testdata="${root}/shardpoint/format/torch_dcp/testdata"
 cp "${torch_testdata}/"*.metadata "${corpus}/unpickle/"
 for d in plain sharded zstd; do cp "${torch_testdata}/${d}/.metadata" "${corpus}/unpickle/${d}.metadata"; done
 cp "${torch_testdata}/"*.pt "${corpus}/zip/"
+cp "${root}/fuzz/seeds/hf_directory/"* "${corpus}/hf_directory/"
 
 status=0
-for target in metadata safetensors unpickle zip; do
+for target in metadata safetensors unpickle zip hf_directory; do
   echo "== ${target}_fuzz for ${seconds} s"
   (cd "${build}" && "./fuzz/${target}_fuzz" -max_total_time="${seconds}" -max_len=65536 \
       -print_final_stats=1 "${corpus}/${target}") || status=1
