@@ -19,44 +19,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/shardpoint-consolidate-test.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 CKPT=$WORK/checkpoint
 
-passed=0
-failed=0
-skipped=0
-OUT=""
-ERR=""
-RC=0
-
-run() {
-  OUT=$("$BIN" "$@" 2>"$WORK/stderr")
-  RC=$?
-  ERR=$(<"$WORK/stderr")
-}
-
-pass() {
-  passed=$((passed + 1))
-  echo "PASS $1"
-}
-
-fail() {
-  failed=$((failed + 1))
-  echo "FAIL $1: $2"
-  echo "  exit status: $RC"
-  echo "  stdout: $(head -c 2000 <<<"$OUT")"
-  echo "  stderr: $(head -c 2000 <<<"$ERR")"
-}
-
-check() {
-  local name=$1
-  shift
-  if "$@"; then pass "$name"; else fail "$name" "$*"; fi
-}
-
-contains() { [[ $1 == *"$2"* ]]; }
-
-expect_rc() {
-  local name=$1 want=$2
-  if [[ $RC -eq $want ]]; then pass "$name"; else fail "$name" "expected exit status $want"; fi
-}
+# shellcheck source=tools/cli_test_lib.sh
+source "$(dirname "$0")/cli_test_lib.sh"
 
 listing() { (cd "$1" && ls -A | tr '\n' ' '); }
 

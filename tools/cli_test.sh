@@ -15,64 +15,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/shardpoint-cli-test.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 CKPT=$WORK/checkpoint
 
-passed=0
-failed=0
-skipped=0
-OUT=""
-ERR=""
-RC=0
-
-# run ARGS...: runs the binary, keeping its stdout in OUT, its stderr in ERR and its status in RC.
-run() {
-  OUT=$("$BIN" "$@" 2>"$WORK/stderr")
-  RC=$?
-  ERR=$(<"$WORK/stderr")
-}
-
-pass() {
-  passed=$((passed + 1))
-  echo "PASS $1"
-}
-
-fail() {
-  failed=$((failed + 1))
-  echo "FAIL $1: $2"
-  echo "  exit status: $RC"
-  echo "  stdout: $(head -c 2000 <<<"$OUT")"
-  echo "  stderr: $(head -c 2000 <<<"$ERR")"
-}
-
-# check NAME CONDITION...: the condition is a command (usually [[ ... ]]) evaluated now.
-check() {
-  local name=$1
-  shift
-  if "$@"; then pass "$name"; else fail "$name" "$*"; fi
-}
-
-contains() { [[ $1 == *"$2"* ]]; }
-
-# The exit status and where the message went.
-expect_rc() {
-  local name=$1 want=$2
-  if [[ $RC -eq $want ]]; then pass "$name"; else fail "$name" "expected exit status $want"; fi
-}
-
-# A check that fails because of a reported bug: it does not count as a failure while the bug is
-# open, and says so when it starts passing.
-known_bug() {
-  local name=$1 reason=$2
-  shift 2
-  if "$@" 2>/dev/null; then
-    pass "$name (fixed: remove it from the known bugs)"
-  else
-    skipped=$((skipped + 1))
-    echo "SKIP $name: known bug: $reason"
-  fi
-}
-
-python_json() {  # python_json SCRIPT: runs SCRIPT with the JSON document in OUT as `d`.
-  python3 -c "import json, sys; d = json.load(sys.stdin); $1" <<<"$OUT"
-}
+# shellcheck source=tools/cli_test_lib.sh
+source "$(dirname "$0")/cli_test_lib.sh"
 
 # ---- demo ---------------------------------------------------------------------------------------
 run demo --mib 8 --dir "$CKPT" --keep
