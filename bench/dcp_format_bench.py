@@ -10,7 +10,8 @@ Loads are wall clock on rank 0 between barriers; the conversions run on rank 0 a
 child process). GB/s are the checkpoint's tensor bytes over that time. dcp_to_torch_save's output
 is fsynced inside its timing, as the shardpoint commands make theirs durable. Before every timed
 step the checkpoint's files are fsynced and dropped from the page cache (posix_fadvise DONTNEED),
-so both sides read cold where the kernel honours it. Target: shardpoint >= 3x faster than torch.
+so both sides read cold where the kernel honours it (--warm leaves the files cached, as
+bench/dcp_bench.py does). Target: shardpoint >= 3x faster than torch.
 
     python bench/dcp_format_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
 """
@@ -77,14 +78,15 @@ def tree_bytes(path: str) -> int:
 class Timer:
     """Times a step on every rank between barriers, the cache dropped first; rank 0 keeps the figures."""
 
-    def __init__(self, rank: int, source: str) -> None:
+    def __init__(self, rank: int, source: str, warm: bool = False) -> None:
         self.rank = rank
         self.source = source
         self.results: dict[str, list[float]] = {}
-        self.evicted = True
+        self.warm = warm
+        self.evicted = not warm
 
     def run(self, label: str, fn, on_ranks=None) -> None:
-        if self.rank == 0:
+        if self.rank == 0 and not self.warm:
             self.evicted = evict(self.source) and self.evicted
         dist.barrier()
         start = time.perf_counter()
@@ -131,7 +133,7 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
     same = make_state(mesh, args.gib, args.tensors, fill=False)
     want_pair = make_state(pair_mesh, args.gib, args.tensors, fill=True) if rank < 2 else None
     resharded = make_state(pair_mesh, args.gib, args.tensors, fill=False) if rank < 2 else None
-    timer = Timer(rank, source)
+    timer = Timer(rank, source, args.warm)
     outputs = {name: os.path.join(args.dir, name) for name in ("torch.pt", "consolidated", "native")}
 
     def clean() -> None:
@@ -179,7 +181,8 @@ def report(results: dict[str, list[float]], total_bytes: int, world: int, args: 
           f"{world} gloo ranks (DTensor Shard(0)); median of {args.runs} runs; shardpoint threads per rank: "
           f"{args.threads or 'default'}; dir {args.dir}")
     print("page cache: " + ("the checkpoint's files fsynced and dropped (posix_fadvise DONTNEED) before every "
-                            "timed step: cold reads" if evicted else "NOT dropped (no posix_fadvise): warm reads"))
+                            "timed step: cold reads" if evicted else
+                            "not dropped (--warm, or no posix_fadvise): both sides read from memory"))
     print("outputs: " + ", ".join(f"{name} {size / (1 << 30):.2f} GiB" for name, size in sizes.items()))
     print(f"{'':34}{'seconds':>10}{'GB/s':>9}")
     for label, seconds in median.items():
@@ -201,6 +204,8 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=300)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warm", action="store_true",
+                        help="leave the checkpoint in the page cache (measures the readers, not the disk)")
     parser.add_argument("--threads", type=int, default=None,
                         help="shardpoint threads per rank (default: the cores shared among the ranks on the machine)")
     args = parser.parse_args()
