@@ -3,51 +3,24 @@ losses of an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
-from torch import nn
 
 import shardpoint as sp
 from distributed import run_ranks
+from fsdp_util import fsdp_setup
+from fsdp_util import train as fsdp_train
 
 STEPS, SAVE_AT = 6, 3
-
-
-def _setup(world):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 33), nn.ReLU(), nn.Linear(33, 8))  # 33: uneven shards
-    mesh = init_device_mesh("cpu", (world,))
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model[2], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(32, 16, generator=g), torch.randn(32, 8, generator=g)) for _ in range(STEPS)]
-    return model, optimizer, batches
-
-
-def _step(model, optimizer, batch) -> float:
-    x, y = batch
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    return loss.item()
 
 
 def train(rank, world, path, phase):
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model, optimizer, batches = _setup(world)
+    model, optimizer, batches = fsdp_setup(world, dims=(16, 33, 8), batch=32, steps=STEPS)
     if phase == "uninterrupted":
-        return [_step(model, optimizer, b) for b in batches]
+        return fsdp_train(model, optimizer, batches)
     if phase == "save":
-        losses = [_step(model, optimizer, b) for b in batches[:SAVE_AT]]
+        losses = fsdp_train(model, optimizer, batches[:SAVE_AT])
         model_sd, optim_sd = get_state_dict(model, optimizer)
         sp.save({"model": model_sd, "optim": optim_sd, "step": SAVE_AT}, path)
         return losses
@@ -56,7 +29,7 @@ def train(rank, world, path, phase):
     result = sp.load(state, path)
     assert result.missing_keys == [] and result.unexpected_keys == []
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return [_step(model, optimizer, b) for b in batches[state["step"]:]]
+    return fsdp_train(model, optimizer, batches[state["step"]:])
 
 
 def test_fsdp2_adam_saved_at_4_resumed_at_2(tmp_path):

@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 
 import shardpoint as sp
 from distributed import run_ranks
+from fsdp_util import fsdp_setup, train
 from torch_dcp_util import (bit_equal, cli, differences, flipped, random_tensor, save_in_process, storage_of,
                             stored_item, torch_metadata, writer)
 
@@ -199,34 +200,6 @@ def test_verify_good_checkpoints_exit_0_and_say_no_checksums(written_by):
 STEPS, SAVE_AT = 6, 3
 
 
-def _fsdp_setup(world):
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 35), nn.ReLU(), nn.Linear(35, 6))  # 35 rows: uneven shards
-    mesh = init_device_mesh("cpu", (world,))
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model[2], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 12, generator=g), torch.randn(16, 6, generator=g)) for _ in range(STEPS)]
-    return model, optimizer, batches
-
-
-def _train(model, optimizer, batches) -> list[float]:
-    losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def _leaves(value, prefix=""):
     """{dotted key: local tensor or value} of a (model or optimizer) state dict."""
     if isinstance(value, dict):
@@ -239,11 +212,11 @@ def _leaves(value, prefix=""):
 def fsdp_save(rank, world, path):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model, optimizer, batches = _fsdp_setup(world)
-    losses = _train(model, optimizer, batches[:SAVE_AT])
+    model, optimizer, batches = fsdp_setup(world)
+    losses = train(model, optimizer, batches[:SAVE_AT])
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer(path))
-    return losses + _train(model, optimizer, batches[SAVE_AT:])
+    return losses + train(model, optimizer, batches[SAVE_AT:])
 
 
 def fsdp_resume(rank, world, path):
@@ -252,7 +225,7 @@ def fsdp_resume(rank, world, path):
 
     resumed = {}
     for reader in ("torch", "shardpoint"):
-        model, optimizer, batches = _fsdp_setup(world)
+        model, optimizer, batches = fsdp_setup(world)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         refusal = None
@@ -267,7 +240,7 @@ def fsdp_resume(rank, world, path):
             assert (result.missing_keys, result.unexpected_keys) == ([], [])
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         leaves = _leaves(dict(zip(("model", "optim"), get_state_dict(model, optimizer))))
-        resumed[reader] = (leaves, _train(model, optimizer, batches[SAVE_AT:]), refusal)
+        resumed[reader] = (leaves, train(model, optimizer, batches[SAVE_AT:]), refusal)
     theirs, ours = resumed["torch"][0], resumed["shardpoint"][0]
     same = lambda a, b: bit_equal(a, b) if isinstance(b, torch.Tensor) else a == b  # noqa: E731
     return {"torch_losses": resumed["torch"][1], "losses": resumed["shardpoint"][1],

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import shardpoint as sp
 from distributed import run_ranks
+from fsdp_util import fsdp_setup, train
 from torch_dcp_util import bit_equal, differences, random_tensor, torch_metadata
 
 MESH_2D = {1: (1, 1), 2: (2, 1), 4: (2, 2)}
@@ -337,59 +338,31 @@ def test_an_int_beyond_64_bits_is_refused_not_rounded(tmp_path, value):
 STEPS, SAVE_AT = 6, 3
 
 
-def _fsdp_setup(world):
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 35), nn.ReLU(), nn.Linear(35, 6))  # 35 rows: uneven shards
-    mesh = init_device_mesh("cpu", (world,))
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model[2], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 12, generator=g), torch.randn(16, 6, generator=g)) for _ in range(STEPS)]
-    return model, optimizer, batches
-
-
-def _train(model, optimizer, batches) -> list[float]:
-    losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def fsdp_save(rank, world, path):
     """Trains, saves with shardpoint at SAVE_AT, trains on; returns the losses and (rank 0) the full state."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model, optimizer, batches = _fsdp_setup(world)
-    losses = _train(model, optimizer, batches[:SAVE_AT])
+    model, optimizer, batches = fsdp_setup(world)
+    losses = train(model, optimizer, batches[:SAVE_AT])
     model_sd, optim_sd = get_state_dict(model, optimizer)
     sp.save({"model": model_sd, "optim": optim_sd, "step": SAVE_AT}, path, format="torch-dcp")
     full_model, full_optim = get_state_dict(model, optimizer,
                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # A copy: the full optimizer state holds the live "step" tensors, which training goes on changing.
     full = copy.deepcopy({"model": full_model, "optim": full_optim}) if rank == 0 else None
-    return losses + _train(model, optimizer, batches[SAVE_AT:]), full
+    return losses + train(model, optimizer, batches[SAVE_AT:]), full
 
 
 def fsdp_resume(rank, world, path):
     """Resumes from the checkpoint with torch's dcp.load and set_state_dict; returns the losses."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model, optimizer, batches = _fsdp_setup(world)
+    model, optimizer, batches = fsdp_setup(world)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "step": 0}
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return _train(model, optimizer, batches[state["step"]:])
+    return train(model, optimizer, batches[state["step"]:])
 
 
 def test_fsdp2_adam_saved_by_shardpoint_at_4_resumed_by_torch_at_2(tmp_path):
