@@ -55,8 +55,12 @@ TEST(DecodeDcpMetadata, PlainStateDictFromTorch) {
     } else {
       Result<PlainValue> v = ParseTorchSaveObject(MemoryRangeReader(item), s.length, s.fqn);
       ASSERT_TRUE(v.ok()) << v.status();
-      if (s.fqn == "betas") EXPECT_EQ(PlainValueToString(*v), "(0.90000000000000002, 0.999)");
-      if (s.fqn == "name") EXPECT_EQ(*v, PlainValue::String("run-1"));
+      if (s.fqn == "betas") {
+        EXPECT_EQ(PlainValueToString(*v), "(0.90000000000000002, 0.999)");
+      }
+      if (s.fqn == "name") {
+        EXPECT_EQ(*v, PlainValue::String("run-1"));
+      }
     }
   }
 }
