@@ -19,6 +19,16 @@ void PickleWriter::U32(uint32_t v) {
   for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
 }
 
+void PickleWriter::MemoGet(uint32_t index) {
+  if (index < 256) {
+    Op(op::kBinGet);
+    Op(static_cast<uint8_t>(index));
+  } else {
+    Op(op::kLongBinGet);
+    U32(index);
+  }
+}
+
 void PickleWriter::Memoize() {
   if (next_memo_ < 256) {
     Op(op::kBinPut);
@@ -73,13 +83,7 @@ void PickleWriter::String(std::string_view utf8) {
   if (dedupe_strings_) {
     auto it = strings_.find(utf8);
     if (it != strings_.end()) {
-      if (it->second < 256) {
-        Op(op::kBinGet);
-        Op(static_cast<uint8_t>(it->second));
-      } else {
-        Op(op::kLongBinGet);
-        U32(it->second);
-      }
+      MemoGet(it->second);
       return;
     }
     strings_.emplace(std::string(utf8), next_memo_);
@@ -121,13 +125,7 @@ void PickleWriter::Global(std::string_view module, std::string_view name) {
   auto key = std::make_pair(m, std::string(name));
   auto it = globals_.find(key);
   if (it != globals_.end()) {
-    if (it->second < 256) {
-      Op(op::kBinGet);
-      Op(static_cast<uint8_t>(it->second));
-    } else {
-      Op(op::kLongBinGet);
-      U32(it->second);
-    }
+    MemoGet(it->second);
     return;
   }
   Op(op::kGlobal);

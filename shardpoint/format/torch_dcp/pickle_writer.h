@@ -70,6 +70,8 @@ class PickleWriter {
 
  private:
   void Memoize();
+  // Pushes memo entry `index` again (BINGET, or LONG_BINGET past 255).
+  void MemoGet(uint32_t index);
   void Op(uint8_t op) { out_.push_back(static_cast<char>(op)); }
   void U32(uint32_t v);
 
