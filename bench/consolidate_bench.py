@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from bench_util import evict
+
 
 def layer_shapes(hidden: int) -> dict[str, tuple[int, int]]:
     return {"attn.wq": (hidden, hidden), "attn.wk": (hidden, hidden), "attn.wv": (hidden, hidden),
@@ -80,18 +82,6 @@ def write_sources(args: argparse.Namespace, dcp_dir: str, sp_dir: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_write_rank, args=(args.ranks, os.path.join(tmp, "rdv"), args, targets),
                            nprocs=args.ranks, join=True, start_method="spawn")
-
-
-def evict(directory: str) -> None:
-    """Drops the directory's files from the page cache (this process's view only: no global drop)."""
-    for root, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 # ---- children -----------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import shardpoint as sp
+from bench_util import evict
 
 CLI = shutil.which("shardpoint") or os.path.join(os.path.dirname(sys.executable), "shardpoint")
 
@@ -52,21 +53,6 @@ def make_state(mesh, gib: float, tensors: int, fill: bool) -> dict:
         full = torch.full((rows, cols), float(i % 251) if fill else 0.0, dtype=dtype)
         state[f"model.layers.{i // 4}.w{i % 4}"] = distribute_tensor(full, mesh, [Shard(0)], src_data_rank=None)
     return {"model": state, "step": 1000}
-
-
-def evict(path: str) -> bool:
-    """Syncs every file under ``path`` and drops it from the page cache; False if that is unsupported."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for root, _, names in os.walk(path):
-        for name in names:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-    return True
 
 
 def tree_bytes(path: str) -> int:
