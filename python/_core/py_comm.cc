@@ -75,8 +75,8 @@ std::unique_ptr<PyCommunicator> PyCommunicator::FromObject(nb::handle comm) {
       throw nb::type_error((std::string("comm object has no method '") + method + "'").c_str());
     }
   }
-  return std::unique_ptr<PyCommunicator>(
-      new PyCommunicator(nb::borrow<nb::object>(comm), rank, size));
+  return std::unique_ptr<PyCommunicator>(new PyCommunicator(
+      nb::borrow<nb::object>(comm), rank, size, nb::hasattr(comm, "all_to_all")));
 }
 
 Result<std::vector<std::string>> PyCommunicator::Gather(std::string payload, int root) {
@@ -118,6 +118,20 @@ Status PyCommunicator::Barrier() {
     return true;
   });
   return done.status();
+}
+
+Result<std::vector<std::string>> PyCommunicator::AllToAll(std::vector<std::string> payloads) {
+  if (!has_all_to_all_) return Communicator::AllToAll(std::move(payloads));
+  if (static_cast<int>(payloads.size()) != size_) {
+    return InvalidArgumentError("AllToAll: rank " + std::to_string(rank_) + " passed " +
+                                std::to_string(payloads.size()) +
+                                " payloads, expected one per rank (" + std::to_string(size_) + ")");
+  }
+  return CallWithGil<std::vector<std::string>>("all_to_all", [&] {
+    nb::list list;
+    for (const std::string& p : payloads) list.append(ToBytes(p));
+    return FromBytesList(comm_.attr("all_to_all")(list), size_, "all_to_all");
+  });
 }
 
 std::unique_ptr<PyCommunicator> MaybeCommunicator(nb::handle comm) {

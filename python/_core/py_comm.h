@@ -7,6 +7,8 @@
 //   broadcast(data: bytes | None, root: int) -> bytes
 //   all_gather(data: bytes) -> list[bytes]
 //   barrier() -> None
+// and optionally all_to_all(chunks: list[bytes]) -> list[bytes] (chunks[i] to rank i; returns
+// what each rank sent to this one); without it AllToAll runs one scatter per rank.
 // Each collective acquires the GIL only for the duration of the Python call, so the engine can
 // run with the GIL released, on any thread (AsyncSaver's background thread included). A Python
 // exception raised by a method, or a result of the wrong shape, becomes kUnavailable
@@ -42,14 +44,16 @@ class PyCommunicator final : public Communicator {
   Result<std::string> Broadcast(std::string payload, int root) override;
   Result<std::vector<std::string>> AllGather(std::string payload) override;
   Status Barrier() override;
+  Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
 
  private:
-  PyCommunicator(nanobind::object comm, int rank, int size)
-      : comm_(std::move(comm)), rank_(rank), size_(size) {}
+  PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all)
+      : comm_(std::move(comm)), rank_(rank), size_(size), has_all_to_all_(has_all_to_all) {}
 
   nanobind::object comm_;
   int rank_;
   int size_;
+  bool has_all_to_all_;
 };
 
 // Returns a PyCommunicator for `comm`, or null when `comm` is None (one rank). GIL held.

@@ -65,6 +65,31 @@ class TorchComm:
         self._dist.all_gather_object(out, data, group=self.group)
         return out
 
+    def all_to_all(self, chunks: list[bytes]) -> list[bytes]:
+        """``chunks[i]`` goes to rank i; returns what every rank sent to this one, by sender.
+
+        The bytes travel as uint8 tensors (one size exchange, one ``all_to_all_single``), not as
+        pickled objects, so large payloads cost one copy in and one out.
+        """
+        import torch
+
+        sizes = torch.tensor([len(c) for c in chunks], dtype=torch.int64)
+        incoming = torch.empty(self.size, dtype=torch.int64)
+        self._dist.all_to_all_single(incoming, sizes, group=self.group)
+        joined = b"".join(chunks)
+        send = (torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
+                else torch.empty(0, dtype=torch.uint8))
+        splits = incoming.tolist()
+        recv = torch.empty(sum(splits), dtype=torch.uint8)
+        self._dist.all_to_all_single(recv, send, output_split_sizes=splits,
+                                     input_split_sizes=sizes.tolist(), group=self.group)
+        data = recv.numpy().tobytes()
+        out, at = [], 0
+        for n in splits:
+            out.append(data[at:at + n])
+            at += n
+        return out
+
     def barrier(self) -> None:
         """Returns once every rank has called it."""
         self._dist.barrier(group=self.group)

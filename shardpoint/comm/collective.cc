@@ -62,11 +62,12 @@ Status UnwrapAll(std::vector<std::string>& payloads, const char* collective) {
   return OkStatus();
 }
 
-// Root's wrapped scatter payloads: one per rank, or root's error copied to every rank.
-std::vector<std::string> WrapScatter(Result<std::vector<std::string>> root_payloads, int size) {
+// A sender's wrapped payloads, one per rank, or its error copied to every rank.
+std::vector<std::string> WrapPerRank(Result<std::vector<std::string>> root_payloads, int size,
+                                     const std::string& who) {
   Status error = root_payloads.status();
   if (error.ok() && root_payloads->size() != static_cast<size_t>(size)) {
-    error = InvalidArgumentError("ScatterOrFail: root computed " +
+    error = InvalidArgumentError(who + " computed " +
                                  std::to_string(root_payloads->size()) +
                                  " payloads, expected one per rank (" + std::to_string(size) + ")");
   }
@@ -126,7 +127,9 @@ Result<std::vector<std::string>> GatherOrFail(Communicator& comm, Result<std::st
 Result<std::string> ScatterOrFail(Communicator& comm,
                                   Result<std::vector<std::string>> root_payloads, int root) {
   std::vector<std::string> wrapped;
-  if (comm.rank() == root) wrapped = WrapScatter(std::move(root_payloads), comm.size());
+  if (comm.rank() == root) {
+    wrapped = WrapPerRank(std::move(root_payloads), comm.size(), "ScatterOrFail: root");
+  }
   SP_ASSIGN_OR_RETURN(std::string mine, comm.Scatter(std::move(wrapped), root));
   SP_RETURN_IF_ERROR(Unwrap(mine, root, "ScatterOrFail"));
   return mine;
@@ -144,6 +147,16 @@ Result<std::vector<std::string>> AllGatherOrFail(Communicator& comm, Result<std:
   SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered, comm.AllGather(Wrap(std::move(local))));
   SP_RETURN_IF_ERROR(UnwrapAll(gathered, "AllGatherOrFail"));
   return gathered;
+}
+
+Result<std::vector<std::string>> AllToAllOrFail(Communicator& comm,
+                                                Result<std::vector<std::string>> local) {
+  SP_ASSIGN_OR_RETURN(
+      std::vector<std::string> received,
+      comm.AllToAll(WrapPerRank(std::move(local), comm.size(),
+                                "AllToAllOrFail: rank " + std::to_string(comm.rank()))));
+  SP_RETURN_IF_ERROR(UnwrapAll(received, "AllToAllOrFail"));
+  return received;
 }
 
 Status AgreeOnStatus(Communicator& comm, Status local) {

@@ -54,6 +54,13 @@ Result<std::string> BroadcastOrFail(Communicator& comm, Result<std::string> root
 // failing rank's error prefixed "rank R: ". One AllGather.
 Result<std::vector<std::string>> AllGatherOrFail(Communicator& comm, Result<std::string> local);
 
+// Rank r sends local[q] to rank q and receives, indexed by sender, what every rank sent it; or,
+// when any rank's `local` is an error (or holds other than one payload per rank), every rank
+// returns the lowest failing rank's error prefixed "rank R: ". One AllToAll. A payload with one
+// byte of spare capacity travels without being copied.
+Result<std::vector<std::string>> AllToAllOrFail(Communicator& comm,
+                                                Result<std::vector<std::string>> local);
+
 // Every rank learns whether every rank succeeded: returns OK on all ranks, or on all ranks the
 // lowest failing rank's status prefixed "rank R: ". One AllGather.
 Status AgreeOnStatus(Communicator& comm, Status local);

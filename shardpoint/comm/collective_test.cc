@@ -137,6 +137,31 @@ TEST(CollectiveTest, LowestFailingRankWinsOnEveryRank) {
   ExpectSameOnAll(statuses, ResourceExhaustedError("rank 3: disk full"));
 }
 
+TEST(CollectiveTest, AllToAllOrFailDeliversOrFailsEverywhere) {
+  for (int n = 1; n <= 6; ++n) {
+    auto statuses = RunRanks(n, [&](Communicator& comm) -> Status {
+      std::vector<std::string> out;
+      for (int q = 0; q < n; ++q) out.push_back(MakePayload(1000 * q + comm.rank(), q * 8 + comm.rank()));
+      SP_ASSIGN_OR_RETURN(auto got, AllToAllOrFail(comm, std::move(out)));
+      for (int s = 0; s < n; ++s) {
+        if (!MatchesPayload(got[s], 1000 * comm.rank() + s, comm.rank() * 8 + s)) {
+          return InternalError("wrong payload from rank " + std::to_string(s));
+        }
+      }
+      return OkStatus();
+    });
+    ExpectSameOnAll(statuses, OkStatus());
+  }
+  auto statuses = RunRanks(4, [&](Communicator& comm) -> Status {
+    Result<std::vector<std::string>> local = std::vector<std::string>(4, "data");
+    if (comm.rank() == 3) local = DataLossError("file /c/3.data: crc mismatch");
+    if (comm.rank() == 2) local = std::vector<std::string>(3);
+    return AllToAllOrFail(comm, std::move(local)).status();
+  });
+  ExpectSameOnAll(statuses, InvalidArgumentError("rank 2: AllToAllOrFail: rank 2 computed 3 "
+                                                 "payloads, expected one per rank (4)"));
+}
+
 TEST(CollectiveTest, RootErrorReachesEveryRank) {
   auto statuses = RunRanks(3, [&](Communicator& comm) -> Status {
     Result<std::vector<std::string>> plans = std::vector<std::string>{"a", "b", "c"};

@@ -98,7 +98,7 @@ inline Status CheckRootedCollectives(Communicator& comm, size_t size, int round,
   return OkStatus();
 }
 
-// Runs every collective on `comm` (the rooted ones once per root), checking each result against
+// Runs every collective on `comm` (the rooted ones once per root, then AllGather and AllToAll), checking each result against
 // its seed. Rank r's payloads have SizeOf(size, r) bytes. A transport error is returned at once;
 // a wrong payload is returned after every collective has run.
 inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
@@ -112,6 +112,17 @@ inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
   mismatch.Check(all.size() == size_t(n), "AllGather", -1, -1);
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     mismatch.Check(MatchesPayload(all[r], SizeOf(size, r), Seed(round, r, 4)), "AllGather", -1, r);
+  }
+  // AllToAll: the payload from s to q has SizeOf(size, s) + q bytes (q + s bytes when size is
+  // 0, so some pairs send nothing).
+  auto pair_size = [size](int s, int q) { return size == 0 ? size_t(q + s) % 2 : SizeOf(size, s) + q; };
+  std::vector<std::string> outgoing;
+  for (int q = 0; q < n; ++q) outgoing.push_back(MakePayload(pair_size(me, q), Seed(round, me, 16 + q)));
+  SP_ASSIGN_OR_RETURN(auto incoming, comm.AllToAll(std::move(outgoing)));
+  mismatch.Check(incoming.size() == size_t(n), "AllToAll", -1, -1);
+  for (int s = 0; s < static_cast<int>(incoming.size()); ++s) {
+    mismatch.Check(MatchesPayload(incoming[s], pair_size(s, me), Seed(round, s, 16 + me)),
+                   "AllToAll", -1, s);
   }
   SP_RETURN_IF_ERROR(comm.Barrier());
   return mismatch.status();

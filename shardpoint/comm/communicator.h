@@ -34,6 +34,10 @@ class Communicator {
   // Every rank receives every rank's payload, indexed by rank.
   virtual Result<std::vector<std::string>> AllGather(std::string payload) = 0;
   virtual Status Barrier() = 0;
+  // Rank r passes exactly size() payloads, payloads[q] meant for rank q; it receives, indexed by
+  // sender, what every rank passed for r. The default runs one Scatter per rank (each rank in
+  // turn as the root); implementations override it with a direct exchange.
+  virtual Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads);
 };
 
 }  // namespace sp

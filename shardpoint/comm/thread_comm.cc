@@ -59,6 +59,13 @@ class ThreadCommGroup::Comm final : public Communicator {
 
   Status Barrier() override { return group_->Run(rank_, Call{Op::kBarrier}, Outputs{}); }
 
+  Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override {
+    std::vector<std::string> received;
+    SP_RETURN_IF_ERROR(group_->Run(rank_, Call{Op::kAllToAll, 0, nullptr, &payloads},
+                                   Outputs{&received, nullptr}));
+    return received;
+  }
+
  private:
   ThreadCommGroup* group_;
   int rank_;
@@ -90,6 +97,8 @@ const char* ThreadCommGroup::OpName(Op op) {
       return "AllGather";
     case Op::kBarrier:
       return "Barrier";
+    case Op::kAllToAll:
+      return "AllToAll";
   }
   return "unknown collective";
 }
@@ -191,6 +200,10 @@ void ThreadCommGroup::Extract(int rank, const Round& round, const Outputs& out) 
         if (r != rank) (*out.gathered)[r] = *round.calls[r].payload;
       }
       return;
+    case Op::kAllToAll:
+      out.gathered->resize(size);
+      for (int r = 0; r < size; ++r) (*out.gathered)[r] = std::move((*round.calls[r].payloads)[rank]);
+      return;
     case Op::kBarrier:
       return;
   }
@@ -222,7 +235,8 @@ void ThreadCommGroup::FailRound(Round& round, Status status) {
 
 Status ThreadCommGroup::Validate(const Round& round) const {
   const Call& first = round.calls[0];
-  const bool rooted = first.op != Op::kAllGather && first.op != Op::kBarrier;
+  const bool rooted =
+      first.op != Op::kAllGather && first.op != Op::kBarrier && first.op != Op::kAllToAll;
   for (int r = 1; r < size_; ++r) {
     const Call& other = round.calls[r];
     if (other.op != first.op) {
@@ -245,6 +259,14 @@ Status ThreadCommGroup::Validate(const Round& round) const {
     return InvalidArgumentError("Scatter: root " + std::to_string(first.root) + " passed " +
                                 std::to_string(round.calls[first.root].payloads->size()) +
                                 " payloads, expected one per rank (" + std::to_string(size_) + ")");
+  }
+  for (int r = 0; first.op == Op::kAllToAll && r < size_; ++r) {
+    if (round.calls[r].payloads->size() != size_t(size_)) {
+      return InvalidArgumentError("AllToAll: rank " + std::to_string(r) + " passed " +
+                                  std::to_string(round.calls[r].payloads->size()) +
+                                  " payloads, expected one per rank (" + std::to_string(size_) +
+                                  ")");
+    }
   }
   return OkStatus();
 }

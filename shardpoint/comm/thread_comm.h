@@ -7,13 +7,13 @@
 // Semantics, shared by every collective:
 //  - Collectives are matched by position: the k-th collective call of every rank forms one round
 //    (generation k), so any number of collectives may be called in sequence.
-//  - Payloads move: Gather and Scatter hand each buffer over without copying it; Broadcast and
+//  - Payloads move: Gather, Scatter and AllToAll hand each buffer over without copying it; Broadcast and
 //    AllGather copy only what each receiving rank must own (root's own buffer moves back to it).
 //  - A round fails identically on every rank that takes part in it, with one of:
 //      kInternal  "collective mismatch: rank 0 called Gather, rank 1 called Broadcast"
 //                 (ranks that disagree on the operation or on the root);
 //      kInvalidArgument  when the ranks agree but the call is malformed (root out of range,
-//                 Scatter given the wrong number of payloads);
+//                 Scatter or AllToAll given the wrong number of payloads);
 //      kAborted   "rank R left the communicator group during <op>" when a rank that has not
 //                 arrived has left (see Leave);
 //      kDeadlineExceeded  when a rank waited longer than the timeout; the message names the
@@ -66,18 +66,18 @@ class ThreadCommGroup {
   void Leave(int rank);
 
  private:
-  enum class Op { kGather, kScatter, kBroadcast, kAllGather, kBarrier };
+  enum class Op { kGather, kScatter, kBroadcast, kAllGather, kBarrier, kAllToAll };
   // One rank's arguments to a collective: pointers into the caller's frame, valid until the call
   // returns, so that payloads can be moved rather than copied.
   struct Call {
     Op op = Op::kBarrier;
     int root = 0;
     std::string* payload = nullptr;                // Gather, Broadcast, AllGather
-    std::vector<std::string>* payloads = nullptr;  // Scatter (read on root only)
+    std::vector<std::string>* payloads = nullptr;  // Scatter (read on root only), AllToAll
   };
   // Per-rank outputs of a collective.
   struct Outputs {
-    std::vector<std::string>* gathered = nullptr;  // Gather (root), AllGather
+    std::vector<std::string>* gathered = nullptr;  // Gather (root), AllGather, AllToAll
     std::string* single = nullptr;                 // Scatter, Broadcast
   };
   struct Round;

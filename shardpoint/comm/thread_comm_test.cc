@@ -234,6 +234,78 @@ TEST(ThreadCommTest, MalformedCallsFailOnEveryRank) {
   }
 }
 
+// Forwards every collective to another communicator except AllToAll, which runs the default
+// (one Scatter per root) of the Communicator base class.
+class DefaultAllToAll final : public Communicator {
+ public:
+  explicit DefaultAllToAll(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Result<std::vector<std::string>> Gather(std::string p, int root) override {
+    return inner_.Gather(std::move(p), root);
+  }
+  Result<std::string> Scatter(std::vector<std::string> p, int root) override {
+    return inner_.Scatter(std::move(p), root);
+  }
+  Result<std::string> Broadcast(std::string p, int root) override {
+    return inner_.Broadcast(std::move(p), root);
+  }
+  Result<std::vector<std::string>> AllGather(std::string p) override {
+    return inner_.AllGather(std::move(p));
+  }
+  Status Barrier() override { return inner_.Barrier(); }
+
+ private:
+  Communicator& inner_;
+};
+
+TEST(ThreadCommTest, DefaultAllToAllThroughScatters) {
+  for (int n = 1; n <= 5; ++n) {
+    for (size_t size : {size_t{0}, size_t{7}, kMiB}) {
+      SCOPED_TRACE("ranks " + std::to_string(n) + ", size " + std::to_string(size));
+      ExpectAllOk(RunRanks(n, [&](Communicator& comm) {
+        DefaultAllToAll wrapped(comm);
+        return CheckEveryCollective(wrapped, size, n);
+      }));
+    }
+  }
+  auto statuses = RunRanks(3, [&](Communicator& comm) {
+    DefaultAllToAll wrapped(comm);
+    std::vector<std::string> parts(comm.rank() == 1 ? 2 : 3);
+    return wrapped.AllToAll(std::move(parts)).status();
+  });
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s,
+              InvalidArgumentError("Scatter: root 1 passed 2 payloads, expected one per rank (3)"));
+  }
+}
+
+TEST(ThreadCommTest, AllToAllMovesBuffersAndChecksCounts) {
+  constexpr int kRanks = 3;
+  std::vector<std::vector<const char*>> sent(kRanks, std::vector<const char*>(kRanks));
+  ExpectAllOk(RunRanks(kRanks, [&](Communicator& comm) -> Status {
+    std::vector<std::string> parts;
+    for (int q = 0; q < kRanks; ++q) {
+      parts.push_back(MakePayload(kMiB, comm.rank() * 10 + q));
+      sent[comm.rank()][q] = parts.back().data();
+    }
+    SP_ASSIGN_OR_RETURN(auto got, comm.AllToAll(std::move(parts)));
+    SP_RETURN_IF_ERROR(comm.Barrier());
+    for (int s = 0; s < kRanks; ++s) {
+      if (got[s].data() != sent[s][comm.rank()]) return InternalError("AllToAll copied a payload");
+      if (!MatchesPayload(got[s], kMiB, s * 10 + comm.rank())) return InternalError("wrong part");
+    }
+    return OkStatus();
+  }));
+  auto statuses = RunRanks(4, [&](Communicator& comm) {
+    return comm.AllToAll(std::vector<std::string>(comm.rank() == 2 ? 5 : 4)).status();
+  });
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s,
+              InvalidArgumentError("AllToAll: rank 2 passed 5 payloads, expected one per rank (4)"));
+  }
+}
+
 TEST(ThreadCommTest, RunRanksWithNoRanksRunsNothing) {
   int calls = 0;
   EXPECT_TRUE(RunRanks(0, [&](Communicator&) {
