@@ -11,7 +11,7 @@
 // checksum blocks are read whole). The checkpoint files are evicted from the page cache before each
 // load. Medians of --runs runs.
 //
-// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N]
+// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--no-share] [--block-kib N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -35,6 +35,7 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kPiece = uint64_t{16} << 20;
 constexpr int kRawFiles = 4;
 bool g_verify = true;  // --no-verify: loads skip checksum verification
+bool g_share = true;   // --no-share: every rank reads for itself (LoadOptions::share_reads)
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 
 double Median(std::vector<double> v) {
@@ -176,6 +177,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           options.comm = &comm;
           options.pool = &pool;
           options.verify_checksums = g_verify;
+          options.share_reads = g_share;
           SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
           read[comm.rank()] = r.bytes_read;
           return OkStatus();
@@ -267,6 +269,11 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {256, 1024};
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
+    if (a == "--no-share") {
+      sp::g_share = false;
+      --i;
+      continue;
+    }
     if (a == "--no-verify") {
       sp::g_verify = false;
       --i;
@@ -286,7 +293,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--no-share] [--block-kib N]\n");
       return 2;
     }
   }

@@ -116,6 +116,10 @@ struct LoadOptions {
   bool allow_cast = false;          // convert stored dtypes to the destination's dtype
   bool verify_checksums = true;
   uint64_t memory_budget_bytes = uint64_t{256} << 20;  // staging memory beyond the caller's buffers
+  // A stored chunk that several ranks need is read by one of them, which sends the others their
+  // regions through the communicator (each stored byte read once); false: every rank reads for
+  // itself.
+  bool share_reads = true;
 };
 
 struct LoadResult {

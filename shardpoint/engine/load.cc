@@ -1,12 +1,16 @@
 // Load: the coordinator reads the metadata and broadcasts it; every rank plans its reads from box
-// intersections and hands them to the read executor; every rank returns the same outcome.
+// intersections; with several ranks they share the reads of stored chunks that several of them
+// need (engine/read_exchange.h); the read executor does the reads; every rank returns the same
+// outcome.
 #include <algorithm>
+#include <deque>
 #include <set>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/local_state.h"
+#include "shardpoint/engine/read_exchange.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -52,16 +56,22 @@ Result<std::vector<std::unique_ptr<ReadableFile>>> OpenFiles(
   return files;
 }
 
-Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& metadata,
-                             std::string_view path, const LoadOptions& options,
-                             EngineContext& ctx) {
-  SP_ASSIGN_OR_RETURN(std::vector<LocalTensor> targets, BuildTargets(state));
-  SP_ASSIGN_OR_RETURN(LoadPlan plan,
-                      PlanLoad(targets, metadata, LoadPlanOptions{options.strict,
-                                                                  options.allow_cast}));
+// One rank's load before any read: the result without bytes_read, and its read requests.
+struct Prepared {
   LoadResult result;
-  result.missing_keys = plan.missing_keys;
-  result.unexpected_keys = plan.unexpected_keys;
+  LoadPlan plan;
+  std::vector<ReadRequest> requests;
+};
+
+Result<Prepared> Prepare(const LoadState& state, const CheckpointMetadata& metadata,
+                         std::string_view path, const LoadOptions& options) {
+  SP_ASSIGN_OR_RETURN(std::vector<LocalTensor> targets, BuildTargets(state));
+  Prepared p;
+  SP_ASSIGN_OR_RETURN(p.plan, PlanLoad(targets, metadata,
+                                       LoadPlanOptions{options.strict, options.allow_cast}));
+  LoadResult& result = p.result;
+  result.missing_keys = p.plan.missing_keys;
+  result.unexpected_keys = p.plan.unexpected_keys;
   std::set<std::string_view> wanted(state.objects.begin(), state.objects.end());
   for (const std::string& name : state.objects) {
     const ObjectEntry* object = metadata.FindObject(name);
@@ -78,24 +88,180 @@ Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& m
   }
   std::sort(result.unexpected_keys.begin(), result.unexpected_keys.end());
 
-  std::vector<ReadRequest> requests;
-  requests.reserve(plan.items.size());
-  for (const ReadItem& item : plan.items) {
-    const TensorMetadata* stored = plan.stored[item.target];
+  p.requests.reserve(p.plan.items.size());
+  for (const ReadItem& item : p.plan.items) {
+    const TensorMetadata* stored = p.plan.stored[item.target];
     const LoadTensor& dest = state.tensors[item.target];
-    requests.push_back(ReadRequest{stored, &stored->chunks[item.stored_chunk], &dest,
-                                   &dest.pieces[item.target_box], item.region});
+    p.requests.push_back(ReadRequest{stored, &stored->chunks[item.stored_chunk], &dest,
+                                     &dest.pieces[item.target_box], item.region});
   }
-  SP_ASSIGN_OR_RETURN(auto files, OpenFiles(requests, metadata, ctx.store(), path));
+  return p;
+}
+
+ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const LoadOptions& options,
+                                   EngineContext& ctx) {
   ReadExecutorOptions read_options;
   read_options.verify = options.verify_checksums;
   // Staging per task; a cast needs up to twice more for the packed and converted copies.
   const uint64_t tasks = static_cast<uint64_t>(std::max(1, ctx.pool().size()));
   read_options.window = std::max<uint64_t>(std::max<uint64_t>(1, metadata.checksum_block_bytes),
                                            options.memory_budget_bytes / (3 * tasks));
-  SP_ASSIGN_OR_RETURN(result.bytes_read,
-                      ExecuteReads(requests, metadata, files, ctx.pool(), read_options));
-  return result;
+  return read_options;
+}
+
+// Each rank reads its own requests.
+Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& metadata,
+                             std::string_view path, const LoadOptions& options,
+                             EngineContext& ctx) {
+  SP_ASSIGN_OR_RETURN(Prepared p, Prepare(state, metadata, path, options));
+  SP_ASSIGN_OR_RETURN(auto files, OpenFiles(p.requests, metadata, ctx.store(), path));
+  SP_ASSIGN_OR_RETURN(p.result.bytes_read,
+                      ExecuteReads(p.requests, metadata, files, ctx.pool(),
+                                   ReadOptionsFor(metadata, options, ctx)));
+  return std::move(p.result);
+}
+
+// The outcome of a load with shared reads. `agreed`: the error came out of a collective and is
+// already the same on every rank.
+struct SharedOutcome {
+  Result<LoadResult> result;
+  bool agreed = false;
+};
+
+// Requests that read other ranks' regions into the payloads sent to them.
+class Outgoing {
+ public:
+  Outgoing(const CheckpointMetadata& metadata, int ranks) : metadata_(metadata), payloads_(ranks) {}
+
+  // Sizes payload q for `needs` and appends a request per need, reading into it.
+  void Add(int q, const std::vector<ChunkNeed>& needs, std::vector<ReadRequest>& requests) {
+    uint64_t total = 0;
+    for (const ChunkNeed& n : needs) {
+      total += PackedBytes(n.region, metadata_.tensors[n.tensor].dtype);
+    }
+    std::string& payload = payloads_[q];
+    payload.reserve(total + 1);  // + the envelope's tag, so the payload moves uncopied
+    payload.resize(total);
+    uint64_t at = 0;
+    for (const ChunkNeed& n : needs) {
+      const TensorMetadata& stored = metadata_.tensors[n.tensor];
+      LoadTensor& dest = dests_.emplace_back();
+      dest.name = stored.name;
+      dest.dtype = stored.dtype;
+      dest.shape = stored.shape;
+      dest.pieces.push_back(PieceView{n.region, reinterpret_cast<std::byte*>(payload.data() + at)});
+      requests.push_back(ReadRequest{&stored, &stored.chunks[n.chunk], &dest, &dest.pieces[0],
+                                     n.region});
+      at += PackedBytes(n.region, stored.dtype);
+    }
+  }
+
+  std::vector<std::string> Take() { return std::move(payloads_); }
+
+ private:
+  const CheckpointMetadata& metadata_;
+  std::vector<std::string> payloads_;
+  std::deque<LoadTensor> dests_;  // stable addresses for the requests
+};
+
+// Copies the regions rank `sender` read for this rank out of its payload.
+Status Unpack(const std::string& payload, const std::vector<size_t>& indices,
+              const std::vector<ReadRequest>& requests, int sender) {
+  uint64_t at = 0;
+  for (size_t i : indices) {
+    const ReadRequest& r = requests[i];
+    const uint64_t bytes = PackedBytes(r.region, r.stored->dtype);
+    if (at + bytes > payload.size()) {
+      return DataLossError("shared read from rank " + std::to_string(sender) + " holds " +
+                           std::to_string(payload.size()) + " bytes, expected at least " +
+                           std::to_string(at + bytes) + " for tensor '" + r.dest->name + "'");
+    }
+    SP_RETURN_IF_ERROR(CopyToDestination(
+        ConstChunkView{reinterpret_cast<const std::byte*>(payload.data() + at), r.region,
+                       DTypeSize(r.stored->dtype)},
+        r.region, r));
+    at += bytes;
+  }
+  return OkStatus();
+}
+
+// Every rank publishes its needs; each stored chunk that several ranks need is read by one of
+// them, which sends the others their regions (engine/read_exchange.h).
+SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metadata,
+                         std::string_view path, const LoadOptions& options, EngineContext& ctx) {
+  Communicator& comm = ctx.comm();
+  Result<Prepared> prepared = Prepare(state, metadata, path, options);
+  Result<std::string> mine = [&]() -> Result<std::string> {
+    if (!prepared.ok()) return prepared.status();
+    RankNeeds needs;
+    needs.verify = options.verify_checksums;
+    for (const ReadRequest& r : prepared->requests) {
+      needs.needs.push_back(ChunkNeed{static_cast<uint32_t>(r.stored - metadata.tensors.data()),
+                                      static_cast<uint32_t>(r.chunk - r.stored->chunks.data()),
+                                      r.region});
+    }
+    return EncodeNeeds(needs);
+  }();
+  Result<std::vector<std::string>> gathered = AllGatherOrFail(comm, std::move(mine));
+  if (!gathered.ok()) return {gathered.status(), true};
+  std::vector<RankNeeds> all;
+  for (int r = 0; r < comm.size(); ++r) {
+    Result<RankNeeds> needs = DecodeNeeds((*gathered)[r], metadata, r);
+    if (!needs.ok()) return {needs.status(), true};  // the same bytes fail the same everywhere
+    all.push_back(std::move(needs).value());
+  }
+  gathered->clear();
+  const ExchangePlan plan =
+      PlanExchange(all, comm.rank(), metadata, std::max<uint64_t>(1, options.memory_budget_bytes / 2));
+  Prepared& p = *prepared;
+  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx);
+  read_options.max_gap_bytes = 0;
+
+  // Every data file this rank reads in any round, opened once.
+  std::vector<std::unique_ptr<ReadableFile>> files;
+  Status local = [&]() -> Status {
+    std::vector<ReadRequest> every;
+    for (const ExchangeRound& round : plan.rounds) {
+      for (size_t i : round.own) every.push_back(p.requests[i]);
+      for (int q = 0; q < comm.size(); ++q) {
+        for (const ChunkNeed& n : round.send[q]) {
+          const TensorMetadata& t = metadata.tensors[n.tensor];
+          every.push_back(ReadRequest{&t, &t.chunks[n.chunk], nullptr, nullptr, n.region});
+        }
+      }
+    }
+    SP_ASSIGN_OR_RETURN(files, OpenFiles(every, metadata, ctx.store(), path));
+    return OkStatus();
+  }();
+
+  uint64_t bytes_read = 0;
+  for (const ExchangeRound& round : plan.rounds) {
+    Outgoing outgoing(metadata, comm.size());
+    if (local.ok()) {
+      std::vector<ReadRequest> requests;
+      for (size_t i : round.own) requests.push_back(p.requests[i]);
+      for (int q = 0; q < comm.size(); ++q) {
+        if (!round.send[q].empty()) outgoing.Add(q, round.send[q], requests);
+      }
+      Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
+      if (read.ok()) {
+        bytes_read += *read;
+      } else {
+        local = read.status();
+      }
+    }
+    Result<std::vector<std::string>> payloads =
+        local.ok() ? Result<std::vector<std::string>>(outgoing.Take())
+                   : Result<std::vector<std::string>>(local);
+    Result<std::vector<std::string>> received = AllToAllOrFail(comm, std::move(payloads));
+    if (!received.ok()) return {received.status(), true};
+    for (int s = 0; s < comm.size() && local.ok(); ++s) {
+      local = Unpack((*received)[s], round.receive[s], p.requests, s);
+    }
+  }
+  if (!local.ok()) return {local, false};
+  p.result.bytes_read = bytes_read;
+  return {std::move(p.result), false};
 }
 
 }  // namespace
@@ -125,10 +291,16 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
     return EncodeMetadataForWire(metadata);
   }();
   SP_ASSIGN_OR_RETURN(std::string bytes, BroadcastOrFail(comm, std::move(encoded), root));
-  Result<LoadResult> result = [&]() -> Result<LoadResult> {
-    SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata, DecodeMetadataFromWire(bytes));
-    return LoadLocal(state, metadata, path, options, *ctx);
-  }();
+  // Every rank decodes the same bytes, so a decoding error is the same everywhere.
+  Result<CheckpointMetadata> metadata = DecodeMetadataFromWire(bytes);
+  if (!metadata.ok()) return metadata.status();
+  if (options.share_reads && comm.size() > 1) {
+    SharedOutcome outcome = LoadShared(state, *metadata, path, options, *ctx);
+    if (outcome.agreed) return outcome.result;
+    SP_RETURN_IF_ERROR(AgreeOnStatus(comm, outcome.result.status()));
+    return outcome.result;
+  }
+  Result<LoadResult> result = LoadLocal(state, *metadata, path, options, *ctx);
   SP_RETURN_IF_ERROR(AgreeOnStatus(comm, result.status()));
   return result;
 }

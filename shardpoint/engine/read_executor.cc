@@ -116,8 +116,9 @@ StoredChunkRef RefFor(const Job& job, const ReadRequest& r) {
                         file.data_start + r.chunk->data_offset, job.metadata.checksum_block_bytes};
 }
 
-// Copies `region` from `src` into the request's destination, converting the dtype if needed.
-Status CopyOut(const ConstChunkView& src, const Box& region, const ReadRequest& r) {
+}  // namespace
+
+Status CopyToDestination(const ConstChunkView& src, const Box& region, const ReadRequest& r) {
   const DType stored = r.stored->dtype;
   const DType wanted = r.dest->dtype;
   ChunkView dst{r.piece->data, r.piece->box, DTypeSize(wanted)};
@@ -130,6 +131,8 @@ Status CopyOut(const ConstChunkView& src, const Box& region, const ReadRequest& 
                          .WithContext("tensor '" + r.dest->name + "'"));
   return CopyRegion(ConstChunkView{converted.data(), region, DTypeSize(wanted)}, dst, region);
 }
+
+namespace {
 
 // Bytes per index step along each dim of a row-major chunk box.
 std::vector<uint64_t> Strides(const Box& chunk, size_t element_size) {
@@ -204,7 +207,7 @@ Status ReadSlab(Job& job, const ReadRequest& r, const Slab& slab) {
                                       job.options.verify, &job.bytes_read));
     std::optional<Box> part = Intersect(r.region, slab.box);
     if (!part) return OkStatus();
-    return CopyOut(ConstChunkView{buffer.data(), slab.box, DTypeSize(r.stored->dtype)}, *part, r);
+    return CopyToDestination(ConstChunkView{buffer.data(), slab.box, DTypeSize(r.stored->dtype)}, *part, r);
   }();
   job.staging.Release(std::move(buffer));
   return status;
@@ -245,7 +248,7 @@ Status ReadSpan(Job& job, const Span& span) {
       }
       const std::byte* rows = buffer.data() + (ref.file_offset + s->rows.begin - span.begin);
       SP_RETURN_IF_ERROR(
-          CopyOut(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)}, r.region, r));
+          CopyToDestination(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)}, r.region, r));
     }
     return OkStatus();
   }();
@@ -295,7 +298,7 @@ Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& request
                                          ByteView(stored.data(), chunk.stored_length),
                                          decoded.data()));
     for (const ReadRequest* r : requests) {
-      SP_RETURN_IF_ERROR(CopyOut(ConstChunkView{decoded.data(), chunk.box,
+      SP_RETURN_IF_ERROR(CopyToDestination(ConstChunkView{decoded.data(), chunk.box,
                                                 DTypeSize(r->stored->dtype)},
                                  r->region, *r));
     }
@@ -306,7 +309,7 @@ Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& request
 }
 
 // Merges the staged reads of each file into spans of at most `window` bytes.
-std::vector<Span> Coalesce(std::vector<Staged>& staged, uint64_t window) {
+std::vector<Span> Coalesce(std::vector<Staged>& staged, uint64_t window, uint64_t max_gap) {
   std::sort(staged.begin(), staged.end(), [](const Staged& a, const Staged& b) {
     if (a.request->chunk->file != b.request->chunk->file) {
       return a.request->chunk->file < b.request->chunk->file;
@@ -319,7 +322,7 @@ std::vector<Span> Coalesce(std::vector<Staged>& staged, uint64_t window) {
     if (!spans.empty()) {
       Span& last = spans.back();
       const uint64_t end = std::max(last.end, s.file_end);
-      if (last.file == file && s.file_begin <= last.end + kMaxGapBytes &&
+      if (last.file == file && s.file_begin <= last.end + max_gap &&
           end - last.begin <= window) {
         last.end = end;
         last.reads.push_back(&s);
@@ -345,6 +348,10 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   std::vector<Staged> staged;
   std::vector<Task> tasks;
   std::map<const StoredChunk*, std::vector<const ReadRequest*>> decoded;
+  // A chunk that several requests need is read through coalesced spans, so that the checksum
+  // blocks they share are read once.
+  std::map<const StoredChunk*, int> users;
+  for (const ReadRequest& r : requests) ++users[r.chunk];
   for (const ReadRequest& r : requests) {
     if (r.chunk->encoding == ChunkEncoding::kDriverDecoded) {
       decoded[r.chunk].push_back(&r);
@@ -354,7 +361,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     if (r.stored->dtype == r.dest->dtype) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
       RunSummary dst = SummarizeByteRuns(r.piece->box, r.region, es);
-      if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes) {
+      if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes && users[r.chunk] == 1) {
         AddDirect(job, r, src, dst, tasks);
         continue;
       }
@@ -375,7 +382,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     staged.push_back(Staged{&r, std::move(rows), file_offset + lo, file_offset + hi});
   }
   const std::vector<Span> spans =
-      Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs));
+      Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs), options.max_gap_bytes);
   for (const Span& span : spans) {
     tasks.push_back(Task{files[span.file].get(), span.begin, span.end - span.begin,
                          [&job, &span] { return ReadSpan(job, span); }});

@@ -1,13 +1,15 @@
 // ReadExecutor: performs the reads of one rank's load plan.
 //
 // Three paths, chosen per read:
-//  - direct: a region contiguous in both the stored chunk and the destination, of the same dtype
-//    and at least kDirectMinBytes, is read straight into the destination (in 16 MiB pieces
+//  - direct: a region contiguous in both the stored chunk and the destination, of the same dtype,
+//    at least kDirectMinBytes, and the only request on its chunk (several requests on one chunk
+//    are coalesced so that shared checksum blocks are read once), is read straight into the
+//    destination (in 16 MiB pieces
 //    spread over the pool) and its checksum blocks verified in place;
 //  - coalesced: every other read is widened to whole rows of its stored chunk and whole checksum
 //    blocks; these byte ranges are merged per file into spans of at most min(`window`,
 //    kMaxSpanBytes) bytes (gaps up
-//    to kMaxGapBytes are read through), each span read with one pread into a staging buffer,
+//    to `max_gap_bytes` are read through), each span read with one pread into a staging buffer,
 //    its blocks verified once, and each region copied (and cast if asked) into its destination;
 //  - sliced: a read whose rows alone exceed the window is cut into slabs read one at a time.
 // Staging never exceeds `window` bytes per pool thread. The store is asked to prefetch about
@@ -24,6 +26,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/strided_copy.h"
 #include "shardpoint/store/store.h"
 
 namespace sp {
@@ -43,7 +46,14 @@ struct ReadRequest {
 struct ReadExecutorOptions {
   bool verify = true;
   uint64_t window = uint64_t{64} << 20;  // staging bytes per task
+  // Gaps up to this many bytes between two reads of one file are read through to make one span.
+  // Shared loads pass 0: their gaps are chunks that other ranks read.
+  uint64_t max_gap_bytes = kMaxGapBytes;
 };
+
+// Copies `region` from `src` (laid out in the stored dtype) into the request's destination,
+// converting the dtype if the destination's differs.
+Status CopyToDestination(const ConstChunkView& src, const Box& region, const ReadRequest& r);
 
 // Runs every request. `files` is indexed like metadata.files (null where no request needs it).
 // Returns the bytes read from storage, or the first error (checksum mismatch, short read, ...).

@@ -718,6 +718,7 @@ TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " case " + std::to_string(i) + ": " +
                  Describe(*c));
     Rng rng(seed + static_cast<uint64_t>(i));
+    c->load_options.share_reads = i % 4 != 1;  // both ways of reading stay covered
     ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
     if (i % 50 == 49) {
       RunCaseOnDisk(*c, pool, rng);
@@ -915,6 +916,128 @@ TEST_F(ReshardTest, CastOnLoadMatchesConvertElements) {
   t.dtype = DType::kBFloat16;
   t.global = std::move(converted);
   ExpectLoaded(expected, initial_, loaded_);
+}
+
+// Chunks smaller than a checksum block, split by column on load: without shared reads every rank
+// reads each chunk whole; with them one rank reads it and sends the others their columns.
+Case ColumnSplitCase() {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {64, 96}, 11);
+  w.save = MeshOf(w.shape, Mesh({2}, {Placement::Shard(0)}));
+  w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(1)}));
+  TensorCase v = MakeTensor("v", DType::kBFloat16, {10, 7, 9}, 12);
+  v.save = MeshOf(v.shape, Mesh({2}, {Placement::Replicate()}));
+  v.load = MeshOf(v.shape, Mesh({3}, {Placement::Shard(2)}));
+  TensorCase big = MakeTensor("big", DType::kFloat32, {256, 256}, 13);  // 4 blocks per chunk
+  big.save = MeshOf(big.shape, Mesh({2}, {Placement::Shard(0)}));
+  big.load = MeshOf(big.shape, Mesh({3}, {Placement::Shard(0)}));
+  Case c = MakeCase({w, v, big}, 2, 3);
+  c.save_options.checksum_block_bytes = 64 << 10;
+  return c;
+}
+
+uint64_t StoredBytes(const CheckpointMetadata& md) {
+  uint64_t total = 0;
+  for (const TensorMetadata& t : md.tensors) {
+    for (const StoredChunk& chunk : t.chunks) total += chunk.byte_length;
+  }
+  return total;
+}
+
+TEST_F(ReshardTest, SharedReadsReadEachStoredByteOnceAndMatchReadingAlone) {
+  Case c = ColumnSplitCase();
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  const uint64_t stored = StoredBytes(Metadata());
+  auto total_read = [&] {
+    uint64_t read = 0;
+    for (const LoadResult& r : results_) read += r.bytes_read;
+    return read;
+  };
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  EXPECT_EQ(total_read(), stored);
+
+  c.load_options.share_reads = false;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  // Alone, each of the 3 ranks reads every chunk of "w" and "v" whole, and the checksum blocks
+  // where "big"'s rows split (one in each chunk) are read by two ranks (or more: partial blocks
+  // of direct reads are read on their own).
+  const uint64_t w_and_v = 64 * 96 * 4 + 10 * 7 * 9 * 2;
+  EXPECT_GE(total_read(), stored + 2 * w_and_v + 2 * (64 << 10));
+}
+
+TEST_F(ReshardTest, SharedReadsCastOnTheReceivingRank) {
+  Case c = ColumnSplitCase();
+  for (TensorCase& t : c.tensors) t.load_dtype = DType::kFloat64;
+  c.load_options.allow_cast = true;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  Case expected = c;
+  for (TensorCase& t : expected.tensors) {
+    Bytes converted(ShapeVolume(t.shape) * 8);
+    ASSERT_TRUE(ConvertElements(t.dtype, t.global.data(), DType::kFloat64, converted.data(),
+                                ShapeVolume(t.shape))
+                    .ok());
+    t.dtype = DType::kFloat64;
+    t.global = std::move(converted);
+  }
+  ExpectLoaded(expected, initial_, loaded_);
+}
+
+TEST_F(ReshardTest, SharedReadsInRoundsUnderASmallBudget) {
+  // A 48 KiB budget allows 24 KiB of exchange per rank and round: "w"'s two 12 KiB chunks and
+  // "v" go in separate rounds; the result is the same.
+  Case c = ColumnSplitCase();
+  c.load_options.memory_budget_bytes = 48 << 10;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+}
+
+TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
+  Case c = ColumnSplitCase();
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  const CheckpointMetadata md = Metadata();
+  const TensorMetadata* w = nullptr;
+  for (const TensorMetadata& t : md.tensors) {
+    if (t.name == "w") w = &t;
+  }
+  ASSERT_NE(w, nullptr);
+  const StoredChunk& chunk = w->chunks[1];
+  const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
+  std::string bytes = store_.ReadFile(path).value();
+  bytes[md.files[chunk.file].data_start + chunk.data_offset + 5] ^= 0x01;
+  Result<std::unique_ptr<WritableFile>> file = store_.NewWritableFile(path);
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, ByteView(reinterpret_cast<const std::byte*>(bytes.data()),
+                                            bytes.size()))
+                  .ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  std::vector<Status> statuses = LoadAll(c);
+  ASSERT_FALSE(statuses[0].ok());
+  EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor 'w' chunk " +
+                                                  chunk.box.ToString() + " (file " + path))
+      << statuses[0];
+  EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];
+  for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
+}
+
+TEST_F(ReshardTest, RankFailingBeforeSharedReadsFailsEveryRankIdentically) {
+  Case c = ColumnSplitCase();
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  c.tensors.push_back(MakeTensor("absent", DType::kFloat32, {4}, 14));
+  c.tensors.back().save = MeshOf({4}, Mesh({2}, {Placement::Replicate()}));
+  c.tensors.back().load = MeshOf({4}, Mesh({3}, {Placement::Replicate()}));
+  for (auto& listed : c.lists_on_load) listed.push_back(false);
+  c.lists_on_load[1].back() = true;  // only rank 1 asks for a key the checkpoint lacks
+  std::vector<Status> statuses = LoadAll(c);
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+    EXPECT_TRUE(HasText(s.message(), "rank 1: ")) << s;
+    EXPECT_TRUE(HasText(s.message(), "absent")) << s;
+    EXPECT_EQ(s, statuses[0]);
+  }
 }
 
 TEST_F(ReshardTest, DTypeMismatchWithoutAllowCastNamesBothDTypesOnEveryRank) {

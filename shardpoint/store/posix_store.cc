@@ -107,9 +107,19 @@ class PosixReadableFile : public ReadableFile {
   uint64_t size() const override { return size_; }
   const std::string& path() const override { return path_; }
 
+  // Within what Linux starts at once for one WILLNEED call (the read-ahead window, and at least
+  // the device's largest request), so that no part of a hint is dropped.
+  static constexpr uint64_t kHintBytes = uint64_t{2} << 20;
+
   void Prefetch(uint64_t offset, uint64_t length) const override {
-    ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
-                    POSIX_FADV_WILLNEED);
+    // Linux starts read-ahead for at most one read-ahead window (read_ahead_kb, at least the
+    // device's largest request) per WILLNEED call and drops the rest of the range, so a long
+    // range is hinted in pieces.
+    const uint64_t end = offset + length;
+    for (uint64_t at = offset; at < end; at += kHintBytes) {
+      ::posix_fadvise(fd_, static_cast<off_t>(at), static_cast<off_t>(std::min(kHintBytes, end - at)),
+                      POSIX_FADV_WILLNEED);
+    }
   }
 
   Status DropCache() override {

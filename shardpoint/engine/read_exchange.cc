@@ -1,0 +1,269 @@
+#include "shardpoint/engine/read_exchange.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "shardpoint/base/coding.h"
+
+namespace sp {
+namespace {
+
+constexpr uint64_t kBalanceSlackBytes = uint64_t{32} << 20;
+constexpr uint64_t kExchangeCostFactor = 4;  // reading a byte costs about this many copies
+
+using Interval = std::pair<uint64_t, uint64_t>;
+
+// Bytes [begin, end) of the stored chunk a rank reads to get `region`: whole rows (along dim 0)
+// and, when it verifies, whole checksum blocks; a driver-decoded chunk is read whole.
+Interval ReadSpan(const TensorMetadata& tensor, const StoredChunk& chunk, const Box& region,
+                  bool verify, uint64_t block_bytes) {
+  if (chunk.encoding == ChunkEncoding::kDriverDecoded) return {0, chunk.stored_length};
+  const uint64_t es = DTypeSize(tensor.dtype);
+  if (chunk.box.rank() == 0) return {0, es};
+  uint64_t row = es;
+  for (size_t d = 1; d < chunk.box.rank(); ++d) row *= static_cast<uint64_t>(chunk.box.sizes[d]);
+  uint64_t begin = static_cast<uint64_t>(region.offsets[0] - chunk.box.offsets[0]) * row;
+  uint64_t end = begin + static_cast<uint64_t>(region.sizes[0]) * row;
+  if (verify && block_bytes > 0) {
+    begin = begin / block_bytes * block_bytes;
+    end = std::min(chunk.byte_length, (end + block_bytes - 1) / block_bytes * block_bytes);
+  }
+  return {begin, end};
+}
+
+// Total length of the union of `intervals` (sorted in place).
+uint64_t UnionLength(std::vector<Interval>& intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  uint64_t total = 0, end = 0;
+  bool open = false;
+  uint64_t begin = 0;
+  for (const Interval& i : intervals) {
+    if (open && i.first <= end) {
+      end = std::max(end, i.second);
+      continue;
+    }
+    if (open) total += end - begin;
+    begin = i.first;
+    end = i.second;
+    open = true;
+  }
+  if (open) total += end - begin;
+  return total;
+}
+
+// The needs of every rank on one stored chunk.
+struct ChunkUsers {
+  uint32_t tensor = 0;
+  uint32_t chunk = 0;
+  std::vector<std::pair<int, size_t>> users;  // (rank, need index), sorted
+  std::vector<int> ranks;                     // distinct ranks, ascending
+  uint64_t union_bytes = 0;                   // read once
+  std::vector<uint64_t> packed;               // per entry of `ranks`: bytes that rank receives
+  bool shared = false;
+  int reader = -1;
+};
+
+}  // namespace
+
+uint64_t PackedBytes(const Box& region, DType dtype) {
+  const uint64_t bytes = static_cast<uint64_t>(region.volume()) * DTypeSize(dtype);
+  return (bytes + 15) / 16 * 16;
+}
+
+std::string EncodeNeeds(const RankNeeds& needs) {
+  std::string out;
+  ByteWriter writer(&out);
+  writer.PutU8(needs.verify ? 1 : 0);
+  writer.PutU32(static_cast<uint32_t>(needs.needs.size()));
+  for (const ChunkNeed& n : needs.needs) {
+    writer.PutU32(n.tensor);
+    writer.PutU32(n.chunk);
+    writer.PutU8(static_cast<uint8_t>(n.region.rank()));
+    for (size_t d = 0; d < n.region.rank(); ++d) {
+      writer.PutI64(n.region.offsets[d]);
+      writer.PutI64(n.region.sizes[d]);
+    }
+  }
+  return out;
+}
+
+Result<RankNeeds> DecodeNeeds(std::string_view bytes, const CheckpointMetadata& metadata,
+                              int from_rank) {
+  const std::string what = "read needs of rank " + std::to_string(from_rank);
+  ByteReader reader(bytes, what);
+  RankNeeds out;
+  SP_ASSIGN_OR_RETURN(uint8_t verify, reader.ReadU8());
+  out.verify = verify != 0;
+  SP_ASSIGN_OR_RETURN(uint32_t count, reader.ReadCount(9));
+  out.needs.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    ChunkNeed n;
+    SP_ASSIGN_OR_RETURN(n.tensor, reader.ReadU32());
+    SP_ASSIGN_OR_RETURN(n.chunk, reader.ReadU32());
+    SP_ASSIGN_OR_RETURN(uint8_t rank, reader.ReadU8());
+    if (n.tensor >= metadata.tensors.size() ||
+        n.chunk >= metadata.tensors[n.tensor].chunks.size()) {
+      return DataLossError(what + ": need " + std::to_string(i) + " names tensor " +
+                           std::to_string(n.tensor) + " chunk " + std::to_string(n.chunk) +
+                           ", which the checkpoint does not have");
+    }
+    const StoredChunk& chunk = metadata.tensors[n.tensor].chunks[n.chunk];
+    n.region.offsets.resize(rank);
+    n.region.sizes.resize(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      SP_ASSIGN_OR_RETURN(n.region.offsets[d], reader.ReadI64());
+      SP_ASSIGN_OR_RETURN(n.region.sizes[d], reader.ReadI64());
+    }
+    if (rank != chunk.box.rank() || n.region.empty() || !Contains(chunk.box, n.region)) {
+      return DataLossError(what + ": need " + std::to_string(i) + " region " +
+                           n.region.ToString() + " is not a non-empty part of chunk " +
+                           chunk.box.ToString() + " of tensor '" +
+                           metadata.tensors[n.tensor].name + "'");
+    }
+    out.needs.push_back(std::move(n));
+  }
+  if (!reader.done()) {
+    return DataLossError(what + ": " + std::to_string(reader.remaining()) +
+                         " unexpected bytes after the last need");
+  }
+  return out;
+}
+
+ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
+                          const CheckpointMetadata& metadata, uint64_t round_bytes) {
+  const int n = static_cast<int>(all.size());
+  const uint64_t bs = metadata.checksum_block_bytes;
+
+  // Group the needs by stored chunk, in file order (the order readers go through the files).
+  std::map<std::pair<uint32_t, uint32_t>, ChunkUsers> by_chunk;
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < all[r].needs.size(); ++i) {
+      const ChunkNeed& need = all[r].needs[i];
+      ChunkUsers& u = by_chunk[{need.tensor, need.chunk}];
+      u.tensor = need.tensor;
+      u.chunk = need.chunk;
+      u.users.emplace_back(r, i);
+    }
+  }
+  std::vector<ChunkUsers*> chunks;
+  for (auto& [key, u] : by_chunk) chunks.push_back(&u);
+  auto stored = [&](const ChunkUsers& u) -> const StoredChunk& {
+    return metadata.tensors[u.tensor].chunks[u.chunk];
+  };
+  std::sort(chunks.begin(), chunks.end(), [&](const ChunkUsers* a, const ChunkUsers* b) {
+    const StoredChunk& ca = stored(*a);
+    const StoredChunk& cb = stored(*b);
+    return std::tie(ca.file, ca.data_offset, a->tensor, a->chunk) <
+           std::tie(cb.file, cb.data_offset, b->tensor, b->chunk);
+  });
+
+  // Which chunks are shared, and what every rank reads of the others.
+  std::vector<uint64_t> load(n, 0);
+  for (ChunkUsers* u : chunks) {
+    const TensorMetadata& tensor = metadata.tensors[u->tensor];
+    const StoredChunk& chunk = stored(*u);
+    std::vector<Interval> every;
+    uint64_t separate = 0;  // bytes read when each rank reads for itself
+    std::vector<uint64_t> per_rank(n, 0);
+    for (size_t k = 0; k < u->users.size();) {
+      const int r = u->users[k].first;
+      std::vector<Interval> mine;
+      uint64_t packed = 0;
+      for (; k < u->users.size() && u->users[k].first == r; ++k) {
+        const ChunkNeed& need = all[r].needs[u->users[k].second];
+        mine.push_back(ReadSpan(tensor, chunk, need.region, all[r].verify, bs));
+        packed += PackedBytes(need.region, tensor.dtype);
+      }
+      every.insert(every.end(), mine.begin(), mine.end());
+      per_rank[r] = UnionLength(mine);
+      separate += per_rank[r];
+      u->ranks.push_back(r);
+      u->packed.push_back(packed);
+    }
+    u->union_bytes = UnionLength(every);
+    if (u->ranks.size() >= 2) {
+      uint64_t total = 0, largest = 0;
+      for (uint64_t p : u->packed) {
+        total += p;
+        largest = std::max(largest, p);
+      }
+      const uint64_t duplicate = separate - u->union_bytes;
+      u->shared = kExchangeCostFactor * duplicate >= total - largest && total <= round_bytes;
+    }
+    if (!u->shared) {
+      for (int r : u->ranks) load[r] += per_rank[r];
+    }
+  }
+
+  // Readers, then rounds, in file order.
+  ExchangePlan plan;
+  plan.rounds.emplace_back();
+  auto fresh_round = [&] {
+    ExchangeRound round;
+    round.send.resize(n);
+    round.receive.resize(n);
+    return round;
+  };
+  plan.rounds.back() = fresh_round();
+  std::vector<uint64_t> used(n, 0);
+  bool round_has_shared = false;
+  int previous_reader = -1;
+  uint32_t previous_file = std::numeric_limits<uint32_t>::max();
+  for (ChunkUsers* u : chunks) {
+    if (!u->shared) {
+      for (const auto& [r, i] : u->users) {
+        if (r == me) plan.rounds.front().own.push_back(i);
+      }
+      continue;
+    }
+    ++plan.shared_chunks;
+    const uint32_t file = stored(*u).file;
+    int least = u->ranks.front();
+    for (int r : u->ranks) {
+      if (load[r] < load[least]) least = r;
+    }
+    int reader = least;
+    if (file == previous_file && previous_reader >= 0 &&
+        std::find(u->ranks.begin(), u->ranks.end(), previous_reader) != u->ranks.end() &&
+        load[previous_reader] <= load[least] + kBalanceSlackBytes) {
+      reader = previous_reader;
+    }
+    u->reader = reader;
+    load[reader] += u->union_bytes;
+    previous_reader = reader;
+    previous_file = file;
+
+    // This chunk's traffic: the reader sends every other rank's regions.
+    std::vector<uint64_t> traffic(n, 0);
+    for (size_t k = 0; k < u->ranks.size(); ++k) {
+      if (u->ranks[k] == reader) continue;
+      traffic[u->ranks[k]] += u->packed[k];
+      traffic[reader] += u->packed[k];
+    }
+    bool fits = true;
+    for (int r = 0; r < n; ++r) fits = fits && used[r] + traffic[r] <= round_bytes;
+    if (!fits && round_has_shared) {
+      plan.rounds.push_back(fresh_round());
+      std::fill(used.begin(), used.end(), 0);
+      round_has_shared = false;
+    }
+    for (int r = 0; r < n; ++r) used[r] += traffic[r];
+    round_has_shared = true;
+    ExchangeRound& round = plan.rounds.back();
+    for (const auto& [r, i] : u->users) {
+      if (r == reader) {
+        if (r == me) round.own.push_back(i);
+      } else if (reader == me) {
+        round.send[r].push_back(all[r].needs[i]);
+      } else if (r == me) {
+        round.receive[reader].push_back(i);
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace sp

@@ -1,0 +1,73 @@
+// Shared reads: when several ranks of one load need bytes of the same stored chunk, one of them
+// (the reader) reads the chunk and sends each other rank its region, so that each stored byte is
+// read from storage once.
+//
+// Every rank publishes its needs (the stored-chunk regions of its read requests, in request
+// order); every rank then computes the same plan from the same needs. A chunk is shared when at
+// least two ranks need it and reading it separately would read much more than exchanging it:
+// every rank reads whole rows and whole checksum blocks, so ranks that split a chunk's columns,
+// or split rows inside a checksum block, would each read most of it. A chunk is shared when
+//   4 x (bytes the ranks would read beyond the union of their reads) >= the bytes exchanged,
+// and when its exchange fits in one round. Each shared chunk's reader is one of the ranks that
+// need it: the one that read the previous shared chunk of the same file (so that readers read
+// long runs) unless that rank already reads over 32 MiB more than the least loaded candidate,
+// which is then chosen. Shared chunks are exchanged in rounds of at most `round_bytes` sent plus
+// received per rank, in file order.
+#ifndef SHARDPOINT_ENGINE_READ_EXCHANGE_H_
+#define SHARDPOINT_ENGINE_READ_EXCHANGE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+
+namespace sp {
+
+// A region of one stored chunk that one rank needs.
+struct ChunkNeed {
+  uint32_t tensor = 0;  // index into CheckpointMetadata::tensors
+  uint32_t chunk = 0;   // index into that tensor's chunks
+  Box region;           // global coordinates, inside the chunk's box
+
+  friend bool operator==(const ChunkNeed&, const ChunkNeed&) = default;
+};
+
+struct RankNeeds {
+  bool verify = true;  // whether this rank verifies checksums (it widens its reads to blocks)
+  std::vector<ChunkNeed> needs;
+
+  friend bool operator==(const RankNeeds&, const RankNeeds&) = default;
+};
+
+std::string EncodeNeeds(const RankNeeds& needs);
+// Checks every index and region against `metadata`; an error names `from_rank`.
+Result<RankNeeds> DecodeNeeds(std::string_view bytes, const CheckpointMetadata& metadata,
+                              int from_rank);
+
+// One rank's part of one exchange round.
+struct ExchangeRound {
+  std::vector<size_t> own;                   // indices of this rank's needs it reads itself
+  std::vector<std::vector<ChunkNeed>> send;  // send[q]: rank q's needs this rank reads for it
+  std::vector<std::vector<size_t>> receive;  // receive[s]: indices of this rank's needs s sends
+};
+
+struct ExchangePlan {
+  std::vector<ExchangeRound> rounds;  // the same count on every rank; at least one
+  uint64_t shared_chunks = 0;         // chunks read by one rank for others (all ranks)
+};
+
+// Bytes a region of `dtype` takes in an exchange payload: packed, padded to 16 bytes so that
+// every region starts aligned for any dtype.
+uint64_t PackedBytes(const Box& region, DType dtype);
+
+// The plan for rank `me`, from every rank's needs (indexed by rank).
+ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
+                          const CheckpointMetadata& metadata, uint64_t round_bytes);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_ENGINE_READ_EXCHANGE_H_

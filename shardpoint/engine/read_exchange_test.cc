@@ -1,0 +1,157 @@
+#include "shardpoint/engine/read_exchange.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace sp {
+namespace {
+
+// One tensor per entry of `rows`: f32 [rows, 64], stored as chunks of `chunk_rows` rows spread
+// over `files` files in order.
+CheckpointMetadata RowChunks(const std::vector<int64_t>& rows, int64_t chunk_rows, int files,
+                             uint64_t block_bytes) {
+  CheckpointMetadata md;
+  md.checksum_block_bytes = block_bytes;
+  md.files.resize(files);
+  std::vector<uint64_t> offset(files, 0);
+  int next = 0;
+  for (size_t t = 0; t < rows.size(); ++t) {
+    TensorMetadata tensor;
+    tensor.name = "t" + std::to_string(t);
+    tensor.dtype = DType::kFloat32;
+    tensor.shape = {rows[t], 64};
+    for (int64_t r = 0; r < rows[t]; r += chunk_rows) {
+      StoredChunk c;
+      c.box = Box({r, 0}, {std::min(chunk_rows, rows[t] - r), 64});
+      c.file = static_cast<uint32_t>(next++ % files);
+      c.byte_length = static_cast<uint64_t>(c.box.volume()) * 4;
+      c.data_offset = offset[c.file];
+      offset[c.file] += c.byte_length;
+      tensor.chunks.push_back(std::move(c));
+    }
+    md.tensors.push_back(std::move(tensor));
+  }
+  return md;
+}
+
+TEST(ReadExchangeTest, NeedsRoundTripAndHostileBytesAreRefusedByName) {
+  const CheckpointMetadata md = RowChunks({8}, 4, 1, 1 << 20);
+  RankNeeds needs;
+  needs.verify = false;
+  needs.needs = {ChunkNeed{0, 1, Box({5, 3}, {2, 10})}, ChunkNeed{0, 0, Box({0, 0}, {4, 64})}};
+  const std::string bytes = EncodeNeeds(needs);
+  EXPECT_EQ(DecodeNeeds(bytes, md, 2).value(), needs);
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    EXPECT_EQ(DecodeNeeds(bytes.substr(0, len), md, 2).status().code(), StatusCode::kDataLoss);
+  }
+  EXPECT_EQ(DecodeNeeds(bytes + "x", md, 2).status(),
+            DataLossError("read needs of rank 2: 1 unexpected bytes after the last need"));
+  RankNeeds outside = needs;
+  outside.needs[0].region = Box({5, 60}, {2, 10});
+  EXPECT_EQ(DecodeNeeds(EncodeNeeds(outside), md, 1).status(),
+            DataLossError("read needs of rank 1: need 0 region [5:7, 60:70] is not a non-empty "
+                          "part of chunk [4:8, 0:64] of tensor 't0'"));
+  RankNeeds absent = needs;
+  absent.needs[1].chunk = 2;
+  EXPECT_EQ(DecodeNeeds(EncodeNeeds(absent), md, 0).status(),
+            DataLossError("read needs of rank 0: need 1 names tensor 0 chunk 2, which the "
+                          "checkpoint does not have"));
+}
+
+TEST(ReadExchangeTest, ColumnSplitIsSharedAndRowSplitOfLargeChunksIsNot) {
+  // t0: one 8 KiB chunk inside a 1 MiB block; t1: one 4 MiB chunk (16384 rows of 256 bytes).
+  CheckpointMetadata md = RowChunks({32, 16384}, 16384, 1, 1 << 20);
+  std::vector<RankNeeds> all(2);
+  all[0].needs = {ChunkNeed{0, 0, Box({0, 0}, {32, 32})}, ChunkNeed{1, 0, Box({0, 0}, {8192, 64})}};
+  all[1].needs = {ChunkNeed{0, 0, Box({0, 32}, {32, 32})},
+                  ChunkNeed{1, 0, Box({8192, 0}, {8192, 64})}};
+  const ExchangePlan p0 = PlanExchange(all, 0, md, 64 << 20);
+  const ExchangePlan p1 = PlanExchange(all, 1, md, 64 << 20);
+  ASSERT_EQ(p0.rounds.size(), 1u);
+  ASSERT_EQ(p1.rounds.size(), 1u);
+  EXPECT_EQ(p0.shared_chunks, 1u);
+  // Rank 0 (the less loaded on a tie: the lowest) reads t0 and sends rank 1 its columns.
+  EXPECT_EQ(p0.rounds[0].own, (std::vector<size_t>{0, 1}));  // in file order
+  EXPECT_EQ(p0.rounds[0].send[1], (std::vector<ChunkNeed>{all[1].needs[0]}));
+  EXPECT_TRUE(p0.rounds[0].receive[1].empty());
+  EXPECT_EQ(p1.rounds[0].own, (std::vector<size_t>{1}));
+  EXPECT_EQ(p1.rounds[0].receive[0], (std::vector<size_t>{0}));
+  EXPECT_TRUE(p1.rounds[0].send[0].empty());
+  // A round too small for t0's exchange: every rank reads it itself.
+  const ExchangePlan tight = PlanExchange(all, 1, md, 1024);
+  EXPECT_EQ(tight.shared_chunks, 0u);
+  EXPECT_EQ(tight.rounds[0].own, (std::vector<size_t>{0, 1}));
+}
+
+// Every rank's plan, from random needs: what s sends q is what q expects from s, in order; every
+// need is served exactly once; readers need the chunk; rounds respect the byte limit.
+TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int ranks = 2 + static_cast<int>(rng() % 5);
+    std::vector<int64_t> rows;
+    for (int t = 0, n = 1 + static_cast<int>(rng() % 6); t < n; ++t) rows.push_back(1 + rng() % 300);
+    const uint64_t block = uint64_t{1} << (8 + rng() % 10);
+    const CheckpointMetadata md =
+        RowChunks(rows, 1 + static_cast<int64_t>(rng() % 64), 1 + static_cast<int>(rng() % 4), block);
+    std::vector<RankNeeds> all(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      all[r].verify = rng() % 4 != 0;
+      for (uint32_t t = 0; t < md.tensors.size(); ++t) {
+        for (uint32_t c = 0; c < md.tensors[t].chunks.size(); ++c) {
+          if (rng() % 3 == 0) continue;
+          const Box& box = md.tensors[t].chunks[c].box;
+          const int64_t r0 = box.offsets[0] + static_cast<int64_t>(rng() % box.sizes[0]);
+          const int64_t c0 = static_cast<int64_t>(rng() % 64);
+          all[r].needs.push_back(ChunkNeed{
+              t, c,
+              Box({r0, c0}, {1 + static_cast<int64_t>(rng() % (box.exclusive_max(0) - r0)),
+                             1 + static_cast<int64_t>(rng() % (64 - c0))})});
+        }
+      }
+    }
+    const uint64_t round_bytes = uint64_t{1} << (10 + rng() % 12);
+    std::vector<ExchangePlan> plans;
+    for (int r = 0; r < ranks; ++r) plans.push_back(PlanExchange(all, r, md, round_bytes));
+    for (int r = 0; r < ranks; ++r) {
+      ASSERT_EQ(plans[r].rounds.size(), plans[0].rounds.size());
+      EXPECT_EQ(plans[r].shared_chunks, plans[0].shared_chunks);
+    }
+    std::vector<std::vector<int>> served(ranks);
+    for (int r = 0; r < ranks; ++r) served[r].assign(all[r].needs.size(), 0);
+    for (size_t k = 0; k < plans[0].rounds.size(); ++k) {
+      std::vector<uint64_t> traffic(ranks, 0);
+      for (int s = 0; s < ranks; ++s) {
+        for (size_t i : plans[s].rounds[k].own) ++served[s][i];
+        for (int q = 0; q < ranks; ++q) {
+          const std::vector<size_t>& expected = plans[q].rounds[k].receive[s];
+          const std::vector<ChunkNeed>& sent = plans[s].rounds[k].send[q];
+          ASSERT_EQ(sent.size(), expected.size()) << s << " -> " << q;
+          for (size_t j = 0; j < sent.size(); ++j) {
+            EXPECT_EQ(sent[j], all[q].needs[expected[j]]);
+            ++served[q][expected[j]];
+            const uint64_t bytes = PackedBytes(sent[j].region, DType::kFloat32);
+            traffic[s] += bytes;
+            traffic[q] += bytes;
+            // The reader needs the same chunk itself.
+            bool reader_needs = false;
+            for (size_t i : plans[s].rounds[k].own) {
+              reader_needs = reader_needs || (all[s].needs[i].tensor == sent[j].tensor &&
+                                              all[s].needs[i].chunk == sent[j].chunk);
+            }
+            EXPECT_TRUE(reader_needs);
+          }
+        }
+      }
+      for (int r = 0; r < ranks; ++r) EXPECT_LE(traffic[r], round_bytes) << "round " << k;
+    }
+    for (int r = 0; r < ranks; ++r) {
+      for (int count : served[r]) EXPECT_EQ(count, 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sp
