@@ -12,6 +12,7 @@
 #include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/read_exchange.h"
 #include "shardpoint/engine/read_executor.h"
+#include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/plan/load_plan.h"
@@ -164,26 +165,50 @@ class Outgoing {
   std::deque<LoadTensor> dests_;  // stable addresses for the requests
 };
 
-// Copies the regions rank `sender` read for this rank out of its payload.
-Status Unpack(const std::string& payload, const std::vector<size_t>& indices,
-              const std::vector<ReadRequest>& requests, int sender) {
-  uint64_t at = 0;
-  for (size_t i : indices) {
-    const ReadRequest& r = requests[i];
-    const uint64_t bytes = PackedBytes(r.region, r.stored->dtype);
-    if (at + bytes > payload.size()) {
-      return DataLossError("shared read from rank " + std::to_string(sender) + " holds " +
-                           std::to_string(payload.size()) + " bytes, expected at least " +
-                           std::to_string(at + bytes) + " for tensor '" + r.dest->name + "'");
+// Copies the regions other ranks read for this rank out of their payloads, in tasks on the pool
+// that run while the next round reads; Wait() returns the first error.
+class Unpacker {
+ public:
+  explicit Unpacker(ThreadPool& pool) : group_(&pool) {}
+
+  void Start(std::vector<std::string> payloads, const ExchangeRound& round,
+             const std::vector<ReadRequest>& requests) {
+    payloads_ = std::move(payloads);
+    for (size_t s = 0; s < payloads_.size(); ++s) {
+      const std::string& payload = payloads_[s];
+      uint64_t at = 0;
+      for (size_t i : round.receive[s]) {
+        const ReadRequest* r = &requests[i];
+        const uint64_t bytes = PackedBytes(r->region, r->stored->dtype);
+        if (at + bytes > payload.size()) {
+          group_.Run([=, size = payload.size()] {
+            return DataLossError("shared read from rank " + std::to_string(s) + " holds " +
+                                 std::to_string(size) + " bytes, expected at least " +
+                                 std::to_string(at + bytes) + " for tensor '" + r->dest->name +
+                                 "'");
+          });
+          break;
+        }
+        const std::byte* src = reinterpret_cast<const std::byte*>(payload.data() + at);
+        group_.Run([r, src] {
+          return CopyToDestination(ConstChunkView{src, r->region, DTypeSize(r->stored->dtype)},
+                                   r->region, *r);
+        });
+        at += bytes;
+      }
     }
-    SP_RETURN_IF_ERROR(CopyToDestination(
-        ConstChunkView{reinterpret_cast<const std::byte*>(payload.data() + at), r.region,
-                       DTypeSize(r.stored->dtype)},
-        r.region, r));
-    at += bytes;
   }
-  return OkStatus();
-}
+
+  Status Wait() {
+    Status status = group_.Wait();
+    payloads_.clear();
+    return status;
+  }
+
+ private:
+  TaskGroup group_;
+  std::vector<std::string> payloads_;
+};
 
 // Every rank publishes its needs; each stored chunk that several ranks need is read by one of
 // them, which sends the others their regions (engine/read_exchange.h).
@@ -235,6 +260,14 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   }();
 
   uint64_t bytes_read = 0;
+  // Round k's regions are copied out while round k+1 reads.
+  std::unique_ptr<Unpacker> unpacking;
+  auto finish_unpacking = [&] {
+    if (unpacking == nullptr) return;
+    Status status = unpacking->Wait();
+    if (local.ok()) local = status;
+    unpacking.reset();
+  };
   for (const ExchangeRound& round : plan.rounds) {
     Outgoing outgoing(metadata, comm.size());
     if (local.ok()) {
@@ -250,15 +283,18 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
         local = read.status();
       }
     }
+    finish_unpacking();
     Result<std::vector<std::string>> payloads =
         local.ok() ? Result<std::vector<std::string>>(outgoing.Take())
                    : Result<std::vector<std::string>>(local);
     Result<std::vector<std::string>> received = AllToAllOrFail(comm, std::move(payloads));
     if (!received.ok()) return {received.status(), true};
-    for (int s = 0; s < comm.size() && local.ok(); ++s) {
-      local = Unpack((*received)[s], round.receive[s], p.requests, s);
+    if (local.ok()) {
+      unpacking = std::make_unique<Unpacker>(ctx.pool());
+      unpacking->Start(std::move(received).value(), round, p.requests);
     }
   }
+  finish_unpacking();
   if (!local.ok()) return {local, false};
   p.result.bytes_read = bytes_read;
   return {std::move(p.result), false};

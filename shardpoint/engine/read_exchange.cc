@@ -1,7 +1,6 @@
 #include "shardpoint/engine/read_exchange.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -153,11 +152,17 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
   auto stored = [&](const ChunkUsers& u) -> const StoredChunk& {
     return metadata.tensors[u.tensor].chunks[u.chunk];
   };
+  // Chunks in order of their relative position in their file, so that each round reads about the
+  // same share of every file (and so of every rank's work), and each file front to back.
+  auto position = [&](const StoredChunk& c) -> uint64_t {
+    const uint64_t size = std::max<uint64_t>(1, metadata.files[c.file].size);
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(c.data_offset) * (1u << 20) / size);
+  };
   std::sort(chunks.begin(), chunks.end(), [&](const ChunkUsers* a, const ChunkUsers* b) {
     const StoredChunk& ca = stored(*a);
     const StoredChunk& cb = stored(*b);
-    return std::tie(ca.file, ca.data_offset, a->tensor, a->chunk) <
-           std::tie(cb.file, cb.data_offset, b->tensor, b->chunk);
+    return std::make_tuple(position(ca), ca.file, ca.data_offset, a->tensor, a->chunk) <
+           std::make_tuple(position(cb), cb.file, cb.data_offset, b->tensor, b->chunk);
   });
 
   // Which chunks are shared, and what every rank reads of the others.
@@ -210,12 +215,11 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
   plan.rounds.back() = fresh_round();
   std::vector<uint64_t> used(n, 0);
   bool round_has_shared = false;
-  int previous_reader = -1;
-  uint32_t previous_file = std::numeric_limits<uint32_t>::max();
+  std::map<uint32_t, int> previous_reader;  // per file
   for (ChunkUsers* u : chunks) {
     if (!u->shared) {
       for (const auto& [r, i] : u->users) {
-        if (r == me) plan.rounds.front().own.push_back(i);
+        if (r == me) plan.rounds.back().own.push_back(i);
       }
       continue;
     }
@@ -226,15 +230,15 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
       if (load[r] < load[least]) least = r;
     }
     int reader = least;
-    if (file == previous_file && previous_reader >= 0 &&
-        std::find(u->ranks.begin(), u->ranks.end(), previous_reader) != u->ranks.end() &&
-        load[previous_reader] <= load[least] + kBalanceSlackBytes) {
-      reader = previous_reader;
+    auto previous = previous_reader.find(file);
+    if (previous != previous_reader.end() &&
+        std::find(u->ranks.begin(), u->ranks.end(), previous->second) != u->ranks.end() &&
+        load[previous->second] <= load[least] + kBalanceSlackBytes) {
+      reader = previous->second;
     }
     u->reader = reader;
     load[reader] += u->union_bytes;
-    previous_reader = reader;
-    previous_file = file;
+    previous_reader[file] = reader;
 
     // This chunk's traffic: the reader sends every other rank's regions.
     std::vector<uint64_t> traffic(n, 0);

@@ -8,11 +8,13 @@
 // every rank reads whole rows and whole checksum blocks, so ranks that split a chunk's columns,
 // or split rows inside a checksum block, would each read most of it. A chunk is shared when
 //   4 x (bytes the ranks would read beyond the union of their reads) >= the bytes exchanged,
-// and when its exchange fits in one round. Each shared chunk's reader is one of the ranks that
-// need it: the one that read the previous shared chunk of the same file (so that readers read
-// long runs) unless that rank already reads over 32 MiB more than the least loaded candidate,
-// which is then chosen. Shared chunks are exchanged in rounds of at most `round_bytes` sent plus
-// received per rank, in file order.
+// and when its exchange fits in one round. Chunks are taken in order of their relative position
+// in their file (so every round covers about the same share of every file, and so of every
+// rank's work). Each shared chunk's reader is one of the ranks that need it: the one that read
+// the previous shared chunk of the same file (so that readers read long runs) unless that rank
+// already reads over 32 MiB more than the least loaded candidate, which is then chosen. A round
+// closes when its exchange would exceed `round_bytes` sent plus received for some rank; every
+// chunk, shared or not, is read in the round it falls in.
 #ifndef SHARDPOINT_ENGINE_READ_EXCHANGE_H_
 #define SHARDPOINT_ENGINE_READ_EXCHANGE_H_
 
