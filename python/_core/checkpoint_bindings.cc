@@ -86,7 +86,7 @@ void Save(nb::handle tensors, nb::handle objects, const std::string& path,
 
 nb::tuple Load(const std::string& path, nb::handle tensors, nb::handle object_names,
                nb::handle comm, bool strict, bool allow_cast, int threads,
-               bool verify_checksums) {
+               bool verify_checksums, bool share_reads) {
   HeldArrays held;
   LoadState state = ParseLoadState(tensors, object_names, &held);
   std::unique_ptr<PyCommunicator> communicator = MaybeCommunicator(comm);
@@ -96,6 +96,7 @@ nb::tuple Load(const std::string& path, nb::handle tensors, nb::handle object_na
   options.allow_cast = allow_cast;
   options.threads = threads;
   options.verify_checksums = verify_checksums;
+  options.share_reads = share_reads;
   Result<LoadResult> result = InternalError("load did not run");
   {
     nb::gil_scoped_release release;
@@ -186,8 +187,9 @@ void DefineCheckpointFunctions(nb::module_& m) {
       "\"torch-dcp\"). Collective over `comm`.");
   m.def("load", &Load, "path"_a, "tensors"_a, "object_names"_a, nb::kw_only(),
         "comm"_a = nb::none(), "strict"_a = true, "allow_cast"_a = false, "threads"_a = 0,
-        "verify_checksums"_a = true,
-        "Loads the checkpoint at `path` into the pieces' arrays, in place. Returns\n"
+        "verify_checksums"_a = true, "share_reads"_a = true,
+        "Loads the checkpoint at `path` into the pieces' arrays, in place. With `share_reads`, a\n"
+        "stored chunk several ranks need is read by one and sent to the others. Returns\n"
         "(missing_keys, unexpected_keys, objects, bytes_read). Collective over `comm`.");
   m.def(
       "read_metadata",

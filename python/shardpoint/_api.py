@@ -169,7 +169,8 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
 
 
 def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
-         cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None) -> LoadResult:
+         cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
+         share_reads: Optional[bool] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
 
@@ -178,6 +179,11 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     error). Pickled objects need ``allow_pickle``. Raises CheckpointNotFoundError when no committed
     checkpoint is at ``path``, CheckpointArgumentError for shape/dtype mismatches,
     CheckpointCorruptError for bad data; the same error on every rank.
+
+    ``share_reads``: a stored chunk that several ranks need is read by one of them and sent to the
+    others over the process group, so each stored byte is read once. ``None`` (the default) shares
+    when the group spans several machines; on one machine the ranks share the page cache, where
+    reading again costs less than sending through gloo.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -198,7 +204,8 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         with translated():
             missing, unexpected, objects, bytes_read = _core.load(
                 path, [p.entry() for p in plans], object_names, comm=comm, strict=strict, allow_cast=cast,
-                threads=threads or _dist.default_threads(comm))
+                threads=threads or _dist.default_threads(comm),
+                share_reads=_dist.spans_hosts(comm) if share_reads is None else bool(share_reads))
         for plan in plans:
             for copy_back in plan.after_load:
                 copy_back()

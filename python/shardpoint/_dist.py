@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ._errors import CheckpointArgumentError
 
 _GROUPS: dict[tuple, Any] = {}
-_THREADS: dict[tuple, int] = {}
+_HOSTS: dict[tuple, list[bytes]] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
@@ -151,10 +151,20 @@ def default_threads(comm: Optional[TorchComm]) -> int:
     machine do not oversubscribe it; 0 (the core's default: all cores) for one rank."""
     if comm is None:
         return 0
+    hosts = _hosts(comm)
+    return max(1, _cores() // hosts.count(hosts[comm.rank]))
+
+
+def spans_hosts(comm: Optional[TorchComm]) -> bool:
+    """Whether the group's ranks run on more than one machine (learned once per group)."""
+    return comm is not None and len(set(_hosts(comm))) > 1
+
+
+def _hosts(comm: TorchComm) -> list[bytes]:
+    """The host name of every rank of the group, by group rank: one all-gather per group."""
     import torch.distributed as dist
 
     key = tuple(dist.get_process_group_ranks(comm.group))
-    if key not in _THREADS:
-        hosts = comm.all_gather(socket.gethostname().encode())
-        _THREADS[key] = max(1, _cores() // hosts.count(hosts[comm.rank]))
-    return _THREADS[key]
+    if key not in _HOSTS:
+        _HOSTS[key] = comm.all_gather(socket.gethostname().encode())
+    return _HOSTS[key]
