@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=300)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="shardpoint threads per rank (default: the cores shared among the ranks on the machine)")
+    parser.add_argument("--threads", type=int, default=None, help="shardpoint threads per rank (default: max(4, cores) shared among the ranks on the machine)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         args.dir = tmp

@@ -146,13 +146,14 @@ def _cores() -> int:
 
 
 def default_threads(comm: Optional[TorchComm]) -> int:
-    """Threads per rank when the caller gives none: this machine's cores shared among the group's
-    ranks on it (learned once per group with one all-gather of host names), so that ranks sharing a
-    machine do not oversubscribe it; 0 (the core's default: all cores) for one rank."""
+    """Threads per rank when the caller gives none: the core's default for one process
+    (max(4, cores): I/O threads mostly wait on storage) shared among the group's ranks on this
+    machine (learned once per group with one all-gather of host names), so that ranks sharing a
+    machine do not oversubscribe it; 0 (the core's default) for one rank."""
     if comm is None:
         return 0
     hosts = _hosts(comm)
-    return max(1, _cores() // hosts.count(hosts[comm.rank]))
+    return max(1, max(4, _cores()) // hosts.count(hosts[comm.rank]))
 
 
 def spans_hosts(comm: Optional[TorchComm]) -> bool:
