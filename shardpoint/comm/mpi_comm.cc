@@ -247,4 +247,55 @@ Status MpiComm::AllGatherRounds(const std::string& payload, const std::vector<ui
 
 Status MpiComm::Barrier() { return MpiCheck(MPI_Barrier(comm_), "MPI_Barrier", "Barrier"); }
 
+Result<std::vector<std::string>> MpiComm::AllToAll(std::vector<std::string> payloads) {
+  // Every rank learns every rank's payload count first, so a malformed call fails everywhere.
+  SP_ASSIGN_OR_RETURN(std::vector<uint64_t> counts, AllGatherSizes(payloads.size(), "AllToAll"));
+  for (int r = 0; r < size_; ++r) {
+    if (counts[r] != uint64_t(size_)) {
+      return InvalidArgumentError("AllToAll: rank " + std::to_string(r) + " passed " +
+                                  std::to_string(counts[r]) +
+                                  " payloads, expected one per rank (" + std::to_string(size_) +
+                                  ")");
+    }
+  }
+  std::vector<uint64_t> send_sizes(size_), recv_sizes(size_);
+  uint64_t largest = 0;
+  for (int q = 0; q < size_; ++q) {
+    send_sizes[q] = q == rank_ ? 0 : payloads[q].size();  // this rank's own payload stays
+    largest = std::max(largest, send_sizes[q]);
+  }
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Alltoall(send_sizes.data(), 1, MPI_UINT64_T, recv_sizes.data(),
+                                           1, MPI_UINT64_T, comm_),
+                              "MPI_Alltoall of payload sizes", "AllToAll"));
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_),
+                              "MPI_Allreduce of the largest payload", "AllToAll"));
+  std::vector<std::string> received(size_);
+  for (int s = 0; s < size_; ++s) received[s].reserve(recv_sizes[s]);
+  const uint64_t quota = std::max<uint64_t>(1, options_.max_message_bytes / size_);
+  std::vector<int> scounts(size_), sdispls(size_), rcounts(size_), rdispls(size_);
+  std::string send, recv;
+  for (uint64_t at = 0; at < largest; at += quota) {
+    send.clear();
+    int rtotal = 0;
+    for (int q = 0; q < size_; ++q) {
+      const uint64_t take = send_sizes[q] > at ? std::min(quota, send_sizes[q] - at) : 0;
+      sdispls[q] = static_cast<int>(send.size());
+      scounts[q] = static_cast<int>(take);
+      send.append(payloads[q].data() + (take > 0 ? at : 0), take);
+      const uint64_t get = recv_sizes[q] > at ? std::min(quota, recv_sizes[q] - at) : 0;
+      rdispls[q] = rtotal;
+      rcounts[q] = static_cast<int>(get);
+      rtotal += static_cast<int>(get);
+    }
+    recv.resize(rtotal);
+    SP_RETURN_IF_ERROR(MpiCheck(MPI_Alltoallv(send.data(), scounts.data(), sdispls.data(), MPI_BYTE,
+                                              recv.data(), rcounts.data(), rdispls.data(), MPI_BYTE,
+                                              comm_),
+                                "MPI_Alltoallv", "AllToAll"));
+    for (int s = 0; s < size_; ++s) received[s].append(recv.data() + rdispls[s], rcounts[s]);
+  }
+  received[rank_] = std::move(payloads[rank_]);
+  return received;
+}
+
 }  // namespace sp

@@ -59,6 +59,9 @@ class MpiComm final : public Communicator {
   Result<std::string> Broadcast(std::string payload, int root) override;
   Result<std::vector<std::string>> AllGather(std::string payload) override;
   Status Barrier() override;
+  // MPI_Alltoall of the sizes, then MPI_Alltoallv in rounds that move at most
+  // max_message_bytes / size() bytes of each pair's payload.
+  Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
 
  private:
   MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options);

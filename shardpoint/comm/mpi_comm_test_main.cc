@@ -104,6 +104,10 @@ Status CheckInvalidCalls() {
       comm->Gather("x", n).status(),
       InvalidArgumentError("Gather: root " + std::to_string(n) +
                            " is out of range for a group of " + std::to_string(n) + " ranks"));
+  failure.Expect(
+      comm->AllToAll(std::vector<std::string>(comm->rank() == 1 ? n + 2 : n, "x")).status(),
+      InvalidArgumentError("AllToAll: rank 1 passed " + std::to_string(n + 2) +
+                           " payloads, expected one per rank (" + std::to_string(n) + ")"));
   failure.Expect(MakeComm(0).status(), InvalidArgumentError("MpiComm::Create: max_message_bytes "
                                                             "is 0, expected 1 to 2147483647"));
   failure.Note(comm->Barrier());
