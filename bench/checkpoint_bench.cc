@@ -6,12 +6,13 @@
 //              each run times it with and without preallocating the files and keeps the faster;
 //   raw read:  those files read back in 16 MiB pread pieces after evicting them from the page cache.
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
-// (tensor parallel 3, the same tensor dims split), and Load into 3 ranks with every matrix split
-// along the other dim (the worst case: stored chunks are needed in part by two ranks each, and
-// checksum blocks are read whole). The checkpoint files are evicted from the page cache before each
-// load. Medians of --runs runs.
+// (tensor parallel 3, the same tensor dims split) with shared reads (the default: a chunk several
+// ranks need is read by one and its regions sent to the others) and without (each rank reads
+// whole rows and checksum blocks of what it needs itself), and Load into 3 ranks with every matrix
+// split along the other dim (the worst case). The checkpoint files are evicted from the page cache
+// before each load. Medians of --runs runs.
 //
-// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--no-share] [--block-kib N]
+// usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -35,7 +36,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kPiece = uint64_t{16} << 20;
 constexpr int kRawFiles = 4;
 bool g_verify = true;  // --no-verify: loads skip checksum verification
-bool g_share = true;   // --no-share: every rank reads for itself (LoadOptions::share_reads)
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 
 double Median(std::vector<double> v) {
@@ -168,7 +168,8 @@ double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& 
 }
 
 double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& dest,
-                 const std::string& dir, ThreadPool& pool, uint64_t* bytes_read) {
+                 const std::string& dir, ThreadPool& pool, uint64_t* bytes_read,
+                 bool share_reads = true) {
   DropCache(dir);
   std::vector<uint64_t> read(dest.size(), 0);
   auto t0 = Clock::now();
@@ -177,7 +178,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           options.comm = &comm;
           options.pool = &pool;
           options.verify_checksums = g_verify;
-          options.share_reads = g_share;
+          options.share_reads = share_reads;
           SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
           read[comm.rank()] = r.bytes_read;
           return OkStatus();
@@ -205,9 +206,9 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   const double gb = model.total_bytes() / 1e9;
   const std::string raw_dir = dir + "/raw", ckpt_dir = dir + "/checkpoint";
 
-  std::vector<double> raw_w, raw_r, save, load_same, load_reshard, load_transposed;
+  std::vector<double> raw_w, raw_r, save, load_same, load_reshard, load_alone, load_transposed;
   std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
-  uint64_t read_same = 0, read_reshard = 0, read_transposed = 0;
+  uint64_t read_same = 0, read_reshard = 0, read_alone = 0, read_transposed = 0;
   for (int run = 0; run < runs; ++run) {
     // The faster of a plain and a preallocated write: the most demanding baseline.
     const double plain = RawWrite(raw_dir, raw, pool, false);
@@ -222,6 +223,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     phases[3].push_back(stats.commit_seconds);
     load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same));
     load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard));
+    load_alone.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_alone, false));
     load_transposed.push_back(TimedLoad(model, *transposed, ckpt_dir, pool, &read_transposed));
   }
   std::string first;
@@ -249,10 +251,12 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
               Median(phases[3]));
   line("load same layout", load_same, Median(raw_r), "raw read", "");
   line("load resharded 4->3", load_reshard, Median(raw_r), "raw read", ">= 0.7x");
+  line("  no shared reads", load_alone, Median(raw_r), "raw read", "none: comparison");
   line("load transposed 4->3", load_transposed, Median(raw_r), "raw read", "none: worst case");
-  std::printf("  bytes read: same layout %s, resharded %s, transposed %s (checkpoint %s); "
-              "byte check: %s\n\n",
+  std::printf("  bytes read: same layout %s, resharded %s (%s without shared reads), transposed "
+              "%s (checkpoint %s); byte check: %s\n\n",
               HumanBytes(read_same).c_str(), HumanBytes(read_reshard).c_str(),
+              HumanBytes(read_alone).c_str(),
               HumanBytes(read_transposed).c_str(),
               HumanBytes(model.total_bytes()).c_str(),
               bad == 0 ? "every byte matches" : ("MISMATCH " + first).c_str());
@@ -269,11 +273,6 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {256, 1024};
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--no-share") {
-      sp::g_share = false;
-      --i;
-      continue;
-    }
     if (a == "--no-verify") {
       sp::g_verify = false;
       --i;
@@ -293,7 +292,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--no-share] [--block-kib N]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N]\n");
       return 2;
     }
   }
