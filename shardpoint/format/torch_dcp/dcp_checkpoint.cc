@@ -14,6 +14,10 @@
 namespace sp::torch_dcp {
 namespace {
 
+// Bytes hinted for read-ahead at each end of a tensor item while locating it: its local header
+// and data.pkl at the start, its central directory at the end.
+constexpr uint64_t kItemEdgeHintBytes = uint64_t{16} << 10;
+
 // The files `.metadata` names, opened, with their sizes.
 struct OpenedFiles {
   std::map<std::string, uint32_t> index;  // relative path -> position in metadata.files
@@ -242,7 +246,16 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
     }
     md.tensors.push_back(std::move(t));
   }
-  // A few small reads per item: spread over the pool (or run here when there is none).
+  // A few small reads per item, at its start (local header, data.pkl) and at its end (the ZIP's
+  // central directory). The store is first asked to fetch all of them, so that the device works
+  // on many at once however few threads read them; then they are spread over the pool (or run
+  // here when there is none).
+  for (const Work& w : work) {
+    const ReadableFile& file = *files.handles[files.index.at(w.entry->relative_path)];
+    const uint64_t edge = std::min<uint64_t>(w.entry->length, kItemEdgeHintBytes);
+    file.Prefetch(w.entry->offset, edge);
+    if (w.entry->length > edge) file.Prefetch(w.entry->offset + w.entry->length - edge, edge);
+  }
   TaskGroup group(pool);
   for (const Work& w : work) {
     group.Run([&files, &md, w] {
