@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -118,8 +119,9 @@ struct LoadOptions {
   uint64_t memory_budget_bytes = uint64_t{256} << 20;  // staging memory beyond the caller's buffers
   // A stored chunk that several ranks need is read by one of them, which sends the others their
   // regions through the communicator (each stored byte read once); false: every rank reads for
-  // itself.
-  bool share_reads = true;
+  // itself. Unset: shared when comm->spans_machines() (ranks on one machine share its page cache,
+  // where reading again costs less than exchanging).
+  std::optional<bool> share_reads;
 };
 
 struct LoadResult {

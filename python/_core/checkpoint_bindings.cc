@@ -187,7 +187,7 @@ void DefineCheckpointFunctions(nb::module_& m) {
       "\"torch-dcp\"). Collective over `comm`.");
   m.def("load", &Load, "path"_a, "tensors"_a, "object_names"_a, nb::kw_only(),
         "comm"_a = nb::none(), "strict"_a = true, "allow_cast"_a = false, "threads"_a = 0,
-        "verify_checksums"_a = true, "share_reads"_a = true,
+        "verify_checksums"_a = true, "share_reads"_a = false,
         "Loads the checkpoint at `path` into the pieces' arrays, in place. With `share_reads`, a\n"
         "stored chunk several ranks need is read by one and sent to the others. Returns\n"
         "(missing_keys, unexpected_keys, objects, bytes_read). Collective over `comm`.");

@@ -38,6 +38,10 @@ class Communicator {
   // sender, what every rank passed for r. The default runs one Scatter per rank (each rank in
   // turn as the root); implementations override it with a direct exchange.
   virtual Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads);
+  // True when the group's ranks run on more than one machine (they do not share a page cache),
+  // so that sending bytes between ranks can be cheaper than reading them again. The same on
+  // every rank. The default, for communicators that cannot tell, is false.
+  virtual bool spans_machines() const { return false; }
 };
 
 }  // namespace sp

@@ -86,15 +86,33 @@ Result<std::unique_ptr<MpiComm>> MpiComm::Create(MPI_Comm comm, MpiCommOptions o
                            "MPI_Comm_set_errhandler", "MpiComm::Create");
   if (status.ok()) status = MpiCheck(MPI_Comm_rank(dup, &rank), "MPI_Comm_rank", "MpiComm::Create");
   if (status.ok()) status = MpiCheck(MPI_Comm_size(dup, &size), "MPI_Comm_size", "MpiComm::Create");
+  // The ranks that share this rank's memory (its machine); the group spans machines when, on
+  // any rank, they are fewer than the whole group.
+  int spans = 0;
+  if (status.ok()) {
+    MPI_Comm local = MPI_COMM_NULL;
+    status = MpiCheck(MPI_Comm_split_type(dup, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
+                      "MPI_Comm_split_type", "MpiComm::Create");
+    int local_size = size;
+    if (status.ok()) {
+      status = MpiCheck(MPI_Comm_size(local, &local_size), "MPI_Comm_size", "MpiComm::Create");
+      MPI_Comm_free(&local);
+    }
+    spans = local_size < size ? 1 : 0;
+    if (status.ok()) {
+      status = MpiCheck(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, dup),
+                        "MPI_Allreduce", "MpiComm::Create");
+    }
+  }
   if (!status.ok()) {
     MPI_Comm_free(&dup);
     return status;
   }
-  return std::unique_ptr<MpiComm>(new MpiComm(dup, rank, size, options));
+  return std::unique_ptr<MpiComm>(new MpiComm(dup, rank, size, options, spans != 0));
 }
 
-MpiComm::MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options)
-    : comm_(comm), rank_(rank), size_(size), options_(options) {}
+MpiComm::MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines)
+    : comm_(comm), rank_(rank), size_(size), options_(options), spans_machines_(spans_machines) {}
 
 MpiComm::~MpiComm() {
   int finalized = 0;

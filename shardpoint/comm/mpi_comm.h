@@ -59,12 +59,14 @@ class MpiComm final : public Communicator {
   Result<std::string> Broadcast(std::string payload, int root) override;
   Result<std::vector<std::string>> AllGather(std::string payload) override;
   Status Barrier() override;
+  // Whether the ranks span machines: learned at Create() by splitting the group by shared memory.
+  bool spans_machines() const override { return spans_machines_; }
   // MPI_Alltoall of the sizes, then MPI_Alltoallv in rounds that move at most
   // max_message_bytes / size() bytes of each pair's payload.
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
 
  private:
-  MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options);
+  MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines);
 
   Status CheckRoot(int root, const char* collective) const;
   // Sizes of every rank's payload, known on every rank.
@@ -80,6 +82,7 @@ class MpiComm final : public Communicator {
   int rank_;
   int size_;
   MpiCommOptions options_;
+  bool spans_machines_;
 };
 
 }  // namespace sp

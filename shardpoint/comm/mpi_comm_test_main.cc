@@ -108,6 +108,7 @@ Status CheckInvalidCalls() {
       comm->AllToAll(std::vector<std::string>(comm->rank() == 1 ? n + 2 : n, "x")).status(),
       InvalidArgumentError("AllToAll: rank 1 passed " + std::to_string(n + 2) +
                            " payloads, expected one per rank (" + std::to_string(n) + ")"));
+  failure.True(!comm->spans_machines(), "the ranks of this test run on one machine");
   failure.Expect(MakeComm(0).status(), InvalidArgumentError("MpiComm::Create: max_message_bytes "
                                                             "is 0, expected 1 to 2147483647"));
   failure.Note(comm->Barrier());

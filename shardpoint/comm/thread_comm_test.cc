@@ -306,6 +306,12 @@ TEST(ThreadCommTest, AllToAllMovesBuffersAndChecksCounts) {
   }
 }
 
+TEST(ThreadCommTest, RanksAreOnOneMachine) {
+  ExpectAllOk(RunRanks(2, [](Communicator& comm) {
+    return comm.spans_machines() ? InternalError("in-process ranks span machines") : OkStatus();
+  }));
+}
+
 TEST(ThreadCommTest, RunRanksWithNoRanksRunsNothing) {
   int calls = 0;
   EXPECT_TRUE(RunRanks(0, [&](Communicator&) {

@@ -932,6 +932,7 @@ Case ColumnSplitCase() {
   big.load = MeshOf(big.shape, Mesh({3}, {Placement::Shard(0)}));
   Case c = MakeCase({w, v, big}, 2, 3);
   c.save_options.checksum_block_bytes = 64 << 10;
+  c.load_options.share_reads = true;
   return c;
 }
 
@@ -959,11 +960,17 @@ TEST_F(ReshardTest, SharedReadsReadEachStoredByteOnceAndMatchReadingAlone) {
   c.load_options.share_reads = false;
   ASSERT_NO_FATAL_FAILURE(LoadOk(c));
   ExpectLoaded(c, initial_, loaded_);
+  const uint64_t alone = total_read();
+  // Unset, reads are shared only across machines: in-process ranks read alone.
+  c.load_options.share_reads.reset();
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  EXPECT_EQ(total_read(), alone);
   // Alone, each of the 3 ranks reads every chunk of "w" and "v" whole, and the checksum blocks
   // where "big"'s rows split (one in each chunk) are read by two ranks (or more: partial blocks
   // of direct reads are read on their own).
   const uint64_t w_and_v = 64 * 96 * 4 + 10 * 7 * 9 * 2;
-  EXPECT_GE(total_read(), stored + 2 * w_and_v + 2 * (64 << 10));
+  EXPECT_GE(alone, stored + 2 * w_and_v + 2 * (64 << 10));
 }
 
 TEST_F(ReshardTest, SharedReadsCastOnTheReceivingRank) {
