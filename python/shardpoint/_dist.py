@@ -76,17 +76,16 @@ class TorchComm:
         sizes = torch.tensor([len(c) for c in chunks], dtype=torch.int64)
         incoming = torch.empty(self.size, dtype=torch.int64)
         self._dist.all_to_all_single(incoming, sizes, group=self.group)
-        joined = b"".join(chunks)
-        send = (torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
-                else torch.empty(0, dtype=torch.uint8))
+        joined = bytearray().join(chunks)
+        send = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
         splits = incoming.tolist()
         recv = torch.empty(sum(splits), dtype=torch.uint8)
         self._dist.all_to_all_single(recv, send, output_split_sizes=splits,
                                      input_split_sizes=sizes.tolist(), group=self.group)
-        data = recv.numpy().tobytes()
+        data = memoryview(recv.numpy())
         out, at = [], 0
         for n in splits:
-            out.append(data[at:at + n])
+            out.append(bytes(data[at:at + n]))
             at += n
         return out
 

@@ -206,8 +206,10 @@ class Unpacker {
   }
 
  private:
-  TaskGroup group_;
+  // Declared first, so destroyed last: the group's destructor waits for the copies still running
+  // when an error path skips Wait().
   std::vector<std::string> payloads_;
+  TaskGroup group_;
 };
 
 // Every rank publishes its needs; each stored chunk that several ranks need is read by one of

@@ -61,8 +61,8 @@ struct ChunkUsers {
   std::vector<int> ranks;                     // distinct ranks, ascending
   uint64_t union_bytes = 0;                   // read once
   std::vector<uint64_t> packed;               // per entry of `ranks`: bytes that rank receives
+  std::vector<uint64_t> alone;                // per entry of `ranks`: bytes it reads by itself
   bool shared = false;
-  int reader = -1;
 };
 
 }  // namespace
@@ -172,7 +172,6 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
     const StoredChunk& chunk = stored(*u);
     std::vector<Interval> every;
     uint64_t separate = 0;  // bytes read when each rank reads for itself
-    std::vector<uint64_t> per_rank(n, 0);
     for (size_t k = 0; k < u->users.size();) {
       const int r = u->users[k].first;
       std::vector<Interval> mine;
@@ -183,10 +182,10 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
         packed += PackedBytes(need.region, tensor.dtype);
       }
       every.insert(every.end(), mine.begin(), mine.end());
-      per_rank[r] = UnionLength(mine);
-      separate += per_rank[r];
       u->ranks.push_back(r);
       u->packed.push_back(packed);
+      u->alone.push_back(UnionLength(mine));
+      separate += u->alone.back();
     }
     u->union_bytes = UnionLength(every);
     if (u->ranks.size() >= 2) {
@@ -199,7 +198,7 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
       u->shared = kExchangeCostFactor * duplicate >= total - largest && total <= round_bytes;
     }
     if (!u->shared) {
-      for (int r : u->ranks) load[r] += per_rank[r];
+      for (size_t k = 0; k < u->ranks.size(); ++k) load[u->ranks[k]] += u->alone[k];
     }
   }
 
@@ -236,25 +235,32 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
         load[previous->second] <= load[least] + kBalanceSlackBytes) {
       reader = previous->second;
     }
-    u->reader = reader;
     load[reader] += u->union_bytes;
     previous_reader[file] = reader;
 
-    // This chunk's traffic: the reader sends every other rank's regions.
-    std::vector<uint64_t> traffic(n, 0);
+    // This chunk's traffic: each other rank receives its regions, the reader sends them all.
+    std::vector<uint64_t> traffic(u->ranks.size());
+    uint64_t sent = 0;
+    size_t reader_k = 0;
     for (size_t k = 0; k < u->ranks.size(); ++k) {
-      if (u->ranks[k] == reader) continue;
-      traffic[u->ranks[k]] += u->packed[k];
-      traffic[reader] += u->packed[k];
+      if (u->ranks[k] == reader) {
+        reader_k = k;
+      } else {
+        traffic[k] = u->packed[k];
+        sent += u->packed[k];
+      }
     }
+    traffic[reader_k] = sent;
     bool fits = true;
-    for (int r = 0; r < n; ++r) fits = fits && used[r] + traffic[r] <= round_bytes;
+    for (size_t k = 0; k < u->ranks.size(); ++k) {
+      fits = fits && used[u->ranks[k]] + traffic[k] <= round_bytes;
+    }
     if (!fits && round_has_shared) {
       plan.rounds.push_back(fresh_round());
       std::fill(used.begin(), used.end(), 0);
       round_has_shared = false;
     }
-    for (int r = 0; r < n; ++r) used[r] += traffic[r];
+    for (size_t k = 0; k < u->ranks.size(); ++k) used[u->ranks[k]] += traffic[k];
     round_has_shared = true;
     ExchangeRound& round = plan.rounds.back();
     for (const auto& [r, i] : u->users) {

@@ -207,7 +207,8 @@ Status ReadSlab(Job& job, const ReadRequest& r, const Slab& slab) {
                                       job.options.verify, &job.bytes_read));
     std::optional<Box> part = Intersect(r.region, slab.box);
     if (!part) return OkStatus();
-    return CopyToDestination(ConstChunkView{buffer.data(), slab.box, DTypeSize(r.stored->dtype)}, *part, r);
+    return CopyToDestination(ConstChunkView{buffer.data(), slab.box, DTypeSize(r.stored->dtype)},
+                             *part, r);
   }();
   job.staging.Release(std::move(buffer));
   return status;
@@ -248,7 +249,8 @@ Status ReadSpan(Job& job, const Span& span) {
       }
       const std::byte* rows = buffer.data() + (ref.file_offset + s->rows.begin - span.begin);
       SP_RETURN_IF_ERROR(
-          CopyToDestination(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)}, r.region, r));
+          CopyToDestination(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)},
+                            r.region, r));
     }
     return OkStatus();
   }();
@@ -361,7 +363,8 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     if (r.stored->dtype == r.dest->dtype) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
       RunSummary dst = SummarizeByteRuns(r.piece->box, r.region, es);
-      if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes && users[r.chunk] == 1) {
+      if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes &&
+          users[r.chunk] == 1) {
         AddDirect(job, r, src, dst, tasks);
         continue;
       }
@@ -382,7 +385,8 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     staged.push_back(Staged{&r, std::move(rows), file_offset + lo, file_offset + hi});
   }
   const std::vector<Span> spans =
-      Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs), options.max_gap_bytes);
+      Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs),
+               options.max_gap_bytes);
   for (const Span& span : spans) {
     tasks.push_back(Task{files[span.file].get(), span.begin, span.end - span.begin,
                          [&job, &span] { return ReadSpan(job, span); }});
