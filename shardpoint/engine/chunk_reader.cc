@@ -37,6 +37,14 @@ Status CheckCount(const StoredChunkRef& ref) {
 
 }  // namespace
 
+Status CheckBlockCrc(const StoredChunkRef& ref, uint64_t block, uint32_t found) {
+  SP_RETURN_IF_ERROR(CheckCount(ref));
+  if (found != ref.chunk->block_crc32c[block]) {
+    return Mismatch(ref, block, ref.chunk->block_crc32c[block], found);
+  }
+  return OkStatus();
+}
+
 Status VerifyBlocks(const StoredChunkRef& ref, uint64_t first_block, uint64_t end_block,
                     const std::byte* data) {
   SP_RETURN_IF_ERROR(CheckCount(ref));

@@ -31,6 +31,10 @@ struct StoredChunkRef {
 Status ReadChunkBytes(const StoredChunkRef& ref, uint64_t begin, uint64_t end, std::byte* out,
                       bool verify, std::atomic<uint64_t>* bytes_read);
 
+// Checks that `found` is the CRC32C stored for `block` of the chunk (and that the chunk has one
+// checksum per block); a mismatch is kDataLoss as above.
+Status CheckBlockCrc(const StoredChunkRef& ref, uint64_t block, uint32_t found);
+
 // Checks blocks [first_block, end_block) of the chunk against its checksums, given the chunk's
 // bytes from the start of first_block at `data` (already read by the caller).
 Status VerifyBlocks(const StoredChunkRef& ref, uint64_t first_block, uint64_t end_block,

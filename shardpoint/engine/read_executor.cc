@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <tuple>
 
+#include "shardpoint/base/crc32c.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -42,60 +46,12 @@ class StagingPool {
   std::vector<AlignedBuffer> free_;
 };
 
-// One read the executor will issue: its byte range (for read-ahead) and the work itself.
+// One read the executor will issue: its byte range (for ordering) and the work itself.
 struct Task {
   const ReadableFile* file;
   uint64_t offset;
   uint64_t length;
   std::function<Status()> run;
-};
-
-// Keeps the store fetching about kReadAheadBytes beyond the reads that have started, in the
-// order the tasks were queued, so that the device always has work queued.
-class ReadAhead {
- public:
-  explicit ReadAhead(const std::vector<Task>& tasks) : tasks_(tasks) {
-    uint64_t pos = 0;
-    for (const Task& t : tasks_) {
-      starts_.push_back(pos);
-      pos += t.length;
-    }
-  }
-  // Called when task i starts. Ranges of consecutive tasks that are adjacent (or nearly) in one
-  // file are merged into one hint, so that the device sees large requests.
-  void Advance(size_t i) {
-    struct Hint {
-      const ReadableFile* file;
-      uint64_t begin;
-      uint64_t end;
-    };
-    std::vector<Hint> hints;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const uint64_t horizon = starts_[i] + tasks_[i].length + kReadAheadBytes;
-      while (next_ < tasks_.size() && starts_[next_] < horizon) {
-        const Task& t = tasks_[next_++];
-        if (!hints.empty() && hints.back().file == t.file &&
-            t.offset <= hints.back().end + kMergeGapBytes &&
-            t.offset + kMergeGapBytes >= hints.back().begin) {
-          hints.back().begin = std::min(hints.back().begin, t.offset);
-          hints.back().end = std::max(hints.back().end, t.offset + t.length);
-        } else {
-          hints.push_back(Hint{t.file, t.offset, t.offset + t.length});
-        }
-      }
-    }
-    // Outside the lock: a hint may block while the store queues its reads.
-    for (const Hint& h : hints) h.file->Prefetch(h.begin, h.end - h.begin);
-  }
-
- private:
-  static constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
-  static constexpr uint64_t kMergeGapBytes = uint64_t{1} << 20;
-  const std::vector<Task>& tasks_;
-  std::vector<uint64_t> starts_;
-  std::mutex mu_;
-  size_t next_ = 0;
 };
 
 struct Job {
@@ -214,52 +170,227 @@ Status ReadSlab(Job& job, const ReadRequest& r, const Slab& slab) {
   return status;
 }
 
-// One read widened to whole rows and whole checksum blocks, for coalescing.
+// A read into staging: whole rows of the request's chunk, widened to whole checksum blocks.
 struct Staged {
   const ReadRequest* request;
-  Slab rows;             // chunk-relative
-  uint64_t file_begin;   // absolute, block-rounded
+  Slab rows;                // chunk-relative
+  uint64_t file_begin;      // absolute, block-rounded
+  uint64_t file_end;
+  uint64_t staging = 0;     // where file_begin lands in its extent's staging buffer
+};
+
+// A read straight into the destination: chunk bytes [lo, hi) to `out`. With verification the
+// partial checksum blocks at either end are completed from staging: [file_begin, file_end) is
+// the block-rounded range.
+struct Direct {
+  const ReadRequest* request;
+  uint64_t lo;
+  uint64_t hi;
+  std::byte* out;
+  uint64_t file_begin;
   uint64_t file_end;
 };
 
-struct Span {
+// A part of an extent: file bytes [begin, end) land at `dest`, or in staging at `staging`.
+struct Segment {
+  uint64_t begin;
+  uint64_t end;
+  std::byte* dest;
+  uint64_t staging;
+};
+
+// Consecutive bytes of one file read with one scatter read: the direct reads land in their
+// destinations, everything else (staged rows, block edges, gaps read through) in one staging
+// buffer, in file order.
+struct Extent {
   uint32_t file;
   uint64_t begin;
   uint64_t end;
-  std::vector<const Staged*> reads;
+  uint64_t staging_bytes = 0;
+  std::vector<Segment> segments;  // in file order, covering [begin, end)
+  std::vector<Staged*> staged;
+  std::vector<const Direct*> direct;
+
+  void AddStaging(uint64_t from, uint64_t to) {
+    if (from >= to) return;
+    if (!segments.empty() && segments.back().dest == nullptr && segments.back().end == from) {
+      segments.back().end = to;
+    } else {
+      segments.push_back(Segment{from, to, nullptr, staging_bytes});
+    }
+    staging_bytes += to - from;
+    end = to;
+  }
+  void AddDest(uint64_t from, uint64_t to, std::byte* dest) {
+    if (from >= to) return;
+    segments.push_back(Segment{from, to, dest, 0});
+    end = to;
+  }
+  // The staging position of file offset `at`, or nullopt when it lands in a destination.
+  std::optional<uint64_t> StagingAt(uint64_t at) const {
+    auto it = std::upper_bound(segments.begin(), segments.end(), at,
+                               [](uint64_t x, const Segment& s) { return x < s.begin; });
+    if (it == segments.begin()) return std::nullopt;
+    --it;
+    if (it->dest != nullptr || at >= it->end) return std::nullopt;
+    return it->staging + (at - it->begin);
+  }
 };
 
-Status ReadSpan(Job& job, const Span& span) {
-  AlignedBuffer buffer = job.staging.Acquire(span.end - span.begin);
+// What one extent may hold.
+struct ExtentLimits {
+  uint64_t bytes;          // file bytes per extent
+  uint64_t staging_bytes;  // staging bytes per extent
+  uint64_t max_gap;        // unneeded bytes read through between two reads
+};
+
+// Groups reads of one file, sorted by file offset, into extents. A read may join the open extent
+// when it starts where the extent ends and the extent stays within the limits; a staged read may
+// also read through a gap of up to max_gap bytes after staged bytes (rows of one chunk a few
+// rows apart), and one overlapping the extent's staged tail (checksum blocks shared with the
+// previous rows) reuses those bytes. A direct read never reads through a gap: the bytes between
+// two destinations are usually another rank's.
+class ExtentBuilder {
+ public:
+  explicit ExtentBuilder(ExtentLimits limits) : limits_(limits) {}
+
+  void Add(uint32_t file, Staged& s) {
+    Extent* e = Joinable(file, s.file_begin, s.file_end, StagingAdded(file, s.file_begin, s.file_end),
+                         StagedTail(file) ? limits_.max_gap : 0);
+    if (e != nullptr && s.file_begin < e->end) {
+      // Only the staged tail of the same chunk can overlap; anything else opens a new extent.
+      const Segment& last = e->segments.back();
+      if (last.dest != nullptr || last.begin > s.file_begin) e = nullptr;
+    }
+    if (e == nullptr) e = Open(file, s.file_begin);
+    if (s.file_begin < e->end) {
+      s.staging = *e->StagingAt(s.file_begin);
+    } else {
+      e->AddStaging(e->end, s.file_begin);  // a gap, read through
+      s.staging = e->staging_bytes;
+    }
+    if (s.file_end > e->end) e->AddStaging(e->end, s.file_end);
+    e->staged.push_back(&s);
+  }
+
+  void Add(uint32_t file, const Direct& d, uint64_t dest_begin, uint64_t dest_end) {
+    const uint64_t edges = (dest_begin - d.file_begin) + (d.file_end - dest_end);
+    Extent* e = Joinable(file, d.file_begin, d.file_end,
+                         StagingAdded(file, d.file_begin, d.file_begin) + edges, 0);
+    if (e != nullptr && d.file_begin < e->end) e = nullptr;
+    if (e == nullptr) e = Open(file, d.file_begin);
+    e->AddStaging(e->end, d.file_begin);      // a gap, read through
+    e->AddStaging(d.file_begin, dest_begin);  // the head of a partial first block
+    e->AddDest(dest_begin, dest_end, d.out);
+    e->AddStaging(dest_end, d.file_end);      // the tail of a partial last block
+    e->direct.push_back(&d);
+  }
+
+  std::vector<Extent> Take() { return std::move(extents_); }
+
+ private:
+  // The staging bytes that reading file bytes [begin, end) into staging would add to the open
+  // extent (gap included), when it is of `file`.
+  uint64_t StagingAdded(uint32_t file, uint64_t begin, uint64_t end) const {
+    if (extents_.empty() || extents_.back().file != file) return end - begin;
+    const uint64_t from = std::min(begin, extents_.back().end);
+    return std::max(end, extents_.back().end) - from - (extents_.back().end - from);
+  }
+
+  // Whether the open extent is of `file` and ends with staged bytes.
+  bool StagedTail(uint32_t file) const {
+    return !extents_.empty() && extents_.back().file == file &&
+           !extents_.back().segments.empty() && extents_.back().segments.back().dest == nullptr;
+  }
+
+  // The open extent when a read of [begin, end) adding `staging` bytes may join it, reading
+  // through a gap of at most `max_gap` bytes.
+  Extent* Joinable(uint32_t file, uint64_t begin, uint64_t end, uint64_t staging,
+                   uint64_t max_gap) {
+    if (extents_.empty()) return nullptr;
+    Extent& e = extents_.back();
+    if (e.file != file || begin > e.end + max_gap) return nullptr;
+    if (std::max(e.end, end) - e.begin > limits_.bytes) return nullptr;
+    if (e.staging_bytes + staging > limits_.staging_bytes) return nullptr;
+    return &e;
+  }
+
+  Extent* Open(uint32_t file, uint64_t begin) {
+    Extent& e = extents_.emplace_back();
+    e.file = file;
+    e.begin = begin;
+    e.end = begin;
+    return &e;
+  }
+
+  ExtentLimits limits_;
+  std::vector<Extent> extents_;
+};
+
+// CRC32C of file bytes [from, to) of an extent whose staging is at `staging`.
+uint32_t ExtentCrc(const Extent& e, const std::byte* staging, uint64_t from, uint64_t to) {
+  uint32_t crc = 0;
+  auto it = std::upper_bound(e.segments.begin(), e.segments.end(), from,
+                             [](uint64_t x, const Segment& s) { return x < s.begin; });
+  if (it != e.segments.begin()) --it;
+  for (; it != e.segments.end() && it->begin < to; ++it) {
+    const uint64_t lo = std::max(from, it->begin);
+    const uint64_t hi = std::min(to, it->end);
+    if (lo >= hi) continue;
+    const std::byte* base = it->dest != nullptr ? it->dest : staging + it->staging;
+    crc = Crc32cExtend(crc, base + (lo - it->begin), hi - lo);
+  }
+  return crc;
+}
+
+Status ReadExtent(Job& job, const Extent& e) {
+  AlignedBuffer buffer;
+  if (e.staging_bytes > 0) buffer = job.staging.Acquire(e.staging_bytes);
   Status status = [&]() -> Status {
-    SP_RETURN_IF_ERROR(job.files[span.file]->ReadAt(
-        span.begin, MutableByteView(buffer.data(), span.end - span.begin)));
-    job.bytes_read.fetch_add(span.end - span.begin, std::memory_order_relaxed);
-    std::set<std::pair<const StoredChunk*, uint64_t>> verified;
-    for (const Staged* s : span.reads) {
-      const ReadRequest& r = *s->request;
-      const StoredChunkRef ref = RefFor(job, r);
-      const uint64_t bs = ref.block_bytes;
-      if (job.options.verify) {
-        for (uint64_t b = s->rows.begin / bs; b * bs < s->rows.end; ++b) {
+    std::vector<MutableByteView> pieces;
+    pieces.reserve(e.segments.size());
+    for (const Segment& s : e.segments) {
+      std::byte* at = s.dest != nullptr ? s.dest : buffer.data() + s.staging;
+      pieces.push_back(MutableByteView(at, s.end - s.begin));
+    }
+    SP_RETURN_IF_ERROR(job.files[e.file]->ReadVAt(e.begin, pieces));
+    job.bytes_read.fetch_add(e.end - e.begin, std::memory_order_relaxed);
+    if (job.options.verify) {
+      // Each checksum block once, though several reads of one chunk may touch it.
+      std::set<std::pair<const StoredChunk*, uint64_t>> verified;
+      auto verify = [&](const ReadRequest& r, uint64_t lo, uint64_t hi) -> Status {
+        const StoredChunkRef ref = RefFor(job, r);
+        const uint64_t bs = ref.block_bytes;
+        for (uint64_t b = lo / bs; b * bs < hi; ++b) {
           if (!verified.insert({r.chunk, b}).second) continue;
-          const std::byte* at = buffer.data() + (ref.file_offset + b * bs - span.begin);
-          SP_RETURN_IF_ERROR(VerifyBlocks(ref, b, b + 1, at));
+          const uint64_t block_end = std::min(r.chunk->byte_length, (b + 1) * bs);
+          SP_RETURN_IF_ERROR(CheckBlockCrc(
+              ref, b,
+              ExtentCrc(e, buffer.data(), ref.file_offset + b * bs, ref.file_offset + block_end)));
         }
+        return OkStatus();
+      };
+      for (const Staged* s : e.staged) {
+        SP_RETURN_IF_ERROR(verify(*s->request, s->rows.begin, s->rows.end));
       }
-      const std::byte* rows = buffer.data() + (ref.file_offset + s->rows.begin - span.begin);
+      for (const Direct* d : e.direct) SP_RETURN_IF_ERROR(verify(*d->request, d->lo, d->hi));
+    }
+    for (const Staged* s : e.staged) {
+      const ReadRequest& r = *s->request;
+      const uint64_t rows_at = RefFor(job, r).file_offset + s->rows.begin;
+      const std::byte* rows = buffer.data() + s->staging + (rows_at - s->file_begin);
       SP_RETURN_IF_ERROR(
           CopyToDestination(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)},
                             r.region, r));
     }
     return OkStatus();
   }();
-  job.staging.Release(std::move(buffer));
+  if (e.staging_bytes > 0) job.staging.Release(std::move(buffer));
   return status;
 }
 
 // The bytes a verified read of chunk bytes [lo, hi) touches: whole checksum blocks, since the
-// edges of partial blocks are read to complete their checksums. For read-ahead.
+// edges of partial blocks are read to complete their checksums.
 std::pair<uint64_t, uint64_t> TouchedRange(const Job& job, const StoredChunkRef& ref, uint64_t lo,
                                            uint64_t hi) {
   if (!job.options.verify || lo == hi) return {ref.file_offset + lo, hi - lo};
@@ -269,18 +400,18 @@ std::pair<uint64_t, uint64_t> TouchedRange(const Job& job, const StoredChunkRef&
   return {ref.file_offset + begin, end - begin};
 }
 
+// Cuts a direct read into pieces of at most kReadTaskBytes (whole checksum blocks), so that a
+// large chunk spreads over the pool.
 void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
-               std::vector<Task>& tasks) {
+               std::deque<Direct>& out) {
   const StoredChunkRef ref = RefFor(job, r);
   const uint64_t bs = std::max<uint64_t>(1, job.metadata.checksum_block_bytes);
   const uint64_t step = std::max<uint64_t>(bs, kReadTaskBytes / bs * bs);
   for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
     const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
-    std::byte* out = r.piece->data + dst.first_byte + (lo - src.first_byte);
+    std::byte* dest = r.piece->data + dst.first_byte + (lo - src.first_byte);
     const auto [offset, length] = TouchedRange(job, ref, lo, hi);
-    tasks.push_back(Task{ref.file, offset, length, [&job, ref, lo, hi, out] {
-      return ReadChunkBytes(ref, lo, hi, out, job.options.verify, &job.bytes_read);
-    }});
+    out.push_back(Direct{&r, lo, hi, dest, offset, offset + length});
     lo = hi;
   }
 }
@@ -310,32 +441,6 @@ Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& request
   return status;
 }
 
-// Merges the staged reads of each file into spans of at most `window` bytes.
-std::vector<Span> Coalesce(std::vector<Staged>& staged, uint64_t window, uint64_t max_gap) {
-  std::sort(staged.begin(), staged.end(), [](const Staged& a, const Staged& b) {
-    if (a.request->chunk->file != b.request->chunk->file) {
-      return a.request->chunk->file < b.request->chunk->file;
-    }
-    return a.file_begin < b.file_begin;
-  });
-  std::vector<Span> spans;
-  for (const Staged& s : staged) {
-    const uint32_t file = s.request->chunk->file;
-    if (!spans.empty()) {
-      Span& last = spans.back();
-      const uint64_t end = std::max(last.end, s.file_end);
-      if (last.file == file && s.file_begin <= last.end + max_gap &&
-          end - last.begin <= window) {
-        last.end = end;
-        last.reads.push_back(&s);
-        continue;
-      }
-    }
-    spans.push_back(Span{file, s.file_begin, s.file_end, {&s}});
-  }
-  return spans;
-}
-
 }  // namespace
 
 Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
@@ -347,11 +452,12 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   effective.verify = options.verify && metadata.checksum_block_bytes > 0;
   Job job(metadata, files, effective);
   const uint64_t bs = std::max<uint64_t>(1, metadata.checksum_block_bytes);
-  std::vector<Staged> staged;
+  std::deque<Staged> staged;  // stable addresses for the extents
+  std::deque<Direct> direct;
   std::vector<Task> tasks;
   std::map<const StoredChunk*, std::vector<const ReadRequest*>> decoded;
-  // A chunk that several requests need is read through coalesced spans, so that the checksum
-  // blocks they share are read once.
+  // A chunk that several requests need is read through staging, so that the checksum blocks they
+  // share are read once.
   std::map<const StoredChunk*, int> users;
   for (const ReadRequest& r : requests) ++users[r.chunk];
   for (const ReadRequest& r : requests) {
@@ -360,12 +466,11 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
       continue;
     }
     const size_t es = DTypeSize(r.stored->dtype);
-    if (r.stored->dtype == r.dest->dtype) {
+    if (r.stored->dtype == r.dest->dtype && users[r.chunk] == 1) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
       RunSummary dst = SummarizeByteRuns(r.piece->box, r.region, es);
-      if (src.runs == 1 && dst.runs == 1 && src.bytes >= kDirectMinBytes &&
-          users[r.chunk] == 1) {
-        AddDirect(job, r, src, dst, tasks);
+      if (src.runs == 1 && dst.runs == 1 && src.bytes > 0) {
+        AddDirect(job, r, src, dst, direct);
         continue;
       }
     }
@@ -384,26 +489,61 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     const uint64_t hi = std::min(r.chunk->byte_length, (rows.end + bs - 1) / bs * bs);
     staged.push_back(Staged{&r, std::move(rows), file_offset + lo, file_offset + hi});
   }
-  const std::vector<Span> spans =
-      Coalesce(staged, std::max(std::min(options.window, kMaxSpanBytes), bs),
-               options.max_gap_bytes);
-  for (const Span& span : spans) {
-    tasks.push_back(Task{files[span.file].get(), span.begin, span.end - span.begin,
-                         [&job, &span] { return ReadSpan(job, span); }});
+
+  // Every staged and direct read in file order, grouped into extents.
+  struct Item {
+    uint32_t file;
+    uint64_t begin;
+    uint64_t end;
+    Staged* staged;
+    const Direct* direct;
+  };
+  std::vector<Item> items;
+  items.reserve(staged.size() + direct.size());
+  for (Staged& s : staged) {
+    items.push_back(Item{s.request->chunk->file, s.file_begin, s.file_end, &s, nullptr});
+  }
+  for (const Direct& d : direct) {
+    items.push_back(Item{d.request->chunk->file, d.file_begin, d.file_end, nullptr, &d});
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.file, a.begin, a.end) < std::tie(b.file, b.begin, b.end);
+  });
+  ExtentBuilder builder(ExtentLimits{kMaxSpanBytes, std::max(std::min(options.window, kMaxSpanBytes), bs),
+                                     options.max_gap_bytes});
+  for (const Item& item : items) {
+    if (item.staged != nullptr) {
+      builder.Add(item.file, *item.staged);
+    } else {
+      const Direct& d = *item.direct;
+      const uint64_t chunk_at = RefFor(job, *d.request).file_offset;
+      builder.Add(item.file, d, chunk_at + d.lo, chunk_at + d.hi);
+    }
+  }
+  const std::vector<Extent> extents = builder.Take();
+  for (const Extent& e : extents) {
+    tasks.push_back(Task{files[e.file].get(), e.begin, e.end - e.begin,
+                         [&job, &e] { return ReadExtent(job, e); }});
   }
   for (const auto& [chunk, users] : decoded) {
     const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
     tasks.push_back(Task{files[chunk->file].get(), offset, chunk->stored_length,
                          [&job, &users] { return ReadDecodedChunk(job, users); }});
   }
-  ReadAhead read_ahead(tasks);
-  TaskGroup group(&pool);
+  // Files are read side by side, each front to back: the tasks run in the order of their
+  // relative position in their file, so that the threads work on different files at once and
+  // each file's reads stay sequential (the kernel's read-ahead follows them).
+  std::vector<double> position(tasks.size());
   for (size_t i = 0; i < tasks.size(); ++i) {
-    group.Run([&read_ahead, &tasks, i] {
-      read_ahead.Advance(i);
-      return tasks[i].run();
-    });
+    const uint64_t size = std::max<uint64_t>(1, tasks[i].file->size());
+    position[i] = static_cast<double>(tasks[i].offset) / static_cast<double>(size);
   }
+  std::vector<size_t> order(tasks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return position[a] < position[b]; });
+  TaskGroup group(&pool);
+  for (size_t i : order) group.Run([&tasks, i] { return tasks[i].run(); });
   SP_RETURN_IF_ERROR(group.Wait());
   return job.bytes_read.load();
 }

@@ -1,19 +1,20 @@
 // ReadExecutor: performs the reads of one rank's load plan.
 //
-// Three paths, chosen per read:
+// Each read takes one of three paths:
 //  - direct: a region contiguous in both the stored chunk and the destination, of the same dtype,
-//    at least kDirectMinBytes, and the only request on its chunk (several requests on one chunk
-//    are coalesced so that shared checksum blocks are read once), is read straight into the
-//    destination (in 16 MiB pieces
-//    spread over the pool) and its checksum blocks verified in place;
-//  - coalesced: every other read is widened to whole rows of its stored chunk and whole checksum
-//    blocks; these byte ranges are merged per file into spans of at most min(`window`,
-//    kMaxSpanBytes) bytes (gaps up
-//    to `max_gap_bytes` are read through), each span read with one pread into a staging buffer,
-//    its blocks verified once, and each region copied (and cast if asked) into its destination;
-//  - sliced: a read whose rows alone exceed the window is cut into slabs read one at a time.
-// Staging never exceeds `window` bytes per pool thread. The store is asked to prefetch about
-// 64 MiB ahead of the reads in progress. Thread-safe for one call at a time.
+//    and the only request on its chunk, lands straight in the destination; with verification
+//    the partial checksum blocks at its ends are read into staging to complete their checksums;
+//  - staged: every other read is widened to whole rows of its stored chunk and whole checksum
+//    blocks and lands in a staging buffer, from which its region is copied (and cast if asked)
+//    once its blocks are verified; reads of one chunk share the blocks they overlap;
+//  - sliced: a staged read whose rows alone exceed `window` is cut into slabs read one at a time.
+// Direct and staged reads of one file are grouped, in file order, into extents of consecutive
+// bytes of at most kMaxSpanBytes, each read with one scatter read (ReadableFile::ReadVAt) into
+// the destinations and one staging buffer, so that the device sees large sequential reads even
+// when the chunks are small. Staged reads may read through gaps of up to `max_gap_bytes`; direct
+// reads never do. Extents run on the pool in the order of their relative position in their file,
+// so that several files are read at once, each front to back. Staging never exceeds
+// min(`window`, kMaxSpanBytes) bytes per running extent. Thread-safe for one call at a time.
 #ifndef SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 #define SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 
@@ -31,7 +32,6 @@
 
 namespace sp {
 
-inline constexpr uint64_t kDirectMinBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kMaxGapBytes = uint64_t{256} << 10;
 inline constexpr uint64_t kMaxSpanBytes = uint64_t{16} << 20;
 

@@ -832,6 +832,32 @@ TEST_F(ReshardTest, SameLayoutFourToFourIsBitExactAndReadsTheStoredBytesOnce) {
   EXPECT_LE(read, stored + chunks * c.save_options.checksum_block_bytes);
 }
 
+TEST_F(ReshardTest, ManyReadsOfOneFileOnManyThreadsReadEachStoredByteOnce) {
+  // One file of 40 MiB read by one rank with 4 I/O threads: the reads of the file are cut into
+  // several 16 MiB extents that the threads share, each read exactly once.
+  std::vector<TensorCase> tensors;
+  for (int i = 0; i < 5; ++i) {
+    TensorCase t = MakeTensor("t" + std::to_string(i), DType::kFloat32, {1024 + 8 * i, 2048},
+                              40 + static_cast<uint64_t>(i));
+    t.save = t.load = MeshOf(t.shape, Mesh({1}, {Placement::Replicate()}));
+    tensors.push_back(std::move(t));
+  }
+  Case c = MakeCase(std::move(tensors), 1, 1);
+  c.save_options.files_per_rank = 1;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ThreadPool pool(4);
+  initial_ = MakeBuffers(c, false, rng_).value();
+  loaded_ = initial_;
+  Status loaded = FirstError(LoadEveryRank(c, loaded_, store_, &pool, "/ckpt", &results_));
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  ExpectLoaded(c, initial_, loaded_);
+  uint64_t stored = 0;
+  for (const TensorMetadata& t : Metadata().tensors) {
+    for (const StoredChunk& chunk : t.chunks) stored += chunk.byte_length;
+  }
+  EXPECT_EQ(results_[0].bytes_read, stored);
+}
+
 TEST_F(ReshardTest, WorkedExampleTenByFourShardedOnFourRanksLoadsOnThree) {
   TensorCase t = MakeTensor("w", DType::kFloat32, {10, 4}, 4);
   t.save = MeshOf(t.shape, Mesh({4}, {Placement::Shard(0)}));
@@ -1028,6 +1054,47 @@ TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
       << statuses[0];
   EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];
   for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
+}
+
+TEST_F(ReshardTest, DirectReadsCompleteTheirPartialBlocksAndCatchCorruptionThere) {
+  // Rows split 2 -> 3 inside 4 KiB blocks: each middle piece is contiguous in its stored chunk
+  // (a direct read) but starts and ends inside blocks whose other bytes belong to other ranks.
+  TensorCase t = MakeTensor("rows", DType::kFloat32, {300, 37}, 15);
+  t.save = MeshOf(t.shape, Mesh({2}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({3}, {Placement::Shard(0)}));
+  Case c = MakeCase({t}, 2, 3);
+  c.save_options.checksum_block_bytes = 4096;
+  c.load_options.share_reads = false;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+
+  // Rank 1 wants rows 100..199: from chunk 0 (rows 0..149) bytes 100*37*4 = 14800 onwards, in
+  // the block 12288..16384 whose head (12288..14800) no rank 1 row needs. Corrupt that head.
+  const CheckpointMetadata md = Metadata();
+  const StoredChunk& chunk = md.tensors[0].chunks[0];
+  ASSERT_EQ(chunk.box, Box({0, 0}, {150, 37}));
+  const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
+  std::string bytes = store_.ReadFile(path).value();
+  bytes[md.files[chunk.file].data_start + chunk.data_offset + 13000] ^= 0x10;
+  Result<std::unique_ptr<WritableFile>> file = store_.NewWritableFile(path);
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, ByteView(reinterpret_cast<const std::byte*>(bytes.data()),
+                                            bytes.size()))
+                  .ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  c.lists_on_load[0][0] = c.lists_on_load[2][0] = false;  // only rank 1 reads, so only its edge
+  c.load_options.strict = false;
+  std::vector<Status> statuses = LoadAll(c);
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+    EXPECT_TRUE(HasText(s.message(), "rank 1: ")) << s;
+    EXPECT_TRUE(HasText(s.message(), "checksum mismatch in tensor 'rows' chunk " +
+                                         chunk.box.ToString() + " (file " + path +
+                                         ", chunk bytes 12288..16384)"))
+        << s;
+    EXPECT_EQ(s, statuses[0]);
+  }
 }
 
 TEST_F(ReshardTest, RankFailingBeforeSharedReadsFailsEveryRankIdentically) {

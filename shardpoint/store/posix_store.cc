@@ -3,17 +3,20 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <utility>
+#include <vector>
 
 namespace sp {
 namespace {
 
 // The most one pread / pwrite call is asked to move (Linux caps a single transfer near 2 GiB).
 constexpr size_t kMaxTransfer = size_t{1} << 30;
+constexpr size_t kMaxIovecs = 1024;  // IOV_MAX on Linux
 
 Status ClosedError(std::string_view op, std::string_view path) {
   return FailedPreconditionError(OpOn(op, path) + ": the file is already closed");
@@ -100,6 +103,44 @@ class PosixReadableFile : public ReadableFile {
       if (n == 0) return ShortRead(start, wanted);
       out = out.subspan(static_cast<size_t>(n));
       offset += static_cast<uint64_t>(n);
+    }
+    return OkStatus();
+  }
+
+  Status ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const override {
+    const uint64_t start = offset;
+    uint64_t wanted = 0;
+    for (const MutableByteView& piece : pieces) wanted += piece.size();
+    // One preadv per kMaxIovecs pieces; a short transfer resumes inside the piece it stopped in.
+    std::vector<iovec> iov;
+    size_t next = 0;       // the first piece not yet read completely
+    size_t done_in = 0;    // bytes of pieces[next] already read
+    while (next < pieces.size()) {
+      iov.clear();
+      size_t batch = 0;
+      for (size_t i = next; i < pieces.size() && iov.size() < kMaxIovecs && batch < kMaxTransfer;
+           ++i) {
+        const size_t skip = i == next ? done_in : 0;
+        const size_t len = std::min(pieces[i].size() - skip, kMaxTransfer - batch);
+        if (len == 0) continue;
+        iov.push_back(iovec{pieces[i].data() + skip, len});
+        batch += len;
+      }
+      if (iov.empty()) break;  // only empty pieces remain
+      ssize_t n = ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, OpAt("read", path_, offset));
+      }
+      if (n == 0) return ShortRead(start, wanted);
+      offset += static_cast<uint64_t>(n);
+      size_t left = static_cast<size_t>(n);
+      while (next < pieces.size() && left >= pieces[next].size() - done_in) {
+        left -= pieces[next].size() - done_in;
+        done_in = 0;
+        ++next;
+      }
+      done_in += left;
     }
     return OkStatus();
   }

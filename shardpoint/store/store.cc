@@ -9,6 +9,14 @@ Result<std::string> Store::ReadFile(std::string_view path) {
   return out;
 }
 
+Status ReadableFile::ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const {
+  for (const MutableByteView& piece : pieces) {
+    SP_RETURN_IF_ERROR(ReadAt(offset, piece));
+    offset += piece.size();
+  }
+  return OkStatus();
+}
+
 std::string OpOn(std::string_view op, std::string_view path) {
   std::string what(op);
   what += ' ';

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,11 @@ class ReadableFile {
   // Reads exactly out.size() bytes at `offset`; a short file gives kDataLoss naming the path,
   // the offset, the bytes wanted and the file size. Thread-safe.
   virtual Status ReadAt(uint64_t offset, MutableByteView out) const = 0;
+  // A scatter read: the consecutive bytes from `offset` fill `pieces` in order, as one ReadAt of
+  // their total size would. Errors as ReadAt. The default calls ReadAt once per piece; a store
+  // that can read them with one request (PosixStore: preadv) should, so that the device sees one
+  // large read. Thread-safe.
+  virtual Status ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const;
   // The file size when it was opened.
   virtual uint64_t size() const = 0;
   virtual const std::string& path() const = 0;

@@ -123,6 +123,45 @@ TEST_P(StoreConformanceTest, RandomReadsMatchReference) {
   }
 }
 
+TEST_P(StoreConformanceTest, ScatterReadsMatchReference) {
+  std::mt19937_64 rng(12);
+  const std::string expected = RandomBytes(rng, 300000);
+  SP_ASSERT_OK(WriteWholeFile(Path("v.bin"), expected));
+  auto reader = store().OpenReadable(Path("v.bin"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (int i = 0; i < 100; ++i) {
+    // Up to 3,000 pieces (more than one preadv takes), empty ones included, in one buffer.
+    const uint64_t offset = rng() % (expected.size() + 1);
+    const size_t total = rng() % (expected.size() - offset + 1);
+    std::string got(total, '\0');
+    std::vector<MutableByteView> pieces;
+    const size_t mean = 1 + rng() % 400;
+    for (size_t at = 0; at < total || (pieces.empty() && i % 2 == 0);) {
+      const size_t n = std::min(total - at, rng() % (2 * mean));
+      pieces.push_back(AsMutableBytes(got.data() + at, n));
+      at += n;
+    }
+    SP_ASSERT_OK((*reader)->ReadVAt(offset, pieces));
+    ASSERT_TRUE(got == expected.substr(offset, total))
+        << "offset " << offset << " size " << total << " pieces " << pieces.size();
+  }
+}
+
+TEST_P(StoreConformanceTest, ScatterReadPastTheEndIsDataLoss) {
+  const std::string path = Path("vshort.bin");
+  SP_ASSERT_OK(WriteWholeFile(path, std::string(120, 'x')));
+  auto reader = store().OpenReadable(path);
+  ASSERT_TRUE(reader.ok());
+  std::string a(30, '\0'), b(40, '\0');
+  const MutableByteView pieces[] = {AsMutableBytes(a.data(), a.size()),
+                                    AsMutableBytes(b.data(), b.size())};
+  Status status = (*reader)->ReadVAt(60, pieces);
+  EXPECT_EQ(status.code(), StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr(path));
+  EXPECT_THAT(status.message(), HasSubstr("120 bytes"));
+  EXPECT_EQ(a, std::string(30, 'x'));  // the pieces within the file were filled
+}
+
 TEST_P(StoreConformanceTest, EmptyFileAndZeroLengthTransfers) {
   auto file = store().NewWritableFile(Path("empty"));
   ASSERT_TRUE(file.ok()) << file.status();
