@@ -13,7 +13,9 @@ step the checkpoint's files are fsynced and dropped from the page cache (posix_f
 so both sides read cold where the kernel honours it (--warm leaves the files cached, as
 bench/dcp_bench.py does). A raw read of the checkpoint's files (16 MiB preads on 4 threads,
 rank 0) is timed the same way: the floor no reader goes below, so dcp.load's time over it is the
-largest ratio any reader can reach on this disk. Target: shardpoint >= 3x faster than torch.
+largest ratio any reader can reach on this disk. Each conversion's output is measured and removed
+after its step, and the disk flushed (os.sync), so that no step pays for an earlier one's writes.
+Target: shardpoint >= 3x faster than torch.
 
     python bench/dcp_format_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
 """
@@ -133,6 +135,15 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
                     os.remove(path)
 
     sizes = {}
+
+    def settle(name: str) -> None:
+        if rank == 0:
+            sizes[name] = tree_bytes(outputs[name])
+        clean()
+        if rank == 0:
+            os.sync()
+        dist.barrier()
+
     for _ in range(args.runs):
         timer.run("raw read of the files", lambda: raw_read(source), on_ranks=(0,))
         timer.run("load dcp", lambda: dcp.load(same, checkpoint_id=source))
@@ -145,15 +156,17 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
         if rank < 2:
             check_equal(rank, "resharded sp.load", resharded, want_pair)
         clean()
+        # Each output is measured and removed before the next step, and the disk left idle
+        # (os.sync), so that no step pays for the previous one's writes or page cache.
         timer.run("to torch file dcp_to_torch_save", lambda: torch_file(source, outputs["torch.pt"]), on_ranks=(0,))
+        settle("torch.pt")
         timer.run("to torch file sp consolidate", lambda: run_cli(
             "consolidate", source, outputs["consolidated"], "--format", "torch", "--max-shard-size", "1000GB"),
             on_ranks=(0,))
+        settle("consolidated")
         timer.run("to native sp convert", lambda: run_cli("convert", source, outputs["native"], "--to", "native"),
                   on_ranks=(0,))
-        if rank == 0:
-            sizes = {name: tree_bytes(path) for name, path in outputs.items()}
-        clean()
+        settle("native")
 
     total = torch.tensor([sum(t._local_tensor.numel() * t._local_tensor.element_size()
                               for t in state["model"].values())], dtype=torch.int64)
