@@ -52,10 +52,7 @@ Status VerifyBlocks(const StoredChunkRef& ref, uint64_t first_block, uint64_t en
   for (uint64_t block = first_block; block < end_block; ++block) {
     const uint64_t lo = block * bs;
     const uint64_t hi = std::min(lo + bs, ref.chunk->byte_length);
-    const uint32_t crc = Crc32c(data + (lo - first_block * bs), hi - lo);
-    if (crc != ref.chunk->block_crc32c[block]) {
-      return Mismatch(ref, block, ref.chunk->block_crc32c[block], crc);
-    }
+    SP_RETURN_IF_ERROR(CheckBlockCrc(ref, block, Crc32c(data + (lo - first_block * bs), hi - lo)));
   }
   return OkStatus();
 }

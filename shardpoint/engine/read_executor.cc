@@ -226,15 +226,6 @@ struct Extent {
     segments.push_back(Segment{from, to, dest, 0});
     end = to;
   }
-  // The staging position of file offset `at`, or nullopt when it lands in a destination.
-  std::optional<uint64_t> StagingAt(uint64_t at) const {
-    auto it = std::upper_bound(segments.begin(), segments.end(), at,
-                               [](uint64_t x, const Segment& s) { return x < s.begin; });
-    if (it == segments.begin()) return std::nullopt;
-    --it;
-    if (it->dest != nullptr || at >= it->end) return std::nullopt;
-    return it->staging + (at - it->begin);
-  }
 };
 
 // What one extent may hold.
@@ -263,8 +254,9 @@ class ExtentBuilder {
       if (last.dest != nullptr || last.begin > s.file_begin) e = nullptr;
     }
     if (e == nullptr) e = Open(file, s.file_begin);
-    if (s.file_begin < e->end) {
-      s.staging = *e->StagingAt(s.file_begin);
+    if (s.file_begin < e->end) {  // inside the staged tail: those bytes are read already
+      const Segment& last = e->segments.back();
+      s.staging = last.staging + (s.file_begin - last.begin);
     } else {
       e->AddStaging(e->end, s.file_begin);  // a gap, read through
       s.staging = e->staging_bytes;
@@ -290,11 +282,10 @@ class ExtentBuilder {
 
  private:
   // The staging bytes that reading file bytes [begin, end) into staging would add to the open
-  // extent (gap included), when it is of `file`.
+  // extent (a gap before it included), when it is of `file`.
   uint64_t StagingAdded(uint32_t file, uint64_t begin, uint64_t end) const {
     if (extents_.empty() || extents_.back().file != file) return end - begin;
-    const uint64_t from = std::min(begin, extents_.back().end);
-    return std::max(end, extents_.back().end) - from - (extents_.back().end - from);
+    return std::max(end, extents_.back().end) - extents_.back().end;
   }
 
   // Whether the open extent is of `file` and ends with staged bytes.

@@ -791,6 +791,18 @@ class ReshardTest : public ::testing::Test {
     Status loaded = FirstError(LoadAll(c, path));
     ASSERT_TRUE(loaded.ok()) << loaded;
   }
+  // Flips bits `mask` of byte `at` of a stored chunk of the checkpoint at /ckpt.
+  void FlipStoredByte(const CheckpointMetadata& md, const StoredChunk& chunk, uint64_t at,
+                      uint8_t mask) {
+    const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
+    Result<std::string> bytes = store_.ReadFile(path);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    (*bytes)[md.files[chunk.file].data_start + chunk.data_offset + at] ^= static_cast<char>(mask);
+    Result<std::unique_ptr<WritableFile>> file = store_.NewWritableFile(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE((*file)->WriteAt(0, AsBytes(*bytes)).ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
   CheckpointMetadata Metadata(const std::string& path = "/ckpt") {
     Result<CheckpointMetadata> md = ReadCheckpointMetadata(path, &store_);
     EXPECT_TRUE(md.ok()) << md.status();
@@ -1038,14 +1050,7 @@ TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
   ASSERT_NE(w, nullptr);
   const StoredChunk& chunk = w->chunks[1];
   const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
-  std::string bytes = store_.ReadFile(path).value();
-  bytes[md.files[chunk.file].data_start + chunk.data_offset + 5] ^= 0x01;
-  Result<std::unique_ptr<WritableFile>> file = store_.NewWritableFile(path);
-  ASSERT_TRUE(file.ok());
-  ASSERT_TRUE((*file)->WriteAt(0, ByteView(reinterpret_cast<const std::byte*>(bytes.data()),
-                                            bytes.size()))
-                  .ok());
-  ASSERT_TRUE((*file)->Close().ok());
+  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 5, 0x01));
   std::vector<Status> statuses = LoadAll(c);
   ASSERT_FALSE(statuses[0].ok());
   EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
@@ -1075,14 +1080,7 @@ TEST_F(ReshardTest, DirectReadsCompleteTheirPartialBlocksAndCatchCorruptionThere
   const StoredChunk& chunk = md.tensors[0].chunks[0];
   ASSERT_EQ(chunk.box, Box({0, 0}, {150, 37}));
   const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
-  std::string bytes = store_.ReadFile(path).value();
-  bytes[md.files[chunk.file].data_start + chunk.data_offset + 13000] ^= 0x10;
-  Result<std::unique_ptr<WritableFile>> file = store_.NewWritableFile(path);
-  ASSERT_TRUE(file.ok());
-  ASSERT_TRUE((*file)->WriteAt(0, ByteView(reinterpret_cast<const std::byte*>(bytes.data()),
-                                            bytes.size()))
-                  .ok());
-  ASSERT_TRUE((*file)->Close().ok());
+  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 13000, 0x10));
   c.lists_on_load[0][0] = c.lists_on_load[2][0] = false;  // only rank 1 reads, so only its edge
   c.load_options.strict = false;
   std::vector<Status> statuses = LoadAll(c);
