@@ -23,25 +23,58 @@ def evict(path: str) -> bool:
     return True
 
 
-def raw_read(path: str, threads: int = 4, piece: int = 16 << 20) -> int:
-    """Reads every file under ``path`` in ``piece``-byte preads spread over ``threads`` threads
-    (what a reader limited only by the disk does); returns the bytes read."""
+def raw_read(path: str, threads: int = 4, piece: int = 16 << 20, evict_first: bool = False) -> int:
+    """Reads every file under ``path`` in ``piece``-byte preads on ``threads`` threads (what a
+    reader limited only by the disk does), into buffers allocated once; returns the bytes read.
+
+    Two orders, each timed alone: every file front to back by one thread, and the pieces handed
+    out round robin across the files (piece k of every file before piece k+1 of any); the faster
+    is what counts, so the call takes both and ``evict_first`` evicts ``path`` before each (pass
+    it when the caller times the call cold). Returns ``(bytes, seconds)`` of the faster order.
+    """
+    import threading
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = []
+    files = []
     for root, _, names in os.walk(path):
-        for name in names:
+        for name in sorted(names):
             full = os.path.join(root, name)
-            size = os.path.getsize(full)
-            jobs += [(full, offset, min(piece, size - offset)) for offset in range(0, size, piece)]
+            files.append((full, os.path.getsize(full)))
+    local = threading.local()
 
-    def read(job: tuple[str, int, int]) -> int:
-        name, offset, length = job
-        fd = os.open(name, os.O_RDONLY)
+    def read(fd: int, offset: int, length: int) -> int:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = memoryview(bytearray(piece))
+        return os.preadv(fd, [buf[:length]], offset)
+
+    def per_file(job: tuple[int, int]) -> int:
+        fd, size = job
+        return sum(read(fd, offset, min(piece, size - offset)) for offset in range(0, size, piece))
+
+    def round_robin(job: tuple[int, int, int]) -> int:
+        return read(*job)
+
+    best = None
+    for order in ("per file", "round robin"):
+        if evict_first:
+            evict(path)
+        start = time.perf_counter()
+        fds = [(os.open(name, os.O_RDONLY), size) for name, size in files]
         try:
-            return len(os.pread(fd, length, offset))
+            with ThreadPoolExecutor(threads) as pool:
+                if order == "per file":
+                    total = sum(pool.map(per_file, fds))
+                else:
+                    jobs = [(fd, offset, min(piece, size - offset))
+                            for k in range(max((size + piece - 1) // piece for _, size in fds))
+                            for fd, size in fds for offset in [k * piece] if offset < size]
+                    total = sum(pool.map(round_robin, jobs))
         finally:
-            os.close(fd)
-
-    with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(read, jobs))
+            for fd, _ in fds:
+                os.close(fd)
+        seconds = time.perf_counter() - start
+        if best is None or seconds < best[1]:
+            best = (total, seconds)
+    return best

@@ -49,8 +49,7 @@ class StagingPool {
 // One read the executor will issue: its byte range (for ordering) and the work itself.
 struct Task {
   const ReadableFile* file;
-  uint64_t offset;
-  uint64_t length;
+  uint64_t offset;  // where its reads begin: orders the tasks
   std::function<Status()> run;
 };
 
@@ -469,9 +468,9 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     if (rows.end - rows.begin > options.window) {
       const StoredChunkRef ref = RefFor(job, r);
       for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
-        const auto [offset, length] = TouchedRange(job, ref, slab.begin, slab.end);
-        tasks.push_back(Task{ref.file, offset, length,
-                             [&job, &r, slab] { return ReadSlab(job, r, slab); }});
+        const uint64_t offset = TouchedRange(job, ref, slab.begin, slab.end).first;
+        tasks.push_back(
+            Task{ref.file, offset, [&job, &r, slab] { return ReadSlab(job, r, slab); }});
       }
       continue;
     }
@@ -513,17 +512,19 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   const std::vector<Extent> extents = builder.Take();
   for (const Extent& e : extents) {
-    tasks.push_back(Task{files[e.file].get(), e.begin, e.end - e.begin,
-                         [&job, &e] { return ReadExtent(job, e); }});
+    tasks.push_back(Task{files[e.file].get(), e.begin, [&job, &e] { return ReadExtent(job, e); }});
   }
   for (const auto& [chunk, users] : decoded) {
     const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
-    tasks.push_back(Task{files[chunk->file].get(), offset, chunk->stored_length,
+    tasks.push_back(Task{files[chunk->file].get(), offset,
                          [&job, &users] { return ReadDecodedChunk(job, users); }});
   }
   // Files are read side by side, each front to back: the tasks run in the order of their
   // relative position in their file, so that the threads work on different files at once and
-  // each file's reads stay sequential (the kernel's read-ahead follows them).
+  // each file's reads stay sequential (the kernel's read-ahead follows them). The pool keeps that
+  // order across callers: ranks sharing it (in-process ranks) sweep the files together instead
+  // of one rank's reads after another's. (Sorted here too for a caller on a worker of the pool,
+  // where the tasks run inline.)
   std::vector<double> position(tasks.size());
   for (size_t i = 0; i < tasks.size(); ++i) {
     const uint64_t size = std::max<uint64_t>(1, tasks[i].file->size());
@@ -534,7 +535,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return position[a] < position[b]; });
   TaskGroup group(&pool);
-  for (size_t i : order) group.Run([&tasks, i] { return tasks[i].run(); });
+  for (size_t i : order) group.RunOrdered([&tasks, i] { return tasks[i].run(); }, position[i]);
   SP_RETURN_IF_ERROR(group.Wait());
   return job.bytes_read.load();
 }

@@ -6,7 +6,13 @@ namespace sp {
 
 TaskGroup::~TaskGroup() { Wait().IgnoreError(); }
 
-void TaskGroup::Run(std::function<Status()> task) {
+void TaskGroup::Run(std::function<Status()> task) { Submit(std::move(task), nullptr); }
+
+void TaskGroup::RunOrdered(std::function<Status()> task, double order) {
+  Submit(std::move(task), &order);
+}
+
+void TaskGroup::Submit(std::function<Status()> task, const double* order) {
   if (pool_ == nullptr || pool_->InWorkerThread()) {
     Status s = cancelled() ? OkStatus() : task();
     std::lock_guard<std::mutex> lock(mu_);
@@ -20,7 +26,12 @@ void TaskGroup::Run(std::function<Status()> task) {
     std::lock_guard<std::mutex> lock(mu_);
     ++pending_;
   }
-  pool_->Schedule([this, task = std::move(task)] { Finish(cancelled() ? OkStatus() : task()); });
+  auto run = [this, task = std::move(task)] { Finish(cancelled() ? OkStatus() : task()); };
+  if (order != nullptr) {
+    pool_->ScheduleOrdered(std::move(run), *order);
+  } else {
+    pool_->Schedule(std::move(run));
+  }
 }
 
 void TaskGroup::Finish(Status status) {

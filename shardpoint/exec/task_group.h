@@ -29,10 +29,13 @@ class TaskGroup {
   TaskGroup& operator=(const TaskGroup&) = delete;
 
   void Run(std::function<Status()> task);
+  // As Run, through ThreadPool::ScheduleOrdered (inline in submission order where Run is inline).
+  void RunOrdered(std::function<Status()> task, double order);
   Status Wait();
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
  private:
+  void Submit(std::function<Status()> task, const double* order);
   void Finish(Status status);
 
   ThreadPool* pool_;

@@ -35,6 +35,14 @@ void ThreadPool::Schedule(std::function<void()> task) {
   cv_.notify_one();
 }
 
+void ThreadPool::ScheduleOrdered(std::function<void()> task, double order) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ordered_.emplace(order, std::move(task));
+  }
+  cv_.notify_one();
+}
+
 bool ThreadPool::InWorkerThread() const { return current_pool == this; }
 
 void ThreadPool::WorkerLoop() {
@@ -43,10 +51,16 @@ void ThreadPool::WorkerLoop() {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty() || !ordered_.empty(); });
+      if (!queue_.empty()) {
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      } else if (!ordered_.empty()) {
+        task = std::move(ordered_.begin()->second);
+        ordered_.erase(ordered_.begin());
+      } else {
+        return;  // stopping and drained
+      }
     }
     task();
   }

@@ -1,7 +1,8 @@
 // ThreadPool: a fixed set of worker threads owned by the caller.
 //
 // There is no global pool: whoever needs parallelism receives a ThreadPool* through its options.
-// Schedule() is thread-safe. The destructor runs every task already scheduled, then joins.
+// Schedule() and ScheduleOrdered() are thread-safe. The destructor runs every task already
+// scheduled, then joins.
 // Tasks must not throw.
 #ifndef SHARDPOINT_EXEC_THREAD_POOL_H_
 #define SHARDPOINT_EXEC_THREAD_POOL_H_
@@ -9,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,6 +31,11 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Schedule(std::function<void()> task);
+  // Schedules `task` among the ordered tasks. A free worker takes the oldest plain task first;
+  // when there is none, the ordered task with the lowest `order` (ties: the earliest scheduled),
+  // whoever scheduled it. Readers use it so that several callers' reads of the same files run
+  // in file order together.
+  void ScheduleOrdered(std::function<void()> task, double order);
   int size() const { return static_cast<int>(workers_.size()); }
 
   // True when called from one of this pool's workers (nested fan-out runs inline there).
@@ -40,6 +47,7 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
+  std::multimap<double, std::function<void()>> ordered_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

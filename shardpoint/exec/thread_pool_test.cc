@@ -1,10 +1,15 @@
-#include <atomic>
-#include <vector>
+#include "shardpoint/exec/thread_pool.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "shardpoint/exec/task_group.h"
-#include "shardpoint/exec/thread_pool.h"
 
 namespace sp {
 namespace {
@@ -16,6 +21,81 @@ TEST(ThreadPoolTest, RunsEveryTaskBeforeDestruction) {
     for (int i = 0; i < 1000; ++i) pool.Schedule([&] { count.fetch_add(1); });
   }
   EXPECT_EQ(count.load(), 1000);
+}
+
+// One worker, held busy while the tasks are queued, so that the order it takes them in is the
+// pool's choice alone.
+TEST(ThreadPoolTest, TakesPlainTasksFirstThenOrderedOnesByOrderAcrossCallers) {
+  ThreadPool pool(1);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  pool.Schedule([&] {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    gate_cv.wait(lock, [&] { return open; });
+  });
+  std::mutex log_mu;
+  std::vector<std::string> log;
+  auto record = [&](std::string what) {
+    return [&, what] {
+      std::lock_guard<std::mutex> lock(log_mu);
+      log.push_back(what);
+    };
+  };
+  // Two callers, as two ranks sharing the pool, each in its own position order; plain tasks in
+  // between.
+  std::thread a([&] {
+    for (double at : {0.0, 0.5, 0.9}) pool.ScheduleOrdered(record("a" + std::to_string(at)), at);
+  });
+  a.join();
+  pool.Schedule(record("plain1"));
+  std::thread b([&] {
+    for (double at : {0.1, 0.5, 0.7}) pool.ScheduleOrdered(record("b" + std::to_string(at)), at);
+  });
+  b.join();
+  pool.Schedule(record("plain2"));
+  {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  TaskGroup drain(&pool);  // waits for everything queued before it, on the one worker
+  std::atomic<bool> drained{false};
+  drain.RunOrdered([&] { drained = true; return OkStatus(); }, 2.0);
+  ASSERT_TRUE(drain.Wait().ok());
+  EXPECT_TRUE(drained);
+  const std::vector<std::string> want = {
+      "plain1", "plain2", "a" + std::to_string(0.0), "b" + std::to_string(0.1),
+      "a" + std::to_string(0.5), "b" + std::to_string(0.5),  // a tie: a was scheduled first
+      "b" + std::to_string(0.7), "a" + std::to_string(0.9)};
+  EXPECT_EQ(log, want);
+}
+
+TEST(TaskGroupTest, OrderedTasksReportTheFirstErrorAndRunInlineOnAWorker) {
+  ThreadPool pool(3);
+  TaskGroup group(&pool);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 50; ++i) {
+    group.RunOrdered([&, i] {
+      ran.fetch_add(1);
+      return i == 20 ? DataLossError("extent 20 of data_0 is short") : OkStatus();
+    }, 1.0 - i / 50.0);
+  }
+  Status s = group.Wait();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "extent 20 of data_0 is short");
+  // From a worker of the same pool, ordered tasks run inline, in submission order.
+  std::vector<int> inline_order;
+  TaskGroup outer(&pool);
+  outer.Run([&] {
+    TaskGroup inner(&pool);
+    for (int i = 0; i < 4; ++i) {
+      inner.RunOrdered([&, i] { inline_order.push_back(i); return OkStatus(); }, 4.0 - i);
+    }
+    return inner.Wait();
+  });
+  ASSERT_TRUE(outer.Wait().ok());
+  EXPECT_EQ(inline_order, (std::vector<int>{0, 1, 2, 3}));
 }
 
 TEST(TaskGroupTest, ReturnsFirstErrorAndCancels) {
