@@ -2,19 +2,19 @@
 //
 // For each state size: the synthetic transformer state of shardpoint demo, 4 in-process ranks on a
 // 2x2 mesh. Baselines use the same bytes, the same files count and the same thread pool:
-//   raw write: the bytes written to 4 files in 16 MiB pwrite pieces, fdatasync, directory fsync;
-//              each run times it with and without preallocating the files and keeps the faster;
+//   raw write: the bytes written to 4 files in 16 MiB pwrite pieces, fdatasync, directory fsync,
+//              timed with and without preallocating the files;
 //   raw read:  those files read back in 16 MiB pread pieces after evicting them from the page
-//              cache, each file front to back by one thread and, again cold, round robin across
-//              the files; each run keeps the faster.
+//              cache, each file front to back by one thread, and round robin across the files.
+// Each ratio is taken against the faster of the two ways (by median): the most demanding baseline.
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
 // (tensor parallel 3, the same tensor dims split) with shared reads (a chunk several ranks need is
 // read by one and its regions sent to the others: the default across machines) and without (each
 // rank reads whole rows and checksum blocks of what it needs itself: the default in one process),
 // and Load into 3 ranks with every matrix split along the other dim (the worst case). The
-// checkpoint files are evicted from the page cache before each load. Medians of --runs runs; for
-// the resharded load also the median of each run's ratio to that run's raw read (the disk's speed
-// drifts over minutes).
+// checkpoint files are evicted from the page cache before each load. Each run rotates the order of
+// the steps; medians of --runs runs, and for the resharded loads also the median of each run's
+// ratio to that run's raw read (the disk's speed drifts over minutes).
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N]
@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -136,9 +137,10 @@ double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, Thr
 
 // One cold read of the raw files in 16 MiB preads. `per_file`: each file read front to back by
 // one task; otherwise the pieces go to the threads round robin across the files (piece k of every
-// file before piece k+1 of any).
-double RawReadOnce(const std::string& dir, const std::vector<RawPiece>& pieces,
-                   std::vector<AlignedBuffer>& sink, ThreadPool& pool, bool per_file) {
+// file before piece k+1 of any). (Handing the pieces out in file order instead, so that all
+// threads read one file at neighbouring offsets, is 20-40% slower on this kind of disk.)
+double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
+               std::vector<AlignedBuffer>& sink, ThreadPool& pool, bool per_file) {
   DropCache(dir);
   auto t0 = Clock::now();
   int fds[kRawFiles];
@@ -182,15 +184,6 @@ double RawReadOnce(const std::string& dir, const std::vector<RawPiece>& pieces,
   Check(group.Wait(), "raw read");
   for (int f = 0; f < kRawFiles; ++f) ::close(fds[f]);
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The faster of the two orders: the most demanding baseline. (Handing out the pieces in file
-// order, so that all threads read the same file at neighbouring offsets, is slower on this kind
-// of disk, 20-40% in a plain test.)
-double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
-               std::vector<AlignedBuffer>& sink, ThreadPool& pool) {
-  const double per_file = RawReadOnce(dir, pieces, sink, pool, true);
-  return std::min(per_file, RawReadOnce(dir, pieces, sink, pool, false));
 }
 
 double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& train,
@@ -253,23 +246,41 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   std::vector<double> raw_w, raw_r, save, load_same, load_reshard, load_alone, load_transposed;
   std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
   uint64_t read_same = 0, read_reshard = 0, read_alone = 0, read_transposed = 0;
+  // Each run times every step once. The disk's speed depends on what it did just before (it
+  // throttles after long transfers), so each run rotates the order of the writes and, after them,
+  // of the reads: every step takes every position equally often.
+  std::vector<double> raw_w_plain, raw_w_prealloc, raw_r_file, raw_r_robin;
   for (int run = 0; run < runs; ++run) {
-    // The faster of a plain and a preallocated write: the most demanding baseline.
-    const double plain = RawWrite(raw_dir, raw, pool, false);
-    raw_w.push_back(std::min(plain, RawWrite(raw_dir, raw, pool, true)));
-    raw_r.push_back(RawRead(raw_dir, raw, sink, pool));
-    std::filesystem::remove_all(raw_dir);
     SaveStats stats;
-    save.push_back(TimedSave(model, *train, ckpt_dir, pool, &stats));
-    phases[0].push_back(stats.plan_seconds);
-    phases[1].push_back(stats.write_seconds);
-    phases[2].push_back(stats.sync_seconds);
-    phases[3].push_back(stats.commit_seconds);
-    load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same));
-    load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard));
-    load_alone.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_alone, false));
-    load_transposed.push_back(TimedLoad(model, *transposed, ckpt_dir, pool, &read_transposed));
+    std::vector<std::function<void()>> writes = {
+        [&] { raw_w_plain.push_back(RawWrite(raw_dir, raw, pool, false)); },
+        [&] { raw_w_prealloc.push_back(RawWrite(raw_dir, raw, pool, true)); },
+        [&] {
+          save.push_back(TimedSave(model, *train, ckpt_dir, pool, &stats));
+          phases[0].push_back(stats.plan_seconds);
+          phases[1].push_back(stats.write_seconds);
+          phases[2].push_back(stats.sync_seconds);
+          phases[3].push_back(stats.commit_seconds);
+        }};
+    std::vector<std::function<void()>> reads = {
+        [&] { raw_r_file.push_back(RawRead(raw_dir, raw, sink, pool, true)); },
+        [&] { raw_r_robin.push_back(RawRead(raw_dir, raw, sink, pool, false)); },
+        [&] { load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same)); },
+        [&] { load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard)); },
+        [&] {
+          load_alone.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_alone, false));
+        },
+        [&] {
+          load_transposed.push_back(
+              TimedLoad(model, *transposed, ckpt_dir, pool, &read_transposed));
+        }};
+    for (size_t i = 0; i < writes.size(); ++i) writes[(run + i) % writes.size()]();
+    for (size_t i = 0; i < reads.size(); ++i) reads[(run + i) % reads.size()]();
+    std::filesystem::remove_all(raw_dir);
   }
+  // The baselines: the faster way by median (the most demanding), run by run.
+  raw_w = Median(raw_w_plain) <= Median(raw_w_prealloc) ? raw_w_plain : raw_w_prealloc;
+  raw_r = Median(raw_r_file) <= Median(raw_r_robin) ? raw_r_file : raw_r_robin;
   std::string first;
   int64_t bad = testing::CountMismatches(model, *same, &first) +
                 testing::CountMismatches(model, *serve, &first) +
@@ -296,8 +307,10 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   };
   std::printf("state %s (%zu tensors), %d runs, %d I/O threads\n",
               HumanBytes(model.total_bytes()).c_str(), model.specs.size(), runs, pool.size());
-  line("raw write+fdatasync", raw_w, 0, "", "");  // per run: min(plain, preallocated)
-  line("raw read (cold)", raw_r, 0, "", "");
+  line("raw write plain", raw_w_plain, 0, "", "");
+  line("raw write prealloc", raw_w_prealloc, 0, "", "");
+  line("raw read per file", raw_r_file, 0, "", "");
+  line("raw read round robin", raw_r_robin, 0, "", "");
   line("save (4 ranks)", save, Median(raw_w), "raw write", ">= 0.9x");
   std::printf("  %-20s plan %.3f s, write %.3f s, sync %.3f s, commit %.3f s (rank 0, medians)\n",
               "save phases", Median(phases[0]), Median(phases[1]), Median(phases[2]),
