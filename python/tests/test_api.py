@@ -281,3 +281,22 @@ def test_progress_bar_on_a_terminal_and_quiet_otherwise():
     progress.finish()
     assert not progress.enabled and quiet.getvalue() == ""
     assert not Progress("load", 10, rank=1, stream=Terminal()).enabled
+
+
+def test_default_threads_share_the_machine_among_its_ranks_with_at_least_two_each(monkeypatch):
+    from shardpoint import _dist
+
+    class Rank:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+    assert _dist.default_threads(None) == 0  # one process: the core's own default
+    monkeypatch.setattr(_dist, "_cores", lambda: 2)
+    monkeypatch.setattr(_dist, "_hosts", lambda comm: [b"node0"] * 4)
+    assert _dist.default_threads(Rank(3)) == 2  # max(4, 2) // 4 = 1, raised to 2
+    monkeypatch.setattr(_dist, "_cores", lambda: 64)
+    monkeypatch.setattr(_dist, "_hosts", lambda comm: [b"node0"] * 8)
+    assert _dist.default_threads(Rank(5)) == 8
+    monkeypatch.setattr(_dist, "_hosts", lambda comm: [b"node0", b"node0", b"node1", b"node1", b"node1", b"node1"])
+    assert _dist.default_threads(Rank(0)) == 32
+    assert _dist.default_threads(Rank(4)) == 16
