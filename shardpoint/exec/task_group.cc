@@ -6,13 +6,13 @@ namespace sp {
 
 TaskGroup::~TaskGroup() { Wait().IgnoreError(); }
 
-void TaskGroup::Run(std::function<Status()> task) { Submit(std::move(task), nullptr); }
+void TaskGroup::Run(std::function<Status()> task) { Submit(std::move(task), std::nullopt); }
 
 void TaskGroup::RunOrdered(std::function<Status()> task, double order) {
-  Submit(std::move(task), &order);
+  Submit(std::move(task), order);
 }
 
-void TaskGroup::Submit(std::function<Status()> task, const double* order) {
+void TaskGroup::Submit(std::function<Status()> task, std::optional<double> order) {
   if (pool_ == nullptr || pool_->InWorkerThread()) {
     Status s = cancelled() ? OkStatus() : task();
     std::lock_guard<std::mutex> lock(mu_);
@@ -27,7 +27,7 @@ void TaskGroup::Submit(std::function<Status()> task, const double* order) {
     ++pending_;
   }
   auto run = [this, task = std::move(task)] { Finish(cancelled() ? OkStatus() : task()); };
-  if (order != nullptr) {
+  if (order.has_value()) {
     pool_->ScheduleOrdered(std::move(run), *order);
   } else {
     pool_->Schedule(std::move(run));

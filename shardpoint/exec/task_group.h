@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 
 #include "shardpoint/base/status.h"
 #include "shardpoint/exec/thread_pool.h"
@@ -35,7 +36,7 @@ class TaskGroup {
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
  private:
-  void Submit(std::function<Status()> task, const double* order);
+  void Submit(std::function<Status()> task, std::optional<double> order);
   void Finish(Status status);
 
   ThreadPool* pool_;
