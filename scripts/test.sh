@@ -17,6 +17,8 @@ VPY=build/venv/bin/python
 $VPY -m pip install -q --upgrade pip >/dev/null
 # torch is pinned: 2.13.0 is the CPU build; an unpinned torch would pull the CUDA packages.
 $VPY -m pip install -q torch==2.13.0 numpy pytest nanobind scikit-build-core safetensors zstandard
+# The third-party training stacks the interoperability tests run against, pinned (CPU, gloo).
+$VPY -m pip install -q psutil==7.2.2 transformers==5.23.0 megatron-core==0.16.1 torchtitan==0.3.0
 $VPY -m pip install -q --no-build-isolation --config-settings=build-dir=build/python .
 echo "== ctest: the tests that check files with the installed torch"
 (cd build && ctest --output-on-failure -R "torch_dcp_torch_reads|cli_consolidate_test") 2>&1 | tee build/ctest-torch.log | tail -4
