@@ -145,7 +145,7 @@ check "missing source is named" contains "$ERR" "no committed checkpoint at $WOR
 run demo --mib 8 --dir "$CKPT" --keep
 expect_rc "demo writes a 4-rank checkpoint" 0
 
-run consolidate "$CKPT" "$WORK/hf" --max-shard-size 3MB --threads 3
+run consolidate "$CKPT" "$WORK/hf" --max-shard-size 3MB --threads 3 --all
 expect_rc "consolidate into 3 MB shards exits 0" 0
 check "three shards and an index" [ "$(listing "$WORK/hf")" = "model-00001-of-00003.safetensors model-00002-of-00003.safetensors model-00003-of-00003.safetensors model.safetensors.index.json " ]
 check "reports what it wrote" contains "$OUT" "114 tensor(s), 7.80 MiB in 3 file(s)"
@@ -156,13 +156,13 @@ py_check "shards equal the source bit for bit (safetensors.torch.load_file)" "$C
 run consolidate "$CKPT" "$WORK/hf"
 expect_rc "existing outputs are not overwritten" 1
 check "refusal names the directory" contains "$ERR" "already holds model-00001-of-00003.safetensors"
-run consolidate "$CKPT" "$WORK/hf" --overwrite --json
+run consolidate "$CKPT" "$WORK/hf" --overwrite --json --all
 expect_rc "--overwrite replaces them" 0
 check "one file now, stale shards and index gone" [ "$(listing "$WORK/hf")" = "model.safetensors " ]
 check "--json result" contains "$OUT" '"files":["model.safetensors"],"index":null'
 py_check "the single file equals the source" "$COMPARE_PY" "$CKPT" "$WORK/hf"
 
-run consolidate "$CKPT" "$WORK/pt" --format torch --max-shard-size 3MB --memory-budget 1MiB
+run consolidate "$CKPT" "$WORK/pt" --format torch --max-shard-size 3MB --memory-budget 1MiB --all
 expect_rc "--format torch exits 0" 0
 check "three .bin shards and their index" [ "$(listing "$WORK/pt")" = "pytorch_model-00001-of-00003.bin pytorch_model-00002-of-00003.bin pytorch_model-00003-of-00003.bin pytorch_model.bin.index.json " ]
 py_check "torch.load reads the .bin shards, equal to the safetensors output" "$TORCH_PY" \
@@ -174,6 +174,13 @@ expect_rc "selection, rename and dtype" 0
 check "selected 18 + 9 tensors" contains "$OUT" "27 tensor(s)"
 py_check "bf16 output equals torch's .to(torch.bfloat16) of the source" "$COMPARE_PY" \
   "$CKPT" "$WORK/bf16" bfloat16 optim.state.=opt.
+run consolidate "$CKPT" "$WORK/weights"
+expect_rc "no keys: the model weights of the training checkpoint" 0
+check "says what it picked and what it left out" contains "$OUT" \
+  "exported the model weights: 38 tensors under 'model.' (the prefix removed); left out the training state: optim (76 tensors)"
+check "38 tensors written" contains "$OUT" "38 tensor(s)"
+py_check "the model weights under their own names equal the source" "$COMPARE_PY" \
+  "$CKPT" "$WORK/weights" "" "model.="
 run consolidate "$CKPT" "$WORK/none" --keys no.such.key
 expect_rc "a key that selects nothing fails" 1
 check "the key is named" contains "$ERR" "key 'no.such.key' selects no tensor"
@@ -185,7 +192,7 @@ check "inspect lists its tensors" contains "$OUT" "model.embed.weight"
 run verify "$WORK/hf"
 expect_rc "verify of the Hugging Face directory exits 0" 0
 check "verify says the format has no checksums" contains "$OUT" "no checksums"
-run consolidate "$WORK/hf" "$WORK/hf2" --max-shard-size 2MiB
+run consolidate "$WORK/hf" "$WORK/hf2" --max-shard-size 2MiB --all
 expect_rc "a Hugging Face directory consolidates again" 0
 py_check "resharded Hugging Face output equals the source" "$COMPARE_PY" "$CKPT" "$WORK/hf2"
 run consolidate "$WORK/hf/model.safetensors" "$WORK/hf"

@@ -1,5 +1,5 @@
 // shardpoint consolidate SRC OUT [--max-shard-size 5GB] [--dtype bf16] [--keys k1,k2]
-//     [--prefix p] [--rename old=new] [--format safetensors|torch] [--overwrite] [--threads N]
+//     [--prefix p] [--all] [--rename old=new] [--format safetensors|torch] [--overwrite] [--threads N]
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,6 +23,8 @@ constexpr char kConsolidateUsage[] =
     "  --dtype D            convert floating-point tensors to D (bf16, fp16, fp32, ...)\n"
     "  --keys K1,K2         only these tensors and the tensors under them (K1.*)\n"
     "  --prefix P           only tensors whose name starts with P (repeatable)\n"
+    "  --all                every tensor (default without --keys/--prefix: the model weights\n"
+    "                       when the checkpoint separates them from optimizer and training state)\n"
     "  --rename OLD=NEW     replace the name prefix OLD with NEW (repeatable; first match wins)\n"
     "  --format F           safetensors (default) or torch (pytorch_model*.bin)\n"
     "  --overwrite          replace existing outputs of that format in OUT\n"
@@ -93,6 +95,7 @@ Result<ConsolidateOptions> ParseOptions(const std::vector<std::string>& argv, co
     options.threads = static_cast<int>(threads);
   }
   options.overwrite = args.Has("overwrite");
+  options.all_tensors = args.Has("all");
   SP_RETURN_IF_ERROR(ParseSelection(argv, args, &options));
   return options;
 }
@@ -116,12 +119,14 @@ void PrintResult(const ConsolidateResult& r, const std::string& source, const st
   if (json) {
     std::cout << "{\"source\":" << JsonQuote(source) << ",\"output\":" << JsonQuote(out)
               << ",\"tensors\":" << r.tensors << ",\"total_bytes\":" << r.total_bytes
-              << ",\"bytes_read\":" << r.bytes_read << ",\"files\":[";
+              << ",\"bytes_read\":" << r.bytes_read << ",\"selection\":" << JsonQuote(r.selection)
+              << ",\"files\":[";
     for (size_t i = 0; i < r.files.size(); ++i) std::cout << (i ? "," : "") << JsonQuote(r.files[i]);
     std::cout << "],\"index\":" << (r.index_file.empty() ? "null" : JsonQuote(r.index_file))
               << "}\n";
     return;
   }
+  std::cout << r.selection << "\n";
   for (const std::string& f : r.files) std::cout << "wrote " << f << "\n";
   if (!r.index_file.empty()) std::cout << "wrote " << r.index_file << "\n";
   std::cout << "consolidated " << source << " into " << out << ": " << r.tensors << " tensor(s), "
@@ -131,7 +136,7 @@ void PrintResult(const ConsolidateResult& r, const std::string& source, const st
 }  // namespace
 
 int ConsolidateCommand(const std::vector<std::string>& argv) {
-  Result<Args> args = ParseArgs(argv, {"help", "overwrite", "json"},
+  Result<Args> args = ParseArgs(argv, {"help", "overwrite", "json", "all"},
                                 {"max-shard-size", "dtype", "keys", "prefix", "rename", "format",
                                  "threads", "memory-budget"});
   if (!args.ok()) return UsageError("consolidate", args.status().message(), kConsolidateUsage);

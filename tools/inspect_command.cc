@@ -36,6 +36,18 @@ std::string JsonIntList(const std::vector<int64_t>& v) {
   return out + "]";
 }
 
+// An attribute value as one short line: long or multi-line values (the saved structure's paths,
+// a planner's data) are cut, with their size, and --json prints them whole.
+std::string AttributeSummary(const std::string& value) {
+  constexpr size_t kShown = 100;
+  const size_t newline = value.find('\n');
+  if (value.size() <= kShown && newline == std::string::npos) return value;
+  size_t cut = std::min(kShown, newline);
+  while (cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
+  return value.substr(0, cut) + "... (" + std::to_string(value.size()) +
+         " bytes; --json prints it whole)";
+}
+
 size_t FileCount(const TensorMetadata& t) {
   std::set<uint32_t> files;
   for (const StoredChunk& c : t.chunks) files.insert(c.file);
@@ -108,7 +120,8 @@ void PrintTable(const CheckpointMetadata& md, std::string_view path, bool chunks
   std::ostream& o = std::cout;
   const auto [format, version] = FormatAndVersion(md);
   o << "checkpoint " << path << "\n  format " << format << (version.empty() ? "" : " ")
-    << version << (md.checksum_block_bytes > 0 ? "" : " (no checksums)") << ", save " << md.save_id << ", written by " << md.world_size
+    << version << (md.checksum_block_bytes > 0 ? "" : " (no checksums)")
+    << (md.save_id.empty() ? "" : ", save " + md.save_id) << ", written by " << md.world_size
     << " rank(s)\n  " << md.tensors.size() << " tensors, " << md.objects.size() << " objects, "
     << md.files.size() << " files, " << HumanBytes(TotalBytes(md)) << "\n\n";
   size_t width = 6;
@@ -136,7 +149,7 @@ void PrintTable(const CheckpointMetadata& md, std::string_view path, bool chunks
   for (const DataFile& f : md.files) {
     o << f.name << "  " << HumanBytes(f.size) << "  " << f.writer_rank << "\n";
   }
-  for (const auto& [k, v] : md.attributes) o << "attribute " << k << " = " << v << "\n";
+  for (const auto& [k, v] : md.attributes) o << "attribute " << k << " = " << AttributeSummary(v) << "\n";
 }
 
 }  // namespace

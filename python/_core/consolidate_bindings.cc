@@ -29,6 +29,7 @@ nb::dict ResultToPython(const ConsolidateResult& r) {
   d["tensors"] = r.tensors;
   d["total_bytes"] = r.total_bytes;
   d["bytes_read"] = r.bytes_read;
+  d["selection"] = r.selection;
   return d;
 }
 
@@ -55,13 +56,14 @@ nb::dict Consolidate(const std::string& path, const std::string& out_dir,
                      std::vector<std::string> keys, std::vector<std::string> prefixes,
                      std::vector<std::pair<std::string, std::string>> rename,
                      const std::string& format, bool overwrite, int threads,
-                     uint64_t memory_budget_bytes, nb::object progress) {
+                     uint64_t memory_budget_bytes, nb::object progress, bool all_tensors) {
   ConsolidateOptions options;
   options.format = FormatFromName(format);
   options.max_shard_bytes = max_shard_bytes;
   if (dtype) options.dtype = ValueOrThrow(ParseConsolidateDType(*dtype));
   options.keys = std::move(keys);
   options.prefixes = std::move(prefixes);
+  options.all_tensors = all_tensors;
   options.rename = std::move(rename);
   options.overwrite = overwrite;
   options.threads = threads;
@@ -86,6 +88,7 @@ void DefineConsolidateFunctions(nb::module_& m) {
         "rename"_a = std::vector<std::pair<std::string, std::string>>{},
         "format"_a = "safetensors", "overwrite"_a = false, "threads"_a = 0,
         "memory_budget_bytes"_a = uint64_t{256} << 20, "progress"_a = nb::none(),
+        "all_tensors"_a = false,
         "Writes the checkpoint at `path` as whole tensors into `out_dir` (Hugging Face shards).");
   m.def(
       "parse_byte_size", [](const std::string& text) { return ValueOrThrow(ParseByteSize(text)); },

@@ -10,6 +10,7 @@ writes ``model.safetensors`` (or ``model-0000K-of-0000N.safetensors`` shards and
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
@@ -29,6 +30,7 @@ class ConsolidateResult:
     tensors: int = 0
     total_bytes: int = 0                             # tensor bytes written (the index's total_size)
     bytes_read: int = 0                              # bytes read from the source checkpoint
+    selection: str = ""                              # what was exported and what was left out
 
 
 def _dtype_name(dtype: Any) -> Optional[str]:
@@ -83,7 +85,7 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
                 rename: Union[None, Mapping[str, str], Iterable[Sequence[str]]] = None,
                 format: str = "safetensors", overwrite: bool = False, threads: Optional[int] = None, *,
                 prefixes: Union[None, str, Iterable[str]] = None,
-                memory_budget: Union[int, str] = "256MiB") -> ConsolidateResult:
+                memory_budget: Union[int, str] = "256MiB", all_tensors: bool = False) -> ConsolidateResult:
     """Writes the tensors of the checkpoint at ``path`` as whole tensors into ``out_dir``.
 
     The source may be any checkpoint shardpoint reads (its own, PyTorch DCP, Hugging Face
@@ -93,13 +95,22 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
     ``format="torch"``, ``pytorch_model.bin`` or ``pytorch_model-0000K-of-0000N.bin`` plus its index.
     Non-tensor objects of the checkpoint are not written.
 
+    Without ``keys`` or ``prefixes``, a training checkpoint exports its model weights alone when it
+    clearly separates them from the training state: tensors under a first name component such as
+    ``optimizer``, ``optim``, ``lr_scheduler``, ``dataloader`` or ``train_state`` are left out, and
+    when every other tensor is under ``model.`` that prefix is removed (``sp.save({"model": ...,
+    "optimizer": ...})`` exports the model's own names). ``result.selection`` says what was picked
+    and is printed on stderr unless ``SHARDPOINT_QUIET`` is set; ``all_tensors=True`` exports
+    every tensor.
+
     Args:
         max_shard_size: bytes, or a string like "5GB", "500MB", "2GiB".
         dtype: convert floating-point tensors (float16, bfloat16, float32, float64) to this dtype
             (``torch.bfloat16``, "bf16", ...) with torch's rounding; other tensors keep theirs.
         keys: tensor names; each selects that tensor and the tensors under it ("model.layers.0"
             selects "model.layers.0.mlp.w1"). ``prefixes`` select by plain string prefix. A key or
-            prefix that selects nothing is an error. Default: every tensor.
+            prefix that selects nothing is an error. Default: the model weights of a training
+            checkpoint (see above), else every tensor.
         rename: ``{old_prefix: new_prefix}`` (or pairs), applied in order, first match wins.
         overwrite: replace existing outputs of this format in ``out_dir``; otherwise they are an error.
         threads: I/O threads (default: max(4, cores)).
@@ -132,8 +143,11 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
                                    keys=_names(keys, "keys"), prefixes=_names(prefixes, "prefixes"),
                                    rename=_rename_pairs(rename), format=format, overwrite=bool(overwrite),
                                    threads=threads or 0, memory_budget_bytes=budget,
-                                   progress=progress if probe.enabled else None)
+                                   progress=progress if probe.enabled else None, all_tensors=bool(all_tensors))
     if "bar" in bar:
         bar["bar"].finish()
+    if keys is None and prefixes is None and not all_tensors and not os.environ.get("SHARDPOINT_QUIET"):
+        print(f"shardpoint consolidate: {result['selection']}", file=sys.stderr)
     return ConsolidateResult(os.fspath(out_dir), list(result["files"]), result["index_file"],
-                             int(result["tensors"]), int(result["total_bytes"]), int(result["bytes_read"]))
+                             int(result["tensors"]), int(result["total_bytes"]), int(result["bytes_read"]),
+                             str(result["selection"]))

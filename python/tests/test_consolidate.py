@@ -308,3 +308,57 @@ def test_peak_memory_stays_within_the_budget_whatever_the_checkpoint_size(tmp_pa
     g = torch.Generator().manual_seed(2)
     ref = [torch.randn(2048, 4096, generator=g) for _ in range(6)]
     assert same_bits(got["layer.2.w"], ref[2])
+
+
+def test_a_training_checkpoint_exports_its_model_weights_by_default_and_says_so(tmp_path, capfd, monkeypatch):
+    """sp.save of model + AdamW: consolidate picks the model's weights (the 'model.' prefix removed),
+    says what it left out, and keys / all_tensors override it."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    path = str(tmp_path / "train")
+    sp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+    monkeypatch.delenv("SHARDPOINT_QUIET", raising=False)
+    result = sp.consolidate(path, tmp_path / "weights")
+    got = read_outputs(tmp_path / "weights")
+    assert sorted(got) == sorted(model.state_dict())
+    for name, t in model.state_dict().items():
+        assert same_bits(got[name], t), name
+    assert result.selection == (
+        "exported the model weights: 4 tensors under 'model.' (the prefix removed); left out the training "
+        "state: optimizer (12 tensors); pass keys or prefixes (or all tensors) to choose otherwise")
+    assert result.selection in capfd.readouterr().err
+
+    everything = sp.consolidate(path, tmp_path / "all", all_tensors=True)
+    assert everything.tensors == 16 and everything.selection == "exported every tensor"
+    assert "optimizer.state.0.exp_avg" in read_outputs(tmp_path / "all")
+    chosen = sp.consolidate(path, tmp_path / "moments", keys=["optimizer.state.0"])
+    assert sorted(read_outputs(tmp_path / "moments")) == [
+        "optimizer.state.0.exp_avg", "optimizer.state.0.exp_avg_sq", "optimizer.state.0.step"]
+    assert chosen.selection == "exported the tensors the given keys and prefixes select"
+    assert chosen.selection not in capfd.readouterr().err  # said only when shardpoint picked
+
+
+def test_inspect_text_output_stays_readable(tmp_path):
+    """Long attributes are cut to one line (--json keeps them whole); a Hugging Face directory has
+    no save id, and the text has no empty 'save ,' field."""
+    state = {f"model.layers.{i}.block.mlp.weight": torch.zeros(2) for i in range(400)}
+    path = str(tmp_path / "many")
+    sp.save(state, path)
+    from torch_dcp_util import CLI as shardpoint
+
+    text = subprocess.run([shardpoint, "inspect", path], capture_output=True, text=True, check=True).stdout
+    assert max(len(line) for line in text.splitlines()) < 200, max(text.splitlines(), key=len)[:300]
+    assert "--json prints it whole)" in text
+    whole = json.loads(subprocess.run([shardpoint, "inspect", path, "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert len(whole["attributes"]["python.state_dict_paths"]) > 20000
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"w": torch.ones(3)}, str(hf / "model.safetensors"))
+    text = subprocess.run([shardpoint, "inspect", str(hf)], capture_output=True, text=True, check=True).stdout
+    header = text.splitlines()[1]
+    assert "save ," not in text and header.startswith("  format safetensors"), header

@@ -345,6 +345,7 @@ Result<ConsolidateResult> Execute(Job& job, EngineContext& ctx, std::string_view
   result.tensors = job.plan.tensors;
   result.total_bytes = job.plan.total_bytes;
   result.bytes_read = job.bytes_read.load();
+  result.selection = job.plan.selection;
   if (job.options.progress) job.options.progress(job.plan.total_bytes, job.plan.total_bytes);
   return result;
 }

@@ -48,11 +48,14 @@ struct ConsolidateOptions {
   // Floating-point tensors (float16, bfloat16, float32, float64) are converted to this dtype with
   // torch's rounding (`tensor.to(dtype)`); other tensors keep theirs. Unset: no conversion.
   std::optional<DType> dtype;
-  // Selection; both empty: every tensor. A key selects the tensor of that name and every tensor
-  // under it ("model.layers.0" selects "model.layers.0.mlp.w1"); a prefix selects every name that
-  // starts with it. A key or prefix that selects nothing is an error.
+  // Selection. A key selects the tensor of that name and every tensor under it
+  // ("model.layers.0" selects "model.layers.0.mlp.w1"); a prefix selects every name that starts
+  // with it. A key or prefix that selects nothing is an error. Both empty: the model weights when
+  // the checkpoint separates them from the training state (consolidate_select.h), else every
+  // tensor; `all_tensors` exports every tensor regardless.
   std::vector<std::string> keys;
   std::vector<std::string> prefixes;
+  bool all_tensors = false;
   // Renaming of the selected tensors: the first pair whose first element starts the name replaces
   // that start with the second element.
   std::vector<std::pair<std::string, std::string>> rename;
@@ -72,6 +75,7 @@ struct ConsolidateResult {
   uint64_t tensors = 0;
   uint64_t total_bytes = 0;        // tensor bytes written (the index's total_size)
   uint64_t bytes_read = 0;         // bytes read from the source
+  std::string selection;           // what was exported and what was left out, in a sentence
 };
 
 // Consolidates the checkpoint at `source` (any format ReadCheckpointMetadata opens) into

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "shardpoint/engine/consolidate_select.h"
 #include "shardpoint/format/safetensors/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 
@@ -137,15 +138,35 @@ bool IsOutputFileName(ConsolidateFormat format, std::string_view name) {
   return digits(middle.substr(0, of)) && digits(middle.substr(of + 4));
 }
 
+namespace {
+
+// The default selection when the caller names no tensors (every tensor with `all_tensors`), and
+// the sentence that says what the caller's keys and prefixes selected otherwise.
+DefaultSelection SelectionFor(const CheckpointMetadata& metadata, const ConsolidateOptions& options) {
+  if (options.keys.empty() && options.prefixes.empty() && !options.all_tensors) {
+    return SelectModelWeights(metadata);
+  }
+  DefaultSelection s;
+  s.description = options.all_tensors && options.keys.empty() && options.prefixes.empty()
+                      ? "exported every tensor"
+                      : "exported the tensors the given keys and prefixes select";
+  return s;
+}
+
+}  // namespace
+
 Result<std::vector<OutputTensor>> SelectOutputTensors(const CheckpointMetadata& metadata,
-                                                      const ConsolidateOptions& options) {
+                                                      const ConsolidateOptions& options,
+                                                      std::string* selection) {
+  const DefaultSelection chosen = SelectionFor(metadata, options);
+  if (selection != nullptr) *selection = chosen.description;
   std::vector<OutputTensor> out;
   std::set<std::string> used;
   std::map<std::string, std::string> sources;  // output name -> source name
   for (const TensorMetadata& t : metadata.tensors) {
-    if (!Selected(options, t.name, used)) continue;
+    if (!chosen.Selects(t.name) || !Selected(options, t.name, used)) continue;
     OutputTensor o;
-    o.name = Renamed(t.name, options.rename);
+    o.name = Renamed(chosen.OutputName(t.name), options.rename);
     o.source = &t;
     o.dtype = options.dtype && IsConvertibleFloat(t.dtype) ? *options.dtype : t.dtype;
     o.bytes = static_cast<uint64_t>(ShapeVolume(t.shape)) * DTypeSize(o.dtype);
@@ -185,8 +206,9 @@ std::vector<std::vector<OutputTensor>> SplitIntoShards(std::vector<OutputTensor>
 Result<ConsolidationPlan> PlanConsolidation(const CheckpointMetadata& metadata,
                                             const ConsolidateOptions& options) {
   if (options.max_shard_bytes == 0) return InvalidArgumentError("max shard size must be positive");
-  SP_ASSIGN_OR_RETURN(std::vector<OutputTensor> tensors, SelectOutputTensors(metadata, options));
   ConsolidationPlan plan;
+  SP_ASSIGN_OR_RETURN(std::vector<OutputTensor> tensors,
+                      SelectOutputTensors(metadata, options, &plan.selection));
   plan.tensors = tensors.size();
   std::vector<std::vector<OutputTensor>> shards =
       SplitIntoShards(std::move(tensors), options.max_shard_bytes);

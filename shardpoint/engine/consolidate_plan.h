@@ -39,6 +39,7 @@ struct ConsolidationPlan {
   std::string index_json;
   uint64_t total_bytes = 0;  // tensor bytes over all files
   uint64_t tensors = 0;
+  std::string selection;  // ConsolidateResult::selection
 };
 
 // The output names of `format`: the single file, the index, and the k-th (1-based) of n shards.
@@ -48,10 +49,12 @@ std::string ShardFileName(ConsolidateFormat format, size_t k, size_t n);
 // True for a name `format` may write (single, index or any shard name), for overwrite checks.
 bool IsOutputFileName(ConsolidateFormat format, std::string_view name);
 
-// Selects, renames and types the tensors (sorted by output name). Errors as Consolidate's
-// kNotFound / kInvalidArgument cases.
+// Selects, renames and types the tensors (sorted by output name); `selection`, when given,
+// receives the sentence that says what was selected. Errors as Consolidate's kNotFound /
+// kInvalidArgument cases.
 Result<std::vector<OutputTensor>> SelectOutputTensors(const CheckpointMetadata& metadata,
-                                                      const ConsolidateOptions& options);
+                                                      const ConsolidateOptions& options,
+                                                      std::string* selection = nullptr);
 
 // Groups tensors into shards of at most `max_shard_bytes` (a larger tensor alone in its shard).
 std::vector<std::vector<OutputTensor>> SplitIntoShards(std::vector<OutputTensor> tensors,

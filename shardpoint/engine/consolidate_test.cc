@@ -126,6 +126,62 @@ TEST(ConsolidatePlanTest, KeysPrefixesRenamesAndDtypes) {
   EXPECT_EQ(SelectOutputTensors(md, options).status().code(), StatusCode::kInvalidArgument);
 }
 
+std::vector<std::string> OutputNames(const CheckpointMetadata& md, const ConsolidateOptions& options,
+                                     std::string* selection = nullptr) {
+  Result<std::vector<OutputTensor>> out = SelectOutputTensors(md, options, selection);
+  EXPECT_TRUE(out.ok()) << out.status();
+  std::vector<std::string> names;
+  for (const OutputTensor& t : out.ok() ? *out : std::vector<OutputTensor>{}) names.push_back(t.name);
+  return names;
+}
+
+TEST(ConsolidatePlanTest, TrainingCheckpointUnderModelExportsTheModelWeightsWithoutThePrefix) {
+  CheckpointMetadata md = SampleMetadata({{"model.embed.weight", {4}}, {"model.lm_head.weight", {4}},
+                                          {"optimizer.state.embed.weight.exp_avg", {4}},
+                                          {"optimizer.state.embed.weight.step", {1}},
+                                          {"lr_scheduler.last_epoch", {1}}});
+  std::string selection;
+  EXPECT_EQ(OutputNames(md, {}, &selection), (std::vector<std::string>{"embed.weight", "lm_head.weight"}));
+  EXPECT_EQ(selection,
+            "exported the model weights: 2 tensors under 'model.' (the prefix removed); left out "
+            "the training state: lr_scheduler (1 tensor), optimizer (2 tensors); pass keys or "
+            "prefixes (or all tensors) to choose otherwise");
+  ConsolidateOptions all;
+  all.all_tensors = true;
+  EXPECT_EQ(OutputNames(md, all, &selection).size(), 5u);
+  EXPECT_EQ(selection, "exported every tensor");
+  ConsolidateOptions keys;  // the caller's keys win over the default, with no prefix removed
+  keys.keys = {"optimizer"};
+  EXPECT_EQ(OutputNames(md, keys).size(), 2u);
+  ConsolidateOptions renamed;  // renames apply to the names the default gives
+  renamed.rename = {{"embed.", "tok."}};
+  EXPECT_EQ(OutputNames(md, renamed), (std::vector<std::string>{"lm_head.weight", "tok.weight"}));
+}
+
+TEST(ConsolidatePlanTest, TopLevelModelNamesKeepTheirNamesAndLeaveTheTrainingStateOut) {
+  // torchtitan's layout: the model's names at the top level beside optimizer and train_state.
+  CheckpointMetadata md = SampleMetadata({{"tok_embeddings.weight", {4}}, {"model.norm.weight", {4}},
+                                          {"optimizer.state.tok_embeddings.weight.exp_avg", {4}},
+                                          {"train_state.step", {1}}});
+  std::string selection;
+  EXPECT_EQ(OutputNames(md, {}, &selection),
+            (std::vector<std::string>{"model.norm.weight", "tok_embeddings.weight"}));
+  EXPECT_EQ(selection.substr(0, 68), "exported the model weights: 2 tensors outside the training state; le");
+}
+
+TEST(ConsolidatePlanTest, CheckpointsWithoutTrainingStateExportEveryTensor) {
+  std::string selection;
+  CheckpointMetadata weights = SampleMetadata({{"model.embed.weight", {4}}, {"lm_head.weight", {4}}});
+  EXPECT_EQ(OutputNames(weights, {}, &selection).size(), 2u);
+  EXPECT_EQ(selection, "exported every tensor (2 tensors; no training state to leave out)");
+  CheckpointMetadata only_state = SampleMetadata({{"optim.m", {4}}});
+  EXPECT_EQ(OutputNames(only_state, {}, &selection), (std::vector<std::string>{"optim.m"}));
+  EXPECT_EQ(selection, "exported every tensor (1 tensor; the checkpoint holds training state only)");
+  // "optimizer_extra" is not the component "optimizer": a model may name a module that way.
+  CheckpointMetadata lookalike = SampleMetadata({{"optimizer_extra.w", {4}}, {"w", {4}}});
+  EXPECT_EQ(OutputNames(lookalike, {}).size(), 2u);
+}
+
 TEST(ConsolidatePlanTest, OutputNames) {
   EXPECT_EQ(ShardFileName(ConsolidateFormat::kTorch, 2, 7), "pytorch_model-00002-of-00007.bin");
   EXPECT_TRUE(IsOutputFileName(ConsolidateFormat::kSafetensors, "model-00002-of-00007.safetensors"));
