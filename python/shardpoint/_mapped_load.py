@@ -10,9 +10,12 @@ copy-backs).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -90,8 +93,9 @@ def _resolve(layouts: Layouts, plan: TensorPlan, cast: bool) -> Any:
     for region in regions:
         dtype = layouts.stored[region.source][0]
         if dtype != plan.dtype and not cast:
-            raise CheckpointArgumentError(f"target {plan.name!r} has dtype {plan.dtype}, stored tensor {region.source!r} "
-                                          f"has dtype {dtype} (pass cast=True to convert)", "INVALID_ARGUMENT")
+            raise CheckpointArgumentError(f"target {plan.name!r} has dtype {plan.dtype}, stored tensor "
+                                          f"{region.source!r} has dtype {dtype} (pass cast=True to convert)",
+                                          "INVALID_ARGUMENT")
     return regions
 
 
@@ -231,3 +235,23 @@ def full_targets(mapping: KeyMapping, stored: Stored) -> tuple[dict[str, tuple[s
                                               f"already loads into", "INVALID_ARGUMENT")
             targets[target], resolved[target] = (dtype, shape), name
     return targets, resolved
+
+
+@contextlib.contextmanager
+def consolidation_source(path: str, out_dir: str, mapping: Optional[KeyMapping], threads: Optional[int]
+                         ) -> Iterator[str]:
+    """The checkpoint consolidation reads: ``path`` itself without a mapping; with one, a temporary
+    native checkpoint inside ``out_dir`` holding what :func:`~shardpoint.load_full` returns through
+    ``mapping`` (every tensor once in memory, written once more), removed on exit."""
+    if mapping is None:
+        yield path
+        return
+    from ._api import load_full, save
+
+    os.makedirs(out_dir, exist_ok=True)
+    staging = os.path.join(out_dir, f".shardpoint-mapped-{os.getpid()}")
+    try:
+        save(load_full(path, mapping=mapping, threads=threads), staging, overwrite=True, threads=threads)
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

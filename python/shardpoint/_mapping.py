@@ -2,9 +2,9 @@
 
     mapping = sp.KeyMapping(
         renames=[(r"(.*)\\.block_sparse_moe\\.gate\\.weight", r"\\1.mlp.gate.weight")],
-        fusions=[sp.Fuse("model.layers.{layer}.mlp.experts.gate_up_proj",
-                         sp.Stack("expert", 0, sp.Cat(0, ["model.layers.{layer}.block_sparse_moe.experts.{expert}.w1.weight",
-                                                          "model.layers.{layer}.block_sparse_moe.experts.{expert}.w3.weight"])))])
+        fusions=[sp.Fuse("model.layers.{layer}.mlp.experts.gate_up_proj", sp.Stack("expert", 0, sp.Cat(0, [
+            "model.layers.{layer}.block_sparse_moe.experts.{expert}.w1.weight",
+            "model.layers.{layer}.block_sparse_moe.experts.{expert}.w3.weight"])))])
     sp.load(model.state_dict(), path, mapping=mapping)
 
 Directions: a rename takes a *stored* name to the *target* name it loads into; a fusion names a
@@ -26,16 +26,20 @@ memory, shape and strides) of another template key that is loaded is filled by t
 
 from __future__ import annotations
 
-import math
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-import numpy as np
-
 from ._errors import CheckpointArgumentError, CheckpointNotFoundError
-from ._pieces import Box, Piece, TensorPlan
+
+
+def _argument_error(message: str) -> CheckpointArgumentError:
+    return CheckpointArgumentError(message, "INVALID_ARGUMENT")
+
+
+def _not_found(message: str) -> CheckpointNotFoundError:
+    return CheckpointNotFoundError(message, "NOT_FOUND")
+
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -146,8 +150,8 @@ def _template_regex(template: str, fixed: Mapping[str, str], counter: Optional[s
 def _format(template: str, bindings: Mapping[str, str], target: str) -> str:
     def value(match: re.Match) -> str:
         if match.group(1) not in bindings:
-            raise CheckpointArgumentError(f"target {target!r}: placeholder {{{match.group(1)}}} of stored name template "
-                                          f"{template!r} is bound neither by the target nor by a Stack", "INVALID_ARGUMENT")
+            raise _argument_error(f"target {target!r}: placeholder {{{match.group(1)}}} of stored name template "
+                                  f"{template!r} is bound neither by the target nor by a Stack")
         return bindings[match.group(1)]
     return _PLACEHOLDER.sub(value, template)
 
@@ -164,8 +168,8 @@ class Layouts:
             target = mapping.target_name(name)
             if target != name:
                 if target in self._renamed:
-                    raise CheckpointArgumentError(f"renames take both stored {self._renamed[target]!r} and {name!r} "
-                                                  f"to target {target!r}", "INVALID_ARGUMENT")
+                    raise _argument_error(f"renames take both stored {self._renamed[target]!r} and {name!r} "
+                                          f"to target {target!r}")
                 self._renamed[target] = name
 
     def fusion(self, target: str) -> Optional[tuple[Fuse, dict[str, str]]]:
@@ -192,8 +196,7 @@ class Layouts:
         if isinstance(node, str):
             name = _format(node, bindings, target)
             if name not in self.stored:
-                raise CheckpointNotFoundError(f"target {target!r}: stored tensor {name!r} is missing from the checkpoint",
-                                              "NOT_FOUND")
+                raise _not_found(f"target {target!r}: stored tensor {name!r} is missing from the checkpoint")
             shape = tuple(self.stored[name][1])
             return shape, [Region(name, (0,) * len(shape), shape, tuple(range(len(shape))))]
         if isinstance(node, Stack):
@@ -214,16 +217,17 @@ class Layouts:
         return largest + 1
 
     def _stack(self, node: Stack, bindings: dict[str, str], target: str) -> tuple[tuple[int, ...], list[Region]]:
-        parts = [self._layout(node.part, {**bindings, node.over: str(i)}, target) for i in range(self._count(node, bindings))]
+        count = self._count(node, bindings)
+        parts = [self._layout(node.part, {**bindings, node.over: str(i)}, target) for i in range(count)]
         shape = parts[0][0]
         for other, regions in parts:
             if other != shape:
-                raise CheckpointArgumentError(
-                    f"target {target!r}: stored tensors {_names_of(regions)} have shape {other}, expected {shape} as the "
-                    f"other tensors stacked over {{{node.over}}}", "INVALID_ARGUMENT")
+                raise _argument_error(
+                    f"target {target!r}: stored tensors {_names_of(regions)} have shape {other}, expected {shape} "
+                    f"as the other tensors stacked over {{{node.over}}}")
         if not 0 <= node.dim <= len(shape):
-            raise CheckpointArgumentError(f"target {target!r}: stack dim {node.dim} outside 0..{len(shape)} for parts "
-                                          f"of shape {shape}", "INVALID_ARGUMENT")
+            raise _argument_error(f"target {target!r}: stack dim {node.dim} outside 0..{len(shape)} for parts "
+                                  f"of shape {shape}")
         d = node.dim
         out = []
         for i, (_, regions) in enumerate(parts):
@@ -237,17 +241,17 @@ class Layouts:
         shape = list(parts[0][0])
         d = node.dim
         if not 0 <= d < len(shape):
-            raise CheckpointArgumentError(f"target {target!r}: concatenation dim {d} outside shape {tuple(shape)}",
-                                          "INVALID_ARGUMENT")
+            raise _argument_error(f"target {target!r}: concatenation dim {d} outside shape {tuple(shape)}")
         out, offset = [], 0
         for other, regions in parts:
             if len(other) != len(shape) or any(a != b for k, (a, b) in enumerate(zip(other, shape)) if k != d):
                 expected = tuple("*" if k == d else s for k, s in enumerate(shape))
                 raise CheckpointArgumentError(
                     f"target {target!r}: stored tensors {_names_of(regions)} have shape {other}, expected {expected} "
-                    f"to concatenate along dim {d}", "INVALID_ARGUMENT")
+                    f"to concatenate along dim {d}")
             for r in regions:
-                out.append(Region(r.source, r.offsets[:d] + (r.offsets[d] + offset,) + r.offsets[d + 1:], r.sizes, r.kept))
+                shifted = r.offsets[:d] + (r.offsets[d] + offset,) + r.offsets[d + 1:]
+                out.append(Region(r.source, shifted, r.sizes, r.kept))
             offset += other[d]
         shape[d] = offset
         return tuple(shape), out
@@ -279,8 +283,8 @@ def node_from_data(data: Any) -> Node:
         return Stack(str(data["stack"]), int(data["dim"]), node_from_data(data["of"]))
     if isinstance(data, Mapping) and set(data) == {"cat", "of"} and isinstance(data["of"], (list, tuple)):
         return Cat(int(data["cat"]), tuple(node_from_data(part) for part in data["of"]))
-    raise CheckpointArgumentError(f"mapping source {data!r} is not a name template, a stack "
-                                  f"({{'stack', 'dim', 'of'}}) or a concatenation ({{'cat', 'of'}})", "INVALID_ARGUMENT")
+    raise _argument_error(f"mapping source {data!r} is not a name template, a stack "
+                          f"({{'stack', 'dim', 'of'}}) or a concatenation ({{'cat', 'of'}})")
 
 
 def mapping_from_data(data: Mapping[str, Any]) -> KeyMapping:
@@ -288,16 +292,16 @@ def mapping_from_data(data: Mapping[str, Any]) -> KeyMapping:
     "fusions": [{"target": template, "source": node}, ...]}`` (see :func:`node_from_data`)."""
     unknown = set(data) - {"renames", "fusions"}
     if unknown:
-        raise CheckpointArgumentError(f"mapping data has unknown fields {sorted(unknown)} (expected 'renames', "
-                                      f"'fusions')", "INVALID_ARGUMENT")
+        raise _argument_error(f"mapping data has unknown fields {sorted(unknown)} (expected 'renames', "
+                              f"'fusions')")
     renames = []
     for rename in data.get("renames", []):
         if not (isinstance(rename, (list, tuple)) and len(rename) == 2 and all(isinstance(r, str) for r in rename)):
-            raise CheckpointArgumentError(f"mapping rename {rename!r} is not [pattern, replacement]", "INVALID_ARGUMENT")
+            raise _argument_error(f"mapping rename {rename!r} is not [pattern, replacement]")
         renames.append((rename[0], rename[1]))
     fusions = []
     for fuse in data.get("fusions", []):
         if not isinstance(fuse, Mapping) or set(fuse) != {"target", "source"}:
-            raise CheckpointArgumentError(f"mapping fusion {fuse!r} is not {{'target', 'source'}}", "INVALID_ARGUMENT")
+            raise _argument_error(f"mapping fusion {fuse!r} is not {{'target', 'source'}}")
         fusions.append(Fuse(str(fuse["target"]), node_from_data(fuse["source"])))
     return KeyMapping(tuple(renames), tuple(fusions))

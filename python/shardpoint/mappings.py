@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 from ._errors import CheckpointArgumentError
-from ._mapping import KeyMapping, mapping_from_data
+from ._mapping import KeyMapping, mapping_from_data  # noqa: F401 (mapping_from_data: public here)
 
 
 def _experts(layer: str, gate: str, up: str, down: str) -> list[dict[str, Any]]:
@@ -58,8 +58,8 @@ def get(name: str) -> KeyMapping:
     "qwen3_moe"). Raises CheckpointArgumentError listing the known names."""
     key = _MODEL_TYPES.get(name.lower(), name.lower())
     if key not in DATA:
-        raise CheckpointArgumentError(f"no shipped key mapping named {name!r} (known: {sorted(set(DATA) | set(_MODEL_TYPES))})",
-                                      "INVALID_ARGUMENT")
+        known = sorted(set(DATA) | set(_MODEL_TYPES))
+        raise CheckpointArgumentError(f"no shipped key mapping named {name!r} (known: {known})", "INVALID_ARGUMENT")
     return mapping_from_data(DATA[key])
 
 

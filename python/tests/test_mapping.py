@@ -343,3 +343,16 @@ def test_mixtral_fsdp2_and_expert_parallel_at_2_ranks(tmp_path):
                        if ".experts." not in k or k.split(".experts.")[1].split(".")[0] in mine)
         assert bytes_read == expected, rank
         assert expected < sum(t.nbytes for t in tensors.values())
+
+
+def test_consolidate_with_mapping_writes_fused_tensors(tmp_path):
+    from safetensors.torch import load_file
+
+    reference = mixtral()
+    write_hub_dir(reference, tmp_path / "hub")
+    result = sp.consolidate(tmp_path / "hub", tmp_path / "out", mapping=sp.mappings.get("mixtral"))
+    assert result.files == ["model.safetensors"] and os.listdir(tmp_path / "out") == ["model.safetensors"]
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    expected = reference.state_dict()
+    assert sorted(written) == sorted(expected)
+    assert all(torch.equal(written[k], expected[k]) for k in expected)
