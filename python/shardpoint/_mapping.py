@@ -164,6 +164,7 @@ class Layouts:
         self.stored = stored
         self._targets = [(_template_regex(f.target, {}), f) for f in mapping.fusions]
         self._renamed: dict[str, str] = {}
+        self._counter_cache: dict[tuple[str, str], dict[tuple[str, ...], int]] = {}
         for name in stored:
             target = mapping.target_name(name)
             if target != name:
@@ -207,14 +208,30 @@ class Layouts:
         """1 + the largest value of the stack's counter among stored names (1 when none: its 0 is then missing)."""
         largest = -1
         for leaf in _leaves(node.part):
-            regex = _template_regex(leaf, {k: v for k, v in bindings.items() if k != node.over}, node.over)
-            prefix = leaf.split("{", 1)[0]
-            for name in self.stored:
-                if name.startswith(prefix):
-                    match = regex.fullmatch(name)
-                    if match and node.over in match.groupdict():
-                        largest = max(largest, int(match.group(node.over)))
+            table = self._counters(leaf, node.over)
+            others = [name for name in dict.fromkeys(_PLACEHOLDER.findall(leaf)) if name != node.over]
+            if all(name in bindings for name in others):
+                largest = max(largest, table.get(tuple(bindings[name] for name in others), -1))
+                continue
+            for values, value in table.items():  # a nested stack's counter is still free
+                if all(bindings.get(name, v) == v for name, v in zip(others, values)):
+                    largest = max(largest, value)
         return largest + 1
+
+    def _counters(self, leaf: str, counter: str) -> dict[tuple[str, ...], int]:
+        """{values of the other placeholders: largest counter value} over the stored names ``leaf``
+        matches; the stored names are scanned once per (template, counter)."""
+        key = (leaf, counter)
+        if key not in self._counter_cache:
+            regex, found = _template_regex(leaf, {}, counter), {}
+            for name in self.stored:
+                match = regex.fullmatch(name)
+                if match and counter in match.groupdict():
+                    groups = match.groupdict()
+                    values = tuple(v for k, v in groups.items() if k != counter)
+                    found[values] = max(found.get(values, -1), int(groups[counter]))
+            self._counter_cache[key] = found
+        return self._counter_cache[key]
 
     def _stack(self, node: Stack, bindings: dict[str, str], target: str) -> tuple[tuple[int, ...], list[Region]]:
         count = self._count(node, bindings)
