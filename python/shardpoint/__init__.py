@@ -4,6 +4,7 @@
     sp.save(state_dict, path)                      # collective over torch.distributed when initialized
     handle = sp.async_save(state_dict, path); ...; handle.wait()
     result = sp.load(state_dict, path)             # in place, any layout; result.missing_keys
+    sp.load(model.state_dict(), hf_dir, mapping=sp.mappings.for_model(model))  # renamed / fused keys
     info = sp.inspect(path)                        # tensors, chunks, objects, sizes
     state = sp.load_full(path)                     # whole tensors, no template
     sp.consolidate(path, out_dir, max_shard_size="5GB")  # Hugging Face safetensors shards
@@ -34,6 +35,8 @@ from ._errors import (
 from ._consolidate import ConsolidateResult, consolidate
 from ._layouts import HyperParallelTensor, ShardedTensor
 from ._manager import CheckpointEntry, CheckpointManager
+from ._mapping import Cat, Fuse, KeyMapping, Stack
+from . import mappings
 from ._moe import ExpertShard, mark_experts
 
 __all__ = [
@@ -44,4 +47,5 @@ __all__ = [
     "HyperParallelTensor", "ShardedTensor", "ExpertShard", "mark_experts",
     "CheckpointManager", "CheckpointEntry",
     "consolidate", "ConsolidateResult",
+    "KeyMapping", "Fuse", "Stack", "Cat", "mappings",
 ]

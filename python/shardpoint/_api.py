@@ -13,8 +13,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _core, _dist
+from . import _core, _dist, _mapped_load
 from ._errors import CheckpointError, CheckpointNotFoundError, code_of, error_for, translated
+from ._mapping import KeyMapping
 from ._flatten import decode_paths, encode_paths, flatten, set_by_path, unflatten
 from ._pieces import TensorPlan, numpy_dtype
 from ._progress import Progress
@@ -170,7 +171,7 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
 
 def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
-         share_reads: Optional[bool] = None) -> LoadResult:
+         share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
 
@@ -184,15 +185,22 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     others over the process group, so each stored byte is read once. ``None`` (the default) shares
     when the group spans several machines; on one machine the ranks share the page cache, where
     reading again costs less than sending through gloo.
+
+    ``mapping`` (a :class:`KeyMapping`, e.g. ``shardpoint.mappings.for_model(model)``): stored names
+    renamed to keys of ``state_dict``, and keys made of several stored tensors (stacked or
+    concatenated); each rank reads only the parts of those it holds. A key missing from the
+    checkpoint whose tensor is the same tensor as another key's that is loaded (tied weights) is
+    filled by that load and is not missing.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
     flat, paths = flatten(state_dict, is_tensor_leaf)
     with _host_staging():
-        plans, error = [], None
+        plans, mapped, error = [], None, None
         try:
             rank = comm.rank if comm else 0
             plans = [tensor_plan(k, v, rank, for_load=True) for k, v in flat.items() if is_tensor_leaf(v)]
+            mapped = _mapped_load.map_load(path, flat, plans, mapping, strict, cast)
         except Exception as e:  # forwarded to every rank by _agree
             error = e
         _agree(comm, error)
@@ -203,13 +211,15 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         progress = Progress(f"shardpoint load {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
             missing, unexpected, objects, bytes_read = _core.load(
-                path, [p.entry() for p in plans], object_names, comm=comm, strict=strict, allow_cast=cast,
+                path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, comm=comm,
+                strict=strict, allow_cast=cast,
                 threads=threads or _dist.default_threads(comm),
                 share_reads=_dist.spans_hosts(comm) if share_reads is None else bool(share_reads))
-        for plan in plans:
-            for copy_back in plan.after_load:
-                copy_back()
+        for copy_back in mapped.after_load if mapped else [c for p in plans for c in p.after_load]:
+            copy_back()
         progress.finish()
+    if mapped:
+        missing = mapped.missing_keys(missing)
     for name, encoding, payload in objects:
         set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name]))
     return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read))
@@ -341,12 +351,15 @@ def _empty_tensor(dtype: str, shape: tuple[int, ...], use_torch: bool) -> Any:
 
 
 def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pickle: bool = False,
-              threads: Optional[int] = None) -> dict[str, Any]:
+              threads: Optional[int] = None, mapping: Optional[KeyMapping] = None) -> dict[str, Any]:
     """Every tensor whole (torch tensors when torch can be imported, else numpy arrays) and every
     object of the checkpoint, rebuilt into the saved nested structure. No template is needed.
 
     ``keys``: dotted names or prefixes of them to load (default: all); a key that matches nothing
     raises CheckpointNotFoundError. Runs on this process alone.
+
+    ``mapping`` (a :class:`KeyMapping`): tensors come back under their target names, fused ones
+    built from their stored parts; ``keys`` then select target names.
     """
     path = os.fspath(path)
     try:
@@ -356,15 +369,18 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
         use_torch = False
     with translated():
         md = _core.read_metadata(path)
-    chosen = set(_selected(list(md["tensors"]) + list(md["objects"]), keys))
-    tensor_names = [n for n in md["tensors"] if n in chosen]
+    targets = {n: (t["dtype"], tuple(t["shape"])) for n, t in md["tensors"].items()}
+    resolved = None
+    if mapping is not None:
+        targets, resolved = _mapped_load.full_targets(mapping, targets)
+    chosen = set(_selected(list(targets) + list(md["objects"]), keys))
+    tensor_names = [n for n in targets if n in chosen]
     object_names = [n for n in md["objects"] if n in chosen]
     flat: dict[str, Any] = {}
     batches: list[list[TensorPlan]] = [[]]
     batch_bytes = 0
     for name in tensor_names:
-        t = md["tensors"][name]
-        flat[name] = _empty_tensor(t["dtype"], tuple(t["shape"]), use_torch)
+        flat[name] = _empty_tensor(*targets[name], use_torch)
         plan = tensor_plan(name, flat[name], 0, for_load=True)
         if batch_bytes and batch_bytes + plan.nbytes > _LOAD_FULL_BATCH_BYTES:
             batches.append([])
@@ -374,9 +390,12 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     progress = Progress(f"shardpoint load_full {path}", sum(p.nbytes for b in batches for p in b))
     objects: list = []
     for i, batch in enumerate(batches):  # batches keep the bar moving; each reads its tensors once
+        mapped = _mapped_load.to_stored(batch, resolved) if resolved is not None else None
         with translated():
-            _, _, found, _ = _core.load(path, [p.entry() for p in batch], object_names if i == 0 else [],
-                                        comm=None, strict=True, threads=threads or 0)
+            _, _, found, _ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
+                                        object_names if i == 0 else [], comm=None, strict=True, threads=threads or 0)
+        for copy_back in mapped.after_load if mapped else []:
+            copy_back()
         objects += found
         progress.advance(sum(p.nbytes for p in batch))
     progress.finish()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from ._errors import translated
+from ._mapped_load import consolidation_source
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -85,7 +86,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
                 rename: Union[None, Mapping[str, str], Iterable[Sequence[str]]] = None,
                 format: str = "safetensors", overwrite: bool = False, threads: Optional[int] = None, *,
                 prefixes: Union[None, str, Iterable[str]] = None,
-                memory_budget: Union[int, str] = "256MiB", all_tensors: bool = False) -> ConsolidateResult:
+                memory_budget: Union[int, str] = "256MiB", all_tensors: bool = False,
+                mapping: Any = None) -> ConsolidateResult:
     """Writes the tensors of the checkpoint at ``path`` as whole tensors into ``out_dir``.
 
     The source may be any checkpoint shardpoint reads (its own, PyTorch DCP, Hugging Face
@@ -116,6 +118,10 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
         threads: I/O threads (default: max(4, cores)).
         memory_budget: memory for tensor data in flight; peak memory stays near it whatever the
             size of the checkpoint or of its tensors.
+        mapping: a :class:`~shardpoint.KeyMapping`; tensors are written under its target names, fused
+            ones whole (``keys``, ``prefixes`` and ``rename`` then apply to target names). The mapped
+            tensors are staged once in memory and in a temporary checkpoint inside ``out_dir``, so
+            ``memory_budget`` does not bound that step.
 
     Files appear under their final names only once complete. Call it from one process.
     Raises CheckpointNotFoundError (no checkpoint; a key that selects nothing), CheckpointExistsError
@@ -138,8 +144,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
         bar["bar"].advance(done - bar["bar"].done)
 
     probe = Progress("consolidate", 0)
-    with translated():
-        result = _core.consolidate(os.fspath(path), os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
+    with consolidation_source(os.fspath(path), os.fspath(out_dir), mapping, threads) as source, translated():
+        result = _core.consolidate(source, os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
                                    keys=_names(keys, "keys"), prefixes=_names(prefixes, "prefixes"),
                                    rename=_rename_pairs(rename), format=format, overwrite=bool(overwrite),
                                    threads=threads or 0, memory_budget_bytes=budget,
