@@ -8,6 +8,9 @@
     info = sp.inspect(path)                        # tensors, chunks, objects, sizes
     state = sp.load_full(path)                     # whole tensors, no template
     sp.consolidate(path, out_dir, max_shard_size="5GB")  # Hugging Face safetensors shards
+
+shardpoint.dcp (imported on its own: it needs torch) holds StorageWriter / StorageReader, the storage
+layer for torch.distributed.checkpoint's save, async_save and load.
 """
 
 from ._api import (

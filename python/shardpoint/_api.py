@@ -109,6 +109,44 @@ def _agree(comm: Optional[_dist.TorchComm], error: Optional[BaseException]) -> N
             raise error_for(failure["code"], f"rank {rank}: {failure['message']}") from error
 
 
+def _is_stateful(value: Any) -> bool:
+    """Whether ``value`` is ``torch.distributed.checkpoint.stateful.Stateful`` (it has both
+    ``state_dict`` and ``load_state_dict``): torch's runtime-checkable protocol when torch is loaded,
+    the same duck typing without it. Tensors and layout wrappers never are."""
+    if is_tensor_leaf(value):
+        return False
+    if sys.modules.get("torch") is not None:
+        from torch.distributed.checkpoint.stateful import Stateful
+
+        return isinstance(value, Stateful)
+    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
+
+
+def _stateful_state_dicts(state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """As ``torch.distributed.checkpoint.save``: a shallow copy with each top-level Stateful value
+    replaced by its ``state_dict()`` (``state_dict`` itself when it holds none)."""
+    if not any(_is_stateful(v) for v in state_dict.values()):
+        return state_dict
+    return {k: v.state_dict() if _is_stateful(v) else v for k, v in state_dict.items()}
+
+
+def _stateful_view(state_dict: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+    """As ``torch.distributed.checkpoint.load``: the template to load into (each top-level Stateful
+    value's current ``state_dict()``) and a function that, once it is loaded, hands each Stateful
+    its loaded state (``load_state_dict``) and puts the other values back into ``state_dict``."""
+    view = _stateful_state_dicts(state_dict)
+    if view is state_dict:
+        return state_dict, lambda: None
+
+    def apply() -> None:
+        for key, value in view.items():
+            if _is_stateful(state_dict[key]):
+                state_dict[key].load_state_dict(value)
+            elif state_dict[key] is not value:
+                state_dict[key] = value
+    return view, apply
+
+
 def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool
                   ) -> tuple[list[TensorPlan], list[tuple[str, str, bytes]], dict[str, str]]:
     flat, paths = flatten(state_dict, is_tensor_leaf)
@@ -144,6 +182,10 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
     rank (default: the machine's cores shared among the group's ranks on it).
 
+    As ``torch.distributed.checkpoint.save``, a top-level value that is ``Stateful`` (has
+    ``state_dict()`` and ``load_state_dict()``: a module, an optimizer, a scheduler, a dataloader) is
+    saved as its ``state_dict()``.
+
     Raises CheckpointExistsError when a committed checkpoint is at ``path`` and not ``overwrite``;
     CheckpointArgumentError for an unsupported value (non-plain objects need ``allow_pickle``) or an
     inconsistent layout; the same error on every rank whenever any rank fails.
@@ -158,6 +200,7 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
+    state_dict = _stateful_state_dicts(state_dict)
     separate = [separation_hint] if isinstance(separation_hint, str) else list(separation_hint or [])
     with _host_staging():
         plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
@@ -174,6 +217,8 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
          share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
+    As ``torch.distributed.checkpoint.load``, a top-level ``Stateful`` value is loaded into its
+    current ``state_dict()``, which is then handed to its ``load_state_dict()``.
 
     ``strict``: keys of ``state_dict`` missing from the checkpoint are an error (else reported in
     ``missing_keys``). ``cast``: convert stored dtypes to the destination's (else a mismatch is an
@@ -194,6 +239,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
+    state_dict, load_stateful = _stateful_view(state_dict)
     flat, paths = flatten(state_dict, is_tensor_leaf)
     with _host_staging():
         plans, mapped, error = [], None, None
@@ -222,6 +268,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         missing = mapped.missing_keys(missing)
     for name, encoding, payload in objects:
         set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name]))
+    load_stateful()
     return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read))
 
 
@@ -284,11 +331,13 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
     background threads over a dedicated gloo group. A previous async save is waited for first (its
     handle keeps its outcome). Errors known before the copy are raised here, the rest by
     ``SaveHandle.wait()``; an unfinished save never leaves a committed checkpoint.
+    Top-level ``Stateful`` values are saved as their ``state_dict()``, as by :func:`save`.
     ``staging_budget_bytes`` bounds the host staging (0: no bound; fixed by the first async save of
     the process); ``threads`` is the copy and write parallelism (default: the number of cores).
     """
     comm = _dist.resolve(process_group, for_async=True)
     path = os.fspath(path)
+    state_dict = _stateful_state_dicts(state_dict)
     _ASYNC.wait_last()
     if _ASYNC.saver is None:
         _ASYNC.saver = _core.AsyncSaver(staging_budget_bytes)

@@ -1,0 +1,365 @@
+"""shardpoint as the storage layer of ``torch.distributed.checkpoint`` (DCP).
+
+    import torch.distributed.checkpoint as dcp
+    import shardpoint.dcp
+
+    dcp.save(state_dict, storage_writer=shardpoint.dcp.StorageWriter("ckpt/step_100"))
+    future = dcp.async_save(state_dict, storage_writer=shardpoint.dcp.StorageWriter("ckpt/step_200"))
+    dcp.load(state_dict, storage_reader=shardpoint.dcp.StorageReader("ckpt/step_200"))
+
+DCP keeps its own planners (the caller's, or its defaults: flattening, deduplication of replicated
+tensors, resharding on load); these classes only store what the planners hand them. What they write
+is a native shardpoint checkpoint: CRC32C-checksummed data, metadata without pickle, committed
+atomically; ``shardpoint.load``, ``shardpoint.verify`` and ``shardpoint inspect`` read it like any
+other.
+
+Design. DCP reaches ``write_data`` on every rank in the same phase (between its plan exchange and
+its result gather; with ``async_save``, on each rank's background thread), while ``finish`` runs on
+the coordinator alone. ``write_data`` therefore runs the core's collective save over the writer's
+process group: each rank resolves its write items through the planner (a tensor item becomes a
+chunk at its offsets in the global tensor, a bytes item a stored object), the ranks agree that all
+of them could (one all-gather; a rank's error is raised on every rank), and the core writes every
+rank's data files and commits the metadata once all ranks have written. A failure on any rank
+therefore leaves no committed checkpoint, and an existing checkpoint is replaced only with
+``overwrite=True`` and only by a complete new one. ``finish`` has nothing left to commit.
+
+Bytes items (DCP's non-tensor values, ``torch.save`` archives made by the planner) are stored as
+plain objects when that loses nothing: when the archive holds plain data (JSON-able values) or
+``bytes``, and ``torch.save`` of that value gives back the very same archive, it is stored as JSON
+(or bytes), which ``shardpoint.load`` reads without pickle; otherwise the archive is stored as it is
+(encoding "torch-save"). On read, the planner gets the same archive in both cases.
+
+Reads go through the core's load on each rank alone: every read item becomes the region of the
+stored tensor it asks for (its chunk's offsets plus the item's storage offsets, and its lengths),
+and the core reads exactly those bytes from the chunks that cover them, checking their checksums.
+A stored archive is handed to the planner (which unpickles it, as DCP does) only when it loads
+with ``torch.load(weights_only=True)`` or the reader was made with ``allow_pickle=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any, Optional, Union
+
+import torch
+from torch.distributed.checkpoint import storage as _storage
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.futures import Future
+
+from . import _api, _core, _dist, _torch
+from ._errors import CheckpointArgumentError, translated
+from ._flatten import decode_paths, encode_paths
+from ._pieces import Box, TensorPlan
+from ._values import _is_plain
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+__all__ = ["StorageWriter", "StorageReader"]
+
+
+def _is_local_path(checkpoint_id: Any) -> bool:
+    return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _archive(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def encode_bytes_item(fqn: str, archive: bytes) -> tuple[str, str, bytes]:
+    """The core's object entry for a DCP bytes item (see the module docstring)."""
+    try:
+        value = torch.load(io.BytesIO(archive), weights_only=True)
+    except Exception:  # not a plain archive: kept as it is
+        return (fqn, "torch-save", archive)
+    if isinstance(value, bytes) and _archive(value) == archive:
+        return (fqn, "bytes", value)
+    if not isinstance(value, bytes) and _is_plain(value):
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False) if _json_exact(value) else None
+        if text is not None and _archive(json.loads(text)) == archive:
+            return (fqn, "json", text.encode())
+    return (fqn, "torch-save", archive)
+
+
+def _json_exact(value: Any) -> bool:
+    """Whether JSON gives ``value`` back unchanged (no tuples, no NaN or infinities)."""
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, tuple):
+        return False
+    if isinstance(value, list):
+        return all(_json_exact(v) for v in value)
+    if isinstance(value, dict):
+        return all(_json_exact(v) for v in value.values())
+    return True
+
+
+class StorageWriter(_storage.StorageWriter):
+    """Writes a DCP save as a native shardpoint checkpoint at ``path`` (``dcp.save``'s
+    ``checkpoint_id``, when given, replaces it).
+
+    ``overwrite``: replace a committed checkpoint at the path (else CheckpointExistsError on every
+    rank). ``threads``: write parallelism per rank (default: the machine's cores shared among the
+    group's ranks on it). ``process_group``: the group the core's save runs over; it must be the
+    group given to ``dcp.save`` (default: the default group). Its gloo communicator is resolved at
+    construction when torch.distributed is initialized, so that a non-gloo group gets its gloo
+    companion on the caller's thread, not on ``async_save``'s background thread.
+    """
+
+    def __init__(self, path: PathLike, *, overwrite: bool = False, threads: Optional[int] = None,
+                 process_group: Any = None) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.overwrite = overwrite
+        self.threads = threads
+        self.process_group = process_group
+        self._comm = _dist.resolve(process_group) if _dist._initialized() else None
+        self._resolved = _dist._initialized()
+
+    def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        """Starts a new save; ``checkpoint_id`` (a directory path) replaces the path when given."""
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Raises CheckpointArgumentError for ``use_collectives=False`` on several ranks: the
+        core's save is collective."""
+        if not self._resolved:
+            self._comm = _dist.resolve(self.process_group)
+            self._resolved = True
+        if kwargs.get("use_collectives", True) is False and self._comm is not None:
+            raise CheckpointArgumentError(
+                "shardpoint.dcp.StorageWriter needs use_collectives=True (its save is collective over "
+                f"{self._comm.size} ranks)", "INVALID_ARGUMENT")
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.path)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        """Writes every rank's items and commits the checkpoint (collective: see the module
+        docstring). Raises the same CheckpointError on every rank when any rank fails."""
+        comm = self._comm
+        with _api._host_staging():
+            prepared, error = None, None
+            try:
+                prepared = self._prepare(plan, planner)
+            except Exception as e:  # forwarded to every rank by _agree
+                error = e
+            _api._agree(comm, error)
+            plans, objects, results = prepared
+            attributes = self._attributes(planner)
+            with translated():
+                _core.save(self.path, [p.entry() for p in plans], objects, comm=comm, overwrite=self.overwrite,
+                           threads=self.threads or _dist.default_threads(comm), attributes=attributes,
+                           format="native")
+        return _done(results)
+
+    def _prepare(self, plan: SavePlan, planner: SavePlanner
+                 ) -> tuple[list[TensorPlan], list[tuple[str, str, bytes]], list[_storage.WriteResult]]:
+        plans: dict[str, TensorPlan] = {}
+        objects, results = [], []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                archive = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                objects.append(encode_bytes_item(item.index.fqn, archive))
+                results.append(_storage.WriteResult(item.index, len(archive), "object"))
+                continue
+            piece = self._tensor_piece(item, data)
+            if item.index.fqn in plans:
+                plans[item.index.fqn].pieces.extend(piece.pieces)
+            else:
+                plans[item.index.fqn] = piece
+            results.append(_storage.WriteResult(item.index, piece.nbytes, "tensor"))
+        _torch.synchronize([])  # device-to-host copies into the staging must land first
+        return list(plans.values()), objects, results
+
+    @staticmethod
+    def _tensor_piece(item: WriteItem, data: Any) -> TensorPlan:
+        fqn, chunk = item.index.fqn, item.tensor_data.chunk
+        if not isinstance(data, torch.Tensor):
+            raise CheckpointArgumentError(
+                f"tensor {fqn!r}: the planner resolved a {type(data).__name__}, expected a torch.Tensor",
+                "INVALID_ARGUMENT")
+        tensor = data.detach()
+        if tuple(tensor.shape) != tuple(chunk.sizes):
+            raise CheckpointArgumentError(
+                f"tensor {fqn!r}: the planner resolved shape {tuple(tensor.shape)} for the chunk at offsets "
+                f"{tuple(chunk.offsets)}, expected {tuple(chunk.sizes)}", "INVALID_ARGUMENT")
+        box = Box(tuple(int(o) for o in chunk.offsets), tuple(int(s) for s in chunk.sizes))
+        return _torch.local_plan(fqn, tensor, tuple(int(s) for s in item.tensor_data.size), [(box, 0)], False)
+
+    @staticmethod
+    def _attributes(planner: SavePlanner) -> dict[str, str]:
+        """The flattening of the state dict (DCP's default planners' ``mappings``), stored where
+        ``shardpoint.load_full`` rebuilds the nested structure from it."""
+        mappings = getattr(planner, "mappings", None)
+        if not isinstance(mappings, dict) or not mappings:
+            return {}
+        paths = {k: tuple(p) for k, p in mappings.items()
+                 if isinstance(k, str) and isinstance(p, tuple) and all(isinstance(s, (str, int)) for s in p)}
+        return {_api._PATHS_ATTRIBUTE: json.dumps(encode_paths(paths))}
+
+    def finish(self, metadata: Metadata, results: list[list[_storage.WriteResult]]) -> None:
+        """Nothing left to do: ``write_data`` committed the checkpoint on every rank's behalf."""
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        """True for a local directory path (no URL scheme)."""
+        return _is_local_path(checkpoint_id)
+
+
+class StorageReader(_storage.StorageReader):
+    """Reads a shardpoint checkpoint at ``path`` for ``dcp.load`` (its ``checkpoint_id``, when given,
+    replaces the path): a native one, or any format shardpoint opens.
+
+    ``threads``: read parallelism of this rank (default: the core's). ``allow_pickle``: hand the
+    planner stored archives that do not load with ``torch.load(weights_only=True)`` (the planner
+    unpickles them, which runs code from the checkpoint), and pickled objects re-archived.
+    """
+
+    def __init__(self, path: PathLike, *, threads: Optional[int] = None, allow_pickle: bool = False) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.threads = threads
+        self.allow_pickle = allow_pickle
+        self._tensors: dict[str, tuple[str, tuple[int, ...]]] = {}  # name: (dtype, shape)
+
+    def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        """Starts a new load; ``checkpoint_id`` (a directory path) replaces the path when given."""
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's Metadata of the checkpoint. Raises CheckpointNotFoundError when no committed
+        checkpoint is at the path."""
+        with translated():
+            md = _core.read_metadata(self.path)
+        state: dict[str, Any] = {}
+        for name, t in md["tensors"].items():
+            dtype = _torch.empty_like_stored(t["dtype"], (0,)).dtype
+            chunks = [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in t["chunks"]]
+            state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(t["shape"]), chunks)
+        for name in md["objects"]:
+            state[name] = BytesStorageMetadata()
+        encoded = md.get("attributes", {}).get(_api._PATHS_ATTRIBUTE)
+        planner_data = decode_paths(json.loads(encoded)) if encoded else None
+        return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data={},
+                        storage_meta=StorageMeta(checkpoint_id=self.path, save_id=str(md.get("save_id", ""))))
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Takes the stored dtype and shape of every tensor from ``metadata``."""
+        self._tensors = {name: (_torch.dtype_name(m.properties.dtype), tuple(int(s) for s in m.size))
+                         for name, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """Reads every item of ``plan`` on this rank alone (see the module docstring)."""
+        object_items = [i for i in plan.items if i.type == LoadItemType.BYTE_IO]
+        tensor_items = [i for i in plan.items if i.type != LoadItemType.BYTE_IO]
+        reads = [self._tensor_read(item, planner) for item in tensor_items]
+        entries: dict[str, list] = {}
+        for item, (_, _, _, piece) in zip(tensor_items, reads):
+            entries.setdefault(item.storage_index.fqn, []).append(piece)
+        tensors = [(name, *self._tensors[name], pieces) for name, pieces in entries.items()]
+        wanted = sorted({i.storage_index.fqn for i in object_items})
+        with translated():
+            _, _, objects, _ = _core.load(self.path, tensors, wanted, comm=None, strict=True,
+                                          threads=self.threads or 0)
+        for item, (resolved, dest, host, _) in zip(tensor_items, reads):
+            if host is not dest:
+                dest.copy_(host)
+            planner.commit_tensor(item, resolved)
+        found = {name: (encoding, payload) for name, encoding, payload in objects}
+        for item in object_items:
+            encoding, payload = found[item.storage_index.fqn]
+            planner.load_bytes(item, io.BytesIO(self._archive_of(item.storage_index.fqn, encoding, payload)))
+        return _done(None)
+
+    def _tensor_read(self, item: ReadItem, planner: LoadPlanner) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+        """(the planner's tensor, its detached view, a contiguous host buffer, the core's piece) of
+        one read item."""
+        fqn = item.storage_index.fqn
+        resolved = planner.resolve_tensor(item)
+        dest = resolved.detach()
+        if tuple(dest.shape) != tuple(item.lengths):
+            raise CheckpointArgumentError(
+                f"tensor {fqn!r}: the planner resolved shape {tuple(dest.shape)} for a read of lengths "
+                f"{tuple(item.lengths)}", "INVALID_ARGUMENT")
+        stored = _torch.empty_like_stored(self._tensors[fqn][0], (0,)).dtype
+        host = dest
+        if dest.device.type != "cpu" or not dest.is_contiguous() or dest.dtype != stored:
+            host = torch.empty(tuple(item.lengths), dtype=stored)
+        offsets = tuple(int(c) + int(o) for c, o in zip(item.storage_index.offset, item.storage_offsets))
+        flat = host.reshape(-1).view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
+        return resolved, dest, host, (offsets, tuple(int(s) for s in item.lengths), flat)
+
+    def _archive_of(self, name: str, encoding: str, payload: bytes) -> bytes:
+        """The ``torch.save`` archive DCP's planner expects for a stored object."""
+        if encoding == "json":
+            return _archive(json.loads(payload))
+        if encoding == "bytes":
+            return _archive(bytes(payload))
+        if encoding == "pickle":
+            if not self.allow_pickle:
+                raise CheckpointArgumentError(
+                    f"object {name!r} of {self.path} is stored with pickle; loading it runs code from the "
+                    f"checkpoint, so it needs StorageReader(..., allow_pickle=True)", "INVALID_ARGUMENT")
+            import pickle
+
+            return _archive(pickle.loads(payload))
+        if encoding == "torch-save":
+            if not self.allow_pickle:
+                try:
+                    torch.load(io.BytesIO(payload), weights_only=True)
+                except Exception as e:
+                    raise CheckpointArgumentError(
+                        f"object {name!r} of {self.path} is a torch.save archive that does not load with "
+                        f"weights_only=True ({type(e).__name__}); the planner would run code from the "
+                        f"checkpoint, so it needs StorageReader(..., allow_pickle=True)", "INVALID_ARGUMENT") from None
+            return bytes(payload)
+        raise CheckpointArgumentError(f"object {name!r} of {self.path} has unknown encoding {encoding!r}",
+                                      "INVALID_ARGUMENT")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        """True for a local directory path (no URL scheme)."""
+        return _is_local_path(checkpoint_id)
