@@ -99,7 +99,7 @@ struct SaveOptions {
   CheckpointFormat format = CheckpointFormat::kNative;
   // With kTorchDcp: a Megatron-Core torch_dist checkpoint. The objects go to common.pt (at their
   // nested paths) instead of BYTE_IO items, and metadata.json is written, both before `.metadata`
-  // commits; megatron.core.dist_checkpointing.load reads it (docs/TORCH_DCP.md §7).
+  // commits; megatron.core.dist_checkpointing.load reads it (docs/TORCH_DCP.md §6).
   bool megatron = false;
   // Streaming saves (conversion): pieces whose data is null get their bytes from fill_piece
   // (tensor and piece index in this rank's SaveState) just before they are written, with at most

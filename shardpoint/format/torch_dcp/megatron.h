@@ -1,5 +1,5 @@
 // Megatron-Core `torch_dist` checkpoints: the two files megatron-core adds to a PyTorch DCP
-// checkpoint, read and written without running code (docs/TORCH_DCP.md §7).
+// checkpoint, read and written without running code (docs/TORCH_DCP.md §6).
 //
 // `megatron.core.dist_checkpointing.save` with the default `torch_dist` backend writes a DCP
 // checkpoint (tensors as DCP chunks; `.metadata` also carries `all_local_plans`, which
