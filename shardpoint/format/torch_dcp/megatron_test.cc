@@ -52,7 +52,8 @@ void PushNamespace(PickleWriter& w) {
 // A float32 tensor of 2 elements over storage key `key` (torch._utils._rebuild_tensor_v2).
 void PushTensor(PickleWriter& w, std::string_view key) {
   w.Global("torch._utils", "_rebuild_tensor_v2");
-  w.Mark();
+  w.Mark();  // the 6 arguments
+  w.Mark();  // the 5 parts of the storage id
   w.String("storage");
   w.Global("torch", "FloatStorage");
   w.String(key);
@@ -69,7 +70,6 @@ void PushTensor(PickleWriter& w, std::string_view key) {
   w.Global("collections", "OrderedDict");
   w.Tuple(0);
   w.Reduce();
-  w.Mark();
   w.Tuple(6);
   w.Reduce();
 }
