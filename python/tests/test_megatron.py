@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
 import tempfile
 from typing import Any, Callable
 
@@ -26,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import shardpoint as sp
-from torch_dcp_util import bit_equal, cli
+from torch_dcp_util import CLI, bit_equal
 
 pytest.importorskip("megatron.core.dist_checkpointing")
 
@@ -131,7 +132,8 @@ def test_inspect_verify_and_load_full(megatron_ckpt: str) -> None:
     assert full["iteration"] == 7 and full["checkpoint_version"] == 3.0
     assert full["args"] == COMMON["args"]
     assert full["config"] == {"x": [1, 2], "name": "gpt"}
-    assert [full[f"rng_state/shard_{r}_4"] for r in range(4)] == [{"seed": 100 + r} for r in range(4)]
+    # megatron-core stores a ShardedObject as torch.save([data]) (a list of its local objects).
+    assert [full[f"rng_state/shard_{r}_4"] for r in range(4)] == [[{"seed": 100 + r}] for r in range(4)]
     # A Namespace is a Python object: loading it runs code, so it needs the opt-in.
     with pytest.raises(sp.CheckpointArgumentError, match=r"object 'args' is stored with torch-save.*allow_pickle"):
         sp.load_full(megatron_ckpt, keys=["args"])
@@ -186,12 +188,20 @@ def test_load_at_three_ranks(megatron_ckpt: str) -> None:
         assert bit_equal(got["optimizer.exp_avg"], ref["optimizer.exp_avg"][rank * 4:(rank + 1) * 4])
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """The shardpoint tool installed with the package under test (pip --target puts it in bin/ beside
+    the package), else the one beside the interpreter."""
+    beside = os.path.join(os.path.dirname(os.path.dirname(sp.__file__)), "bin", "shardpoint")
+    tool = beside if os.path.exists(beside) else CLI
+    return subprocess.run([tool, *args], capture_output=True, text=True, timeout=60)
+
+
 def test_cli_inspect_and_verify(megatron_ckpt: str) -> None:
-    shown = cli("inspect", megatron_ckpt)
+    shown = _cli("inspect", megatron_ckpt)
     assert shown.returncode == 0, shown.stderr
     assert "megatron.sharded_backend" in shown.stdout and "torch_dist" in shown.stdout
     assert "config.name" in shown.stdout
-    checked = cli("verify", megatron_ckpt)
+    checked = _cli("verify", megatron_ckpt)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
