@@ -271,3 +271,19 @@ def test_sp_save_megatron_then_megatron_load(tmp_path) -> None:
     assert set(info.objects) == {"iteration", "config.lr", "config.name", "config.layers", "opt.step"}
     full = sp.load_full(path, allow_pickle=True)
     assert {k: full[k] for k in SAVED_COMMON} == SAVED_COMMON
+
+
+def test_cli_convert_to_and_from_megatron(megatron_ckpt: str, tmp_path) -> None:
+    src, dst, native = str(tmp_path / "src"), str(tmp_path / "dst"), str(tmp_path / "native")
+    w = reference()["model.w"]
+    sp.save({"model": {"w": w}, "step": 5, "cfg": {"a": [1, 2], "name": "x"}}, src)
+    converted = _cli("convert", src, dst, "--to", "megatron")
+    assert converted.returncode == 0, converted.stderr
+    assert torch.load(os.path.join(dst, "common.pt"), weights_only=True) == {"step": 5, "cfg": {"a": [1, 2], "name": "x"}}
+    full = sp.load_full(dst, allow_pickle=True)
+    assert bit_equal(full["model"]["w"], w) and full["cfg"] == {"a": [1, 2], "name": "x"}
+    # From Megatron to native: the common.pt objects are carried, the megatron.* attributes are not.
+    converted = _cli("convert", megatron_ckpt, native, "--to", "native")
+    assert converted.returncode == 0, converted.stderr
+    info = sp.inspect(native)
+    assert "config.name" in info.objects and not any(k.startswith("megatron.") for k in info.attributes)
