@@ -287,3 +287,14 @@ def test_cli_convert_to_and_from_megatron(megatron_ckpt: str, tmp_path) -> None:
     assert converted.returncode == 0, converted.stderr
     info = sp.inspect(native)
     assert "config.name" in info.objects and not any(k.startswith("megatron.") for k in info.attributes)
+
+
+def test_plain_save_over_megatron_removes_its_files(tmp_path) -> None:
+    path = str(tmp_path / "ckpt")
+    w = reference()["model.w"]
+    sp.save({"model.w": w, "iteration": 1}, path, format="megatron")
+    assert set(sp.inspect(path).objects) == {"iteration"}
+    sp.save({"model.w": w, "step": 2}, path, format="torch-dcp", overwrite=True)
+    assert not {"metadata.json", "common.pt"} & set(os.listdir(path))
+    info = sp.inspect(path)
+    assert set(info.objects) == {"step"} and not any(k.startswith("megatron.") for k in info.attributes)

@@ -305,6 +305,22 @@ Status WriteMegatronFiles(Store& store, std::string_view path, std::string_view 
   return OkStatus();
 }
 
+// After a commit that is not a Megatron save: Megatron-Core files left by a replaced Megatron
+// checkpoint would make readers take this checkpoint for one (and read the old common.pt), so
+// they go, when metadata.json is Megatron's (best effort: the new checkpoint is committed).
+void RemoveReplacedMegatronFiles(Store& store, std::string_view path) {
+  const std::string config_path = JoinPath(path, torch_dcp::kMegatronConfigFileName);
+  Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(config_path);
+  if (!file.ok() || (*file)->size() > torch_dcp::kMaxMegatronConfigBytes) return;
+  std::string text((*file)->size(), '\0');
+  if (!(*file)->ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(text.data()), text.size())).ok() ||
+      !torch_dcp::ParseMegatronConfig(text, config_path).ok()) {
+    return;
+  }
+  store.RemoveFile(config_path).IgnoreError();
+  store.RemoveFile(JoinPath(path, torch_dcp::kMegatronCommonFileName)).IgnoreError();
+}
+
 // Coordinator: takes the reports, makes the data durable, writes and renames the metadata (for
 // PyTorch DCP, after the file of the objects), removes the other format's metadata if a
 // checkpoint of that format was replaced, then removes files of earlier or failed saves that the
@@ -343,6 +359,7 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
     SP_RETURN_IF_ERROR(store.RemoveFile(other_path));
     SP_RETURN_IF_ERROR(store.SyncDir(path));
   }
+  if (!megatron) RemoveReplacedMegatronFiles(store, path);
   RemoveUnreferencedFiles(store, path, *metadata);
   return OkStatus();
 }
