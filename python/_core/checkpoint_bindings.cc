@@ -162,7 +162,8 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   options.separate_key_prefixes = keywords.separate_key_prefixes;
   // "megatron": a torch-dcp checkpoint plus Megatron-Core's metadata.json and common.pt.
   options.megatron = keywords.format == "megatron";
-  Result<CheckpointFormat> format = ParseCheckpointFormat(options.megatron ? "torch-dcp" : keywords.format);
+  Result<CheckpointFormat> format =
+      ParseCheckpointFormat(options.megatron ? "torch-dcp" : keywords.format);
   if (!format.ok()) throw nb::value_error(format.status().message().c_str());
   options.format = *format;
   return prepared;

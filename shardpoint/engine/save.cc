@@ -114,7 +114,8 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
     return InvalidArgumentError("cannot save in the safetensors format (use consolidation)");
   }
   if (options.megatron && options.format != CheckpointFormat::kTorchDcp) {
-    return InvalidArgumentError("a Megatron checkpoint is a torch-dcp checkpoint (format kTorchDcp)");
+    return InvalidArgumentError("a Megatron checkpoint is a torch-dcp checkpoint "
+                                "(format kTorchDcp)");
   }
   for (std::string_view name : {std::string_view(kMetadataFileName),
                                 std::string_view(torch_dcp::kDcpMetadataFileName)}) {
@@ -298,7 +299,8 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
 Status WriteMegatronFiles(Store& store, std::string_view path, std::string_view temp_suffix,
                           CheckpointMetadata* metadata, std::vector<ObjectEntry>* objects) {
   SP_ASSIGN_OR_RETURN(std::string common, torch_dcp::BuildMegatronCommonFile(*metadata));
-  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, torch_dcp::kMegatronCommonFileName, temp_suffix, common));
+  SP_RETURN_IF_ERROR(
+      WriteFileDurably(store, path, torch_dcp::kMegatronCommonFileName, temp_suffix, common));
   SP_RETURN_IF_ERROR(WriteFileDurably(store, path, torch_dcp::kMegatronConfigFileName, temp_suffix,
                                       torch_dcp::EncodeMegatronConfig()));
   *objects = std::exchange(metadata->objects, {});
@@ -313,8 +315,8 @@ void RemoveReplacedMegatronFiles(Store& store, std::string_view path) {
   Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(config_path);
   if (!file.ok() || (*file)->size() > torch_dcp::kMaxMegatronConfigBytes) return;
   std::string text((*file)->size(), '\0');
-  if (!(*file)->ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(text.data()), text.size())).ok() ||
-      !torch_dcp::ParseMegatronConfig(text, config_path).ok()) {
+  MutableByteView out(reinterpret_cast<std::byte*>(text.data()), text.size());
+  if (!(*file)->ReadAt(0, out).ok() || !torch_dcp::ParseMegatronConfig(text, config_path).ok()) {
     return;
   }
   store.RemoveFile(config_path).IgnoreError();
@@ -337,7 +339,9 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
     // The same answer as when the files were named: only this commit changes `.metadata`.
     SP_ASSIGN_OR_RETURN(const std::string suffix, DcpNameSuffix(store, path, metadata->save_id));
     std::vector<ObjectEntry> common_objects;  // a Megatron save's objects go to common.pt only
-    if (megatron) SP_RETURN_IF_ERROR(WriteMegatronFiles(store, path, temp_suffix, metadata, &common_objects));
+    if (megatron) {
+      SP_RETURN_IF_ERROR(WriteMegatronFiles(store, path, temp_suffix, metadata, &common_objects));
+    }
     SP_ASSIGN_OR_RETURN(torch_dcp::DcpObjectFile objects,
                         torch_dcp::BuildDcpObjectFile(*metadata, coordinator, suffix));
     SP_ASSIGN_OR_RETURN(encoded, torch_dcp::BuildDcpMetadataFile(*metadata, objects, path));
@@ -432,7 +436,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     return reports.status();
   }
   Status committed = comm.rank() == root
-                         ? CommitOnCoordinator(*reports, path, ctx->store(), root, options.megatron, &metadata)
+                         ? CommitOnCoordinator(*reports, path, ctx->store(), root,
+                                               options.megatron, &metadata)
                          : OkStatus();
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.

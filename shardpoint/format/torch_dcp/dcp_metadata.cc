@@ -251,7 +251,8 @@ Status Decoder::CheckLocalPlans(const PickleValue& root) const {
   }
   const PickleValue* mcore = FindAttribute(root, "mcore_data");
   if (mcore != nullptr && !mcore->is(Kind::kNone)) {
-    SP_RETURN_IF_ERROR(ToPlainValue(*mcore, "DCP metadata " + std::string(path_) + ": mcore_data").status());
+    const std::string what = "DCP metadata " + std::string(path_) + ": mcore_data";
+    SP_RETURN_IF_ERROR(ToPlainValue(*mcore, what).status());
   }
   return OkStatus();
 }

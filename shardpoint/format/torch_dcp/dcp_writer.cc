@@ -251,7 +251,8 @@ Result<std::string> BuildMegatronCommonFile(const CheckpointMetadata& md) {
     SP_ASSIGN_OR_RETURN(std::string item, ObjectItem(o));
     archives.push_back(MegatronObjectArchive{o.name, std::move(item)});
   }
-  SP_ASSIGN_OR_RETURN(std::vector<DcpPlannerPath> paths, PlannerPaths(md, /*with_empty_dicts=*/true));
+  SP_ASSIGN_OR_RETURN(std::vector<DcpPlannerPath> paths,
+                      PlannerPaths(md, /*with_empty_dicts=*/true));
   return EncodeMegatronCommon(archives, paths);
 }
 

@@ -102,13 +102,15 @@ class CommonDecoder {
  private:
   Status Leaf(const PickleValue& v, const std::vector<PathStep>& at);
   Status Err(const std::vector<PathStep>& at, const std::string& problem) const {
-    return DataLossError("Megatron common state " + path_ + ": key '" + Dotted(at) + "': " + problem);
+    return DataLossError("Megatron common state " + path_ + ": key '" + Dotted(at) + "': " +
+                         problem);
   }
   static std::string Dotted(const std::vector<PathStep>& at) {
     std::string out;
     for (const PathStep& s : at) {
       if (!out.empty()) out += ".";
-      out += std::holds_alternative<int64_t>(s) ? std::to_string(std::get<int64_t>(s)) : std::get<std::string>(s);
+      out += std::holds_alternative<int64_t>(s) ? std::to_string(std::get<int64_t>(s))
+                                                : std::get<std::string>(s);
     }
     return out;
   }
@@ -121,18 +123,22 @@ class CommonDecoder {
 };
 
 Status CommonDecoder::Visit(const PickleValue& v, std::vector<PathStep>& at, int depth) {
-  if (depth > kMaxPickleWalkDepth) return Err(at, "nested deeper than " + std::to_string(kMaxPickleWalkDepth));
+  if (depth > kMaxPickleWalkDepth) {
+    return Err(at, "nested deeper than " + std::to_string(kMaxPickleWalkDepth));
+  }
   const bool mapping = IsMapping(v);
   if (at.empty() && !mapping) {
-    return DataLossError("Megatron common state " + path_ + ": the root is " + DescribePickleValue(v) +
-                         ", expected a dict");
+    return DataLossError("Megatron common state " + path_ + ": the root is " +
+                         DescribePickleValue(v) + ", expected a dict");
   }
   const bool sequence = (v.is(Kind::kList) || v.is(Kind::kTuple)) && !IsPlainSequence(v, 0);
   const bool walk = at.empty() || (mapping && v.pair_count() > 0) || sequence;
   if (!walk) return Leaf(v, at);
   if (mapping) {
     for (size_t i = 0; i < v.pair_count(); ++i) {
-      if (!v.key(i).is(Kind::kString)) return Err(at, "dict key is " + DescribePickleValue(v.key(i)) + ", expected a str");
+      if (!v.key(i).is(Kind::kString)) {
+        return Err(at, "dict key is " + DescribePickleValue(v.key(i)) + ", expected a str");
+      }
       at.push_back(v.key(i).text);
       SP_RETURN_IF_ERROR(Visit(v.value(i), at, depth + 1));
       at.pop_back();
@@ -199,7 +205,9 @@ class CommonEncoder {
 };
 
 Status CommonEncoder::Add(size_t object, const std::vector<PathStep>& path) {
-  if (path.empty() || path.size() > static_cast<size_t>(kMaxPickleWalkDepth)) return Conflict(object);
+  if (path.empty() || path.size() > static_cast<size_t>(kMaxPickleWalkDepth)) {
+    return Conflict(object);
+  }
   size_t node = 0;
   for (size_t i = 0; i < path.size(); ++i) {
     const bool int_step = std::holds_alternative<int64_t>(path[i]);
@@ -267,28 +275,33 @@ Result<std::string> CommonEncoder::Finish() {
 
 Result<MegatronConfig> ParseMegatronConfig(std::string_view text, std::string_view path) {
   if (text.size() > kMaxMegatronConfigBytes) {
-    return DataLossError("Megatron config " + std::string(path) + ": " + std::to_string(text.size()) +
-                         " bytes is larger than the limit");
+    return DataLossError("Megatron config " + std::string(path) + ": " +
+                         std::to_string(text.size()) + " bytes is larger than the limit");
   }
-  SP_ASSIGN_OR_RETURN(JsonValue root, ParseJson(text, "Megatron config " + std::string(path), JsonSyntax::kFull));
-  if (!root.is_object()) return DataLossError("Megatron config " + std::string(path) + " is not a JSON object");
+  const std::string what = "Megatron config " + std::string(path);
+  SP_ASSIGN_OR_RETURN(JsonValue root, ParseJson(text, what, JsonSyntax::kFull));
+  if (!root.is_object()) return DataLossError(what + " is not a JSON object");
   SP_ASSIGN_OR_RETURN(const JsonValue* backend, Field(root, "sharded_backend"));
   if (backend == nullptr) {
     return DataLossError("Megatron config " + std::string(path) + " has no sharded_backend");
   }
   MegatronConfig c;
   SP_RETURN_IF_ERROR(ReadConfigString(root, "sharded_backend", path, &c.sharded_backend));
-  SP_RETURN_IF_ERROR(ReadConfigVersion(root, "sharded_backend_version", path, &c.sharded_backend_version));
+  SP_RETURN_IF_ERROR(
+      ReadConfigVersion(root, "sharded_backend_version", path, &c.sharded_backend_version));
   SP_RETURN_IF_ERROR(ReadConfigString(root, "common_backend", path, &c.common_backend));
-  SP_RETURN_IF_ERROR(ReadConfigVersion(root, "common_backend_version", path, &c.common_backend_version));
+  SP_RETURN_IF_ERROR(
+      ReadConfigVersion(root, "common_backend_version", path, &c.common_backend_version));
   if (c.sharded_backend != "torch_dist" || c.sharded_backend_version != 1) {
     return UnimplementedError("Megatron checkpoint " + std::string(path) + ": sharded_backend '" +
-                              c.sharded_backend + "' version " + std::to_string(c.sharded_backend_version) +
+                              c.sharded_backend + "' version " +
+                              std::to_string(c.sharded_backend_version) +
                               " is not supported (only torch_dist version 1)");
   }
   if (c.common_backend != "torch" || c.common_backend_version != 1) {
     return UnimplementedError("Megatron checkpoint " + std::string(path) + ": common_backend '" +
-                              c.common_backend + "' version " + std::to_string(c.common_backend_version) +
+                              c.common_backend + "' version " +
+                              std::to_string(c.common_backend_version) +
                               " is not supported (only torch version 1)");
   }
   return c;
@@ -300,7 +313,8 @@ std::string EncodeMegatronConfig(const MegatronConfig& config) {
   out += ", \"sharded_backend_version\": " + std::to_string(config.sharded_backend_version) +
          ", \"common_backend\": ";
   AppendJsonString(&out, config.common_backend);
-  return out + ", \"common_backend_version\": " + std::to_string(config.common_backend_version) + "}";
+  return out + ", \"common_backend_version\": " + std::to_string(config.common_backend_version) +
+         "}";
 }
 
 void AddMegatronConfigAttributes(const MegatronConfig& config, CheckpointMetadata* md) {
@@ -401,7 +415,8 @@ Status AddMegatronFiles(Store& store, std::string_view path, CheckpointMetadata*
     return DataLossError(common_path + " is missing (" + config_path +
                          " says this is a Megatron checkpoint; megatron-core writes both)");
   }
-  SP_ASSIGN_OR_RETURN(std::string archive, ReadSmallFile(store, common_path, kMaxMegatronCommonBytes));
+  SP_ASSIGN_OR_RETURN(std::string archive,
+                      ReadSmallFile(store, common_path, kMaxMegatronCommonBytes));
   SP_ASSIGN_OR_RETURN(MegatronCommon common, DecodeMegatronCommon(AsBytes(archive), common_path));
   for (const ObjectEntry& o : common.objects) {
     if (md->FindObject(o.name) != nullptr || md->FindTensor(o.name) != nullptr) {

@@ -14,7 +14,8 @@ namespace {
 bool SafeStorageKey(std::string_view key) {
   if (key.empty() || key.size() > 64) return false;
   for (char c : key) {
-    bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    c == '_';
     if (!ok) return false;
   }
   return true;
@@ -70,7 +71,9 @@ Status ArchiveEmitter::EmitItems(const std::vector<const PickleValue*>& items,
 }
 
 Status ArchiveEmitter::EmitAt(const PickleValue& v, const SourceArchive& source, int depth) {
-  if (depth > kMaxPickleWalkDepth) return Err("values nested deeper than " + std::to_string(kMaxPickleWalkDepth));
+  if (depth > kMaxPickleWalkDepth) {
+    return Err("values nested deeper than " + std::to_string(kMaxPickleWalkDepth));
+  }
   if (++values_ > kMaxReemittedValues) {
     return Err("more than " + std::to_string(kMaxReemittedValues) + " values to write");
   }
@@ -121,7 +124,8 @@ Status ArchiveEmitter::EmitAt(const PickleValue& v, const SourceArchive& source,
 // callable(*args) / cls.__new__(cls, *args [, **kwargs]), then SETITEMS pairs and BUILD state.
 Status ArchiveEmitter::EmitObject(const PickleValue& v, const SourceArchive& source, int depth) {
   PickleWriter& w = writer_;
-  if (v.kwargs != nullptr) {  // protocol 2 has no NEWOBJ_EX: copyreg.__newobj_ex__(cls, args, kwargs)
+  if (v.kwargs != nullptr) {
+    // Protocol 2 has no NEWOBJ_EX: copyreg.__newobj_ex__(cls, args, kwargs) does the same.
     w.Global("copyreg", "__newobj_ex__");
     w.Global(v.callable->text, v.callable->name);
     SP_RETURN_IF_ERROR(EmitAt(*v.args, source, depth + 1));
@@ -159,11 +163,15 @@ Status ArchiveEmitter::EmitStorage(const PickleValue& id, const SourceArchive& s
     return Err("persistent id is " + DescribePickleValue(id) + ", expected a storage id");
   }
   const std::string& key = id.items[2]->text;
-  if (!SafeStorageKey(key)) return Err("storage key '" + key.substr(0, 80) + "' is not a plain name");
+  if (!SafeStorageKey(key)) {
+    return Err("storage key '" + key.substr(0, 80) + "' is not a plain name");
+  }
   auto it = keys_.find(key);
   if (it == keys_.end()) {
     const ZipEntry* record = source.dir.Find(source.prefix + "data/" + key);
-    if (record == nullptr) return Err("no record '" + source.prefix + "data/" + key + "' for a storage");
+    if (record == nullptr) {
+      return Err("no record '" + source.prefix + "data/" + key + "' for a storage");
+    }
     SP_ASSIGN_OR_RETURN(std::string bytes, ReadZipEntry(MemoryRangeReader(source.bytes), source.dir,
                                                         *record, what_, source.bytes.size()));
     it = keys_.emplace(key, std::to_string(storages_.size())).first;
