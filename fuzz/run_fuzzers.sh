@@ -24,6 +24,8 @@ torch_testdata="${root}/shardpoint/format/torch_dcp/testdata"
 cp "${torch_testdata}/"*.metadata "${corpus}/unpickle/"
 for d in plain sharded zstd; do cp "${torch_testdata}/${d}/.metadata" "${corpus}/unpickle/${d}.metadata"; done
 cp "${torch_testdata}/"*.pt "${corpus}/zip/"
+cp "${torch_testdata}/megatron/.metadata" "${corpus}/unpickle/megatron.metadata"
+cp "${torch_testdata}/megatron/common.pt" "${corpus}/zip/megatron_common.pt"
 cp "${root}/fuzz/seeds/hf_directory/"* "${corpus}/hf_directory/"
 
 status=0

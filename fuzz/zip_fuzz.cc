@@ -4,12 +4,14 @@
 // Each input is read as an archive twice: as given, and with the central directory's CRC-32s
 // recomputed so that mutations of data.pkl reach the unpickler instead of stopping at a CRC.
 // Every entry is located and read; the archive is parsed as a tensor, a state dict and plain
-// data. Located data must lie inside the archive and before the central directory.
+// data, and as a Megatron common.pt (cut into one re-emitted archive per entry, each of which is
+// parsed again). Located data must lie inside the archive and before the central directory.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "shardpoint/format/torch_dcp/megatron.h"
 #include "shardpoint/format/torch_dcp/torch_save.h"
 #include "shardpoint/format/torch_dcp/zip.h"
 
@@ -56,6 +58,14 @@ void ReadAll(const std::string& b) {
   if (t.ok()) Check(t->data_offset <= b.size() && t->storage_bytes <= b.size() - t->data_offset);
   ParseTorchSaveStateDict(read, b.size(), "fuzz").status().IgnoreError();
   ParseTorchSaveObject(read, b.size(), "fuzz").status().IgnoreError();
+  sp::Result<MegatronCommon> common = DecodeMegatronCommon(sp::AsBytes(b), "fuzz");
+  if (common.ok()) {
+    Check(common->objects.size() == common->paths.size());
+    for (const sp::ObjectEntry& o : common->objects) {
+      ReemitTorchSaveArchive(sp::AsBytes(o.payload), "fuzz").status().IgnoreError();
+    }
+  }
+  ParseMegatronConfig(b, "fuzz").status().IgnoreError();
 }
 
 }  // namespace

@@ -97,6 +97,10 @@ struct SaveOptions {
   // kNative (docs/FORMAT.md) or kTorchDcp (a checkpoint torch.distributed.checkpoint.load reads,
   // without checksums); kSafetensors is not a save format (see consolidation).
   CheckpointFormat format = CheckpointFormat::kNative;
+  // With kTorchDcp: a Megatron-Core torch_dist checkpoint. The objects go to common.pt (at their
+  // nested paths) instead of BYTE_IO items, and metadata.json is written, both before `.metadata`
+  // commits; megatron.core.dist_checkpointing.load reads it (docs/TORCH_DCP.md §6).
+  bool megatron = false;
   // Streaming saves (conversion): pieces whose data is null get their bytes from fill_piece
   // (tensor and piece index in this rank's SaveState) just before they are written, with at most
   // max(fill_budget_bytes, the largest such piece) bytes held at once. Called from I/O threads.

@@ -1,4 +1,4 @@
-// shardpoint convert SRC DST --to native|torch-dcp [--overwrite] [--threads N] [--files N]
+// shardpoint convert SRC DST --to native|torch-dcp|megatron [--overwrite] [--threads N] [--files N]
 //                    [--memory-budget-mib M] [--json]
 #include <unistd.h>
 
@@ -12,12 +12,14 @@
 namespace sp::cli {
 namespace {
 constexpr char kConvertUsage[] =
-    "usage: shardpoint convert SRC DST --to native|torch-dcp [--overwrite] [--threads N]\n"
+    "usage: shardpoint convert SRC DST --to native|torch-dcp|megatron [--overwrite] [--threads N]\n"
     "                          [--files N] [--memory-budget-mib M] [--json]\n"
     "\n"
     "Rewrites the checkpoint at SRC (native, PyTorch DCP, or a Hugging Face safetensors\n"
     "directory) as a checkpoint of the format given by --to at DST: 'native' (shardpoint's\n"
-    "format, checksummed) or 'torch-dcp' (what torch.distributed.checkpoint.load reads). Tensors\n"
+    "format, checksummed), 'torch-dcp' (what torch.distributed.checkpoint.load reads) or\n"
+    "'megatron' (torch-dcp plus Megatron-Core's metadata.json and common.pt, which holds the\n"
+    "objects; what megatron.core.dist_checkpointing.load reads). Tensors\n"
     "keep their chunks; objects and the nested state-dict paths are carried over (PyTorch's\n"
     "pickled objects are copied, never unpickled). Streams chunk by chunk: at most the larger of\n"
     "the memory budget (default 256 MiB) and the largest chunk is held at once. The output is\n"
@@ -48,10 +50,12 @@ int ConvertCommand(const std::vector<std::string>& argv) {
   }
   if (!args->Has("to")) return UsageError("convert", "--to is required", kConvertUsage);
   ConvertOptions options;
-  Result<CheckpointFormat> format = ParseCheckpointFormat(args->Get("to", ""));
+  options.megatron = args->Get("to", "") == "megatron";
+  Result<CheckpointFormat> format =
+      ParseCheckpointFormat(options.megatron ? "torch-dcp" : args->Get("to", ""));
   if (!format.ok() || *format == CheckpointFormat::kSafetensors) {
-    return UsageError("convert", "--to must be native or torch-dcp (for safetensors use "
-                      "'shardpoint consolidate')", kConvertUsage);
+    return UsageError("convert", "--to must be native, torch-dcp or megatron (for safetensors "
+                      "use 'shardpoint consolidate')", kConvertUsage);
   }
   options.format = *format;
   options.overwrite = args->Has("overwrite");

@@ -36,7 +36,7 @@ struct SaveKeywords {
   int files_per_rank = 1;
   bool dedup_to_lowest_rank = false;
   std::optional<std::map<std::string, std::string>> attributes;
-  std::string format = "native";                    // "native" or "torch-dcp"
+  std::string format = "native";                    // "native", "torch-dcp" or "megatron"
   std::vector<std::string> separate_key_prefixes;  // Megatron's separation_hint
 };
 

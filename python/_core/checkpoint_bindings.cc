@@ -160,7 +160,10 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   options.dedup_to_lowest_rank = keywords.dedup_to_lowest_rank;
   if (keywords.attributes) options.attributes = *keywords.attributes;
   options.separate_key_prefixes = keywords.separate_key_prefixes;
-  Result<CheckpointFormat> format = ParseCheckpointFormat(keywords.format);
+  // "megatron": a torch-dcp checkpoint plus Megatron-Core's metadata.json and common.pt.
+  options.megatron = keywords.format == "megatron";
+  Result<CheckpointFormat> format =
+      ParseCheckpointFormat(options.megatron ? "torch-dcp" : keywords.format);
   if (!format.ok()) throw nb::value_error(format.status().message().c_str());
   options.format = *format;
   return prepared;
@@ -183,7 +186,7 @@ void DefineCheckpointFunctions(nb::module_& m) {
       "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(), "format"_a = "native",
       "separate_key_prefixes"_a = std::vector<std::string>(),
       "Saves tensor entries (name, dtype, shape, [(offsets, sizes, array)]) and object entries\n"
-      "(name, encoding, payload) as a checkpoint at `path` in `format` (\"native\" or\n"
+      "(name, encoding, payload) as a checkpoint at `path` in `format` (\"native\", \"megatron\" or\n"
       "\"torch-dcp\"). Collective over `comm`.");
   m.def("load", &Load, "path"_a, "tensors"_a, "object_names"_a, nb::kw_only(),
         "comm"_a = nb::none(), "strict"_a = true, "allow_cast"_a = false, "threads"_a = 0,

@@ -194,9 +194,13 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     keys start with one are written into data files of their own on each rank (so that, for
     example, the optimizer state can later be pruned by dropping whole files).
 
-    ``format``: ``"native"`` (shardpoint's format, checksummed) or ``"torch-dcp"`` (a PyTorch
+    ``format``: ``"native"`` (shardpoint's format, checksummed), ``"torch-dcp"`` (a PyTorch
     distributed checkpoint that ``torch.distributed.checkpoint.load`` reads, at any number of ranks;
-    it has no checksums and ``separation_hint`` does not apply to it).
+    it has no checksums and ``separation_hint`` does not apply to it) or ``"megatron"`` (a
+    Megatron-Core ``torch_dist`` checkpoint that ``megatron.core.dist_checkpointing.load`` reads:
+    the torch-dcp checkpoint of the tensors plus ``metadata.json`` and ``common.pt``, which holds the
+    non-tensor objects in their nested structure, as Megatron's own save puts its common state
+    there; see docs/TORCH_DCP.md).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)

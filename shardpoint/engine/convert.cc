@@ -94,9 +94,11 @@ Result<ConvertReport> Convert(std::string_view source, std::string_view destinat
   save.pool = &pool;
   save.overwrite = options.overwrite;
   save.format = options.format;
+  save.megatron = options.megatron;
   save.files_per_rank = std::max(1, options.files);
   save.attributes = src.metadata.attributes;
   save.attributes.erase("torch_dcp.version");
+  std::erase_if(save.attributes, [](const auto& kv) { return kv.first.starts_with("megatron."); });
   save.fill_budget_bytes = options.memory_budget_bytes;
   const uint64_t window = std::max<uint64_t>(uint64_t{1} << 20, options.memory_budget_bytes / 4);
   save.fill_piece = [&](size_t t, size_t c, MutableByteView out) {

@@ -24,6 +24,7 @@ namespace sp {
 
 struct ConvertOptions {
   CheckpointFormat format = CheckpointFormat::kNative;  // kNative or kTorchDcp
+  bool megatron = false;  // with kTorchDcp: a Megatron-Core torch_dist checkpoint (SaveOptions)
   bool overwrite = false;
   int threads = 0;                                    // 0: DefaultIoThreads()
   int files = 1;                                      // data files of the output

@@ -22,6 +22,7 @@
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/dcp_writer.h"
+#include "shardpoint/format/torch_dcp/megatron.h"
 #include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/save_plan.h"
 
@@ -111,6 +112,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
                                                    CheckpointMetadata* metadata) {
   if (options.format != CheckpointFormat::kNative && options.format != CheckpointFormat::kTorchDcp) {
     return InvalidArgumentError("cannot save in the safetensors format (use consolidation)");
+  }
+  if (options.megatron && options.format != CheckpointFormat::kTorchDcp) {
+    return InvalidArgumentError("a Megatron checkpoint is a torch-dcp checkpoint "
+                                "(format kTorchDcp)");
   }
   for (std::string_view name : {std::string_view(kMetadataFileName),
                                 std::string_view(torch_dcp::kDcpMetadataFileName)}) {
@@ -288,12 +293,43 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
   return OkStatus();
 }
 
+// A Megatron save (SaveOptions::megatron): common.pt with the objects and metadata.json, both
+// durable before `.metadata` commits; the objects move to *objects so that no BYTE_IO item is
+// written for them.
+Status WriteMegatronFiles(Store& store, std::string_view path, std::string_view temp_suffix,
+                          CheckpointMetadata* metadata, std::vector<ObjectEntry>* objects) {
+  SP_ASSIGN_OR_RETURN(std::string common, torch_dcp::BuildMegatronCommonFile(*metadata));
+  SP_RETURN_IF_ERROR(
+      WriteFileDurably(store, path, torch_dcp::kMegatronCommonFileName, temp_suffix, common));
+  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, torch_dcp::kMegatronConfigFileName, temp_suffix,
+                                      torch_dcp::EncodeMegatronConfig()));
+  *objects = std::exchange(metadata->objects, {});
+  return OkStatus();
+}
+
+// After a commit that is not a Megatron save: Megatron-Core files left by a replaced Megatron
+// checkpoint would make readers take this checkpoint for one (and read the old common.pt), so
+// they go, when metadata.json is Megatron's (best effort: the new checkpoint is committed).
+void RemoveReplacedMegatronFiles(Store& store, std::string_view path) {
+  const std::string config_path = JoinPath(path, torch_dcp::kMegatronConfigFileName);
+  Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(config_path);
+  if (!file.ok() || (*file)->size() > torch_dcp::kMaxMegatronConfigBytes) return;
+  std::string text((*file)->size(), '\0');
+  MutableByteView out(reinterpret_cast<std::byte*>(text.data()), text.size());
+  if (!(*file)->ReadAt(0, out).ok() || !torch_dcp::ParseMegatronConfig(text, config_path).ok()) {
+    return;
+  }
+  store.RemoveFile(config_path).IgnoreError();
+  store.RemoveFile(JoinPath(path, torch_dcp::kMegatronCommonFileName)).IgnoreError();
+}
+
 // Coordinator: takes the reports, makes the data durable, writes and renames the metadata (for
 // PyTorch DCP, after the file of the objects), removes the other format's metadata if a
 // checkpoint of that format was replaced, then removes files of earlier or failed saves that the
 // new metadata does not name.
 Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
-                           Store& store, int coordinator, CheckpointMetadata* metadata) {
+                           Store& store, int coordinator, bool megatron,
+                           CheckpointMetadata* metadata) {
   SP_RETURN_IF_ERROR(CollectReports(reports, metadata));
   const std::string temp_suffix = ".tmp-" + metadata->save_id;
   std::string metadata_name = kMetadataFileName, other_name = torch_dcp::kDcpMetadataFileName;
@@ -302,9 +338,14 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
     std::swap(metadata_name, other_name);
     // The same answer as when the files were named: only this commit changes `.metadata`.
     SP_ASSIGN_OR_RETURN(const std::string suffix, DcpNameSuffix(store, path, metadata->save_id));
+    std::vector<ObjectEntry> common_objects;  // a Megatron save's objects go to common.pt only
+    if (megatron) {
+      SP_RETURN_IF_ERROR(WriteMegatronFiles(store, path, temp_suffix, metadata, &common_objects));
+    }
     SP_ASSIGN_OR_RETURN(torch_dcp::DcpObjectFile objects,
                         torch_dcp::BuildDcpObjectFile(*metadata, coordinator, suffix));
     SP_ASSIGN_OR_RETURN(encoded, torch_dcp::BuildDcpMetadataFile(*metadata, objects, path));
+    if (megatron) metadata->objects = std::move(common_objects);
     if (!objects.items.empty()) {
       SP_RETURN_IF_ERROR(WriteFileDurably(store, path, objects.name, ".tmp", objects.bytes));
       metadata->files.push_back(DataFile{objects.name, 0, objects.bytes.size(), coordinator});
@@ -322,6 +363,7 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
     SP_RETURN_IF_ERROR(store.RemoveFile(other_path));
     SP_RETURN_IF_ERROR(store.SyncDir(path));
   }
+  if (!megatron) RemoveReplacedMegatronFiles(store, path);
   RemoveUnreferencedFiles(store, path, *metadata);
   return OkStatus();
 }
@@ -394,7 +436,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     return reports.status();
   }
   Status committed = comm.rank() == root
-                         ? CommitOnCoordinator(*reports, path, ctx->store(), root, &metadata)
+                         ? CommitOnCoordinator(*reports, path, ctx->store(), root,
+                                               options.megatron, &metadata)
                          : OkStatus();
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.

@@ -9,6 +9,7 @@
 #include "shardpoint/format/safetensors/json.h"
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/megatron.h"
 #include "shardpoint/format/torch_dcp/torch_save.h"
 
 namespace sp::torch_dcp {
@@ -274,6 +275,7 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
             [](const TensorMetadata& a, const TensorMetadata& b) { return a.name < b.name; });
   std::sort(md.objects.begin(), md.objects.end(),
             [](const ObjectEntry& a, const ObjectEntry& b) { return a.name < b.name; });
+  SP_RETURN_IF_ERROR(AddMegatronFiles(store, path, &md));  // metadata.json, common.pt (megatron.h)
   return md;
 }
 

@@ -32,6 +32,7 @@ class Decoder {
   Result<DcpStorageEntry> DecodeStorage(const PickleValue& key, const PickleValue& value) const;
   Result<DcpStorageMeta> DecodeStorageMeta(const PickleValue& v) const;
   Result<std::string> DecodePath(const PickleValue& v, std::string_view where) const;
+  Status CheckLocalPlans(const PickleValue& root) const;
 
   std::string_view path_;
 };
@@ -228,6 +229,34 @@ Result<DcpStorageMeta> Decoder::DecodeStorageMeta(const PickleValue& v) const {
   return m;
 }
 
+// Metadata.all_local_plans (megatron-core writes every rank's SavePlan there; torch's planners
+// may read it back to reuse plans). Nothing here needs it, so it is only checked to be a list
+// of SavePlan objects whose `items` are WriteItem objects; mcore_data, which older megatron-core
+// versions attach, must be plain data. Both are otherwise ignored.
+Status Decoder::CheckLocalPlans(const PickleValue& root) const {
+  constexpr char kPlanner[] = "torch.distributed.checkpoint.planner";
+  const PickleValue* plans = FindAttribute(root, "all_local_plans");
+  if (plans != nullptr && !plans->is(Kind::kNone)) {
+    if (!plans->is(Kind::kList)) return Err("all_local_plans", "is " + DescribePickleValue(*plans));
+    for (size_t i = 0; i < plans->items.size(); ++i) {
+      const std::string where = "all_local_plans[" + std::to_string(i) + "]";
+      SP_RETURN_IF_ERROR(ExpectClass(*plans->items[i], kPlanner, "SavePlan", where));
+      const PickleValue* items = FindAttribute(*plans->items[i], "items");
+      if (items == nullptr) continue;
+      if (!items->is(Kind::kList)) return Err(where, "items is " + DescribePickleValue(*items));
+      for (const PickleValue* item : items->items) {
+        SP_RETURN_IF_ERROR(ExpectClass(*item, kPlanner, "WriteItem", where + " item"));
+      }
+    }
+  }
+  const PickleValue* mcore = FindAttribute(root, "mcore_data");
+  if (mcore != nullptr && !mcore->is(Kind::kNone)) {
+    const std::string what = "DCP metadata " + std::string(path_) + ": mcore_data";
+    SP_RETURN_IF_ERROR(ToPlainValue(*mcore, what).status());
+  }
+  return OkStatus();
+}
+
 Result<DcpMetadata> Decoder::Decode(const PickleValue& root) {
   DcpMetadata md;
   SP_RETURN_IF_ERROR(ExpectClass(root, kMetadataModule, "Metadata", "root"));
@@ -254,6 +283,7 @@ Result<DcpMetadata> Decoder::Decode(const PickleValue& root) {
     SP_ASSIGN_OR_RETURN(md.storage_meta, DecodeStorageMeta(*meta));
   }
   SP_ASSIGN_OR_RETURN(md.version, OptionalString(FindAttribute(root, "version"), "version"));
+  SP_RETURN_IF_ERROR(CheckLocalPlans(root));
   SP_RETURN_IF_ERROR(ValidateDcpMetadata(md, path_, StatusCode::kDataLoss));
   return md;
 }

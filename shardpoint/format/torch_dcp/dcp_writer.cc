@@ -9,6 +9,7 @@
 #include "shardpoint/format/safetensors/json.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/megatron.h"
 #include "shardpoint/format/torch_dcp/zip.h"
 
 namespace sp::torch_dcp {
@@ -122,7 +123,8 @@ bool IsEmptyDict(const ObjectEntry& o) {
 }
 
 // Each key's nested path, from the paths attribute; keys it lacks are their own path.
-Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md) {
+Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md,
+                                                 bool with_empty_dicts = false) {
   std::map<std::string, DcpPlannerPath> by_key;
   auto attr = md.attributes.find(kStateDictPathsAttribute);
   if (attr != md.attributes.end()) {
@@ -152,7 +154,7 @@ Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md) {
   };
   for (const TensorMetadata& t : md.tensors) add(t.name);
   for (const ObjectEntry& o : md.objects) {
-    if (!IsEmptyDict(o)) add(o.name);
+    if (with_empty_dicts || !IsEmptyDict(o)) add(o.name);
   }
   return paths;
 }
@@ -241,6 +243,17 @@ Result<std::string> BuildDcpMetadataFile(const CheckpointMetadata& md, const Dcp
   dcp.storage_meta = DcpStorageMeta{std::string(checkpoint_id), md.save_id, std::nullopt, {}};
   dcp.version = kDcpVersion;
   return EncodeDcpMetadata(dcp);
+}
+
+Result<std::string> BuildMegatronCommonFile(const CheckpointMetadata& md) {
+  std::vector<MegatronObjectArchive> archives;
+  for (const ObjectEntry& o : md.objects) {
+    SP_ASSIGN_OR_RETURN(std::string item, ObjectItem(o));
+    archives.push_back(MegatronObjectArchive{o.name, std::move(item)});
+  }
+  SP_ASSIGN_OR_RETURN(std::vector<DcpPlannerPath> paths,
+                      PlannerPaths(md, /*with_empty_dicts=*/true));
+  return EncodeMegatronCommon(archives, paths);
 }
 
 }  // namespace sp::torch_dcp

@@ -58,6 +58,12 @@ Result<DcpObjectFile> BuildDcpObjectFile(const CheckpointMetadata& md, int rank,
 Result<std::string> BuildDcpMetadataFile(const CheckpointMetadata& md, const DcpObjectFile& objects,
                                          std::string_view checkpoint_id);
 
+// Megatron-Core's common.pt (megatron.h) holding md's objects: each the torch.save archive its
+// BYTE_IO item would be, placed at its nested path from "python.state_dict_paths" (empty dicts
+// included). A Megatron save writes this instead of BYTE_IO items. kInvalidArgument naming the
+// object when it cannot be represented.
+Result<std::string> BuildMegatronCommonFile(const CheckpointMetadata& md);
+
 // The CRC-32 of A followed by B, from crc(A), crc(B) and B's length.
 uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 

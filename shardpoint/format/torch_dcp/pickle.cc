@@ -169,16 +169,18 @@ Status Unpickler::PushLong(uint64_t length) {
 
 Status Unpickler::PushGlobal(std::string module, std::string name) {
   MapPython2Module(&module);
+  bool allowed = options_.allow_any_global;
   for (const PickleGlobalName& g : options_.allowed_globals) {
-    if (g.module == module && g.name == name) {
-      SP_ASSIGN_OR_RETURN(PickleValue * node, New(Kind::kGlobal));
-      node->text = std::move(module);
-      node->name = std::move(name);
-      return Push(node);
-    }
+    allowed = allowed || (g.module == module && g.name == name);
   }
-  return Fail("global '" + module + "." + name + "' is not in the " +
-              std::string(options_.allowlist_name) + " allowlist; refusing to load it");
+  if (!allowed) {
+    return Fail("global '" + module + "." + name + "' is not in the " +
+                std::string(options_.allowlist_name) + " allowlist; refusing to load it");
+  }
+  SP_ASSIGN_OR_RETURN(PickleValue * node, New(Kind::kGlobal));
+  node->text = std::move(module);
+  node->name = std::move(name);
+  return Push(node);
 }
 
 Status Unpickler::PushTuple(std::vector<PickleValue*> items) {

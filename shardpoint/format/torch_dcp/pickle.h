@@ -8,8 +8,9 @@
 // by the caller (dcp_metadata.cc, torch_save.cc), never here.
 //
 // Safety rules (docs/TORCH_DCP.md):
-//  - Every GLOBAL / STACK_GLOBAL is checked against the caller's allowlist; anything else is
-//    refused with kDataLoss naming `module.name` and its byte offset.
+//  - Every GLOBAL / STACK_GLOBAL is checked against the caller's allowlist (unless the caller
+//    sets allow_any_global); anything else is refused with kDataLoss naming `module.name` and
+//    its byte offset.
 //  - Only the opcodes pickle.cc handles are accepted (docs/TORCH_DCP.md §5); any other is refused
 //    naming its byte value, its pickle name and its offset.
 //  - Caps on open MARKs, stack size, memo entries, nodes and string lengths (checked against the
@@ -120,6 +121,10 @@ struct UnpickleOptions {
   // the message ("DCP metadata").
   std::span<const PickleGlobalName> allowed_globals;
   std::string_view allowlist_name = "allowlist";
+  // Accept every global (still never called: the tree stays inert). For callers that only
+  // re-emit a pickle's objects without interpreting them (megatron.h), never for decoders that
+  // act on what they find.
+  bool allow_any_global = false;
   // BINPERSID is refused unless set (torch.save's data.pkl uses it; DCP metadata never does).
   bool allow_persistent_id = false;
   size_t max_open_marks = 256;   // nesting of MARK ... TUPLE/LIST/DICT/SETITEMS/APPENDS

@@ -89,6 +89,13 @@ constexpr PickleGlobalName kDcpFixed[] = {
     {"torch.distributed.checkpoint.metadata", "MetadataIndex"},
     {"torch.distributed.checkpoint.metadata", "StorageMeta"},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo"},
+    // Metadata.all_local_plans, which megatron-core's torch_dist save attaches (each rank's
+    // SavePlan); decoded as data and only checked for its shape (dcp_metadata.cc).
+    {"torch.distributed.checkpoint.planner", "SavePlan"},
+    {"torch.distributed.checkpoint.planner", "WriteItem"},
+    {"torch.distributed.checkpoint.planner", "WriteItemType"},
+    {"torch.distributed.checkpoint.planner", "TensorWriteData"},
+    {"torch.distributed.checkpoint.planner", "BytesIOWriteData"},
     {"torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"},
     {"torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"},
     {"torch", "Size"},

@@ -1,0 +1,325 @@
+#include "shardpoint/format/torch_dcp/megatron.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <variant>
+
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/megatron_emit.h"
+#include "shardpoint/format/torch_dcp/pickle_writer.h"
+#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_dcp/test_util.h"
+#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_dcp/zip.h"
+
+namespace sp::torch_dcp {
+namespace {
+
+using P = PlainValue;
+
+// A string literal with embedded NULs, without its terminator.
+template <size_t N>
+std::string Raw(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
+// A torch.save-like archive under "common/" with `pickle` as data.pkl and `storages` as
+// data/<key> records.
+std::string Archive(std::string pickle, std::vector<std::pair<std::string, std::string>> storages = {}) {
+  std::vector<std::pair<std::string, std::string>> records = {{"common/data.pkl", std::move(pickle)},
+                                                              {"common/byteorder", "little"}};
+  for (auto& [key, bytes] : storages) records.emplace_back("common/data/" + key, std::move(bytes));
+  records.emplace_back("common/version", "3\n");
+  Result<std::string> zip = BuildZip(records);
+  EXPECT_TRUE(zip.ok()) << zip.status();
+  return zip.ok() ? *zip : std::string();
+}
+
+// Pushes argparse.Namespace(lr=0.1) as CPython's protocol-2 pickler does.
+void PushNamespace(PickleWriter& w) {
+  w.Global("argparse", "Namespace");
+  w.Tuple(0);
+  w.NewObj();
+  w.EmptyDict();
+  w.String("lr");
+  w.Float(0.1);
+  w.SetItem();
+  w.Build();
+}
+
+// A float32 tensor of 2 elements over storage key `key` (torch._utils._rebuild_tensor_v2).
+void PushTensor(PickleWriter& w, std::string_view key) {
+  w.Global("torch._utils", "_rebuild_tensor_v2");
+  w.Mark();  // the 6 arguments
+  w.Mark();  // the 5 parts of the storage id
+  w.String("storage");
+  w.Global("torch", "FloatStorage");
+  w.String(key);
+  w.String("cpu");
+  w.Int(2);
+  w.Tuple(5);
+  w.BinPersId();
+  w.Int(0);
+  w.Int(2);
+  w.Tuple(1);
+  w.Int(1);
+  w.Tuple(1);
+  w.Bool(false);
+  w.Global("collections", "OrderedDict");
+  w.Tuple(0);
+  w.Reduce();
+  w.Tuple(6);
+  w.Reduce();
+}
+
+// {"iteration": 7, "args": Namespace(lr=0.1), "nested": {"x": [1, 2], "s": "hi"},
+//  "empty": {}, "t": tensor([1.0, 2.0])}
+std::string CommonArchive() {
+  PickleWriter w;
+  w.EmptyDict();
+  w.Mark();
+  w.String("iteration");
+  w.Int(7);
+  w.String("args");
+  PushNamespace(w);
+  w.String("nested");
+  w.EmptyDict();
+  w.Mark();
+  w.String("x");
+  w.EmptyList();
+  w.ListItems(2, [&](size_t i) { w.Int(static_cast<int64_t>(i) + 1); });
+  w.String("s");
+  w.String("hi");
+  w.SetItems();
+  w.String("empty");
+  w.EmptyDict();
+  w.String("t");
+  PushTensor(w, "0");
+  w.SetItems();
+  const float data[2] = {1.0f, 2.0f};
+  return Archive(w.Finish(), {{"0", std::string(reinterpret_cast<const char*>(data), 8)}});
+}
+
+Result<PlainValue> PlainOf(const std::string& archive, std::string_view what) {
+  return ParseTorchSaveObject(MemoryRangeReader(AsBytes(archive)), archive.size(), what);
+}
+
+TEST(MegatronConfig, ParsesWhatMegatronWrites) {
+  Result<MegatronConfig> c = ParseMegatronConfig(TestData("megatron/metadata.json"), "ck/metadata.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, MegatronConfig());
+  Result<MegatronConfig> again = ParseMegatronConfig(EncodeMegatronConfig(), "x");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, MegatronConfig());
+  EXPECT_EQ(EncodeMegatronConfig(), TestData("megatron/metadata.json"));
+}
+
+TEST(MegatronConfig, RefusesOtherBackendsAndDamage) {
+  SP_EXPECT_ERROR(ParseMegatronConfig(R"({"sharded_backend": "zarr"})", "ck/metadata.json").status(),
+                  StatusCode::kUnimplemented,
+                  "Megatron checkpoint ck/metadata.json: sharded_backend 'zarr' version 1 is not supported");
+  SP_EXPECT_ERROR(ParseMegatronConfig(R"({"sharded_backend": "torch_dist", "sharded_backend_version": 2})", "m")
+                      .status(),
+                  StatusCode::kUnimplemented, "version 2 is not supported");
+  SP_EXPECT_ERROR(ParseMegatronConfig(R"({"sharded_backend": "torch_dist", "common_backend": "zarr"})", "m")
+                      .status(),
+                  StatusCode::kUnimplemented, "common_backend 'zarr'");
+  SP_EXPECT_ERROR(ParseMegatronConfig("[1]", "m").status(), StatusCode::kDataLoss, "is not a JSON object");
+  SP_EXPECT_ERROR(ParseMegatronConfig("{}", "m").status(), StatusCode::kDataLoss, "has no sharded_backend");
+  SP_EXPECT_ERROR(ParseMegatronConfig(R"({"sharded_backend": 3})", "m").status(), StatusCode::kDataLoss,
+                  "sharded_backend is not a string");
+  SP_EXPECT_ERROR(ParseMegatronConfig(R"({"sharded_backend": "torch_dist", "sharded_backend_version": -1})", "m")
+                      .status(),
+                  StatusCode::kDataLoss, "sharded_backend_version is not a non-negative integer");
+  SP_EXPECT_ERROR(ParseMegatronConfig(R"({"sharded_backend": "torch_dist")", "m").status(),
+                  StatusCode::kDataLoss, "Megatron config m");
+  SP_EXPECT_ERROR(ParseMegatronConfig(std::string(kMaxMegatronConfigBytes + 1, ' '), "m").status(),
+                  StatusCode::kDataLoss, "larger than the limit");
+}
+
+// The .metadata megatron-core 0.16.1 wrote (all_local_plans with SavePlan / WriteItem /
+// WriteItemType / TensorWriteData) decodes; the plans are only checked.
+TEST(MegatronMetadata, AllLocalPlansDecodeAsData) {
+  Result<DcpMetadata> md = DecodeDcpMetadata(AsBytes(TestData("megatron/.metadata")), "ck/.metadata");
+  ASSERT_TRUE(md.ok()) << md.status();
+  ASSERT_EQ(md->state_dict_metadata.size(), 2u);
+  EXPECT_EQ(md->state_dict_metadata[0].fqn, "model.w");
+  EXPECT_EQ(md->state_dict_metadata[0].size, (Shape{8, 6}));
+  EXPECT_EQ(md->state_dict_metadata[0].chunks.size(), 2u);
+  EXPECT_FALSE(md->planner_data.has_value());
+  // A renamed class in the plans is refused by the allowlist, not run.
+  std::string bytes = TestData("megatron/.metadata");
+  size_t at = bytes.find("WriteItemType");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 13, "WriteItemTypX");
+  SP_EXPECT_ERROR(DecodeDcpMetadata(AsBytes(bytes), "ck/.metadata").status(), StatusCode::kDataLoss,
+                  "global 'torch.distributed.checkpoint.planner.WriteItemTypX' is not in the DCP metadata "
+                  "allowlist");
+  // A plan that is not a SavePlan is refused naming it.
+  bytes = TestData("megatron/.metadata");
+  at = bytes.find("\x8c\x08SavePlan");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at + 2, 8, "Metadata");  // planner.Metadata is not allowed either
+  SP_EXPECT_ERROR(DecodeDcpMetadata(AsBytes(bytes), "ck/.metadata").status(), StatusCode::kDataLoss,
+                  "torch.distributed.checkpoint.planner.Metadata");
+}
+
+TEST(MegatronCommon, RealCommonPtFlattens) {
+  Result<MegatronCommon> c = DecodeMegatronCommon(AsBytes(TestData("megatron/common.pt")), "ck/common.pt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->objects.size(), 4u);
+  EXPECT_EQ(c->objects[0].name, "iteration");
+  EXPECT_EQ(c->objects[1].name, "args");
+  EXPECT_EQ(c->objects[2].name, "nested.x");
+  EXPECT_EQ(c->objects[3].name, "nested.s");
+  EXPECT_EQ(c->paths[2].path, (std::vector<std::variant<std::string, int64_t>>{"nested", "x"}));
+  Result<PlainValue> x = PlainOf(c->objects[2].payload, "x");
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(*x, P::List({P::Int(1), P::Int(2)}));
+  // The Namespace is re-emitted as data, never built: its archive holds the global and the state.
+  SP_EXPECT_ERROR(PlainOf(c->objects[1].payload, "args").status(), StatusCode::kDataLoss, "argparse.Namespace");
+  Result<SourceArchive> args = OpenSourceArchive(AsBytes(c->objects[1].payload), "args");
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_TRUE(IsObjectOf(args->pickle.root(), "argparse", "Namespace"));
+  const PickleValue* lr = FindAttribute(args->pickle.root(), "lr");
+  ASSERT_NE(lr, nullptr);
+  EXPECT_EQ(lr->float_value, 0.1);
+}
+
+TEST(MegatronCommon, TensorsSetsAndEmptyDictsRoundTrip) {
+  const std::string archive = CommonArchive();
+  Result<MegatronCommon> c = DecodeMegatronCommon(AsBytes(archive), "common.pt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::string> names;
+  for (const ObjectEntry& o : c->objects) names.push_back(o.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"iteration", "args", "nested.x", "nested.s", "empty", "t"}));
+  const std::string& t = c->objects[5].payload;
+  Result<TorchSaveTensorInfo> info = ParseTorchSaveTensor(MemoryRangeReader(AsBytes(t)), t.size(), "t");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->shape, (Shape{2}));
+  float back[2];
+  std::memcpy(back, t.data() + info->data_offset, 8);
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], 2.0f);
+  // Objects -> common.pt -> objects gives the same values at the same paths.
+  std::vector<MegatronObjectArchive> in;
+  for (const ObjectEntry& o : c->objects) in.push_back({o.name, o.payload});
+  Result<std::string> encoded = EncodeMegatronCommon(in, c->paths);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  Result<MegatronCommon> again = DecodeMegatronCommon(AsBytes(*encoded), "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->objects.size(), c->objects.size());
+  for (size_t i = 0; i < again->objects.size(); ++i) {
+    EXPECT_EQ(again->objects[i].name, c->objects[i].name);
+    EXPECT_EQ(again->paths[i], c->paths[i]);
+  }
+  EXPECT_EQ(again->objects[2].payload, c->objects[2].payload);
+  Result<PlainValue> empty = PlainOf(again->objects[4].payload, "empty");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, P::Dict({}));
+}
+
+TEST(MegatronCommon, EncodeRefusesConflictingPaths) {
+  Result<std::string> one = EncodePlainObjectItem(P::Int(1));
+  ASSERT_TRUE(one.ok());
+  std::vector<MegatronObjectArchive> objects = {{"a", *one}, {"a.b", *one}};
+  std::vector<DcpPlannerPath> paths = {{"a", {"a"}}, {"a.b", {"a", "b"}}};
+  SP_EXPECT_ERROR(EncodeMegatronCommon(objects, paths).status(), StatusCode::kInvalidArgument,
+                  "object 'a.b': its path conflicts");
+  objects = {{"bad", "not an archive"}};
+  EXPECT_FALSE(EncodeMegatronCommon(objects, {}).ok());
+}
+
+TEST(MegatronCommon, HostileArchivesAreRefused) {
+  PickleWriter list_root;
+  list_root.EmptyList();
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(Archive(list_root.Finish())), "c.pt").status(),
+                  StatusCode::kDataLoss, "Megatron common state c.pt: the root is list of 0, expected a dict");
+  PickleWriter int_key;
+  int_key.EmptyDict();
+  int_key.Int(3);
+  int_key.Int(4);
+  int_key.SetItem();
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(Archive(int_key.Finish())), "c.pt").status(),
+                  StatusCode::kDataLoss, "dict key is int 3, expected a str");
+  for (const char* key : {"../x", "1/2", ""}) {
+    PickleWriter w;
+    w.EmptyDict();
+    w.String("t");
+    PushTensor(w, key);
+    w.SetItem();
+    SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(Archive(w.Finish())), "c.pt").status(),
+                    StatusCode::kDataLoss, "is not a plain name");
+  }
+  PickleWriter missing;
+  missing.EmptyDict();
+  missing.String("t");
+  PushTensor(missing, "7");
+  missing.SetItem();
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(Archive(missing.Finish())), "c.pt").status(),
+                  StatusCode::kDataLoss, "no record 'common/data/7'");
+  // Nesting deeper than the walk allows.
+  PickleWriter deep;
+  deep.EmptyDict();
+  deep.String("k");
+  std::function<void(int)> nest = [&](int n) {
+    deep.EmptyList();
+    if (n > 0) deep.ListItems(1, [&](size_t) { nest(n - 1); });
+  };
+  nest(200);
+  deep.SetItem();
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(Archive(deep.Finish())), "c.pt").status(),
+                  StatusCode::kDataLoss, "nesting deeper than 128");
+  // A memo bomb: 40 levels of [x, x] is 2^40 values when walked; refused before any walk.
+  std::string bomb = Raw("\x80\x02}q\x00X\x01\x00\x00\x00kq\x01K\x00");
+  for (int i = 0; i < 40; ++i) bomb += "q\x02" "0" "h\x02h\x02\x86";
+  bomb += "s.";
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(Archive(bomb)), "c.pt").status(), StatusCode::kDataLoss,
+                  "more than 4194304 values");
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(std::string("PK\x05\x06 truncated")), "c.pt").status(),
+                  StatusCode::kDataLoss, "c.pt");
+  std::string big_endian = Archive(Raw("\x80\x02}q\x00."));
+  size_t at = big_endian.find("little");
+  big_endian.replace(at, 6, "bigxxx");
+  EXPECT_FALSE(DecodeMegatronCommon(AsBytes(big_endian), "c.pt").ok());
+}
+
+// Random byte changes to the pickles of a real and a hand-built common.pt (archives rebuilt so the
+// CRCs match): every result is a value or a clean error, and what decodes re-emits again.
+TEST(MegatronCommon, MutatedPicklesDecodeOrFailCleanly) {
+  std::vector<std::string> pickles;
+  for (const std::string& archive : {TestData("megatron/common.pt"), CommonArchive()}) {
+    Result<SourceArchive> source = OpenSourceArchive(AsBytes(archive), "seed");
+    ASSERT_TRUE(source.ok()) << source.status();
+    const ZipEntry* pkl = source->dir.Find(source->prefix + "data.pkl");
+    ASSERT_NE(pkl, nullptr);
+    Result<std::string> bytes = ReadZipEntry(MemoryRangeReader(AsBytes(archive)), source->dir, *pkl, "seed", 1 << 20);
+    ASSERT_TRUE(bytes.ok());
+    pickles.push_back(*bytes);
+  }
+  const float data[2] = {1.0f, 2.0f};
+  std::mt19937 rng(12);
+  int decoded = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string p = pickles[i % 2];
+    for (int k = 0; k < 1 + i % 3; ++k) p[rng() % p.size()] = static_cast<char>(rng() % 256);
+    Result<MegatronCommon> c = DecodeMegatronCommon(
+        AsBytes(Archive(p, {{"0", std::string(reinterpret_cast<const char*>(data), 8)}})), "m.pt");
+    if (!c.ok()) {
+      EXPECT_TRUE(c.status().code() == StatusCode::kDataLoss || c.status().code() == StatusCode::kUnimplemented)
+          << c.status();
+      continue;
+    }
+    ++decoded;
+    for (const ObjectEntry& o : c->objects) {
+      EXPECT_TRUE(ReemitTorchSaveArchive(AsBytes(o.payload), o.name).ok()) << o.name;
+    }
+  }
+  EXPECT_GT(decoded, 0);
+}
+
+}  // namespace
+}  // namespace sp::torch_dcp
