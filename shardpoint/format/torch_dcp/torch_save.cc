@@ -243,8 +243,10 @@ ObjectEntry ObjectFromTorchSaveItem(std::string name, std::string archive) {
   if (archive.size() <= kMaxPlainObjectItemBytes) {
     Result<PlainValue> value = ParseTorchSaveObject(MemoryRangeReader(AsBytes(archive)),
                                                     archive.size(), "object '" + name + "'");
-    Result<std::string> pickle = value.ok() ? EncodePlainPickle(*value) : value.status();
-    if (pickle.ok()) return ObjectEntry{std::move(name), ObjectEncoding::kPlain, *std::move(pickle)};
+    if (value.ok()) {
+      Result<std::string> pickle = EncodePlainPickle(*value);
+      if (pickle.ok()) return ObjectEntry{std::move(name), ObjectEncoding::kPlain, std::move(*pickle)};
+    }
   }
   return ObjectEntry{std::move(name), ObjectEncoding::kTorchSave, std::move(archive)};
 }
