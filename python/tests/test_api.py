@@ -219,7 +219,8 @@ def test_flatten_rejects_colliding_keys_and_non_string_keys():
     with pytest.raises(ValueError, match="a.b"):
         _flatten.flatten({"a.b": 1, "a": {"b": 2}}, lambda v: False)
     with pytest.raises(TypeError, match="1"):
-        _flatten.flatten({"a": {1: 2}}, lambda v: False)
+        _flatten.flatten({"a": {1: torch.ones(1)}}, lambda v: isinstance(v, torch.Tensor))
+    assert _flatten.flatten({"a": {1: 2}}, lambda v: False) == ({"a": {1: 2}}, {"a": ("a",)})  # one plain object
     flat, paths = _flatten.flatten({"a": [torch.ones(1), {"b": 2}], "c": [1, 2]}, lambda v: isinstance(v, torch.Tensor))
     assert list(flat) == ["a.0", "a.1.b", "c"] and paths["a.1.b"] == ("a", 1, "b")
     assert json.loads(json.dumps(_flatten.encode_paths(paths))) == [["a.0", ["a", 0]], ["a.1.b", ["a", 1, "b"]], ["c", ["c"]]]
