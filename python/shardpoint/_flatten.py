@@ -48,7 +48,7 @@ def flatten(state_dict: Mapping[str, Any], is_leaf: Callable[[Any], bool]) -> tu
 
     ``is_leaf(value)`` tells which values are tensors (never walked into). Raises ValueError naming
     both paths when two different paths give the same dotted key, and TypeError for a non-string
-    dict key.
+    key of a dict that holds tensors (without tensors such a dict is one leaf).
     """
     flat: dict[str, Any] = {}
     paths: dict[str, Path] = {}
