@@ -26,6 +26,7 @@ std::string EncodingName(ObjectEncoding e) {
     case ObjectEncoding::kPickle: return "pickle";
     case ObjectEncoding::kBytes: return "bytes";
     case ObjectEncoding::kTorchSave: return "torch-save";
+    case ObjectEncoding::kPlain: return "plain";
   }
   return "unknown";
 }

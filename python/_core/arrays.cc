@@ -170,8 +170,9 @@ ObjectEncoding ParseEncoding(const std::string& encoding, const std::string& obj
   if (encoding == "pickle") return ObjectEncoding::kPickle;
   if (encoding == "bytes") return ObjectEncoding::kBytes;
   if (encoding == "torch-save") return ObjectEncoding::kTorchSave;
+  if (encoding == "plain") return ObjectEncoding::kPlain;
   ValueError("object '" + object_name + "': unknown encoding '" + encoding +
-             "', expected 'json', 'pickle', 'bytes' or 'torch-save'");
+             "', expected 'json', 'plain', 'pickle', 'bytes' or 'torch-save'");
 }
 
 const char* EncodingName(ObjectEncoding encoding) {
@@ -180,6 +181,7 @@ const char* EncodingName(ObjectEncoding encoding) {
     case ObjectEncoding::kPickle: return "pickle";
     case ObjectEncoding::kBytes: return "bytes";
     case ObjectEncoding::kTorchSave: return "torch-save";
+    case ObjectEncoding::kPlain: return "plain";
   }
   return "unknown";
 }

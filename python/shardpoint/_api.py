@@ -38,7 +38,7 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """A stored object: its encoding ("json", "bytes" or "pickle") and payload size."""
+    """A stored object: its encoding ("json", "plain", "bytes", "torch-save" or "pickle") and payload size."""
 
     encoding: str
     nbytes: int

@@ -1,10 +1,11 @@
 """Flattening of nested state dicts to dotted keys, and rebuilding them.
 
-As torch.distributed.checkpoint does: dicts are walked with their (string) keys, lists and tuples
-that hold mappings or tensors (at any depth) are walked with their indices, and the keys along the
-way are joined with ".". Everything else is a leaf (unlike DCP, a tuple holding tensors is
-walked). An empty dict or list is a leaf too (stored as a plain object), so the structure comes
-back whole. A path records, per level, whether it went through a dict (a str key) or a list (an
+As torch.distributed.checkpoint does: dicts are walked with their (string) keys, lists that hold
+tensors, mappings or such lists are walked with their indices, and the keys along the way are
+joined with ".". Everything else is a leaf; in particular a tuple is always one leaf, even when it
+holds tensors (DCP stores it as one object, and so does shardpoint). An empty dict or list is a
+leaf too (stored as a plain object), so the structure comes back whole, and so is a mapping with a
+key that is not a str (``{1: "a"}``, stored exactly) unless it holds tensors, which is refused. A path records, per level, whether it went through a dict (a str key) or a list (an
 int index), which is what :func:`unflatten` needs.
 """
 
@@ -19,17 +20,27 @@ def _walks_into(value: Any, is_leaf: Callable[[Any], bool]) -> bool:
     if is_leaf(value):
         return False
     if isinstance(value, Mapping):
-        return len(value) > 0
-    if isinstance(value, (list, tuple)):
-        return not _is_plain_sequence(value, is_leaf)
+        return len(value) > 0 and (all(isinstance(k, str) for k in value) or _holds_leaf(value, is_leaf))
+    if isinstance(value, list):
+        return not _is_terminal_list(value, is_leaf)
     return False
 
 
-def _is_plain_sequence(value: Sequence[Any], is_leaf: Callable[[Any], bool]) -> bool:
-    """A list of scalars and of such lists (no tensors, no mappings at any depth) is one plain
-    object, as in DCP (``[[1, 2], [3]]`` is stored under its own key, not as ``x.0`` and ``x.1``)."""
+def _holds_leaf(value: Any, is_leaf: Callable[[Any], bool], depth: int = 0) -> bool:
+    """True when a tensor lies anywhere inside ``value`` (mappings, lists and tuples)."""
+    if is_leaf(value):
+        return True
+    if depth > 100:
+        return False
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    return any(_holds_leaf(v, is_leaf, depth + 1) for v in items)
+
+
+def _is_terminal_list(value: Sequence[Any], is_leaf: Callable[[Any], bool]) -> bool:
+    """A list is one object unless an item is a tensor, a mapping or a list that is walked, as in
+    DCP (``[[1, 2], [3]]`` and ``[(t, 1)]`` are stored under their own key, not as ``x.0``...)."""
     return all(not is_leaf(v) and not isinstance(v, Mapping)
-               and (not isinstance(v, (list, tuple)) or _is_plain_sequence(v, is_leaf)) for v in value)
+               and (not isinstance(v, list) or _is_terminal_list(v, is_leaf)) for v in value)
 
 
 def flatten(state_dict: Mapping[str, Any], is_leaf: Callable[[Any], bool]) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -37,7 +48,7 @@ def flatten(state_dict: Mapping[str, Any], is_leaf: Callable[[Any], bool]) -> tu
 
     ``is_leaf(value)`` tells which values are tensors (never walked into). Raises ValueError naming
     both paths when two different paths give the same dotted key, and TypeError for a non-string
-    dict key.
+    key of a dict that holds tensors (without tensors such a dict is one leaf).
     """
     flat: dict[str, Any] = {}
     paths: dict[str, Path] = {}

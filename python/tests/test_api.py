@@ -75,12 +75,13 @@ def test_nested_structure_is_flattened_and_rebuilt(tmp_path):
     info = sp.inspect(tmp_path / "c")
     assert set(info.tensors) == {"model.layers.0.w", "model.layers.1.w", "np"}
     assert {k: v.encoding for k, v in info.objects.items()} == {
-        "optim.param_groups.0.lr": "json", "optim.param_groups.0.betas": "json", "optim.param_groups.0.params": "json",
+        "optim.param_groups.0.lr": "json", "optim.param_groups.0.betas": "plain", "optim.param_groups.0.params": "json",
         "empty": "json", "none": "json", "blob": "bytes"}
     full = sp.load_full(tmp_path / "c")
     assert list(full) == ["model", "optim", "empty", "none", "blob", "np"]
     assert torch.equal(full["model"]["layers"][0]["w"], state["model"]["layers"][0]["w"])
-    assert full["optim"]["param_groups"][0] == {"lr": 0.1, "betas": [0.9, 0.99], "params": ["a", "b"]}
+    assert full["optim"]["param_groups"][0] == {"lr": 0.1, "betas": (0.9, 0.99), "params": ["a", "b"]}
+    assert type(full["optim"]["param_groups"][0]["betas"]) is tuple
     assert full["empty"] == {} and full["none"] is None and full["blob"] == b"\x00\x01"
     assert torch.equal(full["np"], torch.arange(4))
     template = {"model": {"layers": [{"w": torch.zeros(2, 3)}, {"w": torch.zeros(2, 3)}]},
@@ -93,11 +94,12 @@ def test_nested_structure_is_flattened_and_rebuilt(tmp_path):
 
 
 def test_nested_plain_lists_are_one_object_and_tuples_come_back(tmp_path):
-    # As in DCP: a list of lists of scalars is one object; a template's tuples are restored at any depth.
+    # As in DCP: a list of lists of scalars is one object; tuples are stored exactly ("plain").
     state = {"grid": [[1, 2], [3]], "pairs": ((1, 2), (3, 4)), "w": torch.ones(2)}
     sp.save(state, tmp_path / "c")
-    assert {k: v.encoding for k, v in sp.inspect(tmp_path / "c").objects.items()} == {"grid": "json", "pairs": "json"}
-    template = {"grid": [], "pairs": ((0, 0), (0, 0)), "w": torch.zeros(2)}
+    assert {k: v.encoding for k, v in sp.inspect(tmp_path / "c").objects.items()} == {"grid": "json", "pairs": "plain"}
+    assert sp.load_full(tmp_path / "c")["pairs"] == ((1, 2), (3, 4))
+    template = {"grid": [], "pairs": None, "w": torch.zeros(2)}
     sp.load(template, tmp_path / "c")
     assert template["grid"] == [[1, 2], [3]] and template["pairs"] == ((1, 2), (3, 4))
 
@@ -217,7 +219,8 @@ def test_flatten_rejects_colliding_keys_and_non_string_keys():
     with pytest.raises(ValueError, match="a.b"):
         _flatten.flatten({"a.b": 1, "a": {"b": 2}}, lambda v: False)
     with pytest.raises(TypeError, match="1"):
-        _flatten.flatten({"a": {1: 2}}, lambda v: False)
+        _flatten.flatten({"a": {1: torch.ones(1)}}, lambda v: isinstance(v, torch.Tensor))
+    assert _flatten.flatten({"a": {1: 2}}, lambda v: False) == ({"a": {1: 2}}, {"a": ("a",)})  # one plain object
     flat, paths = _flatten.flatten({"a": [torch.ones(1), {"b": 2}], "c": [1, 2]}, lambda v: isinstance(v, torch.Tensor))
     assert list(flat) == ["a.0", "a.1.b", "c"] and paths["a.1.b"] == ("a", 1, "b")
     assert json.loads(json.dumps(_flatten.encode_paths(paths))) == [["a.0", ["a", 0]], ["a.1.b", ["a", 1, "b"]], ["c", ["c"]]]

@@ -147,10 +147,9 @@ def test_torch_written_dcp_to_native_to_torch_dcp(tmp_path):
     assert len(torch_metadata(source).state_dict_metadata["grid"].chunks) == 4
     report = converted(source, native, "native")
     assert (report["from"], report["chunks"]) == ("torch-dcp", 4 + 4 + 4 + 1 + 1)
-    # torch's objects are torch.save archives: copied as they are, read back only with allow_pickle.
-    with pytest.raises(sp.CheckpointArgumentError):
-        sp.load_full(native)
-    assert same(sp.load_full(native, allow_pickle=True), expected) == []
+    # torch's objects hold plain data: stored as "plain" objects, read back with no allow_pickle.
+    assert {o.encoding for o in sp.inspect(native).objects.values()} == {"plain"}
+    assert same(sp.load_full(native), expected) == []
     assert _chunks(native) == _chunks(source)
     converted(native, again, "torch-dcp")
     theirs = torch_save_of(source, str(tmp_path / "theirs.pt"))

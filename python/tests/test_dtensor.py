@@ -168,7 +168,7 @@ def test_load_at_1_process_and_load_full(checkpoints):
             assert torch.equal(state["w"]["a"], ref["w.a"]) and torch.equal(state["w"]["c"], ref["w.c"])
             assert torch.equal(state["bias"], ref["bias"]) and torch.equal(state["scalar"], ref["scalar"])
             assert state["step"] == 17 and state["meta"]["name"] == "run-1"
-        assert template["meta"]["betas"] == (0.9, 0.95) and full["meta"]["betas"] == [0.9, 0.95]
+        assert template["meta"]["betas"] == (0.9, 0.95) and full["meta"]["betas"] == (0.9, 0.95)
     info = sp.inspect(os.path.join(checkpoints, "b_two_dims_one_tensor_dim"))
     assert info.world_size == 4 and info.tensors["w.b"].shape == (10, 7) and info.tensors["w.b"].dtype == "bfloat16"
     # [S(0), S(0)] over (2, 2) splits 10 rows into 5 | 5, then 3 + 2 each: four row chunks.

@@ -255,9 +255,9 @@ def test_fsdp2_adam_saved_by_torch_at_4_resumed_by_shardpoint_at_2(tmp_path):
     assert len(info.tensors["model.0.weight"].chunks) == 4 and info.tensors["model.0.weight"].shape == (35, 12)
     optimizer_keys = {"optim.state.0.weight.exp_avg", "optim.state.2.bias.exp_avg_sq", "optim.state.0.weight.step"}
     assert optimizer_keys <= set(info.tensors)
-    assert info.objects["optim.param_groups.0.lr"].encoding == "torch-save"
+    assert info.objects["optim.param_groups.0.lr"].encoding == "plain"  # plain data: no allow_pickle needed
     for rank in run_ranks(2, fsdp_resume, path):
-        assert "optim.param_groups.0." in rank["refusal"] and "allow_pickle=True" in rank["refusal"]
+        assert rank["refusal"] is None
         assert rank["same_keys"] and rank["differing"] == []
         assert rank["losses"] == rank["torch_losses"]  # the same bytes loaded: the same arithmetic
         assert rank["losses"] == pytest.approx(uninterrupted[SAVE_AT:], rel=1e-5)
@@ -290,8 +290,7 @@ def test_nested_state_dict_rebuilt_with_its_structure(tmp_path):
     assert {key: tuple(p) for key, p in json.loads(shown)} == planner_data
     assert differences(sp.load_full(path, allow_pickle=True), original) == []
     assert differences(sp.load_full(path, keys=["deep"]), {"deep": original["deep"]}) == []
-    with pytest.raises(sp.CheckpointArgumentError, match="'model.layers.0.cfg.k'.*allow_pickle=True"):
-        sp.load_full(path, keys=["model"])
+    assert differences(sp.load_full(path, keys=["model"]), {"model": original["model"]}) == []  # plain: no flag
 
 
 def test_nested_state_dict_loaded_into_a_template(tmp_path):
@@ -309,16 +308,17 @@ def test_nested_state_dict_loaded_into_a_template(tmp_path):
     assert differences(template, dict(original, optimizer_state={})) == []
 
 
-@pytest.mark.xfail(strict=True, reason="DCP never walks into a tuple: ('w', (t, 2)) is stored as one torch-save "
-                   "object 'w', but sp.load flattens a tuple holding tensors (python/shardpoint/_flatten.py, "
-                   "_walks_into) and asks for 'w.0', which is missing; torch's dcp.load reads it")
 def test_tuple_holding_a_tensor_loaded_into_a_template(tmp_path):
+    # DCP never walks into a tuple: ('w', (t, 2)) is one torch-save object; so is it in sp.load, and
+    # torch.load(weights_only=True) reads it with no allow_pickle.
     path = str(tmp_path / "tuple")
     original = {"w": (torch.arange(3.0), 2)}
     save_in_process(original, path)
+    assert sp.inspect(path).objects["w"].encoding == "torch-save"
     template = {"w": (torch.zeros(3), 0)}
-    sp.load(template, path, allow_pickle=True)
+    sp.load(template, path)
     assert differences(template, original) == []
+    assert differences(sp.load_full(path), original) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,7 +436,10 @@ def test_zstd_item_cut_short_is_an_error_naming_it(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Non-tensor items: torch.save archives, read only with allow_pickle.
+# Non-tensor items: plain data needs no flag; other objects need allow_pickle.
+
+NEEDS_CODE = {"obj.fraction": "fractions.Fraction", "obj.date": "datetime.date"}
+
 
 def _object_state() -> dict:
     return {"t": random_tensor((4, 3), torch.float32, 400),
@@ -454,25 +457,31 @@ def test_objects_named_and_sized_by_inspect(tmp_path):
     assert sorted(sizes) == sorted(f"obj.{k}" for k in _object_state()["obj"])
     assert len(set(sizes.values())) > 2  # sizes that tell the items apart
     info = sp.inspect(path)
-    expected = {k: ("torch-save", n) for k, n in sizes.items()}
-    assert {k: (o.encoding, o.nbytes) for k, o in info.objects.items()} == expected
+    expected = {k: (o.encoding, o.nbytes) for k, o in info.objects.items()}
+    assert {k: e for k, (e, _) in expected.items()} == {k: "torch-save" if k in NEEDS_CODE else "plain" for k in sizes}
+    assert all(expected[k][1] == sizes[k] for k in NEEDS_CODE)  # torch-save items are kept byte for byte
+    assert expected["obj.numbers"][1] < sizes["obj.numbers"]  # a plain pickle, without the archive around it
     assert list(info.tensors) == ["t"]
     shown = json.loads(cli("inspect", "--json", path).stdout)
     assert {o["name"]: (o["encoding"], o["bytes"]) for o in shown["objects"]} == expected
 
 
-def test_objects_need_allow_pickle(tmp_path):
+def test_objects_need_allow_pickle_only_when_they_need_code(tmp_path):
     path = str(tmp_path / "objects")
     original = _object_state()
     save_in_process(original, path)
     with pytest.raises(sp.CheckpointArgumentError) as e:
         sp.load_full(path)
-    assert "'obj." in str(e.value) and "torch-save" in str(e.value) and "allow_pickle=True" in str(e.value)
-    assert bit_equal(sp.load_full(path, keys=["t"])["t"], original["t"])  # no object asked for: no opt-in needed
+    assert str(e.value) == ("object 'obj.date' needs global 'datetime.date', which torch.load(weights_only=True) does "
+                            "not allow; loading it runs code from the checkpoint; pass allow_pickle=True")
+    plain = [f"obj.{k}" for k in original["obj"] if f"obj.{k}" not in NEEDS_CODE]
+    expected = {"obj": {k: v for k, v in original["obj"].items() if f"obj.{k}" not in NEEDS_CODE}}
+    assert differences(sp.load_full(path, keys=plain), expected) == []  # plain data: no opt-in needed
+    assert bit_equal(sp.load_full(path, keys=["t"])["t"], original["t"])
     template = {"t": torch.zeros(4, 3), "obj": {k: None for k in original["obj"]}}
     with pytest.raises(sp.CheckpointArgumentError) as e:
         sp.load(template, path)
-    assert "'obj." in str(e.value) and "allow_pickle=True" in str(e.value)
+    assert any(f"object '{k}' needs global '{g}'" in str(e.value) for k, g in NEEDS_CODE.items()), str(e.value)
     full = sp.load_full(path, allow_pickle=True)
     assert differences(full, original) == [] and type(full["obj"]["fraction"]) is fractions.Fraction
     result = sp.load(template, path, allow_pickle=True)

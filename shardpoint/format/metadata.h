@@ -77,8 +77,17 @@ enum class ObjectEncoding : uint8_t {
   kPickle = 2,  // pickled bytes; loaded only with an explicit opt-in
   kBytes = 3,   // opaque bytes
   kTorchSave = 4,  // a torch.save archive of a Python object (PyTorch DCP's non-tensor items);
-                   // loaded only with the same opt-in as kPickle
+                   // loaded with torch.load(weights_only=True), anything more only with the
+                   // same opt-in as kPickle
+  kPlain = 5,  // a pickle of plain data only (None, bool, int64, float, str, bytes, list, tuple,
+               // dict): exact where JSON is not; always decoded by a restricted unpickler
 };
+
+// True for the encoding bytes the decoders accept (1 to 5).
+inline constexpr bool IsKnownObjectEncoding(uint8_t encoding) {
+  return encoding >= static_cast<uint8_t>(ObjectEncoding::kJson) &&
+         encoding <= static_cast<uint8_t>(ObjectEncoding::kPlain);
+}
 
 struct ObjectEntry {
   std::string name;

@@ -74,7 +74,7 @@ Status GetObject(ByteReader& r, ObjectEntry* o) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   o->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (encoding < 1 || encoding > 4) return DataLossError(r.what() + ": unknown object encoding");
+  if (!IsKnownObjectEncoding(encoding)) return DataLossError(r.what() + ": unknown object encoding");
   o->encoding = static_cast<ObjectEncoding>(encoding);
   SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(UINT32_MAX));
   o->payload = std::string(payload);

@@ -95,8 +95,7 @@ Result<ObjectEntry> ReadObject(ByteReader& r) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString(kMaxNameBytes));
   object.name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (encoding < static_cast<uint8_t>(ObjectEncoding::kJson) ||
-      encoding > static_cast<uint8_t>(ObjectEncoding::kTorchSave)) {
+  if (!IsKnownObjectEncoding(encoding)) {
     return DataLossError(r.what() + ": object '" + object.name + "' has unknown encoding " +
                          std::to_string(encoding));
   }

@@ -38,7 +38,8 @@ LocalSavePlan SampleLocalPlan() {
                   Tensor("odd", DType::kComplex128, {-3, int64_t{1} << 62}, {Box({1}, {2, 3})})};
   plan.objects = {{"optim.param_groups.0.lr", ObjectEncoding::kJson, "0.001"},
                   {"blob", ObjectEncoding::kBytes, std::string("\0\xff\x01", 3)},
-                  {"obj", ObjectEncoding::kPickle, ""}};
+                  {"obj", ObjectEncoding::kPickle, ""},
+                  {"betas", ObjectEncoding::kPlain, std::string("\x80\x02G?\xe0\x00\x00\x00\x00\x00\x00\x85.", 14)}};
   return plan;
 }
 

@@ -64,7 +64,7 @@ TEST(MetadataCodecTest, CoversEveryDTypeRankAndEncoding) {
   }
   EXPECT_EQ(dtypes.size(), AllDTypes().size());
   EXPECT_EQ(ranks.size(), 6u);
-  EXPECT_EQ(encodings.size(), 3u);
+  EXPECT_EQ(encodings.size(), 4u);
 }
 
 TEST(MetadataCodecTest, EmptyCheckpointRoundTrips) {

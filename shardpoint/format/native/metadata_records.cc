@@ -171,7 +171,7 @@ Result<ObjectEntry> DecodeObjectRecord(std::string_view bytes, std::string name,
   ObjectEntry object;
   object.name = std::move(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (encoding < 1 || encoding > 4) {
+  if (!IsKnownObjectEncoding(encoding)) {
     return Corrupt(path, where + ": unknown encoding " + std::to_string(encoding));
   }
   object.encoding = static_cast<ObjectEncoding>(encoding);

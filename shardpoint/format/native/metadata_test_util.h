@@ -99,9 +99,9 @@ inline CheckpointMetadata RandomMetadata(uint64_t seed, size_t tensor_count = 20
     m.files[f].size = m.files[f].data_start + cursors[f];
   }
   const ObjectEncoding encodings[] = {ObjectEncoding::kJson, ObjectEncoding::kPickle,
-                                      ObjectEncoding::kBytes};
+                                      ObjectEncoding::kBytes, ObjectEncoding::kPlain};
   for (int i = 0; i < 4; ++i) {
-    m.objects.push_back({"obj." + std::to_string(i), encodings[i % 3], RandomBytes(rng, 40)});
+    m.objects.push_back({"obj." + std::to_string(i), encodings[i % 4], RandomBytes(rng, 40)});
   }
   m.objects[0].payload = "{\"lr\": [0.001, 0.0001], \"name\": \"adam\"}";
   m.attributes["step"] = std::to_string(rng() % 100000);

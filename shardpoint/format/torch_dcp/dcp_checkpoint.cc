@@ -269,7 +269,7 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
     const uint32_t f = files.index.at(entry->relative_path);
     SP_ASSIGN_OR_RETURN(std::string payload,
                         ReadItem(*files.handles[f], *entry, "object '" + name + "'"));
-    md.objects.push_back(ObjectEntry{name, ObjectEncoding::kTorchSave, std::move(payload)});
+    md.objects.push_back(ObjectFromTorchSaveItem(name, std::move(payload)));
   }
   std::sort(md.tensors.begin(), md.tensors.end(),
             [](const TensorMetadata& a, const TensorMetadata& b) { return a.name < b.name; });

@@ -8,8 +8,9 @@
 // straight at its bytes, which loads then read in part like any native chunk. Items stored
 // otherwise (non-contiguous strides, a storage larger than the view, zstd-compressed) become
 // kDriverDecoded chunks, read whole and turned into row-major bytes by DecodeDcpChunk.
-// Non-tensor items (BYTE_IO) become ObjectEntry values with ObjectEncoding::kTorchSave: their
-// bytes are kept, never unpickled here. DCP's planner_data (the nested state-dict paths) becomes
+// Non-tensor items (BYTE_IO) are examined by the restricted torch.save reader: plain data becomes
+// an ObjectEncoding::kPlain entry, anything else an ObjectEncoding::kTorchSave entry holding the
+// archive as is (ObjectFromTorchSaveItem in torch_save.h); no code is ever run here. DCP's planner_data (the nested state-dict paths) becomes
 // the "python.state_dict_paths" attribute the Python package reads for native checkpoints.
 //
 // Writing: DcpFileName names data files as torch does; BuildDcpMetadataFile turns the metadata

@@ -103,6 +103,10 @@ Result<std::string> ObjectItem(const ObjectEntry& o) {
     }
     case ObjectEncoding::kBytes:
       return EncodePlainObjectItem(PlainValue::Bytes(o.payload));
+    case ObjectEncoding::kPlain: {
+      SP_ASSIGN_OR_RETURN(PlainValue value, DecodePlainPickle(o.payload, what));
+      return EncodePlainObjectItem(value);
+    }
     case ObjectEncoding::kPickle:  // torch.load unpickles data.pkl with any protocol
       return BuildZip({{"archive/data.pkl", o.payload},
                        {"archive/byteorder", "little"},

@@ -238,4 +238,13 @@ Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what) {
   return Convert(v, what, 0);
 }
 
+Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view what) {
+  UnpickleOptions options;
+  options.what = what;
+  options.allowed_globals = PlainDataGlobals();
+  options.allowlist_name = "plain data";
+  SP_ASSIGN_OR_RETURN(PickleTree tree, Unpickle(AsBytes(pickle), options));
+  return ToPlainValue(tree.root(), what);
+}
+
 }  // namespace sp::torch_dcp

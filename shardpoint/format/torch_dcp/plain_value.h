@@ -60,6 +60,11 @@ Status WritePlainValue(PickleWriter& writer, const PlainValue& v);
 // A whole protocol-2 pickle of `v` (PROTO 2 ... STOP).
 Result<std::string> EncodePlainPickle(const PlainValue& v);
 
+// Decodes a pickle of plain data (ObjectEncoding::kPlain) with the restricted unpickler and the
+// PlainDataGlobals() allowlist, then ToPlainValue. Never runs code; kDataLoss naming `what` for
+// anything that is not plain data (the message names a refused global).
+Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view what);
+
 // Converts unpickled plain data. Accepted besides the plain kinds: collections.OrderedDict
 // (as a dict), _codecs.encode(str, 'latin1') and bytes() (as bytes). Anything else (sets,
 // objects, persistent ids) is kDataLoss naming `what` and the value.

@@ -239,6 +239,18 @@ Result<PlainValue> ParseTorchSaveObject(const RangeReader& read, uint64_t archiv
   return ToPlainValue(a.pickle.root(), std::string(what) + " data.pkl");
 }
 
+ObjectEntry ObjectFromTorchSaveItem(std::string name, std::string archive) {
+  if (archive.size() <= kMaxPlainObjectItemBytes) {
+    Result<PlainValue> value = ParseTorchSaveObject(MemoryRangeReader(AsBytes(archive)),
+                                                    archive.size(), "object '" + name + "'");
+    if (value.ok()) {
+      Result<std::string> pickle = EncodePlainPickle(*value);
+      if (pickle.ok()) return ObjectEntry{std::move(name), ObjectEncoding::kPlain, std::move(*pickle)};
+    }
+  }
+  return ObjectEntry{std::move(name), ObjectEncoding::kTorchSave, std::move(archive)};
+}
+
 std::string_view TorchStorageClassName(DType dtype) {
   for (const StorageClass& sc : kStorageClasses) {
     if (sc.dtype == dtype) return sc.name;

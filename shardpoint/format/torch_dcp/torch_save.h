@@ -29,6 +29,7 @@
 
 #include "shardpoint/base/dtype.h"
 #include "shardpoint/base/result.h"
+#include "shardpoint/format/metadata.h"
 #include "shardpoint/format/torch_dcp/plain_value.h"
 #include "shardpoint/format/torch_dcp/zip.h"
 #include "shardpoint/geometry/box.h"
@@ -79,6 +80,17 @@ Result<std::vector<TorchSaveNamedTensor>> ParseTorchSaveStateDict(const RangeRea
 // global that is not allowed; this never runs code.
 Result<PlainValue> ParseTorchSaveObject(const RangeReader& read, uint64_t archive_length,
                                         std::string_view what);
+
+// Largest BYTE_IO item the DCP reader examines for plain data when it opens a checkpoint;
+// larger items stay torch.save archives.
+inline constexpr uint64_t kMaxPlainObjectItemBytes = uint64_t{4} << 20;
+
+// A DCP BYTE_IO item (a torch.save archive, `archive` bytes) as a stored object: plain data
+// (ParseTorchSaveObject succeeds) becomes ObjectEncoding::kPlain with a pickle written by
+// EncodePlainPickle; anything else, including items over kMaxPlainObjectItemBytes and archives
+// the restricted reader cannot parse, stays ObjectEncoding::kTorchSave with the archive as is.
+// Never runs code.
+ObjectEntry ObjectFromTorchSaveItem(std::string name, std::string archive);
 
 struct TorchSaveTensorSpec {
   std::string name;  // dict key (ignored for a single-tensor archive)
