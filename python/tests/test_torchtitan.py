@@ -1,40 +1,50 @@
-"""torchtitan's ``CheckpointManager`` over shardpoint's DCP storage adapters.
+"""torchtitan's ``CheckpointManager`` over shardpoint's DCP storage adapters (torchtitan 0.3.0, CPU,
+gloo).
 
-The llama3 "debugmodel" job of torchtitan (``llama3_debugmodel()``: its model, AdamW
+The job is torchtitan's llama3 "debugmodel" (``llama3_debugmodel()``: its model, AdamW
 ``OptimizersContainer``, warmup/decay ``LRSchedulersContainer`` and ``CheckpointManager`` configs),
-shrunk to 2 of its 6 layers and a 512-token vocabulary and built piece by piece as torchtitan's
-``Trainer.__init__`` builds it: ``ParallelDims`` (FSDP over every rank), the meta-device model,
-torchtitan's own ``parallelize_llama`` (``apply_fsdp_to_decoder``: ``fully_shard`` per block, bf16
-parameters, fp32 reductions), ``init_weights``, the optimizers and schedulers built from their
-configs, a ``ParallelAwareDataloader`` (torchdata's ``StatefulDataLoader``) over a Stateful token
-dataset, and the ``CheckpointManager`` with ``{"train_state": ...}`` holding ``step`` and
-``ntokens_seen`` as the trainer does. Each step is torchtitan's ``train_step`` for this
-configuration: forward with block-causal FlexAttention masks, its ``CrossEntropyLoss`` normalised
-by the global token count, ``clip_grad_norm_``, optimizer and scheduler steps, and the logged loss
-summed over the ranks.
+shrunk to 2 of its 6 layers and a 512-token vocabulary, built piece by piece as ``Trainer.__init__``
+builds it: ``ParallelDims`` (FSDP over every rank), the model on the meta device, torchtitan's own
+``parallelize_llama`` (``apply_fsdp_to_decoder``: ``fully_shard`` per block, bf16 parameters, fp32
+reductions, gradient division off), ``init_weights``, optimizers and schedulers from their configs, a
+``ParallelAwareDataloader`` (torchdata's ``StatefulDataLoader``) over a Stateful token dataset, and
+the ``CheckpointManager`` with ``{"train_state": ...}`` (``step``, ``ntokens_seen``) as the trainer
+gives it. A step is ``Trainer.train_step`` for this configuration: forward without the lm_head, the
+debugmodel's ``ChunkedLossWrapper`` (lm_head and ``CrossEntropyLoss`` per sequence chunk, divided by
+the global token count), backward, ``clip_grad_norm_``, optimizer and scheduler steps, and the
+logged loss summed over the ranks.
 
-A job of 4 ranks trains ``SAVE_AT`` steps, the manager saves at its interval; a fresh job of 2 ranks
-resumes through ``CheckpointManager.load`` and trains to ``STEPS``. Its losses must equal those of an
-uninterrupted 4-rank job bit for bit. Every rank reads the same batches (the dataloader is built with
-one data-parallel rank), so the math does not depend on the world size: the reductions sum copies of
-the same value with power-of-two divisors, and AdamW is elementwise. The dataloader's state, which
-torchtitan keys by data-parallel rank and refuses to load at another data-parallel degree, then loads
-at 2 ranks too.
+A job of 4 ranks trains ``STEPS`` steps; the manager saves step ``SAVE_AT`` asynchronously
+(``async_mode="async"``: ``dcp.async_save`` on the manager's gloo group) while training goes on. A
+fresh job of 2 ranks loads that step through ``CheckpointManager.load``, trains to ``STEPS`` and saves
+its last step (``dcp.save``). Its losses must equal the 4-rank job's bit for bit. That holds because
+every rank reads the same batches (the dataloader is built for one data-parallel rank), so the data
+parallel reductions add copies of one value, and AdamW is elementwise. The one sum whose order depends
+on the world size is the gradient norm over the shards; the job's ``max_norm`` is set above the norms
+it reaches (about 2), so clipping multiplies by exactly 1. The dataloader's state, which torchtitan
+keys by data-parallel rank and refuses to load at another data-parallel degree, loads at 2 ranks too.
 
-What is patched, in the test only (each rank is a fresh process, so nothing leaks):
+Patched in the test only (each rank is a fresh process, so nothing leaks into other tests):
+- ``torchtitan.distributed.minimal_async_ep.kernels`` imports Triton, which CPU builds of torch lack,
+  and every model imports it; a stand-in module that raises when a kernel is called takes its place.
 - torchtitan picks ``cuda`` as its device type when no accelerator is present: ``device_type`` and
-  ``device_module`` are set to the CPU in the modules that imported them.
-- FlexAttention is compiled by torchtitan with inductor max-autotune (minutes on a CPU): it runs
-  eagerly instead (``flex_attention`` and ``create_block_mask`` uncompiled, as torchtitan itself
-  does for determinism on ROCm).
+  ``device_module`` are set to the CPU where torchtitan imported them.
+- The debugmodel's FlexAttention cannot run backward on a CPU (torch raises), so its layers use
+  torchtitan's own ``ScaledDotProductAttention`` (causal). Every sample is one whole document
+  (positions ``0..n-1``), for which FlexAttention's block-causal document mask is the causal mask.
+- ``spmd_backend="partial_dtensor"``: with the default ``"spmd_types"``, torchtitan passes
+  ``dp_mesh_dims`` to ``fully_shard`` with plain annotated parameters, which torch 2.13's
+  ``fully_shard`` rejects ("all parameters must be DTensors on the full SPMD mesh").
+- torchtitan disables FSDP's gradient division (factor 1.0, which FSDP sends as ``PREMUL_SUM``);
+  gloo has no ``PREMUL_SUM``, so the FSDP modules are set to the plain sums this amounts to.
 - torchtitan 0.3.0 calls ``dcp.save`` / ``dcp.async_save`` / ``dcp.load`` with a ``checkpoint_id``
   only: the checkpoint module's ``dcp`` is replaced by one that adds a ``shardpoint.dcp``
   ``StorageWriter`` / ``StorageReader`` for the same path (and the manager's process group).
 
-Not exercised: ``CheckpointManager.load()`` without a step finds the latest checkpoint by looking for
-DCP's ``.metadata`` file, which a shardpoint checkpoint does not have (its commit point is
-``shardpoint.metadata``); the resumed job names its step (torchtitan's ``checkpoint.load_step``), and
-the test pins that the discovery finds nothing.
+Not covered: ``CheckpointManager.load()`` without a step looks for the latest step by DCP's
+``.metadata`` file, which a shardpoint checkpoint does not have (its commit point is
+``shardpoint.metadata``), so it finds none; a job resumes by naming the step
+(``checkpoint.load_step``), and the test pins that the search finds nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ torchtitan = pytest.importorskip("torchtitan")
 
 STEPS, SAVE_AT = 5, 3
 SEQ_LEN, LOCAL_BATCH, VOCAB, LAYERS = 32, 2, 512, 2
+MAX_NORM = 100.0  # above the gradient norms of this job (see the module docstring)
 
 
 class _NeedsTriton(types.ModuleType):
@@ -174,6 +185,7 @@ def _job_config(dump_folder: str):
     config.parallelism.spmd_backend = "partial_dtensor"
     config.training.seq_len, config.training.local_batch_size = SEQ_LEN, LOCAL_BATCH
     config.training.steps = STEPS
+    config.training.max_norm = MAX_NORM
     config.dump_folder = dump_folder
     config.debug.seed = 0
     config.checkpoint.enable = True
@@ -181,13 +193,30 @@ def _job_config(dump_folder: str):
     return config
 
 
+def _build_model(config, dims):
+    """The model as ``Trainer.__init__`` builds it: on the meta device, parallelized by the model's
+    ``parallelize_fn``, then materialized on the CPU and initialized."""
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    model = config.model_spec.parallelize_fn(
+        model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+        compile_config=config.compile, ac_config=config.activation_checkpoint, dump_folder=config.dump_folder)
+    _sum_reductions_for_gloo(model)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    return model
+
+
 class Job:
-    """The pieces of a torchtitan training job on ``world`` gloo ranks."""
+    """The pieces of a torchtitan training job on ``world`` gloo ranks, built from the job config as
+    ``Trainer.__init__`` builds them."""
 
     def __init__(self, world: int, dump_folder: str, async_saves: bool) -> None:
-        from torchtitan.components.checkpoint import CheckpointManager
         from torchtitan.components.dataloader import ParallelAwareDataloader
-        from torchtitan.components.loss import CrossEntropyLoss
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
 
@@ -197,53 +226,42 @@ class Job:
         dims.build_mesh()
         dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
         dist_utils.set_determinism(dims, torch.device("cpu"), config.debug, distinct_seed_mesh_dims=["pp"])
-        model_config = self.model_config = config.model_spec.model
-        model_config.update_from_config(config=config)
-        with torch.device("meta"):
-            model = model_config.build()
-        model = config.model_spec.parallelize_fn(
-            model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
-            compile_config=config.compile, ac_config=config.activation_checkpoint,
-            dump_folder=dump_folder)
-        _sum_reductions_for_gloo(model)
-        model.to_empty(device="cpu")
-        with torch.no_grad():
-            model.init_weights(buffer_device=None)
-        model.train()
-        self.model = model
+        self.model = model = _build_model(config, dims)
+        self.loss_fn = config.loss.build(compile_config=config.compile)
+        self.loss_fn.set_lm_head(model.lm_head)  # the chunked loss applies the lm_head itself
+        model._skip_lm_head = True
         self.optimizers = config.optimizer.build(model_parts=[model])
-        self.lr_schedulers = config.lr_scheduler.build(optimizers=self.optimizers,
-                                                       training_steps=config.training.steps)
-        self.loss_fn = CrossEntropyLoss.Config(global_vocab_size=VOCAB).build()
+        self.lr_schedulers = config.lr_scheduler.build(optimizers=self.optimizers, training_steps=STEPS)
         self.train_state = TrainState()
         self.dataloader = ParallelAwareDataloader(TokenDataset(), dp_rank=0, dp_world_size=1,
                                                   batch_size=LOCAL_BATCH)
-        self.checkpointer: CheckpointManager = config.checkpoint.build(
+        self.checkpointer = config.checkpoint.build(
             dataloader=self.dataloader, model_parts=[model], optimizers=self.optimizers,
             lr_schedulers=self.lr_schedulers, states={"train_state": self.train_state},
             sd_adapter=None, base_folder=dump_folder)
-        self.batches = None
+        self.batches = None  # made on the first step, after a load, as Trainer.train does
+        self.grad_norms: list[float] = []
 
     def train_step(self) -> float:
         """One step of torchtitan's ``Trainer.train_step`` for this configuration; the logged loss."""
         from torchtitan.distributed import utils as dist_utils
+
+        from torchtitan.components.loss import IGNORE_INDEX
 
         if self.batches is None:
             self.batches = iter(self.dataloader)
         self.optimizers.zero_grad()
         input_dict, labels = next(self.batches)
         dims = self.parallel_dims
-        local_tokens = (labels != -100).sum()
-        global_tokens = dist_utils.dist_sum_tensor(local_tokens, dims.get_mesh("batch"))
+        global_tokens = dist_utils.dist_sum_tensor((labels != IGNORE_INDEX).sum(), dims.get_mesh("batch"))
         positions = input_dict["positions"]
-        kwargs = {"positions": positions}
-        inputs = input_dict["input"]
         self.train_state.ntokens_seen += labels.numel()
         with dist_utils.get_spmd_context(parallel_dims=dims, spmd_typechecking=False)():
-            pred = self.model(inputs, **kwargs)
-            loss, _ = self.loss_fn(pred, labels, global_tokens)
+            pred = self.model(input_dict["input"], positions=positions)
+            loss, _ = self.loss_fn(pred, labels, global_tokens, positions=positions)
             loss.backward()
-        dist_utils.clip_grad_norm_(list(self.model.parameters()), self.config.training.max_norm, foreach=True)
+        norm = dist_utils.clip_grad_norm_(list(self.model.parameters()), self.config.training.max_norm, foreach=True)
+        self.grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         self.checkpointer.maybe_wait_for_staging()
         self.optimizers.step()
         self.lr_schedulers.step()
@@ -279,6 +297,7 @@ def run_job(rank: int, world: int, dump_folder: str, resume: bool) -> dict:
             out["lr_at_load"] = [s.last_epoch for s in job.lr_schedulers]
         out["losses"] = job.train(final_save=resume)
         out["samples_read"] = job.dataloader.dataset.sample
+        out["grad_norms"] = job.grad_norms
         return out
     finally:
         job.checkpointer.close()
@@ -302,6 +321,7 @@ def test_resumed_at_2_ranks_with_the_losses_of_the_uninterrupted_run(jobs):
         assert r["lr_at_load"] == [SAVE_AT]
         assert r["losses"] == uninterrupted[SAVE_AT:]  # bit-identical, not approximately equal
         assert r["samples_read"] == STEPS * LOCAL_BATCH  # the dataloader went on from its saved position
+    assert 0 < max(n for r in first + resumed for n in r["grad_norms"]) < MAX_NORM  # clipping multiplied by 1
 
 
 def test_manager_went_through_shardpoint(jobs):
