@@ -288,7 +288,8 @@ def run_job(rank: int, world: int, dump_folder: str, resume: bool) -> dict:
     calls: list = []
     _route_dcp_through_shardpoint(calls)
     job = Job(world, dump_folder, async_saves=not resume)
-    out: dict = {"calls": calls}
+    manager = type(job.checkpointer)
+    out: dict = {"calls": calls, "manager": f"{manager.__module__}.{manager.__qualname__}"}
     try:
         if resume:
             out["discovered_step"] = job.checkpointer._find_load_step()
@@ -317,7 +318,8 @@ def test_resumed_at_2_ranks_with_the_losses_of_the_uninterrupted_run(jobs):
     uninterrupted = first[0]["losses"]
     assert len(uninterrupted) == STEPS and all(r["losses"] == uninterrupted for r in first)
     for r in resumed:
-        assert r["loaded"] and r["train_state_at_load"] == {"step": SAVE_AT, "ntokens_seen": SAVE_AT * SEQ_LEN * LOCAL_BATCH}
+        assert r["loaded"]
+        assert r["train_state_at_load"] == {"step": SAVE_AT, "ntokens_seen": SAVE_AT * SEQ_LEN * LOCAL_BATCH}
         assert r["lr_at_load"] == [SAVE_AT]
         assert r["losses"] == uninterrupted[SAVE_AT:]  # bit-identical, not approximately equal
         assert r["samples_read"] == STEPS * LOCAL_BATCH  # the dataloader went on from its saved position
@@ -328,6 +330,8 @@ def test_manager_went_through_shardpoint(jobs):
     path, first, resumed = jobs
     step = os.path.join(path, f"step-{SAVE_AT}")
     last = os.path.join(path, f"step-{STEPS}")
+    for r in first + resumed:
+        assert r["manager"] == "torchtitan.components.checkpointer.dcp.CheckpointManager"
     for r in first:
         assert r["calls"] == [("async_save", step)]
     for r in resumed:
