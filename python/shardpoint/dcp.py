@@ -24,10 +24,11 @@ therefore leaves no committed checkpoint, and an existing checkpoint is replaced
 ``overwrite=True`` and only by a complete new one. ``finish`` has nothing left to commit.
 
 Bytes items (DCP's non-tensor values, ``torch.save`` archives made by the planner) are stored as
-plain objects when that loses nothing: when the archive holds plain data (JSON-able values) or
-``bytes``, and ``torch.save`` of that value gives back the very same archive, it is stored as JSON
-(or bytes), which ``shardpoint.load`` reads without pickle; otherwise the archive is stored as it is
-(encoding "torch-save"). On read, the planner gets the same archive in both cases.
+plain objects when that loses nothing: when the archive holds plain data (None, bool, int, float,
+str, bytes, and lists, tuples and dicts of them) and ``torch.save`` of that value gives back the
+very same archive, it is stored as JSON when JSON holds it exactly, else in the exact "plain"
+encoding (a tuple stays a tuple), or as bytes, all of which ``shardpoint.load`` reads without
+pickle; otherwise the archive is stored as it is (encoding "torch-save"). On read, the planner gets the same archive in both cases.
 
 Reads go through the core's load on each rank alone: every read item becomes the region of the
 stored tensor it asks for (its chunk's offsets plus the item's storage offsets, and its lengths),
@@ -70,7 +71,7 @@ from . import _api, _core, _dist, _torch
 from ._errors import CheckpointArgumentError, translated
 from ._flatten import decode_paths, encode_paths
 from ._pieces import Box, TensorPlan
-from ._values import _is_plain
+from ._values import decode_object, encode_object
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -101,24 +102,14 @@ def encode_bytes_item(fqn: str, archive: bytes) -> tuple[str, str, bytes]:
         return (fqn, "torch-save", archive)
     if isinstance(value, bytes) and _archive(value) == archive:
         return (fqn, "bytes", value)
-    if not isinstance(value, bytes) and _is_plain(value):
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False) if _json_exact(value) else None
-        if text is not None and _archive(json.loads(text)) == archive:
-            return (fqn, "json", text.encode())
+    if not isinstance(value, bytes):
+        try:
+            _, encoding, payload = encode_object(fqn, value, allow_pickle=False)
+        except CheckpointArgumentError:  # not plain data (or an int outside 64 bits): kept as it is
+            return (fqn, "torch-save", archive)
+        if encoding in ("json", "plain") and _archive(decode_object(fqn, encoding, payload, False)) == archive:
+            return (fqn, encoding, payload)
     return (fqn, "torch-save", archive)
-
-
-def _json_exact(value: Any) -> bool:
-    """Whether JSON gives ``value`` back unchanged (no tuples, no NaN or infinities)."""
-    if isinstance(value, float):
-        return value == value and value not in (float("inf"), float("-inf"))
-    if isinstance(value, tuple):
-        return False
-    if isinstance(value, list):
-        return all(_json_exact(v) for v in value)
-    if isinstance(value, dict):
-        return all(_json_exact(v) for v in value.values())
-    return True
 
 
 class StorageWriter(_storage.StorageWriter):
@@ -334,8 +325,8 @@ class StorageReader(_storage.StorageReader):
 
     def _archive_of(self, name: str, encoding: str, payload: bytes) -> bytes:
         """The ``torch.save`` archive DCP's planner expects for a stored object."""
-        if encoding == "json":
-            return _archive(json.loads(payload))
+        if encoding in ("json", "plain"):  # plain data: decoded without running code
+            return _archive(decode_object(name, encoding, payload, False))
         if encoding == "bytes":
             return _archive(bytes(payload))
         if encoding == "pickle":

@@ -218,8 +218,12 @@ def test_error_codes_map_to_exception_classes():
 def test_flatten_rejects_colliding_keys_and_non_string_keys():
     with pytest.raises(ValueError, match="a.b"):
         _flatten.flatten({"a.b": 1, "a": {"b": 2}}, lambda v: False)
-    with pytest.raises(TypeError, match="1"):
-        _flatten.flatten({"a": {1: torch.ones(1)}}, lambda v: isinstance(v, torch.Tensor))
+    with pytest.raises(TypeError, match="key 1.5 under a is not a str or an int"):
+        _flatten.flatten({"a": {1.5: torch.ones(1)}}, lambda v: isinstance(v, torch.Tensor))
+    with pytest.raises(TypeError, match="key 1 under <root> is not a str"):
+        _flatten.flatten({1: torch.ones(1)}, lambda v: isinstance(v, torch.Tensor))
+    flat, paths = _flatten.flatten({"a": {1: torch.ones(1)}}, lambda v: isinstance(v, torch.Tensor))
+    assert list(flat) == ["a.1"] and type(paths["a.1"][1]) is _flatten.IntKey  # walked as DCP walks it
     assert _flatten.flatten({"a": {1: 2}}, lambda v: False) == ({"a": {1: 2}}, {"a": ("a",)})  # one plain object
     flat, paths = _flatten.flatten({"a": [torch.ones(1), {"b": 2}], "c": [1, 2]}, lambda v: isinstance(v, torch.Tensor))
     assert list(flat) == ["a.0", "a.1.b", "c"] and paths["a.1.b"] == ("a", 1, "b")
@@ -303,3 +307,59 @@ def test_default_threads_share_the_machine_among_its_ranks_with_at_least_two_eac
     monkeypatch.setattr(_dist, "_hosts", lambda comm: [b"node0", b"node0", b"node1", b"node1", b"node1", b"node1"])
     assert _dist.default_threads(Rank(0)) == 32
     assert _dist.default_threads(Rank(4)) == 16
+
+
+def _trained_model_and_adamw(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.8, 0.95))
+    for _ in range(2):
+        model(torch.randn(3, 5)).square().sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("fmt", ["native", "torch-dcp"])
+def test_a_raw_optimizer_state_dict_with_int_keys_round_trips(tmp_path, fmt):
+    """optimizer.state_dict()["state"] is keyed by int parameter ids and holds tensors: walked as
+    DCP walks it ("optimizer.state.0.exp_avg"), loaded back under the int keys, rebuilt with int keys
+    by load_full; torch's dcp.load reads the torch-dcp checkpoint into the same structure."""
+    model, optimizer = _trained_model_and_adamw(0)
+    path = str(tmp_path / "ckpt")
+    sp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path, format=fmt)
+    names = set(sp.inspect(path).tensors)
+    assert "optimizer.state.0.exp_avg" in names and "optimizer.state.3.exp_avg_sq" in names
+
+    fresh_model, fresh_optimizer = _trained_model_and_adamw(1)
+    template = {"model": fresh_model.state_dict(), "optimizer": fresh_optimizer.state_dict()}
+    sp.load(template, path)
+    fresh_optimizer.load_state_dict(template["optimizer"])
+    expected, got = optimizer.state_dict(), fresh_optimizer.state_dict()
+    assert sorted(got["state"]) == [0, 1, 2, 3]
+    for pid, state in expected["state"].items():
+        for name, value in state.items():
+            assert same_bits(got["state"][pid][name], value), (pid, name)
+    assert got["param_groups"][0]["betas"] == (0.8, 0.95)
+
+    full = sp.load_full(path)
+    assert sorted(full["optimizer"]["state"]) == ([0, 1, 2, 3] if fmt == "native" else ["0", "1", "2", "3"])
+    if fmt == "torch-dcp":  # DCP names dict keys by str(key); its own load walks the template the same way
+        import torch.distributed.checkpoint as dcp
+
+        model_b, optimizer_b = _trained_model_and_adamw(2)
+        target = {"model": model_b.state_dict(), "optimizer": optimizer_b.state_dict()}
+        dcp.load(target, checkpoint_id=path, no_dist=True)
+        assert same_bits(target["optimizer"]["state"][2]["exp_avg"], expected["state"][2]["exp_avg"])
+
+
+def test_int_key_paths_are_tagged_so_lists_and_dicts_come_back_apart():
+    is_tensor = lambda v: isinstance(v, torch.Tensor)  # noqa: E731
+    flat, paths = _flatten.flatten({"opt": {0: {"m": torch.zeros(1)}}, "layers": [torch.ones(1)]}, is_tensor)
+    assert list(flat) == ["opt.0.m", "layers.0"]
+    encoded = _flatten.encode_paths(paths)
+    assert json.loads(json.dumps(encoded)) == [["opt.0.m", ["opt", {"int": 0}, "m"]], ["layers.0", ["layers", 0]]]
+    rebuilt = _flatten.unflatten(flat, _flatten.decode_paths(json.loads(json.dumps(encoded))))
+    assert list(rebuilt["opt"]) == [0] and type(list(rebuilt["opt"])[0]) is int
+    assert isinstance(rebuilt["layers"], list)
+    with pytest.raises(TypeError, match=r"state dict key 1.5 under opt is not a str or an int"):
+        _flatten.flatten({"opt": {1.5: torch.zeros(1)}}, is_tensor)

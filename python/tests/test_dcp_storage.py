@@ -123,8 +123,7 @@ def run(rank, world, path, phase):
     if phase == "resume-dcp":
         dcp.load(trainer.state(), storage_reader=spdcp.StorageReader(path))
     else:
-        # Tuples (AdamW's betas) are kept as torch.save archives (JSON would give DCP a list back).
-        sp.load(trainer.state(), path, allow_pickle=True)
+        sp.load(trainer.state(), path)  # tuples (AdamW's betas) are plain objects: no pickle needed
     loaded = trainer.full_tensors()
     assert trainer.loader.position == SAVE_AT and trainer.train_state.step == SAVE_AT
     assert trainer.scheduler.last_epoch == SAVE_AT
@@ -164,7 +163,7 @@ def test_checkpoint_is_native_and_read_by_sp_load(saved):
     assert len(info.tensors["app.model.0.weight"].chunks) == 4
     assert info.objects["train_state.step"].encoding == "json"
     assert info.objects["dataloader.shuffle_seed"].encoding == "bytes"
-    assert info.objects["train_state.best"].encoding == "torch-save"  # a tuple: JSON would make it a list
+    assert info.objects["train_state.best"].encoding == "plain"  # a tuple: stored exactly, read without pickle
     assert not any(o.encoding == "pickle" for o in info.objects.values())
     full = sp.load_full(path, keys=["train_state.step", "train_state.losses", "lr_scheduler"])
     assert full["train_state"]["step"] == SAVE_AT and full["train_state"]["losses"] == uninterrupted[:SAVE_AT]
@@ -180,8 +179,8 @@ def test_tensors_bit_exact_after_resharding_and_async(saved):
     assert set(loaded) == set(at_save) and len(at_save) >= 10
     for name in at_save:
         assert torch.equal(loaded[name], at_save[name]), name
-    async_full = sp.load_full(path + "-async", allow_pickle=True)  # tuples are torch.save archives
-    sync_full = sp.load_full(path, allow_pickle=True)
+    async_full = sp.load_full(path + "-async")  # tuples (AdamW betas) are plain objects: no pickle
+    sync_full = sp.load_full(path)
     assert sp.verify(path + "-async").ok
     _assert_trees_equal(sync_full, async_full, "")
 
@@ -259,7 +258,7 @@ def test_bytes_items_single_process(tmp_path):
     dcp.save(state, storage_writer=spdcp.StorageWriter(path), no_dist=True)
     info = sp.inspect(path)
     encodings = {name: o.encoding for name, o in info.objects.items()}
-    assert encodings == {"n": "json", "plain.a": "json", "pair": "torch-save", "raw": "bytes",
+    assert encodings == {"n": "json", "plain.a": "json", "pair": "plain", "raw": "bytes",
                          "opaque": "torch-save"}
     target = {"n": 0, "plain": {"a": None}, "pair": None, "raw": None, "t": torch.zeros(2, 3, dtype=torch.bfloat16)}
     dcp.load(target, storage_reader=spdcp.StorageReader(path), no_dist=True)
@@ -270,9 +269,10 @@ def test_bytes_items_single_process(tmp_path):
     target = {"opaque": None}
     dcp.load(target, storage_reader=spdcp.StorageReader(path, allow_pickle=True), no_dist=True)
     assert target["opaque"].value == 3
-    plain = {"n": 0, "plain": {"a": None}, "raw": None}
-    sp.load(plain, path)  # no pickle needed for plain objects
-    assert plain == {"n": 7, "plain": {"a": [1, 2.5, None, "x"]}, "raw": b"\xff\x00"}
+    plain = {"n": 0, "plain": {"a": None}, "pair": None, "raw": None}
+    sp.load(plain, path)  # no pickle needed for plain objects, a tuple included
+    assert plain == {"n": 7, "plain": {"a": [1, 2.5, None, "x"]}, "pair": (1, 2), "raw": b"\xff\x00"}
+    assert type(plain["pair"]) is tuple
 
 
 class RecordingPlanner:

@@ -142,10 +142,17 @@ Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md,
       }
       DcpPlannerPath path{pair.items[0].string, {}};
       for (const JsonValue& c : pair.items[1].items) {
-        if (c.is_number()) {
+        if (c.is_number()) {  // a list index
           path.path.emplace_back(static_cast<int64_t>(c.number));
-        } else {
+        } else if (c.is_object() && c.keys.size() == 1 && c.keys[0] == "int" && c.values[0].is_number()) {
+          // A dict's int key ({"int": n}): DCP's own flattening names dict keys by str(key).
+          path.path.emplace_back(std::to_string(c.values[0].number));
+        } else if (c.is_string()) {
           path.path.emplace_back(c.string);
+        } else {
+          return InvalidArgumentError(std::string(kStateDictPathsAttribute) + ": key '" +
+                                      path.fqn + "' has a path component that is neither a str, "
+                                      "a list index nor {\"int\": n}");
         }
       }
       by_key[path.fqn] = std::move(path);
