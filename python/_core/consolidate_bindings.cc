@@ -5,8 +5,8 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "python/_core/bindings.h"
@@ -67,7 +67,9 @@ MetadataMapping MappingFromPython(const std::vector<PlacementTuple>& placements,
     p.target = target;
     p.dtype = ValueOrThrow(ParseDType(dtype));
     p.shape = shape;
-    for (const auto& [source, offsets, sizes] : sources) p.sources.push_back({source, offsets, sizes});
+    for (const auto& [source, offsets, sizes] : sources) {
+      p.sources.push_back({source, offsets, sizes});
+    }
   }
   mapping.renames = std::move(renames);
   return mapping;

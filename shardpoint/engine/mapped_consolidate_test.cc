@@ -151,10 +151,11 @@ TEST_F(MappedConsolidateTest, ChecksumsOfTheStoredChunksAreVerified) {
 TEST_F(MappedConsolidateTest, AMappingThatDoesNotTileFailsBeforeAnyOutput) {
   options_.mapping.placements[1].sources.pop_back();
   Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
-  EXPECT_EQ(result.status().ToString(),
-            "INVALID_ARGUMENT: mapping the tensors of /ckpt: target 'cols' of shape [40, 2, 800]: its "
-            "stored tensors ['experts.0.a', 'experts.0.b', 'experts.1.a'] cover 44000 of its 64000 "
-            "elements");
+  EXPECT_EQ(
+      result.status().ToString(),
+      "INVALID_ARGUMENT: mapping the tensors of /ckpt: target 'cols' of shape [40, 2, 800]: its "
+      "stored tensors ['experts.0.a', 'experts.0.b', 'experts.1.a'] cover 44000 of its 64000 "
+      "elements");
   EXPECT_FALSE(*store_.Exists("/out"));
 }
 

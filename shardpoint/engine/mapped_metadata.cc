@@ -87,9 +87,9 @@ Status CheckTiling(const TensorPlacement& p) {
     covered += ShapeVolume(s.sizes);
   }
   const bool scalar = p.shape.empty();
-  std::stable_sort(order.begin(), order.end(), [](const SourcePlacement* a, const SourcePlacement* b) {
-    return a->offsets < b->offsets;
-  });
+  std::stable_sort(
+      order.begin(), order.end(),
+      [](const SourcePlacement* a, const SourcePlacement* b) { return a->offsets < b->offsets; });
   for (size_t i = 0; i < order.size(); ++i) {
     const Box a = PlacedBox(*order[i]);
     for (size_t j = i + 1; j < order.size(); ++j) {
@@ -141,9 +141,8 @@ Result<Box> LiftChunkBox(const Box& chunk, const Shape& stored_shape,
       chunk.rank() != stored_shape.size()) {
     return InvalidArgumentError("stored tensor " + Quoted(placement.source) + " of shape " +
                                 ShapeToString(stored_shape) + " (chunk " + chunk.ToString() +
-                                ") cannot be placed with sizes " +
-                                ShapeToString(placement.sizes) + " and " +
-                                std::to_string(placement.offsets.size()) + " offsets");
+                                ") cannot be placed with sizes " + ShapeToString(placement.sizes) +
+                                " and " + std::to_string(placement.offsets.size()) + " offsets");
   }
   return Lift(chunk, *of, placement);
 }
@@ -181,8 +180,9 @@ Result<CheckpointMetadata> MapCheckpointMetadata(const CheckpointMetadata& sourc
     auto renamed = mapping.renames.find(t.name);
     TensorMetadata& copy = out.tensors.emplace_back(t);
     if (renamed != mapping.renames.end()) copy.name = renamed->second;
-    SP_RETURN_IF_ERROR(claim(copy.name, "stored tensor " + Quoted(t.name) +
-                                            (renamed != mapping.renames.end() ? " (renamed)" : "")));
+    SP_RETURN_IF_ERROR(
+        claim(copy.name, "stored tensor " + Quoted(t.name) +
+                             (renamed != mapping.renames.end() ? " (renamed)" : "")));
   }
   std::sort(out.tensors.begin(), out.tensors.end(),
             [](const TensorMetadata& a, const TensorMetadata& b) { return a.name < b.name; });

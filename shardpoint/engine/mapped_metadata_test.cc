@@ -47,9 +47,8 @@ void AddStored(const Source& s, std::mt19937& rng, CheckpointMetadata& md, std::
     std::string bytes(static_cast<size_t>(box.volume()) * 4, '\0');
     ConstChunkView whole{reinterpret_cast<const std::byte*>(s.values.data()), Box::Whole(s.shape),
                          4};
-    EXPECT_TRUE(CopyRegion(whole, ChunkView{reinterpret_cast<std::byte*>(bytes.data()), box, 4},
-                           box)
-                    .ok());
+    EXPECT_TRUE(
+        CopyRegion(whole, ChunkView{reinterpret_cast<std::byte*>(bytes.data()), box, 4}, box).ok());
     StoredChunk c;
     c.box = box;
     c.data_offset = file.size();
@@ -100,8 +99,8 @@ Case RandomCase(std::mt19937& rng, int id) {
   int serial = 0;
   for (size_t i = 0; i < c.parts.size(); ++i) {
     for (int j = 0; j < nparts; ++j) {
-      Source s{"t" + std::to_string(id) + ".e" + std::to_string(i) + ".p" + std::to_string(j),
-               base, {}};
+      Source s{
+          "t" + std::to_string(id) + ".e" + std::to_string(i) + ".p" + std::to_string(j), base, {}};
       s.shape[cat_dim] = lengths[j];
       s.values.resize(static_cast<size_t>(ShapeVolume(s.shape)));
       ++serial;
@@ -168,8 +167,8 @@ TEST(MappedMetadataTest, RandomStackAndCatLayoutsReadLikeThePlainDefinition) {
     ASSERT_TRUE(mapped.ok()) << mapped.status();
     std::vector<std::string> names;
     for (const TensorMetadata& t : mapped->tensors) names.push_back(t.name);
-    EXPECT_EQ(names, (std::vector<std::string>{"fused.0", "fused.1", "fused.2", "plain.b",
-                                               "renamed.a"}));
+    EXPECT_EQ(names,
+              (std::vector<std::string>{"fused.0", "fused.1", "fused.2", "plain.b", "renamed.a"}));
     EXPECT_EQ(mapped->FindTensor("renamed.a")->chunks, md.FindTensor("plain.a")->chunks);
     for (const Case& c : cases) {
       const TensorMetadata* t = mapped->FindTensor(c.placement.target);
@@ -215,7 +214,8 @@ TensorPlacement GateUp() {
   TensorPlacement p{"gate_up", DType::kFloat32, {2, 4, 4}, {}};
   for (int64_t e = 0; e < 2; ++e) {
     for (int64_t k = 0; k < 2; ++k) {
-      p.sources.push_back({"e" + std::to_string(e) + (k ? ".w3" : ".w1"), {e, 2 * k, 0}, {1, 2, 4}});
+      p.sources.push_back(
+          {"e" + std::to_string(e) + (k ? ".w3" : ".w1"), {e, 2 * k, 0}, {1, 2, 4}});
     }
   }
   return p;
@@ -247,9 +247,10 @@ TEST(MappedMetadataTest, ErrorsNameTheTargetTheSourcesExpectedAndFound) {
             "the checkpoint");
   p = GateUp();
   p.sources[1].sizes = {1, 4, 2};
-  EXPECT_EQ(MapError(md, {{p}, {}}),
-            "INVALID_ARGUMENT: target 'gate_up' of shape [2, 4, 4]: stored tensor 'e0.w3' has shape "
-            "[2, 4], which does not give its placement's sizes [1, 4, 2] by inserting dims of size 1");
+  EXPECT_EQ(
+      MapError(md, {{p}, {}}),
+      "INVALID_ARGUMENT: target 'gate_up' of shape [2, 4, 4]: stored tensor 'e0.w3' has shape "
+      "[2, 4], which does not give its placement's sizes [1, 4, 2] by inserting dims of size 1");
   p = GateUp();
   p.sources[2].offsets = {0, 2, 0};  // e1.w1 onto e0.w3
   EXPECT_EQ(MapError(md, {{p}, {}}),
@@ -257,9 +258,10 @@ TEST(MappedMetadataTest, ErrorsNameTheTargetTheSourcesExpectedAndFound) {
             "[0:1, 2:4, 0:4] and 'e1.w1' at [0:1, 2:4, 0:4] overlap");
   p = GateUp();
   p.sources[3].offsets = {1, 3, 0};
-  EXPECT_EQ(MapError(md, {{p}, {}}),
-            "INVALID_ARGUMENT: target 'gate_up' of shape [2, 4, 4]: stored tensor 'e1.w3' placed at "
-            "[1:2, 3:5, 0:4] lies outside it");
+  EXPECT_EQ(
+      MapError(md, {{p}, {}}),
+      "INVALID_ARGUMENT: target 'gate_up' of shape [2, 4, 4]: stored tensor 'e1.w3' placed at "
+      "[1:2, 3:5, 0:4] lies outside it");
   p = GateUp();
   p.sources.pop_back();
   EXPECT_EQ(MapError(md, {{p}, {}}),
@@ -272,9 +274,10 @@ TEST(MappedMetadataTest, ErrorsNameTheTargetTheSourcesExpectedAndFound) {
             "tensor 'e0.w1' has dtype float32");
   p = GateUp();
   p.sources[0].offsets = {0, 0};
-  EXPECT_EQ(MapError(md, {{p}, {}}),
-            "INVALID_ARGUMENT: target 'gate_up' of shape [2, 4, 4]: stored tensor 'e0.w1' is placed "
-            "with 2 offsets and 3 sizes, expected 3 of each");
+  EXPECT_EQ(
+      MapError(md, {{p}, {}}),
+      "INVALID_ARGUMENT: target 'gate_up' of shape [2, 4, 4]: stored tensor 'e0.w1' is placed "
+      "with 2 offsets and 3 sizes, expected 3 of each");
   EXPECT_EQ(MapError(md, {{GateUp()}, {{"norm", "gate_up"}}}),
             "INVALID_ARGUMENT: both fused target 'gate_up' and stored tensor 'norm' (renamed) are "
             "named 'gate_up'");
