@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from ._errors import translated
-from ._mapped_load import consolidation_source
+from ._mapped_load import consolidation_mapping
 from ._progress import Progress
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -119,9 +119,10 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
         memory_budget: memory for tensor data in flight; peak memory stays near it whatever the
             size of the checkpoint or of its tensors.
         mapping: a :class:`~shardpoint.KeyMapping`; tensors are written under its target names, fused
-            ones whole (``keys``, ``prefixes`` and ``rename`` then apply to target names). The mapped
-            tensors are staged once in memory and in a temporary checkpoint inside ``out_dir``, so
-            ``memory_budget`` does not bound that step.
+            ones whole (``keys``, ``prefixes``, ``rename`` and the default selection then apply to
+            target names). A fused target is streamed slab by slab straight from the stored tensors
+            it is made of, like any other tensor: ``memory_budget`` bounds it too, and each stored
+            byte is read once, with its checksums verified.
 
     Files appear under their final names only once complete. Call it from one process.
     Raises CheckpointNotFoundError (no checkpoint; a key that selects nothing), CheckpointExistsError
@@ -143,13 +144,15 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
             bar["bar"] = Progress("consolidate", total)
         bar["bar"].advance(done - bar["bar"].done)
 
+    placements, renames = consolidation_mapping(os.fspath(path), mapping) if mapping is not None else ([], {})
     probe = Progress("consolidate", 0)
-    with consolidation_source(os.fspath(path), os.fspath(out_dir), mapping, threads) as source, translated():
-        result = _core.consolidate(source, os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
+    with translated():
+        result = _core.consolidate(os.fspath(path), os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
                                    keys=_names(keys, "keys"), prefixes=_names(prefixes, "prefixes"),
                                    rename=_rename_pairs(rename), format=format, overwrite=bool(overwrite),
                                    threads=threads or 0, memory_budget_bytes=budget,
-                                   progress=progress if probe.enabled else None, all_tensors=bool(all_tensors))
+                                   progress=progress if probe.enabled else None, all_tensors=bool(all_tensors),
+                                   placements=placements, mapped_renames=renames)
     if "bar" in bar:
         bar["bar"].finish()
     if keys is None and prefixes is None and not all_tensors and not os.environ.get("SHARDPOINT_QUIET"):

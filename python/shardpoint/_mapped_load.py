@@ -10,12 +10,9 @@ copy-backs).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -237,21 +234,27 @@ def full_targets(mapping: KeyMapping, stored: Stored) -> tuple[dict[str, tuple[s
     return targets, resolved
 
 
-@contextlib.contextmanager
-def consolidation_source(path: str, out_dir: str, mapping: Optional[KeyMapping], threads: Optional[int]
-                         ) -> Iterator[str]:
-    """The checkpoint consolidation reads: ``path`` itself without a mapping; with one, a temporary
-    native checkpoint inside ``out_dir`` holding what :func:`~shardpoint.load_full` returns through
-    ``mapping`` (every tensor once in memory, written once more), removed on exit."""
-    if mapping is None:
-        yield path
-        return
-    from ._api import load_full, save
+Placement = tuple[str, str, tuple[int, ...], list[tuple[str, tuple[int, ...], tuple[int, ...]]]]
 
-    os.makedirs(out_dir, exist_ok=True)
-    staging = os.path.join(out_dir, f".shardpoint-mapped-{os.getpid()}")
-    try:
-        save(load_full(path, mapping=mapping, threads=threads), staging, overwrite=True, threads=threads)
-        yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+def consolidation_mapping(path: str, mapping: KeyMapping) -> tuple[list[Placement], dict[str, str]]:
+    """``mapping`` over the checkpoint at ``path`` as the consolidation engine applies it: each fused
+    target as ``(target, dtype, shape, [(stored name, offsets, sizes)])``, where each stored tensor
+    lies in the target (see ``_mapping.Layouts.regions``), and ``{stored name: target name}`` for
+    the renamed tensors no fusion uses. The engine reads the targets straight from the stored
+    chunks (shardpoint/engine/mapped_metadata.h).
+
+    Raises CheckpointNotFoundError (no checkpoint; a fusion's source missing), CheckpointArgumentError
+    (sources whose shapes or dtypes do not make their target, names that collide).
+    """
+    targets, resolved = full_targets(mapping, stored_tensors(path))
+    placements: list[Placement] = []
+    renames: dict[str, str] = {}
+    for target, source in resolved.items():
+        if isinstance(source, str):
+            if source != target:
+                renames[source] = target
+            continue
+        dtype, shape = targets[target]
+        placements.append((target, dtype, tuple(shape), [(r.source, r.offsets, r.sizes) for r in source]))
+    return placements, renames

@@ -361,6 +361,13 @@ Result<ConsolidateResult> Consolidate(std::string_view source, std::string_view 
                       EngineContext::Make(source, nullptr, options.store, options.pool,
                                           options.threads));
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, ReadCheckpointMetadata(source, &ctx->store()));
+  if (!options.mapping.empty()) {
+    Result<CheckpointMetadata> mapped = MapCheckpointMetadata(md, options.mapping);
+    if (!mapped.ok()) {
+      return mapped.status().WithContext("mapping the tensors of " + std::string(source));
+    }
+    md = *std::move(mapped);
+  }
   SP_ASSIGN_OR_RETURN(ConsolidationPlan plan, PlanConsolidation(md, options));
   // Per thread: the slab, the read staging window, and a cast's packed and converted copies.
   const uint64_t threads = static_cast<uint64_t>(std::max(1, ctx->pool().size()));

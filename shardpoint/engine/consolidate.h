@@ -32,6 +32,7 @@
 
 #include "shardpoint/base/dtype.h"
 #include "shardpoint/base/result.h"
+#include "shardpoint/engine/mapped_metadata.h"
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/store/store.h"
 
@@ -43,6 +44,10 @@ enum class ConsolidateFormat : uint8_t { kSafetensors, kTorch };
 inline constexpr uint64_t kDefaultMaxShardBytes = 5'000'000'000;
 
 struct ConsolidateOptions {
+  // A key mapping applied to the source's metadata before anything else (mapped_metadata.h):
+  // fused targets are read straight from their stored tensors, slab by slab like any tensor, and
+  // selection, renaming and dtype below apply to the target names. Empty: the stored tensors.
+  MetadataMapping mapping;
   ConsolidateFormat format = ConsolidateFormat::kSafetensors;
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
   // Floating-point tensors (float16, bfloat16, float32, float64) are converted to this dtype with
@@ -80,9 +85,11 @@ struct ConsolidateResult {
 
 // Consolidates the checkpoint at `source` (any format ReadCheckpointMetadata opens) into
 // `out_dir` (created when absent). Errors:
-//   kNotFound: no checkpoint at `source`; a key or prefix that selects nothing;
+//   kNotFound: no checkpoint at `source`; a key or prefix that selects nothing; a stored tensor
+//     the mapping names missing;
 //   kAlreadyExists: an output of this format already in `out_dir` (without `overwrite`);
-//   kInvalidArgument: out_dir is the source; two tensors renamed to one name; a conversion the
+//   kInvalidArgument: a mapping whose placements do not tile their targets (MapCheckpointMetadata);
+//     out_dir is the source; two tensors renamed to one name; a conversion the
 //     dtype policy refuses (complex); max_shard_bytes or the budget is 0;
 //   kUnimplemented: the torch format for a dtype torch.save archives cannot hold here;
 //   read errors of the source (kDataLoss naming file and tensor), write errors naming the file.
