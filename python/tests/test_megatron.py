@@ -16,8 +16,10 @@ import datetime
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Any, Callable
 
@@ -118,7 +120,10 @@ def test_inspect_verify_and_load_full(megatron_ckpt: str) -> None:
     common = {"iteration", "args", "config.x", "config.name", "checkpoint_version"}
     rng = {f"rng_state/shard_{r}_4" for r in range(4)}
     assert set(info.objects) == common | rng
-    assert all(o.encoding == "torch-save" for o in info.objects.values())
+    # Plain data (common.pt's entries, the ShardedObjects' items) is stored exactly and read without
+    # pickle; the Namespace stays a torch.save archive.
+    assert {k: o.encoding for k, o in info.objects.items()} == {k: "torch-save" if k == "args" else "plain"
+                                                                for k in common | rng}
     assert {k: v for k, v in info.attributes.items() if k.startswith("megatron.")} == {
         "megatron.sharded_backend": "torch_dist", "megatron.sharded_backend_version": "1",
         "megatron.common_backend": "torch", "megatron.common_backend_version": "1"}
@@ -135,8 +140,17 @@ def test_inspect_verify_and_load_full(megatron_ckpt: str) -> None:
     # megatron-core stores a ShardedObject as torch.save([data]) (a list of its local objects).
     assert [full[f"rng_state/shard_{r}_4"] for r in range(4)] == [[{"seed": 100 + r}] for r in range(4)]
     # A Namespace is a Python object: loading it runs code, so it needs the opt-in.
-    with pytest.raises(sp.CheckpointArgumentError, match=r"object 'args' is stored with torch-save.*allow_pickle"):
-        sp.load_full(megatron_ckpt, keys=["args"])
+    # megatron-core registers argparse.Namespace as a torch safe global, so in its processes the
+    # Namespace loads through torch.load(weights_only=True); elsewhere it needs the opt-in.
+    assert sp.load_full(megatron_ckpt, keys=["args"])["args"] == COMMON["args"]
+    script = ("import shardpoint as sp, sys\n"
+              "try:\n    sp.load_full(sys.argv[1], keys=['args'])\n"
+              "except sp.CheckpointArgumentError as e:\n    print(e)\n")
+    refused = subprocess.run([sys.executable, "-c", script, megatron_ckpt], capture_output=True, text=True, timeout=120)
+    assert re.search(r"object 'args' needs global 'argparse.Namespace'.*allow_pickle=True", refused.stdout), refused
+    plain = sp.load_full(megatron_ckpt, keys=["iteration", "config", "checkpoint_version", "rng_state/shard_1_4"])
+    assert plain == {"iteration": 7, "checkpoint_version": 3.0, "config": {"x": [1, 2], "name": "gpt"},
+                     "rng_state/shard_1_4": [{"seed": 101}]}
 
 
 def _load_at_two(rank: int, world: int, path: str) -> dict:
@@ -149,7 +163,7 @@ def _load_at_two(rank: int, world: int, path: str) -> dict:
                                               flattened_range=(rank * 6, rank * 6 + 6)),
         "iteration": 0, "config": {"x": [0, 0], "name": ""},
     }
-    result = sp.load(state, path, allow_pickle=True)
+    result = sp.load(state, path)  # common.pt's plain entries need no allow_pickle
     assert result.missing_keys == []
     return {k: (v.data if isinstance(v, sp.ShardedTensor) else v) for k, v in state.items()}
 
@@ -269,7 +283,7 @@ def test_sp_save_megatron_then_megatron_load(tmp_path) -> None:
     # And shardpoint reads its own Megatron checkpoint back, objects from common.pt only.
     info = sp.inspect(path)
     assert set(info.objects) == {"iteration", "config.lr", "config.name", "config.layers", "opt.step"}
-    full = sp.load_full(path, allow_pickle=True)
+    full = sp.load_full(path)  # plain data: no allow_pickle
     assert {k: full[k] for k in SAVED_COMMON} == SAVED_COMMON
 
 
@@ -280,7 +294,7 @@ def test_cli_convert_to_and_from_megatron(megatron_ckpt: str, tmp_path) -> None:
     converted = _cli("convert", src, dst, "--to", "megatron")
     assert converted.returncode == 0, converted.stderr
     assert torch.load(os.path.join(dst, "common.pt"), weights_only=True) == {"step": 5, "cfg": {"a": [1, 2], "name": "x"}}
-    full = sp.load_full(dst, allow_pickle=True)
+    full = sp.load_full(dst)
     assert bit_equal(full["model"]["w"], w) and full["cfg"] == {"a": [1, 2], "name": "x"}
     # From Megatron to native: the common.pt objects are carried, the megatron.* attributes are not.
     converted = _cli("convert", megatron_ckpt, native, "--to", "native")

@@ -155,13 +155,16 @@ Status CommonDecoder::Visit(const PickleValue& v, std::vector<PathStep>& at, int
   return OkStatus();
 }
 
-// Plain data becomes a plain-data archive; anything else the re-emitted value.
+// Plain data becomes an exact plain object (read without pickle); anything else the re-emitted
+// value as a torch.save archive.
 Status CommonDecoder::Leaf(const PickleValue& v, const std::vector<PathStep>& at) {
   const std::string key = Dotted(at);
   std::string archive;
+  ObjectEncoding encoding = ObjectEncoding::kTorchSave;
   Result<PlainValue> plain = ToPlainValue(v, key);
   if (plain.ok()) {
-    SP_ASSIGN_OR_RETURN(archive, EncodePlainObjectItem(*plain));
+    SP_ASSIGN_OR_RETURN(archive, EncodePlainPickle(*plain));
+    encoding = ObjectEncoding::kPlain;
   } else {
     ArchiveEmitter emitter(path_ + " key '" + key + "'");
     SP_RETURN_IF_ERROR(emitter.Emit(v, source_));
@@ -172,7 +175,7 @@ Status CommonDecoder::Leaf(const PickleValue& v, const std::vector<PathStep>& at
     return Err(at, "the objects re-emitted so far exceed " + std::to_string(payload_cap_) +
                        " bytes (storages shared by many keys?)");
   }
-  result_.objects.push_back(ObjectEntry{key, ObjectEncoding::kTorchSave, std::move(archive)});
+  result_.objects.push_back(ObjectEntry{key, encoding, std::move(archive)});
   result_.paths.push_back(DcpPlannerPath{key, at});
   return OkStatus();
 }
