@@ -19,9 +19,10 @@ constexpr char kConvertUsage[] =
     "directory) as a checkpoint of the format given by --to at DST: 'native' (shardpoint's\n"
     "format, checksummed), 'torch-dcp' (what torch.distributed.checkpoint.load reads) or\n"
     "'megatron' (torch-dcp plus Megatron-Core's metadata.json and common.pt, which holds the\n"
-    "objects; what megatron.core.dist_checkpointing.load reads). Tensors\n"
-    "keep their chunks; objects and the nested state-dict paths are carried over (PyTorch's\n"
-    "pickled objects are copied, never unpickled). Streams chunk by chunk: at most the larger of\n"
+    "objects; what megatron.core.dist_checkpointing.load reads). Tensors keep their chunks;\n"
+    "objects and the nested state-dict paths are carried over (plain data is decoded by a\n"
+    "restricted reader that runs no code; other pickled objects are copied as they are, never\n"
+    "unpickled). Streams chunk by chunk: at most the larger of\n"
     "the memory budget (default 256 MiB) and the largest chunk is held at once. The output is\n"
     "committed atomically; an existing checkpoint at DST is replaced only with --overwrite.\n"
     "--files: data files to write (default 1). A progress bar is drawn on a terminal.\n";

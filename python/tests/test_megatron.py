@@ -12,23 +12,19 @@ ranks replace both (here, in the test, never in the product).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import pickle
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from typing import Any, Callable
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardpoint as sp
+import distributed
 from torch_dcp_util import CLI, bit_equal
 
 pytest.importorskip("megatron.core.dist_checkpointing")
@@ -52,31 +48,10 @@ def _cpu_megatron() -> None:
     torch.cuda.current_device = lambda: "cpu"
 
 
-def _entry(rank: int, world: int, rendezvous: str, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
-    torch.set_num_threads(1)
-    os.environ["SHARDPOINT_QUIET"] = "1"
-    _cpu_megatron()
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        result = fn(rank, world, *args)
-        with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
-            pickle.dump(result, f)
-    finally:
-        dist.destroy_process_group()
-
-
 def run_ranks(world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
-    """As distributed.run_ranks, with megatron-core imported once by the fork server."""
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.set_forkserver_preload(["torch", "torch.distributed", "shardpoint", "megatron.core.dist_checkpointing"])
-        mp.start_processes(_entry, args=(world, os.path.join(tmp, "rendezvous"), tmp, fn, args), nprocs=world,
-                           join=True, start_method="forkserver")
-        out = []
-        for rank in range(world):
-            with open(os.path.join(tmp, f"{rank}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
-        return out
+    """distributed.run_ranks with megatron-core imported once by the fork server and its CPU gaps
+    patched in each rank."""
+    return distributed.run_ranks(world, fn, *args, preload=["megatron.core.dist_checkpointing"], setup=_cpu_megatron)
 
 
 def _megatron_save(rank: int, world: int, path: str) -> None:

@@ -28,6 +28,18 @@ std::string OpAt(std::string_view op, std::string_view path, uint64_t offset) {
   return OpOn(op, path) + " at offset " + std::to_string(offset);
 }
 
+Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_t limit) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenReadable(path));
+  if (file->size() > limit) {
+    return DataLossError(path + " has " + std::to_string(file->size()) +
+                         " bytes, more than the limit of " + std::to_string(limit));
+  }
+  std::string bytes(file->size(), '\0');
+  SP_RETURN_IF_ERROR(
+      file->ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()), bytes.size())));
+  return bytes;
+}
+
 std::string JoinPath(std::string_view dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
   if (name.empty()) return std::string(dir);

@@ -107,6 +107,10 @@ class Store {
 std::string OpOn(std::string_view op, std::string_view path);
 std::string OpAt(std::string_view op, std::string_view path, uint64_t offset);
 
+// The whole of a small file (a metadata or config file): kDataLoss naming the file when it is
+// larger than `limit` bytes (nothing is read then), else the store's open and read errors.
+Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_t limit);
+
 // "a" + "b" -> "a/b" (no doubled slash); "a" + "" -> "a" (the directory itself, or the one
 // file of a single-file checkpoint).
 std::string JoinPath(std::string_view dir, std::string_view name);

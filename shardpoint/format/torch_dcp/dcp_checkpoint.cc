@@ -194,14 +194,7 @@ Result<std::string> PathsAttribute(const PlainValue& planner_data) {
 
 Result<DcpMetadata> ReadDcpMetadataFile(Store& store, std::string_view path) {
   const std::string metadata_path = JoinPath(path, kDcpMetadataFileName);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenReadable(metadata_path));
-  if (file->size() > kMaxDcpMetadataBytes) {
-    return DataLossError(metadata_path + " has " + std::to_string(file->size()) +
-                         " bytes, more than the limit of " + std::to_string(kMaxDcpMetadataBytes));
-  }
-  std::string bytes(file->size(), '\0');
-  SP_RETURN_IF_ERROR(file->ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
-                                                     bytes.size())));
+  SP_ASSIGN_OR_RETURN(std::string bytes, ReadSmallFile(store, metadata_path, kMaxDcpMetadataBytes));
   return DecodeDcpMetadata(AsBytes(bytes), metadata_path);
 }
 

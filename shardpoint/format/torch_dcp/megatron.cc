@@ -363,18 +363,6 @@ Result<std::string> EncodeMegatronCommon(const std::vector<MegatronObjectArchive
 
 namespace {
 
-Result<std::string> ReadSmallFile(Store& store, const std::string& file_path, uint64_t limit) {
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenReadable(file_path));
-  if (file->size() > limit) {
-    return DataLossError(file_path + " has " + std::to_string(file->size()) +
-                         " bytes, more than the limit of " + std::to_string(limit));
-  }
-  std::string bytes(file->size(), '\0');
-  SP_RETURN_IF_ERROR(file->ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
-                                                     bytes.size())));
-  return bytes;
-}
-
 // Appends [key, [step, ...]] entries to the JSON list in the paths attribute.
 void AppendPaths(const std::vector<DcpPlannerPath>& paths, std::string* attribute) {
   std::string out;
