@@ -103,8 +103,20 @@ std::string CommonArchive() {
   return Archive(w.Finish(), {{"0", std::string(reinterpret_cast<const char*>(data), 8)}});
 }
 
-Result<PlainValue> PlainOf(const std::string& archive, std::string_view what) {
-  return ParseTorchSaveObject(MemoryRangeReader(AsBytes(archive)), archive.size(), what);
+// The value of a plain object (ObjectEncoding::kPlain) or of a plain-data torch.save archive.
+Result<PlainValue> PlainOf(const ObjectEntry& o, std::string_view what) {
+  if (o.encoding == ObjectEncoding::kPlain) return DecodePlainPickle(o.payload, what);
+  return ParseTorchSaveObject(MemoryRangeReader(AsBytes(o.payload)), o.payload.size(), what);
+}
+
+// The torch.save archive Megatron's common.pt writer takes for an object.
+std::string ArchiveOf(const ObjectEntry& o) {
+  if (o.encoding != ObjectEncoding::kPlain) return o.payload;
+  Result<PlainValue> v = DecodePlainPickle(o.payload, o.name);
+  EXPECT_TRUE(v.ok()) << v.status();
+  Result<std::string> archive = EncodePlainObjectItem(v.ok() ? *v : PlainValue());
+  EXPECT_TRUE(archive.ok()) << archive.status();
+  return archive.ok() ? *archive : std::string();
 }
 
 TEST(MegatronConfig, ParsesWhatMegatronWrites) {
@@ -176,11 +188,14 @@ TEST(MegatronCommon, RealCommonPtFlattens) {
   EXPECT_EQ(c->objects[2].name, "nested.x");
   EXPECT_EQ(c->objects[3].name, "nested.s");
   EXPECT_EQ(c->paths[2].path, (std::vector<std::variant<std::string, int64_t>>{"nested", "x"}));
-  Result<PlainValue> x = PlainOf(c->objects[2].payload, "x");
+  // Plain entries are exact plain objects (read without pickle); the Namespace stays an archive.
+  EXPECT_EQ(c->objects[0].encoding, ObjectEncoding::kPlain);
+  EXPECT_EQ(c->objects[1].encoding, ObjectEncoding::kTorchSave);
+  Result<PlainValue> x = PlainOf(c->objects[2], "x");
   ASSERT_TRUE(x.ok()) << x.status();
   EXPECT_EQ(*x, P::List({P::Int(1), P::Int(2)}));
   // The Namespace is re-emitted as data, never built: its archive holds the global and the state.
-  SP_EXPECT_ERROR(PlainOf(c->objects[1].payload, "args").status(), StatusCode::kDataLoss, "argparse.Namespace");
+  SP_EXPECT_ERROR(PlainOf(c->objects[1], "args").status(), StatusCode::kDataLoss, "argparse.Namespace");
   Result<SourceArchive> args = OpenSourceArchive(AsBytes(c->objects[1].payload), "args");
   ASSERT_TRUE(args.ok()) << args.status();
   EXPECT_TRUE(IsObjectOf(args->pickle.root(), "argparse", "Namespace"));
@@ -206,7 +221,7 @@ TEST(MegatronCommon, TensorsSetsAndEmptyDictsRoundTrip) {
   EXPECT_EQ(back[1], 2.0f);
   // Objects -> common.pt -> objects gives the same values at the same paths.
   std::vector<MegatronObjectArchive> in;
-  for (const ObjectEntry& o : c->objects) in.push_back({o.name, o.payload});
+  for (const ObjectEntry& o : c->objects) in.push_back({o.name, ArchiveOf(o)});
   Result<std::string> encoded = EncodeMegatronCommon(in, c->paths);
   ASSERT_TRUE(encoded.ok()) << encoded.status();
   Result<MegatronCommon> again = DecodeMegatronCommon(AsBytes(*encoded), "again");
@@ -217,7 +232,7 @@ TEST(MegatronCommon, TensorsSetsAndEmptyDictsRoundTrip) {
     EXPECT_EQ(again->paths[i], c->paths[i]);
   }
   EXPECT_EQ(again->objects[2].payload, c->objects[2].payload);
-  Result<PlainValue> empty = PlainOf(again->objects[4].payload, "empty");
+  Result<PlainValue> empty = PlainOf(again->objects[4], "empty");
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(*empty, P::Dict({}));
 }
@@ -315,7 +330,11 @@ TEST(MegatronCommon, MutatedPicklesDecodeOrFailCleanly) {
     }
     ++decoded;
     for (const ObjectEntry& o : c->objects) {
-      EXPECT_TRUE(ReemitTorchSaveArchive(AsBytes(o.payload), o.name).ok()) << o.name;
+      if (o.encoding == ObjectEncoding::kPlain) {
+        EXPECT_TRUE(DecodePlainPickle(o.payload, o.name).ok()) << o.name;
+      } else {
+        EXPECT_TRUE(ReemitTorchSaveArchive(AsBytes(o.payload), o.name).ok()) << o.name;
+      }
     }
   }
   EXPECT_GT(decoded, 0);
