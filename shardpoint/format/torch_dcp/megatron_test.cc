@@ -50,30 +50,8 @@ void PushNamespace(PickleWriter& w) {
   w.Build();
 }
 
-// A float32 tensor of 2 elements over storage key `key` (torch._utils._rebuild_tensor_v2).
-void PushTensor(PickleWriter& w, std::string_view key) {
-  w.Global("torch._utils", "_rebuild_tensor_v2");
-  w.Mark();  // the 6 arguments
-  w.Mark();  // the 5 parts of the storage id
-  w.String("storage");
-  w.Global("torch", "FloatStorage");
-  w.String(key);
-  w.String("cpu");
-  w.Int(2);
-  w.Tuple(5);
-  w.BinPersId();
-  w.Int(0);
-  w.Int(2);
-  w.Tuple(1);
-  w.Int(1);
-  w.Tuple(1);
-  w.Bool(false);
-  w.Global("collections", "OrderedDict");
-  w.Tuple(0);
-  w.Reduce();
-  w.Tuple(6);
-  w.Reduce();
-}
+// A float32 tensor of 2 elements over storage key `key`.
+void PushTensor(PickleWriter& w, std::string_view key) { PushFloatTensor(w, key, 2, {2}); }
 
 // {"iteration": 7, "args": Namespace(lr=0.1), "nested": {"x": [1, 2], "s": "hi"},
 //  "empty": {}, "t": tensor([1.0, 2.0])}

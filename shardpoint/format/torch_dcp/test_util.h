@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardpoint/base/status.h"
+#include "shardpoint/format/torch_dcp/pickle_writer.h"
 
 namespace sp::torch_dcp {
 
@@ -21,6 +24,37 @@ inline std::string TestData(std::string_view relative) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Pushes a row-major float32 tensor as torch.save pickles one
+// (torch._utils._rebuild_tensor_v2): `numel` elements of storage `key` (a `storage_module`
+// FloatStorage), viewed with `shape` from element `offset`.
+inline void PushFloatTensor(PickleWriter& w, std::string_view key, int64_t numel,
+                            const std::vector<int64_t>& shape, int64_t offset = 0,
+                            std::string_view storage_module = "torch") {
+  w.Global("torch._utils", "_rebuild_tensor_v2");
+  w.Mark();  // the 6 arguments
+  w.Mark();  // the 5 parts of the storage id
+  w.String("storage");
+  w.Global(storage_module, "FloatStorage");
+  w.String(key);
+  w.String("cpu");
+  w.Int(numel);
+  w.Tuple(5);
+  w.BinPersId();
+  w.Int(offset);
+  for (int64_t d : shape) w.Int(d);
+  w.Tuple(shape.size());
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  for (int64_t s : strides) w.Int(s);
+  w.Tuple(strides.size());
+  w.Bool(false);
+  w.Global("collections", "OrderedDict");
+  w.Tuple(0);
+  w.Reduce();
+  w.Tuple(6);
+  w.Reduce();
 }
 
 // Expects `status` to fail with `code` and a message containing `fragment`.

@@ -170,29 +170,7 @@ std::string Archive(const std::string& pkl, std::vector<std::pair<std::string, s
 std::string TensorPickle(int64_t numel, std::vector<int64_t> shape, int64_t offset,
                          std::string_view storage_module = "torch") {
   PickleWriter w;
-  w.Global("torch._utils", "_rebuild_tensor_v2");
-  w.Mark();
-  w.Mark();
-  w.String("storage");
-  w.Global(storage_module, "FloatStorage");
-  w.String("0");
-  w.String("cpu");
-  w.Int(numel);
-  w.Tuple(5);
-  w.BinPersId();
-  w.Int(offset);
-  for (int64_t d : shape) w.Int(d);
-  w.Tuple(shape.size());
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
-  for (int64_t s : strides) w.Int(s);
-  w.Tuple(strides.size());
-  w.Bool(false);
-  w.Global("collections", "OrderedDict");
-  w.Tuple(0);
-  w.Reduce();
-  w.Tuple(6);
-  w.Reduce();
+  PushFloatTensor(w, "0", numel, shape, offset, storage_module);
   return w.Finish();
 }
 
