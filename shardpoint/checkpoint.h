@@ -159,9 +159,12 @@ struct VerifyReport {
   bool ok() const { return defects.empty(); }
 };
 
-// Checks every file's presence, size and header, every checksum block, and the coverage of every
-// tensor. Defects are reported, not returned as errors; an error means the checkpoint could not be
-// examined at all (no metadata, unreadable metadata).
+// Checks every file's presence, size and header (a native data file's entries and its
+// "__metadata__" block), every checksum block, every chunk a driver must decode (compressed or
+// strided DCP items, decoded exactly as a load decodes them), and the coverage of every tensor
+// (counted with checked arithmetic). Defects are reported, not returned as errors; an error means
+// the checkpoint could not be examined at all (no metadata, unreadable metadata, or sizes past the
+// limits every reader applies: format/metadata.h ValidateCheckpointSizes), which load refuses too.
 Result<VerifyReport> Verify(std::string_view path, Store* store = nullptr, ThreadPool* pool = nullptr);
 
 }  // namespace sp

@@ -205,5 +205,28 @@ expect_rc "a truncated shard fails" 1
 check "the truncated file is named" contains "$ERR" "model-00002-of-00005.safetensors"
 check "nothing written for the failed run" [ ! -e "$WORK/hf3/model.safetensors" ]
 
+# ---- sizes from untrusted input (issue 13, defect 2) ----------------------------------------------
+# A 200-byte Hugging Face directory whose DCP_SHARDING_INFO puts a 2x2 chunk at offsets near 2^62:
+# the tensor's element count would wrap. Every verb refuses it at once, naming file and numbers.
+mkdir -p "$WORK/huge"
+HDR='{"__metadata__":{"DCP_SHARDING_INFO":"{\"w\": {\"saved_offsets\": [4611686018427387900, 4611686018427387900]}}"},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}'
+N=${#HDR}
+{
+  printf "\\x$(printf %02x $((N & 255)))\\x$(printf %02x $((N >> 8 & 255)))\\0\\0\\0\\0\\0\\0"
+  printf '%s' "$HDR"
+  head -c 16 /dev/zero
+} >"$WORK/huge/m.safetensors"
+HUGE_MSG="tensor 'w' (DCP_SHARDING_INFO of $WORK/huge/m.safetensors): shape [4611686018427387902, 4611686018427387902] of float32 exceeds 2^62 bytes"
+run verify "$WORK/huge"
+expect_rc "verify refuses a shape past 2^62 bytes" 1
+check "verify names the file, tensor and shape" contains "$ERR" "$HUGE_MSG"
+run diff "$WORK/huge" "$WORK/huge"
+expect_rc "diff refuses it" 1
+check "diff names the file, tensor and shape" contains "$ERR" "$HUGE_MSG"
+run consolidate "$WORK/huge" "$WORK/huge-out"
+expect_rc "consolidate refuses it" 1
+check "consolidate names the file, tensor and shape" contains "$ERR" "$HUGE_MSG"
+check "consolidate leaves no .partial file" [ -z "$(ls -A "$WORK/huge-out" 2>/dev/null)" ]
+
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 ]]

@@ -1,5 +1,7 @@
 // Verify: checks a committed checkpoint end to end and reports every defect it finds.
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -8,6 +10,7 @@
 #include "shardpoint/engine/context.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 #include "shardpoint/plan/box_set.h"
 
@@ -31,7 +34,6 @@ class DefectList {
 
 void CheckCoverage(const TensorMetadata& t, DefectList& defects) {
   const std::string prefix = "tensor '" + t.name + "': ";
-  int64_t covered = 0;
   std::vector<const Box*> boxes;
   boxes.reserve(t.chunks.size());
   for (const StoredChunk& c : t.chunks) {
@@ -40,7 +42,6 @@ void CheckCoverage(const TensorMetadata& t, DefectList& defects) {
                   ShapeToString(t.shape));
       return;
     }
-    covered += c.box.volume();
     boxes.push_back(&c.box);
   }
   if (std::optional<std::pair<size_t, size_t>> pair = FindOverlappingPair(boxes)) {
@@ -48,10 +49,30 @@ void CheckCoverage(const TensorMetadata& t, DefectList& defects) {
                 boxes[pair->second]->ToString() + " overlap");
     return;
   }
-  if (covered != ShapeVolume(t.shape)) {
+  // Checked sums (metadata.h): a count that would wrap saturates and so never matches.
+  const uint64_t covered = CountChunkElements(t);
+  const uint64_t volume = static_cast<uint64_t>(ShapeVolume(t.shape));
+  if (covered != volume) {
     defects.Add(prefix + "chunks cover " + std::to_string(covered) + " of " +
-                std::to_string(ShapeVolume(t.shape)) + " elements");
+                std::to_string(volume) + " elements");
   }
+}
+
+std::string MetadataBlockToString(const std::map<std::string, std::string>& block) {
+  std::string out = "{";
+  for (const auto& [key, value] : block) {
+    out += (out.size() > 1 ? ", " : "") + key + "=" + value;
+  }
+  return out + "}";
+}
+
+// The "__metadata__" block a native data file's header must hold (format/native/data_file.cc),
+// with the format version the checkpoint's metadata records.
+std::map<std::string, std::string> ExpectedMetadataBlock(const CheckpointMetadata& md,
+                                                         std::map<std::string, std::string> built) {
+  built["format_version"] =
+      std::to_string(md.version_major) + "." + std::to_string(md.version_minor);
+  return built;
 }
 
 // Opens data file f and checks its size and its safetensors header against the metadata.
@@ -90,7 +111,28 @@ std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f
     defects.Add("data file " + file.name + ": its safetensors header does not match the metadata");
     return nullptr;
   }
+  const std::map<std::string, std::string> block = ExpectedMetadataBlock(md, expected->metadata);
+  if (found->metadata != block) {
+    defects.Add("data file " + file.name + ": its safetensors header's __metadata__ " +
+                MetadataBlockToString(found->metadata) + " does not match the metadata (expected " +
+                MetadataBlockToString(block) + ")");
+    return nullptr;
+  }
   return handle;
+}
+
+// Reads a driver-decoded chunk (a compressed or strided DCP item) whole and decodes it exactly as
+// a load does (DecodeStoredChunk into chunk.byte_length bytes): what load would refuse (a stream
+// that is garbage, truncated, too long, or an item of another shape) is an error here.
+Status CheckDecodedChunk(const CheckpointMetadata& md, const TensorMetadata& t,
+                         const StoredChunk& c, const ReadableFile& file,
+                         std::atomic<uint64_t>* bytes) {
+  AlignedBuffer stored(c.stored_length);
+  SP_RETURN_IF_ERROR(file.ReadAt(md.files[c.file].data_start + c.data_offset,
+                                 MutableByteView(stored.data(), c.stored_length)));
+  bytes->fetch_add(c.stored_length, std::memory_order_relaxed);
+  AlignedBuffer decoded(c.byte_length);
+  return DecodeStoredChunk(md, t, c, ByteView(stored.data(), c.stored_length), decoded.data());
 }
 
 }  // namespace
@@ -114,6 +156,14 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
     for (const StoredChunk& c : t.chunks) {
       if (c.file >= files.size() || !files[c.file]) continue;
       ++report.chunks_checked;
+      if (c.encoding == ChunkEncoding::kDriverDecoded) {
+        group.Run([&md, &t, &c, file = files[c.file].get(), &bytes, &defects]() -> Status {
+          Status s = CheckDecodedChunk(md, t, c, *file, &bytes);
+          if (!s.ok()) defects.Add(s.message());
+          return OkStatus();
+        });
+        continue;
+      }
       if (!report.has_checksums) continue;
       StoredChunkRef ref{files[c.file].get(), &t, &c, md.files[c.file].data_start + c.data_offset,
                          md.checksum_block_bytes};

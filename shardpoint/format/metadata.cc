@@ -17,3 +17,119 @@ const ObjectEntry* CheckpointMetadata::FindObject(std::string_view name) const {
 }
 
 }  // namespace sp
+
+namespace sp {
+namespace {
+
+// The product of `sizes`, saturating at UINT64_MAX.
+uint64_t SaturatingVolume(const std::vector<int64_t>& sizes) {
+  uint64_t volume = 1;
+  for (int64_t s : sizes) {
+    if (s <= 0) return 0;
+    if (__builtin_mul_overflow(volume, static_cast<uint64_t>(s), &volume)) return UINT64_MAX;
+  }
+  return volume;
+}
+
+std::string ChunkWhere(const CheckpointMetadata& md, const TensorMetadata& t, const StoredChunk& c,
+                       std::string_view source) {
+  std::string where = std::string(source) + ": tensor '" + t.name + "' chunk " + c.box.ToString();
+  if (c.file < md.files.size()) where += " in " + md.files[c.file].name;
+  return where;
+}
+
+// The chunk's stored bytes [data_start + data_offset, +length) lie inside its file's size.
+Status CheckChunkInFile(const DataFile& file, const StoredChunk& c, std::string_view where) {
+  const uint64_t length = c.encoding == ChunkEncoding::kRaw ? c.byte_length : c.stored_length;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  if (__builtin_add_overflow(file.data_start, c.data_offset, &begin) ||
+      __builtin_add_overflow(begin, length, &end) || end > file.size) {
+    return DataLossError(std::string(where) + ": bytes [" + std::to_string(c.data_offset) + ", +" +
+                         std::to_string(length) + ") after the data start " +
+                         std::to_string(file.data_start) + " lie outside the file's " +
+                         std::to_string(file.size) + " bytes");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<uint64_t> CheckedTensorBytes(DType dtype, const Shape& shape, std::string_view where) {
+  if (shape.size() > kMaxTensorDims) {
+    return DataLossError(std::string(where) + ": " + std::to_string(shape.size()) +
+                         " dimensions, more than " + std::to_string(kMaxTensorDims));
+  }
+  uint64_t bytes = DTypeSize(dtype);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0 || static_cast<uint64_t>(shape[d]) > kMaxTensorBytes) {
+      return DataLossError(std::string(where) + ": dimension " + std::to_string(d) + " of shape " +
+                           ShapeToString(shape) + " is out of range [0, 2^62]");
+    }
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(shape[d]), &bytes) ||
+        bytes > kMaxTensorBytes) {
+      return DataLossError(std::string(where) + ": shape " + ShapeToString(shape) + " of " +
+                           std::string(DTypeName(dtype)) + " exceeds 2^62 bytes");
+    }
+  }
+  return bytes;
+}
+
+Result<uint64_t> CheckedBoxVolume(const Box& box, const Shape& shape, std::string_view where) {
+  if (box.offsets.size() != shape.size() || box.sizes.size() != shape.size()) {
+    return DataLossError(std::string(where) + ": box " + box.ToString() + " has another rank than the shape " +
+                         ShapeToString(shape));
+  }
+  uint64_t volume = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const int64_t offset = box.offsets[d];
+    const int64_t size = box.sizes[d];
+    if (offset < 0 || size < 0 || size > shape[d] || offset > shape[d] - size) {
+      return DataLossError(std::string(where) + ": dimension " + std::to_string(d) + " [" +
+                           std::to_string(offset) + ", +" + std::to_string(size) +
+                           ") lies outside the shape " + ShapeToString(shape));
+    }
+    volume *= static_cast<uint64_t>(size);  // each prefix <= the shape's prefix <= 2^62
+  }
+  return volume;
+}
+
+Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
+                           std::string_view source) {
+  const std::string where = std::string(source) + ": tensor '" + tensor.name + "'";
+  SP_RETURN_IF_ERROR(CheckedTensorBytes(tensor.dtype, tensor.shape, where).status());
+  for (const StoredChunk& c : tensor.chunks) {
+    const std::string chunk_where = ChunkWhere(metadata, tensor, c, source);
+    if (c.file >= metadata.files.size()) {
+      return DataLossError(chunk_where + ": file index " + std::to_string(c.file) +
+                           " is out of range (" + std::to_string(metadata.files.size()) + " files)");
+    }
+    SP_ASSIGN_OR_RETURN(uint64_t volume, CheckedBoxVolume(c.box, tensor.shape, chunk_where));
+    const uint64_t expected = volume * DTypeSize(tensor.dtype);  // <= 2^62: the shape passed
+    if (c.byte_length != expected) {
+      return DataLossError(chunk_where + ": byte length " + std::to_string(c.byte_length) +
+                           ", expected " + std::to_string(expected) + " (" +
+                           std::to_string(volume) + " elements of " +
+                           std::string(DTypeName(tensor.dtype)) + ")");
+    }
+    SP_RETURN_IF_ERROR(CheckChunkInFile(metadata.files[c.file], c, chunk_where));
+  }
+  return OkStatus();
+}
+
+Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source) {
+  for (const TensorMetadata& t : metadata.tensors) {
+    SP_RETURN_IF_ERROR(ValidateTensorSizes(metadata, t, source));
+  }
+  return OkStatus();
+}
+
+uint64_t CountChunkElements(const TensorMetadata& tensor) {
+  uint64_t covered = 0;
+  for (const StoredChunk& c : tensor.chunks) {
+    if (__builtin_add_overflow(covered, SaturatingVolume(c.box.sizes), &covered)) return UINT64_MAX;
+  }
+  return covered;
+}
+
+}  // namespace sp

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
+#include "shardpoint/base/result.h"
 #include "shardpoint/geometry/box.h"
 
 namespace sp {
@@ -114,6 +115,50 @@ struct CheckpointMetadata {
   const ObjectEntry* FindObject(std::string_view name) const;
   friend bool operator==(const CheckpointMetadata&, const CheckpointMetadata&) = default;
 };
+
+// ---- Size validation shared by every format's reader (docs/FORMAT.md §3.7) ----
+//
+// Every size a reader computes from untrusted bytes (a shape's volume, a chunk's box, a byte
+// length, a coverage count) goes through these checks, with checked arithmetic, before it is
+// used to size a buffer or a copy. The limits are those of the native format: a tensor holds at
+// most kMaxTensorBytes bytes, computed dimension by dimension (every prefix product of the shape
+// times the dtype size stays within the limit, so the volume of the shape and of every box inside
+// it fits in int64 whatever the order of multiplication).
+
+// Largest tensor, in bytes, any reader accepts.
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 62;
+// Most dimensions a tensor may have.
+inline constexpr size_t kMaxTensorDims = 64;
+
+// The byte size of a `dtype` tensor of `shape`. kDataLoss "<where>: ..." naming the shape when it
+// has more than kMaxTensorDims dimensions, a dimension outside [0, 2^62], or more than
+// kMaxTensorBytes bytes ("... exceeds 2^62 bytes"; checked after every dimension, so a shape is
+// refused as soon as a prefix of it is too large).
+Result<uint64_t> CheckedTensorBytes(DType dtype, const Shape& shape, std::string_view where);
+
+// The element count of `box` after checking that it has the rank of `shape`, non-negative
+// offsets and sizes, and offset + size <= dimension in every dimension (compared without
+// wrapping). `shape` must have passed CheckedTensorBytes. kDataLoss "<where>: ..." naming the box
+// and the shape otherwise.
+Result<uint64_t> CheckedBoxVolume(const Box& box, const Shape& shape, std::string_view where);
+
+// Checks one decoded tensor of `metadata`: its shape (CheckedTensorBytes), and for every chunk
+// its box (CheckedBoxVolume), its byte_length (the box's volume times the dtype size), its file
+// index and that its bytes (stored_length of them for kDriverDecoded chunks) lie inside its data
+// file. `source` names the checkpoint; errors are kDataLoss "<source>: tensor 'NAME' ..." naming
+// the chunk's file and the offending numbers. Coverage is not required here (verify reports
+// chunks that leave part of a tensor uncovered; the load plan refuses them).
+Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
+                           std::string_view source);
+
+// ValidateTensorSizes for every tensor of `metadata`; the first error.
+Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source);
+
+// The number of elements the chunks of `tensor` hold, summed with checked arithmetic: saturates
+// at UINT64_MAX instead of wrapping. Chunk volumes are computed with checked arithmetic too, so
+// any tensor may be passed; only a tensor that passed ValidateTensorSizes gives a meaningful
+// count below the saturation.
+uint64_t CountChunkElements(const TensorMetadata& tensor);
 
 }  // namespace sp
 

@@ -40,9 +40,10 @@ Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view p
                        std::string(kMetadataFileName) + " is missing)");
 }
 
-Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
-                                                  ThreadPool* pool) {
-  SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(store, path));
+namespace {
+
+Result<CheckpointMetadata> DecodeWithDriver(Store& store, std::string_view path,
+                                            CheckpointFormat format, ThreadPool* pool) {
   switch (format) {
     case CheckpointFormat::kNative: {
       const std::string metadata_path = JoinPath(path, kMetadataFileName);
@@ -63,6 +64,17 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
   }
   return UnimplementedError("checkpoints in the " + std::string(CheckpointFormatName(format)) +
                             " format cannot be opened by this build");
+}
+
+}  // namespace
+
+Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
+                                                  ThreadPool* pool) {
+  SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(store, path));
+  SP_ASSIGN_OR_RETURN(CheckpointMetadata md, DecodeWithDriver(store, path, format, pool));
+  // Whatever the driver, no size derived from the files reaches a buffer unchecked.
+  SP_RETURN_IF_ERROR(ValidateCheckpointSizes(md, path));
+  return md;
 }
 
 Status DecodeStoredChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,

@@ -29,7 +29,10 @@ Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view p
 
 // Decodes the metadata of the checkpoint at `path`, whatever its format. Drivers that must read
 // data files to locate chunks spread those reads over `pool` (may be null: one thread).
-// Errors name the file and what is wrong with it; kNotFound when there is no checkpoint.
+// Every tensor then passes ValidateCheckpointSizes (metadata.h), whatever the format, so shapes,
+// chunk boxes and byte lengths are within the shared limits (kDataLoss naming the tensor and the
+// file otherwise). Errors name the file and what is wrong with it; kNotFound when there is no
+// checkpoint.
 Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
                                                   ThreadPool* pool);
 

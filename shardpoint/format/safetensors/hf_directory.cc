@@ -271,6 +271,15 @@ Result<TensorMetadata> BuildTensor(const std::string& name, const std::vector<Oc
     chunk.byte_length = o.entry->end - o.entry->begin;
     t.chunks.push_back(std::move(chunk));
   }
+  if (!whole) {
+    // The shape is the chunks' farthest extent: bounded only by DCP_SHARDING_INFO's offsets.
+    std::string where = "tensor '" + name + "' (DCP_SHARDING_INFO of ";
+    for (size_t i = 0; i < occ.size() && i < 3; ++i) {
+      where += (i ? ", " : "") + files[occ[i].file].path;
+    }
+    where += occ.size() > 3 ? " and " + std::to_string(occ.size() - 3) + " more)" : ")";
+    SP_RETURN_IF_ERROR(CheckedTensorBytes(t.dtype, t.shape, where).status());
+  }
   std::sort(t.chunks.begin(), t.chunks.end(),
             [](const StoredChunk& a, const StoredChunk& b) { return a.box < b.box; });
   return t;

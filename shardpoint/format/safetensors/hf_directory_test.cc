@@ -258,6 +258,30 @@ TEST_F(HfDirectoryTest, HostileShardingInfoIsRefused) {
   }
 }
 
+TEST_F(HfDirectoryTest, ShardingOffsetsNear2To62AreRefusedBeforeAnySizeWraps) {
+  // Issue 13 defect 2: a 2x2 chunk at offsets near 2^62 makes a shape whose element count wraps.
+  Write("m.safetensors",
+        FileBytes({{"w", DType::kFloat32, {2, 2}}},
+                  {{kDcpShardingInfoKey, "{\"w\": {\"saved_offsets\": [4611686018427387900, "
+                                         "4611686018427387900]}}"}}));
+  ExpectError(StatusCode::kDataLoss,
+              {"tensor 'w' (DCP_SHARDING_INFO of /hf/m.safetensors): shape [4611686018427387902, "
+               "4611686018427387902] of float32 exceeds 2^62 bytes"});
+  // One dimension alone past 2^62 bytes (int8: 2^62 + 2 elements).
+  Write("m.safetensors",
+        FileBytes({{"w", DType::kInt8, {2}}},
+                  {{kDcpShardingInfoKey, "{\"w\": {\"saved_offsets\": [4611686018427387904]}}"}}));
+  ExpectError(StatusCode::kDataLoss, {"tensor 'w' (DCP_SHARDING_INFO of /hf/m.safetensors): "
+                                      "dimension 0 of shape [4611686018427387906] is out of range"});
+  // The largest shape within the limit is accepted (2^62 one-byte elements).
+  Write("m.safetensors",
+        FileBytes({{"w", DType::kInt8, {2}}},
+                  {{kDcpShardingInfoKey, "{\"w\": {\"saved_offsets\": [4611686018427387902]}}"}}));
+  Result<CheckpointMetadata> md = Read();
+  ASSERT_TRUE(md.ok()) << md.status();
+  EXPECT_EQ(md->tensors[0].shape, Shape{int64_t{1} << 62});
+}
+
 TEST_F(HfDirectoryTest, ShardedChunksMustAgreeOnDtypeAndRank) {
   Write("a.safetensors", FileBytes({{"w", DType::kFloat32, {2, 4}}},
                                    {{kDcpShardingInfoKey, Sharding({{"w", {0, 0}}})}}));

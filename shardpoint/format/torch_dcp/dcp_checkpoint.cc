@@ -345,6 +345,14 @@ Status DecodeDcpChunk(const CheckpointMetadata& metadata, const TensorMetadata& 
   SP_ASSIGN_OR_RETURN(TorchSaveTensorInfo info,
                       ParseTorchSaveTensor(MemoryRangeReader(archive), archive.size(), what));
   SP_RETURN_IF_ERROR(CheckDecodedView(info, tensor, chunk.box, what));
+  // `out` holds chunk.byte_length bytes: the view must fill exactly that (its size was checked
+  // against the 2^62-byte limit when the item was parsed, so the product cannot wrap).
+  const uint64_t view_bytes = static_cast<uint64_t>(ShapeVolume(info.shape)) * DTypeSize(info.dtype);
+  if (view_bytes != chunk.byte_length) {
+    return DataLossError(what + ": the item's view of shape " + ShapeToString(info.shape) + " holds " +
+                         std::to_string(view_bytes) + " bytes, the chunk " +
+                         std::to_string(chunk.byte_length));
+  }
   GatherView(info, archive.data() + info.data_offset, out);
   return OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "shardpoint/format/metadata.h"
 #include "shardpoint/format/safetensors/json.h"
 
 namespace sp::torch_dcp {
@@ -140,6 +141,17 @@ Result<std::vector<DcpSafetensorsChunk>> DcpSafetensorsChunks(const SafetensorsH
                              e.name + "' has " + std::to_string(c.box.offsets.size()) +
                              " offsets for a tensor of rank " + std::to_string(e.shape.size()));
       }
+      // The chunk's extent (offsets + sizes) is a lower bound of the tensor's shape, so it must
+      // be within the shared size limit (metadata.h); a sum past int64 is refused as too large.
+      Shape extent(e.shape.size());
+      for (size_t d = 0; d < extent.size(); ++d) {
+        if (__builtin_add_overflow(c.box.offsets[d], e.shape[d], &extent[d])) extent[d] = INT64_MAX;
+      }
+      SP_RETURN_IF_ERROR(CheckedTensorBytes(e.dtype, extent,
+                                            "safetensors file " + std::string(path) +
+                                                ": DCP_SHARDING_INFO for '" + e.name +
+                                                "': the chunk's extent")
+                             .status());
     }
     out.push_back(std::move(c));
   }

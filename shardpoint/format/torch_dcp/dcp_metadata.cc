@@ -1,6 +1,7 @@
 // Decoding `.metadata` (the encoder and the validation are in dcp_metadata_encode.cc).
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 
+#include "shardpoint/format/metadata.h"
 #include "shardpoint/format/torch_dcp/pickle.h"
 
 namespace sp::torch_dcp {
@@ -136,6 +137,10 @@ Result<DcpEntry> Decoder::DecodeEntry(const std::string& fqn, const PickleValue&
   SP_ASSIGN_OR_RETURN(e.properties, DecodeProperties(*props, where));
   SP_ASSIGN_OR_RETURN(const PickleValue* size, Required(v, "size", where));
   SP_ASSIGN_OR_RETURN(e.size, DecodeSize(*size, where + " size"));
+  // The size bounds every chunk's volume and byte length computed from it (metadata.h).
+  SP_RETURN_IF_ERROR(CheckedTensorBytes(e.properties.dtype, e.size,
+                                        "DCP metadata " + std::string(path_) + ": " + where + " size")
+                         .status());
   SP_ASSIGN_OR_RETURN(const PickleValue* chunks, Required(v, "chunks", where));
   if (!chunks->is(Kind::kList)) return Err(where, "chunks is " + DescribePickleValue(*chunks));
   for (size_t i = 0; i < chunks->items.size(); ++i) {

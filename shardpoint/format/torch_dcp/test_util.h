@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -12,7 +13,10 @@
 #include <vector>
 
 #include "shardpoint/base/status.h"
+#include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/pickle_writer.h"
+#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/store/store.h"
 
 namespace sp::torch_dcp {
 
@@ -29,9 +33,11 @@ inline std::string TestData(std::string_view relative) {
 // Pushes a row-major float32 tensor as torch.save pickles one
 // (torch._utils._rebuild_tensor_v2): `numel` elements of storage `key` (a `storage_module`
 // FloatStorage), viewed with `shape` from element `offset`.
+// `strides` empty: row-major.
 inline void PushFloatTensor(PickleWriter& w, std::string_view key, int64_t numel,
                             const std::vector<int64_t>& shape, int64_t offset = 0,
-                            std::string_view storage_module = "torch") {
+                            std::string_view storage_module = "torch",
+                            std::vector<int64_t> strides = {}) {
   w.Global("torch._utils", "_rebuild_tensor_v2");
   w.Mark();  // the 6 arguments
   w.Mark();  // the 5 parts of the storage id
@@ -45,8 +51,10 @@ inline void PushFloatTensor(PickleWriter& w, std::string_view key, int64_t numel
   w.Int(offset);
   for (int64_t d : shape) w.Int(d);
   w.Tuple(shape.size());
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  if (strides.empty()) {
+    strides.assign(shape.size(), 1);
+    for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  }
   for (int64_t s : strides) w.Int(s);
   w.Tuple(strides.size());
   w.Bool(false);
@@ -55,6 +63,56 @@ inline void PushFloatTensor(PickleWriter& w, std::string_view key, int64_t numel
   w.Reduce();
   w.Tuple(6);
   w.Reduce();
+}
+
+// A DCP tensor item: a torch.save archive of a float32 view (`shape`, `strides`, empty:
+// row-major) of a storage of `numel` elements whose bytes are 0, 1, 2, ... as floats.
+inline std::string FloatTensorItem(int64_t numel, const std::vector<int64_t>& shape,
+                                   std::vector<int64_t> strides = {}) {
+  PickleWriter w;
+  PushFloatTensor(w, "0", numel, shape, 0, "torch", std::move(strides));
+  std::string storage(static_cast<size_t>(numel) * 4, '\0');
+  for (int64_t i = 0; i < numel; ++i) {
+    const float v = static_cast<float>(i);
+    std::memcpy(storage.data() + i * 4, &v, 4);
+  }
+  return BuildZip({{"archive/data.pkl", w.Finish()}, {"archive/version", "3\n"},
+                   {"archive/data/0", storage}})
+      .value();
+}
+
+// A DCP checkpoint at `dir` of `store`: one float32 tensor `fqn` of global `size` stored as one
+// chunk (the whole tensor) in item `item` of __0_0.distcp, with the given stream transforms.
+// .metadata is written by EncodeDcpMetadata, which checks structure but not sizes.
+inline void WriteOneItemDcp(Store& store, const std::string& dir, const std::string& fqn,
+                            const Shape& size, const std::string& item,
+                            std::vector<std::string> transforms = {}) {
+  DcpMetadata md;
+  DcpEntry e;
+  e.fqn = fqn;
+  e.kind = DcpEntry::Kind::kTensor;
+  e.properties.dtype = DType::kFloat32;
+  e.size = size;
+  e.chunks.push_back(Box(std::vector<int64_t>(size.size(), 0), size));
+  md.state_dict_metadata.push_back(e);
+  DcpStorageEntry s;
+  s.fqn = fqn;
+  s.chunk_offsets = std::vector<int64_t>(size.size(), 0);
+  s.relative_path = "__0_0.distcp";
+  s.offset = 0;
+  s.length = item.size();
+  s.transform_descriptors = std::move(transforms);
+  md.storage_data.push_back(s);
+  Result<std::string> encoded = EncodeDcpMetadata(md);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  ASSERT_TRUE(store.CreateDirs(dir).ok());
+  for (const auto& [name, bytes] : {std::pair<std::string, std::string>{".metadata", *encoded},
+                                    {"__0_0.distcp", item}}) {
+    auto out = store.NewWritableFile(JoinPath(dir, name));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)->WriteAt(0, AsBytes(bytes)).ok());
+    ASSERT_TRUE((*out)->Close().ok());
+  }
 }
 
 // Expects `status` to fail with `code` and a message containing `fragment`.

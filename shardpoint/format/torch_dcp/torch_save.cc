@@ -182,6 +182,11 @@ Result<TorchSaveTensorInfo> ParseTensorValue(const RangeReader& read, const Open
   SP_ASSIGN_OR_RETURN(info.shape, IntTuple(*args[2], "size", what));
   SP_ASSIGN_OR_RETURN(info.strides, IntTuple(*args[3], "stride", what));
   if (info.shape.size() != info.strides.size()) return Bad(what, "size and stride ranks differ");
+  // A view may repeat storage elements (stride 0), so the storage bounds nothing: the view's own
+  // size must be within the shared limit before anything is sized from it (metadata.h).
+  SP_RETURN_IF_ERROR(CheckedTensorBytes(info.dtype, info.shape,
+                                        "torch.save archive " + std::string(what) + ": tensor view")
+                         .status());
   info.record = a.prefix + "data/" + key;
   const ZipEntry* entry = a.dir.Find(info.record);
   if (entry == nullptr) return Bad(what, "no storage record '" + info.record + "'");

@@ -204,5 +204,18 @@ TEST(ParseTorchSaveTensor, RefusesHostileArchives) {
   for (size_t n = 0; n < good.size(); ++n) EXPECT_FALSE(ParseBytes(good.substr(0, n)).ok()) << n;
 }
 
+TEST(ParseTorchSaveTensor, RefusesAStride0ViewWhoseElementCountWraps) {
+  // Issue 13 defect 1: [3, 0x5555555555555556] has 2 elements in 64-bit arithmetic and a stride-0
+  // view of it stays inside a 1-element storage.
+  const std::string item = FloatTensorItem(1, {3, 0x5555555555555556}, {0, 0});
+  SP_EXPECT_ERROR(ParseBytes(item).status(), StatusCode::kDataLoss,
+                  "torch.save archive t.pt: tensor view: shape [3, 6148914691236517206] of float32 "
+                  "exceeds 2^62 bytes");
+  // The same view at a sane size parses.
+  Result<TorchSaveTensorInfo> sane = ParseBytes(FloatTensorItem(1, {3, 5}, {0, 0}));
+  ASSERT_TRUE(sane.ok()) << sane.status();
+  EXPECT_FALSE(sane->IsDenseRowMajor());
+}
+
 }  // namespace
 }  // namespace sp::torch_dcp
