@@ -58,8 +58,8 @@ TEST(VerifyTest, Defect1WrappingDcpSizeIsRefusedByEveryTool) {
   MemoryStore store;
   WriteOneItemDcp(store, "/dcp", "w", {3, kWrapping}, FloatTensorItem(1, {3, kWrapping}, {0, 0}));
   ExpectEveryToolRefuses(store, "/dcp",
-                         "DCP metadata /dcp/.metadata: key 'w' size: shape [3, "
-                         "6148914691236517206] of float32 exceeds 2^62 bytes");
+                         "DCP metadata /dcp/.metadata: key 'w' size: dimension 1 of shape [3, "
+                         "6148914691236517206] is out of range [0, 2^62]");
 }
 
 TEST(VerifyTest, Defect2ShardingOffsetsNear2To62AreRefusedByEveryTool) {

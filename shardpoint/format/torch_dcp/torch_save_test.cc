@@ -209,8 +209,12 @@ TEST(ParseTorchSaveTensor, RefusesAStride0ViewWhoseElementCountWraps) {
   // view of it stays inside a 1-element storage.
   const std::string item = FloatTensorItem(1, {3, 0x5555555555555556}, {0, 0});
   SP_EXPECT_ERROR(ParseBytes(item).status(), StatusCode::kDataLoss,
-                  "torch.save archive t.pt: tensor view: shape [3, 6148914691236517206] of float32 "
-                  "exceeds 2^62 bytes");
+                  "torch.save archive t.pt: tensor view: dimension 1 of shape [3, "
+                  "6148914691236517206] is out of range [0, 2^62]");
+  // Each dimension within 2^62 but the product past it: [3, 2^61] of float32.
+  SP_EXPECT_ERROR(ParseBytes(FloatTensorItem(1, {3, int64_t{1} << 61}, {0, 0})).status(),
+                  StatusCode::kDataLoss,
+                  "tensor view: shape [3, 2305843009213693952] of float32 exceeds 2^62 bytes");
   // The same view at a sane size parses.
   Result<TorchSaveTensorInfo> sane = ParseBytes(FloatTensorItem(1, {3, 5}, {0, 0}));
   ASSERT_TRUE(sane.ok()) << sane.status();
