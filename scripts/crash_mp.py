@@ -3,8 +3,8 @@ the Python package (torch.distributed, gloo; scripts/crash_mp_worker.py) and one
 ranks get SIGKILL at a random moment of the save.
 
 Cases: {sync, async} x {kill one rank, kill all} x {new directory, overwrite}, trial i runs case
-i mod 8. Each case saves a sibling checkpoint once (its save time is the case's measured duration)
-and, for overwrite, a previous checkpoint that each trial copies to its target. After the kill the
+i mod 8. One sibling checkpoint and one previous checkpoint are saved for all cases (each overwrite trial
+copies the previous one to its target); each mode's save time is measured once. After the kill the
 survivors get --mp-timeout seconds to exit (an error is fine; "timeouts" counts those the runner
 had to kill); then the target must load bit-exact as the previous checkpoint or the new seed
 (new directory: a clean "no checkpoint" or the new seed), and the sibling bit-exact.
@@ -84,20 +84,35 @@ def check(trials, items):
     return [(int(line[0]), line[2:]) for line in lines], cmd
 
 
-def prepare(trials, case, root):
-    case.dir = os.path.join(root, case.name)
-    os.makedirs(case.dir, exist_ok=True)
-    case.sibling = os.path.join(case.dir, "sibling")
-    case.previous = os.path.join(case.dir, "previous")
-    for path, seed in ((case.sibling, SIBLING_SEED), (case.previous, PREVIOUS_SEED)):
-        if path == case.previous and case.target != "overwrite":
-            continue
-        procs, _ = start_ranks(trials.args.python, case, path, seed, False)
-        start = await_saving(procs)
-        if wait_all(procs, 600) or any(p.returncode for p in procs):
-            sys.exit(f"{case.name}: the uninterrupted 4-process save to {path} failed")
-        if path == case.sibling:
-            case.duration = time.monotonic() - start
+def save_whole(trials, case, path, seed):
+    """One uninterrupted 4-process save; returns its time from "saving" to exit."""
+    procs, _ = start_ranks(trials.args.python, case, path, seed, False)
+    start = await_saving(procs)
+    if wait_all(procs, 600) or any(p.returncode for p in procs):
+        sys.exit(f"{case.name}: the uninterrupted 4-process save to {path} failed")
+    return time.monotonic() - start
+
+
+def prepare(trials, cases, root):
+    """Saves the sibling and the previous checkpoint once for every case (each 4-process save
+    costs several seconds of process start-up); a case's duration is its own uninterrupted
+    save, measured once."""
+    common = os.path.join(root, "mp-common")
+    os.makedirs(common, exist_ok=True)
+    sibling, previous = os.path.join(common, "sibling"), os.path.join(common, "previous")
+    save_whole(trials, cases[0], sibling, SIBLING_SEED)
+    save_whole(trials, cases[0], previous, PREVIOUS_SEED)
+    for case in cases:
+        case.dir = os.path.join(root, case.name)
+        os.makedirs(case.dir, exist_ok=True)
+        case.sibling, case.previous = sibling, previous
+        if case.victim == "one":  # the "all" case of the same mode reuses the time
+            case.duration = save_whole(trials, case, os.path.join(case.dir, "measure"), 3)
+            shutil.rmtree(os.path.join(case.dir, "measure"))
+    for case in cases:
+        if case.victim == "all":
+            case.duration = next(c.duration for c in cases
+                                 if c.victim == "one" and c.mode == case.mode)
 
 
 def trial(trials, case, index):
@@ -141,8 +156,7 @@ def run_mp(trials, root, count):
     from crash_trials import print_table
     cases = [MpCase(m, v, t) for m in ("sync", "async") for v in ("one", "all")
              for t in ("new", "overwrite")]
-    for case in cases:
-        prepare(trials, case, root)
+    prepare(trials, cases, root)
     print("measured 4-process save times (s): " +
           ", ".join(f"{c.name} {c.duration:.3f}" for c in cases), flush=True)
     started = time.monotonic()

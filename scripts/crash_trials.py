@@ -43,6 +43,7 @@ class Case:
         self.ranks, self.fmt, self.target, self.mode = ranks, fmt, target, mode
         self.name = f"r{ranks}-{fmt}-{target}-{mode}"
         self.duration = 0.0
+        self.times = []  # uninterrupted save times seen so far (s, from "saving" to exit)
         self.stats = dict(trials=0, finished=0, committed=0, refused=0, previous=0, failures=0)
 
 
@@ -75,23 +76,25 @@ class Trials:
         return p.returncode, p.stdout.strip()
 
     def start_and_kill(self, cmd, delay):
-        """Starts cmd, waits for its "saving" line, sleeps `delay` and sends SIGKILL.
-        Returns (exit code, seconds from "saving" to exit or kill)."""
+        """Starts cmd, waits for its "saving" line, sleeps `delay` (None: no kill) and sends
+        SIGKILL. Returns (exit code, seconds from "saving" to exit or kill, output)."""
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         line = p.stdout.readline()
         start = time.monotonic()
         if line.strip() != "saving":
+            rest = p.stdout.read()
             p.wait()
-            return p.returncode, 0.0
+            return p.returncode, 0.0, (line + rest).strip()
         if delay is not None:
             try:
                 p.wait(timeout=delay)
             except subprocess.TimeoutExpired:
                 p.send_signal(signal.SIGKILL)
+        rest = p.stdout.read()
         p.wait()
         elapsed = time.monotonic() - start
         p.stdout.close()
-        return p.returncode, elapsed
+        return p.returncode, elapsed, rest.strip()
 
     # --- per case -------------------------------------------------------------------------------
 
@@ -108,12 +111,18 @@ class Trials:
             path = os.path.join(case.dir, f"measure{i}")
             if case.target == "overwrite":
                 self.run(self.save_cmd(case, path, 2, False))
-            rc, elapsed = self.start_and_kill(self.save_cmd(case, path, 3, case.target == "overwrite"), None)
+            rc, elapsed, _ = self.start_and_kill(self.save_cmd(case, path, 3, case.target == "overwrite"), None)
             if rc != 0:
                 sys.exit(f"{case.name}: the uninterrupted save failed (exit {rc})")
-            times.append(elapsed)
+            self.observe(case, elapsed)
             shutil.rmtree(path)
-        case.duration = statistics.median(times)
+
+    @staticmethod
+    def observe(case, elapsed):
+        """Records an uninterrupted save's time: the kill window follows the machine's load (the
+        median of the last 7 saves of the case), so kills keep landing inside the save."""
+        case.times = (case.times + [elapsed])[-7:]
+        case.duration = statistics.median(case.times)
 
     def kill_delay(self, case):
         if self.rng.random() < 0.25:
@@ -139,8 +148,10 @@ class Trials:
         delay = self.kill_delay(case)
         save = self.save_cmd(case, target, seed, overwrite)
         commands.append(" ".join(save) + f"   # SIGKILL {delay:.4f} s after 'saving'")
-        save_rc, _ = self.start_and_kill(save, delay)
+        save_rc, elapsed, _ = self.start_and_kill(save, delay)
         case.stats["finished"] += save_rc == 0
+        if save_rc == 0 and elapsed < delay:
+            self.observe(case, elapsed)
         expect = [seed - 1, seed] if overwrite else [seed]
         rc, out = do(self.check_cmd(target, expect, self.rng.randint(1, 4)))
         committed = rc == EXIT_LOADED and out.endswith(f"seed {seed}")
@@ -156,7 +167,11 @@ class Trials:
         rc, out = do(self.check_cmd(case.sibling, [SIBLING_SEED], self.rng.randint(1, 4)))
         if rc != EXIT_LOADED:
             problems.append(f"the sibling checkpoint no longer loads (exit {rc}): {out}")
-        rc, out = do(self.save_cmd(case, target, seed, overwrite or committed))
+        retry = self.save_cmd(case, target, seed, overwrite or committed)
+        commands.append(" ".join(retry))
+        rc, elapsed, out = self.start_and_kill(retry, None)
+        if rc == 0:
+            self.observe(case, elapsed)
         if rc != 0:
             problems.append(f"the retry save over the leftovers failed (exit {rc}): {out}")
         else:
