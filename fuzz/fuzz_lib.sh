@@ -86,7 +86,7 @@ sp_fuzz_summary() {
   execs="$(sed -n 's/^stat::average_exec_per_sec: *//p' "${log}" | tail -1)"
   added="$(sed -n 's/^stat::new_units_added: *//p' "${log}" | tail -1)"
   start="$(sed -n 's/.*INITED cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p' "${log}" | head -1)"
-  end="$(grep -E '^#[0-9]+ .*cov: ' "${log}" | tail -1 | sed -n 's/.*cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p')"
+  end="$(grep -E '^#[0-9]+[[:space:]].*cov: ' "${log}" | tail -1 | sed -n 's/.*cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p')"
   findings="$(find "${out}" -maxdepth 1 -name "${target}-*" -type f | wc -l)"
   printf '%-14s executions %-10s exec/s %-7s coverage %s -> %s (new inputs %s) findings %s\n' \
     "${target}" "${runs:-?}" "${execs:-?}" "${start:-?}" "${end:-?}" "${added:-?}" "${findings}"
