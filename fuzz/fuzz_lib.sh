@@ -23,7 +23,7 @@ sp_fuzz_configure() {
   fi
   CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSP_BUILD_FUZZERS=ON "${extra[@]}" \
-    -DCMAKE_C_FLAGS="${SP_ASAN_FLAGS}" -DCMAKE_CXX_FLAGS="${SP_ASAN_FLAGS}" >/dev/null
+    -DCMAKE_CXX_FLAGS="${SP_ASAN_FLAGS}" >/dev/null
 }
 
 # sp_fuzz_build BUILD: the targets and the seed generator.

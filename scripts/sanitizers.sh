@@ -53,7 +53,7 @@ case "${mode}" in
     build="${2:-${root}/build-tsan}"
     flags="-fsanitize=thread -fno-omit-frame-pointer"
     CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DSP_BUILD_TESTS=ON -DCMAKE_C_FLAGS="${flags}" -DCMAKE_CXX_FLAGS="${flags}" >/dev/null
+      -DSP_BUILD_TESTS=ON -DCMAKE_CXX_FLAGS="${flags}" >/dev/null
     ninja -C "${build}" -j "${jobs}" exec_test comm_test engine_unit_test engine_async_save_test \
       engine_reshard_test > "${build}/ninja-sanitizer.log" 2>&1 ||
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
