@@ -1,12 +1,23 @@
-// Writes a seed corpus for the fuzz targets: a few valid metadata files and data file headers.
-// Usage: make_fuzz_seeds METADATA_DIR SAFETENSORS_DIR [UNPICKLE_DIR ZIP_DIR]
+// Writes seeds for the fuzz targets into CORPUS_DIR/<target>/ (each folder must exist): valid
+// native metadata and data-file headers encoded by shardpoint, torch pickles and archives, and,
+// from the checkpoints under SOURCE_ROOT/shardpoint/format/*/testdata (written by torch and by
+// safetensors), their metadata in the wire encoding, their stored objects and attributes and the
+// zstd items torch wrote.
+// Usage: make_fuzz_seeds CORPUS_DIR SOURCE_ROOT
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 
+#include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/safetensors/hf_directory.h"
+#include "shardpoint/format/safetensors/safetensors.h"
+#include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
+#include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/store/posix_store.h"
 
 namespace {
 
@@ -76,25 +87,95 @@ void TorchSeeds(const std::string& unpickle_dir, const std::string& zip_dir) {
   Write(zip_dir + "/object", td::EncodePlainObjectItem(plain).value());
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Exits on failure: a seed that cannot be made means the fixtures or the codecs changed.
+template <typename T>
+T Must(sp::Result<T> r, const std::string& what) {
+  if (!r.ok()) {
+    std::cerr << "make_fuzz_seeds: " << what << ": " << r.status().ToString() << "\n";
+    std::exit(1);
+  }
+  return *std::move(r);
+}
+
+// A checkpoint read by its driver: its wire encoding, its objects' payloads and its attributes.
+void MetadataSeeds(const sp::CheckpointMetadata& md, const std::string& name,
+                   const std::string& corpus) {
+  Write(corpus + "/metadata_wire/" + name, sp::EncodeMetadataForWire(md));
+  for (size_t i = 0; i < md.objects.size(); ++i) {
+    Write(corpus + "/objects/" + name + "-object" + std::to_string(i), md.objects[i].payload);
+  }
+  for (const auto& [key, value] : md.attributes) {
+    Write(corpus + "/objects/" + name + "-" + key, value);
+  }
+}
+
+// The real checkpoints in the source tree's testdata.
+void TestdataSeeds(const std::string& corpus, const std::string& root) {
+  sp::PosixStore store;
+  const std::string dcp = root + "/shardpoint/format/torch_dcp/testdata/";
+  for (const char* name : {"plain", "sharded", "zstd", "megatron"}) {
+    MetadataSeeds(Must(sp::torch_dcp::ReadDcpCheckpoint(store, dcp + name, nullptr), dcp + name),
+                  std::string("dcp-") + name, corpus);
+  }
+  const std::string st = root + "/shardpoint/format/safetensors/testdata/python_written.safetensors";
+  MetadataSeeds(Must(sp::ReadSafetensorsDirectory(store, st), st), "safetensors", corpus);
+  for (int v = 0; v < 3; ++v) MetadataSeeds(Seed(v), "native" + std::to_string(v), corpus);
+  // The zstd items torch's ZStandard extension wrote, as stored.
+  const std::string zstd = dcp + "zstd/";
+  const std::string metadata = ReadFile(zstd + ".metadata");
+  sp::torch_dcp::DcpMetadata md =
+      Must(sp::torch_dcp::DecodeDcpMetadata(sp::AsBytes(metadata), zstd), zstd + ".metadata");
+  int n = 0;
+  for (const sp::torch_dcp::DcpStorageEntry& e : md.storage_data) {
+    if (e.transform_descriptors.empty()) continue;
+    const std::string data = ReadFile(zstd + e.relative_path);
+    if (e.offset > data.size() || e.length > data.size() - e.offset) continue;
+    Write(corpus + "/zstd_item/torch" + std::to_string(n++), data.substr(e.offset, e.length));
+  }
+  const std::string tensor = ReadFile(dcp + "tensor_f32.pt");
+  Write(corpus + "/zstd_item/tensor_f32.pt",
+        Must(sp::torch_dcp::EncodeZstdItem(sp::AsBytes(tensor)), "zstd of tensor_f32.pt"));
+}
+
+// JSON objects and attribute values beyond those the fixtures hold, and an index for
+// hf_index_fuzz's fixed files.
+void TextSeeds(const std::string& corpus) {
+  Write(corpus + "/objects/json-kinds",
+        "{\"a\": [1, -2, 0.5, 1e300, true, false, null, NaN, -Infinity], \"b\": {\"c\": \"\\u00e9\\ud83d\\ude00\"}, "
+        "\"d\": [], \"e\": {}}");
+  Write(corpus + "/objects/paths",
+        "[[\"o\", [\"model\", 0, {\"int\": 3}, \"w\"]], [\"step\", [\"step\"]]]");
+  Write(corpus + "/hf_index/index",
+        "{\"metadata\": {\"total_size\": 66, \"format\": \"pt\"}, \"weight_map\": "
+        "{\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\"}}");
+  Write(corpus + "/hf_index/index-a",
+        "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\"}}");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 && argc != 5) {
-    std::cerr << "usage: make_fuzz_seeds METADATA_DIR SAFETENSORS_DIR [UNPICKLE_DIR ZIP_DIR]\n";
+  if (argc != 3) {
+    std::cerr << "usage: make_fuzz_seeds CORPUS_DIR SOURCE_ROOT\n";
     return 2;
   }
+  const std::string corpus = argv[1];
   for (int variant = 0; variant < 3; ++variant) {
     sp::CheckpointMetadata m = Seed(variant);
-    std::ofstream(std::string(argv[1]) + "/seed" + std::to_string(variant), std::ios::binary)
-        << sp::EncodeMetadata(m);
+    Write(corpus + "/metadata/seed" + std::to_string(variant), sp::EncodeMetadata(m));
     for (uint32_t f = 0; f < m.files.size(); ++f) {
       std::string file = sp::BuildDataFileHeader(m, f);
       file.resize(m.files[f].size, '\0');
-      std::ofstream(std::string(argv[2]) + "/seed" + std::to_string(variant) + "-" + std::to_string(f),
-                    std::ios::binary)
-          << file;
+      Write(corpus + "/safetensors/seed" + std::to_string(variant) + "-" + std::to_string(f), file);
     }
   }
-  if (argc == 5) TorchSeeds(argv[3], argv[4]);
+  TorchSeeds(corpus + "/unpickle", corpus + "/zip");
+  TestdataSeeds(corpus, argv[2]);
+  TextSeeds(corpus);
   return 0;
 }

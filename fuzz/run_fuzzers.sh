@@ -1,37 +1,28 @@
 #!/usr/bin/env bash
-# Builds the fuzz targets with clang (address sanitizer, libFuzzer) and runs each for SECONDS.
+# The bounded fuzzing sample CI runs: builds the fuzz targets (clang, ASan + UBSan, libFuzzer),
+# seeds them and runs each for SECONDS (9 targets: 20 s each keeps the runs near 3 minutes).
 # Usage: fuzz/run_fuzzers.sh SECONDS [BUILD_DIR]
-# Exits non-zero when a target finds a crash; the reproducer is left in the build directory.
+# BUILD_DIR may be the build directory of scripts/sanitizers.sh asan, which builds the same
+# instrumentation (one compilation for both). Exits non-zero when a target finds something; the
+# reproducer is left in BUILD_DIR/fuzz-runs/ (fuzz/campaign.sh runs the long campaign).
 set -euo pipefail
 
 seconds="${1:?usage: fuzz/run_fuzzers.sh SECONDS [BUILD_DIR]}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${2:-${root}/build-fuzz}"
-flags="-fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer"
+source "${root}/fuzz/fuzz_lib.sh"
 
-CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSP_BUILD_FUZZERS=ON -DSP_BUILD_TESTS=OFF \
-  -DCMAKE_C_FLAGS="${flags}" -DCMAKE_CXX_FLAGS="${flags}" >/dev/null
-ninja -C "${build}" metadata_fuzz safetensors_fuzz unpickle_fuzz zip_fuzz hf_directory_fuzz make_fuzz_seeds
-
-corpus="${build}/corpus"
-mkdir -p "${corpus}/metadata" "${corpus}/safetensors" "${corpus}/unpickle" "${corpus}/zip" \
-  "${corpus}/hf_directory"
-"${build}/fuzz/make_fuzz_seeds" "${corpus}/metadata" "${corpus}/safetensors" "${corpus}/unpickle" \
-  "${corpus}/zip"
-cp "${root}/shardpoint/format/safetensors/testdata/"*.safetensors "${corpus}/safetensors/"
-torch_testdata="${root}/shardpoint/format/torch_dcp/testdata"
-cp "${torch_testdata}/"*.metadata "${corpus}/unpickle/"
-for d in plain sharded zstd; do cp "${torch_testdata}/${d}/.metadata" "${corpus}/unpickle/${d}.metadata"; done
-cp "${torch_testdata}/"*.pt "${corpus}/zip/"
-cp "${torch_testdata}/megatron/.metadata" "${corpus}/unpickle/megatron.metadata"
-cp "${torch_testdata}/megatron/common.pt" "${corpus}/zip/megatron_common.pt"
-cp "${root}/fuzz/seeds/hf_directory/"* "${corpus}/hf_directory/"
+sp_fuzz_configure "${root}" "${build}"
+sp_fuzz_build "${build}"
+out="${build}/fuzz-runs"
+rm -rf "${out}" "${build}/corpus"
+sp_fuzz_seed "${root}" "${build}" "${build}/corpus"
 
 status=0
-for target in metadata safetensors unpickle zip hf_directory; do
+for target in "${SP_FUZZ_TARGETS[@]}"; do
   echo "== ${target}_fuzz for ${seconds} s"
-  (cd "${build}" && "./fuzz/${target}_fuzz" -max_total_time="${seconds}" -max_len=65536 \
-      -print_final_stats=1 "${corpus}/${target}") || status=1
+  sp_fuzz_run "${build}" "${target}" "${build}/corpus" "${out}" -max_total_time="${seconds}" || status=1
+  grep -E "^Done [0-9]+ runs" "${out}/${target}.log" || tail -30 "${out}/${target}.log"
+  sp_fuzz_summary "${out}" "${target}"
 done
 exit "${status}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine, builds shardpoint and runs every test: the GoogleTest suites through
 # ctest (unit, store conformance, randomized resharding, failure injection, MPI, the CLI), the
-# Python package's tests through pytest (multi-process torch.distributed with gloo), then the fuzz
-# targets for a bounded time.
+# Python package's tests through pytest (multi-process torch.distributed with gloo), then (with
+# clang) the ASan + UBSan and TSan test builds and the fuzz targets for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
@@ -31,9 +31,12 @@ PYTEST_RC=${PIPESTATUS[0]}
 set -e
 if [ "$PYTEST_RC" -ne 0 ]; then echo "pytest failed ($PYTEST_RC)"; exit 1; fi
 
-if [ -x fuzz/run_fuzzers.sh ] && command -v clang++ >/dev/null; then
-  echo "== fuzzers (${FUZZ_SECONDS:-30} s each)"
-  fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1 || { tail -50 build/fuzz.log; echo "fuzzers failed"; exit 1; }
+if command -v clang++ >/dev/null; then
+  # ASan + UBSan and TSan builds (scripts/sanitizers.sh); the fuzz targets reuse build-asan.
+  echo "== sanitizers: asan + ubsan"; scripts/sanitizers.sh asan build-asan
+  echo "== sanitizers: tsan"; scripts/sanitizers.sh tsan build-tsan
+  echo "== fuzzers (${FUZZ_SECONDS:-20} s each)"
+  fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-20}" build-asan > build/fuzz.log 2>&1 || { tail -50 build/fuzz.log; echo "fuzzers failed"; exit 1; }
   grep -E "^(== |Done [0-9]+ runs)" build/fuzz.log
 fi
 

@@ -516,8 +516,9 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   for (const auto& [chunk, users] : decoded) {
     const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
+    // An init-capture: clang before 16 cannot capture a structured binding by name.
     tasks.push_back(Task{files[chunk->file].get(), offset,
-                         [&job, &users] { return ReadDecodedChunk(job, users); }});
+                         [&job, &chunk_users = users] { return ReadDecodedChunk(job, chunk_users); }});
   }
   // Files are read side by side, each front to back: the tasks run in the order of their
   // relative position in their file, so that the threads work on different files at once and

@@ -1,0 +1,77 @@
+// libFuzzer target for zstd-compressed DCP items (DecodeTransformedItem in
+// shardpoint/format/torch_dcp/dcp_items.h, docs/TORCH_DCP.md), decoded under a cap of
+// kMaxDecoded bytes.
+//
+// Invariants besides the absence of crashes:
+//  - the output never exceeds the cap;
+//  - differential: when libzstd's own streaming decoder decodes the whole input as complete
+//    frames into at most kMaxDecoded bytes, DecodeTransformedItem accepts it and returns the
+//    same bytes (and refuses it otherwise);
+//  - what decodes, re-compressed by EncodeZstdItem, decodes to the same bytes;
+//  - without a transform the item is returned unchanged.
+#include <zstd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "shardpoint/format/torch_dcp/dcp_items.h"
+
+namespace {
+
+using sp::torch_dcp::DecodeTransformedItem;
+
+constexpr uint64_t kMaxDecoded = uint64_t{1} << 20;
+
+void Check(bool condition) {
+  if (!condition) std::abort();
+}
+
+// libzstd's reference answer: the decoded bytes when `in` is a sequence of complete frames
+// decoding to at most kMaxDecoded bytes, else nullopt.
+std::optional<std::string> Reference(std::string_view in) {
+  ZSTD_DCtx* ctx = ZSTD_createDCtx();
+  std::string out;
+  std::string buffer(ZSTD_DStreamOutSize(), '\0');
+  ZSTD_inBuffer input{in.data(), in.size(), 0};
+  size_t last = 1;  // 0 once a frame is complete and flushed
+  bool failed = in.empty();
+  while (!failed && (input.pos < input.size || last != 0)) {
+    ZSTD_outBuffer output{buffer.data(), buffer.size(), 0};
+    const size_t before = input.pos;
+    last = ZSTD_decompressStream(ctx, &output, &input);
+    if (ZSTD_isError(last)) failed = true;
+    out.append(buffer.data(), failed ? 0 : output.pos);
+    if (out.size() > kMaxDecoded) failed = true;
+    // No progress with input left or a frame unfinished at the end: truncated.
+    if (!failed && output.pos == 0 && input.pos == before && last != 0) failed = true;
+  }
+  ZSTD_freeDCtx(ctx);
+  if (failed) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  sp::ByteView stored(reinterpret_cast<const std::byte*>(data), size);
+  std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  const std::string zstd[] = {sp::torch_dcp::kZstdTransformDescriptor};
+  sp::Result<std::string> decoded = DecodeTransformedItem(zstd, stored, kMaxDecoded, "fuzz");
+  if (decoded.ok()) Check(decoded->size() <= kMaxDecoded);
+  std::optional<std::string> reference = Reference(bytes);
+  Check(decoded.ok() == reference.has_value());
+  if (!decoded.ok()) {
+    Check(!decoded.status().ok());
+  } else {
+    Check(*decoded == *reference);
+    sp::Result<std::string> again = sp::torch_dcp::EncodeZstdItem(sp::AsBytes(*decoded), 1);
+    Check(again.ok());
+    sp::Result<std::string> back = DecodeTransformedItem(zstd, sp::AsBytes(*again), kMaxDecoded, "fuzz");
+    Check(back.ok() && *back == *decoded);
+  }
+  sp::Result<std::string> plain = DecodeTransformedItem({}, stored, kMaxDecoded, "fuzz");
+  Check(plain.ok() == (size <= kMaxDecoded) && (!plain.ok() || *plain == bytes));
+  return 0;
+}
