@@ -150,6 +150,9 @@ Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* 
 
 struct VerifyReport {
   std::vector<std::string> defects;  // empty when the checkpoint is sound
+  // Remarks that are not defects: symbolic links that stay inside the checkpoint directory, and
+  // links out of it when the store allows them (docs/FORMAT.md, "Symbolic links").
+  std::vector<std::string> notes;
   uint64_t files_checked = 0;
   uint64_t chunks_checked = 0;
   uint64_t bytes_checked = 0;
@@ -160,7 +163,8 @@ struct VerifyReport {
 };
 
 // Checks every file's presence, size and header, every checksum block, and the coverage of every
-// tensor. Defects are reported, not returned as errors; an error means the checkpoint could not be
+// tensor, and reports every symbolic link below the checkpoint directory (a link out of it is a
+// defect unless the store allows external links). Defects are reported, not returned as errors; an error means the checkpoint could not be
 // examined at all (no metadata, unreadable metadata).
 Result<VerifyReport> Verify(std::string_view path, Store* store = nullptr, ThreadPool* pool = nullptr);
 

@@ -19,7 +19,7 @@ from ._mapping import KeyMapping
 from ._flatten import decode_paths, encode_paths, flatten, set_by_path, unflatten
 from ._pieces import TensorPlan, numpy_dtype
 from ._progress import Progress
-from ._values import decode_object, encode_object, is_tensor_leaf, tensor_plan
+from ._values import decode_object, decode_paths_attribute, encode_object, is_tensor_leaf, tensor_plan
 
 PathLike = Union[str, "os.PathLike[str]"]
 _PATHS_ATTRIBUTE = "python.state_dict_paths"
@@ -271,7 +271,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     if mapped:
         missing = mapped.missing_keys(missing)
     for name, encoding, payload in objects:
-        set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name]))
+        set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name], path))
     load_stateful()
     return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read))
 
@@ -453,9 +453,9 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
         progress.advance(sum(p.nbytes for p in batch))
     progress.finish()
     for name, encoding, payload in objects:
-        flat[name] = decode_object(name, encoding, payload, allow_pickle)
+        flat[name] = decode_object(name, encoding, payload, allow_pickle, where=path)
     encoded = md.get("attributes", {}).get(_PATHS_ATTRIBUTE)
-    paths = decode_paths(json.loads(encoded)) if encoded else {}
+    paths = decode_paths_attribute(path, _PATHS_ATTRIBUTE, encoded) if encoded else {}
     return unflatten({n: flat[n] for n in sorted(flat, key=_order(paths))}, paths)
 
 
