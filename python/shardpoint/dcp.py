@@ -69,7 +69,7 @@ from torch.futures import Future
 
 from . import _api, _core, _dist, _torch
 from ._errors import CheckpointArgumentError, translated
-from ._flatten import decode_paths, encode_paths
+from ._flatten import encode_paths
 from ._pieces import Box, TensorPlan
 from ._values import decode_object, decode_paths_attribute, encode_object
 
