@@ -4,6 +4,8 @@ checkpoint (defect 6). Each hostile checkpoint is written here through the core'
 the bad payload or attribute given verbatim."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,8 +66,14 @@ def test_fifo_data_file_is_refused_not_waited_on(tmp_path):
     name = _data_file(path)
     os.remove(path / name)
     os.mkfifo(path / name)
-    with pytest.raises(sp.CheckpointCorruptError, match=f"{name}: it is a FIFO \\(named pipe\\), not a regular file"):
-        sp.load_full(path)
+    # In a child with a time limit: a reader that blocks on the FIFO fails the test, not hangs it.
+    script = ("import sys, shardpoint as sp\n"
+              "try:\n    sp.load_full(sys.argv[1])\n"
+              "except sp.CheckpointCorruptError as e:\n    print(e)\n")
+    child = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ))
+    assert child.returncode == 0, child.stderr
+    assert f"{path / name}: it is a FIFO (named pipe), not a regular file" in child.stdout
 
 
 def test_links_out_of_the_checkpoint_need_the_opt_in(tmp_path):
