@@ -12,7 +12,7 @@ if [[ $# -ne 2 || ! -x "$1" || ! -x "$2" ]]; then
   echo "usage: $0 PATH_TO_SHARDPOINT PATH_TO_MAKE_TEST_CHECKPOINT" >&2
   exit 2
 fi
-BIN_REAL=$1
+BIN_REAL=$(realpath "$1")
 MAKE=$2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/shardpoint-cli-paths-test.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
