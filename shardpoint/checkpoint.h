@@ -150,6 +150,9 @@ Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* 
 
 struct VerifyReport {
   std::vector<std::string> defects;  // empty when the checkpoint is sound
+  // Remarks that are not defects: symbolic links that stay inside the checkpoint directory, and
+  // links out of it when the store allows them (docs/FORMAT.md, "Symbolic links").
+  std::vector<std::string> notes;
   uint64_t files_checked = 0;
   uint64_t chunks_checked = 0;
   uint64_t bytes_checked = 0;
@@ -162,9 +165,11 @@ struct VerifyReport {
 // Checks every file's presence, size and header (a native data file's entries and its
 // "__metadata__" block), every checksum block, every chunk a driver must decode (compressed or
 // strided DCP items, decoded exactly as a load decodes them), and the coverage of every tensor
-// (counted with checked arithmetic). Defects are reported, not returned as errors; an error means
-// the checkpoint could not be examined at all (no metadata, unreadable metadata, or sizes past the
-// limits every reader applies: format/metadata.h ValidateCheckpointSizes), which load refuses too.
+// (counted with checked arithmetic), and reports every symbolic link below the checkpoint
+// directory (a link out of it is a defect unless the store allows external links). Defects are
+// reported, not returned as errors; an error means the checkpoint could not be examined at all
+// (no metadata, unreadable metadata, or sizes past the limits every reader applies:
+// format/metadata.h ValidateCheckpointSizes), which load refuses too.
 Result<VerifyReport> Verify(std::string_view path, Store* store = nullptr, ThreadPool* pool = nullptr);
 
 }  // namespace sp

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "shardpoint/base/bytes.h"
+#include "shardpoint/store/open_store.h"
 
 namespace sp::cli {
 
@@ -44,6 +45,10 @@ Result<Args> ParseArgs(const std::vector<std::string>& argv, const std::vector<s
     }
   }
   return args;
+}
+
+Result<std::unique_ptr<Store>> StoreFor(const Args& args, std::string_view path) {
+  return OpenStore(path, PosixStoreOptions{.allow_external_links = args.Has(kLinksFlag)});
 }
 
 int Fail(std::string_view verb, const Status& status) {

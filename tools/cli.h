@@ -6,11 +6,13 @@
 #define SHARDPOINT_TOOLS_CLI_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "shardpoint/base/result.h"
+#include "shardpoint/store/store.h"
 
 namespace sp::cli {
 
@@ -30,6 +32,17 @@ struct Args {
 // kInvalidArgument for an unknown option or a missing value.
 Result<Args> ParseArgs(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
                        const std::vector<std::string>& valued);
+
+// The flag of the commands that read checkpoints, and its line for their usage texts. Files that
+// symbolic links lead out of a checkpoint directory are refused without it (docs/FORMAT.md,
+// "Symbolic links").
+inline constexpr char kLinksFlag[] = "allow-external-links";
+inline constexpr char kLinksUsage[] =
+    "  --allow-external-links  read files that symbolic links lead outside the checkpoint\n";
+
+// The store a command reads `path` with: the store of its URL, allowing links out of the
+// checkpoint when --allow-external-links was given. Errors as OpenStore.
+Result<std::unique_ptr<Store>> StoreFor(const Args& args, std::string_view path);
 
 // Prints "shardpoint <verb>: <message>" on stderr and returns kExitFailure.
 int Fail(std::string_view verb, const Status& status);

@@ -30,7 +30,8 @@ constexpr char kConsolidateUsage[] =
     "  --overwrite          replace existing outputs of that format in OUT\n"
     "  --threads N          I/O threads (default: max(4, cores))\n"
     "  --memory-budget S    memory for tensor data in flight (default 256MiB)\n"
-    "  --json               print the result as one JSON document\n";
+    "  --json               print the result as one JSON document\n"
+    "  --allow-external-links  read files that symbolic links lead outside the checkpoint\n";
 
 // ParseArgs keeps the last value of a repeated option, so repeated ones are collected here.
 std::vector<std::string> Repeated(const std::vector<std::string>& argv, const std::string& name) {
@@ -136,7 +137,7 @@ void PrintResult(const ConsolidateResult& r, const std::string& source, const st
 }  // namespace
 
 int ConsolidateCommand(const std::vector<std::string>& argv) {
-  Result<Args> args = ParseArgs(argv, {"help", "overwrite", "json", "all"},
+  Result<Args> args = ParseArgs(argv, {"help", "overwrite", "json", "all", kLinksFlag},
                                 {"max-shard-size", "dtype", "keys", "prefix", "rename", "format",
                                  "threads", "memory-budget"});
   if (!args.ok()) return UsageError("consolidate", args.status().message(), kConsolidateUsage);
@@ -154,6 +155,9 @@ int ConsolidateCommand(const std::vector<std::string>& argv) {
   if (isatty(STDERR_FILENO) && !args->Has("json")) options->progress = DrawProgress;
   const std::string& source = args->positional[0];
   const std::string& out = args->positional[1];
+  Result<std::unique_ptr<Store>> store = StoreFor(*args, source);
+  if (!store.ok()) return Fail("consolidate", store.status());
+  options->store = store->get();
   Result<ConsolidateResult> result = Consolidate(source, out, *options);
   if (!result.ok()) {
     if (progress_drawn) std::fprintf(stderr, "\n");

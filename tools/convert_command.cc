@@ -14,6 +14,7 @@ namespace {
 constexpr char kConvertUsage[] =
     "usage: shardpoint convert SRC DST --to native|torch-dcp|megatron [--overwrite] [--threads N]\n"
     "                          [--files N] [--memory-budget-mib M] [--json]\n"
+    "                          [--allow-external-links]\n"
     "\n"
     "Rewrites the checkpoint at SRC (native, PyTorch DCP, or a Hugging Face safetensors\n"
     "directory) as a checkpoint of the format given by --to at DST: 'native' (shardpoint's\n"
@@ -39,7 +40,7 @@ void ShowProgress(uint64_t done, uint64_t total) {
 }  // namespace
 
 int ConvertCommand(const std::vector<std::string>& argv) {
-  Result<Args> args = ParseArgs(argv, {"json", "help", "overwrite"},
+  Result<Args> args = ParseArgs(argv, {"json", "help", "overwrite", kLinksFlag},
                                 {"to", "threads", "files", "memory-budget-mib"});
   if (!args.ok()) return UsageError("convert", args.status().message(), kConvertUsage);
   if (args->Has("help")) {
@@ -74,6 +75,9 @@ int ConvertCommand(const std::vector<std::string>& argv) {
   if (!json && isatty(STDERR_FILENO)) options.progress = ShowProgress;
   const std::string& source = args->positional[0];
   const std::string& destination = args->positional[1];
+  Result<std::unique_ptr<Store>> store = StoreFor(*args, source);
+  if (!store.ok()) return Fail("convert", store.status());
+  options.source_store = store->get();
   Result<ConvertReport> report = Convert(source, destination, options);
   if (!report.ok()) return Fail("convert", report.status());
   const std::string from(CheckpointFormatName(report->source_format));

@@ -11,7 +11,7 @@ namespace sp::cli {
 namespace {
 
 constexpr char kDiffUsage[] =
-    "usage: shardpoint diff A B [--json] [--atol X]\n"
+    "usage: shardpoint diff A B [--json] [--atol X] [--allow-external-links]\n"
     "\n"
     "Compares the checkpoints A and B: keys only in A or only in B, tensors whose dtype or shape\n"
     "differ, tensors whose values differ (count, largest absolute difference, first index), and\n"
@@ -19,7 +19,8 @@ constexpr char kDiffUsage[] =
     "integers and bool exactly. Reads chunk by chunk in bounded memory.\n"
     "Exits 0 when equal, 1 when they differ (or on an error).\n"
     "  --atol X   floating values differing by at most X count as equal (default 0)\n"
-    "  --json     print the report as one JSON document\n";
+    "  --json     print the report as one JSON document\n"
+    "  --allow-external-links  read files that symbolic links lead outside the checkpoints\n";
 
 std::string JsonList(const std::vector<std::string>& items) {
   std::string out = "[";
@@ -100,7 +101,7 @@ Result<double> ParseAtol(const std::string& text) {
 }  // namespace
 
 int DiffCommand(const std::vector<std::string>& argv) {
-  Result<Args> args = ParseArgs(argv, {"json", "help"}, {"atol"});
+  Result<Args> args = ParseArgs(argv, {"json", "help", kLinksFlag}, {"atol"});
   if (!args.ok()) return UsageError("diff", args.status().message(), kDiffUsage);
   if (args->Has("help")) {
     std::cout << kDiffUsage;
@@ -117,6 +118,12 @@ int DiffCommand(const std::vector<std::string>& argv) {
   }
   const std::string& a = args->positional[0];
   const std::string& b = args->positional[1];
+  Result<std::unique_ptr<Store>> store_a = StoreFor(*args, a);
+  if (!store_a.ok()) return Fail("diff", store_a.status());
+  Result<std::unique_ptr<Store>> store_b = StoreFor(*args, b);
+  if (!store_b.ok()) return Fail("diff", store_b.status());
+  options.store_a = store_a->get();
+  options.store_b = store_b->get();
   Result<DiffReport> report = Diff(a, b, options);
   if (!report.ok()) return Fail("diff", report.status());
   if (args->Has("json")) {

@@ -13,12 +13,13 @@ namespace sp::cli {
 namespace {
 
 constexpr char kInspectUsage[] =
-    "usage: shardpoint inspect PATH [--json] [--chunks]\n"
+    "usage: shardpoint inspect PATH [--json] [--chunks] [--allow-external-links]\n"
     "\n"
     "Lists the tensors (dtype, shape, chunk count, bytes, files), the objects and the data files\n"
     "of the committed checkpoint at PATH.\n"
     "  --json     print the same as one JSON document\n"
-    "  --chunks   also list every chunk: its box, file and byte range\n";
+    "  --chunks   also list every chunk: its box, file and byte range\n"
+    "  --allow-external-links  read files that symbolic links lead outside the checkpoint\n";
 
 std::string EncodingName(ObjectEncoding e) {
   switch (e) {
@@ -156,7 +157,7 @@ void PrintTable(const CheckpointMetadata& md, std::string_view path, bool chunks
 }  // namespace
 
 int InspectCommand(const std::vector<std::string>& argv) {
-  Result<Args> args = ParseArgs(argv, {"json", "chunks", "help"}, {});
+  Result<Args> args = ParseArgs(argv, {"json", "chunks", "help", kLinksFlag}, {});
   if (!args.ok()) return UsageError("inspect", args.status().message(), kInspectUsage);
   if (args->Has("help")) {
     std::cout << kInspectUsage;
@@ -166,7 +167,9 @@ int InspectCommand(const std::vector<std::string>& argv) {
     return UsageError("inspect", "expected exactly one PATH", kInspectUsage);
   }
   const std::string& path = args->positional[0];
-  Result<CheckpointMetadata> md = ReadCheckpointMetadata(path);
+  Result<std::unique_ptr<Store>> store = StoreFor(*args, path);
+  if (!store.ok()) return Fail("inspect", store.status());
+  Result<CheckpointMetadata> md = ReadCheckpointMetadata(path, store->get());
   if (!md.ok()) return Fail("inspect", md.status());
   if (args->Has("json")) {
     PrintJson(*md, path, args->Has("chunks"));

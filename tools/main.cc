@@ -1,5 +1,7 @@
 // shardpoint: inspect, verify and demonstrate checkpoints from the command line.
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,21 @@ constexpr char kUsage[] =
     "\n"
     "Run 'shardpoint <command> --help' for the options of a command.\n";
 
+// Runs the command `verb`; kExitUsage when there is none by that name.
+int RunCommand(const std::string& verb, const std::vector<std::string>& args) {
+  if (verb == "inspect") return sp::cli::InspectCommand(args);
+  if (verb == "verify") return sp::cli::VerifyCommand(args);
+  if (verb == "demo") return sp::cli::DemoCommand(args);
+  if (verb == "list") return sp::cli::ListCommand(args);
+  if (verb == "gc") return sp::cli::GcCommand(args);
+  if (verb == "prune") return sp::cli::PruneCommand(args);
+  if (verb == "diff") return sp::cli::DiffCommand(args);
+  if (verb == "consolidate") return sp::cli::ConsolidateCommand(args);
+  if (verb == "convert") return sp::cli::ConvertCommand(args);
+  std::cerr << "shardpoint: unknown command '" << verb << "'\n\n" << kUsage;
+  return sp::cli::kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -37,15 +54,15 @@ int main(int argc, char** argv) {
   }
   const std::string verb = args[0];
   args.erase(args.begin());
-  if (verb == "inspect") return sp::cli::InspectCommand(args);
-  if (verb == "verify") return sp::cli::VerifyCommand(args);
-  if (verb == "demo") return sp::cli::DemoCommand(args);
-  if (verb == "list") return sp::cli::ListCommand(args);
-  if (verb == "gc") return sp::cli::GcCommand(args);
-  if (verb == "prune") return sp::cli::PruneCommand(args);
-  if (verb == "diff") return sp::cli::DiffCommand(args);
-  if (verb == "consolidate") return sp::cli::ConsolidateCommand(args);
-  if (verb == "convert") return sp::cli::ConvertCommand(args);
-  std::cerr << "shardpoint: unknown command '" << verb << "'\n\n" << kUsage;
-  return sp::cli::kExitUsage;
+  // An allocation that fails (a size read from a hostile file, a memory limit) ends the command
+  // with a message and exit status 1, not with an abort.
+  try {
+    return RunCommand(verb, args);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "shardpoint " << verb << ": out of memory: an allocation failed (std::bad_alloc)\n";
+  } catch (const std::length_error& e) {
+    std::cerr << "shardpoint " << verb << ": out of memory: a size is too large (" << e.what()
+              << ")\n";
+  }
+  return sp::cli::kExitFailure;
 }

@@ -7,25 +7,33 @@
 namespace sp::cli {
 namespace {
 constexpr char kVerifyUsage[] =
-    "usage: shardpoint verify PATH [--json]\n"
+    "usage: shardpoint verify PATH [--json] [--allow-external-links]\n"
     "\n"
     "Checks the committed checkpoint at PATH: every data file's presence, size and header, every\n"
     "checksum block of every chunk, and that the chunks of every tensor cover it exactly once.\n"
-    "Exits 0 when sound, 1 naming each defect otherwise.\n";
+    "Every symbolic link below PATH is reported: one that stays inside as a note, one that leads\n"
+    "out as a defect unless --allow-external-links is given.\n"
+    "Exits 0 when sound, 1 naming each defect otherwise.\n"
+    "\n"
+    "options:\n"
+    "  --json                  print the report as one JSON document\n";
 }  // namespace
 
 int VerifyCommand(const std::vector<std::string>& argv) {
-  Result<Args> args = ParseArgs(argv, {"json", "help"}, {});
-  if (!args.ok()) return UsageError("verify", args.status().message(), kVerifyUsage);
+  Result<Args> args = ParseArgs(argv, {"json", "help", kLinksFlag}, {});
+  const std::string usage = std::string(kVerifyUsage) + kLinksUsage;
+  if (!args.ok()) return UsageError("verify", args.status().message(), usage);
   if (args->Has("help")) {
-    std::cout << kVerifyUsage;
+    std::cout << usage;
     return kExitOk;
   }
   if (args->positional.size() != 1) {
-    return UsageError("verify", "expected exactly one PATH", kVerifyUsage);
+    return UsageError("verify", "expected exactly one PATH", usage);
   }
   const std::string& path = args->positional[0];
-  Result<VerifyReport> report = Verify(path);
+  Result<std::unique_ptr<Store>> store = StoreFor(*args, path);
+  if (!store.ok()) return Fail("verify", store.status());
+  Result<VerifyReport> report = Verify(path, store->get());
   if (!report.ok()) return Fail("verify", report.status());
   if (args->Has("json")) {
     std::cout << "{\"path\":" << JsonQuote(path) << ",\"ok\":" << (report->ok() ? "true" : "false")
@@ -37,8 +45,13 @@ int VerifyCommand(const std::vector<std::string>& argv) {
     for (size_t i = 0; i < report->defects.size(); ++i) {
       std::cout << (i ? "," : "") << JsonQuote(report->defects[i]);
     }
+    std::cout << "],\"notes\":[";
+    for (size_t i = 0; i < report->notes.size(); ++i) {
+      std::cout << (i ? "," : "") << JsonQuote(report->notes[i]);
+    }
     std::cout << "]}\n";
   } else {
+    for (const std::string& n : report->notes) std::cout << "NOTE: " << n << "\n";
     for (const std::string& d : report->defects) std::cout << "DEFECT: " << d << "\n";
     std::cout << (report->ok() ? "OK" : "FAILED") << ": " << path << ": "
               << report->files_checked << " files, " << report->chunks_checked << " chunks, "

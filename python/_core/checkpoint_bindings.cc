@@ -12,12 +12,19 @@
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
 #include "shardpoint/format/open_checkpoint.h"
+#include "shardpoint/store/open_store.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace sp::python {
 namespace {
+
+// The store `path` is read with: links out of the checkpoint are opened only when allowed
+// (docs/FORMAT.md §1.1).
+std::unique_ptr<Store> ReadStore(const std::string& path, bool allow_external_links) {
+  return ValueOrThrow(OpenStore(path, PosixStoreOptions{.allow_external_links = allow_external_links}));
+}
 
 nb::tuple IntTuple(const std::vector<int64_t>& values) {
   nb::list list;
@@ -86,12 +93,14 @@ void Save(nb::handle tensors, nb::handle objects, const std::string& path,
 
 nb::tuple Load(const std::string& path, nb::handle tensors, nb::handle object_names,
                nb::handle comm, bool strict, bool allow_cast, int threads,
-               bool verify_checksums, bool share_reads) {
+               bool verify_checksums, bool share_reads, bool allow_external_links) {
   HeldArrays held;
+  std::unique_ptr<Store> store = ReadStore(path, allow_external_links);
   LoadState state = ParseLoadState(tensors, object_names, &held);
   std::unique_ptr<PyCommunicator> communicator = MaybeCommunicator(comm);
   LoadOptions options;
   options.comm = communicator.get();
+  options.store = store.get();
   options.strict = strict;
   options.allow_cast = allow_cast;
   options.threads = threads;
@@ -109,17 +118,19 @@ nb::tuple Load(const std::string& path, nb::handle tensors, nb::handle object_na
                         loaded.bytes_read);
 }
 
-CheckpointMetadata ReadMetadataReleased(const std::string& path) {
+CheckpointMetadata ReadMetadataReleased(const std::string& path, bool allow_external_links) {
+  std::unique_ptr<Store> store = ReadStore(path, allow_external_links);
   Result<CheckpointMetadata> md = InternalError("read_metadata did not run");
   {
     nb::gil_scoped_release release;
-    md = ReadCheckpointMetadata(path);
+    md = ReadCheckpointMetadata(path, store.get());
   }
   return ValueOrThrow(std::move(md));
 }
 
-nb::list ReadObjects(const std::string& path, const std::vector<std::string>& names) {
-  const CheckpointMetadata md = ReadMetadataReleased(path);
+nb::list ReadObjects(const std::string& path, const std::vector<std::string>& names,
+                     bool allow_external_links) {
+  const CheckpointMetadata md = ReadMetadataReleased(path, allow_external_links);
   nb::list out;
   for (const std::string& name : names) {
     if (const ObjectEntry* object = md.FindObject(name)) out.append(ObjectToPython(*object));
@@ -127,18 +138,20 @@ nb::list ReadObjects(const std::string& path, const std::vector<std::string>& na
   return out;
 }
 
-nb::dict VerifyCheckpoint(const std::string& path, int threads) {
+nb::dict VerifyCheckpoint(const std::string& path, int threads, bool allow_external_links) {
+  std::unique_ptr<Store> store = ReadStore(path, allow_external_links);
   Result<VerifyReport> report = InternalError("verify did not run");
   {
     nb::gil_scoped_release release;
     std::unique_ptr<ThreadPool> pool;
     if (threads > 0) pool = std::make_unique<ThreadPool>(threads);
-    report = Verify(path, nullptr, pool.get());
+    report = Verify(path, store.get(), pool.get());
   }
   VerifyReport r = ValueOrThrow(std::move(report));
   nb::dict out;
   out["ok"] = r.ok();
   out["defects"] = nb::cast(r.defects);
+  out["notes"] = nb::cast(r.notes);
   out["files_checked"] = r.files_checked;
   out["chunks_checked"] = r.chunks_checked;
   out["bytes_checked"] = r.bytes_checked;
@@ -190,18 +203,23 @@ void DefineCheckpointFunctions(nb::module_& m) {
       "\"torch-dcp\"). Collective over `comm`.");
   m.def("load", &Load, "path"_a, "tensors"_a, "object_names"_a, nb::kw_only(),
         "comm"_a = nb::none(), "strict"_a = true, "allow_cast"_a = false, "threads"_a = 0,
-        "verify_checksums"_a = true, "share_reads"_a = false,
+        "verify_checksums"_a = true, "share_reads"_a = false, "allow_external_links"_a = false,
         "Loads the checkpoint at `path` into the pieces' arrays, in place. With `share_reads`, a\n"
         "stored chunk several ranks need is read by one and sent to the others. Returns\n"
         "(missing_keys, unexpected_keys, objects, bytes_read). Collective over `comm`.");
   m.def(
       "read_metadata",
-      [](const std::string& path) { return MetadataToPython(ReadMetadataReleased(path)); },
-      "path"_a, "The committed metadata of the checkpoint at `path`, as a dict.");
-  m.def("read_objects", &ReadObjects, "path"_a, "names"_a,
+      [](const std::string& path, bool allow_external_links) {
+        return MetadataToPython(ReadMetadataReleased(path, allow_external_links));
+      },
+      "path"_a, nb::kw_only(), "allow_external_links"_a = false,
+      "The committed metadata of the checkpoint at `path`, as a dict.");
+  m.def("read_objects", &ReadObjects, "path"_a, "names"_a, nb::kw_only(),
+        "allow_external_links"_a = false,
         "The stored objects among `names` as (name, encoding, payload); missing names are "
         "skipped.");
   m.def("verify", &VerifyCheckpoint, "path"_a, nb::kw_only(), "threads"_a = 0,
+        "allow_external_links"_a = false,
         "Checks every file, checksum block and tensor coverage of the checkpoint at `path`.");
 }
 

@@ -16,10 +16,10 @@ import numpy as np
 from . import _core, _dist, _mapped_load
 from ._errors import CheckpointError, CheckpointNotFoundError, code_of, error_for, translated
 from ._mapping import KeyMapping
-from ._flatten import decode_paths, encode_paths, flatten, set_by_path, unflatten
+from ._flatten import encode_paths, flatten, set_by_path, unflatten
 from ._pieces import TensorPlan, numpy_dtype
 from ._progress import Progress
-from ._values import decode_object, encode_object, is_tensor_leaf, tensor_plan
+from ._values import decode_object, decode_paths_attribute, encode_object, is_tensor_leaf, tensor_plan
 
 PathLike = Union[str, "os.PathLike[str]"]
 _PATHS_ATTRIBUTE = "python.state_dict_paths"
@@ -77,6 +77,7 @@ class VerifyReport:
     files_checked: int
     chunks_checked: int
     bytes_checked: int
+    notes: list[str] = field(default_factory=list)   # symbolic links that are not defects
 
 
 @contextlib.contextmanager
@@ -218,7 +219,8 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
 
 def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
-         share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None) -> LoadResult:
+         share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None,
+         allow_external_links: bool = False) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
     As ``torch.distributed.checkpoint.load``, a top-level ``Stateful`` value is loaded into its
@@ -240,6 +242,9 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     concatenated); each rank reads only the parts of those it holds. A key missing from the
     checkpoint whose tensor is the same tensor as another key's that is loaded (tied weights) is
     filled by that load and is not missing.
+
+    ``allow_external_links``: read files of the checkpoint that symbolic links lead outside its
+    directory (refused by default; docs/FORMAT.md §1.1).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -262,7 +267,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         with translated():
             missing, unexpected, objects, bytes_read = _core.load(
                 path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, comm=comm,
-                strict=strict, allow_cast=cast,
+                strict=strict, allow_cast=cast, allow_external_links=allow_external_links,
                 threads=threads or _dist.default_threads(comm),
                 share_reads=_dist.spans_hosts(comm) if share_reads is None else bool(share_reads))
         for copy_back in mapped.after_load if mapped else [c for p in plans for c in p.after_load]:
@@ -271,7 +276,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     if mapped:
         missing = mapped.missing_keys(missing)
     for name, encoding, payload in objects:
-        set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name]))
+        set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name], path))
     load_stateful()
     return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read))
 
@@ -366,14 +371,15 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
     return _ASYNC.last
 
 
-def inspect(path: PathLike) -> CheckpointInfo:
+def inspect(path: PathLike, *, allow_external_links: bool = False) -> CheckpointInfo:
     """The committed metadata at ``path``: tensors (dtype, shape, chunks), objects, sizes.
 
-    Raises CheckpointNotFoundError when no committed checkpoint is there.
+    Raises CheckpointNotFoundError when no committed checkpoint is there. ``allow_external_links``
+    as in :func:`load`.
     """
     path = os.fspath(path)
     with translated():
-        md = _core.read_metadata(path)
+        md = _core.read_metadata(path, allow_external_links=allow_external_links)
     tensors = {name: TensorInfo(t["dtype"], tuple(t["shape"]),
                                 [(tuple(o), tuple(s)) for o, s in t["chunks"]], int(t.get("bytes", 0)))
                for name, t in md["tensors"].items()}
@@ -404,7 +410,8 @@ def _empty_tensor(dtype: str, shape: tuple[int, ...], use_torch: bool) -> Any:
 
 
 def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pickle: bool = False,
-              threads: Optional[int] = None, mapping: Optional[KeyMapping] = None) -> dict[str, Any]:
+              threads: Optional[int] = None, mapping: Optional[KeyMapping] = None,
+              allow_external_links: bool = False) -> dict[str, Any]:
     """Every tensor whole (torch tensors when torch can be imported, else numpy arrays) and every
     object of the checkpoint, rebuilt into the saved nested structure. No template is needed.
 
@@ -412,7 +419,8 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     raises CheckpointNotFoundError. Runs on this process alone.
 
     ``mapping`` (a :class:`KeyMapping`): tensors come back under their target names, fused ones
-    built from their stored parts; ``keys`` then select target names.
+    built from their stored parts; ``keys`` then select target names. ``allow_external_links`` as
+    in :func:`load`.
     """
     path = os.fspath(path)
     try:
@@ -421,7 +429,7 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     except ImportError:
         use_torch = False
     with translated():
-        md = _core.read_metadata(path)
+        md = _core.read_metadata(path, allow_external_links=allow_external_links)
     targets = {n: (t["dtype"], tuple(t["shape"])) for n, t in md["tensors"].items()}
     resolved = None
     if mapping is not None:
@@ -446,16 +454,17 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
         mapped = _mapped_load.to_stored(batch, resolved) if resolved is not None else None
         with translated():
             _, _, found, _ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
-                                        object_names if i == 0 else [], comm=None, strict=True, threads=threads or 0)
+                                        object_names if i == 0 else [], comm=None, strict=True, threads=threads or 0,
+                                        allow_external_links=allow_external_links)
         for copy_back in mapped.after_load if mapped else []:
             copy_back()
         objects += found
         progress.advance(sum(p.nbytes for p in batch))
     progress.finish()
     for name, encoding, payload in objects:
-        flat[name] = decode_object(name, encoding, payload, allow_pickle)
+        flat[name] = decode_object(name, encoding, payload, allow_pickle, where=path)
     encoded = md.get("attributes", {}).get(_PATHS_ATTRIBUTE)
-    paths = decode_paths(json.loads(encoded)) if encoded else {}
+    paths = decode_paths_attribute(path, _PATHS_ATTRIBUTE, encoded) if encoded else {}
     return unflatten({n: flat[n] for n in sorted(flat, key=_order(paths))}, paths)
 
 
@@ -464,13 +473,13 @@ def _order(paths: Mapping[str, Any]) -> Any:
     return lambda name: (position.get(name, len(position)), name)
 
 
-def verify(path: PathLike) -> VerifyReport:
+def verify(path: PathLike, *, allow_external_links: bool = False) -> VerifyReport:
     """Checks every file, checksum and tensor coverage of the checkpoint at ``path``.
 
     Defects are reported in the result; raises CheckpointNotFoundError / CheckpointCorruptError only
     when the metadata itself cannot be read.
     """
     with translated():
-        report = _core.verify(os.fspath(path))
+        report = _core.verify(os.fspath(path), allow_external_links=allow_external_links)
     return VerifyReport(bool(report["ok"]), list(report["defects"]), int(report["files_checked"]),
-                        int(report["chunks_checked"]), int(report["bytes_checked"]))
+                        int(report["chunks_checked"]), int(report["bytes_checked"]), list(report["notes"]))

@@ -150,11 +150,45 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("a persistent id is not plain data")
 
 
-def _load_plain(name: str, payload: bytes) -> Any:
+def _in(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+def _load_plain(name: str, payload: bytes, where: str = "") -> Any:
     try:
         return _PlainUnpickler(io.BytesIO(payload)).load()
     except Exception as e:  # noqa: BLE001 - any failure of hostile bytes is one corrupt object
-        raise CheckpointCorruptError(f"object {name!r} (encoding 'plain'): {e}", "DATA_LOSS") from None
+        raise CheckpointCorruptError(f"{_in(where)}object {name!r} (encoding 'plain'): {e}", "DATA_LOSS") from None
+
+
+def _load_json(name: str, payload: bytes, template: Any, where: str) -> Any:
+    try:
+        return _shaped_like(template, json.loads(bytes(payload)))
+    except RecursionError:
+        raise CheckpointCorruptError(f"{_in(where)}object {name!r} (encoding 'json') is nested too deeply to decode",
+                                     "DATA_LOSS") from None
+    except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointCorruptError(f"{_in(where)}object {name!r} (encoding 'json') is not valid JSON: "
+                                     f"{type(e).__name__}: {e}", "DATA_LOSS") from None
+
+
+def decode_paths_attribute(where: str, key: str, encoded: str) -> dict:
+    """The state-dict paths stored as the JSON attribute ``key`` (see ``_flatten.encode_paths``).
+
+    Raises CheckpointCorruptError naming ``where`` (the checkpoint) and ``key`` when the attribute
+    is not valid JSON, is nested too deeply, or does not have the shape encode_paths writes.
+    """
+    from ._flatten import decode_paths
+
+    try:
+        return decode_paths(json.loads(encoded))
+    except RecursionError:
+        problem = "is nested too deeply to decode"
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError, unpacking errors
+        problem = f"is not valid: {type(e).__name__}: {e}"
+    except (TypeError, KeyError, IndexError, AttributeError) as e:
+        problem = f"does not list [key, [path components]] pairs: {type(e).__name__}: {e}"
+    raise CheckpointCorruptError(f"{_in(where)}attribute {key!r} {problem}", "DATA_LOSS")
 
 
 def _refused_global(payload: bytes, error: Exception) -> str:
@@ -193,7 +227,8 @@ def _shaped_like(template: Any, value: Any) -> Any:
     return tuple(items) if isinstance(template, tuple) else items
 
 
-def decode_object(name: str, encoding: str, payload: bytes, allow_pickle: bool, template: Any = None) -> Any:
+def decode_object(name: str, encoding: str, payload: bytes, allow_pickle: bool, template: Any = None,
+                  where: str = "") -> Any:
     """The value of a stored object.
 
     "plain" is read by a restricted unpickler (never runs code); "torch-save" by
@@ -203,12 +238,13 @@ def decode_object(name: str, encoding: str, payload: bytes, allow_pickle: bool, 
 
     Raises CheckpointArgumentError for an object that needs code without ``allow_pickle`` (naming
     the global) or an unknown encoding, CheckpointCorruptError for a "plain" payload that is not
-    plain data.
+    plain data or a "json" payload that is not JSON (bad UTF-8, bad syntax, nested too deeply).
+    Messages start with ``where`` (the checkpoint's path) when given.
     """
     if encoding == "json":
-        return _shaped_like(template, json.loads(payload))
+        return _load_json(name, payload, template, where)
     if encoding == "plain":
-        return _load_plain(name, bytes(payload))
+        return _load_plain(name, bytes(payload), where)
     if encoding == "bytes":
         return bytes(payload)
     if encoding == "torch-save":

@@ -69,9 +69,9 @@ from torch.futures import Future
 
 from . import _api, _core, _dist, _torch
 from ._errors import CheckpointArgumentError, translated
-from ._flatten import decode_paths, encode_paths
+from ._flatten import encode_paths
 from ._pieces import Box, TensorPlan
-from ._values import decode_object, encode_object
+from ._values import decode_object, decode_paths_attribute, encode_object
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -267,7 +267,7 @@ class StorageReader(_storage.StorageReader):
         for name in md["objects"]:
             state[name] = BytesStorageMetadata()
         encoded = md.get("attributes", {}).get(_api._PATHS_ATTRIBUTE)
-        planner_data = decode_paths(json.loads(encoded)) if encoded else None
+        planner_data = decode_paths_attribute(self.path, _api._PATHS_ATTRIBUTE, encoded) if encoded else None
         return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data={},
                         storage_meta=StorageMeta(checkpoint_id=self.path, save_id=str(md.get("save_id", ""))))
 

@@ -123,7 +123,7 @@ Result<std::vector<std::unique_ptr<ReadableFile>>> OpenSources(const std::vector
       const uint32_t f = t.chunks[item.stored_chunk].file;
       if (files[f]) continue;
       const std::string path = JoinPath(source, md.files[f].name);
-      Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(path);
+      Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(source, md.files[f].name);
       if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
         return DataLossError("data file " + path + " named by the checkpoint is missing");
       }
@@ -253,7 +253,15 @@ Status PrepareOutputDirectory(Store& store, std::string_view source, std::string
   const std::string src = NormalizePath(source), out = NormalizePath(out_dir);
   const Result<bool> source_is_directory = store.IsDirectory(src);
   const bool source_is_file = source_is_directory.ok() && !*source_is_directory;
-  if (src == out || (source_is_file && ParentPath(src) == out)) {
+  // The same directory however spelled (absolute, "c01/../c01", a link alias, a bind mount):
+  // compared by device and inode, and textually for stores without either.
+  SP_ASSIGN_OR_RETURN(bool same, store.SameFile(src, out));
+  bool holds_file = false;
+  if (source_is_file) {
+    const std::string parent = ParentPath(src);
+    SP_ASSIGN_OR_RETURN(holds_file, store.SameFile(parent.empty() ? "." : parent, out));
+  }
+  if (same || holds_file || src == out || (source_is_file && ParentPath(src) == out)) {
     return InvalidArgumentError("the output directory " + std::string(out_dir) +
                                 " holds the source checkpoint; choose another directory");
   }

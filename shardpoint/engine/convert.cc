@@ -21,7 +21,7 @@ struct Source {
     files.resize(metadata.files.size());
     for (size_t f = 0; f < metadata.files.size(); ++f) {
       const DataFile& file = metadata.files[f];
-      SP_ASSIGN_OR_RETURN(files[f], store.OpenReadable(JoinPath(path, file.name)));
+      SP_ASSIGN_OR_RETURN(files[f], store.OpenInDirectory(path, file.name));
       if (files[f]->size() != file.size) {
         return DataLossError("data file " + files[f]->path() + " has " +
                              std::to_string(files[f]->size()) + " bytes, expected " +
@@ -75,6 +75,15 @@ Result<ConvertReport> Convert(std::string_view source, std::string_view destinat
   if (destination_store == nullptr) {
     SP_ASSIGN_OR_RETURN(owned_destination, OpenStore(destination));
     destination_store = owned_destination.get();
+  }
+  if (source_store == destination_store ||
+      (source_store->name() == "posix" && destination_store->name() == "posix")) {
+    // The same directory however spelled (absolute, "..", a link alias): device and inode.
+    SP_ASSIGN_OR_RETURN(bool same, source_store->SameFile(source, destination));
+    if (same) {
+      return InvalidArgumentError("convert: the destination " + std::string(destination) +
+                                  " is the source checkpoint " + std::string(source));
+    }
   }
   ThreadPool pool(options.threads > 0 ? options.threads : DefaultIoThreads());
   Source src;

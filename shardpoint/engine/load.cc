@@ -40,7 +40,7 @@ Result<std::vector<std::unique_ptr<ReadableFile>>> OpenFiles(
     const uint32_t f = r.chunk->file;
     if (files[f]) continue;
     const DataFile& file = metadata.files[f];
-    Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(JoinPath(path, file.name));
+    Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(path, file.name);
     if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
       // The metadata is committed, so a missing file is damage, not an absent checkpoint.
       return DataLossError("data file " + JoinPath(path, file.name) +

@@ -79,8 +79,10 @@ std::map<std::string, std::string> ExpectedMetadataBlock(const CheckpointMetadat
 std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f, Store& store,
                                         std::string_view path, DefectList& defects) {
   const DataFile& file = md.files[f];
-  Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(JoinPath(path, file.name));
+  Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(path, file.name);
   if (!opened.ok()) {
+    // A link out of the checkpoint (kFailedPrecondition) is reported once, by ReportLinks.
+    if (opened.status().code() == StatusCode::kFailedPrecondition) return nullptr;
     defects.Add("data file " + file.name + " cannot be opened: " + opened.status().message());
     return nullptr;
   }
@@ -135,15 +137,56 @@ Status CheckDecodedChunk(const CheckpointMetadata& md, const TensorMetadata& t,
   return DecodeStoredChunk(md, t, c, ByteView(stored.data(), c.stored_length), decoded.data());
 }
 
+constexpr int kMaxLinkWalkDepth = 8;
+constexpr size_t kMaxLinkWalkEntries = size_t{1} << 16;
+
+// Every symbolic link below the checkpoint directory `root` (`relative`: the directory walked, ""
+// at the top): a note when it stays inside (or the store allows links out), a defect otherwise.
+// Linked directories are not entered. Stores without links find none.
+Status ReportLinks(Store& store, std::string_view root, const std::string& relative, int depth,
+                   size_t* seen, VerifyReport& report, DefectList& defects) {
+  SP_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, store.ListDir(JoinPath(root, relative)));
+  for (const DirEntry& e : entries) {
+    if (++*seen > kMaxLinkWalkEntries) return OkStatus();
+    const std::string name = JoinPath(relative, e.name);
+    SP_ASSIGN_OR_RETURN(LinkInfo link, store.FindLink(root, name));
+    if (link.through_link) {
+      const std::string what = name + " is a symbolic link to " + link.target;
+      if (link.inside) {
+        report.notes.push_back(what + " (inside the checkpoint)");
+      } else if (store.allows_external_links()) {
+        report.notes.push_back(what + ", outside the checkpoint (external links are allowed)");
+      } else {
+        defects.Add(what + ", outside the checkpoint directory " + std::string(root) +
+                    " (refused unless external links are allowed)");
+      }
+    } else if (e.is_directory && depth < kMaxLinkWalkDepth) {
+      SP_RETURN_IF_ERROR(ReportLinks(store, root, name, depth + 1, seen, report, defects));
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* pool) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
                       EngineContext::Make(path, nullptr, store, pool, 0));
-  SP_ASSIGN_OR_RETURN(CheckpointMetadata md, ReadCheckpointMetadata(path, &ctx->store()));
   VerifyReport report;
-  report.has_checksums = md.checksum_block_bytes > 0;
   DefectList defects;
+  Result<bool> is_directory = ctx->store().IsDirectory(path);
+  size_t seen = 0;
+  if (is_directory.ok() && *is_directory) {
+    SP_RETURN_IF_ERROR(ReportLinks(ctx->store(), path, "", 0, &seen, report, defects));
+  }
+  Result<CheckpointMetadata> opened = ReadCheckpointMetadata(path, &ctx->store());
+  if (!opened.ok() && opened.status().code() == StatusCode::kFailedPrecondition) {
+    // A link out of the checkpoint kept a file the metadata is read from closed: reported above.
+    report.defects = defects.Take();
+    if (!report.defects.empty()) return report;
+  }
+  SP_ASSIGN_OR_RETURN(CheckpointMetadata md, std::move(opened));
+  report.has_checksums = md.checksum_block_bytes > 0;
   std::vector<std::unique_ptr<ReadableFile>> files(md.files.size());
   for (uint32_t f = 0; f < md.files.size(); ++f) {
     files[f] = CheckFile(md, f, ctx->store(), path, defects);

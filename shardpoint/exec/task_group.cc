@@ -1,8 +1,27 @@
 #include "shardpoint/exec/task_group.h"
 
 #include <algorithm>
+#include <new>
+#include <stdexcept>
 
 namespace sp {
+namespace {
+
+// Runs `task`; an allocation that fails inside it (std::bad_alloc, or std::length_error for a
+// size beyond what a container can hold) becomes kResourceExhausted instead of ending the
+// process from a worker thread.
+Status RunGuarded(const std::function<Status()>& task) {
+  try {
+    return task();
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("out of memory: an allocation failed (std::bad_alloc)");
+  } catch (const std::length_error& e) {
+    return ResourceExhaustedError(std::string("out of memory: a size is too large (") +
+                                  e.what() + ")");
+  }
+}
+
+}  // namespace
 
 TaskGroup::~TaskGroup() { Wait().IgnoreError(); }
 
@@ -14,7 +33,7 @@ void TaskGroup::RunOrdered(std::function<Status()> task, double order) {
 
 void TaskGroup::Submit(std::function<Status()> task, std::optional<double> order) {
   if (pool_ == nullptr || pool_->InWorkerThread()) {
-    Status s = cancelled() ? OkStatus() : task();
+    Status s = cancelled() ? OkStatus() : RunGuarded(task);
     std::lock_guard<std::mutex> lock(mu_);
     if (!s.ok() && first_error_.ok()) {
       first_error_ = std::move(s);
@@ -26,7 +45,7 @@ void TaskGroup::Submit(std::function<Status()> task, std::optional<double> order
     std::lock_guard<std::mutex> lock(mu_);
     ++pending_;
   }
-  auto run = [this, task = std::move(task)] { Finish(cancelled() ? OkStatus() : task()); };
+  auto run = [this, task = std::move(task)] { Finish(cancelled() ? OkStatus() : RunGuarded(task)); };
   if (order.has_value()) {
     pool_->ScheduleOrdered(std::move(run), *order);
   } else {

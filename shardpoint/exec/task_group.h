@@ -5,7 +5,8 @@
 // cancelled() turns true so long tasks can stop early; tasks not yet started still run but may
 // check cancelled(). With a null pool, or when called from a worker of the same pool (to avoid
 // deadlock), tasks run inline. Run() and cancelled() are thread-safe; Wait() is called once by
-// the owner. The destructor waits.
+// the owner. The destructor waits. A task that throws std::bad_alloc or std::length_error (an
+// allocation that failed) counts as failing with kResourceExhausted.
 #ifndef SHARDPOINT_EXEC_TASK_GROUP_H_
 #define SHARDPOINT_EXEC_TASK_GROUP_H_
 

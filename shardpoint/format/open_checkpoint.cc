@@ -6,6 +6,17 @@
 #include "shardpoint/format/safetensors/hf_directory.h"
 
 namespace sp {
+namespace {
+
+// The whole file `name` of the checkpoint directory `dir`.
+Result<std::string> ReadWholeFile(Store& store, std::string_view dir, std::string_view name) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenInDirectory(dir, name));
+  std::string out(file->size(), '\0');
+  SP_RETURN_IF_ERROR(file->ReadAt(0, AsMutableBytes(out.data(), out.size())));
+  return out;
+}
+
+}  // namespace
 
 std::string_view CheckpointFormatName(CheckpointFormat format) {
   switch (format) {
@@ -47,7 +58,7 @@ Result<CheckpointMetadata> DecodeWithDriver(Store& store, std::string_view path,
   switch (format) {
     case CheckpointFormat::kNative: {
       const std::string metadata_path = JoinPath(path, kMetadataFileName);
-      Result<std::string> bytes = store.ReadFile(metadata_path);
+      Result<std::string> bytes = ReadWholeFile(store, path, kMetadataFileName);
       if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) {
         return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
                              std::string(kMetadataFileName) + " is missing)");

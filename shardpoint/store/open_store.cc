@@ -43,10 +43,10 @@ Result<StoreUrl> ParseStoreUrl(std::string_view url) {
                               scheme + "' (supported: file, memory, or a plain path)");
 }
 
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url) {
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, PosixStoreOptions posix) {
   SP_ASSIGN_OR_RETURN(StoreUrl parsed, ParseStoreUrl(url));
   if (parsed.scheme == "memory") return std::unique_ptr<Store>(std::make_unique<MemoryStore>());
-  return std::unique_ptr<Store>(std::make_unique<PosixStore>());
+  return std::unique_ptr<Store>(std::make_unique<PosixStore>(posix));
 }
 
 }  // namespace sp

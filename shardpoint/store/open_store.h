@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "shardpoint/base/result.h"
+#include "shardpoint/store/posix_store.h"
 #include "shardpoint/store/store.h"
 
 namespace sp {
@@ -27,7 +28,8 @@ struct StoreUrl {
 Result<StoreUrl> ParseStoreUrl(std::string_view url);
 
 // Returns a new store for the URL's scheme (the caller owns it). Errors as ParseStoreUrl.
-Result<std::unique_ptr<Store>> OpenStore(std::string_view url);
+// `posix` configures the PosixStore of a file URL (allow_external_links).
+Result<std::unique_ptr<Store>> OpenStore(std::string_view url, PosixStoreOptions posix = {});
 
 }  // namespace sp
 

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -196,6 +198,38 @@ Status MakeOneDir(const std::string& dir, std::string_view full_path) {
   return OkStatus();
 }
 
+// What a file that is not a regular file is, for messages.
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+Status NotRegularError(std::string_view path, mode_t mode) {
+  return DataLossError(OpOn("open", path) + ": it is " + FileKind(mode) +
+                       ", not a regular file; checkpoint files must be regular files");
+}
+
+// realpath(3) of `path` ("" is the working directory).
+Result<std::string> RealPath(std::string_view path) {
+  std::string p(path.empty() ? "." : path);
+  char* resolved = ::realpath(p.c_str(), nullptr);
+  if (resolved == nullptr) return ErrnoToStatus(errno, OpOn("resolve", path));
+  std::string out(resolved);
+  std::free(resolved);
+  return out;
+}
+
+bool IsInside(const std::string& root, const std::string& target) {
+  if (root == "/") return target.size() > 1 && target.front() == '/';
+  return target.size() > root.size() && target.compare(0, root.size(), root) == 0 &&
+         target[root.size()] == '/';
+}
+
 }  // namespace
 
 Result<std::unique_ptr<WritableFile>> PosixStore::NewWritableFile(std::string_view path) {
@@ -212,9 +246,15 @@ Result<std::unique_ptr<ReadableFile>> PosixStore::OpenReadable(std::string_view 
   std::string p(path);
   int fd;
   do {
-    fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoToStatus(errno, OpOn("open", path));
+  if (fd < 0) {
+    const int error = errno;
+    struct stat st;
+    if (error == ENXIO && ::stat(p.c_str(), &st) == 0) return NotRegularError(path, st.st_mode);
+    return ErrnoToStatus(error, OpOn("open", path));
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int error = errno;
@@ -225,8 +265,81 @@ Result<std::unique_ptr<ReadableFile>> PosixStore::OpenReadable(std::string_view 
     ::close(fd);
     return ErrnoToStatus(EISDIR, OpOn("open", path));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return NotRegularError(path, st.st_mode);
+  }
+  // Regular files ignore O_NONBLOCK; it is cleared so that reads are plainly blocking.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    int error = errno;
+    ::close(fd);
+    return ErrnoToStatus(error, OpOn("open", path));
+  }
   return std::unique_ptr<ReadableFile>(
       std::make_unique<PosixReadableFile>(fd, std::move(p), static_cast<uint64_t>(st.st_size)));
+}
+
+Result<std::unique_ptr<ReadableFile>> PosixStore::OpenInDirectory(std::string_view dir,
+                                                                  std::string_view name) {
+  const std::string path = JoinPath(dir, name);
+  if (!name.empty() && !options_.allow_external_links) {
+    SP_ASSIGN_OR_RETURN(LinkInfo link, FindLink(dir, name));
+    if (!link.inside) {
+      return FailedPreconditionError(
+          OpOn("open", path) + ": it is a symbolic link (or lies below one) to " + link.target +
+          ", outside the checkpoint directory " + std::string(dir) +
+          "; links out of a checkpoint are refused unless external links are allowed "
+          "(allow_external_links=True, --allow-external-links)");
+    }
+  }
+  return OpenReadable(path);
+}
+
+Result<LinkInfo> PosixStore::FindLink(std::string_view dir, std::string_view name) {
+  LinkInfo info;
+  if (name.empty()) return info;
+  size_t pos = 0;
+  while (pos <= name.size() && !info.through_link) {
+    size_t end = name.find('/', pos);
+    if (end == std::string_view::npos) end = name.size();
+    const std::string prefix = JoinPath(dir, name.substr(0, end));
+    struct stat st;
+    if (::lstat(prefix.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return info;  // missing: the open reports it
+      return ErrnoToStatus(errno, OpOn("stat", prefix));
+    }
+    info.through_link = S_ISLNK(st.st_mode);
+    pos = end + 1;
+  }
+  if (!info.through_link) return info;
+  SP_ASSIGN_OR_RETURN(std::string root, RealPath(dir));
+  Result<std::string> target = RealPath(JoinPath(dir, name));
+  if (!target.ok()) {
+    // A dangling link: name where it points; the open reports the missing file.
+    char buffer[PATH_MAX];
+    const std::string path = JoinPath(dir, name);
+    const ssize_t n = ::readlink(path.c_str(), buffer, sizeof(buffer));
+    info.target = n > 0 ? std::string(buffer, static_cast<size_t>(n)) : std::string("?");
+    return info;
+  }
+  info.target = *target;
+  info.inside = IsInside(root, info.target);
+  return info;
+}
+
+Result<bool> PosixStore::SameFile(std::string_view a, std::string_view b) {
+  std::string pa(a.empty() ? "." : a), pb(b.empty() ? "." : b);
+  struct stat sa, sb;
+  if (::stat(pa.c_str(), &sa) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    return ErrnoToStatus(errno, OpOn("stat", a));
+  }
+  if (::stat(pb.c_str(), &sb) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    return ErrnoToStatus(errno, OpOn("stat", b));
+  }
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 Status PosixStore::CreateDirs(std::string_view path) {

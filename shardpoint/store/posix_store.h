@@ -9,7 +9,17 @@
 // for data transfers, the offset: "write /ckpt/d-0.safetensors at offset 4096: No space left on
 // device (errno 28)".
 //
-// A PosixStore holds no state of its own; all methods are thread-safe.
+// Reads open only regular files: the file is opened with O_NONBLOCK (so that a FIFO standing in
+// for a checkpoint file cannot block the reader) and anything fstat does not call a regular file
+// (a FIFO, a socket, a device, a directory) is refused with an error naming the path and what
+// it is.
+//
+// Symbolic links (docs/FORMAT.md, "Symbolic links"): OpenInDirectory refuses a file that a link
+// leads out of its checkpoint directory, unless the store is made with allow_external_links. The
+// checkpoint directory itself may be a link (latest -> step_100), and links that stay inside it
+// are followed.
+//
+// A PosixStore holds only its options; all methods are thread-safe.
 #ifndef SHARDPOINT_STORE_POSIX_STORE_H_
 #define SHARDPOINT_STORE_POSIX_STORE_H_
 
@@ -22,15 +32,30 @@
 
 namespace sp {
 
+struct PosixStoreOptions {
+  // Open files of a checkpoint that symbolic links lead outside its directory.
+  bool allow_external_links = false;
+};
+
 class PosixStore : public Store {
  public:
-  PosixStore() = default;
+  explicit PosixStore(PosixStoreOptions options = {}) : options_(options) {}
 
   // Creates or truncates the file (mode 0644). kNotFound when the parent directory is missing,
   // kInvalidArgument when `path` is a directory.
   Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override;
-  // kNotFound when absent, kInvalidArgument when `path` is a directory.
+  // kNotFound when absent, kInvalidArgument when `path` is a directory, kDataLoss when it is
+  // another kind of file that is not a regular file (FIFO, socket, device).
   Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override;
+  // kFailedPrecondition for a file that a link leads outside `dir` (see above); else as
+  // OpenReadable.
+  Result<std::unique_ptr<ReadableFile>> OpenInDirectory(std::string_view dir,
+                                                        std::string_view name) override;
+  // lstat of each component of `name` below `dir`; realpath of the file and of `dir`.
+  Result<LinkInfo> FindLink(std::string_view dir, std::string_view name) override;
+  bool allows_external_links() const override { return options_.allow_external_links; }
+  // stat of both: the same st_dev and st_ino.
+  Result<bool> SameFile(std::string_view a, std::string_view b) override;
   // mkdir -p (mode 0755). kFailedPrecondition when a component exists and is not a directory.
   Status CreateDirs(std::string_view path) override;
   Status Rename(std::string_view from, std::string_view to) override;
@@ -44,6 +69,9 @@ class PosixStore : public Store {
   // Sizes and kinds come from stat (symbolic links are followed); "." and ".." are left out.
   Result<std::vector<DirEntry>> ListDir(std::string_view path) override;
   std::string name() const override { return "posix"; }
+
+ private:
+  PosixStoreOptions options_;
 };
 
 }  // namespace sp

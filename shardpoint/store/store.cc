@@ -9,6 +9,19 @@ Result<std::string> Store::ReadFile(std::string_view path) {
   return out;
 }
 
+Result<std::unique_ptr<ReadableFile>> Store::OpenInDirectory(std::string_view dir,
+                                                             std::string_view name) {
+  return OpenReadable(JoinPath(dir, name));
+}
+
+Result<LinkInfo> Store::FindLink(std::string_view dir, std::string_view name) {
+  return LinkInfo{};
+}
+
+Result<bool> Store::SameFile(std::string_view a, std::string_view b) {
+  return NormalizePath(a) == NormalizePath(b);
+}
+
 Status ReadableFile::ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const {
   for (const MutableByteView& piece : pieces) {
     SP_RETURN_IF_ERROR(ReadAt(offset, piece));
@@ -29,7 +42,11 @@ std::string OpAt(std::string_view op, std::string_view path, uint64_t offset) {
 }
 
 Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_t limit) {
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenReadable(path));
+  const size_t slash = path.rfind('/');
+  const std::string_view name =
+      slash == std::string::npos ? std::string_view(path) : std::string_view(path).substr(slash + 1);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file,
+                      store.OpenInDirectory(ParentPath(path), name));
   if (file->size() > limit) {
     return DataLossError(path + " has " + std::to_string(file->size()) +
                          " bytes, more than the limit of " + std::to_string(limit));

@@ -67,6 +67,13 @@ class ReadableFile {
   virtual void Prefetch(uint64_t offset, uint64_t length) const {}
 };
 
+// Where a path below a checkpoint directory leads when symbolic links are followed (FindLink).
+struct LinkInfo {
+  bool through_link = false;  // some component from the directory down to the file is a link
+  bool inside = true;         // the file resolves inside the directory (resolved), or no link
+  std::string target;         // the resolved path, when through_link
+};
+
 struct DirEntry {
   std::string name;  // not a path: the last component only
   bool is_directory = false;
@@ -98,6 +105,24 @@ class Store {
   virtual Result<bool> Exists(std::string_view path) = 0;
   // Entries of a directory, sorted by name (kNotFound when absent).
   virtual Result<std::vector<DirEntry>> ListDir(std::string_view path) = 0;
+  // Opens the file `name`, a '/'-separated path relative to the checkpoint directory `dir`, as
+  // OpenReadable(JoinPath(dir, name)) does. Every read of a file that a checkpoint names goes
+  // through here, so that a store with symbolic links can refuse a file that leads out of the
+  // checkpoint: PosixStore gives kFailedPrecondition naming the link and its target when a link
+  // on the way from `dir` to the file resolves outside `dir` (itself resolved), unless the store
+  // was made with allow_external_links. An empty `name` opens `dir` itself (the one file of a
+  // single-file checkpoint), which may be a link. The default opens JoinPath(dir, name).
+  virtual Result<std::unique_ptr<ReadableFile>> OpenInDirectory(std::string_view dir,
+                                                                std::string_view name);
+  // Whether the file `name` below `dir` is reached through a symbolic link, and where it leads.
+  // A missing file is no link (OpenInDirectory reports it). The default: no links.
+  virtual Result<LinkInfo> FindLink(std::string_view dir, std::string_view name);
+  // Whether OpenInDirectory opens files that links lead out of their checkpoint directory.
+  virtual bool allows_external_links() const { return false; }
+  // Whether `a` and `b` name the same existing file or directory, however spelled (PosixStore:
+  // the same device and inode, so absolute paths, "..", links and bind mounts all compare equal).
+  // false when either is missing. The default compares NormalizePath of both.
+  virtual Result<bool> SameFile(std::string_view a, std::string_view b);
   // A short name for messages: "posix", "memory", "fault(posix)".
   virtual std::string name() const = 0;
 };
@@ -108,7 +133,9 @@ std::string OpOn(std::string_view op, std::string_view path);
 std::string OpAt(std::string_view op, std::string_view path, uint64_t offset);
 
 // The whole of a small file (a metadata or config file): kDataLoss naming the file when it is
-// larger than `limit` bytes (nothing is read then), else the store's open and read errors.
+// larger than `limit` bytes (nothing is read then), else the store's open and read errors. The
+// file is opened with OpenInDirectory(ParentPath(path), its last component): checkpoints keep
+// their metadata and config files at the top of their directory.
 Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_t limit);
 
 // "a" + "b" -> "a/b" (no doubled slash); "a" + "" -> "a" (the directory itself, or the one

@@ -1,4 +1,5 @@
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -96,6 +97,89 @@ TEST(PosixStoreTest, WorksWithRelativeAndSlashedPaths) {
   auto is_dir = store.IsDirectory(env->root + "/x/y");
   ASSERT_TRUE(is_dir.ok());
   EXPECT_TRUE(*is_dir);
+}
+
+// Issue 13, defect 5: opening a FIFO for reading must neither block nor succeed.
+TEST(PosixStoreTest, RefusesFifosAndDevicesWithoutBlocking) {
+  auto env = MakePosixEnv();
+  ASSERT_TRUE(env.ok());
+  const std::string fifo = env->root + "/d-0.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  PosixStore store;
+  auto opened = store.OpenReadable(fifo);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(opened.status().message(),
+            "open " + fifo + ": it is a FIFO (named pipe), not a regular file; checkpoint files "
+            "must be regular files");
+  auto small = ReadSmallFile(store, fifo, 1 << 20);
+  ASSERT_FALSE(small.ok());
+  EXPECT_THAT(small.status().message(), HasSubstr("is a FIFO"));
+  auto device = store.OpenReadable("/dev/null");
+  ASSERT_FALSE(device.ok());
+  EXPECT_THAT(device.status().message(), HasSubstr("it is a character device"));
+}
+
+// Issue 13, defect 6: a link out of the checkpoint directory is refused unless allowed; the
+// directory itself may be a link, and links inside it are followed.
+TEST(PosixStoreTest, OpenInDirectoryRefusesLinksOutUnlessAllowed) {
+  auto env = MakePosixEnv();
+  ASSERT_TRUE(env.ok());
+  PosixStore store;
+  const std::string ckpt = env->root + "/ckpt", outside = env->root + "/outside";
+  ASSERT_TRUE(store.CreateDirs(ckpt + "/blobs").ok());
+  ASSERT_TRUE(store.CreateDirs(outside).ok());
+  for (const std::string& path : {outside + "/x", ckpt + "/blobs/y"}) {
+    auto file = store.NewWritableFile(path);
+    ASSERT_TRUE(file.ok());
+    ASSERT_TRUE((*file)->WriteAt(0, AsBytes("abc", 3)).ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  ASSERT_EQ(::symlink((outside + "/x").c_str(), (ckpt + "/out").c_str()), 0);
+  ASSERT_EQ(::symlink("../outside", (ckpt + "/sub").c_str()), 0);
+  ASSERT_EQ(::symlink("blobs/y", (ckpt + "/in").c_str()), 0);
+  ASSERT_EQ(::symlink(ckpt.c_str(), (env->root + "/latest").c_str()), 0);
+
+  auto out = store.OpenInDirectory(ckpt, "out");
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("open " + ckpt + "/out: it is a symbolic link (or lies below one) to " +
+                        outside + "/x, outside the checkpoint directory " + ckpt));
+  EXPECT_FALSE(store.OpenInDirectory(ckpt, "sub/x").ok());
+  EXPECT_TRUE(store.OpenInDirectory(ckpt, "in").ok());
+  EXPECT_TRUE(store.OpenInDirectory(env->root + "/latest", "in").ok());
+  EXPECT_TRUE(store.OpenInDirectory(env->root + "/latest", "blobs/y").ok());
+  auto link = store.FindLink(ckpt, "in");
+  ASSERT_TRUE(link.ok());
+  EXPECT_TRUE(link->through_link && link->inside);
+  EXPECT_EQ(link->target, ckpt + "/blobs/y");
+
+  PosixStore allowing(PosixStoreOptions{.allow_external_links = true});
+  EXPECT_TRUE(allowing.allows_external_links());
+  EXPECT_TRUE(allowing.OpenInDirectory(ckpt, "out").ok());
+  EXPECT_TRUE(allowing.OpenInDirectory(ckpt, "sub/x").ok());
+}
+
+// Issue 13, defect 9: one directory under several spellings is one file.
+TEST(PosixStoreTest, SameFileSeesThroughSpellings) {
+  auto env = MakePosixEnv();
+  ASSERT_TRUE(env.ok());
+  PosixStore store;
+  const std::string dir = env->root + "/c01";
+  ASSERT_TRUE(store.CreateDirs(dir).ok());
+  ASSERT_EQ(::symlink(dir.c_str(), (env->root + "/alias").c_str()), 0);
+  for (const std::string& other : {dir + "/.", dir + "/../c01", env->root + "/alias", dir + "/"}) {
+    auto same = store.SameFile(dir, other);
+    ASSERT_TRUE(same.ok());
+    EXPECT_TRUE(*same) << other;
+  }
+  auto missing = store.SameFile(dir, env->root + "/absent");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(*missing);
+  auto other = store.SameFile(dir, env->root);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(*other);
 }
 
 TEST(MemoryStoreTest, PathsAreNormalized) {

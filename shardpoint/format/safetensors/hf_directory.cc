@@ -87,7 +87,7 @@ Result<Index> ParseIndex(std::string_view text, std::string_view path) {
 }
 
 Result<Index> ReadIndex(Store& store, const std::string& path) {
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenReadable(path));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenInDirectory(ParentPath(path), kSafetensorsIndexFileName));
   if (file->size() > kMaxSafetensorsIndexBytes) {
     return DataLossError(path + ": " + std::to_string(file->size()) +
                          " bytes, more than the limit of " +
@@ -173,7 +173,10 @@ Status ParseShardingInfo(const std::string& text, FileHeader* file) {
 }
 
 Status ReadOneHeader(Store& store, FileHeader* file) {
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> handle, store.OpenReadable(file->path));
+  // A single-file checkpoint (no name) is the file itself, which may be a link.
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> handle,
+                      file->name.empty() ? store.OpenReadable(file->path)
+                                         : store.OpenInDirectory(ParentPath(file->path), file->name));
   SP_ASSIGN_OR_RETURN(file->header, ReadSafetensorsHeader(*handle));
   const std::map<std::string, std::string>& md = file->header.metadata;
   if (auto it = md.find("format"); it != md.end() && it->second == "shardpoint") {

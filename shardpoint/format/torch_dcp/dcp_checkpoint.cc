@@ -56,7 +56,7 @@ Result<OpenedFiles> OpenDataFiles(Store& store, std::string_view path, const Dcp
   for (const DcpStorageEntry& e : dcp.storage_data) {
     if (files.index.count(e.relative_path)) continue;
     const std::string file_path = JoinPath(path, e.relative_path);
-    Result<std::unique_ptr<ReadableFile>> opened = store.OpenReadable(file_path);
+    Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(path, e.relative_path);
     if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
       return DataLossError("data file " + file_path + " named by " +
                            JoinPath(path, kDcpMetadataFileName) + " is missing (it holds " +
