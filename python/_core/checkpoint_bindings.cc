@@ -49,7 +49,7 @@ nb::dict MetadataToPython(const CheckpointMetadata& md) {
   for (const ObjectEntry& o : md.objects) {
     nb::dict d;
     d["encoding"] = EncodingName(o.encoding);
-    d["bytes"] = o.payload.size();
+    d["bytes"] = o.size_bytes();  // the stored item's size while the payload is not read
     objects[nb::str(o.name.data(), o.name.size())] = d;
   }
   nb::list files;
@@ -119,11 +119,13 @@ CheckpointMetadata ReadMetadataReleased(const std::string& path) {
 }
 
 nb::list ReadObjects(const std::string& path, const std::vector<std::string>& names) {
-  const CheckpointMetadata md = ReadMetadataReleased(path);
-  nb::list out;
-  for (const std::string& name : names) {
-    if (const ObjectEntry* object = md.FindObject(name)) out.append(ObjectToPython(*object));
+  Result<std::vector<ObjectEntry>> objects = InternalError("read_objects did not run");
+  {
+    nb::gil_scoped_release release;
+    objects = ReadCheckpointObjects(path, names);
   }
+  nb::list out;
+  for (const ObjectEntry& object : ValueOrThrow(std::move(objects))) out.append(ObjectToPython(object));
   return out;
 }
 
