@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -147,6 +148,13 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
 // Reads and checks the committed metadata of the checkpoint at `path` (store null: POSIX).
 // kNotFound when no committed checkpoint is there.
 Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* store = nullptr);
+
+// The objects named `names` of the checkpoint at `path`, with their payloads (ReadObjectPayloads
+// in format/open_checkpoint.h, default limits); names the checkpoint does not hold are skipped.
+// Errors as ReadCheckpointMetadata's and ReadObjectPayloads'.
+Result<std::vector<ObjectEntry>> ReadCheckpointObjects(std::string_view path,
+                                                       std::span<const std::string> names,
+                                                       Store* store = nullptr);
 
 struct VerifyReport {
   std::vector<std::string> defects;  // empty when the checkpoint is sound

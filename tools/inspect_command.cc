@@ -104,7 +104,7 @@ void PrintJson(const CheckpointMetadata& md, std::string_view path, bool chunks)
   for (size_t i = 0; i < md.objects.size(); ++i) {
     const ObjectEntry& obj = md.objects[i];
     o << (i ? "," : "") << "{\"name\":" << JsonQuote(obj.name) << ",\"encoding\":\""
-      << EncodingName(obj.encoding) << "\",\"bytes\":" << obj.payload.size() << "}";
+      << EncodingName(obj.encoding) << "\",\"bytes\":" << obj.size_bytes() << "}";
   }
   o << "],\"files\":[";
   for (size_t i = 0; i < md.files.size(); ++i) {
@@ -144,7 +144,7 @@ void PrintTable(const CheckpointMetadata& md, std::string_view path, bool chunks
   if (!md.objects.empty()) {
     o << "\nOBJECT  ENCODING  BYTES\n";
     for (const ObjectEntry& obj : md.objects) {
-      o << obj.name << "  " << EncodingName(obj.encoding) << "  " << obj.payload.size() << "\n";
+      o << obj.name << "  " << EncodingName(obj.encoding) << "  " << obj.size_bytes() << "\n";
     }
   }
   o << "\nFILE  BYTES  RANK\n";

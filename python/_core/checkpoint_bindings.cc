@@ -56,7 +56,7 @@ nb::dict MetadataToPython(const CheckpointMetadata& md) {
   for (const ObjectEntry& o : md.objects) {
     nb::dict d;
     d["encoding"] = EncodingName(o.encoding);
-    d["bytes"] = o.payload.size();
+    d["bytes"] = o.size_bytes();  // the stored item's size while the payload is not read
     objects[nb::str(o.name.data(), o.name.size())] = d;
   }
   nb::list files;
@@ -130,11 +130,14 @@ CheckpointMetadata ReadMetadataReleased(const std::string& path, bool allow_exte
 
 nb::list ReadObjects(const std::string& path, const std::vector<std::string>& names,
                      bool allow_external_links) {
-  const CheckpointMetadata md = ReadMetadataReleased(path, allow_external_links);
-  nb::list out;
-  for (const std::string& name : names) {
-    if (const ObjectEntry* object = md.FindObject(name)) out.append(ObjectToPython(*object));
+  std::unique_ptr<Store> store = ReadStore(path, allow_external_links);
+  Result<std::vector<ObjectEntry>> objects = InternalError("read_objects did not run");
+  {
+    nb::gil_scoped_release release;
+    objects = ReadCheckpointObjects(path, names, store.get());
   }
+  nb::list out;
+  for (const ObjectEntry& object : ValueOrThrow(std::move(objects))) out.append(ObjectToPython(object));
   return out;
 }
 

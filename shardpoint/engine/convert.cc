@@ -88,6 +88,7 @@ Result<ConvertReport> Convert(std::string_view source, std::string_view destinat
   ThreadPool pool(options.threads > 0 ? options.threads : DefaultIoThreads());
   Source src;
   SP_RETURN_IF_ERROR(src.Open(*source_store, source, pool));
+  SP_RETURN_IF_ERROR(ReadObjectPayloads(*source_store, source, src.metadata, src.metadata.objects));
 
   ConvertReport report;
   report.source_format = src.metadata.format;

@@ -8,7 +8,9 @@
 #include <map>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/geometry/convert.h"
+#include "shardpoint/store/open_store.h"
 
 namespace sp {
 namespace {
@@ -227,6 +229,20 @@ std::vector<Box> SplitIntoSlabs(const Box& box, uint64_t item_bytes, uint64_t ma
   return slabs;
 }
 
+namespace {
+
+// Reads the payloads of the objects of `md` (the checkpoint at `path`) that are still stored.
+Status ReadAllObjects(std::string_view path, Store* store, CheckpointMetadata& md) {
+  std::unique_ptr<Store> owned;
+  if (store == nullptr) {
+    SP_ASSIGN_OR_RETURN(owned, OpenStore(path));
+    store = owned.get();
+  }
+  return ReadObjectPayloads(*store, path, md, md.objects);
+}
+
+}  // namespace
+
 Result<DiffReport> Diff(std::string_view a, std::string_view b, const DiffOptions& options) {
   if (!(options.atol >= 0)) return InvalidArgumentError("atol must be a number >= 0");
   if (options.slab_bytes == 0) return InvalidArgumentError("slab_bytes must be positive");
@@ -250,6 +266,8 @@ Result<DiffReport> Diff(std::string_view a, std::string_view b, const DiffOption
   for (const TensorMetadata& t : mb.tensors) {
     if (ma.FindTensor(t.name) == nullptr) report.tensors_only_in_b.push_back(t.name);
   }
+  SP_RETURN_IF_ERROR(ReadAllObjects(a, options.store_a, ma));
+  SP_RETURN_IF_ERROR(ReadAllObjects(b, options.store_b, mb));
   CompareObjects(ma, mb, &report);
   return report;
 }

@@ -65,7 +65,7 @@ struct Prepared {
 };
 
 Result<Prepared> Prepare(const LoadState& state, const CheckpointMetadata& metadata,
-                         std::string_view path, const LoadOptions& options) {
+                         std::string_view path, const LoadOptions& options, Store& store) {
   SP_ASSIGN_OR_RETURN(std::vector<LocalTensor> targets, BuildTargets(state));
   Prepared p;
   SP_ASSIGN_OR_RETURN(p.plan, PlanLoad(targets, metadata,
@@ -84,6 +84,8 @@ Result<Prepared> Prepare(const LoadState& state, const CheckpointMetadata& metad
       result.missing_keys.push_back(name);
     }
   }
+  // Objects whose items the driver has not read yet (DCP) are read now, only those wanted.
+  SP_RETURN_IF_ERROR(ReadObjectPayloads(store, path, metadata, result.objects));
   for (const ObjectEntry& object : metadata.objects) {
     if (!wanted.count(object.name)) result.unexpected_keys.push_back(object.name);
   }
@@ -114,7 +116,7 @@ ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const Loa
 Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& metadata,
                              std::string_view path, const LoadOptions& options,
                              EngineContext& ctx) {
-  SP_ASSIGN_OR_RETURN(Prepared p, Prepare(state, metadata, path, options));
+  SP_ASSIGN_OR_RETURN(Prepared p, Prepare(state, metadata, path, options, ctx.store()));
   SP_ASSIGN_OR_RETURN(auto files, OpenFiles(p.requests, metadata, ctx.store(), path));
   SP_ASSIGN_OR_RETURN(p.result.bytes_read,
                       ExecuteReads(p.requests, metadata, files, ctx.pool(),
@@ -217,7 +219,7 @@ class Unpacker {
 SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metadata,
                          std::string_view path, const LoadOptions& options, EngineContext& ctx) {
   Communicator& comm = ctx.comm();
-  Result<Prepared> prepared = Prepare(state, metadata, path, options);
+  Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
   Result<std::string> mine = [&]() -> Result<std::string> {
     if (!prepared.ok()) return prepared.status();
     RankNeeds needs;
@@ -311,6 +313,23 @@ Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* 
     store = owned.get();
   }
   return OpenCheckpointMetadata(*store, path, nullptr);
+}
+
+Result<std::vector<ObjectEntry>> ReadCheckpointObjects(std::string_view path,
+                                                       std::span<const std::string> names,
+                                                       Store* store) {
+  std::unique_ptr<Store> owned;
+  if (store == nullptr) {
+    SP_ASSIGN_OR_RETURN(owned, OpenStore(path));
+    store = owned.get();
+  }
+  SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata, OpenCheckpointMetadata(*store, path, nullptr));
+  std::vector<ObjectEntry> out;
+  for (const std::string& name : names) {
+    if (const ObjectEntry* object = metadata.FindObject(name)) out.push_back(*object);
+  }
+  SP_RETURN_IF_ERROR(ReadObjectPayloads(*store, path, metadata, out));
+  return out;
 }
 
 Result<LoadResult> Load(const LoadState& state, std::string_view path,

@@ -62,6 +62,9 @@ Result<LocalSavePlan> BuildLocalPlan(const SaveState& state, bool data_optional)
     if (!names.insert(o.name).second) {
       return InvalidArgumentError("key '" + o.name + "' is used twice in the state of one rank");
     }
+    if (o.stored) {  // a checkpoint's entry whose payload was never read (ReadObjectPayloads)
+      return InvalidArgumentError("object '" + o.name + "' has no payload: its item was not read");
+    }
     plan.objects.push_back(o);
   }
   return plan;

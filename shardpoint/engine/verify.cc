@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
@@ -222,6 +223,14 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
     }
   }
   SP_RETURN_IF_ERROR(group.Wait());
+  // Object items the driver located but did not read (DCP): each decoded once, then dropped.
+  std::set<StoredObjectItem> items;
+  for (const ObjectEntry& o : md.objects) {
+    if (!o.stored || !items.insert(*o.stored).second) continue;
+    ObjectEntry copy = o;
+    Status read = ReadObjectPayloads(ctx->store(), path, md, std::span<ObjectEntry>(&copy, 1));
+    if (!read.ok()) defects.Add(read.message());
+  }
   report.bytes_checked = bytes.load();
   report.defects = defects.Take();
   return report;

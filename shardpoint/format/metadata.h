@@ -8,8 +8,11 @@
 #define SHARDPOINT_FORMAT_METADATA_H_
 
 #include <cstdint>
+#include <compare>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
@@ -90,11 +93,50 @@ inline constexpr bool IsKnownObjectEncoding(uint8_t encoding) {
          encoding <= static_cast<uint8_t>(ObjectEncoding::kPlain);
 }
 
+// Where an object's bytes lie in a data file, for drivers that read object payloads only when
+// they are needed (PyTorch DCP: a BYTE_IO item, possibly zstd-compressed). Opening such a
+// checkpoint reads and decodes none of them, so that a small hostile checkpoint cannot make
+// `inspect` decode gigabytes.
+struct StoredObjectItem {
+  uint32_t file = 0;        // index into CheckpointMetadata::files
+  uint64_t offset = 0;      // byte offset of the item in the file
+  uint64_t length = 0;      // stored bytes (compressed, for a compressed item)
+  uint32_t driver_tag = 0;  // how the driver decodes them (its own codes)
+
+  friend bool operator==(const StoredObjectItem&, const StoredObjectItem&) = default;
+  friend auto operator<=>(const StoredObjectItem&, const StoredObjectItem&) = default;
+};
+
+// Caps on reading stored object payloads (ReadObjectPayloads in format/open_checkpoint.h).
+struct ObjectReadLimits {
+  // One object's decoded payload (and its stored item).
+  uint64_t max_object_bytes = uint64_t{1} << 30;
+  // The payloads one call hands out, together: entries that share one stored item count once
+  // each, since each gets its own copy.
+  uint64_t max_total_bytes = uint64_t{2} << 30;
+};
+
 struct ObjectEntry {
+  ObjectEntry() = default;
+  ObjectEntry(std::string name, ObjectEncoding encoding, std::string payload,
+              std::optional<StoredObjectItem> stored = std::nullopt)
+      : name(std::move(name)),
+        encoding(encoding),
+        payload(std::move(payload)),
+        stored(std::move(stored)) {}
+
   std::string name;
   ObjectEncoding encoding = ObjectEncoding::kJson;
   std::string payload;
+  // Set while the payload has not been read: `payload` is empty and `encoding` is what the stored
+  // item is before the driver classifies it (DCP: kTorchSave). ReadObjectPayloads
+  // (format/open_checkpoint.h) reads and decodes it, sets `encoding` and `payload`, and clears
+  // this. Consumers of payloads (load, convert, diff, verify) call it first; save refuses
+  // entries that still have it.
+  std::optional<StoredObjectItem> stored;
 
+  // The payload's size, or the stored item's while it is not read.
+  uint64_t size_bytes() const { return stored ? stored->length : payload.size(); }
   friend bool operator==(const ObjectEntry&, const ObjectEntry&) = default;
 };
 

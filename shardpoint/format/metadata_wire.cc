@@ -70,7 +70,7 @@ Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
   return OkStatus();
 }
 
-Status GetObject(ByteReader& r, ObjectEntry* o) {
+Status GetObject(ByteReader& r, uint32_t file_count, ObjectEntry* o) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   o->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
@@ -78,6 +78,17 @@ Status GetObject(ByteReader& r, ObjectEntry* o) {
   o->encoding = static_cast<ObjectEncoding>(encoding);
   SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(UINT32_MAX));
   o->payload = std::string(payload);
+  SP_ASSIGN_OR_RETURN(uint8_t stored, r.ReadU8());
+  if (stored > 1) return DataLossError(r.what() + ": bad stored-object flag");
+  if (stored == 1) {
+    StoredObjectItem item;
+    SP_ASSIGN_OR_RETURN(item.file, r.ReadU32());
+    if (item.file >= file_count) return DataLossError(r.what() + ": object file index out of range");
+    SP_ASSIGN_OR_RETURN(item.offset, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(item.length, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(item.driver_tag, r.ReadU32());
+    o->stored = item;
+  }
   return OkStatus();
 }
 
@@ -152,6 +163,13 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
     w.PutString(o.name);
     w.PutU8(static_cast<uint8_t>(o.encoding));
     w.PutString(o.payload);
+    w.PutU8(o.stored ? 1 : 0);
+    if (o.stored) {
+      w.PutU32(o.stored->file);
+      w.PutU64(o.stored->offset);
+      w.PutU64(o.stored->length);
+      w.PutU32(o.stored->driver_tag);
+    }
   }
   return out;
 }
@@ -164,9 +182,9 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes) {
   SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(4 + 1 + 4 + 4));
   m.tensors.resize(tensors);
   for (TensorMetadata& t : m.tensors) SP_RETURN_IF_ERROR(GetTensor(r, file_count, &t));
-  SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4));
+  SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));
   m.objects.resize(objects);
-  for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, &o));
+  for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, file_count, &o));
   if (!r.done()) {
     return DataLossError(r.what() + ": " + std::to_string(r.remaining()) + " trailing bytes");
   }

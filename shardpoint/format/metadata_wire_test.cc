@@ -23,7 +23,8 @@ CheckpointMetadata Sample() {
   m.tensors = {a, scalar};
   m.objects = {{"cfg", ObjectEncoding::kJson, "{\"lr\": 0.1}"},
                {"rng", ObjectEncoding::kPickle, std::string("\x80\x02N.", 4)},
-               {"sched", ObjectEncoding::kTorchSave, "PK\x03\x04"}};
+               {"sched", ObjectEncoding::kTorchSave, "PK\x03\x04"},
+               {"unread", ObjectEncoding::kTorchSave, "", StoredObjectItem{1, 64, 32, 1}}};
   return m;
 }
 

@@ -3,6 +3,7 @@
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/dcp_objects.h"
 #include "shardpoint/format/safetensors/hf_directory.h"
 
 namespace sp {
@@ -98,6 +99,18 @@ Status DecodeStoredChunk(const CheckpointMetadata& metadata, const TensorMetadat
                             " needs a decoder the " +
                             std::string(CheckpointFormatName(metadata.format)) +
                             " driver does not provide");
+}
+
+Status ReadObjectPayloads(Store& store, std::string_view path, const CheckpointMetadata& metadata,
+                          std::span<ObjectEntry> objects, const ObjectReadLimits& limits) {
+  bool any = false;
+  for (const ObjectEntry& o : objects) any = any || o.stored.has_value();
+  if (!any) return OkStatus();
+  if (metadata.format == CheckpointFormat::kTorchDcp) {
+    return torch_dcp::ReadDcpObjectPayloads(store, path, metadata, objects, limits);
+  }
+  return UnimplementedError("objects of the " + std::string(CheckpointFormatName(metadata.format)) +
+                            " checkpoint at " + std::string(path) + " are not stored as items");
 }
 
 }  // namespace sp

@@ -8,6 +8,7 @@
 #ifndef SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
 #define SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
 
+#include <span>
 #include <string_view>
 
 #include "shardpoint/base/bytes.h"
@@ -41,6 +42,17 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
 // the chunk and the file.
 Status DecodeStoredChunk(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
                          const StoredChunk& chunk, ByteView stored, std::byte* out);
+
+// Reads the payloads of the entries of `objects` that are still stored (ObjectEntry::stored: the
+// PyTorch DCP driver opens checkpoints without reading object items); entries that have their
+// payload are left as they are. `metadata` is the checkpoint's at `path`; only its format and
+// files are read, so `objects` may be metadata.objects itself or copies of its entries. Several
+// entries that point at one stored item read and decode it once. On success no entry is stored.
+// Errors name the object, the file and the sizes: kResourceExhausted past `limits` (one object
+// decoding past max_object_bytes, or the payloads handed out past max_total_bytes together),
+// kDataLoss for damaged items; entries may then be partly read.
+Status ReadObjectPayloads(Store& store, std::string_view path, const CheckpointMetadata& metadata,
+                          std::span<ObjectEntry> objects, const ObjectReadLimits& limits = {});
 
 }  // namespace sp
 

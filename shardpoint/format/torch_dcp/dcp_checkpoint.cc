@@ -9,6 +9,7 @@
 #include "shardpoint/format/safetensors/json.h"
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
+#include "shardpoint/format/torch_dcp/dcp_objects.h"
 #include "shardpoint/format/torch_dcp/megatron.h"
 #include "shardpoint/format/torch_dcp/torch_save.h"
 
@@ -157,18 +158,6 @@ Status ResolveChunk(const OpenedFiles& files, const CheckpointMetadata& md,
   return OkStatus();
 }
 
-Result<std::string> ReadItem(const ReadableFile& file, const DcpStorageEntry& e,
-                             std::string_view what) {
-  if (e.offset > file.size() || e.length > file.size() - e.offset) {
-    return DataLossError(std::string(what) + " lies past the end of " + file.path());
-  }
-  std::string bytes(e.length, '\0');
-  SP_RETURN_IF_ERROR(file.ReadAt(e.offset, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
-                                                           bytes.size())));
-  if (e.transform_descriptors.empty()) return bytes;
-  return DecodeTransformedItem(e.transform_descriptors, AsBytes(bytes), uint64_t{1} << 30, what);
-}
-
 // planner_data -> the JSON paths attribute ([[key, [components]], ...]).
 std::string JsonQuoteString(std::string_view s) {
   std::string out;
@@ -277,11 +266,10 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
     });
   }
   SP_RETURN_IF_ERROR(group.Wait());
-  for (const auto& [name, entry] : objects) {
+  for (const auto& [name, entry] : objects) {  // located, not read (dcp_objects.h)
     const uint32_t f = files.index.at(entry->relative_path);
-    SP_ASSIGN_OR_RETURN(std::string payload,
-                        ReadItem(*files.handles[f], *entry, "object '" + name + "'"));
-    md.objects.push_back(ObjectFromTorchSaveItem(name, std::move(payload)));
+    SP_ASSIGN_OR_RETURN(ObjectEntry object, DcpObjectEntry(name, *entry, f, md.files[f], path));
+    md.objects.push_back(std::move(object));
   }
   std::sort(md.tensors.begin(), md.tensors.end(),
             [](const TensorMetadata& a, const TensorMetadata& b) { return a.name < b.name; });

@@ -8,9 +8,11 @@
 // straight at its bytes, which loads then read in part like any native chunk. Items stored
 // otherwise (non-contiguous strides, a storage larger than the view, zstd-compressed) become
 // kDriverDecoded chunks, read whole and turned into row-major bytes by DecodeDcpChunk.
-// Non-tensor items (BYTE_IO) are examined by the restricted torch.save reader: plain data becomes
-// an ObjectEncoding::kPlain entry, anything else an ObjectEncoding::kTorchSave entry holding the
-// archive as is (ObjectFromTorchSaveItem in torch_save.h); no code is ever run here. DCP's planner_data (the nested state-dict paths) becomes
+// Non-tensor items (BYTE_IO) are located, not read: each becomes an ObjectEntry with `stored` set
+// (dcp_objects.h); ReadObjectPayloads (format/open_checkpoint.h) reads the ones a consumer needs,
+// where the restricted torch.save reader makes plain data an ObjectEncoding::kPlain payload and
+// anything else a kTorchSave one holding the archive as is (ObjectFromTorchSaveItem in
+// torch_save.h); no code is ever run. DCP's planner_data (the nested state-dict paths) becomes
 // the "python.state_dict_paths" attribute the Python package reads for native checkpoints.
 //
 // Writing: DcpFileName names data files as torch does; BuildDcpMetadataFile turns the metadata
@@ -31,7 +33,7 @@ namespace sp::torch_dcp {
 // Attribute holding the nested state-dict paths as JSON [[key, [component, ...]], ...].
 inline constexpr char kStateDictPathsAttribute[] = "python.state_dict_paths";
 
-// driver_tag values of kDriverDecoded DCP chunks.
+// driver_tag values of kDriverDecoded DCP chunks and of stored DCP objects.
 inline constexpr uint32_t kDcpItemPlain = 0;  // a torch.save archive stored as is
 inline constexpr uint32_t kDcpItemZstd = 1;   // a zstd stream of one ("stream.zstd/1")
 

@@ -3,7 +3,9 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/format/safetensors/json.h"
@@ -24,30 +26,72 @@ Status TooLarge(std::string_view what, uint64_t max_decoded_bytes) {
                                 std::to_string(max_decoded_bytes) + " bytes");
 }
 
-// Streams (the frame header need not declare the content size) with the output capped.
+// Streams (the frame header need not declare the content size) with the output capped: frames
+// whose headers declare more than the cap are refused before anything is decoded, others are
+// refused as soon as their output passes it. Several frames decode to their concatenation.
+// The content sizes the frame headers of `stored` declare, summed over the frames (capped at
+// UINT64_MAX), and whether every frame declares one. Stops at the first malformed frame, which
+// the decoder then reports.
+std::pair<uint64_t, bool> DeclaredSize(ByteView stored) {
+  uint64_t total = 0;
+  bool all = true;
+  size_t pos = 0;
+  while (pos < stored.size()) {
+    const void* frame = stored.data() + pos;
+    const unsigned long long size = ZSTD_getFrameContentSize(frame, stored.size() - pos);
+    if (size == ZSTD_CONTENTSIZE_ERROR) return {total, false};
+    if (size == ZSTD_CONTENTSIZE_UNKNOWN) {
+      all = false;
+    } else {
+      total = size > UINT64_MAX - total ? UINT64_MAX : total + size;
+    }
+    const size_t length = ZSTD_findFrameCompressedSize(frame, stored.size() - pos);
+    if (ZSTD_isError(length) || length == 0) return {total, false};
+    pos += length;
+  }
+  return {total, all};
+}
+
 Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std::string_view what) {
+  const auto [declared, known] = DeclaredSize(stored);
+  if (declared > max_decoded_bytes) {
+    return ResourceExhaustedError("zstd item " + std::string(what) + " declares " +
+                                  std::to_string(declared) + " decoded bytes, more than " +
+                                  std::to_string(max_decoded_bytes));
+  }
   std::unique_ptr<ZSTD_DCtx, DctxFree> dctx(ZSTD_createDCtx());
   if (!dctx) return InternalError("zstd: cannot create a decompression context");
   std::string out;
+  if (known) out.reserve(static_cast<size_t>(declared));
   ZSTD_inBuffer in{stored.data(), stored.size(), 0};
-  size_t hint = 1;
   for (;;) {
-    size_t used = out.size();
-    size_t chunk = static_cast<size_t>(
-        std::min<uint64_t>(ZSTD_DStreamOutSize(), max_decoded_bytes + 1 - used));
+    const size_t used = out.size();
+    const uint64_t room = max_decoded_bytes - used;  // used <= max_decoded_bytes here
+    // One byte past the cap, so that output beyond it is seen.
+    const size_t chunk = room >= ZSTD_DStreamOutSize() ? ZSTD_DStreamOutSize() : room + 1;
+    if (used + chunk > out.capacity()) {
+      // Doubling, but never past the cap + 1: near the cap, one last step to it, so that output
+      // of about the cap never holds twice the cap.
+      const uint64_t doubled = std::max<uint64_t>(2 * out.capacity(), uint64_t{1} << 20);
+      out.reserve(static_cast<size_t>(doubled >= max_decoded_bytes ? max_decoded_bytes + 1 : doubled));
+    }
     out.resize(used + chunk);
     ZSTD_outBuffer o{out.data() + used, chunk, 0};
-    hint = ZSTD_decompressStream(dctx.get(), &o, &in);
+    const size_t left = ZSTD_decompressStream(dctx.get(), &o, &in);
     out.resize(used + o.pos);
-    if (ZSTD_isError(hint)) {
-      return DataLossError("zstd item " + std::string(what) + ": " + ZSTD_getErrorName(hint));
+    if (ZSTD_isError(left)) {
+      return DataLossError("zstd item " + std::string(what) + ": " + ZSTD_getErrorName(left));
     }
     if (out.size() > max_decoded_bytes) return TooLarge(what, max_decoded_bytes);
-    // Output space left over with all input consumed: nothing more is buffered.
-    if (in.pos == in.size && o.pos < chunk) break;
-  }
-  if (hint != 0) {
-    return DataLossError("zstd item " + std::string(what) + " is truncated (the stream does not end)");
+    // 0: a frame ended and is flushed. The item ends with it when no input is left; otherwise
+    // another frame follows. (Whether output space was left says nothing: a frame may end
+    // exactly when its output fills the buffer.)
+    if (left == 0 && in.pos == in.size) break;
+    // Mid-frame, all input consumed, and output space left: the rest of the frame is missing.
+    if (left != 0 && in.pos == in.size && o.pos < chunk) {
+      return DataLossError("zstd item " + std::string(what) +
+                           " is truncated (the stream does not end)");
+    }
   }
   return out;
 }

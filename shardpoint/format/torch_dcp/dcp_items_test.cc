@@ -1,6 +1,7 @@
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/test_util.h"
@@ -69,6 +70,79 @@ TEST(DecodeTransformedItem, RoundTripsAndPassesRawItemsThrough) {
   Result<std::string> plain = DecodeTransformedItem({}, AsBytes(raw), raw.size(), "x");
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(*plain, raw);
+}
+
+std::string Pattern(size_t n) {
+  std::string raw(n, '\0');
+  for (size_t i = 0; i < n; ++i) raw[i] = static_cast<char>((i * 7 + i / 1000) % 251);
+  return raw;
+}
+
+// A zstd frame whose header declares its content size (what the zstd CLI writes).
+std::string ZstdWithContentSize(const std::string& raw) {
+  std::string out(ZSTD_compressBound(raw.size()), '\0');
+  size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), 3);
+  EXPECT_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+// Regression (issue 13, defect 7): an item whose decoded size is a multiple of 131,072 bytes
+// (zstd's streaming output block) was reported truncated; the end of the stream is where the
+// decoder says a frame ended, not where output space was left over.
+TEST(DecodeTransformedItem, DecodedSizesOnBlockBoundaries) {
+  const std::vector<std::string> zstd = {kZstdTransformDescriptor};
+  for (size_t n : {size_t{0}, size_t{1}, size_t{131071}, size_t{131072}, size_t{131073},
+                   size_t{262144}, size_t{393216}}) {
+    const std::string raw = Pattern(n);
+    Result<std::string> z = EncodeZstdItem(AsBytes(raw));
+    ASSERT_TRUE(z.ok());
+    for (const std::string& stored : {*z, ZstdWithContentSize(raw)}) {
+      Result<std::string> back = DecodeTransformedItem(zstd, AsBytes(stored), n, "x");
+      ASSERT_TRUE(back.ok()) << n << " bytes: " << back.status();
+      EXPECT_EQ(*back, raw) << n;
+      // Truly truncated: every proper prefix is refused (never returned as a shorter item).
+      for (size_t cut : {size_t{1}, stored.size() / 2, stored.size() - 1}) {
+        if (cut >= stored.size()) continue;
+        Result<std::string> part =
+            DecodeTransformedItem(zstd, AsBytes(stored).first(cut), n + 1, "x");
+        EXPECT_FALSE(part.ok()) << n << " bytes cut at " << cut;
+        if (!part.ok()) {
+          EXPECT_EQ(part.status().code(), StatusCode::kDataLoss) << part.status();
+        }
+      }
+    }
+    if (n > 0) {
+      SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(*z), n - 1, "x").status(),
+                      StatusCode::kResourceExhausted, "decodes to more than " + std::to_string(n - 1));
+    }
+  }
+}
+
+TEST(DecodeTransformedItem, SeveralFramesDecodeToTheirConcatenation) {
+  const std::vector<std::string> zstd = {kZstdTransformDescriptor};
+  const std::string a = Pattern(131072), b = Pattern(5000), c = Pattern(262144);
+  Result<std::string> za = EncodeZstdItem(AsBytes(a));
+  Result<std::string> zc = EncodeZstdItem(AsBytes(c));
+  ASSERT_TRUE(za.ok() && zc.ok());
+  const std::string stored = *za + ZstdWithContentSize(b) + *zc;
+  Result<std::string> back = DecodeTransformedItem(zstd, AsBytes(stored), a.size() + b.size() + c.size(), "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, a + b + c);
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(stored).first(stored.size() - 3), 1 << 20, "x").status(),
+                  StatusCode::kDataLoss, "zstd item x");
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(stored), a.size() + b.size(), "x").status(),
+                  StatusCode::kResourceExhausted, "decodes to more than");
+}
+
+// Regression (issue 13, defect 3): a frame that declares a content size over the cap is refused
+// from its header, before any output is produced.
+TEST(DecodeTransformedItem, DeclaredSizeOverTheCapIsRefusedUpFront) {
+  const std::vector<std::string> zstd = {kZstdTransformDescriptor};
+  const std::string stored = ZstdWithContentSize(std::string(size_t{1} << 20, 'z'));
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(stored), 1000, "object 'cfg'").status(),
+                  StatusCode::kResourceExhausted,
+                  "zstd item object 'cfg' declares 1048576 decoded bytes, more than 1000");
 }
 
 TEST(DcpSafetensorsChunks, UsesShardingInfo) {

@@ -1,7 +1,9 @@
 #include "shardpoint/format/torch_dcp/pickle.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include "shardpoint/format/torch_dcp/pickle_opcodes.h"
@@ -11,10 +13,34 @@ namespace sp::torch_dcp {
 
 using Kind = PickleValue::Kind;
 
+// The live-value limit. Every opcode creates at most one value, so a pickle of n bytes could
+// build n of them. What CPython (protocols 2 to 5) and torch write needs at most one per two
+// bytes: opcodes that create a value take an argument (BININT1 and up: >= 2 bytes), or pop
+// values that took bytes of their own (TUPLE1-3, REDUCE, NEWOBJ, STACK_GLOBAL, BINPERSID, LIST,
+// DICT ...), or are one byte and then memoized by the pickler (EMPTY_LIST / DICT / SET, MEMOIZE
+// or BINPUT: >= 2 bytes in all); the one-byte values CPython does not memoize (None, True, False,
+// ()) are shared nodes here and cost nothing. The constant covers small pickles. A node is
+// ~150 bytes with its items, so a pickle of n bytes holds at most ~75 n bytes + 10 MB of values.
+size_t MaxLivePickleNodes(size_t input_bytes) { return input_bytes / 2 + (size_t{1} << 16); }
+
+namespace {
+
+// Longest module or name a GLOBAL or STACK_GLOBAL may carry.
+constexpr size_t kMaxGlobalNameBytes = 1024;
+
+}  // namespace
+
+// Values are nodes of an arena (a deque: stable addresses). While the stream runs, each node
+// counts the references the stack, the memo and other nodes hold (PickleValue::refs); a node
+// whose count drops to zero is released with what it alone holds and reused by New(). Cycles
+// (hostile input) are never released; they stay counted against the live limit.
 class Unpickler {
  public:
   Unpickler(ByteView in, const UnpickleOptions& options)
-      : in_(in), options_(options), nodes_(std::make_unique<std::deque<PickleValue>>()) {}
+      : in_(in),
+        options_(options),
+        nodes_(std::make_unique<std::deque<PickleValue>>()),
+        live_limit_(std::min(options.max_nodes, MaxLivePickleNodes(in.size()))) {}
 
   Result<PickleTree> Run();
 
@@ -31,6 +57,8 @@ class Unpickler {
   Result<std::string_view> ReadBytes(uint64_t n);
   Result<std::string_view> ReadLine();
   Result<PickleValue*> New(Kind kind);
+  Result<PickleValue*> Shared(Kind kind, bool bool_value = false);
+  void Release(PickleValue* v);
   Status Push(PickleValue* v);
   Result<PickleValue*> Pop();
   Result<PickleValue*> Top();
@@ -52,6 +80,10 @@ class Unpickler {
   size_t op_offset_ = 0;
   uint8_t op_ = 0;
   std::unique_ptr<std::deque<PickleValue>> nodes_;
+  size_t live_limit_;
+  std::vector<PickleValue*> free_;     // released nodes, reused by New()
+  std::vector<PickleValue*> release_;  // Release()'s work list
+  PickleValue* shared_[4] = {};        // None, False, True, (): created once, never released
   std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;  // stack sizes at each open MARK
   std::unordered_map<uint64_t, PickleValue*> memo_;
@@ -90,24 +122,71 @@ Result<std::string_view> Unpickler::ReadLine() {
   std::string_view rest(reinterpret_cast<const char*>(in_.data()) + pos_, in_.size() - pos_);
   size_t end = rest.find('\n');
   if (end == std::string_view::npos) return Fail("truncated: GLOBAL name without a newline");
-  if (end > 1024) return Fail("GLOBAL name longer than 1024 bytes");
+  if (end > kMaxGlobalNameBytes) {
+    return Fail("GLOBAL name longer than " + std::to_string(kMaxGlobalNameBytes) + " bytes");
+  }
   pos_ += end + 1;
   return rest.substr(0, end);
 }
 
 Result<PickleValue*> Unpickler::New(Kind kind) {
-  if (nodes_->size() >= options_.max_nodes) {
-    return Fail("more than " + std::to_string(options_.max_nodes) + " values");
+  if (nodes_->size() - free_.size() >= live_limit_) {
+    return Fail("more than " + std::to_string(live_limit_) + " values alive at once (the limit for " +
+                std::to_string(in_.size()) + " bytes of pickle)");
   }
-  PickleValue& v = nodes_->emplace_back();
-  v.kind = kind;
-  return &v;
+  PickleValue* v = nullptr;
+  if (free_.empty()) {
+    v = &nodes_->emplace_back();
+  } else {
+    v = free_.back();
+    free_.pop_back();
+  }
+  v->kind = kind;
+  return v;
 }
 
+Result<PickleValue*> Unpickler::Shared(Kind kind, bool bool_value) {
+  const size_t slot = kind == Kind::kNone ? 0 : kind == Kind::kBool ? 1 + bool_value : 3;
+  if (shared_[slot] == nullptr) {
+    SP_ASSIGN_OR_RETURN(shared_[slot], New(kind));
+    shared_[slot]->bool_value = bool_value;
+    shared_[slot]->refs = 1;  // held for the whole run
+  }
+  return shared_[slot];
+}
+
+// Drops one reference to `v`; releases what is no longer referenced, iteratively (chains of
+// nested values may be as long as the input). Nodes are owned (non-const) by the arena, so the
+// const of PickleValue's child pointers may be cast away here.
+void Unpickler::Release(PickleValue* v) {
+  release_.push_back(v);
+  while (!release_.empty()) {
+    PickleValue* n = release_.back();
+    release_.pop_back();
+    if (--n->refs != 0) continue;
+    for (const PickleValue* c : n->items) release_.push_back(const_cast<PickleValue*>(c));
+    for (const PickleValue* c : {n->callable, n->args, n->kwargs, n->state}) {
+      if (c != nullptr) release_.push_back(const_cast<PickleValue*>(c));
+    }
+    std::string().swap(n->text);  // give the memory back, not just the contents
+    std::string().swap(n->name);
+    std::vector<const PickleValue*>().swap(n->items);
+    n->callable = n->args = n->kwargs = n->state = nullptr;
+    n->construction = PickleValue::Construction::kReduce;
+    n->bool_value = false;
+    n->int_value = 0;
+    n->float_value = 0;
+    free_.push_back(n);
+  }
+}
+
+// The stack holds a reference to each value on it; Pop() and PopMark() hand theirs to the caller,
+// which stores the values into another (keeping the reference) or releases them.
 Status Unpickler::Push(PickleValue* v) {
   if (stack_.size() >= options_.max_stack) {
     return Fail("stack deeper than " + std::to_string(options_.max_stack) + " values");
   }
+  ++v->refs;
   stack_.push_back(v);
   return OkStatus();
 }
@@ -184,6 +263,10 @@ Status Unpickler::PushGlobal(std::string module, std::string name) {
 }
 
 Status Unpickler::PushTuple(std::vector<PickleValue*> items) {
+  if (items.empty()) {
+    SP_ASSIGN_OR_RETURN(PickleValue * empty, Shared(Kind::kTuple));
+    return Push(empty);
+  }
   SP_ASSIGN_OR_RETURN(PickleValue * node, New(Kind::kTuple));
   node->items.assign(items.begin(), items.end());
   return Push(node);
@@ -233,7 +316,11 @@ Status Unpickler::Memoize(uint64_t index) {
   if (memo_.size() >= options_.max_memo && !memo_.contains(index)) {
     return Fail("more than " + std::to_string(options_.max_memo) + " memo entries");
   }
-  memo_[index] = top;
+  ++top->refs;
+  PickleValue*& slot = memo_[index];
+  PickleValue* replaced = slot;
+  slot = top;
+  if (replaced != nullptr) Release(replaced);
   return OkStatus();
 }
 
@@ -247,13 +334,12 @@ Status Unpickler::StepScalar(uint8_t op, bool* handled) {
   *handled = true;
   switch (op) {
     case op::kNone: {
-      SP_ASSIGN_OR_RETURN(PickleValue * node, New(Kind::kNone));
+      SP_ASSIGN_OR_RETURN(PickleValue * node, Shared(Kind::kNone));
       return Push(node);
     }
     case op::kNewTrue:
     case op::kNewFalse: {
-      SP_ASSIGN_OR_RETURN(PickleValue * node, New(Kind::kBool));
-      node->bool_value = op == op::kNewTrue;
+      SP_ASSIGN_OR_RETURN(PickleValue * node, Shared(Kind::kBool, op == op::kNewTrue));
       return Push(node);
     }
     case op::kBinInt1: { SP_ASSIGN_OR_RETURN(uint64_t v, ReadUnsigned(1)); return PushInt(static_cast<int64_t>(v)); }
@@ -297,7 +383,14 @@ Status Unpickler::StepText(uint8_t op, bool* handled) {
         return Fail("STACK_GLOBAL needs two str, got " + DescribePickleValue(*module) + " and " +
                     DescribePickleValue(*name));
       }
-      return PushGlobal(module->text, name->text);
+      if (module->text.size() > kMaxGlobalNameBytes || name->text.size() > kMaxGlobalNameBytes) {
+        return Fail("STACK_GLOBAL name longer than " + std::to_string(kMaxGlobalNameBytes) + " bytes");
+      }
+      std::string module_text = module->text;
+      std::string name_text = name->text;
+      Release(name);
+      Release(module);
+      return PushGlobal(std::move(module_text), std::move(name_text));
     }
     default: *handled = false; return OkStatus();
   }
@@ -365,10 +458,20 @@ Status Unpickler::StepStack(uint8_t op, bool* handled) {
       return OkStatus();
     case op::kPop: {
       size_t floor = marks_.empty() ? 0 : marks_.back();
-      if (stack_.size() > floor) return Pop().status();
-      return PopMark().status();
+      if (stack_.size() > floor) {
+        SP_ASSIGN_OR_RETURN(PickleValue * v, Pop());
+        Release(v);
+        return OkStatus();
+      }
+      SP_ASSIGN_OR_RETURN(std::vector<PickleValue*> dropped, PopMark());
+      for (PickleValue* v : dropped) Release(v);
+      return OkStatus();
     }
-    case op::kPopMark: return PopMark().status();
+    case op::kPopMark: {
+      SP_ASSIGN_OR_RETURN(std::vector<PickleValue*> dropped, PopMark());
+      for (PickleValue* v : dropped) Release(v);
+      return OkStatus();
+    }
     case op::kDup: { SP_ASSIGN_OR_RETURN(PickleValue * top, Top()); return Push(top); }
     case op::kMemoize: return Memoize(memo_.size());
     case op::kBinPut: { SP_ASSIGN_OR_RETURN(uint64_t i, ReadUnsigned(1)); return Memoize(i); }
@@ -419,6 +522,10 @@ Status Unpickler::Step(uint8_t op) {
 }
 
 Result<PickleTree> Unpickler::Run() {
+  if (in_.size() >= std::numeric_limits<uint32_t>::max() / 2) {  // PickleValue::refs stays 32-bit
+    return DataLossError("pickle " + std::string(options_.what) + ": " + std::to_string(in_.size()) +
+                         " bytes; pickles of 2 GiB or more are refused");
+  }
   if (in_.empty() || static_cast<uint8_t>(in_[0]) != op::kProto) {
     op_ = in_.empty() ? 0 : static_cast<uint8_t>(in_[0]);
     return Fail("not a protocol 2-5 pickle: it must start with PROTO");

@@ -13,8 +13,12 @@
 //    its byte offset.
 //  - Only the opcodes pickle.cc handles are accepted (docs/TORCH_DCP.md §5); any other is refused
 //    naming its byte value, its pickle name and its offset.
-//  - Caps on open MARKs, stack size, memo entries, nodes and string lengths (checked against the
-//    bytes that remain); truncated input is a clean kDataLoss.
+//  - Caps on open MARKs, stack size, memo entries, live values and string lengths (checked
+//    against the bytes that remain); truncated input is a clean kDataLoss.
+//  - Memory is bounded by the input size: values that become unreachable (popped by POP or
+//    POP_MARK, consumed by STACK_GLOBAL, replaced in the memo) are freed as the stream runs and
+//    their nodes reused; None, True, False and () are shared nodes; at most
+//    MaxLivePickleNodes(input size) values are alive at once (pickle.cc gives the reasoning).
 //  - Integers wider than 64 bits are refused.
 // Python 2 module names that protocol-2 pickles from Python 3 carry (`__builtin__`, `copy_reg`)
 // are mapped to their Python 3 names before the allowlist check, as Python's unpickler does.
@@ -63,6 +67,9 @@ struct PickleValue {
   Kind kind = Kind::kNone;
   Construction construction = Construction::kReduce;  // kObject
   bool bool_value = false;                            // kBool
+  // References to this node from the unpickler's stack, memo and other nodes while it runs
+  // (pickle.cc frees a node when they drop to zero); meaningless in a finished tree.
+  uint32_t refs = 0;
   int64_t int_value = 0;                              // kInt
   double float_value = 0;                             // kFloat
   std::string text;  // kString (UTF-8), kBytes, kGlobal: the module
@@ -101,6 +108,8 @@ class PickleTree {
   PickleTree& operator=(PickleTree&&) noexcept = default;
 
   const PickleValue& root() const { return *root_; }
+  // Nodes the arena holds: the most values that were alive at once while unpickling (freed nodes
+  // are reused), not the number of values the stream created.
   size_t node_count() const { return nodes_ ? nodes_->size() : 0; }
 
  private:
@@ -130,8 +139,12 @@ struct UnpickleOptions {
   size_t max_open_marks = 256;   // nesting of MARK ... TUPLE/LIST/DICT/SETITEMS/APPENDS
   size_t max_stack = 1u << 20;   // values on the stack at once
   size_t max_memo = 1u << 24;    // memo entries
-  size_t max_nodes = 1u << 26;   // values created
+  size_t max_nodes = 1u << 26;   // values alive at once (also capped by MaxLivePickleNodes)
 };
+
+// The most values a pickle of `input_bytes` bytes may hold alive at once: input_bytes / 2 + 65536
+// (pickle.cc explains why every pickle CPython or torch writes stays under it).
+size_t MaxLivePickleNodes(size_t input_bytes);
 
 // Unpickles `bytes`. The stream must start with PROTO 2..5 and end with STOP; trailing bytes
 // after STOP are refused. Errors are kDataLoss: "pickle <what>: <problem> at byte <offset>".

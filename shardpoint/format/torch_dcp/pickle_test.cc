@@ -214,8 +214,63 @@ TEST(Unpickle, CapsNestingAndCount) {
   UnpickleOptions options;
   options.what = "small";
   options.max_nodes = 3;
-  std::string four = Raw("\x80\x02NNNN.");
+  std::string four = Raw("\x80\x02K\x01K\x02K\x03K\x04.");
   SP_EXPECT_ERROR(Unpickle(AsBytes(four), options).status(), StatusCode::kDataLoss, "more than 3 values");
+}
+
+// Regression (issue 13, defect 4): values popped off the stack stayed allocated, so a 32 MB
+// pickle of throw-away values took 2.35 GB. Popped, dropped and overwritten values are now freed
+// and their nodes reused: the arena stays as small as what is alive at once.
+TEST(Unpickle, ThrowAwayValuesAreFreed) {
+  std::string bytes = Raw("\x80\x02");
+  for (int i = 0; i < 150000; ++i) {
+    bytes += Raw("]0");                     // EMPTY_LIST, POP
+    bytes += Raw("(K\x01X\x01\x00\x00\x00" "a]1");  // MARK, int, str, list, POP_MARK
+    bytes += Raw("}q\x00K\x07]s0");        // dict (memo 0, overwriting the last), SETITEM, POP
+    bytes += Raw("K\x02K\x03\x86\x85\x85\x85\x85\x85\x85" "0");  // ((((((2, 3),),),),),) popped
+    bytes += Raw("NNNN\x88\x89)0000000");  // shared None / True / False / (), popped
+  }
+  bytes += Raw("h\x00.");  // the last dict, from the memo
+  ASSERT_GT(bytes.size(), size_t{6} << 20);
+  Result<PickleTree> tree = Load(bytes);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  // 3.3 million values were created; never more than a dozen were alive at once.
+  EXPECT_LE(tree->node_count(), 16u);
+  Result<PlainValue> last = ToPlainValue(tree->root(), "test.pkl");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, PlainValue::Dict({{PlainValue::Int(7), PlainValue::List({})}}));
+}
+
+// Regression (issue 13, defect 4): the value limit was a fixed 2^26 (~10 GB of nodes); it is now
+// derived from the input size (MaxLivePickleNodes), and the message names the input.
+TEST(Unpickle, LiveValuesAreBoundedByTheInputSize) {
+  const size_t n = 200000;  // one-byte EMPTY_LISTs kept alive by APPENDS: a value per byte
+  std::string dense = Raw("\x80\x02](") + std::string(n, ']') + Raw("e.");
+  const size_t limit = MaxLivePickleNodes(dense.size());
+  EXPECT_EQ(limit, dense.size() / 2 + 65536);
+  SP_EXPECT_ERROR(Load(dense).status(), StatusCode::kDataLoss,
+                  "pickle test.pkl: more than " + std::to_string(limit) +
+                      " values alive at once (the limit for " + std::to_string(dense.size()) +
+                      " bytes of pickle)");
+  // What the pickle writer (like CPython) emits for as many values stays under the limit: small
+  // ints (two bytes each) and memoized empty lists (three bytes each).
+  std::vector<PlainValue> ints(300000, PlainValue::Int(5));
+  std::vector<PlainValue> lists(200000, PlainValue::List({}));
+  for (const PlainValue& v : {PlainValue::List(ints), PlainValue::List(lists)}) {
+    Result<std::string> written = EncodePlainPickle(v);
+    ASSERT_TRUE(written.ok());
+    Result<PlainValue> back = LoadPlain(*written);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, v);
+  }
+}
+
+TEST(Unpickle, StackGlobalNamesAreCapped) {
+  std::string name(2000, 'x');
+  std::string bytes = Raw("\x80\x04\x8c\x0b") + "collections" + Raw("X\xd0\x07\x00\x00") + name +
+                      Raw("\x93.");
+  SP_EXPECT_ERROR(Load(bytes).status(), StatusCode::kDataLoss,
+                  "STACK_GLOBAL name longer than 1024 bytes");
 }
 
 TEST(Unpickle, SelfReferenceIsRefusedWhenWalked) {
