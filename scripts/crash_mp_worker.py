@@ -63,7 +63,9 @@ def save(args):
 
 def check_one(path, expect):
     template = {"w": torch.zeros(1531, 1024), "h": torch.zeros(1024, 777, dtype=torch.bfloat16),
-                "steps": torch.zeros(4093, dtype=torch.int64), "seed": None, "config": None}
+                "steps": torch.zeros(4093, dtype=torch.int64), "seed": None,
+                # a dict of objects is stored as one object per key (config.seed, ...)
+                "config": {"seed": None, "lr": None, "name": None}}
     try:
         sp.load(template, path)
     except sp.CheckpointNotFoundError as e:

@@ -12,6 +12,7 @@
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
 #include "shardpoint/engine/consolidate.h"
+#include "shardpoint/store/open_store.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -82,8 +83,14 @@ nb::dict Consolidate(const std::string& path, const std::string& out_dir,
                      const std::string& format, bool overwrite, int threads,
                      uint64_t memory_budget_bytes, nb::object progress, bool all_tensors,
                      const std::vector<PlacementTuple>& placements,
-                     std::map<std::string, std::string> mapped_renames) {
+                     std::map<std::string, std::string> mapped_renames,
+                     bool allow_external_links) {
   ConsolidateOptions options;
+  // The source's store, which also writes the output; allow_external_links lets the source's
+  // files be reached through links out of its directory (docs/FORMAT.md §1.1).
+  std::unique_ptr<Store> store =
+      ValueOrThrow(OpenStore(path, PosixStoreOptions{.allow_external_links = allow_external_links}));
+  options.store = store.get();
   options.mapping = MappingFromPython(placements, std::move(mapped_renames));
   options.format = FormatFromName(format);
   options.max_shard_bytes = max_shard_bytes;
@@ -117,6 +124,7 @@ void DefineConsolidateFunctions(nb::module_& m) {
         "memory_budget_bytes"_a = uint64_t{256} << 20, "progress"_a = nb::none(),
         "all_tensors"_a = false, "placements"_a = std::vector<PlacementTuple>{},
         "mapped_renames"_a = std::map<std::string, std::string>{},
+        "allow_external_links"_a = false,
         "Writes the checkpoint at `path` as whole tensors into `out_dir` (Hugging Face shards); "
         "`placements` (target, dtype, shape, [(source, offsets, sizes)]) and `mapped_renames` "
         "(stored -> target name) apply a key mapping first (shardpoint/engine/mapped_metadata.h).");

@@ -2,6 +2,9 @@
 
 #include <nanobind/eval.h>
 
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 namespace nb = nanobind;
@@ -30,6 +33,17 @@ class StatusError(Exception):
         return (type(self), (self.message, self.code))
 )";
 
+// Sets StatusError(RESOURCE_EXHAUSTED) as the pending Python error (an exception translator must
+// not throw a python_error).
+void RaiseOutOfMemory(const char* what) {
+  const std::string message =
+      std::string("out of memory: an allocation failed (") + what + ")";
+  const std::string_view code = StatusCodeName(StatusCode::kResourceExhausted);
+  nb::object error = nb::borrow(g_status_error)(nb::str(message.data(), message.size()),
+                                                nb::str(code.data(), code.size()));
+  PyErr_SetObject(g_status_error, error.ptr());
+}
+
 }  // namespace
 
 void DefineStatusError(nb::module_& m) {
@@ -40,6 +54,18 @@ void DefineStatusError(nb::module_& m) {
   nb::object type = scope["StatusError"];
   m.attr("StatusError") = type;
   g_status_error = type.ptr();
+  // A size read from a hostile checkpoint can make an allocation fail in a path that has no
+  // Status to return (a decoder sizing a buffer); the caller sees a checkpoint error
+  // (RESOURCE_EXHAUSTED), like the CLI's "out of memory" exit, not a bare MemoryError.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::bad_alloc& e) {
+      RaiseOutOfMemory(e.what());
+    } catch (const std::length_error& e) {
+      RaiseOutOfMemory(e.what());
+    }
+  });
 }
 
 void RaiseStatus(const Status& status) {

@@ -17,7 +17,9 @@
 
 namespace sp::python {
 
-// Defines StatusError in module `m`. Called once, from the module initializer.
+// Defines StatusError in module `m` and registers the translation of std::bad_alloc and
+// std::length_error escaping a binding into StatusError(RESOURCE_EXHAUSTED). Called once, from
+// the module initializer.
 void DefineStatusError(nanobind::module_& m);
 
 // Raises StatusError for `status` (which must not be OK) as a C++ nanobind::python_error.

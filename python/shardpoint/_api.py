@@ -255,7 +255,8 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         try:
             rank = comm.rank if comm else 0
             plans = [tensor_plan(k, v, rank, for_load=True) for k, v in flat.items() if is_tensor_leaf(v)]
-            mapped = _mapped_load.map_load(path, flat, plans, mapping, strict, cast)
+            mapped = _mapped_load.map_load(path, flat, plans, mapping, strict, cast,
+                                           allow_external_links)
         except Exception as e:  # forwarded to every rank by _agree
             error = e
         _agree(comm, error)

@@ -87,7 +87,7 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
                 format: str = "safetensors", overwrite: bool = False, threads: Optional[int] = None, *,
                 prefixes: Union[None, str, Iterable[str]] = None,
                 memory_budget: Union[int, str] = "256MiB", all_tensors: bool = False,
-                mapping: Any = None) -> ConsolidateResult:
+                mapping: Any = None, allow_external_links: bool = False) -> ConsolidateResult:
     """Writes the tensors of the checkpoint at ``path`` as whole tensors into ``out_dir``.
 
     The source may be any checkpoint shardpoint reads (its own, PyTorch DCP, Hugging Face
@@ -123,6 +123,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
             target names). A fused target is streamed slab by slab straight from the stored tensors
             it is made of, like any other tensor: ``memory_budget`` bounds it too, and each stored
             byte is read once, with its checksums verified.
+        allow_external_links: read files of the source that symbolic links lead outside its
+            directory (refused by default; docs/FORMAT.md §1.1).
 
     Files appear under their final names only once complete. Call it from one process.
     Raises CheckpointNotFoundError (no checkpoint; a key that selects nothing), CheckpointExistsError
@@ -144,7 +146,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
             bar["bar"] = Progress("consolidate", total)
         bar["bar"].advance(done - bar["bar"].done)
 
-    placements, renames = consolidation_mapping(os.fspath(path), mapping) if mapping is not None else ([], {})
+    placements, renames = ([], {}) if mapping is None else consolidation_mapping(
+        os.fspath(path), mapping, allow_external_links)
     probe = Progress("consolidate", 0)
     with translated():
         result = _core.consolidate(os.fspath(path), os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
@@ -152,7 +155,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
                                    rename=_rename_pairs(rename), format=format, overwrite=bool(overwrite),
                                    threads=threads or 0, memory_budget_bytes=budget,
                                    progress=progress if probe.enabled else None, all_tensors=bool(all_tensors),
-                                   placements=placements, mapped_renames=renames)
+                                   placements=placements, mapped_renames=renames,
+                                   allow_external_links=bool(allow_external_links))
     if "bar" in bar:
         bar["bar"].finish()
     if keys is None and prefixes is None and not all_tensors and not os.environ.get("SHARDPOINT_QUIET"):

@@ -38,10 +38,10 @@ class MappedLoad:
         return self.missing + [self.targets.get(name, name) for name in core_missing]
 
 
-def stored_tensors(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+def stored_tensors(path: str, allow_external_links: bool = False) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{name: (dtype, shape)}`` of the checkpoint at ``path`` (CheckpointNotFoundError when none)."""
     with translated():
-        md = _core.read_metadata(path)
+        md = _core.read_metadata(path, allow_external_links=allow_external_links)
     return {name: (t["dtype"], tuple(int(s) for s in t["shape"])) for name, t in md["tensors"].items()}
 
 
@@ -97,7 +97,7 @@ def _resolve(layouts: Layouts, plan: TensorPlan, cast: bool) -> Any:
 
 
 def map_load(path: str, flat: Mapping[str, Any], plans: list[TensorPlan], mapping: Optional[KeyMapping],
-             strict: bool, cast: bool) -> Optional[MappedLoad]:
+             strict: bool, cast: bool, allow_external_links: bool = False) -> Optional[MappedLoad]:
     """The core's plans for a load of ``plans`` through ``mapping`` and tied weights; None when
     neither applies (no mapping and no tied keys), so the plans go to the core as they are.
 
@@ -107,7 +107,7 @@ def map_load(path: str, flat: Mapping[str, Any], plans: list[TensorPlan], mappin
     tied = tied_groups({p.name: flat[p.name] for p in plans if p.name in flat})
     if mapping is None and not tied:
         return None
-    layouts = Layouts(mapping or KeyMapping(), stored_tensors(path))
+    layouts = Layouts(mapping or KeyMapping(), stored_tensors(path, allow_external_links))
     resolved: dict[str, Any] = {}
     absent: dict[str, CheckpointNotFoundError] = {}
     for plan in plans:
@@ -237,7 +237,8 @@ def full_targets(mapping: KeyMapping, stored: Stored) -> tuple[dict[str, tuple[s
 Placement = tuple[str, str, tuple[int, ...], list[tuple[str, tuple[int, ...], tuple[int, ...]]]]
 
 
-def consolidation_mapping(path: str, mapping: KeyMapping) -> tuple[list[Placement], dict[str, str]]:
+def consolidation_mapping(path: str, mapping: KeyMapping,
+                          allow_external_links: bool = False) -> tuple[list[Placement], dict[str, str]]:
     """``mapping`` over the checkpoint at ``path`` as the consolidation engine applies it: each fused
     target as ``(target, dtype, shape, [(stored name, offsets, sizes)])``, where each stored tensor
     lies in the target (see ``_mapping.Layouts.regions``), and ``{stored name: target name}`` for
@@ -247,7 +248,7 @@ def consolidation_mapping(path: str, mapping: KeyMapping) -> tuple[list[Placemen
     Raises CheckpointNotFoundError (no checkpoint; a fusion's source missing), CheckpointArgumentError
     (sources whose shapes or dtypes do not make their target, names that collide).
     """
-    targets, resolved = full_targets(mapping, stored_tensors(path))
+    targets, resolved = full_targets(mapping, stored_tensors(path, allow_external_links))
     placements: list[Placement] = []
     renames: dict[str, str] = {}
     for target, source in resolved.items():

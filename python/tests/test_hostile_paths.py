@@ -76,6 +76,24 @@ def test_fifo_data_file_is_refused_not_waited_on(tmp_path):
     assert f"{path / name}: it is a FIFO (named pipe), not a regular file" in child.stdout
 
 
+def test_failed_allocation_is_a_checkpoint_error(tmp_path):
+    # A 64 GiB sparse native metadata file read under a 4 GB address-space limit: the allocation
+    # for it fails inside the core, which must surface as a CheckpointError naming the cause, not
+    # as a bare MemoryError or an abort.
+    path = tmp_path / "huge"
+    path.mkdir()
+    with open(path / "shardpoint.metadata", "wb") as f:
+        f.truncate(64 << 30)
+    script = ("import resource, sys, shardpoint as sp\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+              "try:\n    sp.inspect(sys.argv[1])\n"
+              "except sp.CheckpointError as e:\n    print(type(e).__name__, e.code, e)\n")
+    child = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ))
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith("CheckpointError RESOURCE_EXHAUSTED out of memory"), child.stdout
+
+
 def test_links_out_of_the_checkpoint_need_the_opt_in(tmp_path):
     path = tmp_path / "ckpt"
     array = _save(path)
@@ -93,6 +111,21 @@ def test_links_out_of_the_checkpoint_need_the_opt_in(tmp_path):
     assert not report.ok and report.defects[0].startswith(f"{name} is a symbolic link to ")
     allowed = sp.verify(path, allow_external_links=True)
     assert allowed.ok and allowed.notes[0].startswith(f"{name} is a symbolic link to ")
+    # The same opt-in reaches consolidate (plain and through a key mapping) and mapped loads.
+    with pytest.raises(sp.CheckpointVersionError, match="it is a symbolic link"):
+        sp.consolidate(path, tmp_path / "hf")
+    sp.consolidate(path, tmp_path / "hf", allow_external_links=True)
+    mapping = sp.KeyMapping(renames=[("w", "weight")])
+    sp.consolidate(path, tmp_path / "hf_mapped", mapping=mapping, allow_external_links=True)
+    for out in ("hf", "hf_mapped"):
+        exported = sp.load_full(tmp_path / out)
+        assert np.asarray(next(iter(exported.values()))).tobytes() == array.tobytes()
+    import torch
+    target = {"weight": torch.zeros(3, 4)}
+    with pytest.raises(sp.CheckpointVersionError, match="it is a symbolic link"):
+        sp.load(target, path, mapping=mapping)
+    sp.load(target, path, mapping=mapping, allow_external_links=True)
+    assert target["weight"].numpy().tobytes() == array.tobytes()
 
 
 def test_linked_checkpoint_directory_and_links_inside_keep_working(tmp_path):

@@ -67,13 +67,30 @@ std::string MetadataBlockToString(const std::map<std::string, std::string>& bloc
   return out + "}";
 }
 
-// The "__metadata__" block a native data file's header must hold (format/native/data_file.cc),
-// with the format version the checkpoint's metadata records.
-std::map<std::string, std::string> ExpectedMetadataBlock(const CheckpointMetadata& md,
-                                                         std::map<std::string, std::string> built) {
-  built["format_version"] =
-      std::to_string(md.version_major) + "." + std::to_string(md.version_minor);
-  return built;
+// Whether a data file's "__metadata__" block `found` is the one its writer puts there
+// (format/native/data_file.cc): `built` holds what this reader would write. The format version is
+// "MAJOR.MINOR": the major must be the metadata's, and the minor at most the metadata's (the files
+// of a checkpoint are written before its metadata, by the same or an older writer of that major).
+bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, std::string> found,
+                          std::map<std::string, std::string> built) {
+  auto version = found.find("format_version");
+  if (version == found.end()) return false;
+  const std::string major = std::to_string(md.version_major) + ".";
+  const std::string& text = version->second;
+  if (!text.starts_with(major) || text.size() == major.size() || text.size() > major.size() + 9) {
+    return false;
+  }
+  uint64_t minor = 0;
+  for (char c : std::string_view(text).substr(major.size())) {
+    if (c < '0' || c > '9') return false;
+    minor = minor * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (minor > md.version_minor || (text[major.size()] == '0' && text.size() > major.size() + 1)) {
+    return false;
+  }
+  found.erase(version);
+  built.erase("format_version");
+  return found == built;
 }
 
 // Opens data file f and checks its size and its safetensors header against the metadata.
@@ -114,11 +131,11 @@ std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f
     defects.Add("data file " + file.name + ": its safetensors header does not match the metadata");
     return nullptr;
   }
-  const std::map<std::string, std::string> block = ExpectedMetadataBlock(md, expected->metadata);
-  if (found->metadata != block) {
+  if (!MetadataBlockMatches(md, found->metadata, expected->metadata)) {
     defects.Add("data file " + file.name + ": its safetensors header's __metadata__ " +
-                MetadataBlockToString(found->metadata) + " does not match the metadata (expected " +
-                MetadataBlockToString(block) + ")");
+                MetadataBlockToString(found->metadata) +
+                " does not match the metadata (expected " +
+                MetadataBlockToString(expected->metadata) + ")");
     return nullptr;
   }
   return handle;

@@ -129,6 +129,9 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
   const std::vector<std::pair<std::string, std::string>> edits = {
       {"\"shardpoint\"", "\"shardpoinu\""},
       {"\"format_version\"", "\"format_versioo\""},
+      {"\"1.0\"", "\"1.1\""},  // a minor newer than the metadata's
+      {"\"1.0\"", "\"2.0\""},  // another major
+      {"\"1.0\"", "\"1.x\""},
       {"\"" + md.save_id + "\"", "\"" + std::string(md.save_id.size(), 'z') + "\""},
   };
   for (const auto& [from, to] : edits) {
