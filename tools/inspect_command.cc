@@ -16,7 +16,9 @@ constexpr char kInspectUsage[] =
     "usage: shardpoint inspect PATH [--json] [--chunks] [--allow-external-links]\n"
     "\n"
     "Lists the tensors (dtype, shape, chunk count, bytes, files), the objects and the data files\n"
-    "of the committed checkpoint at PATH.\n"
+    "of the committed checkpoint at PATH. The objects of a PyTorch DCP checkpoint are listed as\n"
+    "stored (torch-save, with the item's stored size): they are read, and plain data told apart,\n"
+    "only when loaded.\n"
     "  --json     print the same as one JSON document\n"
     "  --chunks   also list every chunk: its box, file and byte range\n"
     "  --allow-external-links  read files that symbolic links lead outside the checkpoint\n";
