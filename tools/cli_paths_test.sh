@@ -24,13 +24,6 @@ chmod +x "$BIN"
 # shellcheck source=tools/cli_test_lib.sh
 source "$(dirname "$0")/cli_test_lib.sh"
 
-make_checkpoint() {  # make_checkpoint DIR [options]: a fixture checkpoint, or the test stops.
-  if ! "$MAKE" "$@"; then
-    echo "FAIL could not create the checkpoint $1"
-    exit 1
-  fi
-}
-fingerprint() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r md5sum); }
 
 # ---- fixtures: native, torch-dcp and a sharded Hugging Face directory ---------------------------
 make_checkpoint "$WORK/native"

@@ -2,7 +2,8 @@
 #
 # The sourcing script sets BIN (the shardpoint binary) and WORK (a scratch directory) first. It
 # provides: run ARGS... (the binary's stdout in OUT, stderr in ERR, status in RC), pass, fail,
-# check NAME CONDITION..., contains TEXT PART, expect_rc NAME STATUS, known_bug, python_json, and
+# check NAME CONDITION..., contains TEXT PART, expect_rc NAME STATUS, known_bug, python_json,
+# make_checkpoint and fingerprint (with MAKE set to make_test_checkpoint), and
 # the counters passed / failed / skipped that finish prints and turns into the exit status.
 
 passed=0
@@ -31,6 +32,18 @@ fail() {
   echo "  stdout: $(head -c 2000 <<<"$OUT")"
   echo "  stderr: $(head -c 2000 <<<"$ERR")"
 }
+
+# make_checkpoint DIR [options]: a fixture checkpoint written by $MAKE (make_test_checkpoint), or
+# the test stops.
+make_checkpoint() {
+  if ! "$MAKE" "$@"; then
+    echo "FAIL could not create the checkpoint $1"
+    exit 1
+  fi
+}
+
+# fingerprint DIR: every file under DIR with its checksum, to see that nothing changed.
+fingerprint() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r md5sum); }
 
 # check NAME CONDITION...: the condition is a command (usually [[ ... ]]) evaluated now.
 check() {

@@ -22,16 +22,6 @@ RUN=$WORK/run
 # shellcheck source=tools/cli_test_lib.sh
 source "$(dirname "$0")/cli_test_lib.sh"
 
-make_checkpoint() {  # make_checkpoint DIR [options]: a fixture checkpoint, or the test stops.
-  if ! "$MAKE" "$@"; then
-    echo "FAIL could not create the checkpoint $1"
-    exit 1
-  fi
-}
-
-# A listing of every file under DIR with its checksum: to see that nothing changed.
-fingerprint() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r md5sum); }
-
 # ---- fixtures -----------------------------------------------------------------------------------
 mkdir -p "$RUN"
 for step in 100 200 300 400 500; do
