@@ -65,6 +65,15 @@ bool IsMapping(const PickleValue& v) {
                                v.args->items.empty());
 }
 
+// Whether every key of mapping `v` is a str: only such dicts are walked into nested keys, as
+// Python's flattening does; a dict with other keys (ints, tuples) is one object.
+bool HasStrKeys(const PickleValue& v) {
+  for (size_t i = 0; i < v.pair_count(); ++i) {
+    if (!v.key(i).is(Kind::kString)) return false;
+  }
+  return true;
+}
+
 // As _flatten._is_plain_sequence: no tensor and no mapping at any depth.
 bool IsPlainSequence(const PickleValue& v, int depth) {
   if (depth > kMaxPickleWalkDepth) return false;
@@ -132,7 +141,7 @@ Status CommonDecoder::Visit(const PickleValue& v, std::vector<PathStep>& at, int
                          DescribePickleValue(v) + ", expected a dict");
   }
   const bool sequence = (v.is(Kind::kList) || v.is(Kind::kTuple)) && !IsPlainSequence(v, 0);
-  const bool walk = at.empty() || (mapping && v.pair_count() > 0) || sequence;
+  const bool walk = at.empty() || (mapping && v.pair_count() > 0 && HasStrKeys(v)) || sequence;
   if (!walk) return Leaf(v, at);
   if (mapping) {
     for (size_t i = 0; i < v.pair_count(); ++i) {

@@ -215,6 +215,36 @@ TEST(MegatronCommon, TensorsSetsAndEmptyDictsRoundTrip) {
   EXPECT_EQ(*empty, P::Dict({}));
 }
 
+// A dict whose keys are not all str is one object, as Python's flattening keeps it: an object
+// {1: 249} (a scheduler's per-group state) written to common.pt reads back as that object (it
+// was refused as "dict key is int 1, expected a str"; found by fuzz/objects_fuzz.cc).
+TEST(MegatronCommon, DictsWithNonStrKeysAreOneObject) {
+  const P int_keys = P::Dict({{P::Int(1), P::Int(249)}, {P::Int(2), P::String("x")}});
+  const P tuple_key = P::Dict({{P::Tuple({P::Int(1), P::Int(2)}), P::Int(3)}});
+  Result<std::string> a = EncodePlainObjectItem(int_keys);
+  Result<std::string> b = EncodePlainObjectItem(tuple_key);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<MegatronObjectArchive> in = {{"o", *a}, {"nested.t", *b}};
+  std::vector<DcpPlannerPath> paths = {{"o", {"o"}}, {"nested.t", {"nested", "t"}}};
+  Result<std::string> encoded = EncodeMegatronCommon(in, paths);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  Result<MegatronCommon> c = DecodeMegatronCommon(AsBytes(*encoded), "common.pt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->objects.size(), 2u);
+  EXPECT_EQ(c->objects[0].name, "o");
+  EXPECT_EQ(c->objects[1].name, "nested.t");
+  Result<PlainValue> o = PlainOf(c->objects[0], "o");
+  Result<PlainValue> t = PlainOf(c->objects[1], "nested.t");
+  ASSERT_TRUE(o.ok() && t.ok());
+  EXPECT_EQ(*o, int_keys);
+  EXPECT_EQ(*t, tuple_key);
+  // The root must still be a dict of str keys.
+  Result<std::string> root = EncodePlainObjectItem(int_keys);
+  ASSERT_TRUE(root.ok());
+  SP_EXPECT_ERROR(DecodeMegatronCommon(AsBytes(*root), "common.pt").status(), StatusCode::kDataLoss,
+                  "dict key is int 1, expected a str");
+}
+
 TEST(MegatronCommon, EncodeRefusesConflictingPaths) {
   Result<std::string> one = EncodePlainObjectItem(P::Int(1));
   ASSERT_TRUE(one.ok());
