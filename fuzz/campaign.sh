@@ -2,8 +2,12 @@
 # The long fuzzing campaign: builds every target (clang, ASan + UBSan, libFuzzer), seeds it and
 # runs it for EXECUTIONS executions (-runs), JOBS targets at a time, then prints per target the
 # executions done, exec/s, coverage at start and end, new inputs and findings.
-# Usage: fuzz/campaign.sh EXECUTIONS [JOBS] [BUILD_DIR]
-#   e.g. fuzz/campaign.sh 10000000 8   (the issue's campaign: >= 10 million per target)
+# Usage: fuzz/campaign.sh EXECUTIONS [JOBS] [BUILD_DIR] [TARGET...]
+#   e.g. fuzz/campaign.sh 10000000 8   (the release campaign: >= 10 million per target)
+# With TARGETs (names without _fuzz), only those run, each from fresh seeds, and the results of
+# the other targets from an earlier run in BUILD_DIR stay and are listed too: on a small machine
+# the campaign can be run a few targets at a time. BUILD_DIR/campaign/<target>.info records the
+# commit and the time each target's run started.
 # Findings (a crash, a sanitizer report, a leak, an input over the memory or time limits of
 # fuzz/fuzz_lib.sh) make it exit 1; the reproducer stays in BUILD_DIR/campaign/<target>-*,
 # the corpus grown by the campaign in BUILD_DIR/campaign/corpus/<target>/, the logs in
@@ -14,29 +18,50 @@ executions="${1:?usage: fuzz/campaign.sh EXECUTIONS [JOBS] [BUILD_DIR]}"
 jobs="${2:-1}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${3:-${root}/build-fuzz}"
+shift $(( $# < 3 ? $# : 3 ))
 source "${root}/fuzz/fuzz_lib.sh"
+selected=("$@")
+[ "${#selected[@]}" -gt 0 ] || selected=("${SP_FUZZ_TARGETS[@]}")
+for target in "${selected[@]}"; do
+  [[ " ${SP_FUZZ_TARGETS[*]} " == *" ${target} "* ]] ||
+    { echo "unknown target '${target}' (one of: ${SP_FUZZ_TARGETS[*]})" >&2; exit 2; }
+done
 
 sp_fuzz_configure "${root}" "${build}"
 sp_fuzz_build "${build}"
 out="${build}/campaign"
-rm -rf "${out}"
-sp_fuzz_seed "${root}" "${build}" "${out}/corpus"
+seeds="$(mktemp -d)"
+trap 'rm -rf "${seeds}"' EXIT
+sp_fuzz_seed "${root}" "${build}" "${seeds}"
+commit="$(git -C "${root}" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+mkdir -p "${out}/corpus"
+for target in "${selected[@]}"; do
+  rm -rf "${out}/corpus/${target}" "${out}/${target}.log" "${out}/${target}.info"
+  find "${out}" -maxdepth 1 -name "${target}-*" -type f -delete
+  mv "${seeds}/${target}" "${out}/corpus/${target}"
+done
 
-echo "== ${#SP_FUZZ_TARGETS[@]} targets, ${executions} executions each, ${jobs} at a time"
+echo "== ${#selected[@]} targets, ${executions} executions each, ${jobs} at a time"
 started=$(date +%s)
-for target in "${SP_FUZZ_TARGETS[@]}"; do
+for target in "${selected[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "${jobs}" ]; do wait -n || true; done
   echo "   start ${target}_fuzz"
+  echo "commit ${commit} started $(date -u +%Y-%m-%dT%H:%M:%SZ) executions ${executions}" \
+    > "${out}/${target}.info"
   sp_fuzz_run "${build}" "${target}" "${out}/corpus" "${out}" -runs="${executions}" &
 done
 wait
 status=0
 echo "== results after $(( $(date +%s) - started )) s"
+incomplete=()
 for target in "${SP_FUZZ_TARGETS[@]}"; do
+  [ -f "${out}/${target}.log" ] || continue
   sp_fuzz_summary "${out}" "${target}"
-  # A target that stopped early without a reproducer (killed, out of memory) is a failure too.
-  if [ -n "$(find "${out}" -maxdepth 1 -name "${target}-*" -type f)" ] ||
-     ! grep -qE "^Done [0-9]+ runs" "${out}/${target}.log"; then status=1; fi
+  [[ " ${selected[*]} " == *" ${target} "* ]] || echo "  (earlier run: $(cat "${out}/${target}.info" 2>/dev/null || echo "not recorded"))"
+  [ -z "$(find "${out}" -maxdepth 1 -name "${target}-*" -type f)" ] || status=1
+  # A target that stopped early without a reproducer (killed, out of memory) failed too.
+  grep -qE "^Done [0-9]+ runs" "${out}/${target}.log" || incomplete+=("${target}")
 done
-[ "${status}" -eq 0 ] && echo "== no findings" || echo "== findings: see the reproducers above"
+[ "${#incomplete[@]}" -eq 0 ] || { echo "== did not finish: ${incomplete[*]}"; status=1; }
+[ "${status}" -eq 0 ] && echo "== no findings" || echo "== findings or unfinished targets: see above"
 exit "${status}"

@@ -61,19 +61,22 @@ Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std:
   }
   std::unique_ptr<ZSTD_DCtx, DctxFree> dctx(ZSTD_createDCtx());
   if (!dctx) return InternalError("zstd: cannot create a decompression context");
+  // When every frame declares its size, the output can be no larger (libzstd checks each frame
+  // against its header), and the buffer starts at exactly that size: a small item takes a small
+  // allocation and libzstd decodes it in one pass, without its streaming buffers.
+  const uint64_t limit = known ? declared : max_decoded_bytes;
   std::string out;
-  if (known) out.reserve(static_cast<size_t>(declared));
   ZSTD_inBuffer in{stored.data(), stored.size(), 0};
   for (;;) {
     const size_t used = out.size();
-    const uint64_t room = max_decoded_bytes - used;  // used <= max_decoded_bytes here
-    // One byte past the cap, so that output beyond it is seen.
+    const uint64_t room = limit - used;  // used <= limit here
+    // One byte past the limit, so that output beyond it is seen.
     const size_t chunk = room >= ZSTD_DStreamOutSize() ? ZSTD_DStreamOutSize() : room + 1;
     if (used + chunk > out.capacity()) {
-      // Doubling, but never past the cap + 1: near the cap, one last step to it, so that output
-      // of about the cap never holds twice the cap.
-      const uint64_t doubled = std::max<uint64_t>(2 * out.capacity(), uint64_t{1} << 20);
-      out.reserve(static_cast<size_t>(doubled >= max_decoded_bytes ? max_decoded_bytes + 1 : doubled));
+      // Doubling, but never past the limit + 1: near it, one last step to it, so that output of
+      // about the cap never holds twice the cap.
+      const uint64_t doubled = std::max<uint64_t>(2 * out.capacity(), used + chunk);
+      out.reserve(static_cast<size_t>(std::min<uint64_t>(doubled, limit + 1)));
     }
     out.resize(used + chunk);
     ZSTD_outBuffer o{out.data() + used, chunk, 0};
@@ -82,7 +85,11 @@ Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std:
     if (ZSTD_isError(left)) {
       return DataLossError("zstd item " + std::string(what) + ": " + ZSTD_getErrorName(left));
     }
-    if (out.size() > max_decoded_bytes) return TooLarge(what, max_decoded_bytes);
+    if (out.size() > limit) {
+      if (!known) return TooLarge(what, max_decoded_bytes);
+      return DataLossError("zstd item " + std::string(what) + " decodes to more than the " +
+                           std::to_string(declared) + " bytes its frame headers declare");
+    }
     // 0: a frame ended and is flushed. The item ends with it when no input is left; otherwise
     // another frame follows. (Whether output space was left says nothing: a frame may end
     // exactly when its output fills the buffer.)
