@@ -3,10 +3,12 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <utility>
 
+#include "shardpoint/base/coding.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/format/safetensors/json.h"
 
@@ -30,30 +32,46 @@ Status TooLarge(std::string_view what, uint64_t max_decoded_bytes) {
 // whose headers declare more than the cap are refused before anything is decoded, others are
 // refused as soon as their output passes it. Several frames decode to their concatenation.
 // The content sizes the frame headers of `stored` declare, summed over the frames (capped at
-// UINT64_MAX), and whether every frame declares one. Stops at the first malformed frame, which
-// the decoder then reports.
-std::pair<uint64_t, bool> DeclaredSize(ByteView stored) {
+// UINT64_MAX), and whether every frame declares one. A frame that is neither a zstd frame nor a
+// skippable one is refused by its magic number: libzstd also decodes the legacy formats of 2016
+// (v0.5-v0.7, which torch never writes), whose headers are not checked against their output.
+// Stops at the first otherwise malformed frame, which the decoder then reports.
+struct Declared {
   uint64_t total = 0;
   bool all = true;
+};
+Result<Declared> DeclaredSize(ByteView stored, std::string_view what) {
+  Declared d;
   size_t pos = 0;
   while (pos < stored.size()) {
     const void* frame = stored.data() + pos;
+    if (stored.size() - pos >= 4) {
+      const uint32_t magic = DecodeFixed32(reinterpret_cast<const char*>(stored.data()) + pos);
+      if (magic != ZSTD_MAGICNUMBER && (magic & ZSTD_MAGIC_SKIPPABLE_MASK) != ZSTD_MAGIC_SKIPPABLE_START) {
+        char hex[11];
+        std::snprintf(hex, sizeof hex, "0x%08X", magic);
+        return DataLossError("zstd item " + std::string(what) + ": the frame at byte " + std::to_string(pos) +
+                             " has magic number " + hex + ", expected a zstd frame (0xFD2FB528)");
+      }
+    }
     const unsigned long long size = ZSTD_getFrameContentSize(frame, stored.size() - pos);
-    if (size == ZSTD_CONTENTSIZE_ERROR) return {total, false};
+    if (size == ZSTD_CONTENTSIZE_ERROR) return Declared{d.total, false};
     if (size == ZSTD_CONTENTSIZE_UNKNOWN) {
-      all = false;
+      d.all = false;
     } else {
-      total = size > UINT64_MAX - total ? UINT64_MAX : total + size;
+      d.total = size > UINT64_MAX - d.total ? UINT64_MAX : d.total + size;
     }
     const size_t length = ZSTD_findFrameCompressedSize(frame, stored.size() - pos);
-    if (ZSTD_isError(length) || length == 0) return {total, false};
+    if (ZSTD_isError(length) || length == 0) return Declared{d.total, false};
     pos += length;
   }
-  return {total, all};
+  return d;
 }
 
 Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std::string_view what) {
-  const auto [declared, known] = DeclaredSize(stored);
+  SP_ASSIGN_OR_RETURN(const Declared sizes, DeclaredSize(stored, what));
+  const uint64_t declared = sizes.total;
+  const bool known = sizes.all;
   if (declared > max_decoded_bytes) {
     return ResourceExhaustedError("zstd item " + std::string(what) + " declares " +
                                   std::to_string(declared) + " decoded bytes, more than " +

@@ -176,5 +176,20 @@ TEST(DcpSafetensorsChunks, UsesShardingInfo) {
   EXPECT_EQ((*chunks)[0].box, Box({0, 0}, {2, 3}));
 }
 
+// libzstd also decodes the legacy formats (v0.5-v0.7); their headers are not checked against the
+// output, so a legacy frame could declare a size it does not decode to. Such frames are refused
+// by their magic number, wherever they stand (found by zstd_item_fuzz: a v0.6 magic, 0xFD2FB526).
+TEST(DecodeTransformedItem, LegacyZstdFramesAreRefused) {
+  const std::vector<std::string> zstd = {kZstdTransformDescriptor};
+  const std::string legacy("\x26\xb5\x2f\xfd\xc2\xc2\xc2\xc2\xc2\x2f\xfd\xc2\x04\xe9\xd8\x51", 16);
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(legacy), 1 << 20, "x").status(), StatusCode::kDataLoss,
+                  "zstd item x: the frame at byte 0 has magic number 0xFD2FB526, expected a zstd frame");
+  Result<std::string> good = EncodeZstdItem(AsBytes(std::string_view("abc")));
+  ASSERT_TRUE(good.ok());
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(*good + legacy), 1 << 20, "x").status(),
+                  StatusCode::kDataLoss,
+                  "the frame at byte " + std::to_string(good->size()) + " has magic number 0xFD2FB526");
+}
+
 }  // namespace
 }  // namespace sp::torch_dcp
