@@ -16,7 +16,7 @@
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 #include "shardpoint/store/posix_store.h"
 
 namespace {

@@ -14,13 +14,13 @@
 #include <cstdlib>
 #include <string>
 
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/dcp_writer.h"
 #include "shardpoint/format/torch_dcp/megatron.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/plain_value.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace {
 

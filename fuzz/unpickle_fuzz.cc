@@ -10,8 +10,8 @@
 #include <string>
 
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
-#include "shardpoint/format/torch_dcp/pickle.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_save/pickle.h"
+#include "shardpoint/format/torch_save/plain_value.h"
 
 namespace {
 

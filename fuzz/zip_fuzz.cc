@@ -12,8 +12,8 @@
 #include <string>
 
 #include "shardpoint/format/torch_dcp/megatron.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/torch_save.h"
+#include "shardpoint/format/torch_save/zip.h"
 
 namespace {
 

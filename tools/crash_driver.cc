@@ -36,7 +36,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
 #include "shardpoint/engine/async_save.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_save/plain_value.h"
 #include "shardpoint/geometry/strided_copy.h"
 #include "tools/cli.h"
 
@@ -218,16 +218,16 @@ int Save(const SaveArgs& args) {
 // True when `got` holds the value of `want`: the same entry, or (torch-dcp, whose objects are
 // torch.save archives that load back as plain pickles) a plain pickle of the same value.
 bool SameObject(const sp::ObjectEntry& got, const sp::ObjectEntry& want) {
-  namespace dcp = sp::torch_dcp;
+  namespace ts = sp::torch_save;
   if (got.encoding == want.encoding) return got.payload == want.payload;
   if (got.encoding != sp::ObjectEncoding::kPlain) return false;
-  sp::Result<dcp::PlainValue> value = dcp::DecodePlainPickle(got.payload, got.name);
+  sp::Result<ts::PlainValue> value = ts::DecodePlainPickle(got.payload, got.name);
   if (!value.ok()) return false;
-  if (want.encoding == sp::ObjectEncoding::kBytes) return *value == dcp::PlainValue::Bytes(want.payload);
-  if (want.name == "crash.seed") return *value == dcp::PlainValue::Int(std::stoll(want.payload));
+  if (want.encoding == sp::ObjectEncoding::kBytes) return *value == ts::PlainValue::Bytes(want.payload);
+  if (want.name == "crash.seed") return *value == ts::PlainValue::Int(std::stoll(want.payload));
   const int64_t seed = std::stoll(want.payload.substr(want.payload.find(':') + 1));
-  return *value == dcp::PlainValue::Dict({{dcp::PlainValue::String("seed"), dcp::PlainValue::Int(seed)},
-                                          {dcp::PlainValue::String("lr"), dcp::PlainValue::Float(0.001)}});
+  return *value == ts::PlainValue::Dict({{ts::PlainValue::String("seed"), ts::PlainValue::Int(seed)},
+                                         {ts::PlainValue::String("lr"), ts::PlainValue::Float(0.001)}});
 }
 
 // Compares rank `rank`'s loaded pieces and objects with the state of `seed`; "" when equal.
@@ -258,8 +258,8 @@ sp::Result<uint64_t> SeedOf(const std::vector<sp::ObjectEntry>& objects) {
   for (const sp::ObjectEntry& o : objects) {
     if (o.name != "crash.seed") continue;
     if (o.encoding == sp::ObjectEncoding::kPlain) {
-      sp::Result<sp::torch_dcp::PlainValue> v = sp::torch_dcp::DecodePlainPickle(o.payload, o.name);
-      if (v.ok() && v->is(sp::torch_dcp::PlainValue::Kind::kInt) && v->int_value >= 0) {
+      sp::Result<sp::torch_save::PlainValue> v = sp::torch_save::DecodePlainPickle(o.payload, o.name);
+      if (v.ok() && v->is(sp::torch_save::PlainValue::Kind::kInt) && v->int_value >= 0) {
         return static_cast<uint64_t>(v->int_value);
       }
       break;

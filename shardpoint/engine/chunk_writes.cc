@@ -4,7 +4,7 @@
 
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/format/torch_dcp/dcp_writer.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/zip.h"
 
 namespace sp {
 namespace {
@@ -38,7 +38,7 @@ Status WriteDcpPiece(WritableFile& file, uint64_t file_offset, const std::byte* 
   uint32_t crc = 0;
   for (uint64_t lo = begin; lo < end; lo += kWriteGroupBytes) {
     const uint64_t hi = std::min(lo + kWriteGroupBytes, end);
-    crc = torch_dcp::Crc32(crc, data + lo, hi - lo);
+    crc = Crc32(crc, data + lo, hi - lo);
     SP_RETURN_IF_ERROR(file.WriteAt(file_offset + lo, ByteView(data + lo, hi - lo)));
   }
   *crc32 = crc;
@@ -150,7 +150,7 @@ Status WriteFilledChunk(const ChunkWrite& write, const SaveTensor& tensor, const
 Status DcpItem::WriteTail() const {
   uint32_t crc = 0;
   for (size_t i = 0; i < piece_crc32.size(); ++i) {
-    crc = torch_dcp::Crc32Combine(crc, piece_crc32[i], piece_bytes[i]);
+    crc = Crc32Combine(crc, piece_crc32[i], piece_bytes[i]);
   }
   const std::string tail = layout->Tail(std::span<const uint32_t>(&crc, 1));
   return file->WriteAt(data_offset + layout->data_bytes(0), AsBytes(tail));

@@ -18,7 +18,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp {
 
@@ -43,7 +43,7 @@ void QueueNativeChunk(const ChunkWrite& write, const std::byte* data, OpenFile& 
 // chunk's, written from the caller's memory in pieces, each piece's CRC-32 computed as it goes;
 // the archive's tail (which holds the CRC-32) is written once every piece is done.
 struct DcpItem {
-  std::optional<torch_dcp::TorchSaveLayout> layout;
+  std::optional<torch_save::TorchSaveLayout> layout;
   WritableFile* file = nullptr;
   uint64_t data_offset = 0;
   std::vector<uint64_t> piece_bytes;

@@ -12,7 +12,7 @@
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/torch_dcp/dcp_writer.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/zip.h"
 #include "shardpoint/plan/load_plan.h"
 
 namespace sp {
@@ -184,7 +184,7 @@ Status FillSlab(Job& job, const Slab& slab, size_t index) {
                       ExecuteReads(requests, job.md, job.sources, job.pool, read_options));
   job.bytes_read.fetch_add(read, std::memory_order_relaxed);
   if (job.plan.files[slab.file].torch) {
-    job.slab_crc32[index] = torch_dcp::Crc32(0, buffer.data(), slab.bytes);
+    job.slab_crc32[index] = Crc32(0, buffer.data(), slab.bytes);
   }
   WritableFile& file = *job.outputs[slab.file];
   const uint64_t offset = out.file_offset + slab.byte_offset;
@@ -303,12 +303,12 @@ Status WriteTorchFraming(Job& job, const std::vector<Slab>& slabs) {
   for (size_t i = 0; i < slabs.size(); ++i) {
     if (!job.plan.files[slabs[i].file].torch) continue;
     uint32_t& crc = crcs[slabs[i].file][slabs[i].tensor];
-    crc = torch_dcp::Crc32Combine(crc, job.slab_crc32[i], slabs[i].bytes);
+    crc = Crc32Combine(crc, job.slab_crc32[i], slabs[i].bytes);
   }
   for (size_t f = 0; f < job.plan.files.size(); ++f) {
     const OutputFile& file = job.plan.files[f];
     if (!file.torch) continue;
-    const torch_dcp::TorchSaveLayout& layout = *file.torch;
+    const torch_save::TorchSaveLayout& layout = *file.torch;
     for (size_t i = 0; i + 1 < file.tensors.size(); ++i) {
       SP_RETURN_IF_ERROR(job.outputs[f]->WriteAt(layout.data_offset(i) + layout.data_bytes(i),
                                                  AsBytes(layout.Between(i, crcs[f][i]))));

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "shardpoint/engine/consolidate_select.h"
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 
 namespace sp {
@@ -89,10 +89,10 @@ void LayOutSafetensorsFile(OutputFile& file) {
 
 // Fills head, offsets, size and the archive layout of a torch output file.
 Status LayOutTorchFile(OutputFile& file) {
-  std::vector<torch_dcp::TorchSaveTensorSpec> specs;
+  std::vector<torch_save::TorchSaveTensorSpec> specs;
   for (const OutputTensor& t : file.tensors) specs.push_back({t.name, t.dtype, t.source->shape});
-  SP_ASSIGN_OR_RETURN(torch_dcp::TorchSaveLayout layout,
-                      torch_dcp::TorchSaveLayout::ForStateDict(std::move(specs)));
+  SP_ASSIGN_OR_RETURN(torch_save::TorchSaveLayout layout,
+                      torch_save::TorchSaveLayout::ForStateDict(std::move(specs)));
   for (size_t i = 0; i < file.tensors.size(); ++i) {
     if (layout.data_bytes(i) != file.tensors[i].bytes) {
       return InternalError("torch archive layout of " + file.name + " gives tensor '" +
@@ -103,7 +103,7 @@ Status LayOutTorchFile(OutputFile& file) {
   }
   file.head = layout.Head();
   file.size = layout.total_size();
-  file.torch = std::make_shared<const torch_dcp::TorchSaveLayout>(std::move(layout));
+  file.torch = std::make_shared<const torch_save::TorchSaveLayout>(std::move(layout));
   return OkStatus();
 }
 

@@ -12,7 +12,7 @@
 #include "shardpoint/base/result.h"
 #include "shardpoint/engine/consolidate.h"
 #include "shardpoint/format/metadata.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp {
 
@@ -30,7 +30,7 @@ struct OutputFile {
   std::string head;                   // bytes at offset 0 (safetensors header, archive head)
   uint64_t size = 0;                  // total bytes
   // Torch files: the archive layout, whose framing after each tensor needs its CRC-32.
-  std::shared_ptr<const torch_dcp::TorchSaveLayout> torch;
+  std::shared_ptr<const torch_save::TorchSaveLayout> torch;
 };
 
 struct ConsolidationPlan {

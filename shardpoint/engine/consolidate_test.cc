@@ -8,10 +8,10 @@
 
 #include "shardpoint/engine/consolidate_plan.h"
 #include "shardpoint/engine/edit_test_util.h"
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/torch_save.h"
+#include "shardpoint/format/torch_save/zip.h"
 #include "shardpoint/geometry/convert.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
@@ -306,19 +306,19 @@ TEST_F(ConsolidateTest, TorchFilesAreTorchSaveArchivesOfTheWholeTensors) {
   std::map<std::string, std::string> found;
   for (const std::string& name : result->files) {
     const std::string bytes = *store_.ReadFile(JoinPath("/out", name));
-    auto parsed = torch_dcp::ParseTorchSaveStateDict(torch_dcp::MemoryRangeReader(AsBytes(bytes)),
+    auto parsed = torch_save::ParseTorchSaveStateDict(torch_save::MemoryRangeReader(AsBytes(bytes)),
                                                      bytes.size(), name);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
-    for (const torch_dcp::TorchSaveNamedTensor& t : *parsed) {
+    for (const torch_save::TorchSaveNamedTensor& t : *parsed) {
       ASSERT_TRUE(t.info.IsDenseRowMajor()) << t.name;
       found[t.name] = bytes.substr(t.info.data_offset, t.info.storage_bytes);
       // The ZIP directory's CRC-32 of the entry is the CRC-32 of the tensor's bytes.
-      auto dir = torch_dcp::ReadZipDirectory(torch_dcp::MemoryRangeReader(AsBytes(bytes)),
+      auto dir = torch_save::ReadZipDirectory(torch_save::MemoryRangeReader(AsBytes(bytes)),
                                              bytes.size(), name);
       ASSERT_TRUE(dir.ok()) << dir.status();
-      const torch_dcp::ZipEntry* entry = dir->Find(t.info.record);
+      const torch_save::ZipEntry* entry = dir->Find(t.info.record);
       ASSERT_NE(entry, nullptr) << t.info.record;
-      EXPECT_EQ(entry->crc32, torch_dcp::Crc32(0, found[t.name].data(), found[t.name].size()))
+      EXPECT_EQ(entry->crc32, Crc32(0, found[t.name].data(), found[t.name].size()))
           << t.name;
     }
   }

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "shardpoint/exec/task_group.h"
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 
 namespace sp {

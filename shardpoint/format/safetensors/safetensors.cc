@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "shardpoint/base/coding.h"
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 
 namespace sp {
 namespace {

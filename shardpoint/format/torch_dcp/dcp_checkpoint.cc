@@ -6,14 +6,21 @@
 #include <memory>
 
 #include "shardpoint/exec/task_group.h"
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/dcp_objects.h"
 #include "shardpoint/format/torch_dcp/megatron.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::MemoryRangeReader;
+using torch_save::ParseTorchSaveTensor;
+using torch_save::PlainValue;
+using torch_save::RangeReader;
+using torch_save::TorchSaveTensorInfo;
+
 namespace {
 
 // Bytes hinted for read-ahead at each end of a tensor item while locating it: its local header

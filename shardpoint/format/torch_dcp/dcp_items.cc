@@ -10,7 +10,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/format/metadata.h"
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 
 namespace sp::torch_dcp {
 

@@ -5,9 +5,16 @@
 
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/test_util.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::MemoryRangeReader;
+using torch_save::ParseTorchSaveObject;
+using torch_save::ParseTorchSaveTensor;
+using torch_save::PlainValue;
+using torch_save::TorchSaveTensorInfo;
+
 namespace {
 
 TEST(DecodeTransformedItem, ZstdItemsWrittenByTorch) {

@@ -2,9 +2,21 @@
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 
 #include "shardpoint/format/metadata.h"
-#include "shardpoint/format/torch_dcp/pickle.h"
+#include "shardpoint/format/torch_save/pickle.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::DcpMetadataGlobals;
+using torch_save::DescribePickleValue;
+using torch_save::FindAttribute;
+using torch_save::IsGlobal;
+using torch_save::IsObjectOf;
+using torch_save::PickleTree;
+using torch_save::PickleValue;
+using torch_save::ToPlainValue;
+using torch_save::Unpickle;
+
+using torch_save::UnpickleOptions;
 
 using Kind = PickleValue::Kind;
 

@@ -30,7 +30,7 @@
 #include "shardpoint/base/bytes.h"
 #include "shardpoint/base/dtype.h"
 #include "shardpoint/base/result.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_save/plain_value.h"
 #include "shardpoint/geometry/box.h"
 
 namespace sp::torch_dcp {
@@ -89,7 +89,7 @@ struct DcpStorageMeta {
 
 struct DcpMetadata {
   std::vector<DcpEntry> state_dict_metadata;  // file order; unique fqns
-  std::optional<PlainValue> planner_data;     // None / absent -> nullopt
+  std::optional<torch_save::PlainValue> planner_data;     // None / absent -> nullopt
   std::vector<DcpStorageEntry> storage_data;  // file order
   std::optional<DcpStorageMeta> storage_meta;
   std::optional<std::string> version;
@@ -126,9 +126,9 @@ struct DcpPlannerPath {
 
   friend bool operator==(const DcpPlannerPath&, const DcpPlannerPath&) = default;
 };
-PlainValue MakeDcpPlannerData(const std::vector<DcpPlannerPath>& paths);
+torch_save::PlainValue MakeDcpPlannerData(const std::vector<DcpPlannerPath>& paths);
 // kDataLoss when `planner_data` is not a dict of str -> tuple of str / int.
-Result<std::vector<DcpPlannerPath>> ParseDcpPlannerData(const PlainValue& planner_data);
+Result<std::vector<DcpPlannerPath>> ParseDcpPlannerData(const torch_save::PlainValue& planner_data);
 
 }  // namespace sp::torch_dcp
 

@@ -4,10 +4,17 @@
 #include <unordered_map>
 
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
-#include "shardpoint/format/torch_dcp/pickle_util.h"
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
+#include "shardpoint/format/torch_save/pickle_util.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::IsPythonUtf8;
+using torch_save::PickleWriter;
+using torch_save::PlainValue;
+using torch_save::PlainValueToString;
+
+using torch_save::WritePlainValue;
 
 namespace {
 

@@ -2,11 +2,20 @@
 
 #include <gtest/gtest.h>
 
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
 #include "shardpoint/format/torch_dcp/test_util.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::MemoryRangeReader;
+using torch_save::ParseTorchSaveObject;
+using torch_save::ParseTorchSaveTensor;
+using torch_save::PickleWriter;
+using torch_save::PlainValue;
+using torch_save::PlainValueToString;
+using torch_save::TorchSaveTensorInfo;
+
 namespace {
 
 Result<DcpMetadata> Decode(const std::string& bytes, std::string_view path = "/ckpt/.metadata") {

@@ -6,9 +6,12 @@
 
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_items.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::ObjectFromTorchSaveItem;
+
 namespace {
 
 std::string ItemWhat(std::string_view name, uint64_t offset, uint64_t length,

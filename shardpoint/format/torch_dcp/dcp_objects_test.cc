@@ -8,13 +8,18 @@
 #include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_items.h"
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
+#include "shardpoint/format/torch_save/plain_value.h"
 #include "shardpoint/format/torch_dcp/test_util.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 #include "shardpoint/store/memory_store.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::EncodePlainObjectItem;
+using torch_save::EncodePlainPickle;
+using torch_save::PlainValue;
+
 namespace {
 
 void Put(Store& store, const std::string& path, const std::string& bytes) {

@@ -6,37 +6,21 @@
 #include <limits>
 #include <map>
 
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/megatron.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/zip.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::BuildZip;
+using torch_save::DecodePlainPickle;
+using torch_save::EncodePlainObjectItem;
+using torch_save::PlainValue;
+using torch_save::TorchSaveLayout;
+
 namespace {
-
-constexpr uint32_t kCrc32Polynomial = 0xedb88320;  // reflected
-
-// a * b modulo the CRC-32 polynomial, both in the reflected bit order (x^0 is bit 31).
-uint32_t MultiplyModP(uint32_t a, uint32_t b) {
-  uint32_t product = 0;
-  for (uint32_t m = uint32_t{1} << 31; m != 0; m >>= 1) {
-    if (a & m) product ^= b;
-    b = (b & 1) ? (b >> 1) ^ kCrc32Polynomial : b >> 1;
-  }
-  return product;
-}
-
-// x^(8 * bytes) modulo the polynomial, by squaring.
-uint32_t PowerOfXForBytes(uint64_t bytes) {
-  uint32_t power = uint32_t{1} << 31;  // x^0
-  uint32_t square = uint32_t{1} << 30;  // x^1
-  for (uint64_t bits = bytes * 8; bits != 0; bits >>= 1) {
-    if (bits & 1) power = MultiplyModP(square, power);
-    square = MultiplyModP(square, square);
-  }
-  return power;
-}
 
 // Python ints beyond 64 bits: refused rather than rounded to a float.
 Status IntegerTooLarge(const std::string& text, std::string_view what) {
@@ -171,10 +155,6 @@ Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md,
 }
 
 }  // namespace
-
-uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
-  return MultiplyModP(PowerOfXForBytes(length_b), crc_a) ^ crc_b;
-}
 
 Result<TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box) {
   return TorchSaveLayout::ForTensor(dtype, box.sizes);

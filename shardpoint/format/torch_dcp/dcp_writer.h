@@ -17,12 +17,12 @@
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/format/metadata.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
 
 // The torch.save archive layout of one chunk's item.
-Result<TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box);
+Result<torch_save::TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box);
 
 // Renames md's data files to "__<writer_rank>_<k><name_suffix>.distcp" and lays each one out as a
 // sequence of items, one per chunk in the order of their data_offset: sets each chunk's
@@ -63,9 +63,6 @@ Result<std::string> BuildDcpMetadataFile(const CheckpointMetadata& md, const Dcp
 // included). A Megatron save writes this instead of BYTE_IO items. kInvalidArgument naming the
 // object when it cannot be represented.
 Result<std::string> BuildMegatronCommonFile(const CheckpointMetadata& md);
-
-// The CRC-32 of A followed by B, from crc(A), crc(B) and B's length.
-uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 
 }  // namespace sp::torch_dcp
 

@@ -5,13 +5,23 @@
 #include <memory>
 #include <variant>
 
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/megatron_emit.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/plain_value.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::DescribePickleValue;
+using torch_save::EncodePlainPickle;
+using torch_save::IsObjectOf;
+using torch_save::PickleValue;
+using torch_save::PickleWriter;
+using torch_save::PlainValue;
+using torch_save::ToPlainValue;
+
+using torch_save::kMaxPickleWalkDepth;
 
 using Kind = PickleValue::Kind;
 using PathStep = std::variant<std::string, int64_t>;

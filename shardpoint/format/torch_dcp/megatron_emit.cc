@@ -1,9 +1,24 @@
 #include "shardpoint/format/torch_dcp/megatron_emit.h"
 
 #include "shardpoint/format/torch_dcp/megatron.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::BuildZip;
+using torch_save::DescribePickleValue;
+using torch_save::MemoryRangeReader;
+using torch_save::PickleValue;
+using torch_save::PickleWriter;
+using torch_save::RangeReader;
+using torch_save::ReadZipDirectory;
+using torch_save::ReadZipEntry;
+using torch_save::Unpickle;
+using torch_save::UnpickleOptions;
+using torch_save::ZipEntry;
+using torch_save::kMaxDataPklBytes;
+
+using torch_save::kMaxPickleWalkDepth;
 
 using Kind = PickleValue::Kind;
 

@@ -2,12 +2,12 @@
 // megatron.cc to cut common.pt into one archive per object and to build common.pt from objects).
 //
 // A source archive is opened with every global allowed and persistent ids accepted: its data.pkl
-// becomes a PickleTree (pickle.h), which is data only. ArchiveEmitter writes values of such trees
-// back through a PickleWriter (objects as GLOBAL + REDUCE / NEWOBJ, SETITEMS and BUILD, as the
-// source had them; NEWOBJ_EX as copyreg.__newobj_ex__; sets as builtins.set(list)) and copies the
-// storage records that persistent ids name, under fresh keys. Shared subtrees are written once
-// per use; recursion is capped at kMaxPickleWalkDepth and the number of values written at
-// kMaxReemittedValues, so hostile cycles and blow-ups end in kDataLoss. Not thread-safe; one
+// becomes a PickleTree (torch_save/pickle.h), which is data only. ArchiveEmitter writes values of
+// such trees back through a PickleWriter (objects as GLOBAL + REDUCE / NEWOBJ, SETITEMS and BUILD,
+// as the source had them; NEWOBJ_EX as copyreg.__newobj_ex__; sets as builtins.set(list)) and
+// copies the storage records that persistent ids name, under fresh keys. Shared subtrees are
+// written once per use; recursion is capped at kMaxPickleWalkDepth and the number of values written
+// at kMaxReemittedValues, so hostile cycles and blow-ups end in kDataLoss. Not thread-safe; one
 // emitter per archive.
 #ifndef SHARDPOINT_FORMAT_TORCH_DCP_MEGATRON_EMIT_H_
 #define SHARDPOINT_FORMAT_TORCH_DCP_MEGATRON_EMIT_H_
@@ -20,18 +20,18 @@
 
 #include "shardpoint/base/bytes.h"
 #include "shardpoint/base/result.h"
-#include "shardpoint/format/torch_dcp/pickle.h"
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/pickle.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
+#include "shardpoint/format/torch_save/zip.h"
 
 namespace sp::torch_dcp {
 
 // A torch.save archive opened for re-emission; `bytes` must outlive it.
 struct SourceArchive {
   ByteView bytes;
-  ZipDirectory dir;
+  torch_save::ZipDirectory dir;
   std::string prefix;  // the archive's folder, e.g. "common/"
-  PickleTree pickle;
+  torch_save::PickleTree pickle;
 };
 
 // Opens a torch.save archive: directory, little-endian byteorder (big-endian is
@@ -44,23 +44,23 @@ class ArchiveEmitter {
   explicit ArchiveEmitter(std::string_view what) : what_(what) {}
 
   // The writer, for callers that push containers around emitted values.
-  PickleWriter& writer() { return writer_; }
+  torch_save::PickleWriter& writer() { return writer_; }
   // Pushes `v` (a value of `source`'s tree), copying the storages it refers to.
-  Status Emit(const PickleValue& v, const SourceArchive& source);
+  Status Emit(const torch_save::PickleValue& v, const SourceArchive& source);
   // Writes STOP and returns the archive (records under `folder`, e.g. "archive/"). The emitter
   // must not be used afterwards.
   Result<std::string> Finish(std::string_view folder);
 
  private:
-  Status EmitAt(const PickleValue& v, const SourceArchive& source, int depth);
-  Status EmitObject(const PickleValue& v, const SourceArchive& source, int depth);
-  Status EmitItems(const std::vector<const PickleValue*>& items, const SourceArchive& source,
-                   int depth);
-  Status EmitStorage(const PickleValue& id, const SourceArchive& source, int depth);
+  Status EmitAt(const torch_save::PickleValue& v, const SourceArchive& source, int depth);
+  Status EmitObject(const torch_save::PickleValue& v, const SourceArchive& source, int depth);
+  Status EmitItems(const std::vector<const torch_save::PickleValue*>& items,
+                   const SourceArchive& source, int depth);
+  Status EmitStorage(const torch_save::PickleValue& id, const SourceArchive& source, int depth);
   Status Err(const std::string& problem) const;
 
   std::string what_;
-  PickleWriter writer_;
+  torch_save::PickleWriter writer_;
   std::vector<std::pair<std::string, std::string>> storages_;  // new key, bytes
   std::map<std::string, std::string> keys_;                    // source key -> new key (this Emit)
   uint64_t values_ = 0;

@@ -9,13 +9,29 @@
 
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
 #include "shardpoint/format/torch_dcp/megatron_emit.h"
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
+#include "shardpoint/format/torch_save/plain_value.h"
 #include "shardpoint/format/torch_dcp/test_util.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/torch_save.h"
+#include "shardpoint/format/torch_save/zip.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::BuildZip;
+using torch_save::DecodePlainPickle;
+using torch_save::EncodePlainObjectItem;
+using torch_save::FindAttribute;
+using torch_save::IsObjectOf;
+using torch_save::MemoryRangeReader;
+using torch_save::ParseTorchSaveObject;
+using torch_save::ParseTorchSaveTensor;
+using torch_save::PickleValue;
+using torch_save::PickleWriter;
+using torch_save::PlainValue;
+using torch_save::ReadZipEntry;
+using torch_save::TorchSaveTensorInfo;
+using torch_save::ZipEntry;
+
 namespace {
 
 using P = PlainValue;

@@ -12,9 +12,19 @@
 
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 namespace sp::torch_dcp {
+
+using torch_save::EncodePlainObjectItem;
+using torch_save::LayoutTensorItem;
+using torch_save::PlainValue;
+using torch_save::TensorItemLayout;
+using torch_save::TensorItemPrefix;
+using torch_save::TensorItemSuffix;
+using torch_save::TorchSaveLayout;
+using torch_save::TorchSaveTensorSpec;
+
 namespace {
 
 std::string Pattern(DType dtype, uint64_t bytes, int seed) {

@@ -6,8 +6,8 @@
 // through a PickleWriter exactly as CPython's pickler would (protocol 2), and ToPlainValue turns
 // an unpickled value back into a PlainValue, refusing anything that is not plain data. Nesting
 // is capped at kMaxPickleWalkDepth in both directions. All functions are pure and thread-safe.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_PLAIN_VALUE_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_PLAIN_VALUE_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_PLAIN_VALUE_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_PLAIN_VALUE_H_
 
 #include <cstdint>
 #include <string>
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "shardpoint/base/result.h"
-#include "shardpoint/format/torch_dcp/pickle.h"
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
+#include "shardpoint/format/torch_save/pickle.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 struct PlainValue {
   enum class Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict };
@@ -70,6 +70,6 @@ Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view w
 // objects, persistent ids) is kDataLoss naming `what` and the value.
 Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what);
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_PLAIN_VALUE_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_PLAIN_VALUE_H_

@@ -9,8 +9,8 @@
 // -Infinity that Python's json module writes) for documents that are not
 // safetensors headers, such as model.safetensors.index.json. All functions are pure and
 // thread-safe.
-#ifndef SHARDPOINT_FORMAT_SAFETENSORS_JSON_H_
-#define SHARDPOINT_FORMAT_SAFETENSORS_JSON_H_
+#ifndef SHARDPOINT_BASE_JSON_H_
+#define SHARDPOINT_BASE_JSON_H_
 
 #include <cstdint>
 #include <string>
@@ -57,4 +57,4 @@ void AppendJsonString(std::string* out, std::string_view s);
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_FORMAT_SAFETENSORS_JSON_H_
+#endif  // SHARDPOINT_BASE_JSON_H_

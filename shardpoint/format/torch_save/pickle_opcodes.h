@@ -1,11 +1,11 @@
 // Byte values of the pickle opcodes the reader and writer use (Python's Lib/pickle.py names).
 // Internal to shardpoint/format/torch_dcp.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_OPCODES_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_OPCODES_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_OPCODES_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_OPCODES_H_
 
 #include <cstdint>
 
-namespace sp::torch_dcp::op {
+namespace sp::torch_save::op {
 
 inline constexpr uint8_t kMark = '(';
 inline constexpr uint8_t kStop = '.';
@@ -58,6 +58,6 @@ inline constexpr uint8_t kStackGlobal = 0x93;
 inline constexpr uint8_t kMemoize = 0x94;
 inline constexpr uint8_t kFrame = 0x95;
 
-}  // namespace sp::torch_dcp::op
+}  // namespace sp::torch_save::op
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_OPCODES_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_OPCODES_H_

@@ -1,10 +1,10 @@
 // Writing torch.save archives: the layout, data.pkl and the framing around caller-written data.
 #include <set>
 
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 namespace {
 
@@ -164,4 +164,4 @@ Result<std::string> EncodePlainObjectItem(const PlainValue& value) {
   return BuildZip(records);
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

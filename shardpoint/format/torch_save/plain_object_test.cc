@@ -6,12 +6,12 @@
 #include <limits>
 #include <span>
 
-#include "shardpoint/format/torch_dcp/plain_value.h"
-#include "shardpoint/format/torch_dcp/test_util.h"
-#include "shardpoint/format/torch_dcp/torch_save.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/plain_value.h"
+#include "shardpoint/format/torch_save/test_util.h"
+#include "shardpoint/format/torch_save/torch_save.h"
+#include "shardpoint/format/torch_save/zip.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 namespace {
 
 using P = PlainValue;
@@ -112,4 +112,4 @@ TEST(ObjectFromTorchSaveItem, LargeItemsAreNotExaminedEagerly) {
 }
 
 }  // namespace
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

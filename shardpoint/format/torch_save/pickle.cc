@@ -1,4 +1,4 @@
-#include "shardpoint/format/torch_dcp/pickle.h"
+#include "shardpoint/format/torch_save/pickle.h"
 
 #include <algorithm>
 #include <bit>
@@ -6,10 +6,10 @@
 #include <limits>
 #include <unordered_map>
 
-#include "shardpoint/format/torch_dcp/pickle_opcodes.h"
-#include "shardpoint/format/torch_dcp/pickle_util.h"
+#include "shardpoint/format/torch_save/pickle_opcodes.h"
+#include "shardpoint/format/torch_save/pickle_util.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 using Kind = PickleValue::Kind;
 
@@ -555,4 +555,4 @@ Result<PickleTree> Unpickle(ByteView bytes, const UnpickleOptions& options) {
   return unpickler.Run();
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

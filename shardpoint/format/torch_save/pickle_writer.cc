@@ -1,10 +1,10 @@
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
 
 #include <bit>
 
-#include "shardpoint/format/torch_dcp/pickle_opcodes.h"
+#include "shardpoint/format/torch_save/pickle_opcodes.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 namespace {
 constexpr size_t kBatchSize = 1000;  // CPython's BATCHSIZE
@@ -206,4 +206,4 @@ std::string PickleWriter::Finish() {
   return std::move(out_);
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

@@ -26,8 +26,8 @@
 // The value tree may share nodes (memo) and, for hostile input, contain cycles; it is owned by a
 // PickleTree arena, so neither leaks. Code that walks it generically must bound its recursion
 // (see kMaxPickleWalkDepth). All functions are thread-safe; a PickleTree is immutable once built.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -41,7 +41,7 @@
 #include "shardpoint/base/bytes.h"
 #include "shardpoint/base/result.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 // Deepest recursion a generic walk of a PickleTree may do (ToPlainValue, DescribePickleValue).
 inline constexpr int kMaxPickleWalkDepth = 128;
@@ -162,6 +162,6 @@ std::span<const PickleGlobalName> PlainDataGlobals();
 // The pickle name of an opcode byte ("REDUCE"), or "unknown".
 std::string_view PickleOpcodeName(uint8_t opcode);
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_H_

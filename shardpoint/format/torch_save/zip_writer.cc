@@ -1,10 +1,10 @@
 // ZIP layout and framing, byte for byte as PyTorchStreamWriter (miniz) writes it.
 #include <set>
 
-#include "shardpoint/format/torch_dcp/zip.h"
-#include "shardpoint/format/torch_dcp/zip_format.h"
+#include "shardpoint/format/torch_save/zip.h"
+#include "shardpoint/format/torch_save/zip_format.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 using namespace zipfmt;  // NOLINT: the record constants
 
@@ -193,4 +193,4 @@ Result<std::string> BuildZip(const std::vector<std::pair<std::string, std::strin
   return out;
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

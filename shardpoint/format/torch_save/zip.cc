@@ -4,31 +4,15 @@
 #include <cstring>
 #include <set>
 
-#include "shardpoint/format/torch_dcp/zip.h"
-#include "shardpoint/format/torch_dcp/zip_format.h"
+#include "shardpoint/format/torch_save/zip.h"
+#include "shardpoint/format/torch_save/zip_format.h"
 
-#if defined(SP_HAVE_ISAL)
-#include <isa-l/crc.h>
-#endif
-
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 using namespace zipfmt;  // NOLINT: the record constants
 
 namespace {
 
-#if !defined(SP_HAVE_ISAL)
-constexpr std::array<uint32_t, 256> MakeTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kTable = MakeTable();
-#endif
 
 Status Corrupt(std::string_view what, const std::string& problem) {
   return DataLossError("ZIP archive " + std::string(what) + ": " + problem);
@@ -188,16 +172,6 @@ RangeReader MemoryRangeReader(ByteView bytes) {
   };
 }
 
-uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
-#if defined(SP_HAVE_ISAL)
-  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
-#else
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i) crc = kTable[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-#endif
-}
 
 const ZipEntry* ZipDirectory::Find(std::string_view name) const {
   for (const ZipEntry& e : entries) {
@@ -285,4 +259,4 @@ Result<std::string> ReadZipEntry(const RangeReader& read, const ZipDirectory& di
   return data;
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

@@ -1,15 +1,18 @@
-// The writer-side helpers of the torch-dcp driver that torch's readers cannot check for us.
-#include "shardpoint/format/torch_dcp/dcp_writer.h"
+#include "shardpoint/base/crc32.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 
-#include "shardpoint/format/torch_dcp/zip.h"
-
-namespace sp::torch_dcp {
+namespace sp {
 namespace {
+
+TEST(Crc32, MatchesZlib) {
+  EXPECT_EQ(Crc32(0, "123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(Crc32(Crc32(0, "1234", 4), "56789", 5), 0xCBF43926u);
+  EXPECT_EQ(Crc32(0, "", 0), 0u);
+}
 
 TEST(Crc32CombineTest, EqualsTheCrcOfTheConcatenationForRandomSplits) {
   std::mt19937_64 rng(7);
@@ -36,4 +39,4 @@ TEST(Crc32CombineTest, EmptyPiecesChangeNothing) {
 }
 
 }  // namespace
-}  // namespace sp::torch_dcp
+}  // namespace sp

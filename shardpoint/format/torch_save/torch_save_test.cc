@@ -1,13 +1,13 @@
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
-#include "shardpoint/format/torch_dcp/test_util.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
+#include "shardpoint/format/torch_save/test_util.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 namespace {
 
 Result<TorchSaveTensorInfo> ParseBytes(const std::string& bytes, std::string_view what = "t.pt") {
@@ -222,4 +222,4 @@ TEST(ParseTorchSaveTensor, RefusesAStride0ViewWhoseElementCountWraps) {
 }
 
 }  // namespace
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

@@ -1,4 +1,4 @@
-#include "shardpoint/format/safetensors/json.h"
+#include "shardpoint/base/json.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "shardpoint/format/torch_dcp/plain_value.h"
+#include "shardpoint/format/torch_save/plain_value.h"
 
 #include <cstdio>
 
-#include "shardpoint/format/torch_dcp/pickle_util.h"
+#include "shardpoint/format/torch_save/pickle_util.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 using PKind = PickleValue::Kind;
 
@@ -247,4 +247,4 @@ Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view w
   return ToPlainValue(tree.root(), what);
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
-#include "shardpoint/format/torch_dcp/pickle.h"
-#include "shardpoint/format/torch_dcp/pickle_util.h"
+#include "shardpoint/format/torch_save/pickle.h"
+#include "shardpoint/format/torch_save/pickle_util.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 using Kind = PickleValue::Kind;
 
@@ -187,4 +187,4 @@ std::string_view PickleOpcodeName(uint8_t opcode) {
   return "unknown";
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

@@ -18,8 +18,8 @@
 // them. The archive equals what torch.save writes for the same tensors except that the optional
 // `.data/serialization_id` record is left out; torch.load(weights_only=True) reads it.
 // All functions are thread-safe; layouts are immutable.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_TORCH_SAVE_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_TORCH_SAVE_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_TORCH_SAVE_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_TORCH_SAVE_H_
 
 #include <cstdint>
 #include <span>
@@ -30,11 +30,11 @@
 #include "shardpoint/base/dtype.h"
 #include "shardpoint/base/result.h"
 #include "shardpoint/format/metadata.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/plain_value.h"
+#include "shardpoint/format/torch_save/zip.h"
 #include "shardpoint/geometry/box.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 // Largest data.pkl the readers accept.
 inline constexpr uint64_t kMaxDataPklBytes = uint64_t{64} << 20;
@@ -151,6 +151,6 @@ Result<std::string> EncodePlainObjectItem(const PlainValue& value);
 // through UntypedStorage and _rebuild_tensor_v3 (uint16/32/64, float8 variants).
 std::string_view TorchStorageClassName(DType dtype);
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_TORCH_SAVE_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_TORCH_SAVE_H_

@@ -11,8 +11,8 @@
 // is written again), so a torch.save data.pkl written here is byte-identical to torch's. The
 // caller drives the stack machine: push values, then the opcode that consumes them. Not
 // thread-safe; one writer per pickle.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_WRITER_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_WRITER_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_WRITER_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_WRITER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include <string_view>
 #include <utility>
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 class PickleWriter {
  public:
@@ -82,6 +82,6 @@ class PickleWriter {
   std::map<std::string, uint32_t, std::less<>> strings_;
 };
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_PICKLE_WRITER_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_PICKLE_WRITER_H_

@@ -1,9 +1,9 @@
 // Reading torch.save archives (the writer is in torch_save_writer.cc).
-#include "shardpoint/format/torch_dcp/torch_save.h"
+#include "shardpoint/format/torch_save/torch_save.h"
 
-#include "shardpoint/format/torch_dcp/pickle.h"
+#include "shardpoint/format/torch_save/pickle.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 using Kind = PickleValue::Kind;
 
@@ -263,4 +263,4 @@ std::string_view TorchStorageClassName(DType dtype) {
   return "";
 }
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

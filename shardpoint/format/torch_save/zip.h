@@ -21,8 +21,8 @@
 // the CRCs (they are written with the data-descriptor flag, as miniz does), so they can be
 // written before the data. The bytes produced are those torch.save would write for the same
 // entries. All functions are thread-safe; a ZipLayout is immutable.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_ZIP_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_ZIP_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_ZIP_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_ZIP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -34,18 +34,16 @@
 #include <vector>
 
 #include "shardpoint/base/bytes.h"
+#include "shardpoint/base/crc32.h"
 #include "shardpoint/base/result.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 
 // Reads exactly `n` bytes at `offset` (relative to the archive start) into `out`.
 using RangeReader = std::function<Status(uint64_t offset, uint64_t n, std::byte* out)>;
 
 // A RangeReader over bytes in memory; reads past the end are kDataLoss.
 RangeReader MemoryRangeReader(ByteView bytes);
-
-// CRC-32 (IEEE 802.3, zlib's crc32): extends `crc` (0 for none) with `size` bytes.
-uint32_t Crc32(uint32_t crc, const void* data, size_t size);
 
 inline constexpr uint64_t kMaxZipCentralDirectoryBytes = uint64_t{64} << 20;
 
@@ -128,6 +126,6 @@ class ZipLayout {
 Result<std::string> BuildZip(const std::vector<std::pair<std::string, std::string>>& entries,
                              uint64_t alignment = 64);
 
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_ZIP_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_ZIP_H_

@@ -1,20 +1,14 @@
-#include "shardpoint/format/torch_dcp/zip.h"
+#include "shardpoint/format/torch_save/zip.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
 
-#include "shardpoint/format/torch_dcp/test_util.h"
+#include "shardpoint/format/torch_save/test_util.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 namespace {
-
-TEST(Crc32, MatchesZlib) {
-  EXPECT_EQ(Crc32(0, "123456789", 9), 0xCBF43926u);
-  EXPECT_EQ(Crc32(Crc32(0, "1234", 4), "56789", 5), 0xCBF43926u);
-  EXPECT_EQ(Crc32(0, "", 0), 0u);
-}
 
 TEST(Zip, BuildAndReadBack) {
   std::vector<std::pair<std::string, std::string>> entries = {
@@ -191,4 +185,4 @@ TEST(ZipLayout, RefusesBadEntries) {
 }
 
 }  // namespace
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

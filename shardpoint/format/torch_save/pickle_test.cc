@@ -1,14 +1,14 @@
-#include "shardpoint/format/torch_dcp/pickle.h"
+#include "shardpoint/format/torch_save/pickle.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "shardpoint/format/torch_dcp/pickle_writer.h"
-#include "shardpoint/format/torch_dcp/plain_value.h"
-#include "shardpoint/format/torch_dcp/test_util.h"
+#include "shardpoint/format/torch_save/pickle_writer.h"
+#include "shardpoint/format/torch_save/plain_value.h"
+#include "shardpoint/format/torch_save/test_util.h"
 
-namespace sp::torch_dcp {
+namespace sp::torch_save {
 namespace {
 
 using Kind = PickleValue::Kind;
@@ -331,4 +331,4 @@ TEST(PlainValue, BytesRoundTripThroughCodecsEncode) {
 }
 
 }  // namespace
-}  // namespace sp::torch_dcp
+}  // namespace sp::torch_save

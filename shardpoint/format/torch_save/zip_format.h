@@ -1,13 +1,13 @@
 // ZIP record signatures, sizes and little-endian helpers shared by the ZIP reader and writer.
 // Internal to shardpoint/format/torch_dcp.
-#ifndef SHARDPOINT_FORMAT_TORCH_DCP_ZIP_FORMAT_H_
-#define SHARDPOINT_FORMAT_TORCH_DCP_ZIP_FORMAT_H_
+#ifndef SHARDPOINT_FORMAT_TORCH_SAVE_ZIP_FORMAT_H_
+#define SHARDPOINT_FORMAT_TORCH_SAVE_ZIP_FORMAT_H_
 
 #include <cstdint>
 #include <cstring>
 #include <string>
 
-namespace sp::torch_dcp::zipfmt {
+namespace sp::torch_save::zipfmt {
 
 inline constexpr uint32_t kLocalSig = 0x04034b50;
 inline constexpr uint32_t kDescriptorSig = 0x08074b50;
@@ -49,6 +49,6 @@ inline void Put64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
 
-}  // namespace sp::torch_dcp::zipfmt
+}  // namespace sp::torch_save::zipfmt
 
-#endif  // SHARDPOINT_FORMAT_TORCH_DCP_ZIP_FORMAT_H_
+#endif  // SHARDPOINT_FORMAT_TORCH_SAVE_ZIP_FORMAT_H_

@@ -1,0 +1,66 @@
+#include "shardpoint/base/crc32.h"
+
+#include <array>
+
+#if defined(SP_HAVE_ISAL)
+#include <isa-l/crc.h>
+#endif
+
+namespace sp {
+
+namespace {
+
+constexpr uint32_t kCrc32Polynomial = 0xedb88320;  // reflected
+
+#if !defined(SP_HAVE_ISAL)
+constexpr std::array<uint32_t, 256> MakeTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kCrc32Polynomial : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+constexpr std::array<uint32_t, 256> kTable = MakeTable();
+#endif
+
+// a * b modulo the CRC-32 polynomial, both in the reflected bit order (x^0 is bit 31).
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = uint32_t{1} << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kCrc32Polynomial : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 * bytes) modulo the polynomial, by squaring.
+uint32_t PowerOfXForBytes(uint64_t bytes) {
+  uint32_t power = uint32_t{1} << 31;  // x^0
+  uint32_t square = uint32_t{1} << 30;  // x^1
+  for (uint64_t bits = bytes * 8; bits != 0; bits >>= 1) {
+    if (bits & 1) power = MultiplyModP(square, power);
+    square = MultiplyModP(square, square);
+  }
+  return power;
+}
+
+}  // namespace
+
+uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
+#if defined(SP_HAVE_ISAL)
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
+#else
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = kTable[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+#endif
+}
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return MultiplyModP(PowerOfXForBytes(length_b), crc_a) ^ crc_b;
+}
+
+}  // namespace sp
