@@ -5,7 +5,7 @@
 #include <iostream>
 #include <mutex>
 
-#include "shardpoint/engine/convert.h"
+#include "shardpoint/manage/convert.h"
 #include "shardpoint/format/open_checkpoint.h"
 #include "tools/cli.h"
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "shardpoint/engine/diff.h"
+#include "shardpoint/manage/diff.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "shardpoint/engine/retention.h"
+#include "shardpoint/manage/retention.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

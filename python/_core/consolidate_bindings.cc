@@ -1,4 +1,4 @@
-// consolidate and parse_byte_size over the consolidation library (shardpoint/engine/consolidate.h),
+// consolidate and parse_byte_size over the consolidation library (shardpoint/manage/consolidate.h),
 // with a key mapping given as placements and renames (shardpoint/engine/mapped_metadata.h).
 // The work runs with the GIL released; a progress callable is called with the GIL taken back,
 // from the engine's threads, one call at a time. Failures raise StatusError.
@@ -11,7 +11,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
-#include "shardpoint/engine/consolidate.h"
+#include "shardpoint/manage/consolidate.h"
 #include "shardpoint/store/open_store.h"
 
 namespace nb = nanobind;

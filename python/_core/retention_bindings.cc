@@ -1,5 +1,5 @@
 // list_checkpoints, plan_gc, gc and delete_checkpoint over the retention library
-// (shardpoint/engine/retention.h). Each runs with the GIL released and raises StatusError on
+// (shardpoint/manage/retention.h). Each runs with the GIL released and raises StatusError on
 // failure.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -8,7 +8,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
-#include "shardpoint/engine/retention.h"
+#include "shardpoint/manage/retention.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "shardpoint/checkpoint.h"
-#include "shardpoint/engine/consolidate.h"
-#include "shardpoint/engine/diff.h"
+#include "shardpoint/manage/consolidate.h"
+#include "shardpoint/manage/diff.h"
 #include "shardpoint/engine/edit_test_util.h"
 #include "shardpoint/format/safetensors/hf_directory.h"
 #include "shardpoint/format/safetensors/safetensors.h"

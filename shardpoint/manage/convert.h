@@ -9,8 +9,8 @@
 // written, so the memory held is at most max(memory_budget_bytes, the largest chunk) plus the
 // source's metadata. The output is committed atomically by the save protocol of its format; an
 // existing checkpoint at the destination is replaced only with `overwrite`.
-#ifndef SHARDPOINT_ENGINE_CONVERT_H_
-#define SHARDPOINT_ENGINE_CONVERT_H_
+#ifndef SHARDPOINT_MANAGE_CONVERT_H_
+#define SHARDPOINT_MANAGE_CONVERT_H_
 
 #include <cstdint>
 #include <functional>
@@ -51,4 +51,4 @@ Result<ConvertReport> Convert(std::string_view source, std::string_view destinat
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_CONVERT_H_
+#endif  // SHARDPOINT_MANAGE_CONVERT_H_

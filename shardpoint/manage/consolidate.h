@@ -19,8 +19,8 @@
 // temporaries and leaves earlier outputs untouched.
 //
 // Thread-safety: one call at a time per output directory; the call uses `pool` (or its own).
-#ifndef SHARDPOINT_ENGINE_CONSOLIDATE_H_
-#define SHARDPOINT_ENGINE_CONSOLIDATE_H_
+#ifndef SHARDPOINT_MANAGE_CONSOLIDATE_H_
+#define SHARDPOINT_MANAGE_CONSOLIDATE_H_
 
 #include <cstdint>
 #include <functional>
@@ -108,4 +108,4 @@ Result<DType> ParseConsolidateDType(std::string_view text);
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_CONSOLIDATE_H_
+#endif  // SHARDPOINT_MANAGE_CONSOLIDATE_H_

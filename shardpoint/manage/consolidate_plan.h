@@ -1,8 +1,8 @@
 // Consolidation planning: which tensors go to which output file, under which name and dtype, at
 // which byte offset. Pure: metadata and options in, plan out; no I/O. See consolidate.h for the
 // outputs this describes. Thread-safe.
-#ifndef SHARDPOINT_ENGINE_CONSOLIDATE_PLAN_H_
-#define SHARDPOINT_ENGINE_CONSOLIDATE_PLAN_H_
+#ifndef SHARDPOINT_MANAGE_CONSOLIDATE_PLAN_H_
+#define SHARDPOINT_MANAGE_CONSOLIDATE_PLAN_H_
 
 #include <cstdint>
 #include <memory>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "shardpoint/base/result.h"
-#include "shardpoint/engine/consolidate.h"
+#include "shardpoint/manage/consolidate.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/format/torch_save/torch_save.h"
 
@@ -71,4 +71,4 @@ std::string BuildIndexJson(const std::vector<OutputFile>& files, uint64_t total_
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_CONSOLIDATE_PLAN_H_
+#endif  // SHARDPOINT_MANAGE_CONSOLIDATE_PLAN_H_

@@ -1,4 +1,4 @@
-#include "shardpoint/engine/convert.h"
+#include "shardpoint/manage/convert.h"
 
 #include <atomic>
 #include <memory>

@@ -1,6 +1,6 @@
 // Tests of Diff: slab splitting, key and value differences, tolerance, NaNs, integers, objects,
 // and the same answers with tiny slabs as with large ones.
-#include "shardpoint/engine/diff.h"
+#include "shardpoint/manage/diff.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "shardpoint/engine/consolidate_select.h"
+#include "shardpoint/manage/consolidate_select.h"
 
 #include <algorithm>
 #include <map>

@@ -1,5 +1,5 @@
 // Tests of the retention library: step names, listing, gc planning and crash-safe deletion.
-#include "shardpoint/engine/retention.h"
+#include "shardpoint/manage/retention.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

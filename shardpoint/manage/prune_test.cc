@@ -1,6 +1,6 @@
 // Tests of Prune: what it removes and rewrites, what it leaves byte for byte, its errors, and a
 // crash at every step (FaultStore) leaving the old or the new checkpoint.
-#include "shardpoint/engine/prune.h"
+#include "shardpoint/manage/prune.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "shardpoint/engine/consolidate_plan.h"
+#include "shardpoint/manage/consolidate_plan.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "shardpoint/engine/consolidate_select.h"
+#include "shardpoint/manage/consolidate_select.h"
 #include "shardpoint/base/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 

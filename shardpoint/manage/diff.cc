@@ -1,5 +1,5 @@
 // Diff: keys from the two metadata, values through batched Loads of A's chunks from both sides.
-#include "shardpoint/engine/diff.h"
+#include "shardpoint/manage/diff.h"
 
 #include <algorithm>
 #include <cmath>

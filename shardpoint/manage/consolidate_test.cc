@@ -1,4 +1,4 @@
-#include "shardpoint/engine/consolidate.h"
+#include "shardpoint/manage/consolidate.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <map>
 #include <random>
 
-#include "shardpoint/engine/consolidate_plan.h"
+#include "shardpoint/manage/consolidate_plan.h"
 #include "shardpoint/engine/edit_test_util.h"
 #include "shardpoint/base/json.h"
 #include "shardpoint/format/safetensors/safetensors.h"

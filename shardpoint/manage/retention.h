@@ -29,8 +29,8 @@
 //
 // Thread-safety: the functions hold no state; concurrent calls on one directory race as file
 // system operations do (run garbage collection from one process).
-#ifndef SHARDPOINT_ENGINE_RETENTION_H_
-#define SHARDPOINT_ENGINE_RETENTION_H_
+#ifndef SHARDPOINT_MANAGE_RETENTION_H_
+#define SHARDPOINT_MANAGE_RETENTION_H_
 
 #include <cstdint>
 #include <optional>
@@ -102,4 +102,4 @@ Result<std::vector<std::string>> ExecuteGc(const GcPlan& plan, Store* store = nu
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_RETENTION_H_
+#endif  // SHARDPOINT_MANAGE_RETENTION_H_

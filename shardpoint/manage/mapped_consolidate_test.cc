@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "shardpoint/engine/consolidate.h"
+#include "shardpoint/manage/consolidate.h"
 #include "shardpoint/engine/edit_test_util.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 #include "shardpoint/store/memory_store.h"

@@ -26,8 +26,8 @@
 // Thread-safety: one call per checkpoint at a time; nothing else may write the checkpoint while
 // it runs (a concurrent loader sees the old or the new checkpoint, but a reader that opened the
 // old metadata may find old data files gone after the commit).
-#ifndef SHARDPOINT_ENGINE_PRUNE_H_
-#define SHARDPOINT_ENGINE_PRUNE_H_
+#ifndef SHARDPOINT_MANAGE_PRUNE_H_
+#define SHARDPOINT_MANAGE_PRUNE_H_
 
 #include <cstdint>
 #include <string>
@@ -68,4 +68,4 @@ Result<PruneReport> Prune(std::string_view path, const std::vector<std::string>&
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_PRUNE_H_
+#endif  // SHARDPOINT_MANAGE_PRUNE_H_

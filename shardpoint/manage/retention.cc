@@ -1,5 +1,5 @@
 // Retention: listing step checkpoints, planning and executing garbage collection.
-#include "shardpoint/engine/retention.h"
+#include "shardpoint/manage/retention.h"
 
 #include <algorithm>
 #include <memory>

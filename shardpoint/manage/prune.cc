@@ -1,5 +1,5 @@
 // Prune: plan the new metadata, copy the surviving chunks of affected files, commit, clean up.
-#include "shardpoint/engine/prune.h"
+#include "shardpoint/manage/prune.h"
 
 #include <algorithm>
 #include <atomic>

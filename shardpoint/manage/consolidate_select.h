@@ -14,8 +14,8 @@
 //    training state is exported under its own name.
 // The outcome says what was picked and what was left out, for the caller to report. Pure and
 // thread-safe.
-#ifndef SHARDPOINT_ENGINE_CONSOLIDATE_SELECT_H_
-#define SHARDPOINT_ENGINE_CONSOLIDATE_SELECT_H_
+#ifndef SHARDPOINT_MANAGE_CONSOLIDATE_SELECT_H_
+#define SHARDPOINT_MANAGE_CONSOLIDATE_SELECT_H_
 
 #include <cstdint>
 #include <span>
@@ -46,4 +46,4 @@ DefaultSelection SelectModelWeights(const CheckpointMetadata& metadata);
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_CONSOLIDATE_SELECT_H_
+#endif  // SHARDPOINT_MANAGE_CONSOLIDATE_SELECT_H_

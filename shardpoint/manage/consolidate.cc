@@ -1,5 +1,5 @@
 // Consolidate: plan every output file from the metadata, then fill them slab by slab on the pool.
-#include "shardpoint/engine/consolidate.h"
+#include "shardpoint/manage/consolidate.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "shardpoint/checkpoint.h"
-#include "shardpoint/engine/consolidate_plan.h"
+#include "shardpoint/manage/consolidate_plan.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/exec/task_group.h"

@@ -16,8 +16,8 @@
 // buffers, so memory stays near 2 x slab_bytes plus Load's own staging budget.
 //
 // Thread-safety: one call reads both checkpoints; they must not change during it.
-#ifndef SHARDPOINT_ENGINE_DIFF_H_
-#define SHARDPOINT_ENGINE_DIFF_H_
+#ifndef SHARDPOINT_MANAGE_DIFF_H_
+#define SHARDPOINT_MANAGE_DIFF_H_
 
 #include <cstdint>
 #include <string>
@@ -80,4 +80,4 @@ std::vector<Box> SplitIntoSlabs(const Box& box, uint64_t item_bytes, uint64_t ma
 
 }  // namespace sp
 
-#endif  // SHARDPOINT_ENGINE_DIFF_H_
+#endif  // SHARDPOINT_MANAGE_DIFF_H_
