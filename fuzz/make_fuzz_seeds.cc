@@ -60,7 +60,8 @@ void Write(const std::string& path, const std::string& bytes) {
 // DCP metadata and plain-data pickles (unpickle_fuzz), torch.save archives (zip_fuzz).
 void TorchSeeds(const std::string& unpickle_dir, const std::string& zip_dir) {
   namespace td = sp::torch_dcp;
-  using P = td::PlainValue;
+  namespace ts = sp::torch_save;
+  using P = ts::PlainValue;
   td::DcpMetadata md;
   md.state_dict_metadata = {{"w", td::DcpEntry::Kind::kTensor, {sp::DType::kBFloat16}, {4, 2},
                              {sp::Box({0, 0}, {2, 2}), sp::Box({2, 0}, {2, 2})}},
@@ -75,16 +76,16 @@ void TorchSeeds(const std::string& unpickle_dir, const std::string& zip_dir) {
   P plain = P::Dict({{P::String("lr"), P::Float(0.5)},
                      {P::String("ids"), P::List({P::Int(-1), P::Int(int64_t{1} << 40), P::None()})},
                      {P::String("t"), P::Tuple({P::Bool(true), P::Bytes("\x01\xff")})}});
-  Write(unpickle_dir + "/plain", td::EncodePlainPickle(plain).value());
-  td::TorchSaveLayout tensor = td::LayoutTensorItem(sp::DType::kFloat32, {2, 3}).value();
+  Write(unpickle_dir + "/plain", ts::EncodePlainPickle(plain).value());
+  ts::TorchSaveLayout tensor = ts::LayoutTensorItem(sp::DType::kFloat32, {2, 3}).value();
   Write(unpickle_dir + "/tensor-data.pkl", tensor.data_pkl());
-  Write(zip_dir + "/tensor", td::TensorItemPrefix(tensor) + std::string(24, '\1') +
-                                td::TensorItemSuffix(tensor, 0));
-  td::TorchSaveLayout sd = td::TorchSaveLayout::ForStateDict(
+  Write(zip_dir + "/tensor", ts::TensorItemPrefix(tensor) + std::string(24, '\1') +
+                                ts::TensorItemSuffix(tensor, 0));
+  ts::TorchSaveLayout sd = ts::TorchSaveLayout::ForStateDict(
       {{"a", sp::DType::kUInt16, {2}}, {"b", sp::DType::kInt8, {}}}).value();
   Write(zip_dir + "/state-dict", sd.Head() + std::string(4, '\2') + sd.Between(0, 0) + "x" +
                                     sd.Tail(std::vector<uint32_t>{0, 0}));
-  Write(zip_dir + "/object", td::EncodePlainObjectItem(plain).value());
+  Write(zip_dir + "/object", ts::EncodePlainObjectItem(plain).value());
 }
 
 std::string ReadFile(const std::string& path) {

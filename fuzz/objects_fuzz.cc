@@ -24,7 +24,8 @@
 
 namespace {
 
-using namespace sp::torch_dcp;  // NOLINT
+using namespace sp::torch_dcp;   // NOLINT
+using namespace sp::torch_save;  // NOLINT
 
 void Check(bool condition) {
   if (!condition) std::abort();

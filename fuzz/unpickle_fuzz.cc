@@ -1,5 +1,5 @@
 // libFuzzer target for the restricted unpickler and the DCP metadata decoder
-// (shardpoint/format/torch_dcp, docs/TORCH_DCP.md).
+// (shardpoint/format/torch_save, docs/TORCH_DCP.md).
 //
 // Each input is unpickled under the three allowlists. Whatever decodes must re-encode to bytes
 // that decode again and encode to the same bytes: DCP metadata through EncodeDcpMetadata, plain
@@ -15,7 +15,8 @@
 
 namespace {
 
-using namespace sp::torch_dcp;  // NOLINT
+using namespace sp::torch_dcp;   // NOLINT
+using namespace sp::torch_save;  // NOLINT
 
 void Check(bool condition) {
   if (!condition) std::abort();

@@ -1,5 +1,5 @@
 // libFuzzer target for the ZIP reader and the torch.save archive parsers
-// (shardpoint/format/torch_dcp, docs/TORCH_DCP.md).
+// (shardpoint/format/torch_save, docs/TORCH_DCP.md).
 //
 // Each input is read as an archive twice: as given, and with the central directory's CRC-32s
 // recomputed so that mutations of data.pkl reach the unpickler instead of stopping at a CRC.
@@ -17,7 +17,8 @@
 
 namespace {
 
-using namespace sp::torch_dcp;  // NOLINT
+using namespace sp::torch_dcp;   // NOLINT
+using namespace sp::torch_save;  // NOLINT
 
 void Check(bool condition) {
   if (!condition) std::abort();
@@ -37,7 +38,7 @@ void FixCrcs(std::string& b) {
     std::memcpy(&c, b.data() + pos + 32, 2);
     sp::Result<uint64_t> offset = ZipEntryDataOffset(read, *dir, e, "fuzz");
     if (offset.ok()) {
-      uint32_t crc = Crc32(0, b.data() + *offset, e.size);
+      uint32_t crc = sp::Crc32(0, b.data() + *offset, e.size);
       std::memcpy(b.data() + pos + 16, &crc, 4);
     }
     pos += 46 + n + x + c;
