@@ -248,26 +248,6 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   return EncodeWriteReport(report);
 }
 
-// Coordinator: fills in the checksums, makes the data durable, writes and renames the metadata,
-// then removes files of earlier or failed saves that the new metadata does not name.
-// Writes `bytes` to `name` in `path` durably: a temporary name, fsync, rename.
-Status WriteFileDurably(Store& store, std::string_view path, std::string_view name,
-                        std::string_view temp_suffix, std::string_view bytes) {
-  const std::string final_path = JoinPath(path, name);
-  const std::string temp_path = final_path + std::string(temp_suffix);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
-  Status written = [&]() -> Status {
-    SP_RETURN_IF_ERROR(file->WriteAt(0, AsBytes(bytes)));
-    SP_RETURN_IF_ERROR(file->Sync());
-    return file->Close();
-  }();
-  if (!written.ok()) {
-    store.RemoveFile(temp_path).IgnoreError();
-    return written;
-  }
-  return store.Rename(temp_path, final_path);
-}
-
 // Checks that some rank reported every chunk, and takes the checksums of native chunks.
 Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadata* metadata) {
   std::vector<std::vector<bool>> reported(metadata->tensors.size());
@@ -302,10 +282,12 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
 Status WriteMegatronFiles(Store& store, std::string_view path, std::string_view temp_suffix,
                           CheckpointMetadata* metadata, std::vector<ObjectEntry>* objects) {
   SP_ASSIGN_OR_RETURN(std::string common, torch_dcp::BuildMegatronCommonFile(*metadata));
-  SP_RETURN_IF_ERROR(
-      WriteFileDurably(store, path, torch_dcp::kMegatronCommonFileName, temp_suffix, common));
-  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, torch_dcp::kMegatronConfigFileName, temp_suffix,
-                                      torch_dcp::EncodeMegatronConfig()));
+  for (const auto& [name, bytes] :
+       {std::pair<std::string_view, std::string>{torch_dcp::kMegatronCommonFileName, std::move(common)},
+        {torch_dcp::kMegatronConfigFileName, torch_dcp::EncodeMegatronConfig()}}) {
+    SP_RETURN_IF_ERROR(
+        WriteFileDurably(store, path, name, std::string(name) + std::string(temp_suffix), bytes));
+  }
   *objects = std::exchange(metadata->objects, {});
   return OkStatus();
 }
@@ -350,14 +332,16 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
     SP_ASSIGN_OR_RETURN(encoded, torch_dcp::BuildDcpMetadataFile(*metadata, objects, path));
     if (megatron) metadata->objects = std::move(common_objects);
     if (!objects.items.empty()) {
-      SP_RETURN_IF_ERROR(WriteFileDurably(store, path, objects.name, ".tmp", objects.bytes));
+      SP_RETURN_IF_ERROR(
+          WriteFileDurably(store, path, objects.name, objects.name + ".tmp", objects.bytes));
       metadata->files.push_back(DataFile{objects.name, 0, objects.bytes.size(), coordinator});
     }
   } else {
     encoded = EncodeMetadata(*metadata);
   }
   SP_RETURN_IF_ERROR(store.SyncDir(path));
-  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, metadata_name, temp_suffix, encoded));
+  SP_RETURN_IF_ERROR(
+      WriteFileDurably(store, path, metadata_name, metadata_name + temp_suffix, encoded));
   SP_RETURN_IF_ERROR(store.SyncDir(path));
   // A checkpoint of the other format replaced by this one: its metadata goes only now, so that
   // a crash before this point leaves the old checkpoint loadable.

@@ -206,16 +206,6 @@ Status CreateOutputs(Job& job, Store& store, std::string_view out_dir) {
   return OkStatus();
 }
 
-Status WriteSmallFile(Store& store, std::string_view out_dir, std::string_view name,
-                      std::string_view bytes) {
-  const std::string temp = JoinPath(out_dir, TempName(name));
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp));
-  SP_RETURN_IF_ERROR(file->WriteAt(0, AsBytes(bytes)));
-  SP_RETURN_IF_ERROR(file->Sync());
-  SP_RETURN_IF_ERROR(file->Close());
-  return store.Rename(temp, JoinPath(out_dir, name));
-}
-
 // Syncs and renames every output into place, then writes the index (or removes a stale one).
 Status Commit(Job& job, Store& store, std::string_view out_dir) {
   for (size_t f = 0; f < job.outputs.size(); ++f) {
@@ -228,7 +218,8 @@ Status Commit(Job& job, Store& store, std::string_view out_dir) {
   }
   const std::string index_name = IndexFileName(job.options.format);
   if (!job.plan.index_name.empty()) {
-    SP_RETURN_IF_ERROR(WriteSmallFile(store, out_dir, index_name, job.plan.index_json));
+    SP_RETURN_IF_ERROR(
+        WriteFileDurably(store, out_dir, index_name, TempName(index_name), job.plan.index_json));
   } else if (Result<bool> e = store.Exists(JoinPath(out_dir, index_name)); e.ok() && *e) {
     SP_RETURN_IF_ERROR(store.RemoveFile(JoinPath(out_dir, index_name)));
   }

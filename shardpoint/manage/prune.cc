@@ -217,16 +217,9 @@ Status WriteRewrite(Store& store, std::string_view path, const CheckpointMetadat
 // docs/FORMAT.md §4 step 3: data durable, metadata to a temporary name, fsync, rename, fsync.
 Status CommitMetadata(Store& store, std::string_view path, const CheckpointMetadata& next) {
   SP_RETURN_IF_ERROR(store.SyncDir(path));
-  const std::string final_path = JoinPath(path, kMetadataFileName);
-  const std::string temp_path = final_path + ".tmp-" + next.save_id;
-  const std::string encoded = EncodeMetadata(next);
-  {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
-    SP_RETURN_IF_ERROR(file->WriteAt(0, AsBytes(encoded)));
-    SP_RETURN_IF_ERROR(file->Sync());
-    SP_RETURN_IF_ERROR(file->Close());
-  }
-  SP_RETURN_IF_ERROR(store.Rename(temp_path, final_path));
+  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, kMetadataFileName,
+                                      std::string(kMetadataFileName) + ".tmp-" + next.save_id,
+                                      EncodeMetadata(next)));
   return store.SyncDir(path);
 }
 

@@ -62,6 +62,33 @@ class FaultStoreTest : public ::testing::Test {
 // ---------------------------------------------------------------------------------------------
 // Error injection.
 
+// WriteFileDurably (store.h): the old content survives a failure at every step, a temporary that
+// could not be written is removed, and the new content replaces the old when every step succeeds.
+TEST_F(FaultStoreTest, WriteFileDurablyKeepsTheOldFileOnEveryFailure) {
+  Preexisting("/ckpt/meta", "old");
+  for (Op op : {Op::kCreate, Op::kWrite, Op::kSync, Op::kClose, Op::kRename}) {
+    fs_.FailNext(op, UnavailableError("device detached"));
+    Status status = WriteFileDurably(fs_, "/ckpt", "meta", "meta.tmp-1", "new");
+    EXPECT_EQ(status.code(), StatusCode::kUnavailable) << FaultStore::OpName(op);
+    EXPECT_NE(status.message().find("device detached"), std::string::npos) << status;
+    EXPECT_EQ(Content("/ckpt/meta"), "old") << FaultStore::OpName(op);
+    // Left after a failed rename only, holding all of the new content.
+    if (op == Op::kRename) {
+      EXPECT_EQ(Content("/ckpt/meta.tmp-1"), "new");
+    } else {
+      EXPECT_FALSE(Exists("/ckpt/meta.tmp-1")) << FaultStore::OpName(op);
+    }
+  }
+  SP_ASSERT_OK(WriteFileDurably(fs_, "/ckpt", "meta", "meta.tmp-1", "new"));
+  EXPECT_EQ(Content("/ckpt/meta"), "new");
+  EXPECT_FALSE(Exists("/ckpt/meta.tmp-1"));
+  // Once the directory is synced, a crash keeps the new content: the file was synced before
+  // the rename.
+  SP_ASSERT_OK(fs_.SyncDir("/ckpt"));
+  SP_ASSERT_OK(fs_.SimulateCrash());
+  EXPECT_EQ(Content("/ckpt/meta"), "new");
+}
+
 TEST_F(FaultStoreTest, FailNextFailsExactlyCountCallsAndChangesNothing) {
   auto file = fs_.NewWritableFile("/ckpt/f");
   ASSERT_TRUE(file.ok());

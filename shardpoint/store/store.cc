@@ -57,6 +57,23 @@ Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_
   return bytes;
 }
 
+Status WriteFileDurably(Store& store, std::string_view dir, std::string_view name,
+                        std::string_view temp_name, std::string_view bytes) {
+  const std::string final_path = JoinPath(dir, name);
+  const std::string temp_path = JoinPath(dir, temp_name);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
+  Status written = file->WriteAt(0, AsBytes(bytes));
+  if (written.ok()) written = file->Sync();
+  // Closed whatever happened, so that the handle is released before the temporary is removed.
+  Status closed = file->Close();
+  if (written.ok()) written = closed;
+  if (!written.ok()) {
+    store.RemoveFile(temp_path).IgnoreError();
+    return written;
+  }
+  return store.Rename(temp_path, final_path);
+}
+
 std::string JoinPath(std::string_view dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
   if (name.empty()) return std::string(dir);

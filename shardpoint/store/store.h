@@ -138,6 +138,18 @@ std::string OpAt(std::string_view op, std::string_view path, uint64_t offset);
 // their metadata and config files at the top of their directory.
 Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_t limit);
 
+// Writes `bytes` as the file `name` of directory `dir` so that readers find either what was there
+// before or all of `bytes`: they go to the file `temp_name` of `dir`, which is synced, closed and
+// renamed over `name`. On failure `name` is as it was; the temporary is removed (best effort)
+// when writing it failed, and left when the rename failed (a failed rename may have happened on
+// some file systems; the next commit's cleanup removes such leftovers by their name).
+// The rename is durable once the caller syncs `dir` (Store::SyncDir), which is left to the caller:
+// a commit may rename several files under one SyncDir, and must sync the directory before the
+// rename when the files the new one names have to be durable first. Used for every small file a
+// checkpoint commits (metadata, index, Megatron's files).
+Status WriteFileDurably(Store& store, std::string_view dir, std::string_view name,
+                        std::string_view temp_name, std::string_view bytes);
+
 // "a" + "b" -> "a/b" (no doubled slash); "a" + "" -> "a" (the directory itself, or the one
 // file of a single-file checkpoint).
 std::string JoinPath(std::string_view dir, std::string_view name);
