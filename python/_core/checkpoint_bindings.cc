@@ -1,4 +1,4 @@
-// save, load, read_metadata, read_objects and verify. Each parses its arguments with the GIL held,
+// save, load, read_metadata, read_objects and verify, and the read-only VerifyReport. Each parses its arguments with the GIL held,
 // runs the engine with the GIL released (a Python communicator takes it back for each
 // collective), and raises StatusError on failure.
 #include <nanobind/stl/string.h>
@@ -78,7 +78,7 @@ nb::list ReadObjects(const std::string& path, const std::vector<std::string>& na
   return out;
 }
 
-nb::dict VerifyCheckpoint(const std::string& path, int threads, bool allow_external_links) {
+VerifyReport VerifyCheckpoint(const std::string& path, int threads, bool allow_external_links) {
   std::unique_ptr<Store> store = ReadStore(path, allow_external_links);
   Result<VerifyReport> report = InternalError("verify did not run");
   {
@@ -87,15 +87,7 @@ nb::dict VerifyCheckpoint(const std::string& path, int threads, bool allow_exter
     if (threads > 0) pool = std::make_unique<ThreadPool>(threads);
     report = Verify(path, store.get(), pool.get());
   }
-  VerifyReport r = ValueOrThrow(std::move(report));
-  nb::dict out;
-  out["ok"] = r.ok();
-  out["defects"] = nb::cast(r.defects);
-  out["notes"] = nb::cast(r.notes);
-  out["files_checked"] = r.files_checked;
-  out["chunks_checked"] = r.chunks_checked;
-  out["bytes_checked"] = r.bytes_checked;
-  return out;
+  return ValueOrThrow(std::move(report));
 }
 
 }  // namespace
@@ -127,9 +119,18 @@ void DefineCheckpointFunctions(nb::module_& m) {
         "allow_external_links"_a = false,
         "The stored objects among `names` as (name, encoding, payload); missing names are "
         "skipped.");
+  nb::class_<VerifyReport>(m, "VerifyReport", "What verify() found (read-only).")
+      .def_prop_ro("ok", &VerifyReport::ok, "No defects.")
+      .def_ro("defects", &VerifyReport::defects)
+      .def_ro("notes", &VerifyReport::notes, "Remarks that are not defects (symbolic links).")
+      .def_ro("files_checked", &VerifyReport::files_checked)
+      .def_ro("chunks_checked", &VerifyReport::chunks_checked)
+      .def_ro("bytes_checked", &VerifyReport::bytes_checked)
+      .def_ro("has_checksums", &VerifyReport::has_checksums, "False for formats without checksums.");
   m.def("verify", &VerifyCheckpoint, "path"_a, nb::kw_only(), "threads"_a = 0,
         "allow_external_links"_a = false,
-        "Checks every file, checksum block and tensor coverage of the checkpoint at `path`.");
+        "Checks every file, checksum block and tensor coverage of the checkpoint at `path`;\n"
+        "returns a VerifyReport.");
 }
 
 }  // namespace sp::python

@@ -1,7 +1,9 @@
 // consolidate and parse_byte_size over the consolidation library (shardpoint/engine/consolidate.h);
 // its options, key mapping included, are a ConsolidateOptions (options.h).
 // The work runs with the GIL released; a progress callable is called with the GIL taken back,
-// from the engine's threads, one call at a time. Failures raise StatusError.
+// from the engine's threads, one call at a time. Returns a read-only ConsolidateResult; failures
+// raise StatusError.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -15,17 +17,6 @@ using namespace nb::literals;
 
 namespace sp::python {
 namespace {
-
-nb::dict ResultToPython(const ConsolidateResult& r) {
-  nb::dict d;
-  d["files"] = nb::cast(r.files);
-  d["index_file"] = r.index_file.empty() ? nb::none() : nb::cast(r.index_file);
-  d["tensors"] = r.tensors;
-  d["total_bytes"] = r.total_bytes;
-  d["bytes_read"] = r.bytes_read;
-  d["selection"] = r.selection;
-  return d;
-}
 
 // Wraps a Python callable so the engine's threads can call it. A Python exception in the callable
 // is reported once on stderr (as an unraisable exception) and the callable is not called again.
@@ -45,7 +36,7 @@ std::function<void(uint64_t, uint64_t)> ProgressCallback(nb::object callable) {
   };
 }
 
-nb::dict Consolidate(const std::string& path, const std::string& out_dir,
+ConsolidateResult Consolidate(const std::string& path, const std::string& out_dir,
                      const PyConsolidateOptions& py_options) {
   ConsolidateOptions options = py_options.options;
   // The source's store, which also writes the output; allow_external_links lets the source's
@@ -61,12 +52,25 @@ nb::dict Consolidate(const std::string& path, const std::string& out_dir,
   }
   // The callback (holding a Python object) must be destroyed with the GIL held: it is, here.
   options.progress = nullptr;
-  return ResultToPython(ValueOrThrow(std::move(result)));
+  return ValueOrThrow(std::move(result));
 }
 
 }  // namespace
 
 void DefineConsolidateFunctions(nb::module_& m) {
+  nb::class_<ConsolidateResult>(m, "ConsolidateResult", "What consolidate() wrote (read-only).")
+      .def_ro("files", &ConsolidateResult::files, "The data files, in shard order.")
+      .def_prop_ro(
+          "index_file",
+          [](const ConsolidateResult& r) -> std::optional<std::string> {
+            if (r.index_file.empty()) return std::nullopt;
+            return r.index_file;
+          },
+          "None when there is one data file.")
+      .def_ro("tensors", &ConsolidateResult::tensors)
+      .def_ro("total_bytes", &ConsolidateResult::total_bytes, "Tensor bytes written.")
+      .def_ro("bytes_read", &ConsolidateResult::bytes_read, "Bytes read from the source.")
+      .def_ro("selection", &ConsolidateResult::selection, "What was exported and what was left out.");
   m.def("consolidate", &Consolidate, "path"_a, "out_dir"_a, "options"_a = PyConsolidateOptions(),
         "Writes the checkpoint at `path` as whole tensors into `out_dir` (Hugging Face shards), as\n"
         "a ConsolidateOptions says; its key mapping, when set, applies first.");

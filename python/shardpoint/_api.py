@@ -487,5 +487,5 @@ def verify(path: PathLike, *, allow_external_links: bool = False) -> VerifyRepor
     """
     with translated():
         report = _core.verify(os.fspath(path), allow_external_links=allow_external_links)
-    return VerifyReport(bool(report["ok"]), list(report["defects"]), int(report["files_checked"]),
-                        int(report["chunks_checked"]), int(report["bytes_checked"]), list(report["notes"]))
+    return VerifyReport(report.ok, report.defects, report.files_checked, report.chunks_checked, report.bytes_checked,
+                        report.notes)

@@ -160,7 +160,6 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
     if "bar" in bar:
         bar["bar"].finish()
     if keys is None and prefixes is None and not all_tensors and not os.environ.get("SHARDPOINT_QUIET"):
-        print(f"shardpoint consolidate: {result['selection']}", file=sys.stderr)
-    return ConsolidateResult(os.fspath(out_dir), list(result["files"]), result["index_file"],
-                             int(result["tensors"]), int(result["total_bytes"]), int(result["bytes_read"]),
-                             str(result["selection"]))
+        print(f"shardpoint consolidate: {result.selection}", file=sys.stderr)
+    return ConsolidateResult(os.fspath(out_dir), result.files, result.index_file, result.tensors, result.total_bytes,
+                             result.bytes_read, result.selection)

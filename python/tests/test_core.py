@@ -156,7 +156,7 @@ def test_pieces_reshard_and_objects(tmp_path):
     assert md.total_bytes == full.nbytes
     assert _core.read_objects(path, ["blob", "nope"]) == [("blob", "bytes", b"\x00\x01")]
     report = _core.verify(path)
-    assert report["ok"] and report["defects"] == [] and report["bytes_checked"] == full.nbytes
+    assert report.ok and report.defects == [] and report.bytes_checked == full.nbytes
 
 
 def test_torch_low_precision_round_trip_via_dlpack(tmp_path):
@@ -211,7 +211,7 @@ def test_status_errors_carry_the_code(tmp_path):
     assert info.value.code == "DATA_LOSS"
     assert data_file in info.value.message
     report = _core.verify(path)
-    assert not report["ok"] and any(data_file in d for d in report["defects"])
+    assert not report.ok and any(data_file in d for d in report.defects)
 
 
 def test_bad_arrays_raise_value_error(tmp_path):

@@ -204,3 +204,20 @@ def test_metadata_objects_are_read_only(tmp_path):
     assert (tensor.name, tensor.dtype, tensor.shape, tensor.nbytes) == ("w", "int32", (6,), 24)
     assert (chunk.offsets, chunk.sizes, chunk.byte_length) == ((0,), (6,), 24)
     assert (obj.name, obj.encoding) == ("cfg", "json")
+
+
+def test_verify_and_consolidate_results_are_read_only(tmp_path):
+    path = str(tmp_path / "ckpt")
+    values = np.arange(6, dtype=np.float32)
+    _core.save(path, [whole("w", "float32", values)], [])
+    report = _core.verify(path)
+    assert (report.ok, report.defects, report.bytes_checked, report.has_checksums) == (True, [], 24, True)
+    result = _core.consolidate(path, str(tmp_path / "hf"))
+    assert (result.files, result.index_file, result.tensors, result.total_bytes) == (
+        ["model.safetensors"], None, 1, 24)
+    for owner, name in [(report, "ok"), (report, "defects"), (result, "files"), (result, "index_file"),
+                        (result, "tensors")]:
+        before = getattr(owner, name)
+        with pytest.raises(AttributeError):
+            setattr(owner, name, None)
+        assert getattr(owner, name) == before
