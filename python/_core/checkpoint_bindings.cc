@@ -1,6 +1,6 @@
-// save, load, read_metadata, read_objects and verify, and the read-only VerifyReport. Each parses its arguments with the GIL held,
-// runs the engine with the GIL released (a Python communicator takes it back for each
-// collective), and raises StatusError on failure.
+// save, load, read_metadata, read_objects and verify, and the read-only VerifyReport. Each parses
+// its arguments with the GIL held, runs the engine with the GIL released (a Python communicator
+// takes it back for each collective), and raises StatusError on failure.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -126,7 +126,8 @@ void DefineCheckpointFunctions(nb::module_& m) {
       .def_ro("files_checked", &VerifyReport::files_checked)
       .def_ro("chunks_checked", &VerifyReport::chunks_checked)
       .def_ro("bytes_checked", &VerifyReport::bytes_checked)
-      .def_ro("has_checksums", &VerifyReport::has_checksums, "False for formats without checksums.");
+      .def_ro("has_checksums", &VerifyReport::has_checksums,
+              "False for formats without checksums.");
   m.def("verify", &VerifyCheckpoint, "path"_a, nb::kw_only(), "threads"_a = 0,
         "allow_external_links"_a = false,
         "Checks every file, checksum block and tensor coverage of the checkpoint at `path`;\n"

@@ -70,8 +70,10 @@ void DefineConsolidateFunctions(nb::module_& m) {
       .def_ro("tensors", &ConsolidateResult::tensors)
       .def_ro("total_bytes", &ConsolidateResult::total_bytes, "Tensor bytes written.")
       .def_ro("bytes_read", &ConsolidateResult::bytes_read, "Bytes read from the source.")
-      .def_ro("selection", &ConsolidateResult::selection, "What was exported and what was left out.");
-  m.def("consolidate", &Consolidate, "path"_a, "out_dir"_a, "options"_a = PyConsolidateOptions(),
+      .def_ro("selection", &ConsolidateResult::selection,
+              "What was exported and what was left out.");
+  m.def("consolidate", &Consolidate, "path"_a, "out_dir"_a,
+        "options"_a = PyConsolidateOptions(),
         "Writes the checkpoint at `path` as whole tensors into `out_dir` (Hugging Face shards), as\n"
         "a ConsolidateOptions says; its key mapping, when set, applies first.");
   m.def(

@@ -28,7 +28,7 @@ nb::tuple IntTuple(const std::vector<int64_t>& values) {
 constexpr auto kView = nb::rv_policy::reference_internal;
 
 void DefineChunkAndFile(nb::module_& m) {
-  nb::class_<StoredChunk>(m, "StoredChunk", "A stored chunk of a tensor: a box in global coordinates.")
+  nb::class_<StoredChunk>(m, "StoredChunk", "A stored chunk of a tensor, in global coordinates.")
       .def_prop_ro("offsets", [](const StoredChunk& c) { return IntTuple(c.box.offsets); })
       .def_prop_ro("sizes", [](const StoredChunk& c) { return IntTuple(c.box.sizes); })
       .def_ro("file", &StoredChunk::file, "Index of its data file in CheckpointMetadata.files.")
@@ -43,7 +43,7 @@ void DefineTensorAndObject(nb::module_& m) {
   nb::class_<TensorMetadata>(m, "TensorMetadata", "A stored tensor.")
       .def_ro("name", &TensorMetadata::name)
       .def_prop_ro("dtype", [](const TensorMetadata& t) { return std::string(DTypeName(t.dtype)); })
-      .def_prop_ro("shape", [](const TensorMetadata& t) { return IntTuple(t.shape); }, "Global shape.")
+      .def_prop_ro("shape", [](const TensorMetadata& t) { return IntTuple(t.shape); }, "Global.")
       .def_prop_ro("chunks", [](const TensorMetadata& t) -> const std::vector<StoredChunk>& {
         return t.chunks;
       }, kView)
@@ -68,9 +68,12 @@ void DefineCheckpointMetadata(nb::module_& m) {
       .def_prop_ro("files", [](const CheckpointMetadata& md) -> const std::vector<DataFile>& {
         return md.files;
       }, kView)
-      .def_prop_ro("tensors", [](const CheckpointMetadata& md) -> const std::vector<TensorMetadata>& {
-        return md.tensors;
-      }, kView, "Sorted by name.")
+      .def_prop_ro(
+          "tensors",
+          [](const CheckpointMetadata& md) -> const std::vector<TensorMetadata>& {
+            return md.tensors;
+          },
+          kView, "Sorted by name.")
       .def_prop_ro("objects", [](const CheckpointMetadata& md) -> const std::vector<ObjectEntry>& {
         return md.objects;
       }, kView, "Sorted by name.")

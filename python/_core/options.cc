@@ -110,7 +110,9 @@ std::vector<TensorPlacement> PlacementsFromPython(const std::vector<PlacementTup
     p.target = target;
     p.dtype = ValueOrThrow(ParseDType(dtype));
     p.shape = shape;
-    for (const auto& [source, offsets, sizes] : sources) p.sources.push_back({source, offsets, sizes});
+    for (const auto& [source, offsets, sizes] : sources) {
+      p.sources.push_back({source, offsets, sizes});
+    }
   }
   return out;
 }
@@ -121,7 +123,8 @@ void DefineSaveOptions(nb::module_& m) {
       "Options of save() and AsyncSaver.start(), from keywords naming its attributes; a keyword\n"
       "left out keeps the engine's default (shardpoint/checkpoint.h SaveOptions).");
   cls.def("__init__", &InitFromKeywords<PySaveOptions>);
-  cls.def_rw("comm", &PySaveOptions::comm, kNoneAllowed, "The communicator object (None: one rank).");
+  cls.def_rw("comm", &PySaveOptions::comm, kNoneAllowed,
+             "The communicator object (None: one rank).");
   Field(cls, "overwrite", &SaveOptions::overwrite, "Replace a committed checkpoint at the path.");
   Field(cls, "threads", &SaveOptions::threads, "I/O threads (0: the engine's default).");
   Field(cls, "files_per_rank", &SaveOptions::files_per_rank, "Data files each rank writes.");
@@ -142,8 +145,9 @@ void DefineLoadOptions(nb::module_& m) {
       "Options of load(), from keywords naming its attributes; a keyword left out keeps the\n"
       "engine's default (shardpoint/checkpoint.h LoadOptions).");
   cls.def("__init__", &InitFromKeywords<PyLoadOptions>);
-  cls.def_rw("comm", &PyLoadOptions::comm, kNoneAllowed, "The communicator object (None: one rank).");
-  Field(cls, "strict", &LoadOptions::strict, "Wanted tensors missing from the checkpoint are an error.");
+  cls.def_rw("comm", &PyLoadOptions::comm, kNoneAllowed,
+             "The communicator object (None: one rank).");
+  Field(cls, "strict", &LoadOptions::strict, "Wanted tensors the checkpoint lacks are an error.");
   Field(cls, "allow_cast", &LoadOptions::allow_cast, "Convert stored dtypes to the destination's.");
   Field(cls, "threads", &LoadOptions::threads, "I/O threads (0: the engine's default).");
   Field(cls, "verify_checksums", &LoadOptions::verify_checksums, "Check the stored checksums.");
@@ -159,11 +163,12 @@ void DefineLoadOptions(nb::module_& m) {
 void DefineConsolidateOptions(nb::module_& m) {
   nb::class_<PyConsolidateOptions> cls(
       m, "ConsolidateOptions",
-      "Options of consolidate(), from keywords naming its attributes; a keyword left out keeps the\n"
-      "engine's default (shardpoint/engine/consolidate.h ConsolidateOptions).");
+      "Options of consolidate(), from keywords naming its attributes; a keyword left out keeps\n"
+      "the engine's default (shardpoint/engine/consolidate.h ConsolidateOptions).");
   cls.def("__init__", &InitFromKeywords<PyConsolidateOptions>);
   cls.def_prop_rw(
-      "format", [](const PyConsolidateOptions& self) { return ConsolidateFormatName(self.options.format); },
+      "format",
+      [](const PyConsolidateOptions& self) { return ConsolidateFormatName(self.options.format); },
       [](PyConsolidateOptions& self, const std::string& name) {
         self.options.format = ParseConsolidateFormat(name);
       },
@@ -180,11 +185,11 @@ void DefineConsolidateOptions(nb::module_& m) {
                                   : std::nullopt;
       },
       "Convert floating-point tensors to this dtype (None: keep theirs).");
-  Field(cls, "keys", &ConsolidateOptions::keys, "Names selecting a tensor and the tensors under it.");
+  Field(cls, "keys", &ConsolidateOptions::keys, "Names selecting a tensor and those under it.");
   Field(cls, "prefixes", &ConsolidateOptions::prefixes, "Name prefixes selecting tensors.");
   Field(cls, "all_tensors", &ConsolidateOptions::all_tensors, "Export every tensor.");
-  Field(cls, "rename", &ConsolidateOptions::rename, "(old prefix, new prefix) pairs, first match wins.");
-  Field(cls, "overwrite", &ConsolidateOptions::overwrite, "Replace existing outputs of this format.");
+  Field(cls, "rename", &ConsolidateOptions::rename, "(old prefix, new prefix); first match wins.");
+  Field(cls, "overwrite", &ConsolidateOptions::overwrite, "Replace outputs of this format.");
   Field(cls, "threads", &ConsolidateOptions::threads, "I/O threads (0: the engine's default).");
   Field(cls, "memory_budget_bytes", &ConsolidateOptions::memory_budget_bytes,
         "Memory for tensor data in flight.");
