@@ -71,6 +71,10 @@ struct LoadState {
   std::vector<std::string> objects;  // names of the objects wanted
 };
 
+// The default bound on the memory a call holds beyond the caller's buffers: a load's staging, a
+// streaming save's filled pieces, a consolidation's tensor data in flight.
+inline constexpr uint64_t kDefaultMemoryBudgetBytes = uint64_t{256} << 20;
+
 // Where the time of one rank's save went (seconds, wall clock), and what it wrote.
 struct SaveStats {
   double plan_seconds = 0;    // local plan, gather, global plan (coordinator), scatter
@@ -106,7 +110,7 @@ struct SaveOptions {
   // (tensor and piece index in this rank's SaveState) just before they are written, with at most
   // max(fill_budget_bytes, the largest such piece) bytes held at once. Called from I/O threads.
   std::function<Status(size_t tensor, size_t piece, MutableByteView out)> fill_piece;
-  uint64_t fill_budget_bytes = uint64_t{256} << 20;
+  uint64_t fill_budget_bytes = kDefaultMemoryBudgetBytes;
   // Called from I/O threads with the bytes of each chunk once written (for progress reports).
   std::function<void(uint64_t bytes)> on_chunk_written;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures
@@ -121,7 +125,7 @@ struct LoadOptions {
   bool strict = true;               // missing keys are an error
   bool allow_cast = false;          // convert stored dtypes to the destination's dtype
   bool verify_checksums = true;
-  uint64_t memory_budget_bytes = uint64_t{256} << 20;  // staging memory beyond the caller's buffers
+  uint64_t memory_budget_bytes = kDefaultMemoryBudgetBytes;  // staging beyond the caller's buffers
   // A stored chunk that several ranks need is read by one of them, which sends the others their
   // regions through the communicator (each stored byte read once); false: every rank reads for
   // itself. Unset: shared when comm->spans_machines() (ranks on one machine share its page cache,

@@ -6,8 +6,6 @@
 // that save is over (the next start, or the saver's end). At interpreter exit, every save still
 // running is waited for (an atexit hook), so that no background thread needs the GIL after
 // Python has started shutting down.
-#include <nanobind/stl/map.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <memory>
@@ -55,8 +53,8 @@ class PyAsyncSaver {
   PyAsyncSaver& operator=(const PyAsyncSaver&) = delete;
 
   void Start(const std::string& path, nb::handle tensors, nb::handle objects,
-             const SaveKeywords& keywords) {
-    std::unique_ptr<PreparedSave> prepared = PrepareSave(tensors, objects, keywords);
+             const PySaveOptions& options) {
+    std::unique_ptr<PreparedSave> prepared = PrepareSave(tensors, objects, options);
     Status status;
     {
       nb::gil_scoped_release release;
@@ -71,12 +69,12 @@ class PyAsyncSaver {
   // This rank failed before it could stage its state: joins the peers' save with the failure
   // (code name, message) in the background, and raises it here.
   void StartFailed(const std::string& path, const std::string& code, const std::string& message,
-                   const SaveKeywords& keywords) {
+                   const PySaveOptions& options) {
     StatusCode status_code = StatusCode::kInternal;
     for (int c = 1; c <= static_cast<int>(StatusCode::kDataLoss); ++c) {
       if (StatusCodeName(static_cast<StatusCode>(c)) == code) status_code = static_cast<StatusCode>(c);
     }
-    std::unique_ptr<PreparedSave> prepared = PrepareSave(nb::list(), nb::list(), keywords);
+    std::unique_ptr<PreparedSave> prepared = PrepareSave(nb::list(), nb::list(), options);
     Status status;
     {
       nb::gil_scoped_release release;
@@ -127,31 +125,16 @@ void DefineAsyncSaver(nb::module_& m) {
                            "memory (reused across saves, bounded by staging_budget_bytes; 0: no "
                            "limit). One save at a time.")
       .def(nb::init<uint64_t>(), "staging_budget_bytes"_a = 0)
-      .def(
-          "start",
-          [](PyAsyncSaver& self, const std::string& path, nb::handle tensors, nb::handle objects,
-             nb::handle comm, bool overwrite, int threads, int files_per_rank,
-             bool dedup_to_lowest_rank,
-             std::optional<std::map<std::string, std::string>> attributes) {
-            self.Start(path, tensors, objects,
-                       SaveKeywords{comm, overwrite, threads, files_per_rank,
-                                    dedup_to_lowest_rank, std::move(attributes), "native", {}});
-          },
-          "path"_a, "tensors"_a, "objects"_a, nb::kw_only(), "comm"_a = nb::none(),
-          "overwrite"_a = false, "threads"_a = 0, "files_per_rank"_a = 1,
-          "dedup_to_lowest_rank"_a = false, "attributes"_a = nb::none(),
-          "Waits for the previous save, copies the state into staging and starts the save;\n"
-          "returns once the caller may modify its arrays. Makes no collective call: a rank that\n"
-          "cannot stage raises here, and its peers' wait() raises the same error.")
-      .def(
-          "start_failed",
-          [](PyAsyncSaver& self, const std::string& path, const std::string& code,
-             const std::string& message, nb::handle comm, int threads) {
-            self.StartFailed(path, code, message, SaveKeywords{comm, false, threads});
-          },
-          "path"_a, "code"_a, "message"_a, nb::kw_only(), "comm"_a = nb::none(), "threads"_a = 0,
-          "For a rank that failed before start(): joins its peers' save with the error (status\n"
-          "code name, message) so that their wait() raises it, and raises it here.")
+      .def("start", &PyAsyncSaver::Start, "path"_a, "tensors"_a, "objects"_a,
+           "options"_a = PySaveOptions(),
+           "Waits for the previous save, copies the state into staging and starts the save (a\n"
+           "SaveOptions says how); returns once the caller may modify its arrays. Makes no\n"
+           "collective call: a rank that cannot stage raises here, and its peers' wait() raises\n"
+           "the same error.")
+      .def("start_failed", &PyAsyncSaver::StartFailed, "path"_a, "code"_a, "message"_a,
+           "options"_a = PySaveOptions(),
+           "For a rank that failed before start(): joins its peers' save with the error (status\n"
+           "code name, message) so that their wait() raises it, and raises it here.")
       .def("wait", &PyAsyncSaver::Wait, "Waits for the save; raises StatusError if it failed.")
       .def("done", &PyAsyncSaver::Done, "True when no save is running.")
       .def_prop_ro("staging_bytes", &PyAsyncSaver::staging_bytes,

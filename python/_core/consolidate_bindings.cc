@@ -1,12 +1,10 @@
-// consolidate and parse_byte_size over the consolidation library (shardpoint/manage/consolidate.h),
-// with a key mapping given as placements and renames (shardpoint/engine/mapped_metadata.h).
+// consolidate and parse_byte_size over the consolidation library (shardpoint/manage/consolidate.h);
+// its options, key mapping included, are a ConsolidateOptions (options.h).
 // The work runs with the GIL released; a progress callable is called with the GIL taken back,
-// from the engine's threads, one call at a time. Failures raise StatusError.
-#include <nanobind/stl/map.h>
+// from the engine's threads, one call at a time. Returns a read-only ConsolidateResult; failures
+// raise StatusError.
 #include <nanobind/stl/optional.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "python/_core/bindings.h"
@@ -19,23 +17,6 @@ using namespace nb::literals;
 
 namespace sp::python {
 namespace {
-
-ConsolidateFormat FormatFromName(const std::string& name) {
-  if (name == "safetensors") return ConsolidateFormat::kSafetensors;
-  if (name == "torch") return ConsolidateFormat::kTorch;
-  throw nb::value_error(("format must be 'safetensors' or 'torch', not '" + name + "'").c_str());
-}
-
-nb::dict ResultToPython(const ConsolidateResult& r) {
-  nb::dict d;
-  d["files"] = nb::cast(r.files);
-  d["index_file"] = r.index_file.empty() ? nb::none() : nb::cast(r.index_file);
-  d["tensors"] = r.tensors;
-  d["total_bytes"] = r.total_bytes;
-  d["bytes_read"] = r.bytes_read;
-  d["selection"] = r.selection;
-  return d;
-}
 
 // Wraps a Python callable so the engine's threads can call it. A Python exception in the callable
 // is reported once on stderr (as an unraisable exception) and the callable is not called again.
@@ -55,54 +36,15 @@ std::function<void(uint64_t, uint64_t)> ProgressCallback(nb::object callable) {
   };
 }
 
-// One placement as Python passes it: (target, dtype name, shape, [(source, offsets, sizes)]).
-using PlacementTuple =
-    std::tuple<std::string, std::string, std::vector<int64_t>,
-               std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>>>;
-
-MetadataMapping MappingFromPython(const std::vector<PlacementTuple>& placements,
-                                  std::map<std::string, std::string> renames) {
-  MetadataMapping mapping;
-  for (const auto& [target, dtype, shape, sources] : placements) {
-    TensorPlacement& p = mapping.placements.emplace_back();
-    p.target = target;
-    p.dtype = ValueOrThrow(ParseDType(dtype));
-    p.shape = shape;
-    for (const auto& [source, offsets, sizes] : sources) {
-      p.sources.push_back({source, offsets, sizes});
-    }
-  }
-  mapping.renames = std::move(renames);
-  return mapping;
-}
-
-nb::dict Consolidate(const std::string& path, const std::string& out_dir,
-                     uint64_t max_shard_bytes, std::optional<std::string> dtype,
-                     std::vector<std::string> keys, std::vector<std::string> prefixes,
-                     std::vector<std::pair<std::string, std::string>> rename,
-                     const std::string& format, bool overwrite, int threads,
-                     uint64_t memory_budget_bytes, nb::object progress, bool all_tensors,
-                     const std::vector<PlacementTuple>& placements,
-                     std::map<std::string, std::string> mapped_renames,
-                     bool allow_external_links) {
-  ConsolidateOptions options;
+ConsolidateResult Consolidate(const std::string& path, const std::string& out_dir,
+                     const PyConsolidateOptions& py_options) {
+  ConsolidateOptions options = py_options.options;
   // The source's store, which also writes the output; allow_external_links lets the source's
   // files be reached through links out of its directory (docs/FORMAT.md §1.1).
-  std::unique_ptr<Store> store =
-      ValueOrThrow(OpenStore(path, PosixStoreOptions{.allow_external_links = allow_external_links}));
+  std::unique_ptr<Store> store = ValueOrThrow(OpenStore(
+      path, PosixStoreOptions{.allow_external_links = py_options.allow_external_links}));
   options.store = store.get();
-  options.mapping = MappingFromPython(placements, std::move(mapped_renames));
-  options.format = FormatFromName(format);
-  options.max_shard_bytes = max_shard_bytes;
-  if (dtype) options.dtype = ValueOrThrow(ParseConsolidateDType(*dtype));
-  options.keys = std::move(keys);
-  options.prefixes = std::move(prefixes);
-  options.all_tensors = all_tensors;
-  options.rename = std::move(rename);
-  options.overwrite = overwrite;
-  options.threads = threads;
-  options.memory_budget_bytes = memory_budget_bytes;
-  options.progress = ProgressCallback(std::move(progress));
+  options.progress = ProgressCallback(py_options.progress);
   Result<ConsolidateResult> result = InternalError("consolidate did not run");
   {
     nb::gil_scoped_release release;
@@ -110,24 +52,30 @@ nb::dict Consolidate(const std::string& path, const std::string& out_dir,
   }
   // The callback (holding a Python object) must be destroyed with the GIL held: it is, here.
   options.progress = nullptr;
-  return ResultToPython(ValueOrThrow(std::move(result)));
+  return ValueOrThrow(std::move(result));
 }
 
 }  // namespace
 
 void DefineConsolidateFunctions(nb::module_& m) {
-  m.def("consolidate", &Consolidate, "path"_a, "out_dir"_a, "max_shard_bytes"_a,
-        "dtype"_a = nb::none(), "keys"_a = std::vector<std::string>{},
-        "prefixes"_a = std::vector<std::string>{},
-        "rename"_a = std::vector<std::pair<std::string, std::string>>{},
-        "format"_a = "safetensors", "overwrite"_a = false, "threads"_a = 0,
-        "memory_budget_bytes"_a = uint64_t{256} << 20, "progress"_a = nb::none(),
-        "all_tensors"_a = false, "placements"_a = std::vector<PlacementTuple>{},
-        "mapped_renames"_a = std::map<std::string, std::string>{},
-        "allow_external_links"_a = false,
-        "Writes the checkpoint at `path` as whole tensors into `out_dir` (Hugging Face shards); "
-        "`placements` (target, dtype, shape, [(source, offsets, sizes)]) and `mapped_renames` "
-        "(stored -> target name) apply a key mapping first (shardpoint/engine/mapped_metadata.h).");
+  nb::class_<ConsolidateResult>(m, "ConsolidateResult", "What consolidate() wrote (read-only).")
+      .def_ro("files", &ConsolidateResult::files, "The data files, in shard order.")
+      .def_prop_ro(
+          "index_file",
+          [](const ConsolidateResult& r) -> std::optional<std::string> {
+            if (r.index_file.empty()) return std::nullopt;
+            return r.index_file;
+          },
+          "None when there is one data file.")
+      .def_ro("tensors", &ConsolidateResult::tensors)
+      .def_ro("total_bytes", &ConsolidateResult::total_bytes, "Tensor bytes written.")
+      .def_ro("bytes_read", &ConsolidateResult::bytes_read, "Bytes read from the source.")
+      .def_ro("selection", &ConsolidateResult::selection,
+              "What was exported and what was left out.");
+  m.def("consolidate", &Consolidate, "path"_a, "out_dir"_a,
+        "options"_a = PyConsolidateOptions(),
+        "Writes the checkpoint at `path` as whole tensors into `out_dir` (Hugging Face shards), as\n"
+        "a ConsolidateOptions says; its key mapping, when set, applies first.");
   m.def(
       "parse_byte_size", [](const std::string& text) { return ValueOrThrow(ParseByteSize(text)); },
       "text"_a, "Bytes in a size such as '5GB', '500MB', '2GiB' or '1000'.");

@@ -1,8 +1,9 @@
 // shardpoint._core: the nanobind extension under the Python package.
 //
 // It exposes the engine's entry points over plain Python values (lists of tensor entries and
-// object entries, a communicator object, dicts for metadata) and nothing framework-specific: the
-// torch and numpy adapters are pure Python in the shardpoint package. Tensors cross zero-copy
+// object entries, a communicator object), option objects (options.h) and read-only metadata
+// objects, and nothing framework-specific: the torch and numpy adapters are pure Python in the
+// shardpoint package. Tensors cross zero-copy
 // through DLPack or the buffer protocol, and the GIL is released during planning and I/O.
 #include <nanobind/nanobind.h>
 
@@ -12,6 +13,8 @@
 NB_MODULE(_core, m) {
   m.doc() = "shardpoint's C++ engine: save, load, read_metadata, read_objects, verify, AsyncSaver";
   sp::python::DefineStatusError(m);
+  sp::python::DefineOptionClasses(m);
+  sp::python::DefineMetadataClasses(m);
   sp::python::DefineCheckpointFunctions(m);
   sp::python::DefineAsyncSaver(m);
   sp::python::DefineRetentionFunctions(m);

@@ -75,8 +75,9 @@ std::unique_ptr<PyCommunicator> PyCommunicator::FromObject(nb::handle comm) {
       throw nb::type_error((std::string("comm object has no method '") + method + "'").c_str());
     }
   }
-  return std::unique_ptr<PyCommunicator>(new PyCommunicator(
-      nb::borrow<nb::object>(comm), rank, size, nb::hasattr(comm, "all_to_all")));
+  return std::unique_ptr<PyCommunicator>(
+      new PyCommunicator(nb::borrow<nb::object>(comm), rank, size, nb::hasattr(comm, "all_to_all"),
+                         nb::hasattr(comm, "spans_machines")));
 }
 
 Result<std::vector<std::string>> PyCommunicator::Gather(std::string payload, int root) {
@@ -132,6 +133,26 @@ Result<std::vector<std::string>> PyCommunicator::AllToAll(std::vector<std::strin
     for (const std::string& p : payloads) list.append(ToBytes(p));
     return FromBytesList(comm_.attr("all_to_all")(list), size_, "all_to_all");
   });
+}
+
+bool PyCommunicator::spans_machines() const {
+  if (!has_spans_machines_) return false;
+  if (spans_machines_) return *spans_machines_;
+  nb::gil_scoped_acquire gil;
+  bool answer = false;
+  try {
+    nb::object value = comm_.attr("spans_machines")();
+    if (!nb::try_cast(value, answer, /*convert=*/false)) {
+      PyErr_Format(PyExc_TypeError, "comm.spans_machines() returned %s, expected a bool",
+                   nb::type_name(value.type()).c_str());
+      throw nb::python_error();
+    }
+  } catch (nb::python_error& e) {
+    e.discard_as_unraisable("shardpoint communicator spans_machines()");
+    answer = false;
+  }
+  spans_machines_ = answer;
+  return answer;
 }
 
 std::unique_ptr<PyCommunicator> MaybeCommunicator(nb::handle comm) {

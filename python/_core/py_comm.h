@@ -7,8 +7,13 @@
 //   broadcast(data: bytes | None, root: int) -> bytes
 //   all_gather(data: bytes) -> list[bytes]
 //   barrier() -> None
-// and optionally all_to_all(chunks: list[bytes]) -> list[bytes] (chunks[i] to rank i; returns
-// what each rank sent to this one); without it AllToAll runs one scatter per rank.
+// and optionally
+//   all_to_all(chunks: list[bytes]) -> list[bytes] (chunks[i] to rank i; returns what each rank
+//     sent to this one); without it AllToAll runs one scatter per rank;
+//   spans_machines() -> bool: whether the group's ranks run on more than one machine, the same on
+//     every rank (it may be a collective: it is called at the same point on every rank, once per
+//     PyCommunicator, with the GIL taken). Without it, or when it raises (reported as an
+//     unraisable exception), the answer is false, the default of Communicator.
 // Each collective acquires the GIL only for the duration of the Python call, so the engine can
 // run with the GIL released, on any thread (AsyncSaver's background thread included). A Python
 // exception raised by a method, or a result of the wrong shape, becomes kUnavailable
@@ -22,6 +27,7 @@
 #include <nanobind/nanobind.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,15 +51,23 @@ class PyCommunicator final : public Communicator {
   Result<std::vector<std::string>> AllGather(std::string payload) override;
   Status Barrier() override;
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
+  bool spans_machines() const override;
 
  private:
-  PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all)
-      : comm_(std::move(comm)), rank_(rank), size_(size), has_all_to_all_(has_all_to_all) {}
+  PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all,
+                 bool has_spans_machines)
+      : comm_(std::move(comm)),
+        rank_(rank),
+        size_(size),
+        has_all_to_all_(has_all_to_all),
+        has_spans_machines_(has_spans_machines) {}
 
   nanobind::object comm_;
   int rank_;
   int size_;
   bool has_all_to_all_;
+  bool has_spans_machines_;
+  mutable std::optional<bool> spans_machines_;  // the object's answer, once asked
 };
 
 // Returns a PyCommunicator for `comm`, or null when `comm` is None (one rank). GIL held.

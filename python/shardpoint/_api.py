@@ -211,9 +211,9 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
         progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
-            _core.save(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                       threads=threads or _dist.default_threads(comm), attributes=attributes, format=format,
-                       separate_key_prefixes=separate)
+            options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
+                                        attributes=attributes, format=format, separate_key_prefixes=separate)
+            _core.save(path, [p.entry() for p in plans], objects, options)
         progress.finish()
 
 
@@ -266,11 +266,12 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         object_names = [k for k, v in flat.items() if not is_tensor_leaf(v) and k not in empty_dicts]
         progress = Progress(f"shardpoint load {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
+            options = _core.LoadOptions(comm=comm, strict=strict, allow_cast=cast,
+                                        allow_external_links=allow_external_links,
+                                        threads=threads or _dist.default_threads(comm),
+                                        share_reads=None if share_reads is None else bool(share_reads))
             missing, unexpected, objects, bytes_read = _core.load(
-                path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, comm=comm,
-                strict=strict, allow_cast=cast, allow_external_links=allow_external_links,
-                threads=threads or _dist.default_threads(comm),
-                share_reads=_dist.spans_hosts(comm) if share_reads is None else bool(share_reads))
+                path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, options)
         for copy_back in mapped.after_load if mapped else [c for p in plans for c in p.after_load]:
             copy_back()
         progress.finish()
@@ -361,13 +362,14 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
             if comm is not None:
                 text = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
                 try:
-                    _ASYNC.saver.start_failed(path, code_of(e), text, comm=comm, threads=threads)
+                    _ASYNC.saver.start_failed(path, code_of(e), text, _core.SaveOptions(comm=comm, threads=threads))
                 except _core.StatusError:
                     pass  # that same failure: raised below as it was met
             raise
         with translated():
-            _ASYNC.saver.start(path, [p.entry() for p in plans], objects, comm=comm, overwrite=overwrite,
-                               threads=threads, attributes=attributes)
+            _ASYNC.saver.start(path, [p.entry() for p in plans], objects,
+                               _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads,
+                                                 attributes=attributes))
     _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
     return _ASYNC.last
 
@@ -381,13 +383,13 @@ def inspect(path: PathLike, *, allow_external_links: bool = False) -> Checkpoint
     path = os.fspath(path)
     with translated():
         md = _core.read_metadata(path, allow_external_links=allow_external_links)
-    tensors = {name: TensorInfo(t["dtype"], tuple(t["shape"]),
-                                [(tuple(o), tuple(s)) for o, s in t["chunks"]], int(t.get("bytes", 0)))
-               for name, t in md["tensors"].items()}
-    objects = {name: ObjectInfo(o["encoding"], int(o["bytes"])) for name, o in md["objects"].items()}
-    attributes = {k: v for k, v in dict(md.get("attributes", {})).items() if k != _PATHS_ATTRIBUTE}
-    return CheckpointInfo(path, str(md.get("version", "")), str(md.get("save_id", "")), int(md["world_size"]),
-                          int(md["total_bytes"]), tensors, objects, list(md.get("files", [])), attributes)
+    tensors = {t.name: TensorInfo(t.dtype, t.shape, [(c.offsets, c.sizes) for c in t.chunks], t.nbytes)
+               for t in md.tensors}
+    objects = {o.name: ObjectInfo(o.encoding, o.nbytes) for o in md.objects}
+    files = [{"name": f.name, "bytes": f.size, "writer_rank": f.writer_rank} for f in md.files]
+    attributes = {k: v for k, v in md.attributes.items() if k != _PATHS_ATTRIBUTE}
+    return CheckpointInfo(path, md.version, md.save_id, md.world_size, md.total_bytes, tensors, objects, files,
+                          attributes)
 
 
 def _selected(names: Sequence[str], keys: Optional[Sequence[str]]) -> list[str]:
@@ -431,13 +433,14 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
         use_torch = False
     with translated():
         md = _core.read_metadata(path, allow_external_links=allow_external_links)
-    targets = {n: (t["dtype"], tuple(t["shape"])) for n, t in md["tensors"].items()}
+    targets = {t.name: (t.dtype, t.shape) for t in md.tensors}
+    stored_objects = [o.name for o in md.objects]
     resolved = None
     if mapping is not None:
         targets, resolved = _mapped_load.full_targets(mapping, targets)
-    chosen = set(_selected(list(targets) + list(md["objects"]), keys))
+    chosen = set(_selected(list(targets) + stored_objects, keys))
     tensor_names = [n for n in targets if n in chosen]
-    object_names = [n for n in md["objects"] if n in chosen]
+    object_names = [n for n in stored_objects if n in chosen]
     flat: dict[str, Any] = {}
     batches: list[list[TensorPlan]] = [[]]
     batch_bytes = 0
@@ -451,12 +454,14 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
         batch_bytes += plan.nbytes
     progress = Progress(f"shardpoint load_full {path}", sum(p.nbytes for b in batches for p in b))
     objects: list = []
+    options = _core.LoadOptions(allow_external_links=allow_external_links)
+    if threads:
+        options.threads = threads
     for i, batch in enumerate(batches):  # batches keep the bar moving; each reads its tensors once
         mapped = _mapped_load.to_stored(batch, resolved) if resolved is not None else None
         with translated():
             _, _, found, _ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
-                                        object_names if i == 0 else [], comm=None, strict=True, threads=threads or 0,
-                                        allow_external_links=allow_external_links)
+                                        object_names if i == 0 else [], options)
         for copy_back in mapped.after_load if mapped else []:
             copy_back()
         objects += found
@@ -464,7 +469,7 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     progress.finish()
     for name, encoding, payload in objects:
         flat[name] = decode_object(name, encoding, payload, allow_pickle, where=path)
-    encoded = md.get("attributes", {}).get(_PATHS_ATTRIBUTE)
+    encoded = md.attributes.get(_PATHS_ATTRIBUTE)
     paths = decode_paths_attribute(path, _PATHS_ATTRIBUTE, encoded) if encoded else {}
     return unflatten({n: flat[n] for n in sorted(flat, key=_order(paths))}, paths)
 
@@ -482,5 +487,5 @@ def verify(path: PathLike, *, allow_external_links: bool = False) -> VerifyRepor
     """
     with translated():
         report = _core.verify(os.fspath(path), allow_external_links=allow_external_links)
-    return VerifyReport(bool(report["ok"]), list(report["defects"]), int(report["files_checked"]),
-                        int(report["chunks_checked"]), int(report["bytes_checked"]), list(report["notes"]))
+    return VerifyReport(report.ok, report.defects, report.files_checked, report.chunks_checked, report.bytes_checked,
+                        report.notes)

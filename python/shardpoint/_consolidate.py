@@ -81,12 +81,12 @@ def _byte_size(size: Union[int, str], what: str) -> int:
         return int(_core.parse_byte_size(size))
 
 
-def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, str] = "5GB",
+def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, str, None] = None,
                 dtype: Any = None, keys: Union[None, str, Iterable[str]] = None,
                 rename: Union[None, Mapping[str, str], Iterable[Sequence[str]]] = None,
                 format: str = "safetensors", overwrite: bool = False, threads: Optional[int] = None, *,
                 prefixes: Union[None, str, Iterable[str]] = None,
-                memory_budget: Union[int, str] = "256MiB", all_tensors: bool = False,
+                memory_budget: Union[int, str, None] = None, all_tensors: bool = False,
                 mapping: Any = None, allow_external_links: bool = False) -> ConsolidateResult:
     """Writes the tensors of the checkpoint at ``path`` as whole tensors into ``out_dir``.
 
@@ -106,7 +106,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
     every tensor.
 
     Args:
-        max_shard_size: bytes, or a string like "5GB", "500MB", "2GiB".
+        max_shard_size: bytes, or a string like "5GB", "500MB", "2GiB" (default: Hugging Face's,
+            5GB).
         dtype: convert floating-point tensors (float16, bfloat16, float32, float64) to this dtype
             (``torch.bfloat16``, "bf16", ...) with torch's rounding; other tensors keep theirs.
         keys: tensor names; each selects that tensor and the tensors under it ("model.layers.0"
@@ -116,8 +117,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
         rename: ``{old_prefix: new_prefix}`` (or pairs), applied in order, first match wins.
         overwrite: replace existing outputs of this format in ``out_dir``; otherwise they are an error.
         threads: I/O threads (default: max(4, cores)).
-        memory_budget: memory for tensor data in flight; peak memory stays near it whatever the
-            size of the checkpoint or of its tensors.
+        memory_budget: memory for tensor data in flight (default: 256MiB); peak memory stays near
+            it whatever the size of the checkpoint or of its tensors.
         mapping: a :class:`~shardpoint.KeyMapping`; tensors are written under its target names, fused
             ones whole (``keys``, ``prefixes``, ``rename`` and the default selection then apply to
             target names). A fused target is streamed slab by slab straight from the stored tensors
@@ -133,12 +134,8 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
     """
     from . import _core
 
-    if format not in ("safetensors", "torch"):
-        raise ValueError(f"format must be 'safetensors' or 'torch', got {format!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int, got {threads!r}")
-    shard_bytes = _byte_size(max_shard_size, "max_shard_size")
-    budget = _byte_size(memory_budget, "memory_budget")
     bar: dict[str, Progress] = {}
 
     def progress(done: int, total: int) -> None:
@@ -146,21 +143,23 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
             bar["bar"] = Progress("consolidate", total)
         bar["bar"].advance(done - bar["bar"].done)
 
+    # Options left out keep the core's defaults (shardpoint/engine/consolidate.h).
+    given = {"max_shard_bytes": None if max_shard_size is None else _byte_size(max_shard_size, "max_shard_size"),
+             "memory_budget_bytes": None if memory_budget is None else _byte_size(memory_budget, "memory_budget"),
+             "threads": threads}
     placements, renames = ([], {}) if mapping is None else consolidation_mapping(
         os.fspath(path), mapping, allow_external_links)
-    probe = Progress("consolidate", 0)
     with translated():
-        result = _core.consolidate(os.fspath(path), os.fspath(out_dir), shard_bytes, dtype=_dtype_name(dtype),
-                                   keys=_names(keys, "keys"), prefixes=_names(prefixes, "prefixes"),
-                                   rename=_rename_pairs(rename), format=format, overwrite=bool(overwrite),
-                                   threads=threads or 0, memory_budget_bytes=budget,
-                                   progress=progress if probe.enabled else None, all_tensors=bool(all_tensors),
-                                   placements=placements, mapped_renames=renames,
-                                   allow_external_links=bool(allow_external_links))
+        options = _core.ConsolidateOptions(
+            format=format, dtype=_dtype_name(dtype), keys=_names(keys, "keys"), prefixes=_names(prefixes, "prefixes"),
+            rename=_rename_pairs(rename), overwrite=bool(overwrite), all_tensors=bool(all_tensors),
+            progress=progress if Progress("consolidate", 0).enabled else None, placements=placements,
+            mapped_renames=renames, allow_external_links=bool(allow_external_links),
+            **{k: v for k, v in given.items() if v is not None})
+        result = _core.consolidate(os.fspath(path), os.fspath(out_dir), options)
     if "bar" in bar:
         bar["bar"].finish()
     if keys is None and prefixes is None and not all_tensors and not os.environ.get("SHARDPOINT_QUIET"):
-        print(f"shardpoint consolidate: {result['selection']}", file=sys.stderr)
-    return ConsolidateResult(os.fspath(out_dir), list(result["files"]), result["index_file"],
-                             int(result["tensors"]), int(result["total_bytes"]), int(result["bytes_read"]),
-                             str(result["selection"]))
+        print(f"shardpoint consolidate: {result.selection}", file=sys.stderr)
+    return ConsolidateResult(os.fspath(out_dir), result.files, result.index_file, result.tensors, result.total_bytes,
+                             result.bytes_read, result.selection)

@@ -93,6 +93,12 @@ class TorchComm:
         """Returns once every rank has called it."""
         self._dist.barrier(group=self.group)
 
+    def spans_machines(self) -> bool:
+        """Whether the group's ranks run on more than one machine (one all-gather of host names per
+        group, the first time any comm of the group is asked). The core asks it, on every rank at
+        the same point, to decide whether a load shares its reads."""
+        return len(set(_hosts(self))) > 1
+
 
 def _initialized() -> bool:
     dist = sys.modules.get("torch.distributed")
@@ -156,11 +162,6 @@ def default_threads(comm: Optional[TorchComm]) -> int:
         return 0
     hosts = _hosts(comm)
     return max(2, max(4, _cores()) // hosts.count(hosts[comm.rank]))
-
-
-def spans_hosts(comm: Optional[TorchComm]) -> bool:
-    """Whether the group's ranks run on more than one machine (learned once per group)."""
-    return comm is not None and len(set(_hosts(comm))) > 1
 
 
 def _hosts(comm: TorchComm) -> list[bytes]:

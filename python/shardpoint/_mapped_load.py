@@ -42,7 +42,7 @@ def stored_tensors(path: str, allow_external_links: bool = False) -> dict[str, t
     """``{name: (dtype, shape)}`` of the checkpoint at ``path`` (CheckpointNotFoundError when none)."""
     with translated():
         md = _core.read_metadata(path, allow_external_links=allow_external_links)
-    return {name: (t["dtype"], tuple(int(s) for s in t["shape"])) for name, t in md["tensors"].items()}
+    return {t.name: (t.dtype, t.shape) for t in md.tensors}
 
 
 def _signature(value: Any) -> Optional[tuple]:

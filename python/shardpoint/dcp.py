@@ -173,9 +173,9 @@ class StorageWriter(_storage.StorageWriter):
             plans, objects, results = prepared
             attributes = self._attributes(planner)
             with translated():
-                _core.save(self.path, [p.entry() for p in plans], objects, comm=comm, overwrite=self.overwrite,
-                           threads=self.threads or _dist.default_threads(comm), attributes=attributes,
-                           format="native")
+                options = _core.SaveOptions(comm=comm, overwrite=self.overwrite, attributes=attributes,
+                                            threads=self.threads or _dist.default_threads(comm))
+                _core.save(self.path, [p.entry() for p in plans], objects, options)
         return _done(results)
 
     def _prepare(self, plan: SavePlan, planner: SavePlanner
@@ -260,16 +260,16 @@ class StorageReader(_storage.StorageReader):
         with translated():
             md = _core.read_metadata(self.path)
         state: dict[str, Any] = {}
-        for name, t in md["tensors"].items():
-            dtype = _torch.empty_like_stored(t["dtype"], (0,)).dtype
-            chunks = [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in t["chunks"]]
-            state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(t["shape"]), chunks)
-        for name in md["objects"]:
-            state[name] = BytesStorageMetadata()
-        encoded = md.get("attributes", {}).get(_api._PATHS_ATTRIBUTE)
+        for t in md.tensors:
+            dtype = _torch.empty_like_stored(t.dtype, (0,)).dtype
+            chunks = [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in t.chunks]
+            state[t.name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(t.shape), chunks)
+        for o in md.objects:
+            state[o.name] = BytesStorageMetadata()
+        encoded = md.attributes.get(_api._PATHS_ATTRIBUTE)
         planner_data = decode_paths_attribute(self.path, _api._PATHS_ATTRIBUTE, encoded) if encoded else None
         return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data={},
-                        storage_meta=StorageMeta(checkpoint_id=self.path, save_id=str(md.get("save_id", ""))))
+                        storage_meta=StorageMeta(checkpoint_id=self.path, save_id=md.save_id))
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Takes the stored dtype and shape of every tensor from ``metadata``."""
@@ -293,8 +293,10 @@ class StorageReader(_storage.StorageReader):
         tensors = [(name, *self._tensors[name], pieces) for name, pieces in entries.items()]
         wanted = sorted({i.storage_index.fqn for i in object_items})
         with translated():
-            _, _, objects, _ = _core.load(self.path, tensors, wanted, comm=None, strict=True,
-                                          threads=self.threads or 0)
+            options = _core.LoadOptions()
+            if self.threads:
+                options.threads = self.threads
+            _, _, objects, _ = _core.load(self.path, tensors, wanted, options)
         for item, (resolved, dest, host, _) in zip(tensor_items, reads):
             if host is not dest:
                 dest.copy_(host)

@@ -126,7 +126,7 @@ def test_numpy_round_trip_of_every_dtype(tmp_path):
     for n in arrays:
         assert outs[n].tobytes() == arrays[n].tobytes(), n
     md = _core.read_metadata(path)
-    assert {n: t["dtype"] for n, t in md["tensors"].items()} == {"t." + n: n for n in arrays}
+    assert {t.name: t.dtype for t in md.tensors} == {"t." + n: n for n in arrays}
 
 
 def test_pieces_reshard_and_objects(tmp_path):
@@ -137,26 +137,26 @@ def test_pieces_reshard_and_objects(tmp_path):
              ((4, 0), (2, 10), np.ascontiguousarray(full[4:]))]
     _core.save(path, [("w", "float32", (6, 10), saved)],
                [("cfg", "json", b'{"lr": 0.1}'), ("blob", "bytes", b"\x00\x01")],
-               attributes={"step": "12"})
+               _core.SaveOptions(attributes={"step": "12"}))
     left = np.zeros((6, 3), np.float32)
     right = np.zeros((6, 7), np.float32)
     missing, unexpected, objects, _ = _core.load(
         path, [("w", "float32", (6, 10), [((0, 0), (6, 3), left), ((0, 3), (6, 7), right)])],
-        ["cfg", "absent"], strict=False)
+        ["cfg", "absent"], _core.LoadOptions(strict=False))
     assert np.concatenate([left, right], axis=1).tobytes() == full.tobytes()
     assert missing == ["absent"]
     assert objects == [("cfg", "json", b'{"lr": 0.1}')]
     md = _core.read_metadata(path)
-    assert md["version"] == "1.0" and md["world_size"] == 1
-    assert md["attributes"] == {"step": "12"}
-    assert md["tensors"]["w"]["shape"] == (6, 10)
-    assert sorted(md["tensors"]["w"]["chunks"]) == [((0, 0), (4, 10)), ((4, 0), (2, 10))]
-    assert md["objects"] == {"blob": {"encoding": "bytes", "bytes": 2},
-                             "cfg": {"encoding": "json", "bytes": 11}}
-    assert md["total_bytes"] == full.nbytes
+    assert md.version == "1.0" and md.world_size == 1
+    assert md.attributes == {"step": "12"}
+    assert md.tensor("w").shape == (6, 10)
+    assert sorted((c.offsets, c.sizes) for c in md.tensor("w").chunks) == [((0, 0), (4, 10)), ((4, 0), (2, 10))]
+    assert {o.name: {"encoding": o.encoding, "bytes": o.nbytes} for o in md.objects} == {
+        "blob": {"encoding": "bytes", "bytes": 2}, "cfg": {"encoding": "json", "bytes": 11}}
+    assert md.total_bytes == full.nbytes
     assert _core.read_objects(path, ["blob", "nope"]) == [("blob", "bytes", b"\x00\x01")]
     report = _core.verify(path)
-    assert report["ok"] and report["defects"] == [] and report["bytes_checked"] == full.nbytes
+    assert report.ok and report.defects == [] and report.bytes_checked == full.nbytes
 
 
 def test_torch_low_precision_round_trip_via_dlpack(tmp_path):
@@ -178,7 +178,7 @@ def test_torch_low_precision_round_trip_via_dlpack(tmp_path):
     # The binding reads bytes, not the array's dtype: a uint8 view of bf16 loads as bf16.
     as_bytes = torch.zeros(9, 8, dtype=torch.uint8)
     _core.load(path, [("bfloat16", "bfloat16", (9, 4), [((0, 0), (9, 4), as_bytes)])], [],
-               strict=False)
+               _core.LoadOptions(strict=False))
     assert torch.equal(as_bytes.view(torch.bfloat16), tensors["bfloat16"])
 
 
@@ -196,7 +196,7 @@ def test_status_errors_carry_the_code(tmp_path):
     with pytest.raises(_core.StatusError) as info:
         _core.save(path, [whole("a", "int32", a)], [])
     assert info.value.code == "ALREADY_EXISTS"
-    _core.save(path, [whole("a", "int32", a + 1)], [], overwrite=True)
+    _core.save(path, [whole("a", "int32", a + 1)], [], _core.SaveOptions(overwrite=True))
 
     with pytest.raises(_core.StatusError) as info:
         _core.load(path, [whole("a", "float32", np.zeros(4096, np.float32))], [])
@@ -211,7 +211,7 @@ def test_status_errors_carry_the_code(tmp_path):
     assert info.value.code == "DATA_LOSS"
     assert data_file in info.value.message
     report = _core.verify(path)
-    assert not report["ok"] and any(data_file in d for d in report["defects"])
+    assert not report.ok and any(data_file in d for d in report.defects)
 
 
 def test_bad_arrays_raise_value_error(tmp_path):
@@ -248,17 +248,17 @@ def test_multi_rank_save_and_resharded_load_through_a_python_comm(tmp_path):
         piece = ((2 * rank, 0), (2, 6), np.ascontiguousarray(full[rows]))
         replicated = np.arange(3, dtype=np.int64)
         _core.save(path, [("w", "float64", (8, 6), [piece]), whole("r", "int64", replicated)],
-                   [("step", "json", b"5")], comm=group.comm(rank), threads=2)
+                   [("step", "json", b"5")], _core.SaveOptions(comm=group.comm(rank), threads=2))
 
     assert run_ranks(4, save) == [None] * 4
-    assert _core.read_metadata(path)["world_size"] == 4
+    assert _core.read_metadata(path).world_size == 4
 
     load_group = FakeGroup(2)
 
     def load(rank):
         out = np.zeros((8, 3), np.float64)
         result = _core.load(path, [("w", "float64", (8, 6), [((0, 3 * rank), (8, 3), out)])],
-                            ["step"], comm=load_group.comm(rank), strict=False)
+                            ["step"], _core.LoadOptions(comm=load_group.comm(rank), strict=False))
         return out, result
 
     results = run_ranks(2, load)
@@ -273,7 +273,7 @@ def test_communicator_exception_fails_every_rank(tmp_path):
 
     def save(rank):
         comm = FailingComm(group, rank) if rank == 1 else group.comm(rank)
-        _core.save(path, [whole("x%d" % rank, "int8", np.ones(4, np.int8))], [], comm=comm)
+        _core.save(path, [whole("x%d" % rank, "int8", np.ones(4, np.int8))], [], _core.SaveOptions(comm=comm))
 
     errors = run_ranks(3, save)
     for e in errors:
@@ -290,13 +290,13 @@ def test_comm_object_is_checked():
         size = 1
 
     with pytest.raises(TypeError, match="no method 'gather'"):
-        _core.save("/nonexistent/x", [], [], comm=NoMethods())
+        _core.save("/nonexistent/x", [], [], _core.SaveOptions(comm=NoMethods()))
 
     class BadRank(FakeComm):
         pass
 
     with pytest.raises(ValueError, match="rank 3 and size 2"):
-        _core.save("/nonexistent/x", [], [], comm=BadRank(FakeGroup(2), 3))
+        _core.save("/nonexistent/x", [], [], _core.SaveOptions(comm=BadRank(FakeGroup(2), 3)))
 
 
 def test_async_saver_holds_values_from_start(tmp_path):
@@ -319,7 +319,7 @@ def test_async_saver_holds_values_from_start(tmp_path):
 
     capacity = saver.staging_bytes
     assert capacity >= a.nbytes + b.nbytes
-    saver.start(path, [whole("a", "float32", a), whole("b", "uint8", b)], [], overwrite=True)
+    saver.start(path, [whole("a", "float32", a), whole("b", "uint8", b)], [], _core.SaveOptions(overwrite=True))
     saver.wait()
     assert saver.staging_bytes == capacity
 
@@ -354,7 +354,7 @@ def test_async_saver_uses_the_python_comm_from_its_background_thread(tmp_path):
         piece = full[2 * rank:2 * rank + 2].copy()
         saver = _core.AsyncSaver()
         saver.start(path, [("w", "int32", (4, 50), [((2 * rank, 0), (2, 50), piece)])], [],
-                    comm=group.comm(rank))
+                    _core.SaveOptions(comm=group.comm(rank)))
         piece[:] = -1
         saver.wait()
         return saver.done()
@@ -375,7 +375,7 @@ def test_async_save_failure_surfaces_on_every_rank(tmp_path):
     def save(rank):
         saver = _core.AsyncSaver()
         saver.start(path, [("w", "int8", (8,), [((4 * rank,), (4,), np.ones(4, np.int8))])], [],
-                    comm=group.comm(rank))
+                    _core.SaveOptions(comm=group.comm(rank)))
         saver.wait()
 
     errors = run_ranks(2, save)

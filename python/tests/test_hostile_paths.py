@@ -18,8 +18,8 @@ PATHS_KEY = "python.state_dict_paths"
 
 def _save(path, objects=(), attributes=None):
     array = np.arange(12, dtype=np.float32).reshape(3, 4)
-    _core.save(str(path), [("w", "float32", (3, 4), [((0, 0), (3, 4), array)])], list(objects),
-               attributes=attributes)
+    options = _core.SaveOptions() if attributes is None else _core.SaveOptions(attributes=attributes)
+    _core.save(str(path), [("w", "float32", (3, 4), [((0, 0), (3, 4), array)])], list(objects), options)
     return array
 
 

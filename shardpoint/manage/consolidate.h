@@ -32,6 +32,7 @@
 
 #include "shardpoint/base/dtype.h"
 #include "shardpoint/base/result.h"
+#include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/mapped_metadata.h"
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/store/store.h"
@@ -68,7 +69,7 @@ struct ConsolidateOptions {
   Store* store = nullptr;   // null: the store for the source's URL (also used for the output)
   ThreadPool* pool = nullptr;
   int threads = 0;          // 0: DefaultIoThreads()
-  uint64_t memory_budget_bytes = uint64_t{256} << 20;
+  uint64_t memory_budget_bytes = kDefaultMemoryBudgetBytes;  // shardpoint/checkpoint.h
   // Called with (bytes written, total bytes) as tensors land, from worker threads, one call at a
   // time, at most about every 1% of the total; and once at the end.
   std::function<void(uint64_t, uint64_t)> progress;

@@ -1,0 +1,223 @@
+"""The seam between the Python package and the core: option objects whose defaults are the C++
+structs' (and which the Python front leaves alone), the communicator's spans_machines() deciding
+load's shared reads, and read-only metadata objects."""
+
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+import shardpoint as sp
+from shardpoint import _core, _dist
+from test_core import FakeComm, FakeGroup, run_ranks, whole
+
+LOAD_FIELDS = ("strict", "allow_cast", "threads", "verify_checksums", "memory_budget_bytes", "share_reads",
+               "allow_external_links")
+SAVE_FIELDS = ("overwrite", "threads", "files_per_rank", "dedup_to_lowest_rank", "format", "separate_key_prefixes")
+CONSOLIDATE_FIELDS = ("format", "max_shard_bytes", "dtype", "keys", "prefixes", "all_tensors", "rename", "overwrite",
+                      "threads", "memory_budget_bytes", "placements", "mapped_renames", "allow_external_links")
+
+
+def fields(options, names):
+    return {name: getattr(options, name) for name in names}
+
+
+def test_keywords_set_fields_and_the_rest_keep_the_struct_defaults():
+    defaults = fields(_core.LoadOptions(), LOAD_FIELDS)
+    options = _core.LoadOptions(strict=False, share_reads=True, threads=3)
+    assert fields(options, LOAD_FIELDS) == {**defaults, "strict": False, "share_reads": True, "threads": 3}
+    assert defaults["share_reads"] is None  # unset: the communicator decides (checkpoint.h)
+    save = _core.SaveOptions(format="megatron", attributes={"step": "7"})
+    assert (save.format, save.attributes, save.threads) == ("megatron", {"step": "7"}, _core.SaveOptions().threads)
+    consolidate = _core.ConsolidateOptions(dtype="bf16", rename=[("a.", "b.")])
+    assert (consolidate.dtype, consolidate.rename) == ("bfloat16", [("a.", "b.")])
+    assert consolidate.max_shard_bytes == _core.ConsolidateOptions().max_shard_bytes
+    # The defaults the documentation states, read through the core's own size parser.
+    assert _core.ConsolidateOptions().max_shard_bytes == _core.parse_byte_size("5GB")
+    assert _core.ConsolidateOptions().memory_budget_bytes == _core.parse_byte_size("256MiB")
+    assert _core.LoadOptions().memory_budget_bytes == _core.parse_byte_size("256MiB")
+    assert _core.SaveOptions().format == "native" and _core.ConsolidateOptions().format == "safetensors"
+
+
+def test_bad_keywords_are_refused_by_name():
+    with pytest.raises(TypeError, match=r"^shardpoint._core.LoadOptions\(\) got an unexpected keyword argument "
+                                        r"'share_read'$"):
+        _core.LoadOptions(share_read=True)
+    with pytest.raises(TypeError, match=r"^shardpoint._core.SaveOptions keyword 'threads' does not take a str: "):
+        _core.SaveOptions(threads="4")
+    with pytest.raises(ValueError, match=r"^unknown checkpoint format 'dcp' \(expected native, torch-dcp or "
+                                         r"safetensors\)$"):
+        _core.SaveOptions(format="dcp")
+    with pytest.raises(ValueError, match=r"^format must be 'safetensors' or 'torch', not 'onnx'$"):
+        _core.ConsolidateOptions(format="onnx")
+
+
+def _spy(monkeypatch, name):
+    """Replaces _core.<name> by a wrapper that records the options object of each call."""
+    calls = []
+    real = getattr(_core, name)
+
+    def spy(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(_core, name, spy)
+    return calls
+
+
+def test_the_python_front_leaves_the_core_defaults(tmp_path, monkeypatch):
+    saves, loads, consolidations = (_spy(monkeypatch, n) for n in ("save", "load", "consolidate"))
+    weights = np.arange(24, dtype=np.float32).reshape(4, 6)
+    path = tmp_path / "ckpt"
+    sp.save({"w": weights}, path)
+    out = {"w": np.zeros_like(weights)}
+    sp.load(out, path)
+    assert out["w"].tobytes() == weights.tobytes()
+    assert sp.load_full(path)["w"].numpy().tobytes() == weights.tobytes()
+    result = sp.consolidate(path, tmp_path / "hf")
+    assert result.files == ["model.safetensors"]
+
+    assert [fields(s, SAVE_FIELDS) for s in saves] == [fields(_core.SaveOptions(), SAVE_FIELDS)]
+    assert [fields(o, LOAD_FIELDS) for o in loads] == [fields(_core.LoadOptions(), LOAD_FIELDS)] * 2
+    assert [fields(c, CONSOLIDATE_FIELDS) for c in consolidations] == [
+        fields(_core.ConsolidateOptions(), CONSOLIDATE_FIELDS)]
+
+
+def test_the_python_front_passes_what_the_caller_gives(tmp_path, monkeypatch):
+    loads, consolidations = _spy(monkeypatch, "load"), _spy(monkeypatch, "consolidate")
+    weights = np.arange(10, dtype=np.float64)
+    path = tmp_path / "ckpt"
+    sp.save({"w": weights}, path)
+    sp.load({"w": np.zeros(10, np.float32)}, path, cast=True, share_reads=False, threads=2)
+    sp.consolidate(path, tmp_path / "hf", max_shard_size="2KB", memory_budget=4096, threads=3, dtype="bf16")
+    assert fields(loads[0], ("allow_cast", "share_reads", "threads")) == {
+        "allow_cast": True, "share_reads": False, "threads": 2}
+    assert fields(consolidations[0], ("max_shard_bytes", "memory_budget_bytes", "threads", "dtype")) == {
+        "max_shard_bytes": 2000, "memory_budget_bytes": 4096, "threads": 3, "dtype": "bfloat16"}
+
+
+class MachineComm(FakeComm):
+    """A FakeComm that says whether its group spans machines, and counts the questions."""
+
+    def __init__(self, group, rank, answer):
+        super().__init__(group, rank)
+        self.answer = answer
+        self.asked = 0
+
+    def spans_machines(self):
+        self.asked += 1
+        if self.answer is RuntimeError:
+            raise RuntimeError("no hosts")
+        return self.answer
+
+
+@pytest.fixture(scope="module")
+def one_chunk(tmp_path_factory):
+    """A checkpoint of one (64, 32) float64 tensor stored as one chunk."""
+    full = np.random.default_rng(5).standard_normal((64, 32))
+    path = str(tmp_path_factory.mktemp("seam") / "ckpt")
+    _core.save(path, [whole("w", "float64", full)], [])
+    return path, full
+
+
+def _load_on_two_ranks(path, full, answer, **load_options):
+    """Both ranks load the whole tensor; returns (bytes each rank read, questions each comm got)."""
+    group = FakeGroup(2)
+    comms = [MachineComm(group, rank, answer) for rank in range(2)]
+
+    def load(rank):
+        out = np.zeros_like(full)
+        options = _core.LoadOptions(comm=comms[rank], **load_options)
+        _, _, _, bytes_read = _core.load(path, [whole("w", "float64", out)], [], options)
+        assert out.tobytes() == full.tobytes()
+        return bytes_read
+
+    return run_ranks(2, load), [c.asked for c in comms]
+
+
+def test_spans_machines_decides_shared_reads(one_chunk):
+    path, full = one_chunk
+    read, asked = _load_on_two_ranks(path, full, True)
+    assert sum(read) == full.nbytes and asked == [1, 1]  # one rank read the chunk and sent it
+    read, asked = _load_on_two_ranks(path, full, False)
+    assert read == [full.nbytes, full.nbytes] and asked == [1, 1]
+
+
+def test_explicit_share_reads_wins_over_spans_machines(one_chunk):
+    path, full = one_chunk
+    read, _ = _load_on_two_ranks(path, full, True, share_reads=False)
+    assert read == [full.nbytes, full.nbytes]
+    read, _ = _load_on_two_ranks(path, full, False, share_reads=True)
+    assert sum(read) == full.nbytes
+
+
+def test_spans_machines_that_fails_counts_as_one_machine(one_chunk, monkeypatch):
+    path, full = one_chunk
+    reported = []
+    # Only the messages are kept: the exceptions' tracebacks hold the rank threads' frames.
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: reported.append(str(report.exc_value)))
+    read, asked = _load_on_two_ranks(path, full, RuntimeError)
+    assert read == [full.nbytes, full.nbytes] and asked == [1, 1]
+    assert reported == ["no hosts", "no hosts"]
+    reported.clear()
+    read, _ = _load_on_two_ranks(path, full, "yes")
+    assert read == [full.nbytes, full.nbytes]
+    assert reported == ["comm.spans_machines() returned str, expected a bool"] * 2
+
+
+def test_torch_comm_spans_machines_compares_host_names(monkeypatch):
+    comm = object.__new__(_dist.TorchComm)
+    monkeypatch.setattr(_dist, "_hosts", lambda c: [b"node-a", b"node-a"])
+    assert comm.spans_machines() is False
+    monkeypatch.setattr(_dist, "_hosts", lambda c: [b"node-a", b"node-b"])
+    assert comm.spans_machines() is True
+
+
+def test_metadata_objects_are_read_only(tmp_path):
+    path = str(tmp_path / "ckpt")
+    _core.save(path, [whole("w", "int32", np.arange(6, dtype=np.int32))], [("cfg", "json", b"{}")],
+               _core.SaveOptions(attributes={"step": "3"}))
+    md = _core.read_metadata(path)
+    tensor, obj, data_file = md.tensors[0], md.objects[0], md.files[0]
+    chunk = tensor.chunks[0]
+    for owner, name, value in [(md, "world_size", 2), (md, "save_id", "x"), (md, "attributes", {}),
+                               (md, "tensors", []), (md, "version", "2.0"), (tensor, "shape", (7,)),
+                               (tensor, "name", "v"), (tensor, "dtype", "int64"), (chunk, "sizes", (1,)),
+                               (obj, "encoding", "bytes"), (data_file, "name", "x"), (data_file, "size", 0)]:
+        with pytest.raises(AttributeError):
+            setattr(owner, name, value)
+        assert getattr(owner, name) != value, name
+    with pytest.raises(AttributeError):
+        md.extra = 1
+    for cls in (_core.CheckpointMetadata, _core.TensorMetadata, _core.StoredChunk, _core.ObjectMetadata,
+                _core.DataFile):
+        with pytest.raises(TypeError, match="no constructor defined"):
+            cls()
+    md.tensors.clear()  # a fresh list: the metadata keeps its tensors
+    md.attributes["step"] = "9"
+    assert [t.name for t in md.tensors] == ["w"] and md.attributes == {"step": "3"}
+    assert md.tensor("nope") is None and md.object("cfg").nbytes == 2
+    del md
+    gc.collect()
+    # The views keep the metadata they come from alive.
+    assert (tensor.name, tensor.dtype, tensor.shape, tensor.nbytes) == ("w", "int32", (6,), 24)
+    assert (chunk.offsets, chunk.sizes, chunk.byte_length) == ((0,), (6,), 24)
+    assert (obj.name, obj.encoding) == ("cfg", "json")
+
+
+def test_verify_and_consolidate_results_are_read_only(tmp_path):
+    path = str(tmp_path / "ckpt")
+    values = np.arange(6, dtype=np.float32)
+    _core.save(path, [whole("w", "float32", values)], [])
+    report = _core.verify(path)
+    assert (report.ok, report.defects, report.bytes_checked, report.has_checksums) == (True, [], 24, True)
+    result = _core.consolidate(path, str(tmp_path / "hf"))
+    assert (result.files, result.index_file, result.tensors, result.total_bytes) == (
+        ["model.safetensors"], None, 1, 24)
+    for owner, name in [(report, "ok"), (report, "defects"), (result, "files"), (result, "index_file"),
+                        (result, "tensors")]:
+        before = getattr(owner, name)
+        with pytest.raises(AttributeError):
+            setattr(owner, name, None)
+        assert getattr(owner, name) == before
