@@ -164,7 +164,7 @@ void DefineConsolidateOptions(nb::module_& m) {
   nb::class_<PyConsolidateOptions> cls(
       m, "ConsolidateOptions",
       "Options of consolidate(), from keywords naming its attributes; a keyword left out keeps\n"
-      "the engine's default (shardpoint/engine/consolidate.h ConsolidateOptions).");
+      "the library's default (shardpoint/manage/consolidate.h ConsolidateOptions).");
   cls.def("__init__", &InitFromKeywords<PyConsolidateOptions>);
   cls.def_prop_rw(
       "format",

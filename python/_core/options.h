@@ -1,5 +1,5 @@
 // The option objects of shardpoint._core: SaveOptions, LoadOptions and ConsolidateOptions, each
-// the engine's struct (shardpoint/checkpoint.h, shardpoint/engine/consolidate.h) plus what only
+// the library's struct (shardpoint/checkpoint.h, shardpoint/manage/consolidate.h) plus what only
 // Python holds (the communicator or progress callable as a Python object, the store's link
 // policy).
 //
@@ -18,7 +18,7 @@
 #include <nanobind/nanobind.h>
 
 #include "shardpoint/checkpoint.h"
-#include "shardpoint/engine/consolidate.h"
+#include "shardpoint/manage/consolidate.h"
 
 namespace sp::python {
 

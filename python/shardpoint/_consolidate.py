@@ -143,7 +143,7 @@ def consolidate(path: PathLike, out_dir: PathLike, max_shard_size: Union[int, st
             bar["bar"] = Progress("consolidate", total)
         bar["bar"].advance(done - bar["bar"].done)
 
-    # Options left out keep the core's defaults (shardpoint/engine/consolidate.h).
+    # Options left out keep the core's defaults (shardpoint/manage/consolidate.h).
     given = {"max_shard_bytes": None if max_shard_size is None else _byte_size(max_shard_size, "max_shard_size"),
              "memory_budget_bytes": None if memory_budget is None else _byte_size(memory_budget, "memory_budget"),
              "threads": threads}

@@ -351,7 +351,10 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
   // Every rank decodes the same bytes, so a decoding error is the same everywhere.
   Result<CheckpointMetadata> metadata = DecodeMetadataFromWire(bytes);
   if (!metadata.ok()) return metadata.status();
-  if (options.share_reads.value_or(comm.spans_machines()) && comm.size() > 1) {
+  // The communicator is asked only when the caller left share_reads unset (asking may cost a
+  // collective, e.g. an exchange of host names).
+  const bool share = options.share_reads.has_value() ? *options.share_reads : comm.spans_machines();
+  if (share && comm.size() > 1) {
     SharedOutcome outcome = LoadShared(state, *metadata, path, options, *ctx);
     if (outcome.agreed) return outcome.result;
     SP_RETURN_IF_ERROR(AgreeOnStatus(comm, outcome.result.status()));

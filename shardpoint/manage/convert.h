@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "shardpoint/base/status.h"
+#include "shardpoint/checkpoint.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/store/store.h"
 
@@ -28,7 +29,7 @@ struct ConvertOptions {
   bool overwrite = false;
   int threads = 0;                                    // 0: DefaultIoThreads()
   int files = 1;                                      // data files of the output
-  uint64_t memory_budget_bytes = uint64_t{256} << 20;
+  uint64_t memory_budget_bytes = kDefaultMemoryBudgetBytes;
   Store* source_store = nullptr;                      // null: by the path
   Store* destination_store = nullptr;                 // null: by the path
   // Called from I/O threads with the bytes of each chunk once written, and the total to write.
