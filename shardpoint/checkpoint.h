@@ -7,8 +7,8 @@
 // storage layer needs, and loads write straight into the caller's buffers.
 //
 // Errors: every function returns a Status or Result. Inside a collective save or load, if any rank
-// fails every rank returns the same error (DESIGN.md decision 5). A failed save never damages a
-// committed checkpoint, at the same path or elsewhere.
+// fails every rank returns the same error (docs/DESIGN.md decision 5). A failed save never damages
+// a committed checkpoint, at the same path or elsewhere.
 //
 // Thread-safety: one call per rank at a time; the views must stay valid and (on save) unchanged
 // until the call returns.

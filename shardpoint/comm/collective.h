@@ -4,7 +4,7 @@
 // agree that every write succeeded). When one rank fails inside a phase, the others must not hang
 // waiting for it and must not carry on with a partial result: each helper here sends a rank's
 // failure through the same collective as its payload, and every rank of the group returns the
-// same error from the same call (DESIGN.md, decision 5). Ranks keep calling the same helpers in
+// same error from the same call (docs/DESIGN.md decision 5). Ranks keep calling the same helpers in
 // the same order; after a helper fails, a protocol simply returns its error on every rank.
 //
 // Which error wins: the lowest-numbered failing rank's Status, with its message prefixed

@@ -1,6 +1,6 @@
 // Failure and corruption tests of Save, Load and Verify: a save that fails on one rank, a crash at
-// every step of the commit protocol, damaged data and metadata files, and errors that every rank
-// of a collective call agrees on (DESIGN.md decisions 4, 5 and 10; docs/FORMAT.md §3 and §4).
+// every step of the commit protocol, damaged data and metadata files, and errors that every rank of
+// a collective call agrees on (docs/DESIGN.md decisions 4, 5 and 10; docs/FORMAT.md §3 and §4).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
 // Opening a checkpoint of any format shardpoint reads.
 //
-// One place picks the format driver by what is on disk (STYLE: no registration by static
-// initializers): a native checkpoint has `shardpoint.metadata`; every format decodes into the same
-// CheckpointMetadata, so planning, loading, verifying and inspecting are format-blind. Chunks of
-// foreign formats that are not plain row-major bytes (ChunkEncoding::kDriverDecoded) are turned
-// into row-major bytes by DecodeStoredChunk. Stateless and thread-safe.
+// One place picks the format driver by what is on disk (docs/DESIGN.md decision 11: no registration
+// by static initializers): a native checkpoint has `shardpoint.metadata`; every format decodes into
+// the same CheckpointMetadata, so planning, loading, verifying and inspecting are format-blind.
+// Chunks of foreign formats that are not plain row-major bytes (ChunkEncoding::kDriverDecoded) are
+// turned into row-major bytes by DecodeStoredChunk. Stateless and thread-safe.
 #ifndef SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
 #define SHARDPOINT_FORMAT_OPEN_CHECKPOINT_H_
 

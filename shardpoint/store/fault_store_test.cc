@@ -420,7 +420,7 @@ TEST_F(FaultStoreTest, RandomWritesCrashToTheLastSyncedContent) {
   }
 }
 
-// The commit protocol of DESIGN.md (data and metadata to temporary names, fsync, rename, fsync
+// The commit protocol of docs/DESIGN.md (data and metadata to temporary names, fsync, rename, fsync
 // the directory), crashed after every step: the checkpoint is always the old one or the whole new
 // one. Skipping the data fsync must be caught, which shows the model can see a broken protocol.
 class CommitProtocolTest : public FaultStoreTest {

@@ -180,7 +180,7 @@ Status ReadOneHeader(Store& store, FileHeader* file) {
   SP_ASSIGN_OR_RETURN(file->header, ReadSafetensorsHeader(*handle));
   const std::map<std::string, std::string>& md = file->header.metadata;
   if (auto it = md.find("format"); it != md.end() && it->second == "shardpoint") {
-    // Never load a native save that was not committed (DESIGN.md decision 4).
+    // Never load a native save that was not committed (docs/DESIGN.md decision 4).
     return NotFoundError("no committed checkpoint at " + ParentPath(file->path) + " (" +
                          file->path +
                          " is a data file of a shardpoint save whose metadata is missing)");
