@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "shardpoint/base/bytes.h"
-#include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/save.h"
 #include "shardpoint/exec/thread_pool.h"
 
 namespace sp {

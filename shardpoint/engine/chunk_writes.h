@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/save.h"
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/torch_save/torch_save.h"

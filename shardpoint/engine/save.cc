@@ -9,7 +9,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
-#include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/save.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/chunk_writes.h"
 #include "shardpoint/engine/cleanup.h"

@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/save.h"
 
 namespace sp {
 

@@ -1,0 +1,94 @@
+// Load: reads a checkpoint of any format into the pieces every rank asks for, and the reads of
+// its metadata and objects alone (implemented in load.cc).
+//
+// A checkpoint is a directory of data files plus one metadata file; it exists only once the
+// metadata is committed. Every rank calls the same function with its own state; ranks exchange
+// plans through a Communicator (null: one rank in this process). Errors: a Status or Result;
+// inside a collective call, if any rank fails every rank returns the same error (docs/DESIGN.md
+// decision 5). Thread-safety: one call per rank at a time.
+//
+// Loads write straight into the caller's buffers, which must stay valid until the call returns.
+#ifndef SHARDPOINT_ENGINE_LOAD_H_
+#define SHARDPOINT_ENGINE_LOAD_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/dtype.h"
+#include "shardpoint/base/result.h"
+#include "shardpoint/comm/communicator.h"
+#include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+#include "shardpoint/store/store.h"
+#include "shardpoint/engine/budget.h"
+
+namespace sp {
+
+struct PieceView {
+  Box box;
+  std::byte* data = nullptr;
+};
+
+// What one rank wants of one tensor (load).
+struct LoadTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;  // global; must equal the stored shape
+  std::vector<PieceView> pieces;
+};
+
+struct LoadState {
+  std::vector<LoadTensor> tensors;
+  std::vector<std::string> objects;  // names of the objects wanted
+};
+
+struct LoadOptions {
+  Communicator* comm = nullptr;
+  Store* store = nullptr;
+  ThreadPool* pool = nullptr;
+  int threads = 0;                  // 0: DefaultIoThreads(), max(4, cores)
+  int coordinator = 0;              // the rank that reads the metadata and broadcasts it
+  bool strict = true;               // missing keys are an error
+  bool allow_cast = false;          // convert stored dtypes to the destination's dtype
+  bool verify_checksums = true;
+  uint64_t memory_budget_bytes = kDefaultMemoryBudgetBytes;  // staging beyond the caller's buffers
+  // A stored chunk that several ranks need is read by one of them, which sends the others their
+  // regions through the communicator (each stored byte read once); false: every rank reads for
+  // itself. Unset: shared when comm->spans_machines() (ranks on one machine share its page cache,
+  // where reading again costs less than exchanging).
+  std::optional<bool> share_reads;
+};
+
+struct LoadResult {
+  std::vector<std::string> missing_keys;     // wanted but not in the checkpoint (non-strict)
+  std::vector<std::string> unexpected_keys;  // in the checkpoint but not wanted
+  std::vector<ObjectEntry> objects;          // the wanted objects that were found
+  uint64_t bytes_read = 0;                   // bytes this rank read from storage
+};
+
+// Loads the checkpoint at `path` into the pieces of `state`. Collective over options.comm.
+Result<LoadResult> Load(const LoadState& state, std::string_view path,
+                        const LoadOptions& options = {});
+
+// Reads and checks the committed metadata of the checkpoint at `path` (store null: POSIX).
+// kNotFound when no committed checkpoint is there.
+Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* store = nullptr);
+
+// The objects named `names` of the checkpoint at `path`, with their payloads (ReadObjectPayloads
+// in format/open_checkpoint.h, default limits); names the checkpoint does not hold are skipped.
+// Errors as ReadCheckpointMetadata's and ReadObjectPayloads'.
+Result<std::vector<ObjectEntry>> ReadCheckpointObjects(std::string_view path,
+                                                       std::span<const std::string> names,
+                                                       Store* store = nullptr);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_ENGINE_LOAD_H_

@@ -1,0 +1,102 @@
+// Save: writes the sharded state of every rank as one checkpoint (implemented in save.cc).
+//
+// A checkpoint is a directory of data files plus one metadata file; it exists only once the
+// metadata is committed. Every rank calls the same function with its own state; ranks exchange
+// plans through a Communicator (null: one rank in this process). Errors: a Status or Result;
+// inside a collective call, if any rank fails every rank returns the same error (docs/DESIGN.md
+// decision 5). Thread-safety: one call per rank at a time.
+//
+// The state is made of views of the caller's memory: nothing is copied beyond what the storage
+// layer needs. The views must stay valid and unchanged until the call returns. A failed save
+// never damages a committed checkpoint, at the same path or elsewhere.
+#ifndef SHARDPOINT_ENGINE_SAVE_H_
+#define SHARDPOINT_ENGINE_SAVE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/dtype.h"
+#include "shardpoint/base/result.h"
+#include "shardpoint/comm/communicator.h"
+#include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+#include "shardpoint/store/store.h"
+#include "shardpoint/engine/budget.h"
+
+namespace sp {
+
+// A box of a global tensor whose elements lie row-major and contiguous at `data`.
+struct ConstPieceView {
+  Box box;
+  const std::byte* data = nullptr;
+};
+// What one rank holds of one tensor (save). Pieces of one tensor on one rank must not overlap.
+struct SaveTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;  // global
+  std::vector<ConstPieceView> pieces;
+};
+
+struct SaveState {
+  std::vector<SaveTensor> tensors;
+  std::vector<ObjectEntry> objects;  // plain data (JSON) or opaque bytes; same name on many ranks: lowest rank's wins
+};
+
+// Where the time of one rank's save went (seconds, wall clock), and what it wrote.
+struct SaveStats {
+  double plan_seconds = 0;    // local plan, gather, global plan (coordinator), scatter
+  double write_seconds = 0;   // checksumming and writing this rank's data files
+  double sync_seconds = 0;    // fsync, close and rename of this rank's data files
+  double commit_seconds = 0;  // report, metadata write and commit (coordinator), agreement
+  uint64_t bytes_written = 0; // data bytes this rank wrote (headers excluded)
+  uint32_t files_written = 0;
+};
+
+struct SaveOptions {
+  Communicator* comm = nullptr;   // null: this process is the only rank
+  Store* store = nullptr;         // null: the POSIX file system
+  ThreadPool* pool = nullptr;     // null: a pool of `threads` threads for the duration of the call
+  int threads = 0;                // 0: DefaultIoThreads(), max(4, cores)
+  int coordinator = 0;            // the rank that plans and commits
+  int files_per_rank = 1;
+  bool overwrite = false;         // replace a committed checkpoint at the same path
+  bool dedup_to_lowest_rank = false;
+  uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  std::map<std::string, std::string> attributes;  // stored in the metadata (coordinator's copy)
+  // Megatron's separation_hint: chunks of tensors whose names start with one of these prefixes
+  // are written to data files of their own on each rank (see SavePlanOptions).
+  std::vector<std::string> separate_key_prefixes;
+  // kNative (docs/FORMAT.md) or kTorchDcp (a checkpoint torch.distributed.checkpoint.load reads,
+  // without checksums); kSafetensors is not a save format (see consolidation).
+  CheckpointFormat format = CheckpointFormat::kNative;
+  // With kTorchDcp: a Megatron-Core torch_dist checkpoint. The objects go to common.pt (at their
+  // nested paths) instead of BYTE_IO items, and metadata.json is written, both before `.metadata`
+  // commits; megatron.core.dist_checkpointing.load reads it (docs/TORCH_DCP.md §6).
+  bool megatron = false;
+  // Streaming saves (conversion): pieces whose data is null get their bytes from fill_piece
+  // (tensor and piece index in this rank's SaveState) just before they are written, with at most
+  // max(fill_budget_bytes, the largest such piece) bytes held at once. Called from I/O threads.
+  std::function<Status(size_t tensor, size_t piece, MutableByteView out)> fill_piece;
+  uint64_t fill_budget_bytes = kDefaultMemoryBudgetBytes;
+  // Called from I/O threads with the bytes of each chunk once written (for progress reports).
+  std::function<void(uint64_t bytes)> on_chunk_written;
+  SaveStats* stats = nullptr;     // when set, filled with this rank's figures
+};
+
+// Saves `state` as a checkpoint at `path` (a directory). Collective over options.comm.
+// Errors: kAlreadyExists when a committed checkpoint is at `path` and !overwrite; kInvalidArgument
+// for inconsistent state (names the tensor, ranks and values); storage errors name the file.
+Status Save(const SaveState& state, std::string_view path, const SaveOptions& options = {});
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_ENGINE_SAVE_H_
