@@ -62,8 +62,9 @@ def tensor_map_box(global_shape: Sequence[int], mesh_shape: Sequence[int], tenso
     from . import _core
 
     with translated():
-        offsets, sizes = _core.tensor_map_chunk(int_list(global_shape), int_list(mesh_shape), _mesh_dim_lists(tensor_map),
-                                                int(inner_rank), int_list(uneven_mesh_dims))
+        offsets, sizes = _core.tensor_map_chunk(int_list(global_shape), int_list(mesh_shape),
+                                                _mesh_dim_lists(tensor_map), int(inner_rank),
+                                                int_list(uneven_mesh_dims))
     return Box(offsets, sizes)
 
 
