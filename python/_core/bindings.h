@@ -27,6 +27,10 @@ void DefineRetentionFunctions(nanobind::module_& m);
 // consolidate, parse_byte_size (consolidate_bindings.cc).
 void DefineConsolidateFunctions(nanobind::module_& m);
 
+// tensor_map_chunk, tensor_map_chunk_for_rank, tensor_map_chunks_per_rank, decompose_flat_range,
+// flat_range_pieces (layout_bindings.cc).
+void DefineLayoutFunctions(nanobind::module_& m);
+
 // CheckpointMetadata and the types it holds, read-only (metadata_bindings.cc).
 void DefineMetadataClasses(nanobind::module_& m);
 

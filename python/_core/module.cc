@@ -2,7 +2,7 @@
 //
 // It exposes the engine's entry points over plain Python values (lists of tensor entries and
 // object entries, a communicator object), option objects (options.h) and read-only metadata
-// objects, and nothing framework-specific: the torch and numpy adapters are pure Python in the
+// objects, the layout functions (tensor_map, flat ranges), and nothing framework-specific: the torch and numpy adapters are pure Python in the
 // shardpoint package. Tensors cross zero-copy
 // through DLPack or the buffer protocol, and the GIL is released during planning and I/O.
 #include <nanobind/nanobind.h>
@@ -19,4 +19,5 @@ NB_MODULE(_core, m) {
   sp::python::DefineAsyncSaver(m);
   sp::python::DefineRetentionFunctions(m);
   sp::python::DefineConsolidateFunctions(m);
+  sp::python::DefineLayoutFunctions(m);
 }

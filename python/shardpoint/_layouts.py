@@ -2,18 +2,20 @@
 tensor (Megatron's ShardedTensor, optionally a flat range of its box).
 
 Both wrap this rank's local data (a torch tensor or a numpy array) and say where it lies in the
-global tensor. Boxes follow the C++ rules of shardpoint/layout/tensor_map.h and
-shardpoint/geometry/flat_range.h. On load the local data is written in place.
+global tensor. The boxes are computed by the core (shardpoint/layout/tensor_map.h and
+shardpoint/geometry/flat_range.h, bound in shardpoint._core); this module only adapts. On load the
+local data is written in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
-from ._errors import CheckpointArgumentError
-from ._pieces import Box, TensorPlan, decompose_flat_range, numpy_local_plan, with_element_offsets
+from ._errors import CheckpointArgumentError, CheckpointError, translated
+from ._pieces import Box, TensorPlan, flat_range_pieces, int_list, numpy_local_plan
 
 
 def local_plan(name: str, local: Any, shape: Sequence[int], boxes: list[tuple[Box, int]], for_load: bool) -> TensorPlan:
@@ -33,14 +35,19 @@ def _argument_error(message: str) -> CheckpointArgumentError:
     return CheckpointArgumentError(message, "INVALID_ARGUMENT")
 
 
-def _split(length: int, parts: int, index: int, like_torch_chunk: bool) -> tuple[int, int]:
-    """(start, size) of piece ``index`` of ``length`` elements over ``parts``."""
-    if like_torch_chunk:
-        step = -(-length // parts)
-        start = min(index * step, length)
-        return start, min(step, length - start)
-    base, extra = divmod(length, parts)
-    return index * base + min(index, extra), base + (1 if index < extra else 0)
+@contextlib.contextmanager
+def _for_tensor(name: str) -> Iterator[None]:
+    """Runs a core layout call, prefixing the tensor's name to the message of the error it raises."""
+    try:
+        with translated():
+            yield
+    except CheckpointError as e:
+        raise type(e)(f"tensor {name!r}: {e.message}", e.code) from None
+
+
+def _mesh_dim_lists(tensor_map: Sequence[Any]) -> list[list[int]]:
+    """``tensor_map`` with each entry (-1, a mesh dim, or a list of them) as a list of ints."""
+    return [[int(m) for m in entry] if isinstance(entry, (list, tuple)) else [int(entry)] for entry in tensor_map]
 
 
 def tensor_map_box(global_shape: Sequence[int], mesh_shape: Sequence[int], tensor_map: Sequence[Any],
@@ -49,36 +56,16 @@ def tensor_map_box(global_shape: Sequence[int], mesh_shape: Sequence[int], tenso
 
     ``tensor_map[d]`` is -1, a mesh dim counted from the right, or a list of them (split by the
     first listed, then each piece by the next); splits are balanced (the first L % n get one more),
-    or like torch.chunk on ``uneven_mesh_dims`` (counted from the left). Raises
-    CheckpointArgumentError for a malformed layout.
+    or like torch.chunk on ``uneven_mesh_dims`` (counted from the left). Computed by the core
+    (shardpoint/layout/tensor_map.h). Raises CheckpointArgumentError for a malformed layout.
     """
-    if len(tensor_map) != len(global_shape):
-        raise _argument_error(f"tensor_map {list(tensor_map)} has {len(tensor_map)} entries, "
-                              f"expected one per tensor dim of shape {tuple(global_shape)}")
-    if any(n <= 0 for n in mesh_shape) or not 0 <= inner_rank < math.prod(mesh_shape):
-        raise _argument_error(f"inner rank {inner_rank} outside mesh {tuple(mesh_shape)}")
-    coordinate, rest = [], inner_rank
-    for n in reversed(mesh_shape):
-        coordinate.append(rest % n)
-        rest //= n
-    coordinate.reverse()
-    used: set[int] = set()
-    offsets, sizes = [], []
-    for dim, entry in enumerate(tensor_map):
-        mesh_dims = [m for m in (entry if isinstance(entry, (list, tuple)) else [entry]) if m != -1]
-        start, length = 0, int(global_shape[dim])
-        for m in mesh_dims:
-            if not 0 <= m < len(mesh_shape) or m in used:
-                raise _argument_error(f"tensor_map {list(tensor_map)}: mesh dim {m} out of range for mesh "
-                                      f"{tuple(mesh_shape)} or used twice")
-            used.add(m)
-            mesh_dim = len(mesh_shape) - 1 - m
-            piece_start, length = _split(length, mesh_shape[mesh_dim], coordinate[mesh_dim],
-                                         mesh_dim in uneven_mesh_dims)
-            start += piece_start
-        offsets.append(start)
-        sizes.append(length)
-    return Box(tuple(offsets), tuple(sizes))
+    from . import _core
+
+    with translated():
+        offsets, sizes = _core.tensor_map_chunk(int_list(global_shape), int_list(mesh_shape),
+                                                _mesh_dim_lists(tensor_map), int(inner_rank),
+                                                int_list(uneven_mesh_dims))
+    return Box(offsets, sizes)
 
 
 @dataclass
@@ -103,21 +90,23 @@ class HyperParallelTensor:
         if self.global_shape is not None:
             return tuple(int(s) for s in self.global_shape)
         out = []
-        for dim, entry in enumerate(self.tensor_map):
-            mesh_dims = [m for m in (entry if isinstance(entry, (list, tuple)) else [entry]) if m != -1]
+        for dim, entry in enumerate(_mesh_dim_lists(self.tensor_map)):
+            mesh_dims = [m for m in entry if m != -1]
             out.append(int(self.local.shape[dim]) * math.prod(self.mesh_shape[len(self.mesh_shape) - 1 - m]
                                                               for m in mesh_dims))
         return tuple(out)
 
     def _shardpoint_plan(self, name: str, rank: int, for_load: bool) -> TensorPlan:
+        from . import _core
+
         shape = self.shape()
-        ranks = list(self.rank_list) if self.rank_list is not None else list(range(math.prod(self.mesh_shape)))
-        if len(ranks) != math.prod(self.mesh_shape):
-            raise _argument_error(f"tensor {name!r}: rank_list has {len(ranks)} ranks, mesh "
-                                  f"{tuple(self.mesh_shape)} has {math.prod(self.mesh_shape)}")
+        with _for_tensor(name):
+            chunk = _core.tensor_map_chunk_for_rank(
+                list(shape), int_list(self.mesh_shape), _mesh_dim_lists(self.tensor_map), int(rank),
+                int_list(self.rank_list) if self.rank_list is not None else [], int_list(self.uneven_mesh_dims))
         boxes: list[tuple[Box, int]] = []
-        if rank in ranks:
-            box = tensor_map_box(shape, self.mesh_shape, self.tensor_map, ranks.index(rank), self.uneven_mesh_dims)
+        if chunk is not None:
+            box = Box(*chunk)
             if tuple(self.local.shape) != box.sizes:
                 raise _argument_error(f"tensor {name!r}: local shape {tuple(self.local.shape)} on rank {rank}, "
                                       f"expected {box.sizes} for global shape {shape} and tensor_map "
@@ -162,5 +151,6 @@ class ShardedTensor:
         if len(self.data.shape) != 1 or self.data.shape[0] != end - begin:
             raise _argument_error(f"tensor {name!r}: flattened_range [{begin}, {end}) needs 1-D data of "
                                   f"{end - begin} elements, found shape {tuple(self.data.shape)}")
-        boxes = with_element_offsets(decompose_flat_range(box, begin, end))
+        with _for_tensor(name):
+            boxes = flat_range_pieces(self.global_shape, box, begin, end)
         return local_plan(name, self.data, self.global_shape, boxes, for_load)

@@ -1,5 +1,7 @@
 """Value types shared by the adapters: boxes, tensor plans, flat ranges, and numpy arrays.
 
+Flat-range geometry is the core's (bound in shardpoint._core); this module only converts.
+
 A :class:`TensorPlan` is what one rank hands to the core for one tensor: its name, dtype (torch's
 name), global shape, and pieces ``(offsets, sizes, bytes)`` where ``bytes`` is a contiguous uint8
 view of the caller's memory (or of a temporary that ``after_load`` copies back).
@@ -13,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._errors import CheckpointArgumentError
+from ._errors import CheckpointArgumentError, translated
 
 Piece = tuple  # (offsets tuple, sizes tuple, contiguous byte array)
 
@@ -75,58 +77,34 @@ def split_local(name: str, flat_bytes: Any, itemsize: int, numel: int,
 def decompose_flat_range(box: Box, flat_begin: int, flat_end: int) -> list[Box]:
     """Boxes whose row-major contents, concatenated, are elements [flat_begin, flat_end) of ``box``.
 
-    Each box fixes the dims before some k, takes a range on dim k and the whole box on later dims
-    (as shardpoint/geometry/flat_range.h); at most 2 * rank - 1 boxes, none empty.
+    Each box fixes the dims before some k, takes a range on dim k and the whole box on later dims;
+    at most 2 * rank - 1 boxes, none empty. Computed by the core (shardpoint/geometry/flat_range.h).
+    Raises CheckpointArgumentError for a range outside the box.
     """
-    if flat_begin < 0 or flat_begin > flat_end or flat_end > box.volume:
-        raise CheckpointArgumentError(
-            f"flat range [{flat_begin}, {flat_end}) is not within the {box.volume} elements of box "
-            f"offsets {box.offsets} sizes {box.sizes}", "INVALID_ARGUMENT")
-    if flat_begin == flat_end:
-        return []
-    if not box.sizes:
-        return [box]
-    return _decompose(list(box.offsets), list(box.sizes), 0, flat_begin, flat_end)
+    from . import _core
+
+    with translated():
+        pairs = _core.decompose_flat_range(int_list(box.offsets), int_list(box.sizes), int(flat_begin), int(flat_end))
+    return [Box(offsets, sizes) for offsets, sizes in pairs]
 
 
-def _decompose(offsets: list[int], sizes: list[int], dim: int, begin: int, end: int) -> list[Box]:
-    inner = math.prod(sizes[dim + 1:])
-    first, last = begin // inner, (end - 1) // inner
+def flat_range_pieces(shape: Sequence[int], box: Box, flat_begin: int, flat_end: int) -> list[tuple[Box, int]]:
+    """The boxes of :func:`decompose_flat_range`, each with its element offset in a buffer holding the range.
 
-    def rows(lo: int, hi: int) -> Box:
-        o, s = list(offsets), list(sizes)
-        o[dim] += lo
-        s[dim] = hi - lo
-        return Box(tuple(o), tuple(s))
+    Computed by the core (shardpoint/layout/pieces.h). Raises CheckpointArgumentError for a box
+    outside ``shape`` or a range outside the box.
+    """
+    from . import _core
 
-    def within_row(row: int, lo: int, hi: int) -> list[Box]:
-        fixed = rows(row, row + 1)
-        return _decompose(list(fixed.offsets), list(fixed.sizes), dim + 1, lo, hi)
-
-    if begin % inner == 0 and end % inner == 0:
-        return [rows(first, end // inner)]
-    if first == last:
-        return within_row(first, begin - first * inner, end - first * inner)
-    out: list[Box] = []
-    full_begin = first
-    if begin % inner:
-        out += within_row(first, begin % inner, inner)
-        full_begin = first + 1
-    full_end = end // inner
-    if full_end > full_begin:
-        out.append(rows(full_begin, full_end))
-    if end % inner:
-        out += within_row(full_end, 0, end % inner)
-    return out
+    with translated():
+        pieces = _core.flat_range_pieces(int_list(shape), int_list(box.offsets), int_list(box.sizes), int(flat_begin),
+                                         int(flat_end))
+    return [(Box(offsets, sizes), element_offset) for (offsets, sizes), element_offset in pieces]
 
 
-def with_element_offsets(boxes: Sequence[Box]) -> list[tuple[Box, int]]:
-    """Boxes stored back to back in a local buffer: each with its running element offset."""
-    out, offset = [], 0
-    for box in boxes:
-        out.append((box, offset))
-        offset += box.volume
-    return out
+def int_list(values: Sequence[Any]) -> list[int]:
+    """``values`` as a list of Python ints (for the core's integer sequences)."""
+    return [int(v) for v in values]
 
 
 # numpy dtypes by torch's dtype names (those numpy has natively).

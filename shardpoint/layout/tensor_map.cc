@@ -1,6 +1,7 @@
 #include "shardpoint/layout/tensor_map.h"
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 #include "shardpoint/layout/index_set.h"
@@ -95,6 +96,22 @@ Box SliceOf(const Shape& global_shape, const TensorMapLayout& layout, int64_t in
   return box;
 }
 
+// The global rank of each inner rank (0..N-1 when rank_list is empty); kInvalidArgument when
+// rank_list's size is not the mesh volume.
+Result<std::vector<int64_t>> InnerToGlobalRanks(const TensorMapLayout& layout) {
+  const int64_t volume = ShapeVolume(layout.mesh_shape);
+  std::vector<int64_t> ranks = layout.rank_list;
+  if (ranks.empty()) {
+    for (int64_t r = 0; r < volume; ++r) ranks.push_back(r);
+  }
+  if (static_cast<int64_t>(ranks.size()) != volume) {
+    return InvalidArgumentError("rank_list has " + std::to_string(ranks.size()) +
+                                " ranks, expected the mesh volume " + std::to_string(volume) +
+                                " of mesh_shape " + ShapeToString(layout.mesh_shape));
+  }
+  return ranks;
+}
+
 }  // namespace
 
 Result<Box> TensorMapChunk(const Shape& global_shape, const TensorMapLayout& layout,
@@ -114,20 +131,28 @@ Result<Box> TensorMapChunk(const Shape& global_shape, const Shape& mesh_shape,
   return TensorMapChunk(global_shape, TensorMapLayout{mesh_shape, tensor_map, {}, {}}, inner_rank);
 }
 
+Result<std::optional<Box>> TensorMapChunkForRank(const Shape& global_shape,
+                                                 const TensorMapLayout& layout, int64_t rank) {
+  SP_RETURN_IF_ERROR(ValidateTensorMap(global_shape, layout));
+  SP_ASSIGN_OR_RETURN(const std::vector<int64_t> ranks, InnerToGlobalRanks(layout));
+  std::set<int64_t> seen;
+  int64_t inner = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!seen.insert(ranks[i]).second) {
+      return InvalidArgumentError("rank_list holds rank " + std::to_string(ranks[i]) + " twice");
+    }
+    if (ranks[i] == rank) inner = static_cast<int64_t>(i);
+  }
+  if (inner < 0) return std::optional<Box>();
+  return std::optional<Box>(SliceOf(global_shape, layout, inner));
+}
+
 Result<std::vector<std::optional<Box>>> TensorMapChunksPerRank(const Shape& global_shape,
                                                                const TensorMapLayout& layout,
                                                                int64_t world_size) {
   SP_RETURN_IF_ERROR(ValidateTensorMap(global_shape, layout));
-  const int64_t volume = ShapeVolume(layout.mesh_shape);
-  std::vector<int64_t> ranks = layout.rank_list;
-  if (ranks.empty()) {
-    for (int64_t r = 0; r < volume; ++r) ranks.push_back(r);
-  }
-  if (static_cast<int64_t>(ranks.size()) != volume) {
-    return InvalidArgumentError("rank_list has " + std::to_string(ranks.size()) +
-                                " ranks, expected the mesh volume " + std::to_string(volume) +
-                                " of mesh_shape " + ShapeToString(layout.mesh_shape));
-  }
+  SP_ASSIGN_OR_RETURN(const std::vector<int64_t> ranks, InnerToGlobalRanks(layout));
+  const int64_t volume = static_cast<int64_t>(ranks.size());
   std::vector<std::optional<Box>> out(world_size > 0 ? world_size : 0);
   for (int64_t inner = 0; inner < volume; ++inner) {
     const int64_t rank = ranks[inner];

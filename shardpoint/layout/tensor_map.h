@@ -46,6 +46,12 @@ Result<Box> TensorMapChunk(const Shape& global_shape, const Shape& mesh_shape,
 Result<Box> TensorMapChunk(const Shape& global_shape, const TensorMapLayout& layout,
                            int64_t inner_rank);
 
+// The slice of global rank `rank`: that of its position in rank_list (or of inner rank `rank`
+// when rank_list is empty), or nullopt when the rank is not part of the mesh. Errors as
+// TensorMapChunk, and when rank_list's size is not the mesh volume or it holds a rank twice.
+Result<std::optional<Box>> TensorMapChunkForRank(const Shape& global_shape,
+                                                 const TensorMapLayout& layout, int64_t rank);
+
 // The slice of every global rank in [0, world_size): nullopt for ranks not in rank_list. Errors as
 // above, and when rank_list's size is not the mesh volume, it holds a rank twice, or a rank
 // outside [0, world_size).

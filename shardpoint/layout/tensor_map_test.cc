@@ -76,6 +76,34 @@ TEST(TensorMapTest, PerRankWithRankList) {
   EXPECT_EQ((*result)[11], Box({2, 0}, {2, 3}));
 }
 
+TEST(TensorMapTest, ForRankAgreesWithPerRank) {
+  const TensorMapLayout layout{{2, 3}, {{0}, {1}}, {5, 0, 4, 1, 3, 2}, {1}};
+  auto all = TensorMapChunksPerRank({7, 5}, layout, 8);
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int64_t rank = -1; rank < 9; ++rank) {
+    auto one = TensorMapChunkForRank({7, 5}, layout, rank);
+    ASSERT_TRUE(one.ok()) << one.status();
+    const std::optional<Box> expected =
+        rank >= 0 && rank < 8 ? (*all)[rank] : std::optional<Box>();
+    EXPECT_EQ(*one, expected) << rank;
+  }
+  // Global rank 0 sits at position 1 of rank_list: coordinate (0, 1). Tensor dim 0 goes to mesh
+  // dim 1 (size 3, uneven: torch.chunk of 7 is 3, 3, 1), tensor dim 1 to mesh dim 0 (size 2,
+  // balanced: 3, 2); coordinate (0, 1) holds rows 3..5 and columns 0..2.
+  EXPECT_EQ(*TensorMapChunkForRank({7, 5}, layout, 0), Box({3, 0}, {3, 3}));
+  // An empty rank list: global rank r is inner rank r; ranks past the mesh hold nothing.
+  const TensorMapLayout plain{{4}, {{0}}, {}, {}};
+  EXPECT_EQ(*TensorMapChunkForRank({10}, plain, 2), Box({6}, {2}));
+  EXPECT_FALSE(TensorMapChunkForRank({10}, plain, 4)->has_value());
+  const TensorMapLayout duplicate{{2}, {{0}}, {1, 1}, {}};
+  auto twice = TensorMapChunkForRank({4}, duplicate, 0);
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(twice.status().message(), "rank_list holds rank 1 twice");
+  const TensorMapLayout short_list{{2, 2}, {{0}}, {0, 1, 2}, {}};
+  EXPECT_EQ(TensorMapChunkForRank({4}, short_list, 0).status().message(),
+            "rank_list has 3 ranks, expected the mesh volume 4 of mesh_shape [2, 2]");
+}
+
 TEST(TensorMapTest, Errors) {
   auto out_of_mesh = TensorMapChunk({4, 4}, {2, 2}, {{2}, {-1}}, 0);
   EXPECT_EQ(out_of_mesh.status().code(), StatusCode::kInvalidArgument);
