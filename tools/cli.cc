@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "shardpoint/base/bytes.h"
-#include "shardpoint/store/open_store.h"
+#include "shardpoint/checkpoint.h"
 
 namespace sp::cli {
 

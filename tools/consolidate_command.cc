@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "shardpoint/manage/consolidate.h"
+#include "shardpoint/manage.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

@@ -5,8 +5,7 @@
 #include <iostream>
 #include <mutex>
 
-#include "shardpoint/manage/convert.h"
-#include "shardpoint/format/open_checkpoint.h"
+#include "shardpoint/manage.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

@@ -35,7 +35,6 @@
 #include "shardpoint/base/bytes.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
-#include "shardpoint/engine/async_save.h"
 #include "shardpoint/format/torch_save/plain_value.h"
 #include "shardpoint/geometry/strided_copy.h"
 #include "tools/cli.h"

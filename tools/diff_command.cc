@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "shardpoint/manage/diff.h"
+#include "shardpoint/manage.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

@@ -1,7 +1,7 @@
 // shardpoint gc DIR --keep-last K [--keep-every N] [--dry-run] [--json]
 #include <iostream>
 
-#include "shardpoint/manage/retention.h"
+#include "shardpoint/manage.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

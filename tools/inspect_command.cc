@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "shardpoint/checkpoint.h"
-#include "shardpoint/format/open_checkpoint.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

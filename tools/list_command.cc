@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "shardpoint/manage/retention.h"
+#include "shardpoint/manage.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

@@ -1,7 +1,7 @@
 // shardpoint prune PATH --prefix P [--prefix P2 ...] [--dry-run] [--json]
 #include <iostream>
 
-#include "shardpoint/manage/prune.h"
+#include "shardpoint/manage.h"
 #include "tools/cli.h"
 
 namespace sp::cli {

@@ -15,7 +15,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
-#include "shardpoint/engine/async_save.h"
+#include "shardpoint/checkpoint.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -8,8 +8,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
-#include "shardpoint/format/open_checkpoint.h"
-#include "shardpoint/store/open_store.h"
+#include "shardpoint/checkpoint.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -9,8 +9,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
-#include "shardpoint/manage/consolidate.h"
-#include "shardpoint/store/open_store.h"
+#include "shardpoint/manage.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -11,7 +11,7 @@
 
 #include "python/_core/arrays.h"
 #include "python/_core/bindings.h"
-#include "shardpoint/format/open_checkpoint.h"
+#include "shardpoint/checkpoint.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "python/_core/errors.h"
-#include "shardpoint/format/open_checkpoint.h"
+#include "shardpoint/checkpoint.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -17,8 +17,7 @@
 
 #include <nanobind/nanobind.h>
 
-#include "shardpoint/checkpoint.h"
-#include "shardpoint/manage/consolidate.h"
+#include "shardpoint/manage.h"
 
 namespace sp::python {
 

@@ -8,7 +8,7 @@
 
 #include "python/_core/bindings.h"
 #include "python/_core/errors.h"
-#include "shardpoint/manage/retention.h"
+#include "shardpoint/manage.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
