@@ -3,13 +3,13 @@
 // need (engine/read_exchange.h); the read executor does the reads; every rank returns the same
 // outcome.
 #include <algorithm>
-#include <deque>
 #include <set>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/local_state.h"
+#include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/engine/read_exchange.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/exec/task_group.h"
@@ -29,32 +29,6 @@ Result<std::vector<LocalTensor>> BuildTargets(const LoadState& state) {
     targets.push_back(std::move(local));
   }
   return targets;
-}
-
-// Opens the data files the requests need, checking each one's size against the metadata.
-Result<std::vector<std::unique_ptr<ReadableFile>>> OpenFiles(
-    std::span<const ReadRequest> requests, const CheckpointMetadata& metadata, Store& store,
-    std::string_view path) {
-  std::vector<std::unique_ptr<ReadableFile>> files(metadata.files.size());
-  for (const ReadRequest& r : requests) {
-    const uint32_t f = r.chunk->file;
-    if (files[f]) continue;
-    const DataFile& file = metadata.files[f];
-    Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(path, file.name);
-    if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
-      // The metadata is committed, so a missing file is damage, not an absent checkpoint.
-      return DataLossError("data file " + JoinPath(path, file.name) +
-                           " named by the committed metadata is missing: " +
-                           opened.status().message());
-    }
-    SP_ASSIGN_OR_RETURN(files[f], std::move(opened));
-    if (files[f]->size() != file.size) {
-      return DataLossError("data file " + files[f]->path() + " has " +
-                           std::to_string(files[f]->size()) + " bytes, expected " +
-                           std::to_string(file.size) + " (truncated or replaced)");
-    }
-  }
-  return files;
 }
 
 // One rank's load before any read: the result without bytes_read, and its read requests.
@@ -95,8 +69,9 @@ Result<Prepared> Prepare(const LoadState& state, const CheckpointMetadata& metad
   for (const ReadItem& item : p.plan.items) {
     const TensorMetadata* stored = p.plan.stored[item.target];
     const LoadTensor& dest = state.tensors[item.target];
-    p.requests.push_back(ReadRequest{stored, &stored->chunks[item.stored_chunk], &dest,
-                                     &dest.pieces[item.target_box], item.region});
+    p.requests.push_back(MakeReadRequest(*stored, item.stored_chunk,
+                                         IntoPiece(dest.pieces[item.target_box], dest.dtype),
+                                         item.region));
   }
   return p;
 }
@@ -117,7 +92,8 @@ Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& m
                              std::string_view path, const LoadOptions& options,
                              EngineContext& ctx) {
   SP_ASSIGN_OR_RETURN(Prepared p, Prepare(state, metadata, path, options, ctx.store()));
-  SP_ASSIGN_OR_RETURN(auto files, OpenFiles(p.requests, metadata, ctx.store(), path));
+  SP_ASSIGN_OR_RETURN(DataFiles files, OpenDataFiles(ctx.store(), path, metadata,
+                                                     DataFilesRead(p.requests, metadata)));
   SP_ASSIGN_OR_RETURN(p.result.bytes_read,
                       ExecuteReads(p.requests, metadata, files, ctx.pool(),
                                    ReadOptionsFor(metadata, options, ctx)));
@@ -148,13 +124,10 @@ class Outgoing {
     uint64_t at = 0;
     for (const ChunkNeed& n : needs) {
       const TensorMetadata& stored = metadata_.tensors[n.tensor];
-      LoadTensor& dest = dests_.emplace_back();
-      dest.name = stored.name;
-      dest.dtype = stored.dtype;
-      dest.shape = stored.shape;
-      dest.pieces.push_back(PieceView{n.region, reinterpret_cast<std::byte*>(payload.data() + at)});
-      requests.push_back(ReadRequest{&stored, &stored.chunks[n.chunk], &dest, &dest.pieces[0],
-                                     n.region});
+      // The region lands packed, in the stored dtype, at its place in the payload.
+      ReadDestination dest{reinterpret_cast<std::byte*>(payload.data() + at), n.region,
+                           stored.dtype};
+      requests.push_back(MakeReadRequest(stored, n.chunk, std::move(dest), n.region));
       at += PackedBytes(n.region, stored.dtype);
     }
   }
@@ -164,7 +137,6 @@ class Outgoing {
  private:
   const CheckpointMetadata& metadata_;
   std::vector<std::string> payloads_;
-  std::deque<LoadTensor> dests_;  // stable addresses for the requests
 };
 
 // Copies the regions other ranks read for this rank out of their payloads, in tasks on the pool
@@ -186,7 +158,7 @@ class Unpacker {
           group_.Run([=, size = payload.size()] {
             return DataLossError("shared read from rank " + std::to_string(s) + " holds " +
                                  std::to_string(size) + " bytes, expected at least " +
-                                 std::to_string(at + bytes) + " for tensor '" + r->dest->name +
+                                 std::to_string(at + bytes) + " for tensor '" + r->stored->name +
                                  "'");
           });
           break;
@@ -247,19 +219,18 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   read_options.max_gap_bytes = 0;
 
   // Every data file this rank reads in any round, opened once.
-  std::vector<std::unique_ptr<ReadableFile>> files;
+  DataFiles files;
   Status local = [&]() -> Status {
-    std::vector<ReadRequest> every;
+    std::vector<bool> needed(metadata.files.size(), false);
     for (const ExchangeRound& round : plan.rounds) {
-      for (size_t i : round.own) every.push_back(p.requests[i]);
+      for (size_t i : round.own) needed[p.requests[i].chunk->file] = true;
       for (int q = 0; q < comm.size(); ++q) {
         for (const ChunkNeed& n : round.send[q]) {
-          const TensorMetadata& t = metadata.tensors[n.tensor];
-          every.push_back(ReadRequest{&t, &t.chunks[n.chunk], nullptr, nullptr, n.region});
+          needed[metadata.tensors[n.tensor].chunks[n.chunk].file] = true;
         }
       }
     }
-    SP_ASSIGN_OR_RETURN(files, OpenFiles(every, metadata, ctx.store(), path));
+    SP_ASSIGN_OR_RETURN(files, OpenDataFiles(ctx.store(), path, metadata, needed));
     return OkStatus();
   }();
 

@@ -73,17 +73,22 @@ StoredChunkRef RefFor(const Job& job, const ReadRequest& r) {
 
 }  // namespace
 
+ReadRequest MakeReadRequest(const TensorMetadata& stored, size_t chunk, ReadDestination dest,
+                            Box region) {
+  return ReadRequest{&stored, &stored.chunks[chunk], std::move(dest), std::move(region)};
+}
+
 Status CopyToDestination(const ConstChunkView& src, const Box& region, const ReadRequest& r) {
   const DType stored = r.stored->dtype;
-  const DType wanted = r.dest->dtype;
-  ChunkView dst{r.piece->data, r.piece->box, DTypeSize(wanted)};
+  const DType wanted = r.dest.dtype;
+  ChunkView dst{r.dest.data, r.dest.box, DTypeSize(wanted)};
   if (stored == wanted) return CopyRegion(src, dst, region);
   const int64_t count = region.volume();
   AlignedBuffer packed(static_cast<size_t>(count) * DTypeSize(stored));
   AlignedBuffer converted(static_cast<size_t>(count) * DTypeSize(wanted));
   SP_RETURN_IF_ERROR(CopyRegion(src, ChunkView{packed.data(), region, DTypeSize(stored)}, region));
   SP_RETURN_IF_ERROR(ConvertElements(stored, packed.data(), wanted, converted.data(), count)
-                         .WithContext("tensor '" + r.dest->name + "'"));
+                         .WithContext("tensor '" + r.stored->name + "'"));
   return CopyRegion(ConstChunkView{converted.data(), region, DTypeSize(wanted)}, dst, region);
 }
 
@@ -399,7 +404,7 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
   const uint64_t step = std::max<uint64_t>(bs, kReadTaskBytes / bs * bs);
   for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
     const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
-    std::byte* dest = r.piece->data + dst.first_byte + (lo - src.first_byte);
+    std::byte* dest = r.dest.data + dst.first_byte + (lo - src.first_byte);
     const auto [offset, length] = TouchedRange(job, ref, lo, hi);
     out.push_back(Direct{&r, lo, hi, dest, offset, offset + length});
     lo = hi;
@@ -449,16 +454,22 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   // A chunk that several requests need is read through staging, so that the checksum blocks they
   // share are read once.
   std::map<const StoredChunk*, int> users;
-  for (const ReadRequest& r : requests) ++users[r.chunk];
+  for (const ReadRequest& r : requests) {
+    if (r.dest.empty()) {
+      return InvalidArgumentError("read of tensor '" + r.stored->name + "' chunk " +
+                                  r.chunk->box.ToString() + " has no destination");
+    }
+    ++users[r.chunk];
+  }
   for (const ReadRequest& r : requests) {
     if (r.chunk->encoding == ChunkEncoding::kDriverDecoded) {
       decoded[r.chunk].push_back(&r);
       continue;
     }
     const size_t es = DTypeSize(r.stored->dtype);
-    if (r.stored->dtype == r.dest->dtype && users[r.chunk] == 1) {
+    if (r.stored->dtype == r.dest.dtype && users[r.chunk] == 1) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
-      RunSummary dst = SummarizeByteRuns(r.piece->box, r.region, es);
+      RunSummary dst = SummarizeByteRuns(r.dest.box, r.region, es);
       if (src.runs == 1 && dst.runs == 1 && src.bytes > 0) {
         AddDirect(job, r, src, dst, direct);
         continue;

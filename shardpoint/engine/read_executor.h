@@ -35,13 +35,35 @@ namespace sp {
 inline constexpr uint64_t kMaxGapBytes = uint64_t{256} << 10;
 inline constexpr uint64_t kMaxSpanBytes = uint64_t{16} << 20;
 
+// Where a read lands: `data` holds the elements of `box` (global coordinates of the tensor),
+// row-major, each of `dtype`. A null `data` is no destination: a request that names only what is
+// read (which chunk, which region), e.g. to find the files a set of reads needs; ExecuteReads
+// refuses it.
+struct ReadDestination {
+  std::byte* data = nullptr;
+  Box box;
+  DType dtype = DType::kUInt8;
+
+  bool empty() const { return data == nullptr; }
+};
+
+// One piece of a caller's tensor as a destination of `dtype`.
+inline ReadDestination IntoPiece(const PieceView& piece, DType dtype) {
+  return ReadDestination{piece.data, piece.box, dtype};
+}
+
 struct ReadRequest {
   const TensorMetadata* stored = nullptr;
   const StoredChunk* chunk = nullptr;
-  const LoadTensor* dest = nullptr;
-  const PieceView* piece = nullptr;
-  Box region;  // global coordinates, inside both the chunk and the piece
+  ReadDestination dest;
+  Box region;  // global coordinates, inside both the chunk and dest.box
 };
+
+// The request that reads `region` of stored chunk `chunk` of `stored` into `dest`. `stored` must
+// outlive the request; `chunk` indexes stored.chunks and `region` lies inside that chunk's box
+// and, unless `dest` is empty, inside dest.box.
+ReadRequest MakeReadRequest(const TensorMetadata& stored, size_t chunk, ReadDestination dest,
+                            Box region);
 
 struct ReadExecutorOptions {
   bool verify = true;
@@ -56,7 +78,8 @@ struct ReadExecutorOptions {
 Status CopyToDestination(const ConstChunkView& src, const Box& region, const ReadRequest& r);
 
 // Runs every request. `files` is indexed like metadata.files (null where no request needs it).
-// Returns the bytes read from storage, or the first error (checksum mismatch, short read, ...).
+// Returns the bytes read from storage, or the first error (checksum mismatch, short read, ...);
+// a request without a destination is kInvalidArgument naming its tensor, before any read.
 Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
                               const CheckpointMetadata& metadata,
                               const std::vector<std::unique_ptr<ReadableFile>>& files,

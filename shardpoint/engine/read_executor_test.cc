@@ -48,13 +48,13 @@ class UncheckedReadTest : public ::testing::Test {
   // Loads `piece` of the tensor and compares it with the reference values.
   void LoadAndCheck(const Box& piece_box, uint64_t window) {
     std::vector<float> out(static_cast<size_t>(piece_box.volume()), -1.0f);
-    PieceView piece{piece_box, reinterpret_cast<std::byte*>(out.data())};
-    LoadTensor dest{"w", DType::kFloat32, {rows_, cols_}, {piece}};
+    const ReadDestination dest{reinterpret_cast<std::byte*>(out.data()), piece_box,
+                               DType::kFloat32};
     const TensorMetadata& stored = metadata_.tensors[0];
     std::vector<ReadRequest> requests;
-    for (const StoredChunk& c : stored.chunks) {
-      if (std::optional<Box> region = Intersect(c.box, piece_box)) {
-        requests.push_back(ReadRequest{&stored, &c, &dest, &dest.pieces[0], *region});
+    for (size_t c = 0; c < stored.chunks.size(); ++c) {
+      if (std::optional<Box> region = Intersect(stored.chunks[c].box, piece_box)) {
+        requests.push_back(MakeReadRequest(stored, c, dest, *region));
       }
     }
     ThreadPool pool(3);
@@ -103,11 +103,10 @@ TEST_F(UncheckedReadTest, DecodedChunkWithoutADecoderIsAClearError) {
   metadata_.tensors[0].chunks[1].encoding = ChunkEncoding::kDriverDecoded;
   metadata_.tensors[0].chunks[1].stored_length = 16;
   std::vector<float> out(64);
-  LoadTensor dest{"w", DType::kFloat32, {8, 8},
-                  {PieceView{Box{{0, 0}, {8, 8}}, reinterpret_cast<std::byte*>(out.data())}}};
+  const ReadDestination dest{reinterpret_cast<std::byte*>(out.data()), Box{{0, 0}, {8, 8}},
+                             DType::kFloat32};
   const TensorMetadata& stored = metadata_.tensors[0];
-  std::vector<ReadRequest> requests = {
-      ReadRequest{&stored, &stored.chunks[1], &dest, &dest.pieces[0], stored.chunks[1].box}};
+  std::vector<ReadRequest> requests = {MakeReadRequest(stored, 1, dest, stored.chunks[1].box)};
   ThreadPool pool(2);
   Result<uint64_t> read = ExecuteReads(requests, metadata_, files_, pool, {});
   ASSERT_FALSE(read.ok());

@@ -9,6 +9,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -97,15 +98,15 @@ bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, st
 std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f, Store& store,
                                         std::string_view path, DefectList& defects) {
   const DataFile& file = md.files[f];
-  Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(path, file.name);
-  if (!opened.ok()) {
+  DataFileAttempt opened = TryOpenDataFile(store, path, md, f);
+  if (opened.file == nullptr) {
     // A link out of the checkpoint (kFailedPrecondition) is reported once, by ReportLinks.
-    if (opened.status().code() == StatusCode::kFailedPrecondition) return nullptr;
-    defects.Add("data file " + file.name + " cannot be opened: " + opened.status().message());
+    if (opened.open_error.code() == StatusCode::kFailedPrecondition) return nullptr;
+    defects.Add("data file " + file.name + " cannot be opened: " + opened.open_error.message());
     return nullptr;
   }
-  std::unique_ptr<ReadableFile> handle = std::move(opened).value();
-  if (handle->size() != file.size) {
+  std::unique_ptr<ReadableFile> handle = std::move(opened.file);
+  if (!opened.size_matches) {
     defects.Add("data file " + file.name + " has " + std::to_string(handle->size()) +
                 " bytes, expected " + std::to_string(file.size));
     return nullptr;

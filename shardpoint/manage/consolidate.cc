@@ -9,6 +9,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/manage/consolidate_plan.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/torch_dcp/dcp_writer.h"
@@ -110,32 +111,15 @@ Result<std::vector<Slab>> PlanSlabs(const ConsolidationPlan& plan, const Checkpo
   return slabs;
 }
 
-// Opens the source data files the slabs read, checking each one's size against the metadata.
-Result<std::vector<std::unique_ptr<ReadableFile>>> OpenSources(const std::vector<Slab>& slabs,
-                                                                const ConsolidationPlan& plan,
-                                                                const CheckpointMetadata& md,
-                                                                Store& store,
-                                                                std::string_view source) {
-  std::vector<std::unique_ptr<ReadableFile>> files(md.files.size());
+// The source data files the slabs read.
+std::vector<bool> FilesRead(const std::vector<Slab>& slabs, const ConsolidationPlan& plan,
+                            const CheckpointMetadata& md) {
+  std::vector<bool> needed(md.files.size(), false);
   for (const Slab& slab : slabs) {
     const TensorMetadata& t = *plan.files[slab.file].tensors[slab.tensor].source;
-    for (const ReadItem& item : slab.reads) {
-      const uint32_t f = t.chunks[item.stored_chunk].file;
-      if (files[f]) continue;
-      const std::string path = JoinPath(source, md.files[f].name);
-      Result<std::unique_ptr<ReadableFile>> opened = store.OpenInDirectory(source, md.files[f].name);
-      if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
-        return DataLossError("data file " + path + " named by the checkpoint is missing");
-      }
-      SP_ASSIGN_OR_RETURN(files[f], std::move(opened));
-      if (files[f]->size() != md.files[f].size) {
-        return DataLossError("data file " + path + " has " + std::to_string(files[f]->size()) +
-                             " bytes, expected " + std::to_string(md.files[f].size) +
-                             " (truncated or replaced)");
-      }
-    }
+    for (const ReadItem& item : slab.reads) needed[t.chunks[item.stored_chunk].file] = true;
   }
-  return files;
+  return needed;
 }
 
 // The state shared by the slab tasks of one call.
@@ -171,12 +155,11 @@ Status FillSlab(Job& job, const Slab& slab, size_t index) {
   const OutputTensor& out = job.plan.files[slab.file].tensors[slab.tensor];
   const TensorMetadata& stored = *out.source;
   AlignedBuffer buffer(slab.bytes);
-  LoadTensor dest{stored.name, out.dtype, stored.shape, {PieceView{slab.box, buffer.data()}}};
+  const ReadDestination dest{buffer.data(), slab.box, out.dtype};
   std::vector<ReadRequest> requests;
   requests.reserve(slab.reads.size());
   for (const ReadItem& item : slab.reads) {
-    requests.push_back(ReadRequest{&stored, &stored.chunks[item.stored_chunk], &dest,
-                                   &dest.pieces[0], item.region});
+    requests.push_back(MakeReadRequest(stored, item.stored_chunk, dest, item.region));
   }
   ReadExecutorOptions read_options;
   read_options.window = job.window;
@@ -323,7 +306,8 @@ void RemoveTemporaries(Job& job, Store& store, std::string_view out_dir) {
 Result<ConsolidateResult> Execute(Job& job, EngineContext& ctx, std::string_view source,
                                   std::string_view out_dir, const std::vector<Slab>& slabs,
                                   const std::vector<std::string>& stale) {
-  SP_ASSIGN_OR_RETURN(job.sources, OpenSources(slabs, job.plan, job.md, ctx.store(), source));
+  SP_ASSIGN_OR_RETURN(job.sources, OpenDataFiles(ctx.store(), source, job.md,
+                                                 FilesRead(slabs, job.plan, job.md)));
   Status status = CreateOutputs(job, ctx.store(), out_dir);
   if (status.ok()) status = RunSlabs(job, slabs);
   if (status.ok()) status = WriteTorchFraming(job, slabs);

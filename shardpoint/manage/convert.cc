@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/store/open_store.h"
@@ -14,20 +15,11 @@ namespace {
 // The source side: its metadata and open data files, read chunk by chunk.
 struct Source {
   CheckpointMetadata metadata;
-  std::vector<std::unique_ptr<ReadableFile>> files;
+  DataFiles files;
 
   Status Open(Store& store, std::string_view path, ThreadPool& pool) {
     SP_ASSIGN_OR_RETURN(metadata, OpenCheckpointMetadata(store, path, &pool));
-    files.resize(metadata.files.size());
-    for (size_t f = 0; f < metadata.files.size(); ++f) {
-      const DataFile& file = metadata.files[f];
-      SP_ASSIGN_OR_RETURN(files[f], store.OpenInDirectory(path, file.name));
-      if (files[f]->size() != file.size) {
-        return DataLossError("data file " + files[f]->path() + " has " +
-                             std::to_string(files[f]->size()) + " bytes, expected " +
-                             std::to_string(file.size) + " (truncated or replaced)");
-      }
-    }
+    SP_ASSIGN_OR_RETURN(files, OpenDataFiles(store, path, metadata, AllDataFiles(metadata)));
     return OkStatus();
   }
 
@@ -35,8 +27,8 @@ struct Source {
   Status ReadChunk(size_t t, size_t c, MutableByteView out, ThreadPool& pool, uint64_t window) const {
     const TensorMetadata& tensor = metadata.tensors.at(t);
     const StoredChunk& chunk = tensor.chunks.at(c);
-    LoadTensor dest{tensor.name, tensor.dtype, tensor.shape, {PieceView{chunk.box, out.data()}}};
-    const ReadRequest request{&tensor, &chunk, &dest, &dest.pieces[0], chunk.box};
+    const ReadRequest request =
+        MakeReadRequest(tensor, c, ReadDestination{out.data(), chunk.box, tensor.dtype}, chunk.box);
     ReadExecutorOptions read_options;
     read_options.window = window;
     SP_ASSIGN_OR_RETURN(uint64_t bytes, ExecuteReads(std::span<const ReadRequest>(&request, 1),

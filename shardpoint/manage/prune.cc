@@ -10,6 +10,7 @@
 #include "shardpoint/base/bytes.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
+#include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/store/posix_store.h"
 
@@ -189,8 +190,7 @@ Status WriteRewrite(Store& store, std::string_view path, const CheckpointMetadat
                     std::vector<std::string>* written) {
   const DataFile& old = md.files[r.old_file];
   const DataFile& file = plan.next.files[r.new_file];
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> in,
-                      store.OpenReadable(JoinPath(path, old.name)));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> in, OpenDataFile(store, path, md, r.old_file));
   const std::string final_path = JoinPath(path, file.name);
   const std::string temp_path = final_path + ".tmp";
   written->push_back(temp_path);
