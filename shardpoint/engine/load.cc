@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/load.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/local_state.h"

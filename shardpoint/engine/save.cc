@@ -4,11 +4,11 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <random>
 #include <set>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/base/random_id.h"
 #include "shardpoint/engine/save.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/chunk_writes.h"
@@ -36,19 +36,6 @@ void Lap(Clock::time_point* since, double* into) {
   const Clock::time_point now = Clock::now();
   *into += std::chrono::duration<double>(now - *since).count();
   *since = now;
-}
-
-std::string NewSaveId() {
-  std::random_device rd;
-  uint64_t bits = (uint64_t{rd()} << 32) ^ rd() ^
-                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  static const char kHex[] = "0123456789abcdef";
-  std::string id(12, '0');
-  for (char& c : id) {
-    c = kHex[bits & 15];
-    bits >>= 4;
-  }
-  return id;
 }
 
 Result<LocalSavePlan> BuildLocalPlan(const SaveState& state, bool data_optional) {
@@ -137,7 +124,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
   SavePlanOptions plan_options;
   plan_options.files_per_rank = std::max(1, options.files_per_rank);
   plan_options.dedup_to_lowest_rank = options.dedup_to_lowest_rank;
-  plan_options.save_id = NewSaveId();
+  plan_options.save_id = RandomHexId(12);
   plan_options.checksum_block_bytes = options.checksum_block_bytes;
   plan_options.separate_key_prefixes = options.separate_key_prefixes;
   SP_ASSIGN_OR_RETURN(GlobalSavePlan plan, PlanSave(locals, plan_options));

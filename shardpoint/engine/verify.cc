@@ -6,7 +6,7 @@
 #include <optional>
 #include <set>
 
-#include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/verify.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/opened_checkpoint.h"

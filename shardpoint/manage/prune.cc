@@ -5,9 +5,9 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <random>
 
 #include "shardpoint/base/bytes.h"
+#include "shardpoint/base/random_id.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/opened_checkpoint.h"
@@ -50,18 +50,6 @@ bool Matches(std::string_view name, const std::vector<std::string>& prefixes,
   return any;
 }
 
-std::string RandomTag() {
-  std::random_device rd;
-  uint32_t bits = rd();
-  static const char kHex[] = "0123456789abcdef";
-  std::string tag(6, '0');
-  for (char& c : tag) {
-    c = kHex[bits & 15];
-    bits >>= 4;
-  }
-  return tag;
-}
-
 // Splits the old tensors and objects into kept (in `next`) and removed (in the report), and
 // marks the old files that hold pruned / kept chunks.
 Status SplitKeys(const CheckpointMetadata& md, const std::vector<std::string>& prefixes,
@@ -102,7 +90,7 @@ Status SplitKeys(const CheckpointMetadata& md, const std::vector<std::string>& p
 void AssignFiles(const CheckpointMetadata& md, const std::vector<bool>& has_pruned,
                  const std::vector<bool>& has_kept, PrunePlan* plan,
                  std::vector<int64_t>* file_map) {
-  const std::string tag = RandomTag();
+  const std::string tag = RandomHexId(6);
   std::map<int32_t, int> rewritten_per_rank;
   file_map->assign(md.files.size(), -1);
   for (uint32_t f = 0; f < md.files.size(); ++f) {
