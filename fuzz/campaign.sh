@@ -56,9 +56,9 @@ echo "== results after $(( $(date +%s) - started )) s"
 incomplete=()
 for target in "${SP_FUZZ_TARGETS[@]}"; do
   [ -f "${out}/${target}.log" ] || continue
-  sp_fuzz_summary "${out}" "${target}"
+  sp_fuzz_summary "${out}" "${target}" "${build}"
   [[ " ${selected[*]} " == *" ${target} "* ]] || echo "  (earlier run: $(cat "${out}/${target}.info" 2>/dev/null || echo "not recorded"))"
-  [ -z "$(find "${out}" -maxdepth 1 -name "${target}-*" -type f)" ] || status=1
+  [ -z "$(sp_fuzz_findings "${out}" "${target}")" ] || status=1
   # A target that stopped early without a reproducer (killed, out of memory) failed too.
   grep -qE "^Done [0-9]+ runs" "${out}/${target}.log" || incomplete+=("${target}")
 done

@@ -77,21 +77,38 @@ sp_fuzz_run() {
     -artifact_prefix="${out}/${target}-" "${corpus}/${target}" > "${out}/${target}.log" 2>&1
 }
 
-# sp_fuzz_summary OUT TARGET: one line from the log: executions, exec/s, coverage at start and
-# end, findings (reproducer files).
+# sp_fuzz_findings OUT TARGET: the reproducers of TARGET in OUT, one per line: crashes and
+# sanitizer reports, leaks, timeouts and inputs over the memory limits. Slow units (libFuzzer's
+# -report_slow_units, 10 s by default) are not findings: on a loaded machine a starved process
+# writes them for inputs that run in milliseconds; sp_fuzz_summary replays them to show which.
+sp_fuzz_findings() {
+  find "$1" -maxdepth 1 -type f \( -name "$2-crash-*" -o -name "$2-leak-*" -o -name "$2-timeout-*" \
+    -o -name "$2-oom-*" \)
+}
+
+# sp_fuzz_summary OUT TARGET [BUILD]: one line from the log: executions, exec/s, coverage at start
+# and end, findings (reproducer files), and with BUILD the slow units replayed alone with their
+# time.
 sp_fuzz_summary() {
-  local out="$1" target="$2" log="$1/$2.log"
+  local out="$1" target="$2" build="${3:-}" log="$1/$2.log"
   local runs execs start end added findings
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "${log}" | tail -1)"
   execs="$(sed -n 's/^stat::average_exec_per_sec: *//p' "${log}" | tail -1)"
   added="$(sed -n 's/^stat::new_units_added: *//p' "${log}" | tail -1)"
   start="$(sed -n 's/.*INITED cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p' "${log}" | head -1)"
   end="$(grep -E '^#[0-9]+[[:space:]].*cov: ' "${log}" | tail -1 | sed -n 's/.*cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p')"
-  findings="$(find "${out}" -maxdepth 1 -name "${target}-*" -type f | wc -l)"
+  findings="$(sp_fuzz_findings "${out}" "${target}" | wc -l)"
   printf '%-14s executions %-10s exec/s %-7s coverage %s -> %s (new inputs %s) findings %s\n' \
     "${target}" "${runs:-?}" "${execs:-?}" "${start:-?}" "${end:-?}" "${added:-?}" "${findings}"
-  for f in $(find "${out}" -maxdepth 1 -name "${target}-*" -type f); do
+  for f in $(sp_fuzz_findings "${out}" "${target}"); do
     echo "  reproducer: ${f}"
     grep -m1 -E "ERROR: (AddressSanitizer|UndefinedBehaviorSanitizer|libFuzzer|LeakSanitizer)|runtime error:" "${log}" | sed 's/^/  /'
+  done
+  for f in $(find "${out}" -maxdepth 1 -type f -name "${target}-slow-unit-*"); do
+    local took="not replayed"
+    if [ -n "${build}" ]; then
+      took="$("${build}/fuzz/${target}_fuzz" "${f}" 2>&1 | sed -n 's/^Executed .* in \([0-9]*\) ms$/\1 ms alone/p')"
+    fi
+    echo "  slow unit (not a finding): ${f##*/}: ${took:-replay failed}"
   done
 }

@@ -23,6 +23,6 @@ for target in "${SP_FUZZ_TARGETS[@]}"; do
   echo "== ${target}_fuzz for ${seconds} s"
   sp_fuzz_run "${build}" "${target}" "${build}/corpus" "${out}" -max_total_time="${seconds}" || status=1
   grep -E "^Done [0-9]+ runs" "${out}/${target}.log" || tail -30 "${out}/${target}.log"
-  sp_fuzz_summary "${out}" "${target}"
+  sp_fuzz_summary "${out}" "${target}" "${build}"
 done
 exit "${status}"
