@@ -1,6 +1,6 @@
 #include "shardpoint/base/crc32.h"
 
-#include <array>
+#include "shardpoint/base/crc_table.h"
 
 #if defined(SP_HAVE_ISAL)
 #include <isa-l/crc.h>
@@ -13,16 +13,7 @@ namespace {
 constexpr uint32_t kCrc32Polynomial = 0xedb88320;  // reflected
 
 #if !defined(SP_HAVE_ISAL)
-constexpr std::array<uint32_t, 256> MakeTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kCrc32Polynomial : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kTable = MakeTable();
+constexpr CrcTable kTable = MakeReflectedCrcTable(kCrc32Polynomial);
 #endif
 
 // a * b modulo the CRC-32 polynomial, both in the reflected bit order (x^0 is bit 31).
@@ -52,10 +43,7 @@ uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
 #if defined(SP_HAVE_ISAL)
   return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), size);
 #else
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i) crc = kTable[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  return TableCrcExtend(kTable, crc, static_cast<const uint8_t*>(data), size);
 #endif
 }
 

@@ -1,7 +1,8 @@
 #include "shardpoint/base/crc32c.h"
 
-#include <array>
 #include <cstring>
+
+#include "shardpoint/base/crc_table.h"
 
 #if defined(SP_HAVE_ISAL)
 #include <isa-l/crc.h>
@@ -16,21 +17,10 @@ namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
 
-constexpr std::array<uint32_t, 256> MakeTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kTable = MakeTable();
+constexpr CrcTable kTable = MakeReflectedCrcTable(kPoly);
 
 [[maybe_unused]] uint32_t TableExtend(uint32_t crc, const uint8_t* p, size_t n) {
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = kTable[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  return TableCrcExtend(kTable, crc, p, n);
 }
 
 #if defined(__x86_64__)
