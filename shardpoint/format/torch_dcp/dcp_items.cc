@@ -68,7 +68,29 @@ Result<Declared> DeclaredSize(ByteView stored, std::string_view what) {
   return d;
 }
 
+// One frame of a zstd item: [begin, end) of the stored bytes, and the content size its header
+// declares (ZSTD_CONTENTSIZE_UNKNOWN when it declares none). When the frame cannot be delimited
+// (truncated or malformed), it runs to the end of the item and declares nothing: the decoder
+// reports what is wrong with it.
+struct ZstdFrame {
+  size_t end = 0;
+  unsigned long long declared = ZSTD_CONTENTSIZE_UNKNOWN;
+};
+ZstdFrame FrameAt(ByteView stored, size_t begin) {
+  const void* frame = stored.data() + begin;
+  const size_t rest = stored.size() - begin;
+  const unsigned long long size = ZSTD_getFrameContentSize(frame, rest);
+  const size_t length = ZSTD_findFrameCompressedSize(frame, rest);
+  if (size == ZSTD_CONTENTSIZE_ERROR || ZSTD_isError(length) || length == 0) {
+    return ZstdFrame{stored.size(), ZSTD_CONTENTSIZE_UNKNOWN};
+  }
+  return ZstdFrame{begin + length, size};
+}
+
 Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std::string_view what) {
+  if (stored.empty()) {
+    return DataLossError("zstd item " + std::string(what) + " is truncated (the stream does not end)");
+  }
   SP_ASSIGN_OR_RETURN(const Declared sizes, DeclaredSize(stored, what));
   const uint64_t declared = sizes.total;
   const bool known = sizes.all;
@@ -79,44 +101,58 @@ Result<std::string> ZstdDecode(ByteView stored, uint64_t max_decoded_bytes, std:
   }
   std::unique_ptr<ZSTD_DCtx, DctxFree> dctx(ZSTD_createDCtx());
   if (!dctx) return InternalError("zstd: cannot create a decompression context");
-  // When every frame declares its size, the output can be no larger (libzstd checks each frame
-  // against its header), and the buffer starts at exactly that size: a small item takes a small
-  // allocation and libzstd decodes it in one pass, without its streaming buffers.
+  // When every frame declares its size, the buffer starts at their total: a small item takes a
+  // small allocation and libzstd decodes it in one pass, without its streaming buffers.
   const uint64_t limit = known ? declared : max_decoded_bytes;
   std::string out;
-  ZSTD_inBuffer in{stored.data(), stored.size(), 0};
-  for (;;) {
-    const size_t used = out.size();
-    const uint64_t room = limit - used;  // used <= limit here
-    // One byte past the limit, so that output beyond it is seen.
-    const size_t chunk = room >= ZSTD_DStreamOutSize() ? ZSTD_DStreamOutSize() : room + 1;
-    if (used + chunk > out.capacity()) {
-      // Doubling, but never past the limit + 1: near it, one last step to it, so that output of
-      // about the cap never holds twice the cap.
-      const uint64_t doubled = std::max<uint64_t>(2 * out.capacity(), used + chunk);
-      out.reserve(static_cast<size_t>(std::min<uint64_t>(doubled, limit + 1)));
+  // Frame by frame, so that each frame's output is checked against the size its header declares:
+  // libzstd does not always check (a frame decoded in several steps whose last block is empty
+  // ends without the check).
+  for (size_t begin = 0; begin < stored.size();) {
+    const ZstdFrame frame = FrameAt(stored, begin);
+    const uint64_t frame_start = out.size();
+    ZSTD_DCtx_reset(dctx.get(), ZSTD_reset_session_only);
+    ZSTD_inBuffer in{stored.data(), frame.end, begin};
+    for (;;) {
+      const size_t used = out.size();
+      const uint64_t room = limit - used;  // used <= limit here
+      // One byte past the limit, so that output beyond it is seen.
+      const size_t chunk = room >= ZSTD_DStreamOutSize() ? ZSTD_DStreamOutSize() : room + 1;
+      if (used + chunk > out.capacity()) {
+        // Doubling, but never past the limit + 1: near it, one last step to it, so that output
+        // of about the cap never holds twice the cap.
+        const uint64_t doubled = std::max<uint64_t>(2 * out.capacity(), used + chunk);
+        out.reserve(static_cast<size_t>(std::min<uint64_t>(doubled, limit + 1)));
+      }
+      out.resize(used + chunk);
+      ZSTD_outBuffer o{out.data() + used, chunk, 0};
+      const size_t left = ZSTD_decompressStream(dctx.get(), &o, &in);
+      out.resize(used + o.pos);
+      if (ZSTD_isError(left)) {
+        return DataLossError("zstd item " + std::string(what) + ": " + ZSTD_getErrorName(left));
+      }
+      if (out.size() > limit) {
+        if (!known) return TooLarge(what, max_decoded_bytes);
+        return DataLossError("zstd item " + std::string(what) + " decodes to more than the " +
+                             std::to_string(declared) + " bytes its frame headers declare");
+      }
+      // 0: a frame ended and is flushed. The item's piece ends with it when no input is left;
+      // otherwise another frame follows. (Whether output space was left says nothing: a frame
+      // may end exactly when its output fills the buffer.)
+      if (left == 0 && in.pos == in.size) break;
+      // Mid-frame, all input consumed, and output space left: the rest of the frame is missing.
+      if (left != 0 && in.pos == in.size && o.pos < chunk) {
+        return DataLossError("zstd item " + std::string(what) +
+                             " is truncated (the stream does not end)");
+      }
     }
-    out.resize(used + chunk);
-    ZSTD_outBuffer o{out.data() + used, chunk, 0};
-    const size_t left = ZSTD_decompressStream(dctx.get(), &o, &in);
-    out.resize(used + o.pos);
-    if (ZSTD_isError(left)) {
-      return DataLossError("zstd item " + std::string(what) + ": " + ZSTD_getErrorName(left));
+    if (frame.declared != ZSTD_CONTENTSIZE_UNKNOWN && out.size() - frame_start != frame.declared) {
+      return DataLossError("zstd item " + std::string(what) + ": the frame at byte " +
+                           std::to_string(begin) + " decodes to " +
+                           std::to_string(out.size() - frame_start) +
+                           " bytes, but its header declares " + std::to_string(frame.declared));
     }
-    if (out.size() > limit) {
-      if (!known) return TooLarge(what, max_decoded_bytes);
-      return DataLossError("zstd item " + std::string(what) + " decodes to more than the " +
-                           std::to_string(declared) + " bytes its frame headers declare");
-    }
-    // 0: a frame ended and is flushed. The item ends with it when no input is left; otherwise
-    // another frame follows. (Whether output space was left says nothing: a frame may end
-    // exactly when its output fills the buffer.)
-    if (left == 0 && in.pos == in.size) break;
-    // Mid-frame, all input consumed, and output space left: the rest of the frame is missing.
-    if (left != 0 && in.pos == in.size && o.pos < chunk) {
-      return DataLossError("zstd item " + std::string(what) +
-                           " is truncated (the stream does not end)");
-    }
+    begin = frame.end;
   }
   return out;
 }

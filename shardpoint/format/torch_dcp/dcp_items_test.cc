@@ -198,5 +198,32 @@ TEST(DecodeTransformedItem, LegacyZstdFramesAreRefused) {
                   "the frame at byte " + std::to_string(good->size()) + " has magic number 0xFD2FB526");
 }
 
+// A frame whose last block is empty ends without libzstd comparing what it decoded with the
+// content size its header declares, when it is decoded in more than one step (a declared size
+// over libzstd's streaming output size, ZSTD_DStreamOutSize(), 128 KiB): this one declares
+// 200,000 bytes (under the cap) and decodes to none, with a valid checksum (the XXH64 of no
+// bytes). Each frame is checked against its own header, wherever it stands in the item
+// (found by zstd_item_fuzz with a declared 3,145,000).
+TEST(DecodeTransformedItem, FramesThatDecodeToLessThanTheyDeclareAreRefused) {
+  const std::vector<std::string> zstd = {kZstdTransformDescriptor};
+  // magic, descriptor (4-byte content size, checksum), window, size 200,000, an empty raw last
+  // block, checksum.
+  ASSERT_GT(200000u, ZSTD_DStreamOutSize());
+  const std::string short_frame("\x28\xb5\x2f\xfd\x84\x51\x40\x0d\x03\x00\x01\x00\x00"
+                                "\x99\xe9\xd8\x51", 17);
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(short_frame), 1 << 20, "x").status(),
+                  StatusCode::kDataLoss,
+                  "zstd item x: the frame at byte 0 decodes to 0 bytes, but its header declares 200000");
+  Result<std::string> good = EncodeZstdItem(AsBytes(std::string_view("abc")));
+  ASSERT_TRUE(good.ok());
+  SP_EXPECT_ERROR(DecodeTransformedItem(zstd, AsBytes(*good + short_frame), 1 << 20, "x").status(),
+                  StatusCode::kDataLoss,
+                  "the frame at byte " + std::to_string(good->size()) +
+                      " decodes to 0 bytes, but its header declares 200000");
+  Result<std::string> both = DecodeTransformedItem(zstd, AsBytes(*good + *good), 1 << 20, "x");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(*both, "abcabc");
+}
+
 }  // namespace
 }  // namespace sp::torch_dcp
