@@ -6,7 +6,7 @@
 #   -fno-sanitize-recover=undefined (UB aborts the test). Builds and runs the suites of the code
 #   that decodes untrusted bytes and the pure planners: base_test geometry_test layout_test
 #   plan_test store_test fault_store_test format_test safetensors_test native_format_test
-#   torch_save_test torch_dcp_test. The engine,
+#   torch_save_test torch_dcp_test format_writer_test. The engine,
 #   comm, CLI and Python suites are left out (they add most of the compile time and go through the
 #   same decoders; the threaded ones run under tsan). The build directory is configured with the
 #   fuzz targets' instrumentation (fuzz/fuzz_lib.sh), so fuzz/run_fuzzers.sh SECONDS BUILD_DIR
@@ -42,7 +42,7 @@ case "${mode}" in
     source "${root}/fuzz/fuzz_lib.sh"
     sp_fuzz_configure "${root}" "${build}" ON
     tests=(base_test geometry_test layout_test plan_test store_test fault_store_test format_test
-           safetensors_test native_format_test torch_save_test torch_dcp_test)
+           safetensors_test native_format_test torch_save_test torch_dcp_test format_writer_test)
     ninja -C "${build}" -j "${jobs}" "${tests[@]}" > "${build}/ninja-sanitizer.log" 2>&1 ||
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
     # Tests of targets not built here appear as <target>_NOT_BUILT; the others need the CLI, the

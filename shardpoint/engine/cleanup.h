@@ -9,9 +9,10 @@
 
 namespace sp {
 
-// Best effort, after a commit: removes the data files ("d-*.safetensors", their ".tmp" names) and
-// the metadata temporaries ("shardpoint.metadata.tmp-*") in `path` that `metadata` does not name (left by an earlier checkpoint
-// at this path or by a failed save). Files of other kinds are never touched.
+// Best effort, after a commit: removes the files in `path` that `metadata` does not name and that
+// the writer of some save format claims (CheckpointWriter::OwnsFile, format/writer.h: data files,
+// their temporaries, metadata temporaries), left by an earlier checkpoint at this path or by a
+// failed save. Directories and files no writer claims are never touched.
 void RemoveUnreferencedFiles(Store& store, std::string_view path,
                              const CheckpointMetadata& metadata);
 

@@ -6,23 +6,17 @@
 #include <map>
 #include <set>
 
-#include "shardpoint/base/coding.h"
-#include "shardpoint/base/crc32c.h"
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/engine/save.h"
 #include "shardpoint/comm/collective.h"
-#include "shardpoint/engine/chunk_writes.h"
 #include "shardpoint/engine/cleanup.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/filled_chunks.h"
 #include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/save_internal.h"
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
-#include "shardpoint/format/native/metadata_codec.h"
-#include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
-#include "shardpoint/format/torch_dcp/dcp_metadata.h"
-#include "shardpoint/format/torch_dcp/dcp_writer.h"
-#include "shardpoint/format/torch_dcp/megatron.h"
+#include "shardpoint/format/writer.h"
 #include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/save_plan.h"
 
@@ -74,42 +68,19 @@ Status CreateDurableDirs(Store& store, std::string_view path) {
   return OkStatus();
 }
 
-// PyTorch DCP data files keep torch's names ("__<rank>_<k>.distcp") unless they would replace the
-// files of a committed DCP checkpoint before the new one is committed: then they carry the save id.
-Result<std::string> DcpNameSuffix(Store& store, std::string_view path, std::string_view save_id) {
-  SP_ASSIGN_OR_RETURN(bool replacing, store.Exists(JoinPath(path, torch_dcp::kDcpMetadataFileName)));
-  return replacing ? "-" + std::string(save_id) : std::string();
-}
-
-// Native data files: a safetensors header, then the chunks at their planned offsets.
-void SetNativeFileLayout(CheckpointMetadata* md, std::vector<std::string>* headers) {
-  std::vector<uint64_t> data_bytes(md->files.size(), 0);
-  for (const TensorMetadata& t : md->tensors) {
-    for (const StoredChunk& c : t.chunks) data_bytes[c.file] += c.byte_length;
-  }
-  for (uint32_t f = 0; f < md->files.size(); ++f) {
-    (*headers)[f] = BuildDataFileHeader(*md, f);
-    md->files[f].data_start = (*headers)[f].size();
-    md->files[f].size = (*headers)[f].size() + data_bytes[f];
-  }
-}
-
-// Coordinator: refuses to replace a committed checkpoint unless asked, plans, lays out each data
-// file's header, creates the directory, and returns the global plan plus one payload per rank.
+// Coordinator: picks the format's writer, refuses to replace a committed checkpoint (of any
+// format) unless asked, plans, has the writer lay out the data files, creates the directory, and
+// returns one payload per rank.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string>& gathered,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
                                                    CheckpointMetadata* metadata) {
-  if (options.format != CheckpointFormat::kNative && options.format != CheckpointFormat::kTorchDcp) {
-    return InvalidArgumentError("cannot save in the safetensors format (use consolidation)");
-  }
-  if (options.megatron && options.format != CheckpointFormat::kTorchDcp) {
-    return InvalidArgumentError("a Megatron checkpoint is a torch-dcp checkpoint "
-                                "(format kTorchDcp)");
-  }
-  for (std::string_view name : {std::string_view(kMetadataFileName),
-                                std::string_view(torch_dcp::kDcpMetadataFileName)}) {
-    SP_ASSIGN_OR_RETURN(bool exists, store.Exists(JoinPath(path, name)));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                      MakeCheckpointWriter(options.format, options.megatron));
+  std::set<std::string_view> committed_names;
+  for (const std::unique_ptr<CheckpointWriter>& w : AllCheckpointWriters()) {
+    if (!committed_names.insert(w->metadata_file_name()).second) continue;
+    SP_ASSIGN_OR_RETURN(bool exists, store.Exists(JoinPath(path, w->metadata_file_name())));
     if (exists && !options.overwrite) {
       return AlreadyExistsError("a committed checkpoint already exists at " + std::string(path) +
                                 " (pass overwrite to replace it)");
@@ -131,26 +102,21 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
   plan.metadata.world_size = static_cast<int32_t>(gathered.size());
   plan.metadata.attributes = options.attributes;
 
-  plan.metadata.format = options.format;
-  std::vector<std::string> headers(plan.metadata.files.size());
-  if (options.format == CheckpointFormat::kTorchDcp) {
-    plan.metadata.checksum_block_bytes = 0;
-    SP_ASSIGN_OR_RETURN(const std::string suffix, DcpNameSuffix(store, path, plan.metadata.save_id));
-    SP_RETURN_IF_ERROR(torch_dcp::LayoutDcpFiles(&plan.metadata, suffix));
-    for (RankSavePlan& rank : plan.ranks) {
-      for (ChunkWrite& w : rank.writes) {
-        w.data_offset = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
-      }
+  plan.metadata.format = writer->format();
+  SP_ASSIGN_OR_RETURN(const std::vector<std::string> headers,
+                      writer->LayOutFiles(store, path, &plan.metadata));
+  // The writer may move chunks within their files (framing between them): writes follow.
+  for (RankSavePlan& rank : plan.ranks) {
+    for (ChunkWrite& w : rank.writes) {
+      w.data_offset = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
     }
-  } else {
-    SetNativeFileLayout(&plan.metadata, &headers);
   }
   SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
 
   std::vector<std::string> payloads(plan.ranks.size());
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     RankWriteOrder order;
-    order.format = options.format;
+    order.format = writer->format();
     order.plan = plan.ranks[r];
     for (uint32_t f : plan.ranks[r].files) {
       const DataFile& file = plan.metadata.files[f];
@@ -162,6 +128,14 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
   return payloads;
 }
 
+// One data file being written by this rank.
+struct OpenFile {
+  std::string final_path;
+  std::string temp_path;
+  uint64_t data_start = 0;  // the length of its header
+  std::unique_ptr<WritableFile> file;
+};
+
 // Removes this rank's files of a failed save (best effort: the save already failed).
 void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
   for (const OpenFile& f : files) {
@@ -170,17 +144,21 @@ void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
   }
 }
 
-// Every rank: writes the files of its order and returns the checksum report.
+// Every rank: writes the files of its order through the format's chunk writer and returns the
+// checksum report.
 Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState& state,
                                    std::string_view path, const SaveOptions& options, Store& store,
                                    ThreadPool& pool, std::vector<OpenFile>* files,
                                    Clock::time_point* clock, SaveStats* stats) {
+  // The chunks' framing depends on the format only (Megatron differs at commit).
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> format_writer,
+                      MakeCheckpointWriter(order.format, /*megatron=*/false));
   std::map<uint32_t, size_t> file_slot;  // checkpoint file index -> position in *files
   for (const FileOrder& f : order.files) {
     OpenFile open;
-    open.order = &f;
     open.final_path = JoinPath(path, f.name);
     open.temp_path = open.final_path + ".tmp";
+    open.data_start = f.header.size();
     SP_ASSIGN_OR_RETURN(open.file, store.NewWritableFile(open.temp_path));
     // Registered before anything else can fail, so that a failed save removes it.
     file_slot[f.index] = files->size();
@@ -191,7 +169,8 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   }
   WriteReport report;
   report.chunks.resize(order.plan.writes.size());
-  std::vector<DcpItem> items(order.format == CheckpointFormat::kTorchDcp ? order.plan.writes.size() : 0);
+  const std::unique_ptr<ChunkWriter> writer =
+      format_writer->NewChunkWriter(order.plan.writes.size(), options.checksum_block_bytes);
   ByteBudget budget(options.fill_budget_bytes);
   TaskGroup group(&pool);
   for (size_t w = 0; w < order.plan.writes.size(); ++w) {
@@ -206,24 +185,22 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     OpenFile& file = (*files)[file_slot.at(write.file)];
     report.chunks[w].tensor = write.tensor;
     report.chunks[w].chunk = write.chunk;
-    DcpItem* item = items.empty() ? nullptr : &items[w];
+    const ChunkBytes chunk{tensor.dtype, piece.box, piece.data, write.byte_length,
+                           file.data_start + write.data_offset};
+    std::vector<uint32_t>* crcs = &report.chunks[w].block_crc32c;
     if (piece.data == nullptr && write.byte_length > 0) {
       if (!options.fill_piece) return InternalError("a piece without memory and no fill_piece");
-      ChunkReport* chunk_report = &report.chunks[w];
-      group.Run([&, chunk_report, item, w] {
-        return WriteFilledChunk(order.plan.writes[w], tensor, options, order.format, file, budget,
-                                chunk_report, item);
+      group.Run([&, chunk, crcs, w] {
+        return WriteFilledChunk(order.plan.writes[w], tensor, options, *writer, w, chunk,
+                                *file.file, budget, crcs);
       });
-    } else if (item != nullptr) {
-      SP_RETURN_IF_ERROR(QueueDcpItem(write, tensor.dtype, piece, file, &options.on_chunk_written,
-                                      group, item));
     } else {
-      QueueNativeChunk(write, piece.data, file, options.checksum_block_bytes,
-                       &options.on_chunk_written, group, &report.chunks[w]);
+      SP_RETURN_IF_ERROR(writer->QueueChunk(w, chunk, *file.file, group,
+                                            &options.on_chunk_written, crcs));
     }
   }
   SP_RETURN_IF_ERROR(group.Wait());
-  for (DcpItem& item : items) SP_RETURN_IF_ERROR(item.WriteTail());
+  SP_RETURN_IF_ERROR(writer->Finish());
   Lap(clock, &stats->write_seconds);
   SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(files->size()), [&](int64_t i) {
     OpenFile& f = (*files)[i];
@@ -263,104 +240,32 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
   return OkStatus();
 }
 
-// A Megatron save (SaveOptions::megatron): common.pt with the objects and metadata.json, both
-// durable before `.metadata` commits; the objects move to *objects so that no BYTE_IO item is
-// written for them.
-Status WriteMegatronFiles(Store& store, std::string_view path, std::string_view temp_suffix,
-                          CheckpointMetadata* metadata, std::vector<ObjectEntry>* objects) {
-  SP_ASSIGN_OR_RETURN(std::string common, torch_dcp::BuildMegatronCommonFile(*metadata));
-  for (const auto& [name, bytes] :
-       {std::pair<std::string_view, std::string>{torch_dcp::kMegatronCommonFileName, std::move(common)},
-        {torch_dcp::kMegatronConfigFileName, torch_dcp::EncodeMegatronConfig()}}) {
-    SP_RETURN_IF_ERROR(
-        WriteFileDurably(store, path, name, std::string(name) + std::string(temp_suffix), bytes));
-  }
-  *objects = std::exchange(metadata->objects, {});
-  return OkStatus();
-}
-
-// After a commit that is not a Megatron save: Megatron-Core files left by a replaced Megatron
-// checkpoint would make readers take this checkpoint for one (and read the old common.pt), so
-// they go, when metadata.json is Megatron's (best effort: the new checkpoint is committed).
-void RemoveReplacedMegatronFiles(Store& store, std::string_view path) {
-  const std::string config_path = JoinPath(path, torch_dcp::kMegatronConfigFileName);
-  Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(config_path);
-  if (!file.ok() || (*file)->size() > torch_dcp::kMaxMegatronConfigBytes) return;
-  std::string text((*file)->size(), '\0');
-  MutableByteView out(reinterpret_cast<std::byte*>(text.data()), text.size());
-  if (!(*file)->ReadAt(0, out).ok() || !torch_dcp::ParseMegatronConfig(text, config_path).ok()) {
-    return;
-  }
-  store.RemoveFile(config_path).IgnoreError();
-  store.RemoveFile(JoinPath(path, torch_dcp::kMegatronCommonFileName)).IgnoreError();
-}
-
-// Coordinator: takes the reports, makes the data durable, writes and renames the metadata (for
-// PyTorch DCP, after the file of the objects), removes the other format's metadata if a
-// checkpoint of that format was replaced, then removes files of earlier or failed saves that the
-// new metadata does not name.
+// Coordinator: takes the reports, has the writer write what must precede the commit (for
+// PyTorch DCP the file of the objects, for Megatron its files), makes the data durable, writes
+// and renames the metadata (the commit point), has the writers of the other kinds remove what a
+// replaced checkpoint of theirs left (its metadata first, so that a crash before this point
+// leaves the old checkpoint loadable), then removes files of earlier or failed saves that the new
+// metadata does not name.
 Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
-                           Store& store, int coordinator, bool megatron,
+                           Store& store, int coordinator, const CheckpointWriter& writer,
                            CheckpointMetadata* metadata) {
   SP_RETURN_IF_ERROR(CollectReports(reports, metadata));
-  const std::string temp_suffix = ".tmp-" + metadata->save_id;
-  std::string metadata_name = kMetadataFileName, other_name = torch_dcp::kDcpMetadataFileName;
-  std::string encoded;
-  if (metadata->format == CheckpointFormat::kTorchDcp) {
-    std::swap(metadata_name, other_name);
-    // The same answer as when the files were named: only this commit changes `.metadata`.
-    SP_ASSIGN_OR_RETURN(const std::string suffix, DcpNameSuffix(store, path, metadata->save_id));
-    std::vector<ObjectEntry> common_objects;  // a Megatron save's objects go to common.pt only
-    if (megatron) {
-      SP_RETURN_IF_ERROR(WriteMegatronFiles(store, path, temp_suffix, metadata, &common_objects));
-    }
-    SP_ASSIGN_OR_RETURN(torch_dcp::DcpObjectFile objects,
-                        torch_dcp::BuildDcpObjectFile(*metadata, coordinator, suffix));
-    SP_ASSIGN_OR_RETURN(encoded, torch_dcp::BuildDcpMetadataFile(*metadata, objects, path));
-    if (megatron) metadata->objects = std::move(common_objects);
-    if (!objects.items.empty()) {
-      SP_RETURN_IF_ERROR(
-          WriteFileDurably(store, path, objects.name, objects.name + ".tmp", objects.bytes));
-      metadata->files.push_back(DataFile{objects.name, 0, objects.bytes.size(), coordinator});
-    }
-  } else {
-    encoded = EncodeMetadata(*metadata);
-  }
+  SP_ASSIGN_OR_RETURN(const std::string encoded,
+                      writer.PrepareCommit(store, path, coordinator, metadata));
+  const std::string metadata_name(writer.metadata_file_name());
   SP_RETURN_IF_ERROR(store.SyncDir(path));
-  SP_RETURN_IF_ERROR(
-      WriteFileDurably(store, path, metadata_name, metadata_name + temp_suffix, encoded));
+  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, metadata_name,
+                                      metadata_name + ".tmp-" + metadata->save_id, encoded));
   SP_RETURN_IF_ERROR(store.SyncDir(path));
-  // A checkpoint of the other format replaced by this one: its metadata goes only now, so that
-  // a crash before this point leaves the old checkpoint loadable.
-  const std::string other_path = JoinPath(path, other_name);
-  if (Result<bool> other = store.Exists(other_path); other.ok() && *other) {
-    SP_RETURN_IF_ERROR(store.RemoveFile(other_path));
-    SP_RETURN_IF_ERROR(store.SyncDir(path));
+  for (const std::unique_ptr<CheckpointWriter>& other : AllCheckpointWriters()) {
+    if (other->kind() == writer.kind()) continue;
+    SP_RETURN_IF_ERROR(other->RemoveReplaced(store, path, metadata_name));
   }
-  if (!megatron) RemoveReplacedMegatronFiles(store, path);
   RemoveUnreferencedFiles(store, path, *metadata);
   return OkStatus();
 }
 
 }  // namespace
-
-void RemoveUnreferencedFiles(Store& store, std::string_view path,
-                             const CheckpointMetadata& metadata) {
-  Result<std::vector<DirEntry>> entries = store.ListDir(path);
-  if (!entries.ok()) return;
-  std::set<std::string> keep;
-  for (const DataFile& f : metadata.files) keep.insert(f.name);
-  for (const DirEntry& e : *entries) {
-    if (e.is_directory || keep.count(e.name)) continue;
-    bool ours = (e.name.starts_with("d-") && (e.name.ends_with(".safetensors") ||
-                                               e.name.ends_with(".safetensors.tmp"))) ||
-                (e.name.starts_with("__") && (e.name.ends_with(".distcp") ||
-                                              e.name.ends_with(".distcp.tmp"))) ||
-                e.name.starts_with(std::string(kMetadataFileName) + ".tmp-") ||
-                e.name.starts_with(std::string(torch_dcp::kDcpMetadataFileName) + ".tmp-");
-    if (ours) store.RemoveFile(JoinPath(path, e.name)).IgnoreError();
-  }
-}
 
 Status Save(const SaveState& state, std::string_view path, const SaveOptions& options) {
   return SaveWithLocalStatus(state, path, options, OkStatus());
@@ -409,10 +314,14 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     RemoveFiles(ctx->store(), files);
     return reports.status();
   }
-  Status committed = comm.rank() == root
-                         ? CommitOnCoordinator(*reports, path, ctx->store(), root,
-                                               options.megatron, &metadata)
-                         : OkStatus();
+  Status committed = OkStatus();
+  if (comm.rank() == root) {
+    Result<std::unique_ptr<CheckpointWriter>> writer =
+        MakeCheckpointWriter(options.format, options.megatron);
+    committed = writer.ok() ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
+                                                  &metadata)
+                            : writer.status();
+  }
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.
   Status agreed = AgreeOnStatus(comm, committed);

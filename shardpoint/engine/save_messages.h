@@ -19,7 +19,8 @@ namespace sp {
 struct FileOrder {
   uint32_t index = 0;   // into the checkpoint's file list
   std::string name;     // relative to the checkpoint directory
-  std::string header;   // bytes written at offset 0 (the safetensors header)
+  std::string header;   // bytes written at offset 0 (CheckpointWriter::LayOutFiles); its length
+                        // is the file's data_start
   uint64_t size = 0;    // final file size
 };
 

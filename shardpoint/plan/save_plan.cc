@@ -11,7 +11,6 @@
 #include <unordered_set>
 #include <utility>
 
-#include "shardpoint/format/native/metadata_codec.h"
 
 #include "shardpoint/plan/box_set.h"
 
@@ -354,9 +353,8 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
   RankSavePlan& rank_plan = plan->ranks[rank];
   for (uint32_t k = 0; k < num_files; ++k) {
     const uint32_t file = static_cast<uint32_t>(plan->metadata.files.size());
-    plan->metadata.files.push_back(DataFile{
-        DataFileName(options.save_id, static_cast<int>(rank), static_cast<int>(first_k + k)), 0,
-        0, static_cast<int32_t>(rank)});
+    // Named by the format's writer (format/writer.h): the files of a rank are in order of k.
+    plan->metadata.files.push_back(DataFile{std::string(), 0, 0, static_cast<int32_t>(rank)});
     rank_plan.files.push_back(file);
     uint64_t offset = 0;
     for (const OwnedChunk& oc : num_files == 1 ? owned : std::span<const OwnedChunk>(packed[k])) {
@@ -368,7 +366,7 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
       rank_plan.writes.push_back(ChunkWrite{writer.local_tensor, writer.local_box, file, oc.tensor,
                                             oc.chunk, offset, oc.bytes});
       if (__builtin_add_overflow(offset, oc.bytes, &offset)) {
-        return InvalidArgumentError("save plan: data file " + plan->metadata.files[file].name +
+        return InvalidArgumentError("save plan: data file " + std::to_string(first_k + k) +
                                     " of rank " + std::to_string(rank) +
                                     " would exceed 2^64 bytes");
       }

@@ -44,7 +44,7 @@ struct SavePlanOptions {
   int files_per_rank = 1;             // each rank's owned chunks are bin-packed by bytes into
                                       // at most this many files (>= 1)
   bool dedup_to_lowest_rank = false;  // DCP's dedup_save_to_lowest_rank; default: balanced by bytes
-  std::string save_id;                // goes into file names and metadata
+  std::string save_id;                // goes into the metadata (and the writer's file names)
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;  // > 0
   // Megatron's separation_hint: the chunks of tensors whose names start with one of these
   // prefixes go into files of their own (per rank and per prefix, the first matching prefix
@@ -90,8 +90,10 @@ struct GlobalSavePlan {
 // ranks) are taken largest first (ties: tensor name, then box) and each is given to the holder
 // with the fewest bytes assigned so far (ties: lowest rank); with dedup_to_lowest_rank the
 // lowest holder always writes. Each rank's owned chunks are bin-packed, largest first into the
-// lightest file, into min(files_per_rank, chunks owned) files named
-// d-<save_id>-r<rank:05>-f<k:03>.safetensors, packed back to back in (tensor name, box) order.
+// lightest file, into min(files_per_rank, chunks owned) files k = 0, 1, ..., packed back to back
+// in (tensor name, box) order. The plan leaves file names empty: the save format's writer names
+// the files (format/writer.h; the native writer's d-<save_id>-r<rank:05>-f<k:03>.safetensors),
+// and a rank's files appear in metadata.files in the order of k.
 // With separate_key_prefixes, a rank's chunks are first grouped (the others, then one group per
 // prefix in the order given) and each group is packed into its own files as above; k counts on
 // across the groups.

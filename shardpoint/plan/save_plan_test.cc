@@ -56,8 +56,7 @@ TEST(SavePlanTest, RowShardedTensorOneChunkPerRank) {
   EXPECT_EQ(md.world_size, 4);
   EXPECT_EQ(md.checksum_block_bytes, kDefaultChecksumBlockBytes);
   ASSERT_EQ(md.files.size(), 4u);
-  EXPECT_EQ(md.files[0].name, "d-s7-r00000-f000.safetensors");
-  EXPECT_EQ(md.files[3].name, "d-s7-r00003-f000.safetensors");
+  for (const DataFile& f : md.files) EXPECT_EQ(f.name, "");  // the format's writer names them
   ASSERT_EQ(md.tensors.size(), 1u);
   ASSERT_EQ(md.tensors[0].chunks.size(), 4u);
   for (int r = 0; r < 4; ++r) {
@@ -138,7 +137,8 @@ TEST(SavePlanTest, FilesAreBinPackedLargestFirstIntoTheLightest) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   const CheckpointMetadata& md = plan->metadata;
   ASSERT_EQ(md.files.size(), 2u);
-  EXPECT_EQ(md.files[1].name, "d-s7-r00000-f001.safetensors");
+  EXPECT_EQ(md.files[0].writer_rank, 0);
+  EXPECT_EQ(md.files[1].writer_rank, 0);
   auto where = [&](std::string_view name) {
     const StoredChunk& c = md.FindTensor(name)->chunks[0];
     return std::make_pair(c.file, c.data_offset);
@@ -163,9 +163,8 @@ TEST(SavePlanTest, NeverCreatesEmptyFiles) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   const CheckpointMetadata& md = plan->metadata;
   ASSERT_EQ(md.files.size(), 3u);
-  EXPECT_EQ(md.files[0].name, "d-s7-r00000-f000.safetensors");
-  EXPECT_EQ(md.files[1].name, "d-s7-r00000-f001.safetensors");
-  EXPECT_EQ(md.files[2].name, "d-s7-r00002-f000.safetensors");
+  EXPECT_EQ(md.files[0].writer_rank, 0);
+  EXPECT_EQ(md.files[1].writer_rank, 0);
   EXPECT_EQ(md.files[2].writer_rank, 2);
   EXPECT_TRUE(plan->ranks[1].files.empty());
   EXPECT_TRUE(plan->ranks[1].writes.empty());
@@ -370,13 +369,14 @@ TEST(SavePlanTest, SeparatedPrefixesGetFilesOfTheirOwn) {
                                    << " groups (files_per_rank " << files_per_rank << ")";
     }
     // Per rank: model (1 chunk: 1 file), optim (2 chunks: min(files_per_rank, 2) files), sched
-    // (1 file), numbered on from f000 with the others first.
+    // (1 file), numbered on from k = 0 with the others first: a rank's files are listed in the
+    // order of k, rank 0's first.
     const size_t optim_files = std::min(files_per_rank, 2);
     EXPECT_EQ(md.files.size(), 2 * (2 + optim_files));
-    EXPECT_EQ(md.files[0].name, "d-s7-r00000-f000.safetensors");
-    EXPECT_EQ(md.files[md.files.size() / 2 - 1].name,
-              "d-s7-r00000-f00" + std::to_string(1 + optim_files) + ".safetensors");
-    EXPECT_EQ(md.files[md.tensors[0].chunks[0].file].name, "d-s7-r00000-f000.safetensors");
+    EXPECT_EQ(md.files[0].writer_rank, 0);
+    EXPECT_EQ(md.files[md.files.size() / 2 - 1].writer_rank, 0);  // k = 1 + optim_files
+    EXPECT_EQ(md.files[md.files.size() / 2].writer_rank, 1);
+    EXPECT_EQ(md.tensors[0].chunks[0].file, 0u);  // model.w of rank 0: k = 0
     // Every rank writes into its own files only, in file order.
     for (size_t r = 0; r < plan->ranks.size(); ++r) {
       for (const ChunkWrite& w : plan->ranks[r].writes) {
@@ -398,7 +398,7 @@ TEST(SavePlanTest, SeparationWithoutMatchesChangesNothing) {
   ASSERT_TRUE(plain.ok() && separated.ok());
   EXPECT_EQ(separated->ranks, plain->ranks);
   ASSERT_EQ(separated->metadata.files.size(), 2u);
-  EXPECT_EQ(separated->metadata.files[1].name, "d-s7-r00001-f000.safetensors");
+  EXPECT_EQ(separated->metadata.files[1].writer_rank, 1);
 }
 
 TEST(SavePlanTest, EmptySeparationPrefixIsRefused) {

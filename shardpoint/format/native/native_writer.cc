@@ -1,0 +1,127 @@
+#include "shardpoint/format/native/native_writer.h"
+
+#include <algorithm>
+#include <map>
+
+#include "shardpoint/base/crc32c.h"
+#include "shardpoint/format/native/metadata_codec.h"
+
+namespace sp {
+namespace {
+
+// Writes one piece [begin, end) of a chunk, checksumming each block it holds. Blocks are
+// checksummed and written in groups of about kWriteGroupBytes so each group is still in cache
+// when written, and writeback of the piece starts at once so the device works while the CPU goes
+// on.
+Status WritePiece(WritableFile& file, uint64_t file_offset, const std::byte* data,
+                  uint64_t begin, uint64_t end, uint64_t block_bytes, uint32_t* crcs) {
+  const uint64_t group = std::max<uint64_t>(1, kWriteGroupBytes / block_bytes) * block_bytes;
+  for (uint64_t lo = begin; lo < end; lo += group) {
+    const uint64_t hi = std::min(lo + group, end);
+    for (uint64_t b = lo; b < hi; b += block_bytes) {
+      crcs[b / block_bytes] = Crc32c(data + b, std::min(b + block_bytes, hi) - b);
+    }
+    SP_RETURN_IF_ERROR(file.WriteAt(file_offset + lo, ByteView(data + lo, hi - lo)));
+  }
+  file.StartWriteback(file_offset + begin, end - begin);
+  return OkStatus();
+}
+
+class NativeChunkWriter : public ChunkWriter {
+ public:
+  explicit NativeChunkWriter(uint64_t block_bytes) : block_bytes_(block_bytes) {}
+
+  Status QueueChunk(size_t slot, const ChunkBytes& chunk, WritableFile& file, TaskGroup& group,
+                    const WrittenCallback* written, std::vector<uint32_t>* block_crc32c) override {
+    if (block_bytes_ == 0) return InternalError("native save without a checksum block size");
+    block_crc32c->resize((chunk.byte_length + block_bytes_ - 1) / block_bytes_);
+    const uint64_t block_bytes = block_bytes_;
+    const uint64_t step =
+        std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
+    const uint64_t offset = chunk.file_offset;
+    const std::byte* data = chunk.data;
+    WritableFile* out = &file;
+    uint32_t* crcs = block_crc32c->data();
+    for (uint64_t lo = 0; lo < chunk.byte_length; lo += step) {
+      const uint64_t hi = std::min(lo + step, chunk.byte_length);
+      group.Run([=] {
+        SP_RETURN_IF_ERROR(WritePiece(*out, offset, data, lo, hi, block_bytes, crcs));
+        if (written != nullptr && *written) (*written)(hi - lo);
+        return OkStatus();
+      });
+    }
+    return OkStatus();
+  }
+
+  Status Finish() override { return OkStatus(); }
+
+ private:
+  const uint64_t block_bytes_;
+};
+
+class NativeWriter : public CheckpointWriter {
+ public:
+  std::string_view kind() const override { return "native"; }
+  CheckpointFormat format() const override { return CheckpointFormat::kNative; }
+  std::string_view metadata_file_name() const override { return kMetadataFileName; }
+
+  Result<std::vector<std::string>> LayOutFiles(Store&, std::string_view,
+                                               CheckpointMetadata* md) const override {
+    std::vector<uint64_t> data_bytes(md->files.size(), 0);
+    for (const TensorMetadata& t : md->tensors) {
+      for (const StoredChunk& c : t.chunks) {
+        if (c.file >= md->files.size()) {
+          return InternalError("tensor '" + t.name + "' has a chunk in file " +
+                               std::to_string(c.file) + " of " +
+                               std::to_string(md->files.size()));
+        }
+        data_bytes[c.file] += c.byte_length;
+      }
+    }
+    std::map<int32_t, int> next_k;  // writer rank -> files named so far
+    for (DataFile& file : md->files) {
+      file.name = DataFileName(md->save_id, file.writer_rank, next_k[file.writer_rank]++);
+    }
+    std::vector<std::string> headers(md->files.size());
+    for (uint32_t f = 0; f < md->files.size(); ++f) {
+      headers[f] = BuildDataFileHeader(*md, f);
+      md->files[f].data_start = headers[f].size();
+      md->files[f].size = headers[f].size() + data_bytes[f];
+    }
+    return headers;
+  }
+
+  std::unique_ptr<ChunkWriter> NewChunkWriter(size_t,
+                                              uint64_t checksum_block_bytes) const override {
+    return std::make_unique<NativeChunkWriter>(checksum_block_bytes);
+  }
+
+  Result<std::string> PrepareCommit(Store&, std::string_view, int,
+                                    CheckpointMetadata* md) const override {
+    return EncodeMetadata(*md);
+  }
+
+  Status RemoveReplaced(Store& store, std::string_view path,
+                        std::string_view committed_name) const override {
+    if (committed_name == kMetadataFileName) return OkStatus();
+    const std::string metadata_path = JoinPath(path, kMetadataFileName);
+    // Not knowing whether it is there (the next save retries) is no reason to fail a commit.
+    if (Result<bool> exists = store.Exists(metadata_path); !exists.ok() || !*exists) {
+      return OkStatus();
+    }
+    SP_RETURN_IF_ERROR(store.RemoveFile(metadata_path));
+    return store.SyncDir(path);
+  }
+
+  bool OwnsFile(std::string_view name) const override {
+    return (name.starts_with("d-") &&
+            (name.ends_with(".safetensors") || name.ends_with(".safetensors.tmp"))) ||
+           name.starts_with(std::string(kMetadataFileName) + ".tmp-");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CheckpointWriter> MakeNativeWriter() { return std::make_unique<NativeWriter>(); }
+
+}  // namespace sp
