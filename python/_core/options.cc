@@ -156,6 +156,11 @@ void DefineLoadOptions(nb::module_& m) {
   Field(cls, "share_reads", &LoadOptions::share_reads,
         "A chunk several ranks need is read by one and sent to the others; None: when the\n"
         "communicator spans machines (its spans_machines()).");
+  Field(cls, "direct_io", &LoadOptions::direct_io,
+        "Reads of at least direct_io_min_bytes bypass the page cache (O_DIRECT) where the file\n"
+        "system allows it.");
+  Field(cls, "direct_io_min_bytes", &LoadOptions::direct_io_min_bytes,
+        "The smallest read that direct_io sends past the page cache.");
   cls.def_rw("allow_external_links", &PyLoadOptions::allow_external_links,
              "Read files that symbolic links lead out of the checkpoint (docs/FORMAT.md §1.1).");
 }

@@ -13,7 +13,7 @@ from shardpoint import _core, _dist
 from test_core import FakeComm, FakeGroup, run_ranks, whole
 
 LOAD_FIELDS = ("strict", "allow_cast", "threads", "verify_checksums", "memory_budget_bytes", "share_reads",
-               "allow_external_links")
+               "allow_external_links", "direct_io", "direct_io_min_bytes")
 SAVE_FIELDS = ("overwrite", "threads", "files_per_rank", "dedup_to_lowest_rank", "format", "separate_key_prefixes")
 CONSOLIDATE_FIELDS = ("format", "max_shard_bytes", "dtype", "keys", "prefixes", "all_tensors", "rename", "overwrite",
                       "threads", "memory_budget_bytes", "placements", "mapped_renames", "allow_external_links")
@@ -38,6 +38,8 @@ def test_keywords_set_fields_and_the_rest_keep_the_struct_defaults():
     assert _core.ConsolidateOptions().memory_budget_bytes == _core.parse_byte_size("256MiB")
     assert _core.LoadOptions().memory_budget_bytes == _core.parse_byte_size("256MiB")
     assert _core.SaveOptions().format == "native" and _core.ConsolidateOptions().format == "safetensors"
+    assert _core.LoadOptions().direct_io is False
+    assert _core.LoadOptions().direct_io_min_bytes == _core.parse_byte_size("1MiB")
 
 
 def test_bad_keywords_are_refused_by_name():
@@ -89,12 +91,25 @@ def test_the_python_front_passes_what_the_caller_gives(tmp_path, monkeypatch):
     weights = np.arange(10, dtype=np.float64)
     path = tmp_path / "ckpt"
     sp.save({"w": weights}, path)
-    sp.load({"w": np.zeros(10, np.float32)}, path, cast=True, share_reads=False, threads=2)
+    sp.load({"w": np.zeros(10, np.float32)}, path, cast=True, share_reads=False, threads=2, direct_io=True)
     sp.consolidate(path, tmp_path / "hf", max_shard_size="2KB", memory_budget=4096, threads=3, dtype="bf16")
-    assert fields(loads[0], ("allow_cast", "share_reads", "threads")) == {
-        "allow_cast": True, "share_reads": False, "threads": 2}
+    assert fields(loads[0], ("allow_cast", "share_reads", "threads", "direct_io")) == {
+        "allow_cast": True, "share_reads": False, "threads": 2, "direct_io": True}
     assert fields(consolidations[0], ("max_shard_bytes", "memory_budget_bytes", "threads", "dtype")) == {
         "max_shard_bytes": 2000, "memory_budget_bytes": 4096, "threads": 3, "dtype": "bfloat16"}
+
+
+def test_direct_io_loads_are_bit_exact(tmp_path):
+    # 3 MiB in one chunk and a small one: the large read bypasses the page cache where the file
+    # system allows it (else it is an ordinary read), the small one never does.
+    rng = np.random.default_rng(9)
+    state = {"big": rng.standard_normal((1000, 393)), "small": rng.integers(0, 1 << 30, 77, dtype=np.int64)}
+    path = tmp_path / "ckpt"
+    sp.save(state, path)
+    out = {k: np.zeros_like(v) for k, v in state.items()}
+    result = sp.load(out, path, direct_io=True)
+    assert all(out[k].tobytes() == state[k].tobytes() for k in state)
+    assert result.bytes_read >= state["big"].nbytes + state["small"].nbytes
 
 
 class MachineComm(FakeComm):

@@ -65,6 +65,12 @@ struct LoadOptions {
   // itself. Unset: shared when comm->spans_machines() (ranks on one machine share its page cache,
   // where reading again costs less than exchanging).
   std::optional<bool> share_reads;
+  // Direct I/O: reads of at least direct_io_min_bytes consecutive bytes of a file bypass the page
+  // cache (O_DIRECT), where the store and the file system allow it; the others, and files that
+  // cannot be read directly, go through the page cache. Checksums are verified on the bytes read,
+  // in the same pass. For cold loads of large checkpoints whose files will not be read again.
+  bool direct_io = false;
+  uint64_t direct_io_min_bytes = uint64_t{1} << 20;
 };
 
 struct LoadResult {

@@ -1,6 +1,7 @@
 #include "shardpoint/engine/read_executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -25,16 +26,17 @@ constexpr uint64_t kReadTaskBytes = uint64_t{16} << 20;
 // Reusable staging buffers for one call; at most one per running task.
 class StagingPool {
  public:
-  AlignedBuffer Acquire(size_t size) {
+  // A buffer of at least `size` bytes whose address is a multiple of `alignment` (a power of two).
+  AlignedBuffer Acquire(size_t size, size_t alignment = 4096) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].size() >= size) {
+      if (free_[i].size() >= size && reinterpret_cast<uintptr_t>(free_[i].data()) % alignment == 0) {
         AlignedBuffer out = std::move(free_[i]);
         free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
         return out;
       }
     }
-    return AlignedBuffer(size);
+    return AlignedBuffer(size, std::max<size_t>(alignment, 4096));
   }
   void Release(AlignedBuffer buffer) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -338,17 +340,46 @@ uint32_t ExtentCrc(const Extent& e, const std::byte* staging, uint64_t from, uin
   return crc;
 }
 
+// The alignment to read extent `e` with direct I/O, or 0 to read it through the page cache.
+uint64_t DirectAlignment(const Job& job, const Extent& e) {
+  if (!job.options.direct_io || e.end - e.begin < job.options.direct_io_min_bytes) return 0;
+  const uint64_t a = job.files[e.file]->direct_io_alignment();
+  if (a == 0) return 0;
+  const uint64_t widened = (e.end + a - 1) / a * a - e.begin / a * a;
+  return widened <= job.options.window ? a : 0;
+}
+
 Status ReadExtent(Job& job, const Extent& e) {
+  const uint64_t a = DirectAlignment(job, e);
   AlignedBuffer buffer;
-  if (e.staging_bytes > 0) buffer = job.staging.Acquire(e.staging_bytes);
+  // Direct: the whole extent, widened to the alignment, lands in the buffer, where file byte x
+  // is at `whole` + (x - e.begin); the destinations get their bytes by copy after verification.
+  const uint64_t lo = a > 0 ? e.begin / a * a : e.begin;
+  const uint64_t hi = a > 0 ? (e.end + a - 1) / a * a : e.end;
+  if (a > 0) {
+    buffer = job.staging.Acquire(hi - lo, a);
+  } else if (e.staging_bytes > 0) {
+    buffer = job.staging.Acquire(e.staging_bytes);
+  }
+  const std::byte* whole = a > 0 ? buffer.data() + (e.begin - lo) : nullptr;
   Status status = [&]() -> Status {
-    std::vector<MutableByteView> pieces;
-    pieces.reserve(e.segments.size());
-    for (const Segment& s : e.segments) {
-      std::byte* at = s.dest != nullptr ? s.dest : buffer.data() + s.staging;
-      pieces.push_back(MutableByteView(at, s.end - s.begin));
+    if (a > 0) {
+      const ReadableFile& file = *job.files[e.file];
+      SP_ASSIGN_OR_RETURN(uint64_t n, file.ReadDirectAt(lo, MutableByteView(buffer.data(), hi - lo)));
+      if (n < e.end - lo) {
+        return DataLossError(OpAt("read", file.path(), e.begin) + ": wanted " +
+                             std::to_string(e.end - e.begin) + " bytes but the file ends at " +
+                             std::to_string(lo + n));
+      }
+    } else {
+      std::vector<MutableByteView> pieces;
+      pieces.reserve(e.segments.size());
+      for (const Segment& s : e.segments) {
+        std::byte* at = s.dest != nullptr ? s.dest : buffer.data() + s.staging;
+        pieces.push_back(MutableByteView(at, s.end - s.begin));
+      }
+      SP_RETURN_IF_ERROR(job.files[e.file]->ReadVAt(e.begin, pieces));
     }
-    SP_RETURN_IF_ERROR(job.files[e.file]->ReadVAt(e.begin, pieces));
     job.bytes_read.fetch_add(e.end - e.begin, std::memory_order_relaxed);
     if (job.options.verify) {
       // Each checksum block once, though several reads of one chunk may touch it.
@@ -359,9 +390,11 @@ Status ReadExtent(Job& job, const Extent& e) {
         for (uint64_t b = lo / bs; b * bs < hi; ++b) {
           if (!verified.insert({r.chunk, b}).second) continue;
           const uint64_t block_end = std::min(r.chunk->byte_length, (b + 1) * bs);
+          const uint64_t from = ref.file_offset + b * bs, to = ref.file_offset + block_end;
           SP_RETURN_IF_ERROR(CheckBlockCrc(
               ref, b,
-              ExtentCrc(e, buffer.data(), ref.file_offset + b * bs, ref.file_offset + block_end)));
+              whole != nullptr ? Crc32c(whole + (from - e.begin), to - from)
+                               : ExtentCrc(e, buffer.data(), from, to)));
         }
         return OkStatus();
       };
@@ -370,17 +403,24 @@ Status ReadExtent(Job& job, const Extent& e) {
       }
       for (const Direct* d : e.direct) SP_RETURN_IF_ERROR(verify(*d->request, d->lo, d->hi));
     }
+    if (whole != nullptr) {
+      for (const Segment& s : e.segments) {
+        if (s.dest != nullptr) std::memcpy(s.dest, whole + (s.begin - e.begin), s.end - s.begin);
+      }
+    }
     for (const Staged* s : e.staged) {
       const ReadRequest& r = *s->request;
       const uint64_t rows_at = RefFor(job, r).file_offset + s->rows.begin;
-      const std::byte* rows = buffer.data() + s->staging + (rows_at - s->file_begin);
+      const std::byte* rows = whole != nullptr
+                                  ? whole + (rows_at - e.begin)
+                                  : buffer.data() + s->staging + (rows_at - s->file_begin);
       SP_RETURN_IF_ERROR(
           CopyToDestination(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)},
                             r.region, r));
     }
     return OkStatus();
   }();
-  if (e.staging_bytes > 0) job.staging.Release(std::move(buffer));
+  if (buffer.size() > 0) job.staging.Release(std::move(buffer));
   return status;
 }
 

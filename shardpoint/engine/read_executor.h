@@ -14,7 +14,8 @@
 // when the chunks are small. Staged reads may read through gaps of up to `max_gap_bytes`; direct
 // reads never do. Extents run on the pool in the order of their relative position in their file,
 // so that several files are read at once, each front to back. Staging never exceeds
-// min(`window`, kMaxSpanBytes) bytes per running extent. Thread-safe for one call at a time.
+// min(`window`, kMaxSpanBytes) bytes per running extent (with direct I/O, an extent read
+// directly is staged whole: at most `window` bytes). Thread-safe for one call at a time.
 #ifndef SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 #define SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 
@@ -71,6 +72,12 @@ struct ReadExecutorOptions {
   // Gaps up to this many bytes between two reads of one file are read through to make one span.
   // Shared loads pass 0: their gaps are chunks that other ranks read.
   uint64_t max_gap_bytes = kMaxGapBytes;
+  // Extents of at least direct_io_min_bytes whose file can be read directly
+  // (ReadableFile::direct_io_alignment) bypass the page cache: the extent, widened to the
+  // alignment, is read into one staging buffer, its checksums verified there and its bytes copied
+  // to their destinations. Others, and files that cannot be read directly, use the page cache.
+  bool direct_io = false;
+  uint64_t direct_io_min_bytes = uint64_t{1} << 20;
 };
 
 // Copies `region` from `src` (laid out in the stored dtype) into the request's destination,

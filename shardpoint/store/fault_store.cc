@@ -135,6 +135,14 @@ class FaultStore::ReadableHandle : public ReadableFile {
   void Prefetch(uint64_t offset, uint64_t length) const override {
     if (store_->epoch() == epoch_) base_->Prefetch(offset, length);
   }
+  uint64_t direct_io_alignment() const override { return base_->direct_io_alignment(); }
+  // A read like any other: it fails with the read faults, and after a crash.
+  Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const override {
+    const std::string& p = path();
+    if (store_->epoch() != epoch_) return LostInCrash("read", p);
+    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kRead, p, {}, OpAt("read", p, offset)));
+    return base_->ReadDirectAt(offset, out);
+  }
 
  private:
   FaultStore* store_;

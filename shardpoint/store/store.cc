@@ -22,6 +22,11 @@ Result<bool> Store::SameFile(std::string_view a, std::string_view b) {
   return NormalizePath(a) == NormalizePath(b);
 }
 
+Result<uint64_t> ReadableFile::ReadDirectAt(uint64_t offset, MutableByteView out) const {
+  return FailedPreconditionError(OpAt("read", path(), offset) +
+                                 ": this store does not read files directly (no O_DIRECT)");
+}
+
 Status ReadableFile::ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const {
   for (const MutableByteView& piece : pieces) {
     SP_RETURN_IF_ERROR(ReadAt(offset, piece));

@@ -65,6 +65,18 @@ class ReadableFile {
   // A hint: bytes [offset, offset + length) will be read soon; start fetching them in the
   // background. The default does nothing.
   virtual void Prefetch(uint64_t offset, uint64_t length) const {}
+
+  // Direct I/O: reads that bypass the page cache (Linux O_DIRECT), for large cold reads whose
+  // bytes are not read again. The alignment that the offset, the length and the buffer address of
+  // ReadDirectAt must have, or 0 when this file cannot be read that way (the store or the file
+  // system does not support it; decided on the first call). The default: 0. Thread-safe.
+  virtual uint64_t direct_io_alignment() const { return 0; }
+  // Reads up to out.size() bytes at `offset` bypassing the page cache, where offset, out.size()
+  // and out.data() are multiples of direct_io_alignment() (> 0). Returns the bytes read: all of
+  // them, or fewer only where the file ends (the tail past the end is left as it was). Errors name
+  // the path and the offset; kFailedPrecondition when the file cannot be read directly or the
+  // request is not aligned. Thread-safe; may run beside ReadAt on the same file.
+  virtual Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const;
 };
 
 // Where a path below a checkpoint directory leads when symbolic links are followed (FindLink).

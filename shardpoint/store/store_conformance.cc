@@ -315,6 +315,45 @@ TEST_P(StoreConformanceTest, DropCacheKeepsContent) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// Direct reads, where the store offers them, return the bytes buffered reads return, stop where
+// the file ends, and refuse unaligned requests; a store without them refuses every one.
+TEST_P(StoreConformanceTest, DirectReadsMatchBufferedReadsOrAreRefused) {
+  std::string content(3 * 4096 + 100, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 131 + 7);
+  SP_ASSERT_OK(WriteWholeFile(Path("direct"), content));
+  auto reader = store().OpenReadable(Path("direct"));
+  ASSERT_TRUE(reader.ok());
+  const uint64_t a = (*reader)->direct_io_alignment();
+  if (a == 0) {
+    AlignedBuffer buffer(4096);
+    Result<uint64_t> refused = (*reader)->ReadDirectAt(0, buffer.view());
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(), HasSubstr("does not read files directly"));
+    EXPECT_THAT(refused.status().message(), HasSubstr(Path("direct")));
+    return;
+  }
+  ASSERT_EQ(a & (a - 1), 0u) << a;  // a power of two
+  const uint64_t whole = (content.size() + a - 1) / a * a;
+  AlignedBuffer buffer(whole + a, a);
+  Result<uint64_t> n = (*reader)->ReadDirectAt(0, buffer.view());
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, content.size());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()), *n), content);
+  if (content.size() > a) {
+    Result<uint64_t> middle = (*reader)->ReadDirectAt(a, MutableByteView(buffer.data(), a));
+    ASSERT_TRUE(middle.ok()) << middle.status();
+    EXPECT_EQ(*middle, std::min<uint64_t>(a, content.size() - a));
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()), *middle),
+              content.substr(a, *middle));
+  }
+  Result<uint64_t> past = (*reader)->ReadDirectAt(whole, MutableByteView(buffer.data(), a));
+  ASSERT_TRUE(past.ok()) << past.status();
+  EXPECT_EQ(*past, 0u);
+  Result<uint64_t> unaligned = (*reader)->ReadDirectAt(1, MutableByteView(buffer.data(), a));
+  EXPECT_EQ(unaligned.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(unaligned.status().message(), HasSubstr("is not aligned to"));
+}
+
 TEST_P(StoreConformanceTest, ClosedFileRejectsFurtherCalls) {
   auto file = store().NewWritableFile(Path("closed"));
   ASSERT_TRUE(file.ok());

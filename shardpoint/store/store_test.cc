@@ -61,6 +61,35 @@ INSTANTIATE_TEST_SUITE_P(
                       StoreConformanceParam{"FaultOverMemory", MakeFaultOverMemoryEnv}),
     StoreConformanceParamName);
 
+// Direct reads through a fault store over POSIX files fail with the read faults, like buffered
+// reads, and succeed once the fault is spent.
+TEST(PosixStoreTest, FaultStoreFailsDirectReadsLikeOtherReads) {
+  Result<StoreTestEnv> env = MakePosixEnv();
+  ASSERT_TRUE(env.ok()) << env.status();
+  FaultStore faults(env->store.get());
+  const std::string path = env->root + "/f";
+  {
+    auto out = faults.NewWritableFile(path);
+    ASSERT_TRUE(out.ok());
+    ASSERT_TRUE((*out)->WriteAt(0, AsBytes(std::string(8192, 'x'))).ok());
+    ASSERT_TRUE((*out)->Sync().ok());
+    ASSERT_TRUE((*out)->Close().ok());
+  }
+  auto reader = faults.OpenReadable(path);
+  ASSERT_TRUE(reader.ok());
+  const uint64_t a = (*reader)->direct_io_alignment();
+  if (a == 0 || a > 8192) GTEST_SKIP() << "no direct I/O in " << env->root;
+  AlignedBuffer buffer(8192, a);
+  faults.FailNext(FaultStore::Op::kRead, DataLossError("Input/output error"));
+  Result<uint64_t> failed = (*reader)->ReadDirectAt(0, buffer.view());
+  EXPECT_EQ(failed.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(failed.status().message(), "read " + path + " at offset 0: Input/output error");
+  Result<uint64_t> read = (*reader)->ReadDirectAt(0, buffer.view());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, 8192u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()), 8192), std::string(8192, 'x'));
+}
+
 TEST(PosixStoreTest, WriteErrorNamesPathAndOffset) {
   if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full";
   PosixStore store;
