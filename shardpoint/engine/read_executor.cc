@@ -1,8 +1,8 @@
 #include "shardpoint/engine/read_executor.h"
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -354,22 +354,25 @@ Status ReadExtent(Job& job, const Extent& e) {
   AlignedBuffer buffer;
   // Direct: the whole extent, widened to the alignment, lands in the buffer, where file byte x
   // is at `whole` + (x - e.begin); the destinations get their bytes by copy after verification.
-  const uint64_t lo = a > 0 ? e.begin / a * a : e.begin;
-  const uint64_t hi = a > 0 ? (e.end + a - 1) / a * a : e.end;
+  const uint64_t aligned_begin = a > 0 ? e.begin / a * a : e.begin;
+  const uint64_t aligned_end = a > 0 ? (e.end + a - 1) / a * a : e.end;
   if (a > 0) {
-    buffer = job.staging.Acquire(hi - lo, a);
+    buffer = job.staging.Acquire(aligned_end - aligned_begin, a);
   } else if (e.staging_bytes > 0) {
     buffer = job.staging.Acquire(e.staging_bytes);
   }
-  const std::byte* whole = a > 0 ? buffer.data() + (e.begin - lo) : nullptr;
+  const std::byte* whole = a > 0 ? buffer.data() + (e.begin - aligned_begin) : nullptr;
   Status status = [&]() -> Status {
     if (a > 0) {
       const ReadableFile& file = *job.files[e.file];
-      SP_ASSIGN_OR_RETURN(uint64_t n, file.ReadDirectAt(lo, MutableByteView(buffer.data(), hi - lo)));
-      if (n < e.end - lo) {
+      SP_ASSIGN_OR_RETURN(uint64_t n,
+                          file.ReadDirectAt(aligned_begin,
+                                            MutableByteView(buffer.data(),
+                                                            aligned_end - aligned_begin)));
+      if (n < e.end - aligned_begin) {
         return DataLossError(OpAt("read", file.path(), e.begin) + ": wanted " +
                              std::to_string(e.end - e.begin) + " bytes but the file ends at " +
-                             std::to_string(lo + n));
+                             std::to_string(aligned_begin + n));
       }
     } else {
       std::vector<MutableByteView> pieces;
