@@ -161,6 +161,8 @@ void DefineLoadOptions(nb::module_& m) {
         "system allows it.");
   Field(cls, "direct_io_min_bytes", &LoadOptions::direct_io_min_bytes,
         "The smallest read that direct_io sends past the page cache.");
+  Field(cls, "io_depth", &LoadOptions::io_depth,
+        "Reads in flight at once; 0: tuned from the measured throughput as the load runs.");
   cls.def_rw("allow_external_links", &PyLoadOptions::allow_external_links,
              "Read files that symbolic links lead out of the checkpoint (docs/FORMAT.md §1.1).");
 }

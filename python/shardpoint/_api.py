@@ -220,7 +220,8 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
 def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
          share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None,
-         allow_external_links: bool = False, direct_io: bool = False) -> LoadResult:
+         allow_external_links: bool = False, direct_io: bool = False,
+         io_depth: Optional[int] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
     As ``torch.distributed.checkpoint.load``, a top-level ``Stateful`` value is loaded into its
@@ -250,6 +251,9 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     (``O_DIRECT``) where the file system allows it, for cold loads of checkpoints that will not be
     read again soon; checksums are verified on the bytes read. Other file systems fall back to
     ordinary reads.
+
+    ``io_depth``: how many reads run at once. ``None`` (the default) tunes it as the load runs from
+    the throughput the storage delivers (between 1 and ``threads``); a number fixes it.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -275,7 +279,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
                                         allow_external_links=allow_external_links,
                                         threads=threads or _dist.default_threads(comm),
                                         share_reads=None if share_reads is None else bool(share_reads),
-                                        direct_io=bool(direct_io))
+                                        direct_io=bool(direct_io), io_depth=int(io_depth or 0))
             missing, unexpected, objects, bytes_read = _core.load(
                 path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, options)
         for copy_back in mapped.after_load if mapped else [c for p in plans for c in p.after_load]:

@@ -13,7 +13,7 @@ from shardpoint import _core, _dist
 from test_core import FakeComm, FakeGroup, run_ranks, whole
 
 LOAD_FIELDS = ("strict", "allow_cast", "threads", "verify_checksums", "memory_budget_bytes", "share_reads",
-               "allow_external_links", "direct_io", "direct_io_min_bytes")
+               "allow_external_links", "direct_io", "direct_io_min_bytes", "io_depth")
 SAVE_FIELDS = ("overwrite", "threads", "files_per_rank", "dedup_to_lowest_rank", "format", "separate_key_prefixes")
 CONSOLIDATE_FIELDS = ("format", "max_shard_bytes", "dtype", "keys", "prefixes", "all_tensors", "rename", "overwrite",
                       "threads", "memory_budget_bytes", "placements", "mapped_renames", "allow_external_links")
@@ -40,6 +40,7 @@ def test_keywords_set_fields_and_the_rest_keep_the_struct_defaults():
     assert _core.SaveOptions().format == "native" and _core.ConsolidateOptions().format == "safetensors"
     assert _core.LoadOptions().direct_io is False
     assert _core.LoadOptions().direct_io_min_bytes == _core.parse_byte_size("1MiB")
+    assert _core.LoadOptions().io_depth == 0  # tuned
 
 
 def test_bad_keywords_are_refused_by_name():
@@ -91,10 +92,11 @@ def test_the_python_front_passes_what_the_caller_gives(tmp_path, monkeypatch):
     weights = np.arange(10, dtype=np.float64)
     path = tmp_path / "ckpt"
     sp.save({"w": weights}, path)
-    sp.load({"w": np.zeros(10, np.float32)}, path, cast=True, share_reads=False, threads=2, direct_io=True)
+    sp.load({"w": np.zeros(10, np.float32)}, path, cast=True, share_reads=False, threads=2, direct_io=True,
+            io_depth=3)
     sp.consolidate(path, tmp_path / "hf", max_shard_size="2KB", memory_budget=4096, threads=3, dtype="bf16")
-    assert fields(loads[0], ("allow_cast", "share_reads", "threads", "direct_io")) == {
-        "allow_cast": True, "share_reads": False, "threads": 2, "direct_io": True}
+    assert fields(loads[0], ("allow_cast", "share_reads", "threads", "direct_io", "io_depth")) == {
+        "allow_cast": True, "share_reads": False, "threads": 2, "direct_io": True, "io_depth": 3}
     assert fields(consolidations[0], ("max_shard_bytes", "memory_budget_bytes", "threads", "dtype")) == {
         "max_shard_bytes": 2000, "memory_budget_bytes": 4096, "threads": 3, "dtype": "bfloat16"}
 

@@ -71,6 +71,10 @@ struct LoadOptions {
   // in the same pass. For cold loads of large checkpoints whose files will not be read again.
   bool direct_io = false;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
+  // Reads in flight at once. 0 (the default): tuned as the load runs, from the throughput the
+  // storage delivers, between 1 and the pool's threads (ThreadPool::io_tuner, shared by the ranks
+  // of the pool and carried from one load to the next). N > 0: at most N, fixed.
+  int io_depth = 0;
 };
 
 struct LoadResult {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -52,7 +53,21 @@ class StagingPool {
 struct Task {
   const ReadableFile* file;
   uint64_t offset;  // where its reads begin: orders the tasks
+  uint64_t bytes;   // how many it reads (for the tuner's measurements)
   std::function<Status()> run;
+};
+
+// A read's place at the tuner's gate, given back however the read ends.
+class DepthSlot {
+ public:
+  DepthSlot(IoTuner& tuner, uint64_t bytes) : tuner_(tuner), bytes_(bytes) { tuner_.Acquire(); }
+  ~DepthSlot() { tuner_.Release(bytes_); }
+  DepthSlot(const DepthSlot&) = delete;
+  DepthSlot& operator=(const DepthSlot&) = delete;
+
+ private:
+  IoTuner& tuner_;
+  uint64_t bytes_;
 };
 
 struct Job {
@@ -522,9 +537,9 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     if (rows.end - rows.begin > options.window) {
       const StoredChunkRef ref = RefFor(job, r);
       for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
-        const uint64_t offset = TouchedRange(job, ref, slab.begin, slab.end).first;
-        tasks.push_back(
-            Task{ref.file, offset, [&job, &r, slab] { return ReadSlab(job, r, slab); }});
+        const auto [offset, length] = TouchedRange(job, ref, slab.begin, slab.end);
+        tasks.push_back(Task{ref.file, offset, length,
+                             [&job, &r, slab] { return ReadSlab(job, r, slab); }});
       }
       continue;
     }
@@ -566,12 +581,13 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   const std::vector<Extent> extents = builder.Take();
   for (const Extent& e : extents) {
-    tasks.push_back(Task{files[e.file].get(), e.begin, [&job, &e] { return ReadExtent(job, e); }});
+    tasks.push_back(Task{files[e.file].get(), e.begin, e.end - e.begin,
+                         [&job, &e] { return ReadExtent(job, e); }});
   }
   for (const auto& [chunk, users] : decoded) {
     const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
     // An init-capture: clang before 16 cannot capture a structured binding by name.
-    tasks.push_back(Task{files[chunk->file].get(), offset,
+    tasks.push_back(Task{files[chunk->file].get(), offset, chunk->stored_length,
                          [&job, &chunk_users = users] { return ReadDecodedChunk(job, chunk_users); }});
   }
   // Files are read side by side, each front to back: the tasks run in the order of their
@@ -589,8 +605,25 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return position[a] < position[b]; });
+  // How many run at once: the pool's tuner, or a fixed gate of options.io_depth.
+  std::unique_ptr<IoTuner> fixed;
+  IoTuner* tuner = &pool.io_tuner();
+  if (options.io_depth > 0) {
+    IoTuner::Config config;
+    config.max_depth = options.io_depth;
+    config.fixed = true;
+    fixed = std::make_unique<IoTuner>(std::move(config));
+    tuner = fixed.get();
+  }
   TaskGroup group(&pool);
-  for (size_t i : order) group.RunOrdered([&tasks, i] { return tasks[i].run(); }, position[i]);
+  for (size_t i : order) {
+    group.RunOrdered(
+        [&tasks, tuner, i] {
+          DepthSlot slot(*tuner, tasks[i].bytes);
+          return tasks[i].run();
+        },
+        position[i]);
+  }
   SP_RETURN_IF_ERROR(group.Wait());
   return job.bytes_read.load();
 }

@@ -78,6 +78,10 @@ struct ReadExecutorOptions {
   // to their destinations. Others, and files that cannot be read directly, use the page cache.
   bool direct_io = false;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
+  // Reads running at once. 0: as many as the pool's IoTuner allows, which it learns from the
+  // throughput of the reads as they run (ThreadPool::io_tuner); N > 0: at most N, fixed (never
+  // more than the pool's threads).
+  int io_depth = 0;
 };
 
 // Copies `region` from `src` (laid out in the stored dtype) into the request's destination,

@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "shardpoint/store/memory_store.h"
 
@@ -113,6 +117,128 @@ TEST_F(UncheckedReadTest, DecodedChunkWithoutADecoderIsAClearError) {
   EXPECT_EQ(read.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(read.status().message().find("tensor 'w' chunk"), std::string::npos) << read.status();
   EXPECT_NE(read.status().message().find("model.safetensors"), std::string::npos);
+}
+
+// A file that counts the reads running at once across every file sharing `counters`.
+struct ReadCounters {
+  std::atomic<int> running{0};
+  std::atomic<int> most{0};
+  std::atomic<int> reads{0};
+};
+
+class CountingFile : public ReadableFile {
+ public:
+  CountingFile(std::unique_ptr<ReadableFile> base, ReadCounters& counters)
+      : base_(std::move(base)), counters_(counters) {}
+  Status ReadAt(uint64_t offset, MutableByteView out) const override {
+    return Counted([&] { return base_->ReadAt(offset, out); });
+  }
+  Status ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const override {
+    return Counted([&] { return base_->ReadVAt(offset, pieces); });
+  }
+  uint64_t size() const override { return base_->size(); }
+  const std::string& path() const override { return base_->path(); }
+
+ private:
+  template <typename F>
+  Status Counted(F read) const {
+    const int now = ++counters_.running;
+    int seen = counters_.most.load();
+    while (now > seen && !counters_.most.compare_exchange_weak(seen, now)) {
+    }
+    ++counters_.reads;
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));  // long enough to overlap
+    Status status = read();
+    --counters_.running;
+    return status;
+  }
+
+  std::unique_ptr<ReadableFile> base_;
+  ReadCounters& counters_;
+};
+
+// 24 files of one chunk each: 24 extents, so the reads could all run at once on a pool as large.
+class ReadDepthTest : public ::testing::Test {
+ protected:
+  static constexpr int kFiles = 24;
+  static constexpr int64_t kRows = 64, kCols = 32;  // per file, float32: 8 KiB
+
+  void SetUp() override {
+    metadata_.format = CheckpointFormat::kSafetensors;
+    metadata_.checksum_block_bytes = 0;
+    TensorMetadata tensor{"w", DType::kFloat32, {kRows * kFiles, kCols}, {}};
+    std::mt19937 rng(5);
+    values_.resize(static_cast<size_t>(kRows * kFiles * kCols));
+    for (float& v : values_) v = static_cast<float>(rng() % 1000003);
+    ASSERT_TRUE(store_.CreateDirs("/d").ok());
+    const uint64_t bytes = kRows * kCols * 4;
+    for (int f = 0; f < kFiles; ++f) {
+      const std::string name = "part-" + std::to_string(f);
+      metadata_.files.push_back({name, 0, bytes, 0});
+      tensor.chunks.push_back(StoredChunk{Box{{f * kRows, 0}, {kRows, kCols}},
+                                          static_cast<uint32_t>(f), 0, bytes, {}, {}, 0});
+      auto writable = store_.NewWritableFile("/d/" + name).value();
+      ASSERT_TRUE(writable->WriteAt(0, ByteView(reinterpret_cast<const std::byte*>(
+                                                    values_.data() + f * kRows * kCols),
+                                                bytes))
+                      .ok());
+      ASSERT_TRUE(writable->Close().ok());
+    }
+    metadata_.tensors = {tensor};
+  }
+
+  // Reads the whole tensor with `options` on `pool`; checks every value.
+  void ReadAll(ThreadPool& pool, const ReadExecutorOptions& options, ReadCounters& counters) {
+    std::vector<std::unique_ptr<ReadableFile>> files;
+    for (const DataFile& f : metadata_.files) {
+      files.push_back(
+          std::make_unique<CountingFile>(store_.OpenReadable("/d/" + f.name).value(), counters));
+    }
+    std::vector<float> out(values_.size(), -1.0f);
+    const TensorMetadata& stored = metadata_.tensors[0];
+    const ReadDestination dest{reinterpret_cast<std::byte*>(out.data()),
+                               Box{{0, 0}, {kRows * kFiles, kCols}}, DType::kFloat32};
+    std::vector<ReadRequest> requests;
+    for (size_t c = 0; c < stored.chunks.size(); ++c) {
+      requests.push_back(MakeReadRequest(stored, c, dest, stored.chunks[c].box));
+    }
+    Result<uint64_t> read = ExecuteReads(requests, metadata_, files, pool, options);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(*read, values_.size() * 4);
+    EXPECT_EQ(out, values_);
+  }
+
+  MemoryStore store_;
+  CheckpointMetadata metadata_;
+  std::vector<float> values_;
+};
+
+TEST_F(ReadDepthTest, AFixedDepthBoundsTheReadsInFlight) {
+  ThreadPool pool(8);
+  for (int depth : {1, 3}) {
+    ReadCounters counters;
+    ReadExecutorOptions options;
+    options.io_depth = depth;
+    ReadAll(pool, options, counters);
+    EXPECT_EQ(counters.reads.load(), kFiles);
+    EXPECT_EQ(counters.most.load(), depth) << "io_depth " << depth;
+  }
+}
+
+TEST_F(ReadDepthTest, TheTunedDepthStaysWithinThePoolAndIsSharedByItsCallers) {
+  ThreadPool pool(6);
+  ReadCounters counters;
+  // Three callers at once, as three in-process ranks: together they never pass the depth the
+  // pool's tuner allows, which never passes the pool's threads.
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 3; ++i) {
+    callers.emplace_back([&] { ReadAll(pool, ReadExecutorOptions{}, counters); });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(counters.reads.load(), 3 * kFiles);
+  EXPECT_GE(counters.most.load(), 2);
+  EXPECT_LE(counters.most.load(), std::min(4, pool.size()));  // the tuner starts at 4
+  EXPECT_LE(pool.io_tuner().depth(), pool.size());
 }
 
 }  // namespace

@@ -720,6 +720,7 @@ TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
     Rng rng(seed + static_cast<uint64_t>(i));
     c->load_options.share_reads = i % 4 != 1;  // both ways of reading stay covered
     ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
+    if (i % 7 == 5) c->load_options.io_depth = 1 + static_cast<int>(i % 3);  // else tuned
     if (i % 50 == 49) {
       if (i % 100 == 49) {  // half the cases on disk read every extent with direct I/O
         c->load_options.direct_io = true;

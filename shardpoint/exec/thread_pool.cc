@@ -14,6 +14,9 @@ int DefaultIoThreads() {
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   if (num_threads <= 0) num_threads = 1;
+  IoTuner::Config tuning;
+  tuning.max_depth = num_threads;
+  io_tuner_ = std::make_unique<IoTuner>(std::move(tuning));
   workers_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }

@@ -11,9 +11,12 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "shardpoint/exec/io_tuner.h"
 
 namespace sp {
 
@@ -41,6 +44,10 @@ class ThreadPool {
   // True when called from one of this pool's workers (nested fan-out runs inline there).
   bool InWorkerThread() const;
 
+  // How many reads this pool's callers run at once, learned as they run (up to size()): every
+  // caller of the pool shares it, as they share its threads and the devices they read.
+  IoTuner& io_tuner() { return *io_tuner_; }
+
  private:
   void WorkerLoop();
 
@@ -50,6 +57,7 @@ class ThreadPool {
   std::multimap<double, std::function<void()>> ordered_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+  std::unique_ptr<IoTuner> io_tuner_;
 };
 
 }  // namespace sp

@@ -1,0 +1,192 @@
+#include "shardpoint/exec/io_tuner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace sp {
+namespace {
+
+// A device whose throughput peaks at `peak` reads in flight and falls by `slope` of the peak per
+// step away from it (1 GB/s at the peak).
+std::function<double(int)> Peaked(int peak, double slope = 0.06) {
+  return [peak, slope](int d) { return 1e9 * (1 - slope * std::abs(d - peak)); };
+}
+
+// Runs the controller for `intervals` intervals against `device`, with relative noise of up to
+// `noise` on each measurement; returns the depths it chose.
+std::vector<int> Drive(DepthController& c, const std::function<double(int)>& device,
+                       int intervals, double noise = 0, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> jitter(-noise, noise);
+  std::vector<int> depths;
+  for (int i = 0; i < intervals; ++i) {
+    depths.push_back(c.Observe(device(c.depth()) * (1 + jitter(rng))));
+  }
+  return depths;
+}
+
+// The depth chosen most often among the last `n`, and the share of it.
+std::pair<int, double> Mode(const std::vector<int>& depths, size_t n) {
+  std::map<int, int> count;
+  for (size_t i = depths.size() - n; i < depths.size(); ++i) ++count[depths[i]];
+  auto best = std::max_element(count.begin(), count.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+  return {best->first, static_cast<double>(best->second) / static_cast<double>(n)};
+}
+
+TEST(DepthControllerTest, ClimbsToThePeakFromAnyStart) {
+  for (int peak : {1, 3, 6, 16}) {
+    for (int start : {1, 4, 16}) {
+      DepthController c(16, start);
+      std::vector<int> depths = Drive(c, Peaked(peak), 300);
+      auto [mode, share] = Mode(depths, 100);
+      EXPECT_EQ(mode, peak) << "peak " << peak << " start " << start;
+      // One interval in probe_every + 1 probes a neighbour; the rest are at the peak.
+      EXPECT_GE(share, 0.8) << "peak " << peak << " start " << start;
+      for (size_t i = 200; i < depths.size(); ++i) {
+        EXPECT_LE(std::abs(depths[i] - peak), 1) << "interval " << i;
+      }
+    }
+  }
+}
+
+TEST(DepthControllerTest, NoiseBelowTheToleranceDoesNotMoveItOffThePeak) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    DepthController c(12, 2);
+    std::vector<int> depths = Drive(c, Peaked(5, 0.12), 400, 0.03, seed);
+    auto [mode, share] = Mode(depths, 200);
+    EXPECT_EQ(mode, 5) << "seed " << seed;
+    EXPECT_GE(share, 0.75) << "seed " << seed;
+  }
+}
+
+TEST(DepthControllerTest, StaysAtTheFootOfAPlateau) {
+  // More depth than 4 buys nothing: the cheapest depth that reaches the plateau is kept.
+  DepthController c(16, 1);
+  std::vector<int> depths = Drive(c, [](int d) { return 1e8 * std::min(d, 4); }, 300);
+  EXPECT_EQ(Mode(depths, 100).first, 4);
+  EXPECT_LE(*std::max_element(depths.begin() + 100, depths.end()), 5);
+}
+
+TEST(DepthControllerTest, FollowsADeviceWhosePeakMoves) {
+  DepthController c(16, 4);
+  std::vector<int> before = Drive(c, Peaked(3), 200);
+  EXPECT_EQ(Mode(before, 50).first, 3);
+  std::vector<int> after = Drive(c, Peaked(9), 300);
+  EXPECT_EQ(Mode(after, 100).first, 9);
+}
+
+TEST(DepthControllerTest, KeepsMeasurementsPerDepthAndStaysInRange) {
+  DepthController one(1, 5);
+  EXPECT_EQ(one.depth(), 1);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(one.Observe(1e9), 1);
+  EXPECT_DOUBLE_EQ(one.throughput(1), 1e9);
+  EXPECT_EQ(one.throughput(0), 0);
+  EXPECT_EQ(one.throughput(2), 0);
+
+  DepthController c(3, 2);
+  c.Observe(100);  // at 2; then probes 3, never measured
+  EXPECT_EQ(c.depth(), 3);
+  EXPECT_DOUBLE_EQ(c.throughput(2), 100);
+  c.Observe(90);  // 3 is worse: back to 2, then 1 (never measured) next
+  EXPECT_EQ(c.depth(), 2);
+  c.Observe(300);  // smoothed: (100 + 300) / 2
+  EXPECT_DOUBLE_EQ(c.throughput(2), 200);
+  EXPECT_EQ(c.depth(), 1);
+}
+
+TEST(IoTunerTest, AFixedDepthBoundsTheReadsRunningAtOnce) {
+  IoTuner::Config config;
+  config.max_depth = 8;
+  config.start_depth = 2;
+  config.fixed = true;
+  IoTuner tuner(config);
+  std::atomic<int> running{0}, most{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        tuner.Acquire();
+        int now = ++running;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::yield();
+        --running;
+        tuner.Release(1 << 20);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(most.load(), 2);
+  EXPECT_EQ(tuner.depth(), 2);
+  EXPECT_EQ(tuner.intervals(), 0);  // a fixed depth measures nothing
+}
+
+TEST(IoTunerTest, MeasuresOnlyWhileTheGateIsFull) {
+  double now = 0;
+  IoTuner::Config config;
+  config.max_depth = 4;
+  config.start_depth = 2;
+  config.interval_bytes = 1 << 20;
+  config.interval_seconds = 0.01;
+  config.clock = [&] { return now; };
+  IoTuner tuner(config);
+  tuner.Acquire();
+  tuner.Acquire();  // full at depth 2
+  now += 1.0;
+  tuner.Release(2 << 20);  // 2 MiB over 1 s of full gate: one interval
+  EXPECT_EQ(tuner.intervals(), 1);
+  EXPECT_DOUBLE_EQ(tuner.throughput(2), 2 << 20);
+  EXPECT_EQ(tuner.depth(), 3);  // probing a neighbour never measured
+  // One read running at depth 3: the gate is not full, so neither its time nor its bytes count.
+  now += 5.0;
+  tuner.Release(100 << 20);
+  EXPECT_EQ(tuner.intervals(), 1);
+  EXPECT_DOUBLE_EQ(tuner.throughput(3), 0);
+}
+
+// A simulated device: a read of `piece` bytes started with k reads running (itself included)
+// takes piece * k / device(k) seconds. Reads are started whenever the tuner lets one in.
+TEST(IoTunerTest, FindsTheDepthASimulatedDeviceIsFastestAt) {
+  for (int peak : {2, 5}) {
+    double now = 0;
+    IoTuner::Config config;
+    config.max_depth = 8;
+    config.interval_seconds = 0.01;
+    config.clock = [&] { return now; };
+    IoTuner tuner(config);
+    const std::function<double(int)> device = Peaked(peak, 0.1);
+    const uint64_t piece = uint64_t{8} << 20;
+    std::multimap<double, uint64_t> running;  // finish time -> bytes
+    std::vector<int> depths;
+    for (int reads = 0; reads < 4000;) {
+      while (static_cast<int>(running.size()) < tuner.depth()) {
+        tuner.Acquire();
+        const int k = static_cast<int>(running.size()) + 1;
+        running.emplace(now + static_cast<double>(piece) * k / device(k), piece);
+      }
+      auto first = running.begin();
+      now = first->first;
+      const uint64_t bytes = first->second;
+      running.erase(first);
+      tuner.Release(bytes);
+      depths.push_back(tuner.depth());
+      ++reads;
+    }
+    EXPECT_GT(tuner.intervals(), 100);
+    EXPECT_EQ(Mode(depths, 1000).first, peak) << "peak " << peak;
+    EXPECT_NEAR(tuner.throughput(peak), device(peak), 0.1 * device(peak)) << "peak " << peak;
+  }
+}
+
+}  // namespace
+}  // namespace sp
