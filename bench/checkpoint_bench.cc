@@ -9,6 +9,8 @@
 //              round robin with O_DIRECT (no page cache at all).
 // Each ratio is taken against the fastest of those ways (by median): the most demanding baseline.
 // With --direct-io the loads read extents of 1 MiB and more with O_DIRECT (LoadOptions::direct_io).
+// The loads' read depth is tuned as they run (the pool's IoTuner, shared by all of them, learning
+// across runs; its depth and measurements are printed); --io-depth N fixes it at N instead.
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
 // (tensor parallel 3, the same tensor dims split) with shared reads (a chunk several ranks need is
 // read by one and its regions sent to the others: the default across machines) and without (each
@@ -19,7 +21,7 @@
 // ratio to that run's raw read (the disk's speed drifts over minutes).
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
-//                         [--block-kib N] [--only STEP,...] [--direct-io]
+//                         [--block-kib N] [--only STEP,...] [--direct-io] [--io-depth N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -47,6 +49,7 @@ constexpr int kRawFiles = 4;
 bool g_verify = true;  // --no-verify: loads skip checksum verification
 bool g_direct = false;  // --direct-io: loads read extents of 1 MiB and more with O_DIRECT
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
+int g_io_depth = 0;  // --io-depth N: loads run at most N reads at once (0: tuned, the default)
 // --only a,b: run only these read steps (raw-file, raw-robin, raw-direct, same, reshard, alone,
 // transposed),
 // e.g. to profile one of them; the writes always run. Empty: every step.
@@ -262,6 +265,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           options.pool = &pool;
           options.verify_checksums = g_verify;
           options.direct_io = g_direct;
+          options.io_depth = g_io_depth;
           options.share_reads = share_reads;
           SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
           read[comm.rank()] = r.bytes_read;
@@ -385,6 +389,20 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   line("  no shared reads", load_alone, Median(raw_r), "raw read", ">= 0.7x");
   paired(load_alone);
   line("load transposed 4->3", load_transposed, Median(raw_r), "raw read", "none: worst case");
+  if (g_io_depth > 0) {
+    std::printf("  %-20s fixed at %d of %d threads (--io-depth)\n", "read depth", g_io_depth,
+                pool.size());
+  } else {
+    // The pool's tuner, shared by every load of this process: where it stands now, and what it
+    // measured at each depth (smoothed GB/s with the gate full).
+    IoTuner& tuner = pool.io_tuner();
+    std::printf("  %-20s tuned: %d of %d threads after %lld intervals; GB/s by depth:", "read depth",
+                tuner.depth(), pool.size(), static_cast<long long>(tuner.intervals()));
+    for (int d = 1; d <= tuner.max_depth(); ++d) {
+      if (tuner.throughput(d) > 0) std::printf(" %d:%.2f", d, tuner.throughput(d) / 1e9);
+    }
+    std::printf("\n");
+  }
   std::printf("  bytes read: same layout %s, resharded %s (%s without shared reads), transposed "
               "%s (checkpoint %s); byte check: %s\n\n",
               HumanBytes(read_same).c_str(), HumanBytes(read_reshard).c_str(),
@@ -416,6 +434,7 @@ int main(int argc, char** argv) {
     else if (a == "--runs") runs = std::stoi(v);
     else if (a == "--threads") threads = std::stoi(v);
     else if (a == "--block-kib") sp::g_block = std::stoull(v) << 10;
+    else if (a == "--io-depth") sp::g_io_depth = std::stoi(v);
     else if (a == "--only") {
       for (size_t p = 0; p < v.size();) {
         size_t c = v.find(',', p);
@@ -431,7 +450,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--io-depth N]\n");
       return 2;
     }
   }

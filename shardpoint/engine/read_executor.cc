@@ -22,63 +22,50 @@
 namespace sp {
 namespace {
 
-constexpr uint64_t kReadTaskBytes = uint64_t{16} << 20;
-
-// Reusable staging buffers for one call; at most one per running task.
-class StagingPool {
- public:
-  // A buffer of at least `size` bytes whose address is a multiple of `alignment` (a power of two).
-  AlignedBuffer Acquire(size_t size, size_t alignment = 4096) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].size() >= size && reinterpret_cast<uintptr_t>(free_[i].data()) % alignment == 0) {
-        AlignedBuffer out = std::move(free_[i]);
-        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-        return out;
-      }
-    }
-    return AlignedBuffer(size, std::max<size_t>(alignment, 4096));
-  }
-  void Release(AlignedBuffer buffer) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(std::move(buffer));
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<AlignedBuffer> free_;
-};
+class DepthSlot;
 
 // One read the executor will issue: its byte range (for ordering) and the work itself.
 struct Task {
   const ReadableFile* file;
   uint64_t offset;  // where its reads begin: orders the tasks
   uint64_t bytes;   // how many it reads (for the tuner's measurements)
-  std::function<Status()> run;
+  std::function<Status(DepthSlot&)> run;
 };
 
-// A read's place at the tuner's gate, given back however the read ends.
+// A read's place at the tuner's gate. The task gives it back (Done) as soon as its bytes have
+// arrived, before verifying and copying them, so that the next read is in flight while this
+// thread works on the bytes (with more threads than the depth, the device never waits for the
+// CPU); or, at the latest, when the task ends however it ends.
 class DepthSlot {
  public:
   DepthSlot(IoTuner& tuner, uint64_t bytes) : tuner_(tuner), bytes_(bytes) { tuner_.Acquire(); }
-  ~DepthSlot() { tuner_.Release(bytes_); }
+  ~DepthSlot() { Done(); }
   DepthSlot(const DepthSlot&) = delete;
   DepthSlot& operator=(const DepthSlot&) = delete;
+
+  void Done() {
+    if (held_) tuner_.Release(bytes_);
+    held_ = false;
+  }
 
  private:
   IoTuner& tuner_;
   uint64_t bytes_;
+  bool held_ = true;
 };
 
 struct Job {
   Job(const CheckpointMetadata& metadata_in,
-      const std::vector<std::unique_ptr<ReadableFile>>& files_in, ReadExecutorOptions options_in)
-      : metadata(metadata_in), files(files_in), options(options_in) {}
+      const std::vector<std::unique_ptr<ReadableFile>>& files_in, ReadExecutorOptions options_in,
+      BufferPool& staging_in, uint64_t span_in)
+      : metadata(metadata_in), files(files_in), options(options_in), staging(staging_in),
+        span(span_in) {}
 
   const CheckpointMetadata& metadata;
   const std::vector<std::unique_ptr<ReadableFile>>& files;
   ReadExecutorOptions options;
-  StagingPool staging;
+  BufferPool& staging;  // the pool's: shared with its other callers
+  uint64_t span;        // file bytes per extent at most
   std::atomic<uint64_t> bytes_read{0};
 };
 
@@ -364,7 +351,7 @@ uint64_t DirectAlignment(const Job& job, const Extent& e) {
   return widened <= job.options.window ? a : 0;
 }
 
-Status ReadExtent(Job& job, const Extent& e) {
+Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
   const uint64_t a = DirectAlignment(job, e);
   AlignedBuffer buffer;
   // Direct: the whole extent, widened to the alignment, lands in the buffer, where file byte x
@@ -398,6 +385,7 @@ Status ReadExtent(Job& job, const Extent& e) {
       }
       SP_RETURN_IF_ERROR(job.files[e.file]->ReadVAt(e.begin, pieces));
     }
+    slot.Done();
     job.bytes_read.fetch_add(e.end - e.begin, std::memory_order_relaxed);
     if (job.options.verify) {
       // Each checksum block once, though several reads of one chunk may touch it.
@@ -453,15 +441,19 @@ std::pair<uint64_t, uint64_t> TouchedRange(const Job& job, const StoredChunkRef&
   return {ref.file_offset + begin, end - begin};
 }
 
-// Cuts a direct read into pieces of at most kReadTaskBytes (whole checksum blocks), so that a
-// large chunk spreads over the pool.
+// Cuts a direct read at the file offsets that are multiples of job.span (at whole checksum
+// blocks of its chunk): a large chunk spreads over the pool, and the reads of consecutive chunks
+// group into extents of span bytes that begin at the same offsets, whatever the chunk sizes.
 void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunSummary& dst,
                std::deque<Direct>& out) {
   const StoredChunkRef ref = RefFor(job, r);
   const uint64_t bs = std::max<uint64_t>(1, job.metadata.checksum_block_bytes);
-  const uint64_t step = std::max<uint64_t>(bs, kReadTaskBytes / bs * bs);
   for (uint64_t lo = src.first_byte; lo < src.end_byte;) {
-    const uint64_t hi = std::min(src.end_byte, (lo / step + 1) * step);
+    // The next multiple of span in the file, as a chunk offset, down to a block boundary.
+    uint64_t cut = ((ref.file_offset + lo) / job.span + 1) * job.span - ref.file_offset;
+    cut = cut / bs * bs;
+    if (cut <= lo) cut = (lo / bs + 1) * bs;
+    const uint64_t hi = std::min(src.end_byte, cut);
     std::byte* dest = r.dest.data + dst.first_byte + (lo - src.first_byte);
     const auto [offset, length] = TouchedRange(job, ref, lo, hi);
     out.push_back(Direct{&r, lo, hi, dest, offset, offset + length});
@@ -470,7 +462,8 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
 }
 
 // Reads a driver-decoded chunk whole, decodes it, and serves every request that needs it.
-Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& requests) {
+Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& requests,
+                        DepthSlot& slot) {
   const ReadRequest& first = *requests.front();
   const StoredChunk& chunk = *first.chunk;
   const DataFile& file = job.metadata.files[chunk.file];
@@ -479,6 +472,7 @@ Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& request
   Status status = [&]() -> Status {
     SP_RETURN_IF_ERROR(job.files[chunk.file]->ReadAt(
         file.data_start + chunk.data_offset, MutableByteView(stored.data(), chunk.stored_length)));
+    slot.Done();
     job.bytes_read.fetch_add(chunk.stored_length, std::memory_order_relaxed);
     SP_RETURN_IF_ERROR(DecodeStoredChunk(job.metadata, *first.stored, chunk,
                                          ByteView(stored.data(), chunk.stored_length),
@@ -503,8 +497,18 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   // A format without checksums (block size 0) is read unverified, with no block rounding.
   ReadExecutorOptions effective = options;
   effective.verify = options.verify && metadata.checksum_block_bytes > 0;
-  Job job(metadata, files, effective);
   const uint64_t bs = std::max<uint64_t>(1, metadata.checksum_block_bytes);
+  // File bytes per extent. With direct I/O, no more than a task's staging window (less the
+  // alignment it is widened by), so that every large extent can be read directly.
+  uint64_t span = kMaxSpanBytes;
+  if (effective.direct_io) {
+    constexpr uint64_t kMiB = uint64_t{1} << 20;
+    const uint64_t fits = options.window > 2 * kMiB ? options.window / kMiB * kMiB - kMiB
+                                                    : options.window / 2;
+    span = std::max(bs, std::min(span, fits));
+  }
+  BufferPool::Stay stay(pool.staging());
+  Job job(metadata, files, effective, pool.staging(), span);
   std::deque<Staged> staged;  // stable addresses for the extents
   std::deque<Direct> direct;
   std::vector<Task> tasks;
@@ -539,7 +543,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
       for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
         const auto [offset, length] = TouchedRange(job, ref, slab.begin, slab.end);
         tasks.push_back(Task{ref.file, offset, length,
-                             [&job, &r, slab] { return ReadSlab(job, r, slab); }});
+                             [&job, &r, slab](DepthSlot&) { return ReadSlab(job, r, slab); }});
       }
       continue;
     }
@@ -568,7 +572,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.file, a.begin, a.end) < std::tie(b.file, b.begin, b.end);
   });
-  ExtentBuilder builder(ExtentLimits{kMaxSpanBytes, std::max(std::min(options.window, kMaxSpanBytes), bs),
+  ExtentBuilder builder(ExtentLimits{span, std::max(std::min(options.window, kMaxSpanBytes), bs),
                                      options.max_gap_bytes});
   for (const Item& item : items) {
     if (item.staged != nullptr) {
@@ -582,13 +586,15 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   const std::vector<Extent> extents = builder.Take();
   for (const Extent& e : extents) {
     tasks.push_back(Task{files[e.file].get(), e.begin, e.end - e.begin,
-                         [&job, &e] { return ReadExtent(job, e); }});
+                         [&job, &e](DepthSlot& slot) { return ReadExtent(job, e, slot); }});
   }
   for (const auto& [chunk, users] : decoded) {
     const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
     // An init-capture: clang before 16 cannot capture a structured binding by name.
     tasks.push_back(Task{files[chunk->file].get(), offset, chunk->stored_length,
-                         [&job, &chunk_users = users] { return ReadDecodedChunk(job, chunk_users); }});
+                         [&job, &chunk_users = users](DepthSlot& slot) {
+                           return ReadDecodedChunk(job, chunk_users, slot);
+                         }});
   }
   // Files are read side by side, each front to back: the tasks run in the order of their
   // relative position in their file, so that the threads work on different files at once and
@@ -620,7 +626,7 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     group.RunOrdered(
         [&tasks, tuner, i] {
           DepthSlot slot(*tuner, tasks[i].bytes);
-          return tasks[i].run();
+          return tasks[i].run(slot);
         },
         position[i]);
   }

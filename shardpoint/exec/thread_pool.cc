@@ -17,6 +17,9 @@ ThreadPool::ThreadPool(int num_threads) {
   IoTuner::Config tuning;
   tuning.max_depth = num_threads;
   io_tuner_ = std::make_unique<IoTuner>(std::move(tuning));
+  // Kept buffers: one per thread, none over 64 MiB (larger ones are rare: decoded chunks, slabs
+  // of a large memory budget).
+  staging_ = std::make_unique<BufferPool>(static_cast<size_t>(num_threads), size_t{64} << 20);
   workers_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardpoint/exec/buffer_pool.h"
 #include "shardpoint/exec/io_tuner.h"
 
 namespace sp {
@@ -47,6 +48,8 @@ class ThreadPool {
   // How many reads this pool's callers run at once, learned as they run (up to size()): every
   // caller of the pool shares it, as they share its threads and the devices they read.
   IoTuner& io_tuner() { return *io_tuner_; }
+  // Staging buffers for this pool's callers' reads (at most one per thread is in use at once).
+  BufferPool& staging() { return *staging_; }
 
  private:
   void WorkerLoop();
@@ -58,6 +61,7 @@ class ThreadPool {
   bool stopping_ = false;
   std::vector<std::thread> workers_;
   std::unique_ptr<IoTuner> io_tuner_;
+  std::unique_ptr<BufferPool> staging_;
 };
 
 }  // namespace sp
