@@ -254,6 +254,10 @@ Status CommonEncoder::Add(size_t object, const std::vector<PathStep>& path) {
   return OkStatus();
 }
 
+// The containers around the objects count against the readers' limits as the objects' own
+// values do (DecodeMegatronCommon walks common.pt from its root): an object nested near the limit
+// is refused here, naming it, rather than written into a common.pt that no reader accepts
+// (found by fuzz/objects_fuzz.cc).
 Status CommonEncoder::EmitNode(size_t node, int depth) {
   const TreeNode& n = nodes_[node];
   PickleWriter& w = emitter_.writer();
@@ -262,13 +266,20 @@ Status CommonEncoder::EmitNode(size_t node, int depth) {
     const std::string what = "object '" + o.name + "'";
     Result<SourceArchive> source = OpenSourceArchive(AsBytes(o.archive), what);
     if (!source.ok()) return InvalidArgumentError(source.status().message());
-    return emitter_.Emit(source->pickle.root(), *source);
+    Status emitted = emitter_.Emit(source->pickle.root(), *source, depth);
+    if (!emitted.ok()) {
+      return InvalidArgumentError(what + " cannot be written to common.pt at depth " +
+                                  std::to_string(depth) + ": " + std::string(emitted.message()));
+    }
+    return OkStatus();
   }
+  SP_RETURN_IF_ERROR(emitter_.Count(depth));
   Status status;
   if (!n.is_list) {
     w.EmptyDict();
     w.DictItems(n.children.size(), [&](size_t i) {
       w.String(std::get<std::string>(n.children[i].first));
+      if (status.ok()) status = emitter_.Count(depth + 1);  // the key
       if (status.ok()) status = EmitNode(n.children[i].second, depth + 1);
     });
     return status;
@@ -281,6 +292,7 @@ Status CommonEncoder::EmitNode(size_t node, int depth) {
     auto it = by_index.find(static_cast<int64_t>(i));
     if (it == by_index.end()) {
       w.None();
+      if (status.ok()) status = emitter_.Count(depth + 1);
     } else if (status.ok()) {
       status = EmitNode(it->second, depth + 1);
     }

@@ -74,9 +74,19 @@ Status ArchiveEmitter::Err(const std::string& problem) const {
   return DataLossError("torch.save archive " + what_ + ": " + problem);
 }
 
-Status ArchiveEmitter::Emit(const PickleValue& v, const SourceArchive& source) {
+Status ArchiveEmitter::Emit(const PickleValue& v, const SourceArchive& source, int depth) {
   keys_.clear();
-  return EmitAt(v, source, 0);
+  return EmitAt(v, source, depth);
+}
+
+Status ArchiveEmitter::Count(int depth) {
+  if (depth > kMaxPickleWalkDepth) {
+    return Err("values nested deeper than " + std::to_string(kMaxPickleWalkDepth));
+  }
+  if (++values_ > kMaxReemittedValues) {
+    return Err("more than " + std::to_string(kMaxReemittedValues) + " values to write");
+  }
+  return OkStatus();
 }
 
 Status ArchiveEmitter::EmitItems(const std::vector<const PickleValue*>& items,
@@ -86,12 +96,7 @@ Status ArchiveEmitter::EmitItems(const std::vector<const PickleValue*>& items,
 }
 
 Status ArchiveEmitter::EmitAt(const PickleValue& v, const SourceArchive& source, int depth) {
-  if (depth > kMaxPickleWalkDepth) {
-    return Err("values nested deeper than " + std::to_string(kMaxPickleWalkDepth));
-  }
-  if (++values_ > kMaxReemittedValues) {
-    return Err("more than " + std::to_string(kMaxReemittedValues) + " values to write");
-  }
+  SP_RETURN_IF_ERROR(Count(depth));
   PickleWriter& w = writer_;
   switch (v.kind) {
     case Kind::kNone: w.None(); return OkStatus();

@@ -45,8 +45,13 @@ class ArchiveEmitter {
 
   // The writer, for callers that push containers around emitted values.
   torch_save::PickleWriter& writer() { return writer_; }
-  // Pushes `v` (a value of `source`'s tree), copying the storages it refers to.
-  Status Emit(const torch_save::PickleValue& v, const SourceArchive& source);
+  // Pushes `v` (a value of `source`'s tree), copying the storages it refers to. `depth`: how
+  // deep `v` sits in the archive being written; the limits (kMaxPickleWalkDepth levels,
+  // kMaxReemittedValues values) count from that archive's root, as its readers count.
+  Status Emit(const torch_save::PickleValue& v, const SourceArchive& source, int depth = 0);
+  // Counts one value the caller pushes itself at `depth` (a container around emitted values, a
+  // key, a placeholder) against the same limits.
+  Status Count(int depth);
   // Writes STOP and returns the archive (records under `folder`, e.g. "archive/"). The emitter
   // must not be used afterwards.
   Result<std::string> Finish(std::string_view folder);

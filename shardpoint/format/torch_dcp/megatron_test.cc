@@ -261,6 +261,38 @@ TEST(MegatronCommon, DictsWithNonStrKeysAreOneObject) {
                   "dict key is int 1, expected a str");
 }
 
+// The readers' depth limit counts from the root of common.pt, the containers of an object's path
+// included: an object that fits the limit alone but not at its path is refused when writing,
+// naming it, instead of producing a common.pt that DecodeMegatronCommon refuses (found by
+// fuzz/objects_fuzz.cc: a pickle of nested tuples 127 levels deep).
+TEST(MegatronCommon, EncodeCountsTheDepthOfThePathAsTheReaderDoes) {
+  auto nested = [](int levels) {
+    P v = P::Int(7);
+    for (int i = 0; i < levels; ++i) v = P::Tuple({v});
+    return v;
+  };
+  // At path ["a", "b"] the object's root is at depth 2: 126 levels of tuples reach depth 128.
+  for (int levels : {126, 127}) {
+    Result<std::string> item = EncodePlainObjectItem(nested(levels));
+    ASSERT_TRUE(item.ok()) << item.status();
+    std::vector<MegatronObjectArchive> in = {{"a.b", *item}};
+    std::vector<DcpPlannerPath> paths = {{"a.b", {"a", "b"}}};
+    Result<std::string> encoded = EncodeMegatronCommon(in, paths);
+    if (levels == 126) {
+      ASSERT_TRUE(encoded.ok()) << encoded.status();
+      Result<MegatronCommon> c = DecodeMegatronCommon(AsBytes(*encoded), "common.pt");
+      ASSERT_TRUE(c.ok()) << c.status();
+      Result<PlainValue> back = PlainOf(c->objects[0], "a.b");
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(*back, nested(levels));
+    } else {
+      SP_EXPECT_ERROR(encoded.status(), StatusCode::kInvalidArgument,
+                      "object 'a.b' cannot be written to common.pt at depth 2: torch.save archive "
+                      "common.pt: values nested deeper than 128");
+    }
+  }
+}
+
 TEST(MegatronCommon, EncodeRefusesConflictingPaths) {
   Result<std::string> one = EncodePlainObjectItem(P::Int(1));
   ASSERT_TRUE(one.ok());
