@@ -43,7 +43,7 @@ void PlainRoundTrip(sp::ByteView bytes, std::span<const PickleGlobalName> global
   if (!tree.ok()) return;
   DescribePickleValue(tree->root());
   FindAttribute(tree->root(), "fqn");
-  sp::Result<PlainValue> plain = ToPlainValue(tree->root(), "fuzz");
+  sp::Result<PlainValue> plain = ToPlainValue(tree->root(), "fuzz", PlainValueBudget(bytes.size()));
   if (!plain.ok()) return;
   PlainValueToString(*plain);
   sp::Result<std::string> encoded = EncodePlainPickle(*plain);
@@ -52,7 +52,8 @@ void PlainRoundTrip(sp::ByteView bytes, std::span<const PickleGlobalName> global
   options.max_nodes = 1 << 26;
   sp::Result<PickleTree> back = Unpickle(sp::AsBytes(*encoded), options);
   Check(back.ok());
-  sp::Result<PlainValue> plain_back = ToPlainValue(back->root(), "fuzz");
+  sp::Result<PlainValue> plain_back =
+      ToPlainValue(back->root(), "fuzz", PlainValueBudget(encoded->size()));
   Check(plain_back.ok());
   sp::Result<std::string> twice = EncodePlainPickle(*plain_back);
   Check(twice.ok() && *twice == *encoded);

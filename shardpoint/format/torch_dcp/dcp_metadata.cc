@@ -27,7 +27,10 @@ constexpr char kOldPropertiesModule[] = "torch.distributed._shard.sharded_tensor
 
 class Decoder {
  public:
-  explicit Decoder(std::string_view path) : path_(path) {}
+  // `pickle_bytes`: the size of the .metadata, which bounds the plain values decoded from it
+  // (torch_save::PlainValueBudget).
+  Decoder(std::string_view path, uint64_t pickle_bytes)
+      : path_(path), max_plain_values_(torch_save::PlainValueBudget(pickle_bytes)) {}
   Result<DcpMetadata> Decode(const PickleValue& root);
 
  private:
@@ -48,6 +51,7 @@ class Decoder {
   Status CheckLocalPlans(const PickleValue& root) const;
 
   std::string_view path_;
+  uint64_t max_plain_values_;
 };
 
 Status Decoder::ExpectClass(const PickleValue& v, std::string_view module, std::string_view name,
@@ -269,7 +273,7 @@ Status Decoder::CheckLocalPlans(const PickleValue& root) const {
   const PickleValue* mcore = FindAttribute(root, "mcore_data");
   if (mcore != nullptr && !mcore->is(Kind::kNone)) {
     const std::string what = "DCP metadata " + std::string(path_) + ": mcore_data";
-    SP_RETURN_IF_ERROR(ToPlainValue(*mcore, what).status());
+    SP_RETURN_IF_ERROR(ToPlainValue(*mcore, what, max_plain_values_).status());
   }
   return OkStatus();
 }
@@ -287,7 +291,7 @@ Result<DcpMetadata> Decoder::Decode(const PickleValue& root) {
   const PickleValue* planner = FindAttribute(root, "planner_data");
   if (planner != nullptr && !planner->is(Kind::kNone)) {
     std::string what = "DCP metadata " + std::string(path_) + ": planner_data";
-    SP_ASSIGN_OR_RETURN(md.planner_data, ToPlainValue(*planner, what));
+    SP_ASSIGN_OR_RETURN(md.planner_data, ToPlainValue(*planner, what, max_plain_values_));
   }
   SP_ASSIGN_OR_RETURN(const PickleValue* storage, Required(root, "storage_data", "Metadata"));
   if (!storage->is(Kind::kDict)) return Err("storage_data", "is " + DescribePickleValue(*storage));
@@ -333,7 +337,7 @@ Result<DcpMetadata> DecodeDcpMetadata(ByteView bytes, std::string_view path) {
   options.allowed_globals = DcpMetadataGlobals();
   options.allowlist_name = "DCP metadata";
   SP_ASSIGN_OR_RETURN(PickleTree tree, Unpickle(bytes, options));
-  Decoder decoder(path);
+  Decoder decoder(path, bytes.size());
   return decoder.Decode(tree.root());
 }
 

@@ -180,7 +180,8 @@ Status CommonDecoder::Leaf(const PickleValue& v, const std::vector<PathStep>& at
   const std::string key = Dotted(at);
   std::string archive;
   ObjectEncoding encoding = ObjectEncoding::kTorchSave;
-  Result<PlainValue> plain = ToPlainValue(v, key);
+  // The whole archive is within kMaxReemittedValues (WithinValueBudget in DecodeMegatronCommon).
+  Result<PlainValue> plain = ToPlainValue(v, key, kMaxReemittedValues);
   if (plain.ok()) {
     SP_ASSIGN_OR_RETURN(archive, EncodePlainPickle(*plain));
     encoding = ObjectEncoding::kPlain;

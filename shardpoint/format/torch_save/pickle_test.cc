@@ -32,7 +32,7 @@ Result<PickleTree> Load(std::string_view bytes,
 
 Result<PlainValue> LoadPlain(std::string_view bytes) {
   SP_ASSIGN_OR_RETURN(PickleTree tree, Load(bytes));
-  return ToPlainValue(tree.root(), "test.pkl");
+  return ToPlainValue(tree.root(), "test.pkl", PlainValueBudget(bytes.size()));
 }
 
 // What CPython 3.11 writes for pickle.dumps({'lr': 0.1, 'n': None, 'b': True,
@@ -236,7 +236,7 @@ TEST(Unpickle, ThrowAwayValuesAreFreed) {
   ASSERT_TRUE(tree.ok()) << tree.status();
   // 3.3 million values were created; never more than a dozen were alive at once.
   EXPECT_LE(tree->node_count(), 16u);
-  Result<PlainValue> last = ToPlainValue(tree->root(), "test.pkl");
+  Result<PlainValue> last = ToPlainValue(tree->root(), "test.pkl", PlainValueBudget(bytes.size()));
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(*last, PlainValue::Dict({{PlainValue::Int(7), PlainValue::List({})}}));
 }
@@ -279,8 +279,42 @@ TEST(Unpickle, SelfReferenceIsRefusedWhenWalked) {
   Result<PickleTree> tree = Load(cyclic);
   ASSERT_TRUE(tree.ok()) << tree.status();
   EXPECT_EQ(&tree->root(), tree->root().items[0]);
-  SP_EXPECT_ERROR(ToPlainValue(tree->root(), "cyclic").status(), StatusCode::kDataLoss,
-                  "nested deeper than");
+  SP_EXPECT_ERROR(ToPlainValue(tree->root(), "cyclic", PlainValueBudget(cyclic.size())).status(),
+                  StatusCode::kDataLoss, "nested deeper than");
+}
+
+// A memo bomb: 40 levels of [x, x] are 2^40 values when each shared use is converted. The
+// conversion stops at the budget of the pickle's size instead of running for hours (found as a
+// 173-byte input of nested DUPs taking seconds by unpickle_fuzz).
+TEST(Unpickle, SharedReferencesAreExpandedWithinABudget) {
+  std::string bomb = Raw("\x80\x02}q\x00X\x01\x00\x00\x00kq\x01K\x00");
+  for (int i = 0; i < 40; ++i) bomb += "q\x02" "0" "h\x02h\x02\x86";
+  bomb += "s.";
+  const uint64_t budget = PlainValueBudget(bomb.size());
+  EXPECT_EQ(budget, (uint64_t{1} << 20) + 16 * bomb.size());
+  SP_EXPECT_ERROR(DecodePlainPickle(bomb, "bomb.pkl").status(), StatusCode::kDataLoss,
+                  "bomb.pkl: more than " + std::to_string(budget) +
+                      " values once its shared references are expanded");
+  // 18 levels are 2^19 values: within the budget, every use expanded.
+  std::string shared = Raw("\x80\x02}q\x00X\x01\x00\x00\x00kq\x01K\x00");
+  for (int i = 0; i < 18; ++i) shared += "q\x02" "0" "h\x02h\x02\x86";
+  shared += "s.";
+  Result<PlainValue> value = DecodePlainPickle(shared, "shared.pkl");
+  ASSERT_TRUE(value.ok()) << value.status();
+  const PlainValue* v = &value->items[1];
+  for (int i = 0; i < 18; ++i) {
+    ASSERT_EQ(v->items.size(), 2u);
+    EXPECT_EQ(v->items[0], v->items[1]);
+    v = &v->items[0];
+  }
+  EXPECT_EQ(*v, PlainValue::Int(0));
+  // An explicit budget is what it says: exactly the values the pickle expands to, and one less.
+  Result<PickleTree> tree = Load(shared);
+  ASSERT_TRUE(tree.ok());
+  const uint64_t values = 2 + ((uint64_t{1} << 19) - 1);  // the dict, the key, the tuples' tree
+  EXPECT_TRUE(ToPlainValue(tree->root(), "t", values).ok());
+  SP_EXPECT_ERROR(ToPlainValue(tree->root(), "t", values - 1).status(), StatusCode::kDataLoss,
+                  "t: more than " + std::to_string(values - 1) + " values");
 }
 
 TEST(Unpickle, PersistentIdsOnlyWhenAllowed) {
@@ -315,7 +349,7 @@ TEST(Unpickle, ObjectsKeepTheirGlobalArgsAndState) {
   const PickleValue* x = FindAttribute(root, "x");
   ASSERT_NE(x, nullptr);
   EXPECT_TRUE(x->bool_value);
-  Result<PlainValue> plain = ToPlainValue(root, "od");
+  Result<PlainValue> plain = ToPlainValue(root, "od", PlainValueBudget(0));
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(PlainValueToString(*plain), "{'a': 1}");
 }

@@ -152,12 +152,18 @@ Status WriteAt(PickleWriter& w, const PlainValue& v, int depth) {
   return status;
 }
 
-Result<PlainValue> Convert(const PickleValue& v, std::string_view what, int depth);
+// One conversion: what it names in errors, and how many values it may still produce.
+struct Walk {
+  std::string_view what;
+  uint64_t limit;
+  uint64_t left;
+};
 
-Result<PlainValue> ConvertItems(const PickleValue& v, PlainValue out, std::string_view what,
-                                int depth) {
+Result<PlainValue> Convert(const PickleValue& v, Walk& walk, int depth);
+
+Result<PlainValue> ConvertItems(const PickleValue& v, PlainValue out, Walk& walk, int depth) {
   for (const PickleValue* item : v.items) {
-    SP_ASSIGN_OR_RETURN(PlainValue converted, Convert(*item, what, depth + 1));
+    SP_ASSIGN_OR_RETURN(PlainValue converted, Convert(*item, walk, depth + 1));
     out.items.push_back(std::move(converted));
   }
   return out;
@@ -185,9 +191,10 @@ Result<PlainValue> DecodeLatin1(const PickleValue& v, std::string_view what) {
   return PlainValue::Bytes(std::move(bytes));
 }
 
-Result<PlainValue> ConvertObject(const PickleValue& v, std::string_view what, int depth) {
+Result<PlainValue> ConvertObject(const PickleValue& v, Walk& walk, int depth) {
+  const std::string_view what = walk.what;
   if (IsObjectOf(v, "collections", "OrderedDict") && v.args->items.empty()) {
-    return ConvertItems(v, PlainValue::Dict({}), what, depth);
+    return ConvertItems(v, PlainValue::Dict({}), walk, depth);
   }
   if (IsObjectOf(v, "_codecs", "encode") && v.state == nullptr) return DecodeLatin1(v, what);
   if (IsObjectOf(v, "builtins", "bytes") && v.args->items.empty() && v.state == nullptr) {
@@ -196,11 +203,18 @@ Result<PlainValue> ConvertObject(const PickleValue& v, std::string_view what, in
   return DataLossError(std::string(what) + ": " + DescribePickleValue(v) + " is not plain data");
 }
 
-Result<PlainValue> Convert(const PickleValue& v, std::string_view what, int depth) {
+Result<PlainValue> Convert(const PickleValue& v, Walk& walk, int depth) {
+  const std::string_view what = walk.what;
   if (depth > kMaxPickleWalkDepth) {
     return DataLossError(std::string(what) + ": value nested deeper than " +
                          std::to_string(kMaxPickleWalkDepth) + " (or a cycle)");
   }
+  if (walk.left == 0) {
+    return DataLossError(std::string(what) + ": more than " + std::to_string(walk.limit) +
+                         " values once its shared references are expanded (each use of a shared "
+                         "value counts its values again)");
+  }
+  --walk.left;
   switch (v.kind) {
     case PKind::kNone: return PlainValue::None();
     case PKind::kBool: return PlainValue::Bool(v.bool_value);
@@ -208,10 +222,10 @@ Result<PlainValue> Convert(const PickleValue& v, std::string_view what, int dept
     case PKind::kFloat: return PlainValue::Float(v.float_value);
     case PKind::kString: return PlainValue::String(v.text);
     case PKind::kBytes: return PlainValue::Bytes(v.text);
-    case PKind::kList: return ConvertItems(v, PlainValue::List({}), what, depth);
-    case PKind::kTuple: return ConvertItems(v, PlainValue::Tuple({}), what, depth);
-    case PKind::kDict: return ConvertItems(v, PlainValue::Dict({}), what, depth);
-    case PKind::kObject: return ConvertObject(v, what, depth);
+    case PKind::kList: return ConvertItems(v, PlainValue::List({}), walk, depth);
+    case PKind::kTuple: return ConvertItems(v, PlainValue::Tuple({}), walk, depth);
+    case PKind::kDict: return ConvertItems(v, PlainValue::Dict({}), walk, depth);
+    case PKind::kObject: return ConvertObject(v, walk, depth);
     default:
       return DataLossError(std::string(what) + ": " + DescribePickleValue(v) +
                            " is not plain data");
@@ -234,8 +248,15 @@ Result<std::string> EncodePlainPickle(const PlainValue& v) {
   return writer.Finish();
 }
 
-Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what) {
-  return Convert(v, what, 0);
+uint64_t PlainValueBudget(uint64_t pickle_bytes) {
+  constexpr uint64_t kBase = uint64_t{1} << 20;
+  constexpr uint64_t kPerByte = 16;
+  return pickle_bytes > (UINT64_MAX - kBase) / kPerByte ? UINT64_MAX : kBase + kPerByte * pickle_bytes;
+}
+
+Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what, uint64_t max_values) {
+  Walk walk{what, max_values, max_values};
+  return Convert(v, walk, 0);
 }
 
 Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view what) {
@@ -244,7 +265,7 @@ Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view w
   options.allowed_globals = PlainDataGlobals();
   options.allowlist_name = "plain data";
   SP_ASSIGN_OR_RETURN(PickleTree tree, Unpickle(AsBytes(pickle), options));
-  return ToPlainValue(tree.root(), what);
+  return ToPlainValue(tree.root(), what, PlainValueBudget(pickle.size()));
 }
 
 }  // namespace sp::torch_save

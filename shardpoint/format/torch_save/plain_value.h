@@ -67,8 +67,15 @@ Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view w
 
 // Converts unpickled plain data. Accepted besides the plain kinds: collections.OrderedDict
 // (as a dict), _codecs.encode(str, 'latin1') and bytes() (as bytes). Anything else (sets,
-// objects, persistent ids) is kDataLoss naming `what` and the value.
-Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what);
+// objects, persistent ids) is kDataLoss naming `what` and the value. A value shared by several
+// references (memo gets) is converted once per use, so a few bytes can name a subtree many times
+// over (40 levels of [x, x] are 2^40 values): more than `max_values` values is kDataLoss too.
+Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what, uint64_t max_values);
+
+// The values ToPlainValue may produce from a pickle of `pickle_bytes` bytes: 2^20 plus 16 per
+// byte. A pickle without shared values makes fewer values than it has bytes; ordinary sharing
+// (repeated keys, dtypes) stays well within it; a memo bomb does not.
+uint64_t PlainValueBudget(uint64_t pickle_bytes);
 
 }  // namespace sp::torch_save
 

@@ -241,7 +241,8 @@ Result<PlainValue> ParseTorchSaveObject(const RangeReader& read, uint64_t archiv
                                         std::string_view what) {
   SP_ASSIGN_OR_RETURN(OpenedArchive a,
                       Open(read, archive_length, what, PlainDataGlobals(), "plain data"));
-  return ToPlainValue(a.pickle.root(), std::string(what) + " data.pkl");
+  return ToPlainValue(a.pickle.root(), std::string(what) + " data.pkl",
+                      PlainValueBudget(archive_length));
 }
 
 ObjectEntry ObjectFromTorchSaveItem(std::string name, std::string archive) {
