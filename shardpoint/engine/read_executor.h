@@ -12,10 +12,14 @@
 // bytes of at most kMaxSpanBytes, each read with one scatter read (ReadableFile::ReadVAt) into
 // the destinations and one staging buffer, so that the device sees large sequential reads even
 // when the chunks are small. Staged reads may read through gaps of up to `max_gap_bytes`; direct
-// reads never do. Extents run on the pool in the order of their relative position in their file,
-// so that several files are read at once, each front to back. Staging never exceeds
-// min(`window`, kMaxSpanBytes) bytes per running extent (with direct I/O, an extent read
-// directly is staged whole: at most `window` bytes). Thread-safe for one call at a time.
+// reads never do; a direct read is cut at the file offsets that are multiples of the extent size,
+// so extents line up whatever the chunk sizes (with direct I/O the extent size is at most the
+// window). Extents run on the pool in the order of their relative position in their file, so
+// that several files are read at once, each front to back, and as many at once as the pool's
+// IoTuner allows (or `io_depth`); a read leaves the tuner's gate once its bytes have arrived, so
+// verifying and copying overlap the next reads. Staging comes from the pool's BufferPool and
+// never exceeds min(`window`, kMaxSpanBytes) bytes per running extent (with direct I/O, an extent
+// read directly is staged whole: at most `window` bytes). Thread-safe for one call at a time.
 #ifndef SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 #define SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 
