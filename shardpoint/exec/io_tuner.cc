@@ -7,12 +7,11 @@ namespace sp {
 
 DepthController::DepthController(int max_depth, int start_depth, double tolerance,
                                  int probe_every)
-    : max_depth_(std::max(1, max_depth)),
+    : max_depth_(std::clamp(max_depth, 1, kMaxIoDepth)),
       depth_(std::clamp(start_depth, 1, max_depth_)),
       home_(depth_),
       tolerance_(tolerance),
-      probe_every_(std::max(1, probe_every)),
-      smoothed_(static_cast<size_t>(max_depth_) + 1, 0.0) {}
+      probe_every_(std::max(1, probe_every)) {}
 
 double DepthController::throughput(int depth) const {
   return depth >= 1 && depth <= max_depth_ ? smoothed_[depth] : 0.0;
@@ -30,7 +29,7 @@ int DepthController::Observe(double bytes_per_second) {
     // more than the noise below the best measured anywhere. The climb goes on the same way at
     // once; otherwise back home, and the other neighbour is probed next time.
     const double home = smoothed_[home_];
-    const double best = *std::max_element(smoothed_.begin(), smoothed_.end());
+    const double best = *std::max_element(smoothed_ + 1, smoothed_ + max_depth_ + 1);
     const bool better = depth_ > home_ ? s > home * (1 + tolerance_)
                                        : s >= home * (1 - tolerance_) && s >= best * (1 - tolerance_);
     if (better) {
@@ -66,8 +65,8 @@ int DepthController::Observe(double bytes_per_second) {
 
 namespace {
 
-IoTuner::Config Normalized(IoTuner::Config config) {
-  config.max_depth = std::max(1, config.max_depth);
+IoTunerConfig Normalized(IoTunerConfig config) {
+  config.max_depth = std::clamp(config.max_depth, 1, kMaxIoDepth);
   if (config.start_depth <= 0) {
     config.start_depth = config.fixed ? config.max_depth : std::min(config.max_depth, 4);
   }
@@ -77,76 +76,94 @@ IoTuner::Config Normalized(IoTuner::Config config) {
 
 }  // namespace
 
-IoTuner::IoTuner(Config config)
-    : config_(Normalized(std::move(config))),
-      controller_(config_.max_depth, config_.start_depth, config_.tolerance,
-                  config_.probe_every) {
-  last_event_ = Now();
-}
-
-double IoTuner::Now() const {
-  if (config_.clock) return config_.clock();
+double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
+TunerCore::TunerCore(IoTunerConfig config, double now)
+    : config_(Normalized(config)),
+      controller_(config_.max_depth, config_.start_depth, config_.tolerance, config_.probe_every),
+      last_event_(now) {}
+
+void TunerCore::Account(double now) {
+  const uint64_t running = begun_ - ended_;
+  if (settling_ == 0 && running >= static_cast<uint64_t>(controller_.depth())) {
+    interval_seconds_ += std::max(0.0, now - last_event_);
+  }
+  last_event_ = now;
+}
+
+void TunerCore::Begin(double now) {
+  Account(now);
+  ++begun_;
+}
+
+bool TunerCore::End(double now, uint64_t bytes) {
+  const bool full = settling_ == 0 && begun_ - ended_ >= static_cast<uint64_t>(controller_.depth());
+  Account(now);
+  if (full) interval_bytes_ += bytes;
+  if (settling_ > 0) --settling_;
+  ++ended_;
+  if (config_.fixed || interval_bytes_ < config_.interval_bytes ||
+      interval_seconds_ < config_.interval_seconds) {
+    return false;
+  }
+  const int before = controller_.depth();
+  controller_.Observe(static_cast<double>(interval_bytes_) / interval_seconds_);
+  ++intervals_;
+  interval_bytes_ = 0;
+  interval_seconds_ = 0;
+  if (controller_.depth() == before) return false;
+  // The reads running now began at the old depth: their completions are not measured.
+  settling_ = begun_ - ended_;
+  return true;
+}
+
+void TunerCore::Reclaim(uint64_t begun, uint64_t waiting) {
+  const uint64_t settled = std::min(settling_, begun);
+  settling_ -= settled;
+  begun_ += waiting;
+  ended_ += begun + waiting;
+}
+
+IoTuner::IoTuner(Config config)
+    : clock_(std::move(config.clock)),
+      core_(static_cast<const IoTunerConfig&>(config), clock_ ? clock_() : SteadySeconds()) {}
+
+double IoTuner::Now() const { return clock_ ? clock_() : SteadySeconds(); }
+
 int IoTuner::depth() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return controller_.depth();
+  return core_.depth();
 }
 
 double IoTuner::throughput(int depth) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return controller_.throughput(depth);
+  return core_.throughput(depth);
 }
 
 int64_t IoTuner::intervals() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return intervals_;
-}
-
-void IoTuner::Account(double now) {
-  if (settling_ == 0 && running_ >= controller_.depth()) interval_seconds_ += std::max(0.0, now - last_event_);
-  last_event_ = now;
+  return core_.intervals();
 }
 
 void IoTuner::Acquire() {
   std::unique_lock<std::mutex> lock(mu_);
-  ++waiting_;
-  cv_.wait(lock, [&] { return running_ < controller_.depth(); });
-  --waiting_;
-  Account(Now());
-  ++running_;
+  const uint64_t ticket = core_.Take();
+  cv_.wait(lock, [&] { return core_.Granted(ticket); });
+  core_.Begin(Now());
 }
 
 void IoTuner::Release(uint64_t bytes) {
   bool wake = false;
-  bool grew = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool full = settling_ == 0 && running_ >= controller_.depth();
-    Account(Now());
-    if (full) interval_bytes_ += bytes;
-    if (settling_ > 0) --settling_;
-    --running_;
-    wake = waiting_ > 0;
-    if (!config_.fixed && interval_bytes_ >= config_.interval_bytes &&
-        interval_seconds_ >= config_.interval_seconds) {
-      const int before = controller_.depth();
-      controller_.Observe(static_cast<double>(interval_bytes_) / interval_seconds_);
-      ++intervals_;
-      interval_bytes_ = 0;
-      interval_seconds_ = 0;
-      grew = controller_.depth() > before;
-      // The reads running now began at the old depth: their completions are not measured.
-      if (controller_.depth() != before) settling_ = running_;
-    }
+    core_.End(Now(), bytes);
+    wake = core_.waiting() > 0;
   }
-  if (wake && grew) {
-    cv_.notify_all();
-  } else if (wake) {
-    cv_.notify_one();
-  }
+  // Every waiter checks its own ticket: the next in line, and more when the depth grew.
+  if (wake) cv_.notify_all();
 }
 
 }  // namespace sp

@@ -16,7 +16,9 @@
 // depth last changed. The learned depth persists: a pool's
 // tuner (ThreadPool::io_tuner) carries it from one load to the next.
 //
-// Thread-safe. See docs/PERFORMANCE.md ("Read depth").
+// Reads are let in in the order they asked. Thread-safe. SharedIoTuner (exec/shared_io_tuner.h)
+// is the same gate in memory shared by the processes of a machine. See docs/PERFORMANCE.md
+// ("Read depth").
 #ifndef SHARDPOINT_EXEC_IO_TUNER_H_
 #define SHARDPOINT_EXEC_IO_TUNER_H_
 
@@ -24,16 +26,19 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <vector>
 
 namespace sp {
 
+// The most reads a gate lets run at once (a bound on any max_depth).
+inline constexpr int kMaxIoDepth = 256;
+
 // The hill climb behind IoTuner, without clocks or threads: fed one throughput per interval.
+// Plain data (no pointers), so that it can live in memory shared between processes.
 class DepthController {
  public:
   // `tolerance`: a relative difference of throughput smaller than this is noise (a neighbour must
   // beat the current depth by more to be taken). `probe_every`: intervals spent at the best
-  // depth between two probes of a neighbour.
+  // depth between two probes of a neighbour. max_depth is clamped to [1, kMaxIoDepth].
   DepthController(int max_depth, int start_depth, double tolerance = 0.05, int probe_every = 6);
 
   int depth() const { return depth_; }
@@ -50,20 +55,77 @@ class DepthController {
   int steady_ = 0;     // intervals at home_ since the last probe
   double tolerance_;
   int probe_every_;
-  std::vector<double> smoothed_;  // by depth; 0: not measured
+  double smoothed_[kMaxIoDepth + 1] = {};  // by depth; 0: not measured
 };
 
-class IoTuner {
+// What a read executor needs of a gate: Acquire before a read, Release after it.
+class IoGate {
  public:
-  struct Config {
-    int max_depth = 4;
-    int start_depth = 0;  // 0: min(max_depth, 4)
-    bool fixed = false;   // true: the depth stays start_depth (or max_depth)
-    // An interval ends once both have passed with the gate full.
-    uint64_t interval_bytes = uint64_t{64} << 20;
-    double interval_seconds = 0.05;
-    double tolerance = 0.05;
-    int probe_every = 6;
+  virtual ~IoGate() = default;
+  // Blocks until this read may run, then counts it as running.
+  virtual void Acquire() = 0;
+  // Ends a read begun by Acquire that delivered `bytes`.
+  virtual void Release(uint64_t bytes) = 0;
+  // How many reads may run at once now.
+  virtual int depth() const = 0;
+};
+
+// How a tuned gate measures and moves (IoTuner, SharedIoTuner).
+struct IoTunerConfig {
+  int max_depth = 4;
+  int start_depth = 0;  // 0: min(max_depth, 4)
+  bool fixed = false;   // true: the depth stays start_depth (or max_depth)
+  // An interval ends once both have passed with the gate full.
+  uint64_t interval_bytes = uint64_t{64} << 20;
+  double interval_seconds = 0.05;
+  double tolerance = 0.05;
+  int probe_every = 6;
+};
+
+// The bookkeeping of a tuned gate, as plain data that a caller guards with its own lock (a
+// std::mutex in IoTuner, a process-shared mutex in SharedIoTuner) and feeds its own clock.
+// Reads are let in first come, first served: each takes a ticket, and ticket t may begin once
+// t < ended + depth (the reads before it have begun, and at most depth - 1 of them still run).
+class TunerCore {
+ public:
+  TunerCore(IoTunerConfig config, double now);
+
+  uint64_t Take() { return taken_++; }
+  bool Granted(uint64_t ticket) const { return ticket < ended_ + controller_.depth(); }
+  // A granted read begins / a running read ends having delivered `bytes`. End measures, and
+  // returns true when the depth changed (waiters may now be let in).
+  void Begin(double now);
+  bool End(double now, uint64_t bytes);
+  // Forgets reads that will never end or begin (their process died): `begun` of them had begun.
+  void Reclaim(uint64_t begun, uint64_t waiting);
+
+  int depth() const { return controller_.depth(); }
+  double throughput(int depth) const { return controller_.throughput(depth); }
+  int64_t intervals() const { return intervals_; }
+  uint64_t waiting() const { return taken_ - begun_; }
+  bool fixed() const { return config_.fixed; }
+  int max_depth() const { return config_.max_depth; }
+
+ private:
+  // Adds the time since the last event to the interval when the gate was full.
+  void Account(double now);
+
+  IoTunerConfig config_;
+  DepthController controller_;
+  uint64_t taken_ = 0;  // tickets handed out
+  uint64_t begun_ = 0;  // reads begun
+  uint64_t ended_ = 0;  // reads ended (or reclaimed)
+  uint64_t settling_ = 0;  // completions of reads begun before the last change of depth
+  double last_event_ = 0;
+  double interval_seconds_ = 0;  // full-gate time in this interval
+  uint64_t interval_bytes_ = 0;  // bytes completed with the gate full in this interval
+  int64_t intervals_ = 0;
+};
+
+// A tuned gate for the threads of one process (a ThreadPool's reads).
+class IoTuner final : public IoGate {
+ public:
+  struct Config : IoTunerConfig {
     std::function<double()> clock;  // seconds; null: the steady clock (tests give their own)
   };
 
@@ -72,14 +134,12 @@ class IoTuner {
   IoTuner(const IoTuner&) = delete;
   IoTuner& operator=(const IoTuner&) = delete;
 
-  // Blocks while depth() reads are running, then counts this one as running.
-  void Acquire();
-  // Ends a read begun by Acquire that delivered `bytes`.
-  void Release(uint64_t bytes);
+  void Acquire() override;
+  void Release(uint64_t bytes) override;
 
-  int depth() const;
-  int max_depth() const { return config_.max_depth; }
-  bool fixed() const { return config_.fixed; }
+  int depth() const override;
+  int max_depth() const { return core_.max_depth(); }
+  bool fixed() const { return core_.fixed(); }
   // The smoothed throughput (bytes/s) measured at `depth`, 0 where never measured.
   double throughput(int depth) const;
   // Intervals measured so far.
@@ -87,22 +147,15 @@ class IoTuner {
 
  private:
   double Now() const;
-  // Adds the time since the last event to the interval when the gate was full; called under mu_
-  // at every Acquire and Release.
-  void Account(double now);
 
-  Config config_;
+  std::function<double()> clock_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  DepthController controller_;
-  int running_ = 0;
-  int waiting_ = 0;
-  int settling_ = 0;  // completions of reads begun before the last change of depth, not measured
-  double last_event_ = 0;
-  double interval_seconds_ = 0;  // full-gate time in this interval
-  uint64_t interval_bytes_ = 0;  // bytes completed with the gate full in this interval
-  int64_t intervals_ = 0;
+  TunerCore core_;
 };
+
+// Seconds on the steady clock (CLOCK_MONOTONIC: the same in every process of a machine).
+double SteadySeconds();
 
 }  // namespace sp
 

@@ -103,6 +103,40 @@ TEST(DepthControllerTest, KeepsMeasurementsPerDepthAndStaysInRange) {
   EXPECT_EQ(c.depth(), 1);
 }
 
+TEST(TunerCoreTest, LetsReadsInInTheOrderTheyAsked) {
+  IoTunerConfig config;
+  config.max_depth = 2;
+  config.fixed = true;
+  TunerCore core(config, 0);
+  const uint64_t t0 = core.Take(), t1 = core.Take(), t2 = core.Take(), t3 = core.Take();
+  EXPECT_TRUE(core.Granted(t0));
+  EXPECT_TRUE(core.Granted(t1));
+  EXPECT_FALSE(core.Granted(t2));
+  core.Begin(0);
+  core.Begin(0);
+  EXPECT_EQ(core.waiting(), 2u);
+  core.End(1, 1);
+  EXPECT_TRUE(core.Granted(t2));  // the next in line, not any waiter
+  EXPECT_FALSE(core.Granted(t3));
+}
+
+TEST(TunerCoreTest, ReclaimForgetsReadsThatWillNeverEndOrBegin) {
+  IoTunerConfig config;
+  config.max_depth = 1;
+  config.fixed = true;
+  TunerCore core(config, 0);
+  core.Take();  // a read that begins, then its process dies
+  core.Begin(0);
+  core.Take();  // a read of the same process, waiting when it died
+  const uint64_t mine = core.Take();
+  EXPECT_FALSE(core.Granted(mine));
+  core.Reclaim(/*begun=*/1, /*waiting=*/1);
+  EXPECT_TRUE(core.Granted(mine));
+  EXPECT_EQ(core.waiting(), 1u);  // mine
+  core.Begin(0);
+  EXPECT_EQ(core.waiting(), 0u);
+}
+
 TEST(IoTunerTest, AFixedDepthBoundsTheReadsRunningAtOnce) {
   IoTuner::Config config;
   config.max_depth = 8;

@@ -1,0 +1,415 @@
+#include "shardpoint/exec/shared_io_tuner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <type_traits>
+
+#ifdef __linux__
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
+namespace sp {
+
+#ifdef __linux__
+
+namespace {
+
+constexpr uint64_t kMagic = 0x7370696f67617465;  // "spiogate"
+constexpr uint32_t kLayout = 1;                   // bump when SharedGateState changes
+
+enum MemberState : int32_t { kFree = 0, kAttached = 1, kDetached = 2, kDead = 3 };
+
+struct Member {
+  int32_t pid = 0;
+  int32_t state = kFree;
+  uint64_t taken = 0;  // tickets this member took
+  uint64_t begun = 0;  // of those, reads begun
+  uint64_t ended = 0;  // reads ended
+};
+
+}  // namespace
+
+// The shared object: this header, then `members` Member records.
+struct SharedGateState {
+  std::atomic<uint64_t> magic;  // kMagic once the creator has initialized the rest
+  uint32_t layout;
+  int32_t members;
+  uint64_t bytes;  // of the whole object
+  pthread_mutex_t mu;
+  // The futex word waiters sleep on: bumped whenever a waiter's ticket may have been granted.
+  std::atomic<uint32_t> generation;
+  int32_t attached;
+  int32_t joined;
+  int32_t unlinked;  // the name has been removed
+  uint64_t reclaimed;
+  char name[224];
+  TunerCore core;
+
+  Member* member(int i) {
+    return reinterpret_cast<Member*>(reinterpret_cast<char*>(this) + sizeof(SharedGateState)) + i;
+  }
+};
+
+static_assert(std::is_trivially_copyable_v<TunerCore>, "TunerCore lives in shared memory");
+static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
+              "the futex word must be a plain 32-bit word");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the magic word must be lock-free");
+
+namespace {
+
+size_t ObjectBytes(int members) {
+  return sizeof(SharedGateState) + sizeof(Member) * static_cast<size_t>(members);
+}
+
+Status Errno(const std::string& call, const std::string& name, int err) {
+  return InternalError(call + " of the shared read gate '" + name + "' failed: " +
+                       std::strerror(err));
+}
+
+bool ValidName(const std::string& name) {
+  if (name.size() < 2 || name.size() > 201 || name[0] != '/') return false;
+  return std::all_of(name.begin() + 1, name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+}
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, double seconds) {
+  timespec timeout;
+  timeout.tv_sec = static_cast<time_t>(seconds);
+  timeout.tv_nsec = static_cast<long>((seconds - static_cast<double>(timeout.tv_sec)) * 1e9);
+  // Not FUTEX_PRIVATE: the word is in memory mapped by several processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout, nullptr,
+          0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
+bool ProcessGone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+// Creates and initializes the object, or returns kAlreadyExists when it is there.
+Result<SharedGateState*> Create(const std::string& name, int members,
+                                const IoTunerConfig& config) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) return AlreadyExistsError(name);
+    return Errno("shm_open", name, errno);
+  }
+  const size_t bytes = ObjectBytes(members);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return Errno("ftruncate", name, err);
+  }
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (at == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return Errno("mmap", name, err);
+  }
+  // ftruncate zero-filled the object: magic is 0 until the end.
+  auto* state = static_cast<SharedGateState*>(at);
+  state->layout = kLayout;
+  state->members = members;
+  state->bytes = bytes;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&state->mu, &attr);
+  pthread_mutexattr_destroy(&attr);
+  new (&state->generation) std::atomic<uint32_t>(0);
+  std::snprintf(state->name, sizeof(state->name), "%s", name.c_str());
+  new (&state->core) TunerCore(config, SteadySeconds());
+  for (int i = 0; i < members; ++i) new (state->member(i)) Member();
+  state->magic.store(kMagic, std::memory_order_release);
+  return state;
+}
+
+// Opens an object another member created, once it is initialized.
+Result<SharedGateState*> Open(const std::string& name, int members, double wait_seconds) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFoundError(name);
+    return Errno("shm_open", name, errno);
+  }
+  const size_t bytes = ObjectBytes(members);
+  const double deadline = SteadySeconds() + wait_seconds;
+  // The creator sizes the object right after creating it.
+  for (;;) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      close(fd);
+      return Errno("fstat", name, err);
+    }
+    if (static_cast<uint64_t>(st.st_size) == bytes) break;
+    if (st.st_size != 0 || SteadySeconds() > deadline) {
+      close(fd);
+      if (st.st_size != 0) {
+        return FailedPreconditionError("the shared read gate '" + name + "' holds " +
+                                       std::to_string(st.st_size) + " bytes, expected " +
+                                       std::to_string(bytes) + " for " + std::to_string(members) +
+                                       " members");
+      }
+      return DeadlineExceededError("the shared read gate '" + name + "' was not sized within " +
+                                   std::to_string(wait_seconds) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (at == MAP_FAILED) return Errno("mmap", name, err);
+  auto* state = static_cast<SharedGateState*>(at);
+  while (state->magic.load(std::memory_order_acquire) != kMagic) {
+    if (SteadySeconds() > deadline) {
+      munmap(at, bytes);
+      return DeadlineExceededError("the shared read gate '" + name +
+                                   "' was not initialized within " +
+                                   std::to_string(wait_seconds) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (state->layout != kLayout || state->members != members || state->bytes != bytes) {
+    munmap(at, bytes);
+    return FailedPreconditionError("the shared read gate '" + name + "' has layout " +
+                                   std::to_string(state->layout) + " for " +
+                                   std::to_string(state->members) + " members, expected layout " +
+                                   std::to_string(kLayout) + " for " + std::to_string(members));
+  }
+  return state;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& name, int members,
+                                                             int member,
+                                                             const IoTunerConfig& config,
+                                                             double wait_seconds) {
+  if (!ValidName(name)) {
+    return InvalidArgumentError("shared read gate name '" + name +
+                                "': expected '/' then 1 to 200 of [A-Za-z0-9._-]");
+  }
+  if (members < 1 || member < 0 || member >= members) {
+    return InvalidArgumentError("shared read gate '" + name + "': member " +
+                                std::to_string(member) + " of " + std::to_string(members));
+  }
+  // Either side of a race may lose: the object appears between our create and open, or its last
+  // member removes the name between them. A few rounds settle it.
+  SharedGateState* state = nullptr;
+  for (int attempt = 0; state == nullptr; ++attempt) {
+    Result<SharedGateState*> created = Create(name, members, config);
+    if (created.ok()) {
+      state = *created;
+      break;
+    }
+    if (created.status().code() != StatusCode::kAlreadyExists) return created.status();
+    Result<SharedGateState*> opened = Open(name, members, wait_seconds);
+    if (opened.ok()) {
+      state = *opened;
+      break;
+    }
+    if (opened.status().code() != StatusCode::kNotFound || attempt >= 8) return opened.status();
+  }
+  auto tuner = std::unique_ptr<SharedIoTuner>(new SharedIoTuner(state, state->bytes, member));
+  tuner->Lock();
+  Member* me = state->member(member);
+  if (me->state != kFree) {
+    tuner->Unlock();
+    tuner->member_ = -1;  // the destructor leaves the record alone
+    return AlreadyExistsError("shared read gate '" + name + "': member " +
+                              std::to_string(member) + " is already attached");
+  }
+  me->pid = static_cast<int32_t>(getpid());
+  me->state = kAttached;
+  ++state->attached;
+  ++state->joined;
+  if (state->joined == state->members && !state->unlinked) {
+    // Everyone has it mapped: the name is no longer needed.
+    shm_unlink(state->name);
+    state->unlinked = 1;
+  }
+  tuner->Unlock();
+  return tuner;
+}
+
+SharedIoTuner::SharedIoTuner(SharedGateState* state, size_t bytes, int member)
+    : state_(state), bytes_(bytes), member_(member) {}
+
+SharedIoTuner::~SharedIoTuner() {
+  if (member_ >= 0) {
+    Lock();
+    Member* me = state_->member(member_);
+    if (me->state == kAttached) {
+      // Reads left outstanding (none after a load) would hold slots forever.
+      if (me->taken != me->ended) {
+        state_->core.Reclaim(me->begun - me->ended, me->taken - me->begun);
+        me->begun = me->ended = me->taken;
+      }
+      me->state = kDetached;
+      --state_->attached;
+    }
+    if (state_->attached == 0 && !state_->unlinked) {
+      shm_unlink(state_->name);
+      state_->unlinked = 1;
+    }
+    Unlock();
+    WakeAll();
+  }
+  munmap(state_, bytes_);
+}
+
+void SharedIoTuner::Lock() const {
+  const int rc = pthread_mutex_lock(&state_->mu);
+  // Its owner died holding it: the counters it guards are updated a field at a time, each
+  // consistent, so the gate goes on.
+  if (rc == EOWNERDEAD) pthread_mutex_consistent(&state_->mu);
+}
+
+void SharedIoTuner::Unlock() const { pthread_mutex_unlock(&state_->mu); }
+
+void SharedIoTuner::WakeAll() {
+  state_->generation.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&state_->generation);
+}
+
+bool SharedIoTuner::ReclaimDead() {
+  bool any = false;
+  for (int i = 0; i < state_->members; ++i) {
+    Member* m = state_->member(i);
+    if (i == member_ || m->state != kAttached || m->taken == m->ended) continue;
+    if (!ProcessGone(m->pid)) continue;
+    state_->core.Reclaim(m->begun - m->ended, m->taken - m->begun);
+    state_->reclaimed += m->taken - m->ended;
+    m->begun = m->ended = m->taken;
+    m->state = kDead;
+    --state_->attached;
+    any = true;
+  }
+  return any;
+}
+
+void SharedIoTuner::Acquire() {
+  Lock();
+  const uint64_t ticket = state_->core.Take();
+  Member* me = state_->member(member_);
+  ++me->taken;
+  double waited_since = SteadySeconds();
+  while (!state_->core.Granted(ticket)) {
+    const uint32_t seen = state_->generation.load(std::memory_order_acquire);
+    Unlock();
+    FutexWait(&state_->generation, seen, 0.05);
+    Lock();
+    const double now = SteadySeconds();
+    if (now - waited_since >= 0.05) {
+      waited_since = now;
+      if (ReclaimDead()) {
+        state_->generation.fetch_add(1, std::memory_order_release);
+        FutexWakeAll(&state_->generation);
+      }
+    }
+  }
+  state_->core.Begin(SteadySeconds());
+  ++me->begun;
+  Unlock();
+}
+
+void SharedIoTuner::Release(uint64_t bytes) {
+  Lock();
+  state_->core.End(SteadySeconds(), bytes);
+  ++state_->member(member_)->ended;
+  const bool wake = state_->core.waiting() > 0;
+  Unlock();
+  if (wake) WakeAll();
+}
+
+int SharedIoTuner::depth() const {
+  Lock();
+  const int d = state_->core.depth();
+  Unlock();
+  return d;
+}
+
+int SharedIoTuner::attached() const {
+  Lock();
+  const int n = state_->attached;
+  Unlock();
+  return n;
+}
+
+int SharedIoTuner::joined() const {
+  Lock();
+  const int n = state_->joined;
+  Unlock();
+  return n;
+}
+
+double SharedIoTuner::throughput(int depth) const {
+  Lock();
+  const double t = state_->core.throughput(depth);
+  Unlock();
+  return t;
+}
+
+int64_t SharedIoTuner::intervals() const {
+  Lock();
+  const int64_t n = state_->core.intervals();
+  Unlock();
+  return n;
+}
+
+uint64_t SharedIoTuner::reclaimed() const {
+  Lock();
+  const uint64_t n = state_->reclaimed;
+  Unlock();
+  return n;
+}
+
+#else  // !__linux__
+
+struct SharedGateState {};
+
+Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& name, int, int,
+                                                             const IoTunerConfig&, double) {
+  return UnimplementedError("shared read gate '" + name + "': needs Linux (shm_open, futex)");
+}
+
+SharedIoTuner::SharedIoTuner(SharedGateState* state, size_t bytes, int member)
+    : state_(state), bytes_(bytes), member_(member) {}
+SharedIoTuner::~SharedIoTuner() = default;
+void SharedIoTuner::Acquire() {}
+void SharedIoTuner::Release(uint64_t) {}
+int SharedIoTuner::depth() const { return 1; }
+int SharedIoTuner::attached() const { return 0; }
+int SharedIoTuner::joined() const { return 0; }
+double SharedIoTuner::throughput(int) const { return 0; }
+int64_t SharedIoTuner::intervals() const { return 0; }
+uint64_t SharedIoTuner::reclaimed() const { return 0; }
+void SharedIoTuner::Lock() const {}
+void SharedIoTuner::Unlock() const {}
+bool SharedIoTuner::ReclaimDead() { return false; }
+void SharedIoTuner::WakeAll() {}
+
+#endif
+
+}  // namespace sp

@@ -1,0 +1,90 @@
+// SharedIoTuner: one read gate for the processes of a machine.
+//
+// Ranks that run as separate processes on one machine (torchrun, mpirun) read the same device.
+// With a gate each, every process tunes its depth against throughput the others disturb, and the
+// device sees the sum of their depths in competing orders. A SharedIoTuner puts the gate of an
+// IoTuner (exec/io_tuner.h: tickets served in order, intervals measured while the gate is full, a
+// hill climb over the depth) in a POSIX shared-memory object, so that every member's reads wait
+// in one line and one depth is tuned from the throughput of all of them together.
+//
+// The members of one load agree on a name (the load passes a nonce its coordinator broadcast
+// with the metadata) and on their count. The first to arrive creates the object; the others wait
+// for it to be initialized (at most `wait_seconds`). The name is removed once every member has
+// attached, or when the last attached member detaches, so nothing stays in /dev/shm after a load,
+// even one that failed before all members arrived. A member that arrives after that creates a
+// fresh gate and reads alone: sharing is an optimization, never needed for a correct load.
+//
+// Members that die: the mutex is robust (a member that dies holding it does not block the
+// others), and a waiter that waits longer than 50 ms checks that the processes of members with
+// reads outstanding are alive (kill(pid, 0)); the reads of a dead one are forgotten, so that its
+// slots return to the others. (Processes in different PID namespaces that share /dev/shm would
+// look dead to each other: then the gate only lets in more reads than its depth.)
+//
+// Linux only (shm_open, futex); elsewhere Attach returns kUnimplemented and the caller keeps a
+// gate of its own. Thread-safe: any thread of a member may Acquire and Release.
+#ifndef SHARDPOINT_EXEC_SHARED_IO_TUNER_H_
+#define SHARDPOINT_EXEC_SHARED_IO_TUNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/exec/io_tuner.h"
+
+namespace sp {
+
+struct SharedGateState;
+
+class SharedIoTuner final : public IoGate {
+ public:
+  // Attaches member `member` (0 <= member < members, each index attached once) to the gate
+  // named `name` (a POSIX shared-memory name: one '/' then up to 200 of [A-Za-z0-9._-]),
+  // creating it with `config` if it does not exist. Errors: kInvalidArgument for a bad name or
+  // index, kAlreadyExists when the index is taken, kFailedPrecondition when an existing object
+  // of that name is not such a gate (another layout, another member count), kDeadlineExceeded
+  // when its creator does not initialize it within `wait_seconds`, kInternal for a failed system
+  // call (its message names the call and the errno), kUnimplemented off Linux.
+  static Result<std::unique_ptr<SharedIoTuner>> Attach(const std::string& name, int members,
+                                                       int member, const IoTunerConfig& config,
+                                                       double wait_seconds = 5.0);
+
+  // Detaches: forgets this member's outstanding reads (there are none after a load), and removes
+  // the name if this was the last member attached.
+  ~SharedIoTuner() override;
+
+  SharedIoTuner(const SharedIoTuner&) = delete;
+  SharedIoTuner& operator=(const SharedIoTuner&) = delete;
+
+  void Acquire() override;
+  void Release(uint64_t bytes) override;
+  int depth() const override;
+
+  // Members attached now (dead ones found by a waiter no longer count).
+  int attached() const;
+  // Members that have attached since the gate was created (each once).
+  int joined() const;
+  double throughput(int depth) const;
+  int64_t intervals() const;
+  // Reads of dead members forgotten so far.
+  uint64_t reclaimed() const;
+
+ private:
+  SharedIoTuner(SharedGateState* state, size_t bytes, int member);
+
+  // Takes the gate's robust mutex (making it consistent if its owner died).
+  void Lock() const;
+  void Unlock() const;
+  // Under the lock: forgets the reads of members whose process is gone; true if any.
+  bool ReclaimDead();
+  // Wakes every waiter of every member (under or outside the lock).
+  void WakeAll();
+
+  SharedGateState* state_;
+  size_t bytes_;
+  int member_;
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_EXEC_SHARED_IO_TUNER_H_

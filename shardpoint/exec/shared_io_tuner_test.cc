@@ -1,0 +1,262 @@
+#include "shardpoint/exec/shared_io_tuner.h"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardpoint/base/random_id.h"
+
+namespace sp {
+namespace {
+
+std::string FreshName() { return "/sp-gate-test-" + RandomHexId(12); }
+
+bool NameExists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+IoTunerConfig Fixed(int depth) {
+  IoTunerConfig config;
+  config.max_depth = depth;
+  config.fixed = true;
+  return config;
+}
+
+// Counters in memory shared with forked children (mapped before the fork).
+struct Shared {
+  std::atomic<int> running{0};
+  std::atomic<int> most{0};
+  std::atomic<int> reads{0};
+};
+
+Shared* MapShared() {
+  void* at = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                  -1, 0);
+  return new (at) Shared();
+}
+
+// Runs `body` in a forked child; returns its pid. The child exits 0 when body returns true.
+template <typename F>
+pid_t Fork(F body) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(body() ? 0 : 1);
+  return pid;
+}
+
+int ExitCode(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Waits for `f` at most `seconds`; a gate that never lets a read in would otherwise hang the test.
+template <typename F>
+bool Within(double seconds, F f) {
+  auto done = std::async(std::launch::async, f);
+  if (done.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready) {
+    return true;
+  }
+  ADD_FAILURE() << "still blocked after " << seconds << " s";
+  std::_Exit(3);  // the blocked thread cannot be joined
+}
+
+TEST(SharedIoTunerTest, ProcessesReadThroughOneGate) {
+  // Four processes of three threads each, one gate of depth 2: never more than 2 reads at once
+  // among all twelve threads.
+  const std::string name = FreshName();
+  Shared* shared = MapShared();
+  std::vector<pid_t> children;
+  for (int member = 0; member < 4; ++member) {
+    children.push_back(Fork([&, member] {
+      Result<std::unique_ptr<SharedIoTuner>> gate = SharedIoTuner::Attach(name, 4, member, Fixed(2));
+      if (!gate.ok()) return false;
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 3; ++t) {
+        threads.emplace_back([&] {
+          for (int i = 0; i < 100; ++i) {
+            (*gate)->Acquire();
+            const int now = ++shared->running;
+            int seen = shared->most.load();
+            while (now > seen && !shared->most.compare_exchange_weak(seen, now)) {
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+            --shared->running;
+            ++shared->reads;
+            (*gate)->Release(1 << 20);
+          }
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      return (*gate)->depth() == 2 && (*gate)->joined() == 4;
+    }));
+  }
+  for (pid_t pid : children) EXPECT_EQ(ExitCode(pid), 0);
+  EXPECT_EQ(shared->reads.load(), 4 * 3 * 100);
+  EXPECT_EQ(shared->most.load(), 2);
+  EXPECT_FALSE(NameExists(name));
+}
+
+TEST(SharedIoTunerTest, TheNameIsRemovedOnceEveryMemberAttachedOrTheLastLeft) {
+  const std::string name = FreshName();
+  {
+    auto a = SharedIoTuner::Attach(name, 2, 0, Fixed(1));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(NameExists(name));
+    auto b = SharedIoTuner::Attach(name, 2, 1, Fixed(1));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_FALSE(NameExists(name));  // both have it mapped
+    EXPECT_EQ((*b)->attached(), 2);
+    (*a)->Acquire();
+    (*a)->Release(1);
+  }
+  // A member that never comes: the last one to leave removes the name.
+  {
+    auto a = SharedIoTuner::Attach(name, 3, 1, Fixed(1));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(NameExists(name));
+  }
+  EXPECT_FALSE(NameExists(name));
+}
+
+TEST(SharedIoTunerTest, TheSlotsOfADeadMemberReturnToTheOthers) {
+  const std::string name = FreshName();
+  auto me = SharedIoTuner::Attach(name, 3, 0, Fixed(1));
+  ASSERT_TRUE(me.ok()) << me.status();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  // Member 1 dies holding the only slot.
+  const pid_t holder = Fork([&] {
+    auto gate = SharedIoTuner::Attach(name, 3, 1, Fixed(1));
+    if (!gate.ok()) return false;
+    (*gate)->Acquire();
+    const char c = 'x';
+    if (write(ready[1], &c, 1) != 1) return false;
+    pause();  // killed here
+    return true;
+  });
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  // Member 2 dies waiting behind it: its ticket would come up, and nobody would use it.
+  const pid_t waiter = Fork([&] {
+    auto gate = SharedIoTuner::Attach(name, 3, 2, Fixed(1));
+    if (!gate.ok()) return false;
+    const char c = 'y';
+    if (write(ready[1], &c, 1) != 1) return false;
+    (*gate)->Acquire();
+    return true;
+  });
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its Acquire takes a ticket
+  kill(holder, SIGKILL);
+  kill(waiter, SIGKILL);
+  EXPECT_EQ(ExitCode(holder), 128 + SIGKILL);
+  EXPECT_EQ(ExitCode(waiter), 128 + SIGKILL);
+  Within(10, [&] {
+    (*me)->Acquire();
+    (*me)->Release(1);
+    (*me)->Acquire();  // after the two phantom tickets, the line moves on
+    (*me)->Release(1);
+  });
+  EXPECT_GE((*me)->reclaimed(), 1u);
+  EXPECT_LE((*me)->reclaimed(), 2u);  // the waiter's ticket, if it had taken one
+  EXPECT_EQ((*me)->attached(), 1);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+TEST(SharedIoTunerTest, AttachRefusesBadArgumentsAndForeignObjects) {
+  const std::string name = FreshName();
+  auto bad = SharedIoTuner::Attach("no-slash", 2, 0, Fixed(1));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("expected '/'"), std::string::npos) << bad.status();
+  bad = SharedIoTuner::Attach(name, 2, 2, Fixed(1));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("member 2 of 2"), std::string::npos) << bad.status();
+
+  auto first = SharedIoTuner::Attach(name, 3, 0, Fixed(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = SharedIoTuner::Attach(name, 3, 0, Fixed(1));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(again.status().message().find("member 0 is already attached"), std::string::npos)
+      << again.status();
+  // Another member count means another object layout.
+  auto other = SharedIoTuner::Attach(name, 5, 1, Fixed(1));
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("expected"), std::string::npos) << other.status();
+  first->reset();
+  EXPECT_FALSE(NameExists(name));
+
+  // An object of that name that is not a gate, never initialized: refused after the wait.
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  close(fd);
+  auto foreign = SharedIoTuner::Attach(name, 2, 0, Fixed(1), 0.05);
+  shm_unlink(name.c_str());
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_EQ(foreign.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(foreign.status().message().find("holds 100 bytes"), std::string::npos)
+      << foreign.status();
+}
+
+TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
+  // Depth 2, intervals of 6 MiB: only the bytes of both members' reads, completed while the
+  // shared gate was full, add up to one interval. Each member's own 4 MiB would not.
+  const std::string name = FreshName();
+  IoTunerConfig config;
+  config.max_depth = 4;
+  config.start_depth = 2;
+  config.interval_bytes = 6 << 20;
+  config.interval_seconds = 0.001;
+  auto mine = SharedIoTuner::Attach(name, 2, 0, config);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  const pid_t other = Fork([&] {
+    auto gate = SharedIoTuner::Attach(name, 2, 1, config);
+    if (!gate.ok()) return false;
+    char c = 'a';
+    (*gate)->Acquire();
+    if (write(to_parent[1], &c, 1) != 1 || read(to_child[0], &c, 1) != 1) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    (*gate)->Release(4 << 20);  // the gate was full: counted, and the interval closes
+    return (*gate)->intervals() == 1;
+  });
+  char c = 0;
+  ASSERT_EQ(read(to_parent[0], &c, 1), 1);
+  (*mine)->Acquire();  // two reads running: full
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  (*mine)->Release(4 << 20);
+  EXPECT_EQ((*mine)->intervals(), 0);  // 4 MiB so far
+  (*mine)->Acquire();  // full again
+  ASSERT_EQ(write(to_child[1], &c, 1), 1);
+  EXPECT_EQ(ExitCode(other), 0);
+  (*mine)->Release(1 << 20);
+  EXPECT_EQ((*mine)->intervals(), 1);
+  // 8 MiB over the >= 20 ms the gate was full.
+  EXPECT_GT((*mine)->throughput(2), 0);
+  EXPECT_LT((*mine)->throughput(2), 8.0 * (1 << 20) / 0.02);
+  EXPECT_EQ((*mine)->depth(), 3);  // probing a neighbour never measured
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
+}
+
+}  // namespace
+}  // namespace sp
