@@ -15,8 +15,9 @@ With --cold, every checkpoint is dropped from the page cache before each load (r
 the timed step), and each run also times a raw read of the shardpoint checkpoint's files on rank 0
 (bench_util.raw_read: per file, round robin, and round robin with O_DIRECT, the fastest kept,
 each order cold): the disk's floor under any reader. The report then gives each load against
-that raw read of the same run (separate processes on one machine, each with its own read-depth
-tuner; target >= 0.85x).
+that raw read of the same run (separate processes on one machine; target >= 0.85x), and the
+same loads again with a read gate per process (machine_read_gate=False) to show what one gate for
+the machine's processes changes.
 
     python bench/dcp_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
     python bench/dcp_bench.py --gib 1 --runs 5 --cold --only-loads
@@ -94,6 +95,7 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
     resharded = make_state(mesh, args.gib, args.tensors, Shard(1), fill=False)
     staging = {k: torch.empty_like(v._local_tensor) for k, v in state["model"].items()}
     timer = Timer()
+    gates: list[int] = []  # read_gate_ranks of this rank's same-layout loads
 
     def fresh(name: str, i: int) -> str:
         path = os.path.join(args.dir, f"{name}-{i}")
@@ -125,11 +127,19 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
         cold(dcp_path)
         timer.run("load dcp", lambda: dcp.load(same, checkpoint_id=dcp_path))
         cold(sp_path)
-        timer.run("load sp", lambda: sp.load(same, sp_path, threads=args.threads))
+        timer.run("load sp", lambda: gates.append(sp.load(same, sp_path, threads=args.threads).read_gate_ranks))
         cold(dcp_path)
         timer.run("load resharded dcp", lambda: dcp.load(resharded, checkpoint_id=dcp_path))
         cold(sp_path)
         timer.run("load resharded sp", lambda: sp.load(resharded, sp_path, threads=args.threads))
+        if args.cold:
+            # The same loads with a read gate per process instead of one per machine.
+            cold(sp_path)
+            timer.run("load sp, own gates", lambda: gates.append(
+                sp.load(same, sp_path, threads=args.threads, machine_read_gate=False).read_gate_ranks))
+            cold(sp_path)
+            timer.run("load resharded sp, own gates",
+                      lambda: sp.load(resharded, sp_path, threads=args.threads, machine_read_gate=False))
         if args.only_loads:
             dist.barrier()
             if rank == 0:
@@ -156,6 +166,7 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
     dist.all_reduce(total)
     if rank == 0:
         report(timer.results, int(total.item()), world, args)
+        print(f"read_gate_ranks of rank 0's same-layout loads: {sorted(set(gates))}")
     dist.destroy_process_group()
 
 
@@ -163,19 +174,20 @@ def report(results: dict[str, list[float]], total_bytes: int, world: int, args: 
     median = {k: statistics.median(v) for k, v in results.items()}
     print(f"state: {total_bytes / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
           f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'default'}; dir {args.dir}")
-    print(f"{'':22}{'seconds':>10}{'GB/s':>9}")
+    print(f"{'':30}{'seconds':>10}{'GB/s':>9}")
     for label, seconds in median.items():
-        print(f"{label:22}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
+        print(f"{label:30}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
     print("ratios:")
     for what in ("save", "load", "load resharded"):
         ratio = median[f"{what} dcp"] / median[f"{what} sp"]
         print(f"  {what:16} sp is {ratio:5.2f}x faster than dcp (target >= 3x): {'met' if ratio >= 3 else 'NOT met'}")
     if "raw read (fastest)" in results:
         raw = results["raw read (fastest)"]
-        for what in ("load sp", "load resharded sp", "load dcp"):
+        for what in ("load sp", "load resharded sp", "load sp, own gates", "load resharded sp, own gates",
+                     "load dcp"):
             each = [r / t for r, t in zip(raw, results[what])]
             ratio = median["raw read (fastest)"] / median[what]
-            print(f"  {what:18} = {ratio:4.2f}x the raw read (cold; each run against its own: median "
+            print(f"  {what:30} = {ratio:4.2f}x the raw read (cold; each run against its own: median "
                   f"{statistics.median(each):.2f}x, min {min(each):.2f}x, max {max(each):.2f}x)"
                   + (f" (target >= 0.85x): {'met' if ratio >= 0.85 else 'NOT met'}" if "sp" in what else ""))
     if "async sp" not in median:

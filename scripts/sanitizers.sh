@@ -13,7 +13,8 @@
 #   reuses the compiled libraries. LeakSanitizer is on.
 # tsan (BUILD_DIR default build-tsan): ThreadSanitizer on the threaded engine tests only, built by
 #   target name so nothing else compiles: exec_test (thread pool, task group, parallel for),
-#   io_tuner_test (the read-depth gate, the staging buffer pool), comm_test (thread communicator, collectives), engine_unit_test (read executor, read exchange,
+#   io_tuner_test (the read-depth gate, the staging buffer pool), shared_io_tuner_test (the gate
+#   shared by processes, with forked members), comm_test (thread communicator, collectives), engine_unit_test (read executor, read exchange,
 #   engine context), engine_async_save_test (async save), and the shared-read cases of
 #   engine_reshard_test. TSAN_OPTIONS=halt_on_error=1: the first race fails the run. No
 #   suppressions are needed.
@@ -55,15 +56,16 @@ case "${mode}" in
     flags="-fsanitize=thread -fno-omit-frame-pointer"
     CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DSP_BUILD_TESTS=ON -DCMAKE_CXX_FLAGS="${flags}" >/dev/null
-    ninja -C "${build}" -j "${jobs}" exec_test io_tuner_test comm_test engine_unit_test \
+    ninja -C "${build}" -j "${jobs}" exec_test io_tuner_test shared_io_tuner_test comm_test engine_unit_test \
       engine_async_save_test \
       engine_reshard_test > "${build}/ninja-sanitizer.log" 2>&1 ||
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
     suites="ParallelForTest|TaskGroupTest|ThreadPoolTest|ThreadCommTest|CollectiveTest|DecodeStatusTest"
     suites+="|EncodeStatusTest|AsyncSaverTest|UncheckedReadTest|ReadExchangeTest|EngineContextTest"
     suites+="|SaveMessagesTest|ChunkReaderTest|IoTunerTest|DepthControllerTest|BufferPoolTest"
-    suites+="|ReadDepthTest"
-    shared="ReshardTest\.(SharedReads|ManyReadsOfOneFile|CorruptSharedChunk|RankFailingBeforeSharedReads)"
+    suites+="|ReadDepthTest|TunerCoreTest|SharedIoTunerTest"
+    shared="ReshardTest\.(SharedReads|ManyReadsOfOneFile|CorruptSharedChunk|RankFailingBeforeSharedReads"
+    shared+="|ProcessesOfOneMachine)"
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       run_ctest "${build}" -R "^(${suites})\.|^${shared}" -E "_NOT_BUILT"
     ;;

@@ -1,7 +1,10 @@
 #include "python/_core/py_comm.h"
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
+
+#include <nanobind/stl/vector.h>
 
 #include "python/_core/arrays.h"
 #include "python/_core/errors.h"
@@ -152,6 +155,38 @@ bool PyCommunicator::spans_machines() const {
     answer = false;
   }
   spans_machines_ = answer;
+  return answer;
+}
+
+std::vector<int> PyCommunicator::machine_ranks() {
+  if (machine_ranks_) return *machine_ranks_;
+  std::vector<int> answer = {rank_};
+  nb::gil_scoped_acquire gil;
+  if (nb::hasattr(comm_, "machine_ranks")) {
+    try {
+      nb::object value = comm_.attr("machine_ranks")();
+      std::vector<int> ranks;
+      if (!nb::try_cast(value, ranks, /*convert=*/false)) {
+        PyErr_Format(PyExc_TypeError, "comm.machine_ranks() returned %s, expected a list of int",
+                     nb::type_name(value.type()).c_str());
+        throw nb::python_error();
+      }
+      const bool ascending = std::adjacent_find(ranks.begin(), ranks.end(),
+                                                [](int a, int b) { return a >= b; }) == ranks.end();
+      const bool in_range = !ranks.empty() && ranks.front() >= 0 && ranks.back() < size_;
+      if (!ascending || !in_range || !std::binary_search(ranks.begin(), ranks.end(), rank_)) {
+        PyErr_Format(PyExc_ValueError,
+                     "comm.machine_ranks() returned %zu ranks: expected ascending ranks below %d "
+                     "that include this rank (%d)",
+                     ranks.size(), size_, rank_);
+        throw nb::python_error();
+      }
+      answer = std::move(ranks);
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("shardpoint communicator machine_ranks()");
+    }
+  }
+  machine_ranks_ = answer;
   return answer;
 }
 

@@ -13,7 +13,11 @@
 //   spans_machines() -> bool: whether the group's ranks run on more than one machine, the same on
 //     every rank (it may be a collective: it is called at the same point on every rank, once per
 //     PyCommunicator, with the GIL taken). Without it, or when it raises (reported as an
-//     unraisable exception), the answer is false, the default of Communicator.
+//     unraisable exception), the answer is false, the default of Communicator;
+//   machine_ranks() -> list[int]: the ranks of the group on this rank's machine, in separate
+//     processes, ascending, this rank among them (called like spans_machines). Without it, or
+//     when it raises or returns anything else (reported as an unraisable exception), the answer
+//     is [rank], the default of Communicator.
 // Each collective acquires the GIL only for the duration of the Python call, so the engine can
 // run with the GIL released, on any thread (AsyncSaver's background thread included). A Python
 // exception raised by a method, or a result of the wrong shape, becomes kUnavailable
@@ -52,6 +56,7 @@ class PyCommunicator final : public Communicator {
   Status Barrier() override;
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
   bool spans_machines() const override;
+  std::vector<int> machine_ranks() override;
 
  private:
   PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all,
@@ -68,6 +73,7 @@ class PyCommunicator final : public Communicator {
   bool has_all_to_all_;
   bool has_spans_machines_;
   mutable std::optional<bool> spans_machines_;  // the object's answer, once asked
+  std::optional<std::vector<int>> machine_ranks_;  // the object's answer, once asked
 };
 
 // Returns a PyCommunicator for `comm`, or null when `comm` is None (one rank). GIL held.

@@ -61,11 +61,14 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """Keys wanted but not stored (non-strict loads), keys stored but not wanted, bytes read here."""
+    """Keys wanted but not stored (non-strict loads), keys stored but not wanted, bytes read here,
+    and how many ranks read through one gate with this one (``read_gate_ranks``: the ranks of this
+    machine in other processes and this one, 1 when its reads had a gate of their own)."""
 
     missing_keys: list[str]
     unexpected_keys: list[str]
     bytes_read: int = 0
+    read_gate_ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
          share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None,
          allow_external_links: bool = False, direct_io: bool = False,
-         io_depth: Optional[int] = None) -> LoadResult:
+         io_depth: Optional[int] = None, machine_read_gate: bool = True) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
     As ``torch.distributed.checkpoint.load``, a top-level ``Stateful`` value is loaded into its
@@ -253,7 +256,12 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     ordinary reads.
 
     ``io_depth``: how many reads run at once. ``None`` (the default) tunes it as the load runs from
-    the throughput the storage delivers (between 1 and ``threads``); a number fixes it.
+    the throughput the storage delivers (between 1 and ``threads``); a number fixes it, per rank.
+
+    ``machine_read_gate``: with ``io_depth`` None, the ranks that run as separate processes on one
+    machine (torchrun, mpirun) put their reads through one gate in shared memory, whose depth is
+    tuned from the throughput of all of them, so that the disk sees one well-chosen number of
+    reads in flight rather than the sum of competing ones. ``False``: each process tunes its own.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -279,8 +287,9 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
                                         allow_external_links=allow_external_links,
                                         threads=threads or _dist.default_threads(comm),
                                         share_reads=None if share_reads is None else bool(share_reads),
-                                        direct_io=bool(direct_io), io_depth=int(io_depth or 0))
-            missing, unexpected, objects, bytes_read = _core.load(
+                                        direct_io=bool(direct_io), io_depth=int(io_depth or 0),
+                                        machine_read_gate=bool(machine_read_gate))
+            missing, unexpected, objects, bytes_read, gate_ranks = _core.load(
                 path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, options)
         for copy_back in mapped.after_load if mapped else [c for p in plans for c in p.after_load]:
             copy_back()
@@ -290,7 +299,8 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     for name, encoding, payload in objects:
         set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name], path))
     load_stateful()
-    return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read))
+    return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read),
+                      int(gate_ranks))
 
 
 class SaveHandle:
@@ -470,7 +480,7 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     for i, batch in enumerate(batches):  # batches keep the bar moving; each reads its tensors once
         mapped = _mapped_load.to_stored(batch, resolved) if resolved is not None else None
         with translated():
-            _, _, found, _ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
+            _, _, found, _, _ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
                                         object_names if i == 0 else [], options)
         for copy_back in mapped.after_load if mapped else []:
             copy_back()

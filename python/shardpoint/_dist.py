@@ -99,6 +99,13 @@ class TorchComm:
         the same point, to decide whether a load shares its reads."""
         return len(set(_hosts(self))) > 1
 
+    def machine_ranks(self) -> list[int]:
+        """The group ranks on this rank's machine (the same host name), ascending: separate
+        processes, whose loads put their reads through one shared gate (the same all-gather of
+        host names as spans_machines)."""
+        hosts = _hosts(self)
+        return [r for r, host in enumerate(hosts) if host == hosts[self.rank]]
+
 
 def _initialized() -> bool:
     dist = sys.modules.get("torch.distributed")

@@ -296,7 +296,7 @@ class StorageReader(_storage.StorageReader):
             options = _core.LoadOptions()
             if self.threads:
                 options.threads = self.threads
-            _, _, objects, _ = _core.load(self.path, tensors, wanted, options)
+            _, _, objects, _, _ = _core.load(self.path, tensors, wanted, options)
         for item, (resolved, dest, host, _) in zip(tensor_items, reads):
             if host is not dest:
                 dest.copy_(host)

@@ -258,3 +258,26 @@ def test_shared_reads_read_each_stored_byte_once_over_gloo(tmp_path):
     shared, default, alone = (sum(r[i] for r in per_rank) for i in range(3))
     assert shared == stored
     assert default == alone == 3 * stored
+
+
+def _gate_rank(rank, world, path):
+    sp.save(state_for((world,), [("S", 0)], zeros=False), path)
+    gates, exact = [], []
+    for options in ({}, {"machine_read_gate": False}, {"io_depth": 2}):
+        state = state_for((world,), [("S", 0)], zeros=True)
+        result = sp.load(state, path, **options)
+        gates.append(result.read_gate_ranks)
+        ref = reference()
+        exact.append(all(torch.equal(v.full_tensor().view(-1), ref[k].view(-1))
+                         for k, v in flat_tensors(state).items()))
+    return gates, exact
+
+
+def test_processes_of_one_machine_read_through_one_gate(tmp_path):
+    """Three gloo ranks on one host: by default their loads put every read through one gate in
+    shared memory (read_gate_ranks 3); with machine_read_gate=False or a fixed io_depth, each
+    process has its own (1). The loads are bit-exact either way, and nothing stays in /dev/shm."""
+    per_rank = run_ranks(3, _gate_rank, str(tmp_path / "ckpt"))
+    assert [gates for gates, _ in per_rank] == [[3, 1, 1]] * 3
+    assert [exact for _, exact in per_rank] == [[True, True, True]] * 3
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("shardpoint-io-")]

@@ -13,7 +13,7 @@ from shardpoint import _core, _dist
 from test_core import FakeComm, FakeGroup, run_ranks, whole
 
 LOAD_FIELDS = ("strict", "allow_cast", "threads", "verify_checksums", "memory_budget_bytes", "share_reads",
-               "allow_external_links", "direct_io", "direct_io_min_bytes", "io_depth")
+               "allow_external_links", "direct_io", "direct_io_min_bytes", "io_depth", "machine_read_gate")
 SAVE_FIELDS = ("overwrite", "threads", "files_per_rank", "dedup_to_lowest_rank", "format", "separate_key_prefixes")
 CONSOLIDATE_FIELDS = ("format", "max_shard_bytes", "dtype", "keys", "prefixes", "all_tensors", "rename", "overwrite",
                       "threads", "memory_budget_bytes", "placements", "mapped_renames", "allow_external_links")
@@ -41,6 +41,7 @@ def test_keywords_set_fields_and_the_rest_keep_the_struct_defaults():
     assert _core.LoadOptions().direct_io is False
     assert _core.LoadOptions().direct_io_min_bytes == _core.parse_byte_size("1MiB")
     assert _core.LoadOptions().io_depth == 0  # tuned
+    assert _core.LoadOptions().machine_read_gate is True
 
 
 def test_bad_keywords_are_refused_by_name():
@@ -93,10 +94,12 @@ def test_the_python_front_passes_what_the_caller_gives(tmp_path, monkeypatch):
     path = tmp_path / "ckpt"
     sp.save({"w": weights}, path)
     sp.load({"w": np.zeros(10, np.float32)}, path, cast=True, share_reads=False, threads=2, direct_io=True,
-            io_depth=3)
+            io_depth=3, machine_read_gate=False)
     sp.consolidate(path, tmp_path / "hf", max_shard_size="2KB", memory_budget=4096, threads=3, dtype="bf16")
-    assert fields(loads[0], ("allow_cast", "share_reads", "threads", "direct_io", "io_depth")) == {
-        "allow_cast": True, "share_reads": False, "threads": 2, "direct_io": True, "io_depth": 3}
+    assert fields(loads[0], ("allow_cast", "share_reads", "threads", "direct_io", "io_depth",
+                             "machine_read_gate")) == {
+        "allow_cast": True, "share_reads": False, "threads": 2, "direct_io": True, "io_depth": 3,
+        "machine_read_gate": False}
     assert fields(consolidations[0], ("max_shard_bytes", "memory_budget_bytes", "threads", "dtype")) == {
         "max_shard_bytes": 2000, "memory_budget_bytes": 4096, "threads": 3, "dtype": "bfloat16"}
 
@@ -146,7 +149,7 @@ def _load_on_two_ranks(path, full, answer, **load_options):
     def load(rank):
         out = np.zeros_like(full)
         options = _core.LoadOptions(comm=comms[rank], **load_options)
-        _, _, _, bytes_read = _core.load(path, [whole("w", "float64", out)], [], options)
+        _, _, _, bytes_read, _ = _core.load(path, [whole("w", "float64", out)], [], options)
         assert out.tobytes() == full.tobytes()
         return bytes_read
 
@@ -189,6 +192,61 @@ def test_torch_comm_spans_machines_compares_host_names(monkeypatch):
     assert comm.spans_machines() is False
     monkeypatch.setattr(_dist, "_hosts", lambda c: [b"node-a", b"node-b"])
     assert comm.spans_machines() is True
+
+
+class ProcessesComm(FakeComm):
+    """A FakeComm whose machine_ranks() gives ``answer`` (or raises it)."""
+
+    def __init__(self, group, rank, answer):
+        super().__init__(group, rank)
+        self.answer = answer
+
+    def machine_ranks(self):
+        if self.answer is RuntimeError:
+            raise RuntimeError("no hosts")
+        return self.answer(self.rank) if callable(self.answer) else self.answer
+
+
+def _gate_ranks_on_two_ranks(path, full, answer, **load_options):
+    group = FakeGroup(2)
+    comms = [ProcessesComm(group, rank, answer) for rank in range(2)]
+
+    def load(rank):
+        out = np.zeros_like(full)
+        options = _core.LoadOptions(comm=comms[rank], **load_options)
+        _, _, _, _, gate_ranks = _core.load(path, [whole("w", "float64", out)], [], options)
+        assert out.tobytes() == full.tobytes()
+        return gate_ranks
+
+    return run_ranks(2, load)
+
+
+def test_machine_ranks_puts_the_reads_of_a_machine_through_one_gate(one_chunk, monkeypatch):
+    path, full = one_chunk
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1]) == [2, 2]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], machine_read_gate=False) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], io_depth=1) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, lambda rank: [rank]) == [1, 1]  # two machines
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: reported.append(str(report.exc_value)))
+    # An answer that cannot be right is reported and taken as "this rank alone".
+    assert _gate_ranks_on_two_ranks(path, full, RuntimeError) == [1, 1]
+    assert reported == ["no hosts"] * 2
+    reported.clear()
+    assert _gate_ranks_on_two_ranks(path, full, "01") == [1, 1]
+    assert reported == ["comm.machine_ranks() returned str, expected a list of int"] * 2
+    reported.clear()
+    assert _gate_ranks_on_two_ranks(path, full, [1, 0]) == [1, 1]
+    assert sorted(reported) == [f"comm.machine_ranks() returned 2 ranks: expected ascending ranks below 2 "
+                                f"that include this rank ({rank})" for rank in (0, 1)]
+
+
+def test_torch_comm_machine_ranks_are_the_ranks_on_the_same_host(monkeypatch):
+    comm = object.__new__(_dist.TorchComm)
+    monkeypatch.setattr(_dist, "_hosts", lambda c: [b"node-a", b"node-b", b"node-a", b"node-b"])
+    for rank, expected in [(0, [0, 2]), (1, [1, 3]), (2, [0, 2]), (3, [1, 3])]:
+        monkeypatch.setattr(comm, "rank", rank, raising=False)
+        assert comm.machine_ranks() == expected
 
 
 def test_metadata_objects_are_read_only(tmp_path):

@@ -42,6 +42,13 @@ class Communicator {
   // so that sending bytes between ranks can be cheaper than reading them again. The same on
   // every rank. The default, for communicators that cannot tell, is false.
   virtual bool spans_machines() const { return false; }
+  // The ranks of the group that run on this rank's machine as separate processes, ascending, this
+  // rank among them, and the same list on each of them: they read the same devices, so a load
+  // puts their reads through one gate (exec/shared_io_tuner.h). Every rank calls it at the same
+  // point (it may run a collective the first time). The default, for communicators that cannot
+  // tell and for ranks that share a process (and so a thread pool and its gate), is this rank
+  // alone.
+  virtual std::vector<int> machine_ranks() { return {rank()}; }
 };
 
 }  // namespace sp

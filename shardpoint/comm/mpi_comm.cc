@@ -89,6 +89,7 @@ Result<std::unique_ptr<MpiComm>> MpiComm::Create(MPI_Comm comm, MpiCommOptions o
   // The ranks that share this rank's memory (its machine); the group spans machines when, on
   // any rank, they are fewer than the whole group.
   int spans = 0;
+  std::vector<int> machine;
   if (status.ok()) {
     MPI_Comm local = MPI_COMM_NULL;
     status = MpiCheck(MPI_Comm_split_type(dup, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
@@ -96,6 +97,12 @@ Result<std::unique_ptr<MpiComm>> MpiComm::Create(MPI_Comm comm, MpiCommOptions o
     int local_size = size;
     if (status.ok()) {
       status = MpiCheck(MPI_Comm_size(local, &local_size), "MPI_Comm_size", "MpiComm::Create");
+      if (status.ok()) {
+        machine.resize(static_cast<size_t>(local_size));
+        status = MpiCheck(MPI_Allgather(&rank, 1, MPI_INT, machine.data(), 1, MPI_INT, local),
+                          "MPI_Allgather", "MpiComm::Create");
+        std::sort(machine.begin(), machine.end());
+      }
       MPI_Comm_free(&local);
     }
     spans = local_size < size ? 1 : 0;
@@ -108,11 +115,18 @@ Result<std::unique_ptr<MpiComm>> MpiComm::Create(MPI_Comm comm, MpiCommOptions o
     MPI_Comm_free(&dup);
     return status;
   }
-  return std::unique_ptr<MpiComm>(new MpiComm(dup, rank, size, options, spans != 0));
+  return std::unique_ptr<MpiComm>(
+      new MpiComm(dup, rank, size, options, spans != 0, std::move(machine)));
 }
 
-MpiComm::MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines)
-    : comm_(comm), rank_(rank), size_(size), options_(options), spans_machines_(spans_machines) {}
+MpiComm::MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines,
+                 std::vector<int> machine_ranks)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      spans_machines_(spans_machines),
+      machine_ranks_(std::move(machine_ranks)) {}
 
 MpiComm::~MpiComm() {
   int finalized = 0;

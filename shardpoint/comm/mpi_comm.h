@@ -61,12 +61,15 @@ class MpiComm final : public Communicator {
   Status Barrier() override;
   // Whether the ranks span machines: learned at Create() by splitting the group by shared memory.
   bool spans_machines() const override { return spans_machines_; }
+  // The ranks of this rank's shared-memory split, learned at Create() too.
+  std::vector<int> machine_ranks() override { return machine_ranks_; }
   // MPI_Alltoall of the sizes, then MPI_Alltoallv in rounds that move at most
   // max_message_bytes / size() bytes of each pair's payload.
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
 
  private:
-  MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines);
+  MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines,
+          std::vector<int> machine_ranks);
 
   Status CheckRoot(int root, const char* collective) const;
   // Sizes of every rank's payload, known on every rank.
@@ -83,6 +86,7 @@ class MpiComm final : public Communicator {
   int size_;
   MpiCommOptions options_;
   bool spans_machines_;
+  std::vector<int> machine_ranks_;
 };
 
 }  // namespace sp

@@ -109,6 +109,11 @@ Status CheckInvalidCalls() {
       InvalidArgumentError("AllToAll: rank 1 passed " + std::to_string(n + 2) +
                            " payloads, expected one per rank (" + std::to_string(n) + ")"));
   failure.True(!comm->spans_machines(), "the ranks of this test run on one machine");
+  {
+    std::vector<int> all(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) all[static_cast<size_t>(r)] = r;
+    failure.True(comm->machine_ranks() == all, "machine_ranks() lists every rank, in order");
+  }
   failure.Expect(MakeComm(0).status(), InvalidArgumentError("MpiComm::Create: max_message_bytes "
                                                             "is 0, expected 1 to 2147483647"));
   failure.Note(comm->Barrier());

@@ -12,6 +12,8 @@
 #include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/engine/read_exchange.h"
 #include "shardpoint/engine/read_executor.h"
+#include "shardpoint/base/random_id.h"
+#include "shardpoint/exec/shared_io_tuner.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -77,8 +79,9 @@ Result<Prepared> Prepare(const LoadState& state, const CheckpointMetadata& metad
 }
 
 ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const LoadOptions& options,
-                                   EngineContext& ctx) {
+                                   EngineContext& ctx, IoGate* gate) {
   ReadExecutorOptions read_options;
+  read_options.gate = gate;
   read_options.verify = options.verify_checksums;
   read_options.direct_io = options.direct_io;
   read_options.direct_io_min_bytes = options.direct_io_min_bytes;
@@ -93,13 +96,13 @@ ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const Loa
 // Each rank reads its own requests.
 Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& metadata,
                              std::string_view path, const LoadOptions& options,
-                             EngineContext& ctx) {
+                             EngineContext& ctx, IoGate* gate) {
   SP_ASSIGN_OR_RETURN(Prepared p, Prepare(state, metadata, path, options, ctx.store()));
   SP_ASSIGN_OR_RETURN(DataFiles files, OpenDataFiles(ctx.store(), path, metadata,
                                                      DataFilesRead(p.requests, metadata)));
   SP_ASSIGN_OR_RETURN(p.result.bytes_read,
                       ExecuteReads(p.requests, metadata, files, ctx.pool(),
-                                   ReadOptionsFor(metadata, options, ctx)));
+                                   ReadOptionsFor(metadata, options, ctx, gate)));
   return std::move(p.result);
 }
 
@@ -192,7 +195,8 @@ class Unpacker {
 // Every rank publishes its needs; each stored chunk that several ranks need is read by one of
 // them, which sends the others their regions (engine/read_exchange.h).
 SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metadata,
-                         std::string_view path, const LoadOptions& options, EngineContext& ctx) {
+                         std::string_view path, const LoadOptions& options, EngineContext& ctx,
+                         IoGate* gate) {
   Communicator& comm = ctx.comm();
   Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
   Result<std::string> mine = [&]() -> Result<std::string> {
@@ -218,7 +222,7 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   const ExchangePlan plan =
       PlanExchange(all, comm.rank(), metadata, std::max<uint64_t>(1, options.memory_budget_bytes / 2));
   Prepared& p = *prepared;
-  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx);
+  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
   read_options.max_gap_bytes = 0;
 
   // Every data file this rank reads in any round, opened once.
@@ -278,6 +282,34 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   return {std::move(p.result), false};
 }
 
+// The digits of the nonce the coordinator sends ahead of the metadata: it names this load's
+// shared read gates.
+constexpr size_t kNonceDigits = 16;
+
+// The read gate this rank shares with the ranks of its machine that run in other processes
+// (Communicator::machine_ranks), or null: alone on its machine, a fixed io_depth, sharing turned
+// off, or a gate that could not be attached (no shared memory, a foreign object of that name);
+// then the reads go through the pool's own tuner, as sharing only makes them faster. Every rank
+// calls it at the same point (machine_ranks may be a collective).
+std::unique_ptr<SharedIoTuner> MachineGate(Communicator& comm, std::string_view nonce,
+                                           const LoadOptions& options, const ThreadPool& pool) {
+  if (comm.size() < 2) return nullptr;
+  const std::vector<int> local = comm.machine_ranks();
+  if (local.size() < 2 || options.io_depth > 0 || !options.machine_read_gate) return nullptr;
+  const auto me = std::find(local.begin(), local.end(), comm.rank());
+  if (me == local.end()) return nullptr;
+  IoTunerConfig config;
+  // Each member runs at most its pool's threads reads at once; the members are alike.
+  config.max_depth = static_cast<int>(std::min<uint64_t>(
+      kMaxIoDepth, local.size() * static_cast<uint64_t>(std::max(1, pool.size()))));
+  const std::string name =
+      "/shardpoint-io-" + std::string(nonce) + "-" + std::to_string(local.front());
+  Result<std::unique_ptr<SharedIoTuner>> gate = SharedIoTuner::Attach(
+      name, static_cast<int>(local.size()), static_cast<int>(me - local.begin()), config);
+  if (!gate.ok()) return nullptr;
+  return std::move(gate).value();
+}
+
 }  // namespace
 
 Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* store) {
@@ -315,27 +347,38 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
   const int root = options.coordinator;
   // The coordinator opens the checkpoint, whatever its format, and every rank gets the decoded
   // metadata (or the same error), so a corrupt file fails identically everywhere.
+  // Ahead of the metadata goes a nonce that names this load's shared read gates.
   Result<std::string> encoded = [&]() -> Result<std::string> {
     if (comm.rank() != root) return std::string();
     SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata,
                         OpenCheckpointMetadata(ctx->store(), path, &ctx->pool()));
-    return EncodeMetadataForWire(metadata);
+    return RandomHexId(kNonceDigits) + EncodeMetadataForWire(metadata);
   }();
   SP_ASSIGN_OR_RETURN(std::string bytes, BroadcastOrFail(comm, std::move(encoded), root));
+  if (bytes.size() < kNonceDigits) {
+    return DataLossError("the load's metadata broadcast holds " + std::to_string(bytes.size()) +
+                         " bytes, expected at least " + std::to_string(kNonceDigits));
+  }
+  const std::string_view nonce = std::string_view(bytes).substr(0, kNonceDigits);
   // Every rank decodes the same bytes, so a decoding error is the same everywhere.
-  Result<CheckpointMetadata> metadata = DecodeMetadataFromWire(bytes);
+  Result<CheckpointMetadata> metadata =
+      DecodeMetadataFromWire(std::string_view(bytes).substr(kNonceDigits));
   if (!metadata.ok()) return metadata.status();
+  const std::unique_ptr<SharedIoTuner> gate = MachineGate(comm, nonce, options, ctx->pool());
   // The communicator is asked only when the caller left share_reads unset (asking may cost a
   // collective, e.g. an exchange of host names).
   const bool share = options.share_reads.has_value() ? *options.share_reads : comm.spans_machines();
   if (share && comm.size() > 1) {
-    SharedOutcome outcome = LoadShared(state, *metadata, path, options, *ctx);
+    SharedOutcome outcome = LoadShared(state, *metadata, path, options, *ctx, gate.get());
     if (outcome.agreed) return outcome.result;
     SP_RETURN_IF_ERROR(AgreeOnStatus(comm, outcome.result.status()));
+    if (gate != nullptr) outcome.result->read_gate_ranks = gate->joined();
     return outcome.result;
   }
-  Result<LoadResult> result = LoadLocal(state, *metadata, path, options, *ctx);
+  Result<LoadResult> result = LoadLocal(state, *metadata, path, options, *ctx, gate.get());
   SP_RETURN_IF_ERROR(AgreeOnStatus(comm, result.status()));
+  // Every member attached before this collective: joined() counts them all.
+  if (gate != nullptr) result->read_gate_ranks = gate->joined();
   return result;
 }
 

@@ -73,8 +73,13 @@ struct LoadOptions {
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
   // Reads in flight at once. 0 (the default): tuned as the load runs, from the throughput the
   // storage delivers, between 1 and the pool's threads (ThreadPool::io_tuner, shared by the ranks
-  // of the pool and carried from one load to the next). N > 0: at most N, fixed.
+  // of the pool and carried from one load to the next). N > 0: at most N per rank, fixed.
   int io_depth = 0;
+  // With io_depth 0: ranks that run as separate processes on one machine
+  // (comm->machine_ranks(): torchrun, mpirun) put their reads through one gate in shared memory,
+  // tuned from the throughput of all of them (exec/shared_io_tuner.h), so that the device sees
+  // one depth instead of the sum of competing ones. false: each process tunes its own.
+  bool machine_read_gate = true;
 };
 
 struct LoadResult {
@@ -82,6 +87,9 @@ struct LoadResult {
   std::vector<std::string> unexpected_keys;  // in the checkpoint but not wanted
   std::vector<ObjectEntry> objects;          // the wanted objects that were found
   uint64_t bytes_read = 0;                   // bytes this rank read from storage
+  // Ranks whose reads went through one gate with this rank's (LoadOptions::machine_read_gate):
+  // those of its machine in other processes and itself; 1 when it used its pool's own.
+  int read_gate_ranks = 1;
 };
 
 // Loads the checkpoint at `path` into the pieces of `state`. Collective over options.comm.

@@ -38,18 +38,18 @@ struct Task {
 // CPU); or, at the latest, when the task ends however it ends.
 class DepthSlot {
  public:
-  DepthSlot(IoTuner& tuner, uint64_t bytes) : tuner_(tuner), bytes_(bytes) { tuner_.Acquire(); }
+  DepthSlot(IoGate& gate, uint64_t bytes) : gate_(gate), bytes_(bytes) { gate_.Acquire(); }
   ~DepthSlot() { Done(); }
   DepthSlot(const DepthSlot&) = delete;
   DepthSlot& operator=(const DepthSlot&) = delete;
 
   void Done() {
-    if (held_) tuner_.Release(bytes_);
+    if (held_) gate_.Release(bytes_);
     held_ = false;
   }
 
  private:
-  IoTuner& tuner_;
+  IoGate& gate_;
   uint64_t bytes_;
   bool held_ = true;
 };
@@ -611,9 +611,10 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return position[a] < position[b]; });
-  // How many run at once: the pool's tuner, or a fixed gate of options.io_depth.
+  // How many run at once: the machine's shared gate or the pool's tuner, or a fixed gate of
+  // options.io_depth.
   std::unique_ptr<IoTuner> fixed;
-  IoTuner* tuner = &pool.io_tuner();
+  IoGate* tuner = options.gate != nullptr ? options.gate : &pool.io_tuner();
   if (options.io_depth > 0) {
     IoTuner::Config config;
     config.max_depth = options.io_depth;

@@ -86,6 +86,9 @@ struct ReadExecutorOptions {
   // throughput of the reads as they run (ThreadPool::io_tuner); N > 0: at most N, fixed (never
   // more than the pool's threads).
   int io_depth = 0;
+  // With io_depth 0, the gate the reads go through instead of the pool's tuner: a SharedIoTuner
+  // (exec/shared_io_tuner.h) shared with the other processes of the machine. Not owned.
+  IoGate* gate = nullptr;
 };
 
 // Copies `region` from `src` (laid out in the stored dtype) into the request's destination,

@@ -11,6 +11,8 @@
 #include <random>
 #include <thread>
 
+#include "shardpoint/base/random_id.h"
+#include "shardpoint/exec/shared_io_tuner.h"
 #include "shardpoint/store/memory_store.h"
 
 namespace sp {
@@ -239,6 +241,40 @@ TEST_F(ReadDepthTest, TheTunedDepthStaysWithinThePoolAndIsSharedByItsCallers) {
   EXPECT_GE(counters.most.load(), 2);
   EXPECT_LE(counters.most.load(), std::min(4, pool.size()));  // the tuner starts at 4
   EXPECT_LE(pool.io_tuner().depth(), pool.size());
+}
+
+TEST_F(ReadDepthTest, CallersOnPoolsOfTheirOwnShareAMachineGate) {
+  // Three callers, as three processes of a machine, each on its own pool of 6 threads: with a
+  // shared gate of depth 2 among them, never more than 2 reads at once; with a gate each, more.
+  const std::string name = "/sp-read-depth-test-" + RandomHexId(12);
+  IoTunerConfig config;
+  config.max_depth = 2;
+  config.fixed = true;
+  std::vector<std::unique_ptr<SharedIoTuner>> gates;
+  for (int member = 0; member < 3; ++member) {
+    Result<std::unique_ptr<SharedIoTuner>> gate = SharedIoTuner::Attach(name, 3, member, config);
+    ASSERT_TRUE(gate.ok()) << gate.status();
+    gates.push_back(std::move(gate).value());
+  }
+  for (bool shared : {true, false}) {
+    ReadCounters counters;
+    std::vector<std::thread> callers;
+    for (int i = 0; i < 3; ++i) {
+      callers.emplace_back([&, i] {
+        ThreadPool pool(6);
+        ReadExecutorOptions options;
+        if (shared) options.gate = gates[static_cast<size_t>(i)].get();
+        ReadAll(pool, options, counters);
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    EXPECT_EQ(counters.reads.load(), 3 * kFiles);
+    if (shared) {
+      EXPECT_EQ(counters.most.load(), 2);
+    } else {
+      EXPECT_GT(counters.most.load(), 2);  // each pool's tuner starts at 4
+    }
+  }
 }
 
 }  // namespace

@@ -94,6 +94,41 @@ struct Case {
   SaveOptions save_options;                      // comm, store and pool are filled in per rank
   LoadOptions load_options;
   uint64_t order_seed = 0;  // shuffles the order in which each rank lists its tensors
+  // The load's communicator reports its in-process ranks as separate processes of one machine
+  // (Communicator::machine_ranks), each on a pool of its own.
+  bool load_as_processes = false;
+};
+
+// Forwards to a ThreadComm, but says its ranks are separate processes of one machine.
+class OneMachineComm final : public Communicator {
+ public:
+  explicit OneMachineComm(Communicator& base) : base_(base) {}
+  int rank() const override { return base_.rank(); }
+  int size() const override { return base_.size(); }
+  Result<std::vector<std::string>> Gather(std::string payload, int root) override {
+    return base_.Gather(std::move(payload), root);
+  }
+  Result<std::string> Scatter(std::vector<std::string> payloads, int root) override {
+    return base_.Scatter(std::move(payloads), root);
+  }
+  Result<std::string> Broadcast(std::string payload, int root) override {
+    return base_.Broadcast(std::move(payload), root);
+  }
+  Result<std::vector<std::string>> AllGather(std::string payload) override {
+    return base_.AllGather(std::move(payload));
+  }
+  Status Barrier() override { return base_.Barrier(); }
+  Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override {
+    return base_.AllToAll(std::move(payloads));
+  }
+  std::vector<int> machine_ranks() override {
+    std::vector<int> all(static_cast<size_t>(size()));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+
+ private:
+  Communicator& base_;
 };
 
 // --- Layouts ---
@@ -590,12 +625,14 @@ std::vector<Status> LoadEveryRank(const Case& c, RankBuffers& buffers, Store& st
                                   ThreadPool* pool, const std::string& path,
                                   std::vector<LoadResult>* results) {
   results->assign(c.load_ranks, LoadResult{});
-  return RunRanks(c.load_ranks, [&](Communicator& comm) -> Status {
+  return RunRanks(c.load_ranks, [&](Communicator& base) -> Status {
+    OneMachineComm one_machine(base);
+    Communicator& comm = c.load_as_processes ? one_machine : base;
     LoadOptions options = c.load_options;
     options.comm = &comm;
     options.store = &store;
-    options.pool = pool;
-    options.threads = pool == nullptr ? 1 + comm.rank() % 2 : 0;
+    options.pool = c.load_as_processes ? nullptr : pool;
+    options.threads = options.pool == nullptr ? 1 + comm.rank() % 2 : 0;
     SP_ASSIGN_OR_RETURN((*results)[comm.rank()],
                         Load(LoadStateOf(c, comm.rank(), buffers), path, options));
     return OkStatus();
@@ -1014,6 +1051,44 @@ TEST_F(ReshardTest, SharedReadsReadEachStoredByteOnceAndMatchReadingAlone) {
   // of direct reads are read on their own).
   const uint64_t w_and_v = 64 * 96 * 4 + 10 * 7 * 9 * 2;
   EXPECT_GE(alone, stored + 2 * w_and_v + 2 * (64 << 10));
+}
+
+TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
+  Case c = ColumnSplitCase();
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  auto gate_ranks = [&] {
+    std::vector<int> ranks;
+    for (const LoadResult& r : results_) ranks.push_back(r.read_gate_ranks);
+    return ranks;
+  };
+  const std::vector<int> alone(static_cast<size_t>(c.load_ranks), 1);
+  const std::vector<int> together(static_cast<size_t>(c.load_ranks), c.load_ranks);
+  // In-process ranks share their pool's gate, not a machine's.
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  EXPECT_EQ(gate_ranks(), alone);
+  // Reported as processes of one machine, each on its own pool: one shared gate, with or
+  // without shared reads, and the same bytes.
+  c.load_as_processes = true;
+  for (bool share : {false, true}) {
+    c.load_options.share_reads = share;
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    ExpectLoaded(c, initial_, loaded_);
+    ExpectResults(c, results_);
+    EXPECT_EQ(gate_ranks(), together) << "share_reads " << share;
+  }
+  // A fixed depth per rank, or sharing turned off: each its own.
+  c.load_options.io_depth = 2;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+  EXPECT_EQ(gate_ranks(), alone);
+  c.load_options.io_depth = 0;
+  c.load_options.machine_read_gate = false;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  EXPECT_EQ(gate_ranks(), alone);
+  // Nothing stays in /dev/shm.
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(entry.path().filename().string().rfind("shardpoint-io-", 0), 0u) << entry.path();
+  }
 }
 
 TEST_F(ReshardTest, SharedReadsCastOnTheReceivingRank) {
