@@ -1,0 +1,132 @@
+// Saves and loads a checkpoint over MpiComm under mpirun (ctest runs it with 4 ranks, all on this
+// machine): the same layout and a resharded one load bit-exact, and the ranks, separate
+// processes of one machine, read through one shared gate (LoadResult::read_gate_ranks), or each
+// through its own with machine_read_gate off. Rank 0 prints one line per failed check and then
+// "N passed, M failed"; the exit status is non-zero when any check failed on any rank.
+//
+// Usage: mpirun -np 4 mpi_load_test
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "shardpoint/base/random_id.h"
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/mpi_comm.h"
+
+namespace sp {
+namespace {
+
+constexpr int64_t kRows = 64, kCols = 48;
+
+float Value(int64_t row, int64_t col) { return static_cast<float>(row * 1000 + col) + 0.25f; }
+
+// The block [row, row + rows) x [col, col + cols) of the tensor, row-major.
+std::vector<float> Block(int64_t row, int64_t rows, int64_t col, int64_t cols) {
+  std::vector<float> out;
+  for (int64_t r = row; r < row + rows; ++r) {
+    for (int64_t c = col; c < col + cols; ++c) out.push_back(Value(r, c));
+  }
+  return out;
+}
+
+class Checks {
+ public:
+  explicit Checks(int rank) : rank_(rank) {}
+
+  // Counts `name` as passed only when `ok` holds on every rank.
+  void Expect(const std::string& name, bool ok, const std::string& detail = "") {
+    int failed = ok ? 0 : 1, any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!ok) std::fprintf(stderr, "FAILED %s on rank %d %s\n", name.c_str(), rank_, detail.c_str());
+    ++(any ? failed_ : passed_);
+  }
+  int Report() const {
+    if (rank_ == 0) std::printf("%d passed, %d failed\n", passed_, failed_);
+    return failed_ == 0 ? 0 : 1;
+  }
+
+ private:
+  int rank_;
+  int passed_ = 0;
+  int failed_ = 0;
+};
+
+int Run() {
+  Result<std::unique_ptr<MpiComm>> made = MpiComm::Create(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Checks checks(rank);
+  checks.Expect("MpiComm::Create", made.ok(), made.ok() ? "" : made.status().ToString());
+  if (!made.ok()) return checks.Report();
+  Communicator& comm = **made;
+  const int n = comm.size();
+  checks.Expect("the ranks share one machine", static_cast<int>(comm.machine_ranks().size()) == n);
+
+  // Rank 0 picks the directory; every rank gets its name.
+  char dir[128] = {};
+  if (rank == 0) {
+    std::snprintf(dir, sizeof(dir), "%s/sp-mpi-load-%s",
+                  std::filesystem::temp_directory_path().c_str(), RandomHexId(12).c_str());
+  }
+  MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string path = std::string(dir) + "/ckpt";
+
+  // Saved as row blocks, one per rank.
+  const int64_t rows = kRows / n;
+  const std::vector<float> mine = Block(rank * rows, rows, 0, kCols);
+  SaveState save_state;
+  save_state.tensors.push_back(SaveTensor{
+      "w", DType::kFloat32, {kRows, kCols},
+      {ConstPieceView{Box{{rank * rows, 0}, {rows, kCols}},
+                      reinterpret_cast<const std::byte*>(mine.data())}}});
+  SaveOptions save_options;
+  save_options.comm = &comm;
+  const Status saved = Save(save_state, path, save_options);
+  checks.Expect("save", saved.ok(), saved.ToString());
+
+  // Loads `box` of the tensor with `gate` on; returns what read_gate_ranks said, -1 on error.
+  auto load = [&](const Box& box, bool gate, const std::string& name) {
+    std::vector<float> out(static_cast<size_t>(box.sizes[0] * box.sizes[1]), -1.0f);
+    LoadState state;
+    state.tensors.push_back(LoadTensor{
+        "w", DType::kFloat32, {kRows, kCols},
+        {PieceView{box, reinterpret_cast<std::byte*>(out.data())}}});
+    LoadOptions options;
+    options.comm = &comm;
+    options.machine_read_gate = gate;
+    Result<LoadResult> loaded = Load(state, path, options);
+    checks.Expect(name, loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
+    checks.Expect(name + " is bit-exact",
+                  out == Block(box.offsets[0], box.sizes[0], box.offsets[1], box.sizes[1]));
+    return loaded.ok() ? loaded->read_gate_ranks : -1;
+  };
+  const Box same{{rank * rows, 0}, {rows, kCols}};
+  const Box columns{{0, rank * (kCols / n)}, {kRows, kCols / n}};
+  checks.Expect("same layout: one gate for the machine", load(same, true, "same layout") == n);
+  checks.Expect("resharded: one gate for the machine", load(columns, true, "resharded") == n);
+  checks.Expect("machine_read_gate off: a gate each", load(columns, false, "gates off") == 1);
+
+  MPI_Barrier(MPI_COMM_WORLD);
+  bool clean = true;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().rfind("shardpoint-io-", 0) == 0) clean = false;
+  }
+  checks.Expect("nothing stays in /dev/shm", clean);
+  if (rank == 0) std::filesystem::remove_all(dir);
+  return checks.Report();
+}
+
+}  // namespace
+}  // namespace sp
+
+int main(int argc, char** argv) {
+  alarm(300);  // a hung run ends on SIGALRM, and mpirun then ends the others
+  MPI_Init(&argc, &argv);
+  const int exit_code = sp::Run();
+  MPI_Finalize();
+  return exit_code;
+}
