@@ -8,7 +8,9 @@
 //              cache, each file front to back by one thread, round robin across the files, and
 //              round robin with O_DIRECT (no page cache at all).
 // Each ratio is taken against the fastest of those ways (by median): the most demanding baseline.
-// With --direct-io the loads read extents of 1 MiB and more with O_DIRECT (LoadOptions::direct_io).
+// With --direct-io the loads read extents of 1 MiB and more with O_DIRECT (LoadOptions::direct_io);
+// with --direct-write the saves write the whole blocks of writes of 1 MiB and more with O_DIRECT
+// (SaveOptions::direct_io).
 // The loads' read depth is tuned as they run (the pool's IoTuner, shared by all of them, learning
 // across runs; its depth and measurements are printed); --io-depth N fixes it at N instead.
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
@@ -21,7 +23,8 @@
 // ratio to that run's raw read (the disk's speed drifts over minutes).
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
-//                         [--block-kib N] [--only STEP,...] [--direct-io] [--io-depth N]
+//                         [--block-kib N] [--only STEP,...] [--direct-io] [--direct-write]
+//                         [--io-depth N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -48,6 +51,7 @@ constexpr uint64_t kPiece = uint64_t{16} << 20;
 constexpr int kRawFiles = 4;
 bool g_verify = true;  // --no-verify: loads skip checksum verification
 bool g_direct = false;  // --direct-io: loads read extents of 1 MiB and more with O_DIRECT
+bool g_direct_write = false;  // --direct-write: saves write with O_DIRECT
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 int g_io_depth = 0;  // --io-depth N: loads run at most N reads at once (0: tuned, the default)
 // --only a,b: run only these read steps (raw-file, raw-robin, raw-direct, same, reshard, alone,
@@ -246,6 +250,7 @@ double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           options.comm = &comm;
           options.pool = &pool;
           options.checksum_block_bytes = g_block;
+          options.direct_io = g_direct_write;
           if (comm.rank() == 0) options.stats = rank0;
           return Save(train[comm.rank()].AsSaveState(model), dir, options);
         })),
@@ -423,6 +428,11 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {256, 1024};
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
+    if (a == "--direct-write") {
+      sp::g_direct_write = true;
+      --i;
+      continue;
+    }
     if (a == "--no-verify" || a == "--direct-io") {
       (a == "--no-verify" ? sp::g_verify : sp::g_direct) = a == "--direct-io";
       --i;
@@ -450,7 +460,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--io-depth N]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-write] [--io-depth N]\n");
       return 2;
     }
   }

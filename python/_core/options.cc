@@ -133,6 +133,11 @@ void DefineSaveOptions(nb::module_& m) {
   Field(cls, "attributes", &SaveOptions::attributes, "String pairs stored in the metadata.");
   Field(cls, "separate_key_prefixes", &SaveOptions::separate_key_prefixes,
         "Megatron's separation_hint: these tensors' chunks go to data files of their own.");
+  Field(cls, "direct_io", &SaveOptions::direct_io,
+        "Writes of at least direct_io_min_bytes bypass the page cache (O_DIRECT) for their whole\n"
+        "aligned blocks where the file system allows it.");
+  Field(cls, "direct_io_min_bytes", &SaveOptions::direct_io_min_bytes,
+        "The smallest write that direct_io sends past the page cache.");
   cls.def_prop_rw(
       "format", [](const PySaveOptions& self) { return SaveFormatName(self.options); },
       [](PySaveOptions& self, const std::string& name) { SetSaveFormat(self.options, name); },

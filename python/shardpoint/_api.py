@@ -180,7 +180,8 @@ def _prepared_save(state_dict: Mapping[str, Any], comm: Optional[_dist.TorchComm
 
 def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, overwrite: bool = False,
          threads: Optional[int] = None, allow_pickle: bool = False,
-         separation_hint: Union[str, Sequence[str], None] = None, format: str = "native") -> None:
+         separation_hint: Union[str, Sequence[str], None] = None, format: str = "native",
+         direct_io: bool = False) -> None:
     """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
     as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
     torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
@@ -205,6 +206,11 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     the torch-dcp checkpoint of the tensors plus ``metadata.json`` and ``common.pt``, which holds the
     non-tensor objects in their nested structure, as Megatron's own save puts its common state
     there; see docs/TORCH_DCP.md).
+
+    ``direct_io``: the large writes (1 MiB and more) bypass the page cache (``O_DIRECT``) for their
+    whole aligned blocks, staged through aligned buffers, where the file system allows it (others
+    fall back to ordinary writes): the page cache is neither filled with bytes nobody reads back
+    nor flushed at the end. Durability is the same either way.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -215,7 +221,8 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
         progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
         with translated():
             options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
-                                        attributes=attributes, format=format, separate_key_prefixes=separate)
+                                        attributes=attributes, format=format, separate_key_prefixes=separate,
+                                        direct_io=bool(direct_io))
             _core.save(path, [p.entry() for p in plans], objects, options)
         progress.finish()
 
@@ -356,7 +363,7 @@ atexit.register(_ASYNC.wait_last)
 
 def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None,
                overwrite: bool = False, allow_pickle: bool = False, staging_budget_bytes: int = 0,
-               threads: Optional[int] = None) -> SaveHandle:
+               threads: Optional[int] = None, direct_io: bool = False) -> SaveHandle:
     """Starts saving ``state_dict`` at ``path`` and returns once its values are copied into host
     staging memory; the caller may change its tensors right away. Writing and commit run on
     background threads over a dedicated gloo group. A previous async save is waited for first (its
@@ -364,7 +371,8 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
     ``SaveHandle.wait()``; an unfinished save never leaves a committed checkpoint.
     Top-level ``Stateful`` values are saved as their ``state_dict()``, as by :func:`save`.
     ``staging_budget_bytes`` bounds the host staging (0: no bound; fixed by the first async save of
-    the process); ``threads`` is the copy and write parallelism (default: the number of cores).
+    the process); ``threads`` is the copy and write parallelism (default: the number of cores);
+    ``direct_io`` as for :func:`save`.
     """
     comm = _dist.resolve(process_group, for_async=True)
     path = os.fspath(path)
@@ -389,7 +397,7 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
         with translated():
             _ASYNC.saver.start(path, [p.entry() for p in plans], objects,
                                _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads,
-                                                 attributes=attributes))
+                                                 attributes=attributes, direct_io=bool(direct_io)))
     _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
     return _ASYNC.last
 

@@ -14,7 +14,8 @@ from test_core import FakeComm, FakeGroup, run_ranks, whole
 
 LOAD_FIELDS = ("strict", "allow_cast", "threads", "verify_checksums", "memory_budget_bytes", "share_reads",
                "allow_external_links", "direct_io", "direct_io_min_bytes", "io_depth", "machine_read_gate")
-SAVE_FIELDS = ("overwrite", "threads", "files_per_rank", "dedup_to_lowest_rank", "format", "separate_key_prefixes")
+SAVE_FIELDS = ("overwrite", "threads", "files_per_rank", "dedup_to_lowest_rank", "format", "separate_key_prefixes",
+               "direct_io", "direct_io_min_bytes")
 CONSOLIDATE_FIELDS = ("format", "max_shard_bytes", "dtype", "keys", "prefixes", "all_tensors", "rename", "overwrite",
                       "threads", "memory_budget_bytes", "placements", "mapped_renames", "allow_external_links")
 
@@ -115,6 +116,24 @@ def test_direct_io_loads_are_bit_exact(tmp_path):
     result = sp.load(out, path, direct_io=True)
     assert all(out[k].tobytes() == state[k].tobytes() for k in state)
     assert result.bytes_read >= state["big"].nbytes + state["small"].nbytes
+
+
+def test_direct_io_saves_are_bit_exact_and_pass_the_option(tmp_path, monkeypatch):
+    saves = _spy(monkeypatch, "save")
+    rng = np.random.default_rng(10)
+    state = {"big": rng.standard_normal((1000, 393)), "small": rng.integers(0, 1 << 30, 77, dtype=np.int64)}
+    path = tmp_path / "ckpt"
+    sp.save(state, path, direct_io=True)
+    assert saves[0].direct_io is True
+    assert sp.verify(path).ok
+    out = {k: np.zeros_like(v) for k, v in state.items()}
+    sp.load(out, path)
+    assert all(out[k].tobytes() == state[k].tobytes() for k in state)
+    handle = sp.async_save(state, tmp_path / "async", direct_io=True)
+    handle.wait()
+    out = {k: np.zeros_like(v) for k, v in state.items()}
+    sp.load(out, tmp_path / "async")
+    assert all(out[k].tobytes() == state[k].tobytes() for k in state)
 
 
 class MachineComm(FakeComm):

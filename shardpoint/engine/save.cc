@@ -11,6 +11,7 @@
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/cleanup.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/direct_write.h"
 #include "shardpoint/engine/filled_chunks.h"
 #include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/save_internal.h"
@@ -160,6 +161,10 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     open.temp_path = open.final_path + ".tmp";
     open.data_start = f.header.size();
     SP_ASSIGN_OR_RETURN(open.file, store.NewWritableFile(open.temp_path));
+    if (options.direct_io) {
+      open.file = std::make_unique<DirectWriteFile>(std::move(open.file), pool.staging(),
+                                                    options.direct_io_min_bytes);
+    }
     // Registered before anything else can fail, so that a failed save removes it.
     file_slot[f.index] = files->size();
     files->push_back(std::move(open));
@@ -167,6 +172,8 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     SP_RETURN_IF_ERROR(file.Preallocate(f.size));
     SP_RETURN_IF_ERROR(file.WriteAt(0, AsBytes(f.header)));
   }
+  // Direct writes stage through the pool's buffers, kept for reuse until the save is done.
+  BufferPool::Stay stay(pool.staging());
   WriteReport report;
   report.chunks.resize(order.plan.writes.size());
   const std::unique_ptr<ChunkWriter> writer =

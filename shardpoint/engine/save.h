@@ -90,6 +90,12 @@ struct SaveOptions {
   // Called from I/O threads with the bytes of each chunk once written (for progress reports).
   std::function<void(uint64_t bytes)> on_chunk_written;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures
+  // Direct I/O: writes of at least direct_io_min_bytes bypass the page cache (O_DIRECT) for their
+  // whole aligned blocks, staged through aligned buffers (engine/direct_write.h), where the store
+  // and the file system allow it; the rest, and files that cannot be written directly, go through
+  // the page cache. For large saves whose files are not read back soon.
+  bool direct_io = false;
+  uint64_t direct_io_min_bytes = uint64_t{1} << 20;
 };
 
 // Saves `state` as a checkpoint at `path` (a directory). Collective over options.comm.

@@ -25,27 +25,90 @@ Status ClosedError(std::string_view op, std::string_view path) {
   return FailedPreconditionError(OpOn(op, path) + ": the file is already closed");
 }
 
+// The alignment O_DIRECT requests on `fd` need: what statx reports (Linux 6.1+: the larger of
+// the memory and the offset alignment; 0 when the file system has no direct I/O for this file),
+// else 4096, which covers the logical block sizes of common devices.
+uint64_t DirectIoAlignment(int fd) {
+#ifdef STATX_DIOALIGN
+  struct statx stx;
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN)) {
+    if (stx.stx_dio_mem_align == 0 || stx.stx_dio_offset_align == 0) return 0;
+    return std::max<uint64_t>(stx.stx_dio_mem_align, stx.stx_dio_offset_align);
+  }
+#endif
+  return 4096;
+}
+
+// A second descriptor of the open file `fd` with O_DIRECT and `access` (O_RDONLY, O_WRONLY),
+// reopened through /proc/self/fd so that it is the same inode even if the path was replaced
+// since; -1 where the file system has no direct I/O for it (EINVAL: tmpfs) or there is no /proc.
+// *alignment: what requests on it must be aligned to.
+int ReopenDirect(int fd, int access, uint64_t* alignment) {
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  int direct;
+  do {
+    direct = ::open(self.c_str(), access | O_CLOEXEC | O_DIRECT);
+  } while (direct < 0 && errno == EINTR);
+  if (direct < 0) return -1;
+  *alignment = DirectIoAlignment(direct);
+  if (*alignment == 0) {
+    ::close(direct);
+    return -1;
+  }
+  return direct;
+}
+
+// Writes all of `data` at `offset` of `fd`; errors name the path and the offset (and `how`).
+Status WriteAll(int fd, uint64_t offset, ByteView data, const std::string& path,
+                std::string_view how = "") {
+  while (!data.empty()) {
+    size_t want = std::min(data.size(), kMaxTransfer);
+    ssize_t n = ::pwrite(fd, data.data(), want, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, OpAt("write", path, offset) + std::string(how));
+    }
+    if (n == 0) return InternalError(OpAt("write", path, offset) + ": pwrite wrote 0 bytes");
+    data = data.subspan(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
+  }
+  return OkStatus();
+}
+
 class PosixWritableFile : public WritableFile {
  public:
   PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
   }
 
   Status WriteAt(uint64_t offset, ByteView data) override {
     if (fd_ < 0) return ClosedError("write", path_);
-    while (!data.empty()) {
-      size_t want = std::min(data.size(), kMaxTransfer);
-      ssize_t n = ::pwrite(fd_, data.data(), want, static_cast<off_t>(offset));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoToStatus(errno, OpAt("write", path_, offset));
-      }
-      if (n == 0) return InternalError(OpAt("write", path_, offset) + ": pwrite wrote 0 bytes");
-      data = data.subspan(static_cast<size_t>(n));
-      offset += static_cast<uint64_t>(n);
+    return WriteAll(fd_, offset, data, path_);
+  }
+
+  // A second descriptor with O_DIRECT, made on the first use (as for reads); buffered writes keep
+  // the first one. Both reach the same inode, so Sync makes either kind durable.
+  uint64_t direct_io_alignment() const override {
+    std::call_once(direct_once_, [this] {
+      if (fd_ >= 0) direct_fd_ = ReopenDirect(fd_, O_WRONLY, &direct_alignment_);
+      if (direct_fd_ < 0) direct_alignment_ = 0;
+    });
+    return direct_alignment_;
+  }
+
+  Status WriteDirectAt(uint64_t offset, ByteView data) override {
+    if (fd_ < 0) return ClosedError("write", path_);
+    const uint64_t a = direct_io_alignment();
+    if (a == 0) return WritableFile::WriteDirectAt(offset, data);
+    if (offset % a != 0 || data.size() % a != 0 ||
+        reinterpret_cast<uintptr_t>(data.data()) % a != 0) {
+      return FailedPreconditionError(OpAt("write", path_, offset) + ": a direct write of " +
+                                     std::to_string(data.size()) + " bytes is not aligned to " +
+                                     std::to_string(a) + " bytes");
     }
-    return OkStatus();
+    return WriteAll(direct_fd_, offset, data, path_, " (direct I/O)");
   }
 
   Status Sync() override {
@@ -58,6 +121,7 @@ class PosixWritableFile : public WritableFile {
 
   Status Close() override {
     if (fd_ < 0) return ClosedError("close", path_);
+    if (direct_fd_ >= 0) ::close(std::exchange(direct_fd_, -1));
     int fd = std::exchange(fd_, -1);
     // Linux releases the descriptor even when close fails (EINTR included): never retry.
     if (::close(fd) != 0) return ErrnoToStatus(errno, OpOn("close", path_));
@@ -85,21 +149,10 @@ class PosixWritableFile : public WritableFile {
  private:
   int fd_;
   std::string path_;
+  mutable std::once_flag direct_once_;
+  mutable int direct_fd_ = -1;
+  mutable uint64_t direct_alignment_ = 0;
 };
-
-// The alignment O_DIRECT requests on `fd` need: what statx reports (Linux 6.1+: the larger of
-// the memory and the offset alignment; 0 when the file system has no direct I/O for this file),
-// else 4096, which covers the logical block sizes of common devices.
-uint64_t DirectIoAlignment(int fd) {
-#ifdef STATX_DIOALIGN
-  struct statx stx;
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN)) {
-    if (stx.stx_dio_mem_align == 0 || stx.stx_dio_offset_align == 0) return 0;
-    return std::max<uint64_t>(stx.stx_dio_mem_align, stx.stx_dio_offset_align);
-  }
-#endif
-  return 4096;
-}
 
 class PosixReadableFile : public ReadableFile {
  public:
@@ -115,19 +168,8 @@ class PosixReadableFile : public ReadableFile {
   // reads keep the first one.
   uint64_t direct_io_alignment() const override {
     std::call_once(direct_once_, [this] {
-      const std::string self = "/proc/self/fd/" + std::to_string(fd_);
-      int fd;
-      do {
-        fd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-      } while (fd < 0 && errno == EINTR);
-      if (fd < 0) return;  // EINVAL: the file system has no O_DIRECT (tmpfs); no /proc
-      const uint64_t alignment = DirectIoAlignment(fd);
-      if (alignment == 0) {
-        ::close(fd);
-        return;
-      }
-      direct_fd_ = fd;
-      direct_alignment_ = alignment;
+      direct_fd_ = ReopenDirect(fd_, O_RDONLY, &direct_alignment_);
+      if (direct_fd_ < 0) direct_alignment_ = 0;
     });
     return direct_alignment_;
   }

@@ -22,6 +22,11 @@ Result<bool> Store::SameFile(std::string_view a, std::string_view b) {
   return NormalizePath(a) == NormalizePath(b);
 }
 
+Status WritableFile::WriteDirectAt(uint64_t offset, ByteView data) {
+  return FailedPreconditionError(OpAt("write", path(), offset) +
+                                 ": this store does not write files directly (no O_DIRECT)");
+}
+
 Result<uint64_t> ReadableFile::ReadDirectAt(uint64_t offset, MutableByteView out) const {
   return FailedPreconditionError(OpAt("read", path(), offset) +
                                  ": this store does not read files directly (no O_DIRECT)");

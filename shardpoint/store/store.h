@@ -42,6 +42,17 @@ class WritableFile {
   // that the final Sync has less to flush and device writes overlap the caller's work. Durability
   // still comes only from Sync. The default does nothing.
   virtual void StartWriteback(uint64_t offset, uint64_t length) {}
+
+  // Direct I/O: writes that bypass the page cache (Linux O_DIRECT), for large writes that will not
+  // be read back soon. The alignment that the offset, the length and the buffer address of
+  // WriteDirectAt must have, or 0 when this file cannot be written that way (decided on the first
+  // call). The default: 0. Thread-safe.
+  virtual uint64_t direct_io_alignment() const { return 0; }
+  // Writes all of `data` at `offset` bypassing the page cache, where offset, data.size() and
+  // data.data() are multiples of direct_io_alignment() (> 0); durable, like WriteAt, only after
+  // Sync. Errors name the path and the offset; kFailedPrecondition when the file cannot be written
+  // directly or the request is not aligned. Thread-safe for disjoint ranges, beside WriteAt.
+  virtual Status WriteDirectAt(uint64_t offset, ByteView data);
 };
 
 class ReadableFile {

@@ -354,6 +354,43 @@ TEST_P(StoreConformanceTest, DirectReadsMatchBufferedReadsOrAreRefused) {
   EXPECT_THAT(unaligned.status().message(), HasSubstr("is not aligned to"));
 }
 
+// Direct writes, where the store offers them, land the bytes buffered reads then see, beside
+// buffered writes to other blocks of the same file, and refuse unaligned requests; a store
+// without them refuses every one.
+TEST_P(StoreConformanceTest, DirectWritesLandBesideBufferedWritesOrAreRefused) {
+  auto file = store().NewWritableFile(Path("direct-out"));
+  ASSERT_TRUE(file.ok());
+  const uint64_t a = (*file)->direct_io_alignment();
+  if (a == 0) {
+    AlignedBuffer buffer(4096);
+    Status refused = (*file)->WriteDirectAt(0, buffer.view());
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.message(), HasSubstr("does not write files directly"));
+    EXPECT_THAT(refused.message(), HasSubstr(Path("direct-out")));
+    return;
+  }
+  ASSERT_EQ(a & (a - 1), 0u) << a;  // a power of two
+  // Blocks 1 and 2 directly; a partial block 0 and a tail after block 3 through the page cache.
+  std::string expected(4 * a + 77, '\0');
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<char>(i * 37 + 11);
+  AlignedBuffer buffer(2 * a, a);
+  std::memcpy(buffer.data(), expected.data() + a, 2 * a);
+  SP_ASSERT_OK((*file)->WriteAt(0, AsBytes(expected.substr(0, a))));
+  SP_ASSERT_OK((*file)->WriteDirectAt(a, buffer.view()));
+  SP_ASSERT_OK((*file)->WriteAt(3 * a, AsBytes(expected.substr(3 * a))));
+  Status unaligned = (*file)->WriteDirectAt(1, ByteView(buffer.data(), a));
+  EXPECT_EQ(unaligned.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(unaligned.message(), HasSubstr("is not aligned to"));
+  SP_ASSERT_OK((*file)->Sync());
+  SP_ASSERT_OK((*file)->Close());
+  auto reader = store().OpenReadable(Path("direct-out"));
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->size(), expected.size());
+  Status status;
+  EXPECT_EQ(ReadRange(**reader, 0, expected.size(), &status), expected);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
 TEST_P(StoreConformanceTest, ClosedFileRejectsFurtherCalls) {
   auto file = store().NewWritableFile(Path("closed"));
   ASSERT_TRUE(file.ok());
