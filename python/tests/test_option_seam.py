@@ -160,19 +160,25 @@ def one_chunk(tmp_path_factory):
     return path, full
 
 
-def _load_on_two_ranks(path, full, answer, **load_options):
-    """Both ranks load the whole tensor; returns (bytes each rank read, questions each comm got)."""
-    group = FakeGroup(2)
-    comms = [MachineComm(group, rank, answer) for rank in range(2)]
+def _load_whole_on_two_ranks(comms, path, full, **load_options):
+    """Both ranks load the whole tensor through ``comms``; returns each rank's _core.load result."""
 
     def load(rank):
         out = np.zeros_like(full)
         options = _core.LoadOptions(comm=comms[rank], **load_options)
-        _, _, _, bytes_read, _ = _core.load(path, [whole("w", "float64", out)], [], options)
+        result = _core.load(path, [whole("w", "float64", out)], [], options)
         assert out.tobytes() == full.tobytes()
-        return bytes_read
+        return result
 
-    return run_ranks(2, load), [c.asked for c in comms]
+    return run_ranks(2, load)
+
+
+def _load_on_two_ranks(path, full, answer, **load_options):
+    """Both ranks load the whole tensor; returns (bytes each rank read, questions each comm got)."""
+    group = FakeGroup(2)
+    comms = [MachineComm(group, rank, answer) for rank in range(2)]
+    results = _load_whole_on_two_ranks(comms, path, full, **load_options)
+    return [bytes_read for _, _, _, bytes_read, _ in results], [c.asked for c in comms]
 
 
 def test_spans_machines_decides_shared_reads(one_chunk):
@@ -229,15 +235,7 @@ class ProcessesComm(FakeComm):
 def _gate_ranks_on_two_ranks(path, full, answer, **load_options):
     group = FakeGroup(2)
     comms = [ProcessesComm(group, rank, answer) for rank in range(2)]
-
-    def load(rank):
-        out = np.zeros_like(full)
-        options = _core.LoadOptions(comm=comms[rank], **load_options)
-        _, _, _, _, gate_ranks = _core.load(path, [whole("w", "float64", out)], [], options)
-        assert out.tobytes() == full.tobytes()
-        return gate_ranks
-
-    return run_ranks(2, load)
+    return [gate_ranks for *_, gate_ranks in _load_whole_on_two_ranks(comms, path, full, **load_options)]
 
 
 def test_machine_ranks_puts_the_reads_of_a_machine_through_one_gate(one_chunk, monkeypatch):

@@ -7,12 +7,42 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/comm/communicator.h"
 
 namespace sp::testing {
+
+// Forwards every call to another communicator; tests derive from it to change one answer.
+class ForwardingComm : public Communicator {
+ public:
+  explicit ForwardingComm(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Result<std::vector<std::string>> Gather(std::string p, int root) override {
+    return inner_.Gather(std::move(p), root);
+  }
+  Result<std::string> Scatter(std::vector<std::string> p, int root) override {
+    return inner_.Scatter(std::move(p), root);
+  }
+  Result<std::string> Broadcast(std::string p, int root) override {
+    return inner_.Broadcast(std::move(p), root);
+  }
+  Result<std::vector<std::string>> AllGather(std::string p) override {
+    return inner_.AllGather(std::move(p));
+  }
+  Status Barrier() override { return inner_.Barrier(); }
+  Result<std::vector<std::string>> AllToAll(std::vector<std::string> p) override {
+    return inner_.AllToAll(std::move(p));
+  }
+  bool spans_machines() const override { return inner_.spans_machines(); }
+  std::vector<int> machine_ranks() override { return inner_.machine_ranks(); }
+
+ private:
+  Communicator& inner_;
+};
 
 inline uint64_t SplitMix64(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);

@@ -236,27 +236,12 @@ TEST(ThreadCommTest, MalformedCallsFailOnEveryRank) {
 
 // Forwards every collective to another communicator except AllToAll, which runs the default
 // (one Scatter per root) of the Communicator base class.
-class DefaultAllToAll final : public Communicator {
+class DefaultAllToAll final : public testing::ForwardingComm {
  public:
-  explicit DefaultAllToAll(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Result<std::vector<std::string>> Gather(std::string p, int root) override {
-    return inner_.Gather(std::move(p), root);
+  using ForwardingComm::ForwardingComm;
+  Result<std::vector<std::string>> AllToAll(std::vector<std::string> p) override {
+    return Communicator::AllToAll(std::move(p));
   }
-  Result<std::string> Scatter(std::vector<std::string> p, int root) override {
-    return inner_.Scatter(std::move(p), root);
-  }
-  Result<std::string> Broadcast(std::string p, int root) override {
-    return inner_.Broadcast(std::move(p), root);
-  }
-  Result<std::vector<std::string>> AllGather(std::string p) override {
-    return inner_.AllGather(std::move(p));
-  }
-  Status Barrier() override { return inner_.Barrier(); }
-
- private:
-  Communicator& inner_;
 };
 
 TEST(ThreadCommTest, DefaultAllToAllThroughScatters) {

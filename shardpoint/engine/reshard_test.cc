@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
 #include "shardpoint/geometry/convert.h"
 #include "shardpoint/layout/mesh_layout.h"
@@ -100,35 +101,14 @@ struct Case {
 };
 
 // Forwards to a ThreadComm, but says its ranks are separate processes of one machine.
-class OneMachineComm final : public Communicator {
+class OneMachineComm final : public testing::ForwardingComm {
  public:
-  explicit OneMachineComm(Communicator& base) : base_(base) {}
-  int rank() const override { return base_.rank(); }
-  int size() const override { return base_.size(); }
-  Result<std::vector<std::string>> Gather(std::string payload, int root) override {
-    return base_.Gather(std::move(payload), root);
-  }
-  Result<std::string> Scatter(std::vector<std::string> payloads, int root) override {
-    return base_.Scatter(std::move(payloads), root);
-  }
-  Result<std::string> Broadcast(std::string payload, int root) override {
-    return base_.Broadcast(std::move(payload), root);
-  }
-  Result<std::vector<std::string>> AllGather(std::string payload) override {
-    return base_.AllGather(std::move(payload));
-  }
-  Status Barrier() override { return base_.Barrier(); }
-  Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override {
-    return base_.AllToAll(std::move(payloads));
-  }
+  using ForwardingComm::ForwardingComm;
   std::vector<int> machine_ranks() override {
     std::vector<int> all(static_cast<size_t>(size()));
     std::iota(all.begin(), all.end(), 0);
     return all;
   }
-
- private:
-  Communicator& base_;
 };
 
 // --- Layouts ---

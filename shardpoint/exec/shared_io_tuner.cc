@@ -344,45 +344,22 @@ void SharedIoTuner::Release(uint64_t bytes) {
 }
 
 int SharedIoTuner::depth() const {
-  Lock();
-  const int d = state_->core.depth();
-  Unlock();
-  return d;
+  return Locked([&] { return state_->core.depth(); });
 }
-
 int SharedIoTuner::attached() const {
-  Lock();
-  const int n = state_->attached;
-  Unlock();
-  return n;
+  return Locked([&] { return state_->attached; });
 }
-
 int SharedIoTuner::joined() const {
-  Lock();
-  const int n = state_->joined;
-  Unlock();
-  return n;
+  return Locked([&] { return state_->joined; });
 }
-
 double SharedIoTuner::throughput(int depth) const {
-  Lock();
-  const double t = state_->core.throughput(depth);
-  Unlock();
-  return t;
+  return Locked([&] { return state_->core.throughput(depth); });
 }
-
 int64_t SharedIoTuner::intervals() const {
-  Lock();
-  const int64_t n = state_->core.intervals();
-  Unlock();
-  return n;
+  return Locked([&] { return state_->core.intervals(); });
 }
-
 uint64_t SharedIoTuner::reclaimed() const {
-  Lock();
-  const uint64_t n = state_->reclaimed;
-  Unlock();
-  return n;
+  return Locked([&] { return state_->reclaimed; });
 }
 
 #else  // !__linux__

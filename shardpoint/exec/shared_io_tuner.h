@@ -75,6 +75,14 @@ class SharedIoTuner final : public IoGate {
   // Takes the gate's robust mutex (making it consistent if its owner died).
   void Lock() const;
   void Unlock() const;
+  // `read()` under the lock.
+  template <typename F>
+  auto Locked(F read) const {
+    Lock();
+    auto value = read();
+    Unlock();
+    return value;
+  }
   // Under the lock: forgets the reads of members whose process is gone; true if any.
   bool ReclaimDead();
   // Wakes every waiter of every member (under or outside the lock).

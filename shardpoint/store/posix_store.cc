@@ -58,6 +58,18 @@ int ReopenDirect(int fd, int access, uint64_t* alignment) {
   return direct;
 }
 
+// kFailedPrecondition unless a direct `op` ("read", "write") of `size` bytes at `offset` from
+// or into `data` is aligned to `a`.
+Status CheckAligned(std::string_view op, const std::string& path, uint64_t offset, uint64_t size,
+                    const void* data, uint64_t a) {
+  if (offset % a == 0 && size % a == 0 && reinterpret_cast<uintptr_t>(data) % a == 0) {
+    return OkStatus();
+  }
+  return FailedPreconditionError(OpAt(op, path, offset) + ": a direct " + std::string(op) +
+                                 " of " + std::to_string(size) + " bytes is not aligned to " +
+                                 std::to_string(a) + " bytes");
+}
+
 // Writes all of `data` at `offset` of `fd`; errors name the path and the offset (and `how`).
 Status WriteAll(int fd, uint64_t offset, ByteView data, const std::string& path,
                 std::string_view how = "") {
@@ -102,12 +114,7 @@ class PosixWritableFile : public WritableFile {
     if (fd_ < 0) return ClosedError("write", path_);
     const uint64_t a = direct_io_alignment();
     if (a == 0) return WritableFile::WriteDirectAt(offset, data);
-    if (offset % a != 0 || data.size() % a != 0 ||
-        reinterpret_cast<uintptr_t>(data.data()) % a != 0) {
-      return FailedPreconditionError(OpAt("write", path_, offset) + ": a direct write of " +
-                                     std::to_string(data.size()) + " bytes is not aligned to " +
-                                     std::to_string(a) + " bytes");
-    }
+    SP_RETURN_IF_ERROR(CheckAligned("write", path_, offset, data.size(), data.data(), a));
     return WriteAll(direct_fd_, offset, data, path_, " (direct I/O)");
   }
 
@@ -177,12 +184,7 @@ class PosixReadableFile : public ReadableFile {
   Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const override {
     const uint64_t a = direct_io_alignment();
     if (a == 0) return ReadableFile::ReadDirectAt(offset, out);
-    if (offset % a != 0 || out.size() % a != 0 ||
-        reinterpret_cast<uintptr_t>(out.data()) % a != 0) {
-      return FailedPreconditionError(OpAt("read", path_, offset) + ": a direct read of " +
-                                     std::to_string(out.size()) + " bytes is not aligned to " +
-                                     std::to_string(a) + " bytes");
-    }
+    SP_RETURN_IF_ERROR(CheckAligned("read", path_, offset, out.size(), out.data(), a));
     uint64_t done = 0;
     while (done < out.size()) {
       const size_t want = std::min<uint64_t>(out.size() - done, kMaxTransfer);
