@@ -3,7 +3,8 @@
 
 Each in-process trial (tools/crash_driver.cc) takes one case of
 {1, 4 ranks} x {native, torch-dcp} x {new directory, overwrite} x {sync, async} (trial i runs
-case i mod 16, so the cases are covered evenly) and:
+case i mod 16, so the cases are covered evenly; every other round of the 16 saves with direct
+writes, SaveOptions::direct_io) and:
   1. overwrite: saves the previous checkpoint (seed S-1) at the target first;
   2. starts the save of seed S and sends SIGKILL after a delay drawn uniformly over the case's
      measured save time (a quarter of the trials draw from the last 15% and just past the end,
@@ -61,10 +62,11 @@ class Trials:
 
     # --- the driver ---------------------------------------------------------------------------
 
-    def save_cmd(self, case, path, seed, overwrite):
+    def save_cmd(self, case, path, seed, overwrite, direct=False):
         cmd = [self.args.driver, "save", path, "--seed", str(seed), "--ranks", str(case.ranks),
                "--format", case.fmt, "--mb", str(self.args.mb)]
-        return cmd + (["--overwrite"] if overwrite else []) + (["--async"] if case.mode == "async" else [])
+        return (cmd + (["--overwrite"] if overwrite else []) + (["--async"] if case.mode == "async" else [])
+                + (["--direct-io"] if direct else []))
 
     def check_cmd(self, path, expect, ranks):
         return [self.args.driver, "check", path, "--expect", ",".join(map(str, expect)),
@@ -129,7 +131,7 @@ class Trials:
             return self.rng.uniform(0.85, 1.1) * case.duration
         return self.rng.uniform(0.0, 1.0) * case.duration
 
-    def trial(self, case, index):
+    def trial(self, case, index, direct=False):
         seed = 10 + 3 * index
         tdir = os.path.join(case.dir, f"trial{index:05d}")
         target = os.path.join(tdir, "ckpt")
@@ -146,7 +148,7 @@ class Trials:
             if rc != 0:
                 problems.append(f"saving the previous checkpoint failed: {out}")
         delay = self.kill_delay(case)
-        save = self.save_cmd(case, target, seed, overwrite)
+        save = self.save_cmd(case, target, seed, overwrite, direct)
         commands.append(" ".join(save) + f"   # SIGKILL {delay:.4f} s after 'saving'")
         save_rc, elapsed, _ = self.start_and_kill(save, delay)
         case.stats["finished"] += save_rc == 0
@@ -167,7 +169,7 @@ class Trials:
         rc, out = do(self.check_cmd(case.sibling, [SIBLING_SEED], self.rng.randint(1, 4)))
         if rc != EXIT_LOADED:
             problems.append(f"the sibling checkpoint no longer loads (exit {rc}): {out}")
-        retry = self.save_cmd(case, target, seed, overwrite or committed)
+        retry = self.save_cmd(case, target, seed, overwrite or committed, direct)
         commands.append(" ".join(retry))
         rc, elapsed, out = self.start_and_kill(retry, None)
         if rc == 0:
@@ -210,13 +212,14 @@ def run_cpp(trials, root, count):
     print("measured save times (s): " + ", ".join(f"{c.name} {c.duration:.3f}" for c in cases))
     started = time.monotonic()
     for i in range(count):
-        trials.trial(cases[i % len(cases)], i)
+        trials.trial(cases[i % len(cases)], i, direct=(i // len(cases)) % 2 == 1)
         if (i + 1) % 100 == 0:
             print(f"  {i + 1} trials, {time.monotonic() - started:.0f} s, "
                   f"{len(trials.failures)} failing", flush=True)
     totals = print_table("in-process trials (tools/crash_driver)", cases,
                          ["trials", "finished", "committed", "refused", "previous", "failures"])
-    print("finished: the save exited before the kill; committed: the check loaded the new seed; "
+    print("every other round of the cases saved with direct writes (--direct-io); "
+          "finished: the save exited before the kill; committed: the check loaded the new seed; "
           "refused: no committed checkpoint (new directory); previous: the previous checkpoint "
           "loaded intact (overwrite)")
     return totals

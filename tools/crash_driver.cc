@@ -8,11 +8,12 @@
 //
 // usage:
 //   crash_driver save DIR --seed S [--ranks R] [--format native|torch-dcp] [--async]
-//                         [--overwrite] [--mb M]
+//                         [--overwrite] [--direct-io] [--mb M]
 //       Saves the state of seed S from R in-process ranks (default 1). Prints "saving" on stdout
 //       (flushed) once the state is built, just before the save starts, so that a runner can time
 //       the save alone. With --async each rank uses an AsyncSaver and overwrites its own tensors
 //       with garbage as soon as Start returns (the checkpoint must hold the values at Start).
+//       With --direct-io the large writes bypass the page cache (SaveOptions::direct_io).
 //       Exit 0 when committed, 1 on a save error (printed).
 //   crash_driver check DIR --expect S[,S...] [--ranks Q] [--mb M]
 //       Loads DIR from Q in-process ranks (default 1; any Q works for any saved R: the load
@@ -168,6 +169,7 @@ struct SaveArgs {
   sp::CheckpointFormat format = sp::CheckpointFormat::kNative;
   bool async = false;
   bool overwrite = false;
+  bool direct_io = false;
 };
 
 sp::Status SaveOneRank(const SaveArgs& args, const std::vector<Spec>& specs, RankPieces& pieces,
@@ -184,6 +186,7 @@ sp::Status SaveOneRank(const SaveArgs& args, const std::vector<Spec>& specs, Ran
   options.files_per_rank = 2;
   options.overwrite = args.overwrite;
   options.format = args.format;
+  options.direct_io = args.direct_io;
   if (!args.async) return sp::Save(state, args.dir, options);
   sp::AsyncSaver saver;
   SP_RETURN_IF_ERROR(saver.Start(state, args.dir, options));
@@ -319,7 +322,7 @@ int Check(const std::string& dir, const std::set<uint64_t>& expect, int ranks, i
 
 constexpr char kUsage[] =
     "usage: crash_driver save DIR --seed S [--ranks R] [--format native|torch-dcp] [--async] "
-    "[--overwrite] [--mb M]\n"
+    "[--overwrite] [--direct-io] [--mb M]\n"
     "       crash_driver check DIR --expect S[,S...] [--ranks Q] [--mb M]\n";
 
 int Usage(const std::string& message) {
@@ -344,7 +347,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> argv_rest(argv + std::min(argc, 2), argv + argc);
   const std::string mode = argc > 1 ? argv[1] : "";
   sp::Result<sp::cli::Args> args = sp::cli::ParseArgs(
-      argv_rest, {"async", "overwrite"}, {"seed", "ranks", "format", "mb", "expect"});
+      argv_rest, {"async", "overwrite", "direct-io"}, {"seed", "ranks", "format", "mb", "expect"});
   if (!args.ok()) return Usage(args.status().message());
   if (args->positional.size() != 1) return Usage("expected one directory");
   sp::Result<int64_t> ranks = sp::cli::ParseInt("ranks", args->Get("ranks", "1"), 1, 64);
@@ -369,5 +372,6 @@ int main(int argc, char** argv) {
   save.format = format == "native" ? sp::CheckpointFormat::kNative : sp::CheckpointFormat::kTorchDcp;
   save.async = args->Has("async");
   save.overwrite = args->Has("overwrite");
+  save.direct_io = args->Has("direct-io");
   return Save(save);
 }
