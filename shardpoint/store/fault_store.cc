@@ -60,15 +60,12 @@ class FaultStore::WritableHandle : public WritableFile {
                  std::shared_ptr<Inode> inode)
       : store_(store), base_(std::move(base)), inode_(std::move(inode)), epoch_(store->epoch()) {}
 
-  Status WriteAt(uint64_t offset, ByteView data) override {
-    const std::string& p = path();
-    if (store_->epoch() != epoch_) return LostInCrash("write", p);
-    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kWrite, p, {}, OpAt("write", p, offset)));
-    SP_RETURN_IF_ERROR(base_->WriteAt(offset, data));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (offset + data.size() > shadow_.size()) shadow_.resize(offset + data.size());
-    if (!data.empty()) std::memcpy(shadow_.data() + offset, data.data(), data.size());
-    return OkStatus();
+  Status WriteAt(uint64_t offset, ByteView data) override { return Write(offset, data, false); }
+
+  // Direct writes meet the same faults and, like any write, are lost in a crash until synced.
+  uint64_t direct_io_alignment() const override { return base_->direct_io_alignment(); }
+  Status WriteDirectAt(uint64_t offset, ByteView data) override {
+    return Write(offset, data, true);
   }
 
   Status Sync() override {
@@ -110,6 +107,17 @@ class FaultStore::WritableHandle : public WritableFile {
   const std::string& path() const override { return base_->path(); }
 
  private:
+  Status Write(uint64_t offset, ByteView data, bool direct) {
+    const std::string& p = path();
+    if (store_->epoch() != epoch_) return LostInCrash("write", p);
+    SP_RETURN_IF_ERROR(store_->CheckFault(Op::kWrite, p, {}, OpAt("write", p, offset)));
+    SP_RETURN_IF_ERROR(direct ? base_->WriteDirectAt(offset, data) : base_->WriteAt(offset, data));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (offset + data.size() > shadow_.size()) shadow_.resize(offset + data.size());
+    if (!data.empty()) std::memcpy(shadow_.data() + offset, data.data(), data.size());
+    return OkStatus();
+  }
+
   FaultStore* store_;
   std::unique_ptr<WritableFile> base_;
   std::shared_ptr<Inode> inode_;

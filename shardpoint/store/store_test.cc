@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -88,6 +89,31 @@ TEST(PosixStoreTest, FaultStoreFailsDirectReadsLikeOtherReads) {
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, 8192u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()), 8192), std::string(8192, 'x'));
+}
+
+// Direct writes through a fault store over POSIX files fail with the write faults, like buffered
+// writes, and land once the fault is spent.
+TEST(PosixStoreTest, FaultStoreFailsDirectWritesLikeOtherWrites) {
+  Result<StoreTestEnv> env = MakePosixEnv();
+  ASSERT_TRUE(env.ok()) << env.status();
+  FaultStore faults(env->store.get());
+  const std::string path = env->root + "/f";
+  auto out = faults.NewWritableFile(path);
+  ASSERT_TRUE(out.ok());
+  const uint64_t a = (*out)->direct_io_alignment();
+  if (a == 0 || a > 8192) GTEST_SKIP() << "no direct I/O in " << env->root;
+  AlignedBuffer buffer(8192, a);
+  std::memset(buffer.data(), 'y', 8192);
+  faults.FailNext(FaultStore::Op::kWrite, ResourceExhaustedError("No space left on device"));
+  Status failed = (*out)->WriteDirectAt(0, buffer.view());
+  EXPECT_EQ(failed.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(failed.message(), "write " + path + " at offset 0: No space left on device");
+  ASSERT_TRUE((*out)->WriteDirectAt(0, buffer.view()).ok());
+  ASSERT_TRUE((*out)->Sync().ok());
+  ASSERT_TRUE((*out)->Close().ok());
+  Result<std::string> back = faults.ReadFile(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, std::string(8192, 'y'));
 }
 
 TEST(PosixStoreTest, WriteErrorNamesPathAndOffset) {
