@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -35,6 +36,7 @@ enum MemberState : int32_t { kFree = 0, kAttached = 1, kDetached = 2, kDead = 3 
 
 struct Member {
   int32_t pid = 0;
+  uint64_t started = 0;  // the process's start time (/proc/<pid>/stat), 0 where unknown
   int32_t state = kFree;
   uint64_t taken = 0;  // tickets this member took
   uint64_t begun = 0;  // of those, reads begun
@@ -102,7 +104,34 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
           0);
 }
 
-bool ProcessGone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+}  // namespace
+
+uint64_t ProcessStartTime(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buffer[1024];
+  const ssize_t n = ::read(fd, buffer, sizeof(buffer) - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buffer[n] = '\0';
+  // The command name (field 2) is in parentheses and may hold spaces: count from the last ')'.
+  const char* at = std::strrchr(buffer, ')');
+  if (at == nullptr) return 0;
+  for (int field = 2; field < 22 && at != nullptr; ++field) at = std::strchr(at + 1, ' ');
+  return at == nullptr ? 0 : std::strtoull(at + 1, nullptr, 10);
+}
+
+namespace {
+
+// Whether the member's process has exited: no process with its pid, or one that started at
+// another time (the pid was reused). A zombie not yet reaped still counts as alive.
+bool ProcessGone(const Member& m) {
+  if (m.pid <= 0) return false;
+  if (kill(m.pid, 0) != 0) return errno == ESRCH;
+  return m.started != 0 && ProcessStartTime(m.pid) != m.started;
+}
 
 // Creates and initializes the object, or returns kAlreadyExists when it is there.
 Result<SharedGateState*> Create(const std::string& name, int members,
@@ -241,6 +270,7 @@ Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& 
                               std::to_string(member) + " is already attached");
   }
   me->pid = static_cast<int32_t>(getpid());
+  me->started = ProcessStartTime(me->pid);
   me->state = kAttached;
   ++state->attached;
   ++state->joined;
@@ -298,7 +328,7 @@ bool SharedIoTuner::ReclaimDead() {
   for (int i = 0; i < state_->members; ++i) {
     Member* m = state_->member(i);
     if (i == member_ || m->state != kAttached || m->taken == m->ended) continue;
-    if (!ProcessGone(m->pid)) continue;
+    if (!ProcessGone(*m)) continue;
     state_->core.Reclaim(m->begun - m->ended, m->taken - m->begun);
     state_->reclaimed += m->taken - m->ended;
     m->begun = m->ended = m->taken;
@@ -363,6 +393,8 @@ uint64_t SharedIoTuner::reclaimed() const {
 }
 
 #else  // !__linux__
+
+uint64_t ProcessStartTime(int) { return 0; }
 
 struct SharedGateState {};
 

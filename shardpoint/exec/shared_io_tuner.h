@@ -16,8 +16,9 @@
 //
 // Members that die: the mutex is robust (a member that dies holding it does not block the
 // others), and a waiter that waits longer than 50 ms checks that the processes of members with
-// reads outstanding are alive (kill(pid, 0)); the reads of a dead one are forgotten, so that its
-// slots return to the others. (Processes in different PID namespaces that share /dev/shm would
+// reads outstanding are alive (kill(pid, 0), and the start time in /proc/<pid>/stat, so that a
+// reused pid does not pass for the dead member); the reads of a dead one are forgotten, so that
+// its slots return to the others. (Processes in different PID namespaces that share /dev/shm would
 // look dead to each other: then the gate only lets in more reads than its depth.)
 //
 // Linux only (shm_open, futex); elsewhere Attach returns kUnimplemented and the caller keeps a
@@ -35,6 +36,11 @@
 namespace sp {
 
 struct SharedGateState;
+
+// When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); 0 when it
+// cannot be read (no such process, no /proc). With the pid it names one process even after the
+// pid is reused.
+uint64_t ProcessStartTime(int pid);
 
 class SharedIoTuner final : public IoGate {
  public:

@@ -258,5 +258,22 @@ TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
 }
 
+TEST(SharedIoTunerTest, ProcessStartTimeNamesAProcess) {
+  const uint64_t mine = ProcessStartTime(getpid());
+  ASSERT_GT(mine, 0u);
+  EXPECT_EQ(ProcessStartTime(getpid()), mine);
+  const pid_t child = Fork([&] {
+    pause();
+    return true;
+  });
+  // The child started after this process; once reaped, its pid names nothing.
+  uint64_t started = 0;
+  for (int i = 0; i < 100 && started == 0; ++i) started = ProcessStartTime(child);
+  EXPECT_GE(started, mine);
+  kill(child, SIGKILL);
+  EXPECT_EQ(ExitCode(child), 128 + SIGKILL);
+  EXPECT_EQ(ProcessStartTime(child), 0u);
+}
+
 }  // namespace
 }  // namespace sp
