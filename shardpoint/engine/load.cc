@@ -6,13 +6,13 @@
 #include <set>
 
 #include "shardpoint/engine/load.h"
+#include "shardpoint/base/random_id.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/engine/read_exchange.h"
 #include "shardpoint/engine/read_executor.h"
-#include "shardpoint/base/random_id.h"
 #include "shardpoint/exec/shared_io_tuner.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/metadata_wire.h"
