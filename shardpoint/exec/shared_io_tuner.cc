@@ -142,14 +142,21 @@ Result<SharedGateState*> Create(const std::string& name, int members,
     return Errno("shm_open", name, errno);
   }
   const size_t bytes = ObjectBytes(members);
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
+  // Pages are reserved now: on a full /dev/shm (a container's 64 MiB, filled by data loaders) a
+  // sparse object would raise SIGBUS when first touched; this way it is an error, and the load
+  // reads through its own gate.
+  int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  if (err == 0) {
+    err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    while (err == EINTR) err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  }
+  if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return Errno("ftruncate", name, err);
+    return Errno("reserving", name, err);
   }
   void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
+  err = errno;
   close(fd);
   if (at == MAP_FAILED) {
     shm_unlink(name.c_str());
@@ -183,7 +190,8 @@ Result<SharedGateState*> Open(const std::string& name, int members, double wait_
   }
   const size_t bytes = ObjectBytes(members);
   const double deadline = SteadySeconds() + wait_seconds;
-  // The creator sizes the object right after creating it.
+  // The creator sizes the object right after creating it, then reserves its pages; it is not
+  // touched before they are (on a full /dev/shm, touching a page that is not there is SIGBUS).
   for (;;) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -191,10 +199,14 @@ Result<SharedGateState*> Open(const std::string& name, int members, double wait_
       close(fd);
       return Errno("fstat", name, err);
     }
-    if (static_cast<uint64_t>(st.st_size) == bytes) break;
-    if (st.st_size != 0 || SteadySeconds() > deadline) {
+    if (static_cast<uint64_t>(st.st_size) == bytes &&
+        static_cast<uint64_t>(st.st_blocks) * 512 >= bytes) {
+      break;
+    }
+    const bool foreign = st.st_size != 0 && static_cast<uint64_t>(st.st_size) != bytes;
+    if (foreign || SteadySeconds() > deadline) {
       close(fd);
-      if (st.st_size != 0) {
+      if (foreign) {
         return FailedPreconditionError("the shared read gate '" + name + "' holds " +
                                        std::to_string(st.st_size) + " bytes, expected " +
                                        std::to_string(bytes) + " for " + std::to_string(members) +

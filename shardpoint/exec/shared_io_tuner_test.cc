@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -214,6 +215,26 @@ TEST(SharedIoTunerTest, AttachRefusesBadArgumentsAndForeignObjects) {
   EXPECT_EQ(foreign.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(foreign.status().message().find("holds 100 bytes"), std::string::npos)
       << foreign.status();
+
+  // An object of a gate's size whose pages are not reserved (as when the creator found /dev/shm
+  // full): never touched, refused after the wait.
+  struct stat real;
+  {
+    auto gate = SharedIoTuner::Attach(name, 2, 0, Fixed(1));
+    ASSERT_TRUE(gate.ok()) << gate.status();
+    ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &real), 0);
+    EXPECT_GE(static_cast<uint64_t>(real.st_blocks) * 512, static_cast<uint64_t>(real.st_size));
+  }
+  const int sparse = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(sparse, 0);
+  ASSERT_EQ(ftruncate(sparse, real.st_size), 0);
+  close(sparse);
+  auto unreserved = SharedIoTuner::Attach(name, 2, 0, Fixed(1), 0.05);
+  shm_unlink(name.c_str());
+  ASSERT_FALSE(unreserved.ok());
+  EXPECT_EQ(unreserved.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(unreserved.status().message().find("was not sized within"), std::string::npos)
+      << unreserved.status();
 }
 
 TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
