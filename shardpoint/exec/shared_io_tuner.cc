@@ -51,6 +51,7 @@ struct SharedGateState {
   uint32_t layout;
   int32_t members;
   uint64_t bytes;  // of the whole object
+  uint64_t pid_namespace;  // the creator's (PidNamespace); every member must share it
   pthread_mutex_t mu;
   // The futex word waiters sleep on: bumped whenever a waiter's ticket may have been granted.
   std::atomic<uint32_t> generation;
@@ -80,6 +81,14 @@ size_t ObjectBytes(int members) {
 Status Errno(const std::string& call, const std::string& name, int err) {
   return InternalError(call + " of the shared read gate '" + name + "' failed: " +
                        std::strerror(err));
+}
+
+// This process's PID namespace (the inode of /proc/self/ns/pid), 0 where it cannot be read.
+// Members must share one, or their liveness checks (kill, /proc/<pid>) would look at the wrong
+// processes: containers of one pod share the host name and /dev/shm but not their PIDs.
+uint64_t PidNamespace() {
+  struct stat st;
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 bool ValidName(const std::string& name) {
@@ -167,6 +176,7 @@ Result<SharedGateState*> Create(const std::string& name, int members,
   state->layout = kLayout;
   state->members = members;
   state->bytes = bytes;
+  state->pid_namespace = PidNamespace();
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -230,6 +240,11 @@ Result<SharedGateState*> Open(const std::string& name, int members, double wait_
                                    std::to_string(wait_seconds) + " s");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (state->pid_namespace != PidNamespace()) {
+    munmap(at, bytes);
+    return FailedPreconditionError("the shared read gate '" + name +
+                                   "' belongs to processes of another PID namespace");
   }
   if (state->layout != kLayout || state->members != members || state->bytes != bytes) {
     munmap(at, bytes);

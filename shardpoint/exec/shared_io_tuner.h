@@ -18,8 +18,9 @@
 // others), and a waiter that waits longer than 50 ms checks that the processes of members with
 // reads outstanding are alive (kill(pid, 0), and the start time in /proc/<pid>/stat, so that a
 // reused pid does not pass for the dead member); the reads of a dead one are forgotten, so that
-// its slots return to the others. (Processes in different PID namespaces that share /dev/shm would
-// look dead to each other: then the gate only lets in more reads than its depth.)
+// its slots return to the others. Those checks need one PID namespace: a process of another
+// (a container of the same pod, sharing the host name and /dev/shm) is refused at Attach and
+// reads through its own gate.
 //
 // Linux only (shm_open, futex); elsewhere Attach returns kUnimplemented and the caller keeps a
 // gate of its own. Thread-safe: any thread of a member may Acquire and Release.
@@ -48,7 +49,8 @@ class SharedIoTuner final : public IoGate {
   // named `name` (a POSIX shared-memory name: one '/' then up to 200 of [A-Za-z0-9._-]),
   // creating it with `config` if it does not exist. Errors: kInvalidArgument for a bad name or
   // index, kAlreadyExists when the index is taken, kFailedPrecondition when an existing object
-  // of that name is not such a gate (another layout, another member count), kDeadlineExceeded
+  // of that name is not such a gate (another layout, another member count) or was made in
+  // another PID namespace, kDeadlineExceeded
   // when its creator does not initialize it within `wait_seconds`, kInternal for a failed system
   // call (its message names the call and the errno), kUnimplemented off Linux.
   static Result<std::unique_ptr<SharedIoTuner>> Attach(const std::string& name, int members,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -277,6 +278,28 @@ TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
   EXPECT_LT((*mine)->throughput(2), 8.0 * (1 << 20) / 0.02);
   EXPECT_EQ((*mine)->depth(), 3);  // probing a neighbour never measured
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
+}
+
+TEST(SharedIoTunerTest, AProcessOfAnotherPidNamespaceIsRefused) {
+  // Its kill() and /proc/<pid> would look at other processes than the members': refused, it
+  // reads through a gate of its own.
+  const std::string name = FreshName();
+  auto mine = SharedIoTuner::Attach(name, 2, 0, Fixed(1));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  const pid_t outer = fork();
+  if (outer == 0) {
+    if (unshare(CLONE_NEWPID) != 0) _exit(77);
+    const pid_t inner = Fork([&] {  // the first process of the new namespace
+      auto gate = SharedIoTuner::Attach(name, 2, 1, Fixed(1), 1.0);
+      return !gate.ok() && gate.status().code() == StatusCode::kFailedPrecondition &&
+             gate.status().message().find("another PID namespace") != std::string::npos;
+    });
+    _exit(ExitCode(inner));
+  }
+  const int code = ExitCode(outer);
+  if (code == 77) GTEST_SKIP() << "unshare(CLONE_NEWPID) is not allowed here";
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ((*mine)->joined(), 1);
 }
 
 TEST(SharedIoTunerTest, ProcessStartTimeNamesAProcess) {
