@@ -107,7 +107,7 @@ std::string WhyNotAnArray(nb::handle obj) {
 
 template <typename View, typename Array>
 View ParsePiece(nb::handle piece, const std::string& tensor, const Shape& shape, DType dtype,
-                std::vector<Array>* held) {
+                std::vector<Array>* held, bool allow_none = false) {
   const std::vector<nb::handle> items = Items(piece, 3, "piece of tensor '" + tensor + "'");
   Box box(ToInts(items[0], "offsets of a piece of tensor '" + tensor + "'"),
           ToInts(items[1], "sizes of a piece of tensor '" + tensor + "'"));
@@ -117,6 +117,7 @@ View ParsePiece(nb::handle piece, const std::string& tensor, const Shape& shape,
                std::to_string(box.sizes.size()) + " dimensions, expected " +
                std::to_string(shape.size()) + " (the rank of shape " + ShapeToString(shape) + ")");
   }
+  if (allow_none && items[2].is_none()) return View{std::move(box), nullptr};  // filled later
   Array array;
   if (!nb::try_cast(items[2], array, /*convert=*/false)) {
     nb::ndarray<nb::ro> read_only;
@@ -198,7 +199,8 @@ SaveState ParseSaveState(nb::handle tensors, nb::handle objects, HeldArrays* hel
     SaveTensor tensor{head.name, head.dtype, head.shape, {}};
     for (nb::handle piece : head.pieces) {
       tensor.pieces.push_back(ParsePiece<ConstPieceView>(piece, head.name, head.shape,
-                                                         head.dtype, &held->read_only));
+                                                         head.dtype, &held->read_only,
+                                                         /*allow_none=*/true));
     }
     state.tensors.push_back(std::move(tensor));
   }

@@ -5,7 +5,8 @@
 // (offsets, sizes, array). `dtype` is a torch dtype name ("bfloat16", "float8_e4m3fn"); `array`
 // is any C-contiguous CPU array that exports DLPack or the buffer protocol (numpy arrays, torch
 // tensors of any dtype). The array's own dtype is not looked at: the piece is the array's bytes,
-// which must number prod(sizes) * itemsize(dtype). Views of the arrays' memory go into the state;
+// which must number prod(sizes) * itemsize(dtype). In a save, `array` may be None: the piece has
+// no memory here and SaveOptions.fill gives its bytes when it is written. Views of the arrays' memory go into the state;
 // the arrays themselves are kept referenced by HeldArrays, which must outlive every use of the
 // state and be destroyed with the GIL held.
 //

@@ -47,22 +47,25 @@ class PyAsyncSaver {
       saver_.reset();  // waits for a running save
     }
     comm_.reset();  // with the GIL: it holds a Python reference
+    fill_.reset();
   }
 
   PyAsyncSaver(const PyAsyncSaver&) = delete;
   PyAsyncSaver& operator=(const PyAsyncSaver&) = delete;
 
   void Start(const std::string& path, nb::handle tensors, nb::handle objects,
-             const PySaveOptions& options) {
+             const PySaveOptions& options, bool borrow) {
     std::unique_ptr<PreparedSave> prepared = PrepareSave(tensors, objects, options);
     Status status;
     {
       nb::gil_scoped_release release;
-      status = saver_->Start(prepared->state, path, prepared->options);
+      status = saver_->Start(prepared->state, path, prepared->options,
+                             borrow ? AsyncStaging::kBorrow : AsyncStaging::kCopy);
     }
-    // Start waited for the previous save, so its communicator is no longer in use; a failed Start
-    // may still be taking part in its peers' save with it.
+    // Start waited for the previous save, so its communicator and fill are no longer in use; a
+    // failed Start may still be taking part in its peers' save with them.
     comm_ = std::move(prepared->comm);
+    fill_ = options.fill;
     ThrowIfError(status);
   }
 
@@ -81,6 +84,7 @@ class PyAsyncSaver {
       status = saver_->StartFailed(Status(status_code, message), path, prepared->options);
     }
     comm_ = std::move(prepared->comm);  // the background save may still be using it
+    fill_.reset();
     ThrowIfError(status);
   }
 
@@ -107,6 +111,7 @@ class PyAsyncSaver {
  private:
   std::unique_ptr<AsyncSaver> saver_;
   std::unique_ptr<PyCommunicator> comm_;
+  nb::object fill_;  // the running save's SaveOptions.fill (its I/O threads call it)
   Status pending_;  // a result taken by Drain, for the next Wait
 };
 
@@ -126,11 +131,13 @@ void DefineAsyncSaver(nb::module_& m) {
                            "limit). One save at a time.")
       .def(nb::init<uint64_t>(), "staging_budget_bytes"_a = 0)
       .def("start", &PyAsyncSaver::Start, "path"_a, "tensors"_a, "objects"_a,
-           "options"_a = PySaveOptions(),
+           "options"_a = PySaveOptions(), nb::kw_only(), "borrow"_a = false,
            "Waits for the previous save, copies the state into staging and starts the save (a\n"
            "SaveOptions says how); returns once the caller may modify its arrays. Makes no\n"
            "collective call: a rank that cannot stage raises here, and its peers' wait() raises\n"
-           "the same error.")
+           "the same error. borrow: the arrays are already the caller's own copy, left unchanged\n"
+           "until the save is over (the next start or wait): written from as they are, nothing\n"
+           "is staged. Pieces given as None are filled by options.fill in the background.")
       .def("start_failed", &PyAsyncSaver::StartFailed, "path"_a, "code"_a, "message"_a,
            "options"_a = PySaveOptions(),
            "For a rank that failed before start(): joins its peers' save with the error (status\n"

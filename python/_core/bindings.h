@@ -43,7 +43,9 @@ struct PreparedSave {
   SaveOptions options;
 };
 
-// Raises TypeError / ValueError for malformed arguments (see arrays.h, py_comm.h).
+// Raises TypeError / ValueError for malformed arguments (see arrays.h, py_comm.h). With
+// options.fill set, the prepared options call it (a borrowed reference: the caller keeps `fill`
+// alive while the save runs).
 std::unique_ptr<PreparedSave> PrepareSave(nanobind::handle tensors, nanobind::handle objects,
                                           const PySaveOptions& options);
 

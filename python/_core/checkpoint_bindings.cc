@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <functional>
 #include <utility>
 
 #include "python/_core/bindings.h"
@@ -91,6 +92,25 @@ VerifyReport VerifyCheckpoint(const std::string& path, int threads, bool allow_e
 
 }  // namespace
 
+std::function<Status(size_t, size_t, MutableByteView)> FillFromPython(PyObject* fill) {
+  return [fill](size_t tensor, size_t piece, MutableByteView out) -> Status {
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object view = nb::steal(PyMemoryView_FromMemory(reinterpret_cast<char*>(out.data()),
+                                                          static_cast<Py_ssize_t>(out.size()),
+                                                          PyBUF_WRITE));
+      if (!view.is_valid()) throw nb::python_error();
+      const nb::handle fn(fill);
+      fn(tensor, piece, view);
+      view.attr("release")();  // the memory is the engine's: no view of it outlives the call
+      return OkStatus();
+    } catch (nb::python_error& e) {
+      return InternalError("filling piece " + std::to_string(piece) + " of tensor entry " +
+                           std::to_string(tensor) + " failed: " + DescribePythonError(e));
+    }
+  };
+}
+
 std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects,
                                           const PySaveOptions& options) {
   auto prepared = std::make_unique<PreparedSave>();
@@ -98,6 +118,7 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   prepared->comm = MaybeCommunicator(options.comm);
   prepared->options = options.options;
   prepared->options.comm = prepared->comm.get();
+  if (!options.fill.is_none()) prepared->options.fill_piece = FillFromPython(options.fill.ptr());
   return prepared;
 }
 

@@ -125,6 +125,12 @@ void DefineSaveOptions(nb::module_& m) {
   cls.def("__init__", &InitFromKeywords<PySaveOptions>);
   cls.def_rw("comm", &PySaveOptions::comm, kNoneAllowed,
              "The communicator object (None: one rank).");
+  cls.def_rw("fill", &PySaveOptions::fill, kNoneAllowed,
+             "fill(tensor, piece, out): writes the bytes of the piece given as None (indices in\n"
+             "the tensor entries) into `out`, a writable memoryview, when it is written; called\n"
+             "from I/O threads. None: every piece has an array.");
+  Field(cls, "fill_budget_bytes", &SaveOptions::fill_budget_bytes,
+        "Bytes of filled pieces held at once (at least the largest of them).");
   Field(cls, "overwrite", &SaveOptions::overwrite, "Replace a committed checkpoint at the path.");
   Field(cls, "threads", &SaveOptions::threads, "I/O threads (0: the engine's default).");
   Field(cls, "files_per_rank", &SaveOptions::files_per_rank, "Data files each rank writes.");

@@ -9,12 +9,12 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core, _dist, _mapped_load
-from ._errors import CheckpointError, CheckpointNotFoundError, code_of, error_for, translated
+from ._errors import CheckpointArgumentError, CheckpointError, CheckpointNotFoundError, code_of, error_for, translated
 from ._mapping import KeyMapping
 from ._flatten import encode_paths, flatten, set_by_path, unflatten
 from ._pieces import TensorPlan, numpy_dtype
@@ -83,18 +83,31 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)   # symbolic links that are not defects
 
 
-@contextlib.contextmanager
-def _host_staging() -> Iterator[None]:
-    """Holds the torch adapter's pinned staging for one operation (when torch is in use)."""
-    if sys.modules.get("torch") is None:
-        yield
-        return
-    from . import _torch
+def _device_module() -> Any:
+    """shardpoint._cuda when torch is loaded and CUDA is available (a state may then hold device
+    tensors), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    from . import _cuda
 
-    with _torch.STAGING.lock:
-        _torch.STAGING.reset()
-        yield
-        _torch.synchronize([])
+    return _cuda
+
+
+def _save_entries(plans: list[TensorPlan], staging_budget: Optional[int]) -> tuple[list[tuple], dict[str, Any]]:
+    """The core's tensor entries of a synchronous save and the SaveOptions fields for their device
+    pieces (shardpoint._cuda): copied into the process's pinned pool for synchronous saves, up to
+    ``staging_budget`` bytes of it (default 4 GiB), and past it copied by the core's I/O threads
+    piece by piece as they are written."""
+    entries = [p.entry() for p in plans]
+    cuda = _device_module()
+    if cuda is None or not any(cuda.state_on_device(e[3]) for e in entries):
+        return entries, {}
+    budget = int(staging_budget if staging_budget is not None else cuda.DEFAULT_SAVE_STAGING)
+    staging = cuda.stage_async(entries, cuda.save_pool(budget), budget, "block")
+    if staging.fill is None:
+        return staging.entries, {}
+    return staging.entries, {"fill": staging.fill, "fill_budget_bytes": max(1, staging.fill_budget)}
 
 
 def _agree(comm: Optional[_dist.TorchComm], error: Optional[BaseException]) -> None:
@@ -160,10 +173,6 @@ def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool
             plans.append(tensor_plan(key, value, rank, for_load=False))
         else:
             objects.append(encode_object(key, value, allow_pickle))
-    if sys.modules.get("torch") is not None:
-        from . import _torch
-
-        _torch.synchronize(plans)  # device-to-host copies into pinned staging must land first
     return plans, objects, {_PATHS_ATTRIBUTE: json.dumps(encode_paths(paths))}
 
 
@@ -181,7 +190,7 @@ def _prepared_save(state_dict: Mapping[str, Any], comm: Optional[_dist.TorchComm
 def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, overwrite: bool = False,
          threads: Optional[int] = None, allow_pickle: bool = False,
          separation_hint: Union[str, Sequence[str], None] = None, format: str = "native",
-         direct_io: bool = False) -> None:
+         direct_io: bool = False, staging_budget: Optional[int] = None) -> None:
     """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
     as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
     torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
@@ -211,27 +220,33 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     whole aligned blocks, staged through aligned buffers, where the file system allows it (others
     fall back to ordinary writes): the page cache is neither filled with bytes nobody reads back
     nor flushed at the end. Durability is the same either way.
+
+    Tensors on CUDA devices are copied into pinned host memory kept from one save to the next, on
+    copy streams that first wait for the work the caller queued before the call, and written from
+    there (docs/GPU.md); ``staging_budget`` bounds that memory (default 4 GiB; 0: the whole state),
+    and what does not fit is copied piece by piece by the writing threads as it is written.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
     state_dict = _stateful_state_dicts(state_dict)
     separate = [separation_hint] if isinstance(separation_hint, str) else list(separation_hint or [])
-    with _host_staging():
-        plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
-        progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
-        with translated():
-            options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
-                                        attributes=attributes, format=format, separate_key_prefixes=separate,
-                                        direct_io=bool(direct_io))
-            _core.save(path, [p.entry() for p in plans], objects, options)
-        progress.finish()
+    plans, objects, attributes = _prepared_save(state_dict, comm, allow_pickle)
+    progress = Progress(f"shardpoint save {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
+    entries, device_options = _save_entries(plans, staging_budget)
+    with translated():
+        options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
+                                    attributes=attributes, format=format, separate_key_prefixes=separate,
+                                    direct_io=bool(direct_io), **device_options)
+        _core.save(path, entries, objects, options)
+    progress.finish()
 
 
 def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
          share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None,
          allow_external_links: bool = False, direct_io: bool = False,
-         io_depth: Optional[int] = None, machine_read_gate: bool = True) -> LoadResult:
+         io_depth: Optional[int] = None, machine_read_gate: bool = True,
+         staging_budget: Optional[int] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
     As ``torch.distributed.checkpoint.load``, a top-level ``Stateful`` value is loaded into its
@@ -269,45 +284,178 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     machine (torchrun, mpirun) put their reads through one gate in shared memory, whose depth is
     tuned from the throughput of all of them, so that the disk sees one well-chosen number of
     reads in flight rather than the sum of competing ones. ``False``: each process tunes its own.
+
+    Tensors on CUDA devices are loaded through pinned host memory, in batches of at most half of
+    ``staging_budget`` bytes (default 2 GiB; a larger tensor is a batch of its own): the reads of
+    one batch land in one pinned half while the host-to-device copies of the previous batch run on
+    a copy stream, and the caller's current streams wait for the copies (docs/GPU.md).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
     state_dict, load_stateful = _stateful_view(state_dict)
     flat, paths = flatten(state_dict, is_tensor_leaf)
-    with _host_staging():
-        plans, mapped, error = [], None, None
-        try:
-            rank = comm.rank if comm else 0
-            plans = [tensor_plan(k, v, rank, for_load=True) for k, v in flat.items() if is_tensor_leaf(v)]
-            mapped = _mapped_load.map_load(path, flat, plans, mapping, strict, cast,
-                                           allow_external_links)
-        except Exception as e:  # forwarded to every rank by _agree
-            error = e
-        _agree(comm, error)
-        # An empty dict has nothing to load: DCP stores nothing for it (so it is not asked for), and
-        # a shardpoint checkpoint stores it as {} (so not reading it changes nothing).
-        empty_dicts = {k for k, v in flat.items() if isinstance(v, Mapping) and not v}
-        object_names = [k for k, v in flat.items() if not is_tensor_leaf(v) and k not in empty_dicts]
-        progress = Progress(f"shardpoint load {path}", sum(p.nbytes for p in plans), rank=comm.rank if comm else 0)
-        with translated():
-            options = _core.LoadOptions(comm=comm, strict=strict, allow_cast=cast,
-                                        allow_external_links=allow_external_links,
-                                        threads=threads or _dist.default_threads(comm),
-                                        share_reads=None if share_reads is None else bool(share_reads),
-                                        direct_io=bool(direct_io), io_depth=int(io_depth or 0),
-                                        machine_read_gate=bool(machine_read_gate))
-            missing, unexpected, objects, bytes_read, gate_ranks = _core.load(
-                path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, options)
-        for copy_back in mapped.after_load if mapped else [c for p in plans for c in p.after_load]:
-            copy_back()
-        progress.finish()
-    if mapped:
-        missing = mapped.missing_keys(missing)
+    # An empty dict has nothing to load: DCP stores nothing for it (so it is not asked for), and
+    # a shardpoint checkpoint stores it as {} (so not reading it changes nothing).
+    empty_dicts = {k for k, v in flat.items() if isinstance(v, Mapping) and not v}
+    object_names = [k for k, v in flat.items() if not is_tensor_leaf(v) and k not in empty_dicts]
+    with translated():
+        options = _core.LoadOptions(comm=comm, strict=strict, allow_cast=cast,
+                                    allow_external_links=allow_external_links,
+                                    threads=threads or _dist.default_threads(comm),
+                                    share_reads=None if share_reads is None else bool(share_reads),
+                                    direct_io=bool(direct_io), io_depth=int(io_depth or 0),
+                                    machine_read_gate=bool(machine_read_gate))
+    loader = _BatchLoad(path, flat, comm, options, staging_budget)
+    missing, unexpected, objects, bytes_read, gate_ranks = loader.run(
+        object_names, lambda values, plans: _mapped_load.map_load(path, values, plans, mapping, strict, cast,
+                                                                  allow_external_links))
     for name, encoding, payload in objects:
         set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name], path))
     load_stateful()
     return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read),
                       int(gate_ranks))
+
+
+def _local_tensor(value: Any) -> Any:
+    """The local torch tensor of a load destination: the tensor, a DTensor's local tensor, or the
+    ``local`` / ``data`` tensor of a layout wrapper; None for anything else (numpy arrays)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    local = value
+    for attr in ("local", "data"):
+        if isinstance(local, torch.Tensor):
+            break
+        local = getattr(value, attr, None)
+    if not isinstance(local, torch.Tensor):
+        return None
+    return getattr(local, "_local_tensor", local)
+
+
+def _device_of(value: Any) -> Optional[int]:
+    """The CUDA device index of a destination's local data (None for host data)."""
+    local = _local_tensor(value)
+    return local.device.index if local is not None and local.device.type == "cuda" else None
+
+
+class _BatchLoad:
+    """One load as one core load per batch of tensor keys. Without destinations on CUDA devices
+    (on every rank) that is one batch of every key, as it always was. With them, host destinations
+    come first and the device ones follow in batches of at most half of ``staging_budget`` bytes (a
+    larger tensor alone; tensors sharing storage, tied weights, together), each read into one
+    pinned half of shardpoint._cuda.LoadBatches while the previous batch goes to the device. Every
+    rank runs as many batches as the rank with the most (the others' trailing ones are empty), as
+    each is one collective load. Missing keys are those of any batch; unexpected keys those that
+    no batch wanted."""
+
+    def __init__(self, path: str, flat: Mapping[str, Any], comm: Optional[_dist.TorchComm], options: Any,
+                 staging_budget: Optional[int]) -> None:
+        self.path, self.flat, self.comm, self.options = path, flat, comm, options
+        self.rank = comm.rank if comm else 0
+        self.keys = [k for k, v in flat.items() if is_tensor_leaf(v)]
+        self.staging = None
+        cuda = _device_module()
+        devices = {k: _device_of(flat[k]) for k in self.keys} if cuda is not None else {}
+        batches = self._batches(devices, int(staging_budget or (cuda.DEFAULT_LOAD_STAGING if cuda else 0)))
+        count = len(batches) if batches else 0
+        if comm is not None and cuda is not None:
+            # Ranks without CUDA (a CPU-only group) have no count to agree on: all_gather is only
+            # made when this process could hold device tensors, as on its peers.
+            count = max(int(c) for c in comm.all_gather(str(count).encode()))
+        if count == 0:
+            self.batches = [self.keys]
+            return
+        self.batches = (batches or [[]]) + [[] for _ in range(count - len(batches or [[]]))]
+        self.staging = cuda.load_batches(int(staging_budget or cuda.DEFAULT_LOAD_STAGING))
+
+    def _batches(self, devices: dict[str, Optional[int]], budget: int) -> Optional[list[list[str]]]:
+        if not any(d is not None for d in devices.values()):
+            return None
+        from ._mapped_load import tied_groups
+
+        half = max(1, budget // 2)
+        size = {k: (lambda t: t.numel() * t.element_size())(_local_tensor(self.flat[k])) if devices[k] is not None
+                else 0 for k in self.keys}
+        group_of: dict[str, list[str]] = {}
+        for group in tied_groups({k: self.flat[k] for k in self.keys}):
+            for key in group:
+                group_of[key] = list(group)
+        batches: list[list[str]] = [[]]
+        placed: set[str] = set()
+        used, device_started = 0, False
+        for key in self.keys:
+            if key in placed:
+                continue
+            members = [m for m in group_of.get(key, [key]) if m not in placed]
+            placed.update(members)
+            nbytes = sum(size[m] for m in members)
+            if nbytes == 0:
+                batches[0].extend(members)
+                continue
+            if device_started and used + nbytes > half:
+                batches.append([])
+                used = 0
+            device_started = True
+            batches[-1].extend(members)
+            used += nbytes
+        return batches
+
+    def run(self, object_names: list[str], map_load: Any) -> tuple[list[str], list[str], list, int, int]:
+        total = 0
+        for key in self.keys:
+            local = _local_tensor(self.flat[key])
+            total += local.numel() * local.element_size() if local is not None else int(getattr(self.flat[key], "nbytes", 0))
+        progress = Progress(f"shardpoint load {self.path}", total, rank=self.rank)
+        missing: dict[str, None] = {}
+        unexpected: Optional[list[str]] = None
+        objects: list = []
+        bytes_read, gate_ranks = 0, 1
+        with self.staging.lock if self.staging is not None else contextlib.nullcontext():
+            try:
+                if self.staging is not None:
+                    self.staging.start({d for d in (_device_of(self.flat[k]) for k in self.keys) if d is not None})
+                for i, keys in enumerate(self.batches):
+                    batch = self._one(i, keys, object_names if i == 0 else [], map_load)
+                    missing.update(dict.fromkeys(batch[0]))
+                    unexpected = list(batch[1]) if unexpected is None else [k for k in unexpected if k in set(batch[1])]
+                    objects += batch[2]
+                    bytes_read += batch[3]
+                    gate_ranks = max(gate_ranks, batch[4])
+                    progress.advance(batch[5])
+            finally:
+                if self.staging is not None:
+                    from . import _torch
+
+                    _torch.set_load_pool(None)
+                    self.staging.finish()
+        progress.finish()
+        return list(missing), list(unexpected or []), objects, bytes_read, gate_ranks
+
+    def _one(self, batch: int, keys: list[str], object_names: list[str], map_load: Any) -> tuple:
+        plans, mapped, error = [], None, None
+        if self.staging is not None:
+            from . import _torch
+
+            _torch.set_load_pool(self.staging.begin(batch))
+        try:
+            values = {k: self.flat[k] for k in keys}
+            plans = [tensor_plan(k, v, self.rank, for_load=True) for k, v in values.items()]
+            mapped = map_load(values, plans)
+        except Exception as e:  # forwarded to every rank by _agree
+            error = e
+        _agree(self.comm, error)
+        with translated():
+            missing, unexpected, objects, bytes_read, gate_ranks = _core.load(
+                self.path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, self.options)
+        copies = mapped.after_load if mapped else [c for p in plans for c in p.after_load]
+        if self.staging is not None:
+            self.staging.to_device(batch, copies)
+        else:
+            for copy_back in copies:
+                copy_back()
+        if mapped:
+            missing = mapped.missing_keys(missing)
+        return missing, unexpected, objects, bytes_read, gate_ranks, sum(p.nbytes for p in plans)
 
 
 class SaveHandle:
@@ -321,6 +469,7 @@ class SaveHandle:
         self._lock = threading.Lock()
         self._finished = False
         self._error: Optional[BaseException] = None
+        self.staging: Optional[StagingReport] = None  # set for a state with device tensors
 
     def _finish(self) -> None:
         with self._lock:
@@ -345,12 +494,46 @@ class SaveHandle:
         return self._finished or self._saver.done()
 
 
+@dataclass(frozen=True)
+class StagingReport:
+    """Where an async save of device tensors put their bytes: ``staged_bytes`` copied into pinned
+    host staging before the call returned, ``snapshot_bytes`` snapshotted on their devices and
+    drained in the background, ``blocked_bytes`` copied from the caller's tensors while the call
+    blocked (docs/GPU.md)."""
+
+    staged_bytes: int
+    snapshot_bytes: int
+    blocked_bytes: int
+
+
 class _AsyncState:
-    """The process's async saver (staging reused across saves) and its latest handle."""
+    """The process's async saver (staging reused across saves), its staging budget, the pinned
+    pool of device states, and its latest handle."""
 
     def __init__(self) -> None:
         self.saver: Any = None
+        self.budget = 0
         self.last: Optional[SaveHandle] = None
+        self._pool: Any = None
+
+    def use_budget(self, budget: int) -> None:
+        """Staging for a save under ``budget`` bytes (0: none), once the previous save is over: the
+        saver and pinned pool of the previous saves when it is their budget, new ones otherwise."""
+        if self.saver is None or budget != self.budget:
+            self.saver = _core.AsyncSaver(budget)
+            self.budget = budget
+            self._pool = None
+
+    def pool(self, cuda: Any) -> Any:
+        """The pinned pool that device states are staged in (made by the first such save)."""
+        if self._pool is None:
+            self._pool = cuda.PinnedPool()
+        return self._pool
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned bytes held for device states."""
+        return self._pool.capacity if self._pool is not None else 0
 
     def wait_last(self) -> None:
         if self.last is not None:
@@ -362,43 +545,75 @@ atexit.register(_ASYNC.wait_last)
 
 
 def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None,
-               overwrite: bool = False, allow_pickle: bool = False, staging_budget_bytes: int = 0,
-               threads: Optional[int] = None, direct_io: bool = False) -> SaveHandle:
+               overwrite: bool = False, allow_pickle: bool = False, staging_budget: Optional[int] = None,
+               threads: Optional[int] = None, direct_io: bool = False, over_budget: str = "auto",
+               staging_budget_bytes: Optional[int] = None) -> SaveHandle:
     """Starts saving ``state_dict`` at ``path`` and returns once its values are copied into host
     staging memory; the caller may change its tensors right away. Writing and commit run on
     background threads over a dedicated gloo group. A previous async save is waited for first (its
     handle keeps its outcome). Errors known before the copy are raised here, the rest by
     ``SaveHandle.wait()``; an unfinished save never leaves a committed checkpoint.
     Top-level ``Stateful`` values are saved as their ``state_dict()``, as by :func:`save`.
-    ``staging_budget_bytes`` bounds the host staging (0: no bound; fixed by the first async save of
-    the process); ``threads`` is the copy and write parallelism (default: the number of cores);
+    ``staging_budget`` (bytes; ``staging_budget_bytes`` is its former name) bounds the host staging
+    memory of this save (0 or None: no bound); the staging is kept for the next save with the same
+    budget. ``threads`` is the copy and write parallelism (default: the number of cores);
     ``direct_io`` as for :func:`save`.
+
+    A state with tensors on CUDA devices is staged in pinned host memory that is allocated by the
+    first save and reused by every later one: each device's copies run on a copy stream that first
+    waits for the work the caller queued before the call, and the background save writes from that
+    memory with no second copy (docs/GPU.md). What does not fit in ``staging_budget`` is, by
+    ``over_budget``: ``"device"``, snapshotted on its device (one device-to-device copy, which needs
+    the free device memory) and drained through the host budget in the background; ``"block"``,
+    copied from the caller's tensors by the background save while this call blocks until the last
+    of them is copied; ``"auto"`` (the default), ``"device"`` where the device has the memory and
+    ``"block"`` elsewhere. ``SaveHandle.staging`` says what went where.
     """
+    budget = int(staging_budget if staging_budget is not None else staging_budget_bytes or 0)
+    if budget < 0:
+        raise CheckpointArgumentError(f"staging_budget={budget}: expected a number of bytes >= 0", "INVALID_ARGUMENT")
     comm = _dist.resolve(process_group, for_async=True)
     path = os.fspath(path)
     state_dict = _stateful_state_dicts(state_dict)
     _ASYNC.wait_last()
-    if _ASYNC.saver is None:
-        _ASYNC.saver = _core.AsyncSaver(staging_budget_bytes)
+    _ASYNC.use_budget(budget)
     threads = threads or _dist.default_threads(comm)
     # No collective call here (the caller is blocked only for the copy): a rank that fails to
     # prepare joins its peers' save with the error, so that their wait() raises it too.
-    with _host_staging():
-        try:
-            plans, objects, attributes = _prepare_save(state_dict, comm.rank if comm else 0, allow_pickle)
-        except Exception as e:
-            if comm is not None:
-                text = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
-                try:
-                    _ASYNC.saver.start_failed(path, code_of(e), text, _core.SaveOptions(comm=comm, threads=threads))
-                except _core.StatusError:
-                    pass  # that same failure: raised below as it was met
-            raise
-        with translated():
-            _ASYNC.saver.start(path, [p.entry() for p in plans], objects,
-                               _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads,
-                                                 attributes=attributes, direct_io=bool(direct_io)))
+    staging = None
+    try:
+        plans, objects, attributes = _prepare_save(state_dict, comm.rank if comm else 0, allow_pickle)
+        entries = [p.entry() for p in plans]
+        cuda = _device_module()
+        if cuda is not None and any(cuda.state_on_device(e[3]) for e in entries):
+            staging = cuda.stage_async(entries, _ASYNC.pool(cuda), budget, over_budget)
+    except Exception as e:
+        if comm is not None:
+            text = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+            try:
+                _ASYNC.saver.start_failed(path, code_of(e), text, _core.SaveOptions(comm=comm, threads=threads))
+            except _core.StatusError:
+                pass  # that same failure: raised below as it was met
+        raise
+    with translated():
+        options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads, attributes=attributes,
+                                    direct_io=bool(direct_io))
+        if staging is None:
+            _ASYNC.saver.start(path, entries, objects, options)
+        else:
+            if staging.fill is not None:
+                options.fill = staging.fill
+                options.fill_budget_bytes = max(1, staging.fill_budget)
+            _ASYNC.saver.start(path, staging.entries, objects, options, borrow=True)
     _ASYNC.last = SaveHandle(_ASYNC.saver, path, comm)
+    if staging is not None:
+        _ASYNC.last.staging = StagingReport(staging.staged_bytes, staging.snapshot_bytes, staging.blocked_bytes)
+        if staging.blocking:
+            # The caller's own tensors are read by the background save: return once the last of
+            # them is copied (or the save has ended without needing them).
+            while not staging.fill.done.wait(0.005):
+                if _ASYNC.saver.done():
+                    break
     return _ASYNC.last
 
 

@@ -1,16 +1,17 @@
 """PyTorch adapter: torch.Tensor and DTensor leaves as pieces for the core.
 
 Local chunks and global offsets of a DTensor come from DTensor's own
-``compute_local_shape_and_global_offset``. CUDA tensors go through reusable pinned host buffers;
-non-contiguous tensors are saved from a contiguous copy and loaded through a contiguous temporary
-that is copied back. This module imports torch; the rest of the package only does so when torch is
-already loaded or a caller asks for torch tensors.
+``compute_local_shape_and_global_offset``. A CUDA tensor's pieces are views of its device memory
+when saving (shardpoint._cuda copies them to the host as they are written or staged); when loading
+they are regions of the pinned pool of the running batch, copied to the device on a copy stream
+afterwards (shardpoint._cuda.LoadBatches). Non-contiguous tensors are saved from a contiguous copy
+and loaded through a contiguous temporary that is copied back. This module imports torch; the rest
+of the package only does so when torch is already loaded or a caller asks for torch tensors.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Callable, Optional
 
 import torch
@@ -18,45 +19,16 @@ import torch
 from ._errors import CheckpointArgumentError
 from ._pieces import Box, TensorPlan, split_local
 
-_ALIGN = 64
-_BLOCK_BYTES = 64 << 20
+# The pinned pool that CUDA destinations of the running load batch take their regions from (set
+# by the load, one batch at a time; see shardpoint._cuda.LoadBatches).
+_LOAD_POOL: Optional[Any] = None
 
 
-class HostStaging:
-    """Grow-only pinned (or pageable, without CUDA) host blocks, reused across operations.
-
-    ``reset()`` starts a new operation; ``take(nbytes)`` hands out aligned byte regions valid until
-    the next reset. Not thread-safe: callers hold ``lock`` for the whole operation.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self._blocks: list[torch.Tensor] = []
-        self._block = 0
-        self._used = 0
-
-    def reset(self) -> None:
-        """Makes every block free again (the previous operation's regions become invalid)."""
-        self._block = 0
-        self._used = 0
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        """An aligned uint8 region of ``nbytes`` bytes."""
-        while self._block < len(self._blocks):
-            start = -(-self._used // _ALIGN) * _ALIGN
-            if start + nbytes <= self._blocks[self._block].numel():
-                self._used = start + nbytes
-                return self._blocks[self._block][start:start + nbytes]
-            self._block += 1
-            self._used = 0
-        pin = torch.cuda.is_available()
-        self._blocks.append(torch.empty(max(nbytes, _BLOCK_BYTES), dtype=torch.uint8, pin_memory=pin))
-        self._block = len(self._blocks) - 1
-        self._used = nbytes
-        return self._blocks[-1][:nbytes]
-
-
-STAGING = HostStaging()
+def set_load_pool(pool: Optional[Any]) -> None:
+    """Makes ``pool`` (a shardpoint._cuda.PinnedPool) the source of the host regions of CUDA load
+    destinations, or none (None)."""
+    global _LOAD_POOL
+    _LOAD_POOL = pool
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -79,18 +51,29 @@ def is_dtensor(value: Any) -> bool:
 
 
 def _host_view(local: torch.Tensor, for_load: bool, after: list[Callable[[], None]]) -> torch.Tensor:
-    """A contiguous CPU tensor with ``local``'s data (save) or to be copied into ``local`` (load)."""
-    if local.device.type == "cpu" and local.is_contiguous():
+    """A contiguous tensor with ``local``'s data (save: on its own device) or a contiguous CPU
+    tensor to be copied into ``local`` (load; a region of the batch's pinned pool for a CUDA one)."""
+    if local.is_contiguous() and (local.device.type == "cpu" or not for_load):
         return local
+    if not for_load:
+        return local.contiguous()
     if local.device.type == "cpu":
         host = torch.empty(local.shape, dtype=local.dtype)
-    else:
-        region = STAGING.take(local.numel() * local.element_size())
-        host = region.view(local.dtype).view(local.shape) if local.numel() else torch.empty(local.shape, dtype=local.dtype)
-    if for_load:
-        after.append(lambda: local.copy_(host, non_blocking=local.device.type != "cpu"))
-    else:
-        host.copy_(local, non_blocking=local.device.type != "cpu")
+        after.append(lambda: local.copy_(host))
+        return host
+    if _LOAD_POOL is None:
+        raise CheckpointArgumentError(f"a {local.device} tensor is loaded outside a device load batch",
+                                      "INTERNAL")
+    nbytes = local.numel() * local.element_size()
+    region = _LOAD_POOL.take(nbytes)
+    host = region.view(local.dtype).view(local.shape) if local.numel() else torch.empty(local.shape, dtype=local.dtype)
+
+    def to_device() -> None:
+        from . import _cuda
+
+        with torch.cuda.stream(_cuda.STREAMS.get(local.device)):
+            local.copy_(host, non_blocking=True)
+    after.append(to_device)
     return host
 
 
@@ -169,12 +152,6 @@ def dtensor_plan(name: str, value: Any, for_load: bool) -> TensorPlan:
     if box is None:
         return TensorPlan(name, dtype_name(value.dtype), shape, [], [])
     return local_plan(name, value._local_tensor.detach(), shape, [(box, 0)], for_load)
-
-
-def synchronize(plans: list[TensorPlan]) -> None:
-    """Waits for the asynchronous device copies started while making ``plans`` (if any)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def empty_like_stored(dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

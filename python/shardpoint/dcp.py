@@ -163,19 +163,19 @@ class StorageWriter(_storage.StorageWriter):
         """Writes every rank's items and commits the checkpoint (collective: see the module
         docstring). Raises the same CheckpointError on every rank when any rank fails."""
         comm = self._comm
-        with _api._host_staging():
-            prepared, error = None, None
-            try:
-                prepared = self._prepare(plan, planner)
-            except Exception as e:  # forwarded to every rank by _agree
-                error = e
-            _api._agree(comm, error)
-            plans, objects, results = prepared
-            attributes = self._attributes(planner)
-            with translated():
-                options = _core.SaveOptions(comm=comm, overwrite=self.overwrite, attributes=attributes,
-                                            threads=self.threads or _dist.default_threads(comm))
-                _core.save(self.path, [p.entry() for p in plans], objects, options)
+        prepared, error = None, None
+        try:
+            prepared = self._prepare(plan, planner)
+        except Exception as e:  # forwarded to every rank by _agree
+            error = e
+        _api._agree(comm, error)
+        plans, objects, results = prepared
+        attributes = self._attributes(planner)
+        entries, device_options = _api._save_entries(plans, None)
+        with translated():
+            options = _core.SaveOptions(comm=comm, overwrite=self.overwrite, attributes=attributes,
+                                        threads=self.threads or _dist.default_threads(comm), **device_options)
+            _core.save(self.path, entries, objects, options)
         return _done(results)
 
     def _prepare(self, plan: SavePlan, planner: SavePlanner
@@ -195,7 +195,6 @@ class StorageWriter(_storage.StorageWriter):
             else:
                 plans[item.index.fqn] = piece
             results.append(_storage.WriteResult(item.index, piece.nbytes, "tensor"))
-        _torch.synchronize([])  # device-to-host copies into the staging must land first
         return list(plans.values()), objects, results
 
     @staticmethod

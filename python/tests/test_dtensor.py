@@ -114,7 +114,7 @@ def load_cases(rank, world, root, cases):
         ref = reference()
         for key, value in flat_tensors(state).items():
             full = value.full_tensor()
-            if full.dtype != ref[key].dtype or not torch.equal(full.view(-1), ref[key].view(-1)):
+            if full.dtype != ref[key].dtype or not torch.equal(full.reshape(-1), ref[key].reshape(-1)):
                 mismatches.append((name, key))
         if (state["step"], state["meta"]) != (17, {"name": "run-1", "betas": (0.9, 0.95)}):
             mismatches.append((name, "objects"))

@@ -24,7 +24,9 @@ struct StagingLayout {
   uint64_t total_bytes = 0;
 };
 
-Result<StagingLayout> LayOut(const SaveState& state) {
+// Pieces without memory are allowed when `fill` is set (SaveOptions::fill_piece gives their bytes
+// to the background save); they take no staging.
+Result<StagingLayout> LayOut(const SaveState& state, bool fill) {
   StagingLayout layout;
   for (const SaveTensor& t : state.tensors) {
     std::vector<uint64_t>& offsets = layout.offsets.emplace_back();
@@ -35,13 +37,13 @@ Result<StagingLayout> LayOut(const SaveState& state) {
                                     " has a negative size");
       }
       const uint64_t bytes = static_cast<uint64_t>(piece.box.volume()) * DTypeSize(t.dtype);
-      if (bytes > 0 && piece.data == nullptr) {
+      if (bytes > 0 && piece.data == nullptr && !fill) {
         return InvalidArgumentError("tensor '" + t.name + "' piece " + piece.box.ToString() +
                                     " has no data (null pointer for " + std::to_string(bytes) +
                                     " bytes)");
       }
       offsets.push_back(layout.total_bytes);
-      layout.total_bytes += AlignUp(bytes, kPieceAlignment);
+      if (piece.data != nullptr) layout.total_bytes += AlignUp(bytes, kPieceAlignment);
     }
   }
   return layout;
@@ -70,8 +72,13 @@ ThreadPool* AsyncSaver::PoolFor(const SaveOptions& options) {
   return owned_pool_.get();
 }
 
-Status AsyncSaver::Stage(const SaveState& state, const std::string& path, ThreadPool* pool) {
-  SP_ASSIGN_OR_RETURN(StagingLayout layout, LayOut(state));
+Status AsyncSaver::Stage(const SaveState& state, const std::string& path, ThreadPool* pool,
+                         bool fill, AsyncStaging staging) {
+  SP_ASSIGN_OR_RETURN(StagingLayout layout, LayOut(state, fill));
+  if (staging == AsyncStaging::kBorrow) {
+    staged_ = state;  // the caller's staging, unchanged until the save is over
+    return OkStatus();
+  }
   if (budget_bytes_ != 0 && layout.total_bytes > budget_bytes_) {
     return ResourceExhaustedError("async save to " + path + " needs " +
                                   std::to_string(layout.total_bytes) +
@@ -93,6 +100,10 @@ Status AsyncSaver::Stage(const SaveState& state, const std::string& path, Thread
     staged.shape = source.shape;
     for (size_t p = 0; p < source.pieces.size(); ++p) {
       const ConstPieceView& piece = source.pieces[p];
+      if (piece.data == nullptr) {  // filled by the background save
+        staged.pieces.push_back(piece);
+        continue;
+      }
       std::byte* to = staging_.data() + layout.offsets[t][p];
       staged.pieces.push_back(ConstPieceView{piece.box, to});
       const uint64_t bytes = static_cast<uint64_t>(piece.box.volume()) * DTypeSize(source.dtype);
@@ -107,10 +118,11 @@ Status AsyncSaver::Stage(const SaveState& state, const std::string& path, Thread
   });
 }
 
-Status AsyncSaver::Start(const SaveState& state, std::string path, SaveOptions options) {
+Status AsyncSaver::Start(const SaveState& state, std::string path, SaveOptions options,
+                         AsyncStaging staging) {
   SP_RETURN_IF_ERROR(TakePrevious());
   options.pool = PoolFor(options);
-  Status staged = Stage(state, path, options.pool);
+  Status staged = Stage(state, path, options.pool, options.fill_piece != nullptr, staging);
   if (!staged.ok()) {
     staged_ = SaveState{};
     if (options.comm == nullptr) return staged;

@@ -37,6 +37,14 @@
 
 namespace sp {
 
+// How Start takes the pieces' bytes.
+enum class AsyncStaging {
+  kCopy,    // copied into the saver's staging memory (the caller may change its memory at once)
+  kBorrow,  // the pieces are already a copy the caller owns (pinned host memory that device
+            // tensors were copied into, say) and leaves unchanged until the save is over (Wait
+            // returns or the next Start returns): used as they are, no staging is taken
+};
+
 class AsyncSaver {
  public:
   // staging_budget_bytes: the most staging memory one save may use; 0 means no limit.
@@ -49,11 +57,15 @@ class AsyncSaver {
   // Waits for the previous save, copies `state` into staging (in parallel on options.pool, or on
   // a pool of options.threads threads that the saver keeps), then starts
   // Save(staged_state, path, options) on a background thread and returns OK.
+  // Pieces with null data are allowed when options.fill_piece is set: the background save gets
+  // their bytes from it (the caller keeps what it reads valid until the save is over). `staging`:
+  // see AsyncStaging; with kBorrow nothing is copied and the budget does not apply.
   // Errors: the previous save's unreported error (see above; nothing started);
   // kResourceExhausted "async save to <path> needs N bytes of staging memory, over the budget of
   // M bytes", kInvalidArgument for a piece with a null pointer or a negative size (with a comm,
   // the failing rank's peers get these from Wait; see Collectives above).
-  Status Start(const SaveState& state, std::string path, SaveOptions options);
+  Status Start(const SaveState& state, std::string path, SaveOptions options,
+               AsyncStaging staging = AsyncStaging::kCopy);
 
   // For a rank that failed before it could call Start (in a collective save): waits for the
   // previous save, then joins this save's collectives with `failure` in the background so that
@@ -79,7 +91,8 @@ class AsyncSaver {
   void Launch(std::string path, SaveOptions options, Status local_failure);
   Status StartFailedLocked(Status failure, std::string path, SaveOptions options);
   // Sizes staging for `state`, checks the budget, copies every piece, and fills staged_.
-  Status Stage(const SaveState& state, const std::string& path, ThreadPool* pool);
+  Status Stage(const SaveState& state, const std::string& path, ThreadPool* pool, bool fill,
+               AsyncStaging staging);
   ThreadPool* PoolFor(const SaveOptions& options);
 
   const uint64_t budget_bytes_;

@@ -1,0 +1,388 @@
+"""Device (CUDA) state: copies on side streams, pinned host memory reused across operations, and
+the three ways device bytes reach the core (docs/GPU.md).
+
+* Save and async save: the pieces are copied into pinned host blocks that are allocated once and
+  reused by every later save (bounded by ``staging_budget``), and the core writes from those blocks
+  without a second copy. What the budget cannot hold goes to the core as ``None`` pieces whose
+  bytes the core's I/O threads copy device-to-host just before writing them (``SaveOptions.fill``,
+  each thread on a copy stream of its own); an async save first snapshots them on the device (a
+  device-to-device copy, while free device memory allows) or blocks until they are copied (see
+  :func:`stage_async`).
+* Load: the destination tensors are loaded in batches through two pinned halves; the host-to-device
+  copies of one batch run on a copy stream while the next batch is read (:class:`LoadBatches`).
+
+Ordering with the caller's work: before any copy reads a tensor, its copy stream waits on an event
+recorded on the caller's current stream of that device; after a load, the caller's current streams
+wait on the copy streams. There is no device-wide synchronize.
+
+This module imports torch; it is used only when a state holds tensors on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from ._errors import CheckpointArgumentError, error_for
+
+_ALIGN = 64
+_MIN_BLOCK = 64 << 20
+# Device memory kept free beside a device snapshot: the caller's next steps need room too.
+_DEVICE_MARGIN_FRACTION = 0.1
+_DEVICE_MARGIN_MIN = 1 << 30
+# Default pinned host memory of a load (two halves, one being read into while the other is copied
+# to the device); a tensor larger than a half is loaded in row blocks.
+DEFAULT_LOAD_STAGING = 2 << 30
+# Default pinned staging of a synchronous save (what does not fit is copied as it is written).
+DEFAULT_SAVE_STAGING = 4 << 30
+
+
+def is_device_bytes(value: Any) -> bool:
+    """True for a uint8 piece view of device memory (what the torch adapter makes of a CUDA tensor)."""
+    return isinstance(value, torch.Tensor) and value.device.type == "cuda"
+
+
+def state_on_device(pieces: list) -> bool:
+    """Whether any piece of ``pieces`` (core entry pieces) lies in device memory."""
+    return any(is_device_bytes(p[2]) for p in pieces)
+
+
+class CopyStreams:
+    """One copy stream per (device, thread): copies issued by different I/O threads never wait on
+    each other, and a thread's stream sync waits only for its own copies."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[torch.cuda.Stream] = []
+
+    def get(self, device: torch.device) -> torch.cuda.Stream:
+        streams = getattr(self._local, "streams", None)
+        if streams is None:
+            streams = self._local.streams = {}
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = streams.get(index)
+        if stream is None:
+            stream = streams[index] = torch.cuda.Stream(device=index)
+            with self._lock:
+                self._all.append(stream)
+        return stream
+
+
+STREAMS = CopyStreams()
+
+
+def caller_events(sources: list[torch.Tensor]) -> dict[int, torch.cuda.Event]:
+    """An event on the caller's current stream of each device that ``sources`` live on: what the
+    copies of those tensors must wait for (the work the caller queued before the call)."""
+    events: dict[int, torch.cuda.Event] = {}
+    for src in sources:
+        index = src.device.index
+        if index not in events:
+            events[index] = torch.cuda.current_stream(index).record_event()
+    return events
+
+
+def copy_to_host(src: torch.Tensor, out: torch.Tensor, events: dict[int, torch.cuda.Event]) -> None:
+    """Copies device bytes ``src`` into host ``out`` on this thread's copy stream of its device,
+    after the caller's event, and waits for the copy."""
+    stream = STREAMS.get(src.device)
+    stream.wait_event(events[src.device.index])
+    with torch.cuda.stream(stream):
+        out.copy_(src, non_blocking=True)
+    stream.synchronize()
+
+
+def _unregister(blocks: list[torch.Tensor]) -> None:
+    for block in blocks:
+        torch.cuda.cudart().cudaHostUnregister(block.data_ptr())
+    blocks.clear()
+
+
+class PinnedPool:
+    """Grow-only pinned host blocks handed out as aligned regions, reset for each operation and kept
+    for the next one, so that an operation of the same size as an earlier one allocates nothing.
+    ``limit`` bounds the bytes held (0: none); ``take`` returns None when a region would pass it.
+    Blocks are host memory page-locked with cudaHostRegister at their exact size (torch's pinned
+    allocator rounds each allocation up to a power of two and caches it after it is freed), and
+    unregistered when the pool goes. Not thread-safe: one operation at a time."""
+
+    def __init__(self) -> None:
+        self._blocks: list[torch.Tensor] = []
+        self._block = 0
+        self._used = 0
+        weakref.finalize(self, _unregister, self._blocks)
+
+    def _new_block(self, size: int) -> torch.Tensor:
+        block = torch.empty(size, dtype=torch.uint8)
+        rc = int(torch.cuda.cudart().cudaHostRegister(block.data_ptr(), size, 0))
+        if rc != 0:
+            raise error_for(
+                "RESOURCE_EXHAUSTED",
+                f"cannot page-lock {size} bytes of host memory for device copies (cudaHostRegister returned "
+                f"error {rc}; {self.capacity} bytes held already): lower staging_budget or the memory locked "
+                f"elsewhere")
+        self._blocks.append(block)
+        return block
+
+    @property
+    def capacity(self) -> int:
+        """Pinned bytes held."""
+        return sum(b.numel() for b in self._blocks)
+
+    def reset(self) -> None:
+        self._block = 0
+        self._used = 0
+
+    def take(self, nbytes: int, limit: int = 0) -> Optional[torch.Tensor]:
+        while self._block < len(self._blocks):
+            start = -(-self._used // _ALIGN) * _ALIGN
+            if start + nbytes <= self._blocks[self._block].numel():
+                self._used = start + nbytes
+                return self._blocks[self._block][start:start + nbytes]
+            self._block += 1
+            self._used = 0
+        size = max(nbytes, _MIN_BLOCK)
+        if limit:
+            room = limit - self.capacity
+            if room < nbytes:
+                return None
+            size = min(size, room)
+        self._new_block(size)
+        self._block = len(self._blocks) - 1
+        self._used = nbytes
+        return self._blocks[-1][:nbytes]
+
+
+# --- save -------------------------------------------------------------------------------------
+
+_SAVE_POOL: Optional[PinnedPool] = None
+_SAVE_POOL_BUDGET = -1
+
+
+def save_pool(budget: int) -> PinnedPool:
+    """The pinned pool of synchronous saves under ``budget`` bytes: kept from one save to the next,
+    made again when the budget changes. One synchronous save at a time per process uses it (saves
+    are collective calls of the process's one training loop)."""
+    global _SAVE_POOL, _SAVE_POOL_BUDGET
+    if _SAVE_POOL is None or _SAVE_POOL_BUDGET != budget:
+        _SAVE_POOL, _SAVE_POOL_BUDGET = PinnedPool(), budget
+    return _SAVE_POOL
+
+
+@dataclass
+class Fill:
+    """The ``fill`` of a save: piece (tensor index, piece index) -> device (or host) bytes to copy
+    from. ``done`` is set once ``pending`` pieces have been filled (or one failed)."""
+
+    sources: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    events: dict[int, torch.cuda.Event] = field(default_factory=dict)
+    pending: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, tensor: int, piece: int, out: memoryview) -> None:
+        try:
+            src = self.sources[(tensor, piece)]
+            dst = torch.frombuffer(out, dtype=torch.uint8) if len(out) else torch.empty(0, dtype=torch.uint8)
+            if src.numel() != dst.numel():
+                raise CheckpointArgumentError(f"piece {piece} of tensor entry {tensor} holds {src.numel()} bytes, "
+                                              f"the engine asked for {dst.numel()}", "INTERNAL")
+            if src.device.type == "cuda":
+                copy_to_host(src, dst, self.events)
+            else:
+                dst.copy_(src)
+            del dst
+        finally:
+            with self.lock:
+                self.pending -= 1
+                if self.pending <= 0:
+                    self.done.set()
+
+
+OVER_BUDGET_MODES = ("auto", "device", "block")
+
+
+@dataclass
+class AsyncStaging:
+    """What :func:`stage_async` made: the entries for the core (host pieces in the pinned pool,
+    the rest None), the fill of the None pieces, the fill budget, and whether the caller must wait
+    for the fill (``blocking``) before it may change its tensors."""
+
+    entries: list[tuple]
+    fill: Optional[Fill]
+    fill_budget: int
+    blocking: bool
+    staged_bytes: int
+    snapshot_bytes: int
+    blocked_bytes: int
+
+
+def _free_device_bytes(index: int) -> int:
+    free, _ = torch.cuda.mem_get_info(index)
+    cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    return int(free) + max(0, int(cached))
+
+
+def stage_async(entries: list[tuple], pool: PinnedPool, budget: int, over_budget: str) -> AsyncStaging:
+    """Copies the entries' pieces into ``pool`` (device pieces on copy streams, host pieces with a
+    host copy) up to ``budget`` bytes of pinned memory (0: no bound), and waits for the copies.
+
+    Pieces past the budget are filled in the background from:
+      * "device": a snapshot on the device (one device-to-device copy each, made here), when the
+        free device memory beside a margin holds them; otherwise as "block";
+      * "block": the caller's own tensors, while :func:`async_save` blocks until they are filled;
+      * "auto" (the default): "device" when the snapshots fit, else "block".
+    Host pieces past the budget are always "block" (a host snapshot would break the budget).
+
+    A quarter of the budget (at most 1 GiB) is kept for the background fill when anything
+    overflows; the engine holds at least the largest filled piece.
+    """
+    if over_budget not in OVER_BUDGET_MODES:
+        raise CheckpointArgumentError(f"over_budget={over_budget!r}: expected one of {OVER_BUDGET_MODES}",
+                                      "INVALID_ARGUMENT")
+    # Host pieces of numpy arrays are copied as torch views of the same memory.
+    entries = [(n, d, sh, [(o, z, torch.from_numpy(a) if isinstance(a, np.ndarray) else a) for o, z, a in pieces])
+               for n, d, sh, pieces in entries]
+    total = sum(int(p[2].numel()) for e in entries for p in e[3] if p[2] is not None)
+    reserve = 0
+    limit = 0
+    if budget and total > budget:
+        reserve = min(budget // 4, 1 << 30)
+        limit = budget - reserve
+    pool.reset()
+    sources = [p[2] for e in entries for p in e[3] if is_device_bytes(p[2])]
+    events = caller_events(sources)
+    fill = Fill(events=events)
+    overflow: list[tuple[int, int, torch.Tensor]] = []
+    out: list[tuple] = []
+    staged = 0
+    for t, (name, dtype, shape, pieces) in enumerate(entries):
+        converted = []
+        for p, (offsets, sizes, data) in enumerate(pieces):
+            if data is None or data.numel() == 0:
+                converted.append((offsets, sizes, data))
+                continue
+            region = pool.take(int(data.numel()), limit)
+            if region is None:
+                overflow.append((t, p, data))
+                converted.append((offsets, sizes, None))
+                continue
+            if is_device_bytes(data):
+                stream = STREAMS.get(data.device)
+                stream.wait_event(events[data.device.index])
+                with torch.cuda.stream(stream):
+                    region.copy_(data, non_blocking=True)
+            else:
+                region.copy_(data)
+            staged += int(data.numel())
+            converted.append((offsets, sizes, region))
+        out.append((name, dtype, shape, converted))
+    snapshot_bytes = blocked_bytes = 0
+    if overflow:
+        device_bytes: dict[int, int] = {}
+        for _, _, data in overflow:
+            if is_device_bytes(data):
+                device_bytes[data.device.index] = device_bytes.get(data.device.index, 0) + int(data.numel())
+        snapshot = over_budget != "block" and all(
+            need + max(_DEVICE_MARGIN_MIN, int(_DEVICE_MARGIN_FRACTION * torch.cuda.get_device_properties(i).total_memory))
+            <= _free_device_bytes(i) for i, need in device_bytes.items())
+        if over_budget == "device" and device_bytes and not snapshot:
+            raise error_for(
+                "RESOURCE_EXHAUSTED",
+                f"over_budget='device': {sum(device_bytes.values())} bytes past the staging budget of {budget} do not "
+                f"fit in the free device memory (free bytes by device: "
+                f"{ {i: _free_device_bytes(i) for i in device_bytes} }); use over_budget='block' or a larger budget")
+        for t, p, data in overflow:
+            if snapshot and is_device_bytes(data):
+                stream = STREAMS.get(data.device)
+                stream.wait_event(events[data.device.index])
+                with torch.cuda.stream(stream):
+                    copy = torch.empty_like(data)
+                    copy.copy_(data, non_blocking=True)
+                fill.sources[(t, p)] = copy
+                snapshot_bytes += int(data.numel())
+            else:
+                fill.sources[(t, p)] = data
+                blocked_bytes += int(data.numel())
+        fill.pending = len(fill.sources)
+        # The snapshots' own copies wait on nothing more: the background fill reads them after an
+        # event recorded once they are made.
+        fill.events = {i: STREAMS.get(torch.device("cuda", i)).record_event() for i in events}
+    for index in events:
+        STREAMS.get(torch.device("cuda", index)).synchronize()
+    return AsyncStaging(out, fill if overflow else None, reserve, blocked_bytes > 0, staged, snapshot_bytes,
+                        blocked_bytes)
+
+
+# --- load -------------------------------------------------------------------------------------
+
+
+class LoadBatches:
+    """Two pinned halves for the batches of loads to the device, kept from one load to the next:
+    batch i is read into half i % 2 while the host-to-device copies of batch i - 1 run on the copy
+    streams. A half is reused only once the copies out of it are done (their events, waited for
+    on the host when the half comes round again, in this load or the next)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.lock = threading.Lock()  # one load at a time, held for the whole load
+        self.pools = (PinnedPool(), PinnedPool())
+        self._pending: list[list[torch.cuda.Event]] = [[], []]
+        self._devices: set[int] = set()
+
+    def start(self, devices: set[int]) -> None:
+        """Before a load's first copy: the copy streams of ``devices`` wait for the work the caller
+        queued on its current streams (it may still be using the destination tensors)."""
+        for index in devices:
+            STREAMS.get(torch.device("cuda", index)).wait_event(torch.cuda.current_stream(index).record_event())
+        self._devices = set(devices)
+
+    def begin(self, batch: int) -> PinnedPool:
+        """The half for ``batch``, free again (its previous copies waited for) and reset."""
+        i = batch % 2
+        for event in self._pending[i]:
+            event.synchronize()
+        self._pending[i] = []
+        self.pools[i].reset()
+        return self.pools[i]
+
+    def to_device(self, batch: int, copies: list[Callable[[], None]]) -> None:
+        """Runs a batch's copies to the device (each enters its device's copy stream itself; see
+        _torch._host_view) and records an event per device for the half's reuse."""
+        for copy in copies:
+            copy()
+        for index in self._devices:
+            self._pending[batch % 2].append(STREAMS.get(torch.device("cuda", index)).record_event())
+
+    def finish(self) -> None:
+        """The caller's current streams wait for every copy of the load (on the device: the host
+        returns at once)."""
+        for index in self._devices:
+            torch.cuda.current_stream(index).wait_stream(STREAMS.get(torch.device("cuda", index)))
+
+    def drain(self) -> None:
+        """Waits on the host for every copy out of the halves."""
+        for events in self._pending:
+            for event in events:
+                event.synchronize()
+        self._pending = [[], []]
+
+
+_LOADS: Optional[LoadBatches] = None
+
+
+def load_batches(budget: int) -> LoadBatches:
+    """The process's pinned halves for loads under ``budget`` bytes (made again when the budget
+    changes, once the copies out of the old ones are done)."""
+    global _LOADS
+    if _LOADS is None or _LOADS.budget != budget:
+        if _LOADS is not None:
+            _LOADS.drain()
+        _LOADS = LoadBatches(budget)
+    return _LOADS
