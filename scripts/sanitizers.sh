@@ -47,7 +47,7 @@ case "${mode}" in
     ninja -C "${build}" -j "${jobs}" "${tests[@]}" > "${build}/ninja-sanitizer.log" 2>&1 ||
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
     # Tests of targets not built here appear as <target>_NOT_BUILT; the others need the CLI, the
-    # crash driver, MPI or a Python with torch.
+    # crash driver, the engine's MPI test, MPI or a Python with torch.
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
       run_ctest "${build}" -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^crash_trials_sample$"
     ;;
