@@ -65,19 +65,23 @@ CUDA_HOST_REGISTER_PORTABLE = 1
 
 RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ = "raw D2H", "raw H2D", "raw disk write", "raw disk read"
 SP_BLOCK, SP_DURABLE = "sp.async_save blocking", "sp.async_save durable"
-SP_HALF_BLOCK, SP_HALF_DURABLE = ("sp.async_save blocking, 1/2 budget (over)",
-                                  "sp.async_save durable, 1/2 budget (over)")
+SP_HALF_BLOCK, SP_HALF_DURABLE = ("sp.async_save blocking, 1/2 budget, device snapshot",
+                                  "sp.async_save durable, 1/2 budget, device snapshot")
+SP_HALF_WAIT, SP_HALF_WAIT_DURABLE = ("sp.async_save blocking, 1/2 budget, over_budget=block",
+                                      "sp.async_save durable, 1/2 budget, over_budget=block")
 DCP_BLOCK, DCP_DURABLE = "dcp.async_save blocking", "dcp.async_save durable"
 SP_SAVE, DCP_SAVE, SP_LOAD, DCP_LOAD = "sp.save", "dcp.save", "sp.load (cold)", "dcp.load (cold)"
 SAVE_FLOOR, LOAD_FLOOR = "floor: save = max(D2H, write)", "floor: load = max(read, H2D)"
 # What each step's ratio column is taken against (raw steps have none).
-BASELINE = {SP_BLOCK: RAW_D2H, SP_HALF_BLOCK: RAW_D2H, DCP_BLOCK: RAW_D2H,
-            SP_DURABLE: SAVE_FLOOR, SP_HALF_DURABLE: SAVE_FLOOR, DCP_DURABLE: SAVE_FLOOR,
+BASELINE = {SP_BLOCK: RAW_D2H, SP_HALF_BLOCK: RAW_D2H, SP_HALF_WAIT: RAW_D2H, DCP_BLOCK: RAW_D2H,
+            SP_DURABLE: SAVE_FLOOR, SP_HALF_DURABLE: SAVE_FLOOR, SP_HALF_WAIT_DURABLE: SAVE_FLOOR,
+            DCP_DURABLE: SAVE_FLOOR,
             SP_SAVE: SAVE_FLOOR, DCP_SAVE: SAVE_FLOOR, SP_LOAD: LOAD_FLOOR, DCP_LOAD: LOAD_FLOOR}
 ORDER = [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ, SAVE_FLOOR, LOAD_FLOOR, SP_BLOCK, DCP_BLOCK, SP_HALF_BLOCK,
-         SP_DURABLE, DCP_DURABLE, SP_HALF_DURABLE, SP_SAVE, DCP_SAVE, SP_LOAD, DCP_LOAD]
+         SP_HALF_WAIT, SP_DURABLE, DCP_DURABLE, SP_HALF_DURABLE, SP_HALF_WAIT_DURABLE, SP_SAVE, DCP_SAVE, SP_LOAD,
+         DCP_LOAD]
 # The steps whose times add up to one run (blocking times are part of the durable ones).
-RUN_COST = [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ, SP_DURABLE, SP_HALF_DURABLE, DCP_DURABLE,
+RUN_COST = [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ, SP_DURABLE, SP_HALF_DURABLE, SP_HALF_WAIT_DURABLE, DCP_DURABLE,
             SP_SAVE, SP_LOAD, DCP_SAVE, DCP_LOAD]
 
 
@@ -385,16 +389,20 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-    # shardpoint's async save, with the budget asked for, then with half the state's bytes.
+    # shardpoint's async save, with the budget asked for, then with half the state's bytes, the
+    # half past the budget snapshotted on the device, then copied while the call blocks.
     budget = int(args.staging_budget_gib * GIB)
     half = total // 2
-    for labels, group_budget in (([SP_BLOCK, SP_DURABLE], budget), ([SP_HALF_BLOCK, SP_HALF_DURABLE], half)):
+    for labels, group_budget, mode in (([SP_BLOCK, SP_DURABLE], budget, "auto"),
+                                       ([SP_HALF_BLOCK, SP_HALF_DURABLE], half, "device"),
+                                       ([SP_HALF_WAIT, SP_HALF_WAIT_DURABLE], half, "block")):
 
-        def sp_async(i: int, labels: list[str] = labels, group_budget: int = group_budget) -> dict[str, float]:
+        def sp_async(i: int, labels: list[str] = labels, group_budget: int = group_budget,
+                     mode: str = mode) -> dict[str, float]:
             rm(sp_dir)
             sync(device)
             start = time.perf_counter()
-            handle = sp.async_save(state, sp_dir, overwrite=True, staging_budget=group_budget)
+            handle = sp.async_save(state, sp_dir, overwrite=True, staging_budget=group_budget, over_budget=mode)
             blocking = time.perf_counter() - start
             handle.wait()
             durable = time.perf_counter() - start
@@ -406,7 +414,7 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
             rm(sp_dir)
             return {labels[0]: blocking, labels[1]: durable}
 
-        shown = f"{group_budget / GIB:.2f} GiB" if group_budget else "unbounded"
+        shown = f"{group_budget / GIB:.2f} GiB, over_budget={mode}" if group_budget else "unbounded"
         repeat(clock, result, f"sp.async_save (budget {shown})", labels, runs, True, sp_async)
     rm(sp_dir)
 
@@ -566,16 +574,16 @@ def report(r: SizeRun, args: argparse.Namespace, device: torch.device, device_na
           f"over-budget rows {r.bytes // 2 / GIB:.2f} GiB; {r.elapsed:.0f} s")
     if device.type == "cpu":
         print("   (--device cpu: 'D2H'/'H2D' are host copies and the figures only check the script)")
-    print(f"{'step':44}{'median s':>10}{'GB/s':>9}{'spread s (min-max)':>22}  {'ratio to':32}{'ratio':>7}")
+    print(f"{'step':56}{'median s':>10}{'GB/s':>9}{'spread s (min-max)':>22}  {'ratio to':32}{'ratio':>7}")
     for row in rows:
         if row["median_s"] is None:
-            print(f"{row['step']:44}{'n/a':>10}")
+            print(f"{row['step']:56}{'n/a':>10}")
             continue
         spread = f"{row['min_s']:.3f}-{row['max_s']:.3f}" if row["min_s"] is not None else ""
         n = f" ({row['runs']} runs)" if row["runs"] and row["runs"] != r.runs else ""
         base = f"{row['baseline']}" if row["baseline"] else ""
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else ""
-        print(f"{row['step']:44}{row['median_s']:10.3f}{row['gb_per_s']:9.2f}{spread:>22}  {base:32}{ratio:>7}{n}")
+        print(f"{row['step']:56}{row['median_s']:10.3f}{row['gb_per_s']:9.2f}{spread:>22}  {base:32}{ratio:>7}{n}")
     print("ratio = the step's time / its baseline's time (lower is better)")
     print("targets:")
     for c in checks:

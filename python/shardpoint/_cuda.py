@@ -262,27 +262,34 @@ def stage_async(entries: list[tuple], pool: PinnedPool, budget: int, over_budget
     overflow: list[tuple[int, int, torch.Tensor]] = []
     out: list[tuple] = []
     staged = 0
+    copies: dict[Optional[int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # device (None: host)
     for t, (name, dtype, shape, pieces) in enumerate(entries):
         converted = []
         for p, (offsets, sizes, data) in enumerate(pieces):
-            if data is None or data.numel() == 0:
+            nbytes = 0 if data is None else int(data.numel())
+            if nbytes == 0:
                 converted.append((offsets, sizes, data))
                 continue
-            region = pool.take(int(data.numel()), limit)
+            region = pool.take(nbytes, limit)
             if region is None:
                 overflow.append((t, p, data))
                 converted.append((offsets, sizes, None))
                 continue
-            if is_device_bytes(data):
-                stream = STREAMS.get(data.device)
-                stream.wait_event(events[data.device.index])
-                with torch.cuda.stream(stream):
-                    region.copy_(data, non_blocking=True)
-            else:
-                region.copy_(data)
-            staged += int(data.numel())
+            copies.setdefault(data.device.index if data.device.type == "cuda" else None, []).append((region, data))
+            staged += nbytes
             converted.append((offsets, sizes, region))
         out.append((name, dtype, shape, converted))
+    # The copies of a device are issued together on its copy stream (one wait, one stream switch).
+    for index, pairs in copies.items():
+        if index is None:
+            for region, data in pairs:
+                region.copy_(data)
+            continue
+        stream = STREAMS.get(torch.device("cuda", index))
+        stream.wait_event(events[index])
+        with torch.cuda.stream(stream):
+            for region, data in pairs:
+                region.copy_(data, non_blocking=True)
     snapshot_bytes = blocked_bytes = 0
     if overflow:
         device_bytes: dict[int, int] = {}
