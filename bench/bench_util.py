@@ -23,6 +23,15 @@ def evict(path: str) -> bool:
     return True
 
 
+def fsync_path(path: str) -> None:
+    """Makes ``path`` (a file, or a directory's entries) durable: fsync on a descriptor of it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def raw_read(path: str, threads: int = 4, piece: int = 16 << 20,
              evict_first: bool = False, direct: bool = False) -> tuple[int, float]:
     """Reads every file under ``path`` in ``piece``-byte preads on ``threads`` threads (what a

@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import shardpoint as sp
-from bench_util import evict, raw_read
+from bench_util import evict, fsync_path, raw_read
 
 CLI = shutil.which("shardpoint") or os.path.join(os.path.dirname(sys.executable), "shardpoint")
 
@@ -104,11 +104,7 @@ def run_cli(*args: str) -> None:
 
 def torch_file(source: str, out: str) -> None:
     dcp_to_torch_save(source, out)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(out)
 
 
 def check_equal(rank: int, label: str, got: dict, want: dict) -> None:

@@ -28,8 +28,9 @@ from the medians of the same size. Targets (printed as PASS/MISS per size):
 plus the sp vs dcp ratios of each step.
 
 The steps run group by group (raw, sp async, sp async over budget, dcp async, sp save/load, dcp
-save/load), each group's runs back to back, so that the disk holds at most one copy of the state (every checkpoint is deleted once timed). The
-destination tensors live on the GPU only during the raw and load groups. The durable saves and
+save/load), each group's runs back to back, so that the disk holds at most one copy of the state
+(every checkpoint is deleted once timed). The destination tensors live on the GPU only during the
+raw and load groups. The durable saves and
 loads are warmed up at the first size only (--full-warmup: at every size). --max-seconds cuts the
 runs of a size, or skips it, when the estimate from the previous size does not fit.
 
@@ -57,7 +58,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import shardpoint as sp
-from bench_util import evict
+from bench_util import evict, fsync_path
 
 GIB = 1 << 30
 ALIGN = 4096  # offsets of the tensors in the host copy (pages)
@@ -226,11 +227,7 @@ def raw_write(host: HostCopy, directory: str, threads: int, piece: int) -> None:
     finally:
         for fd in fds.values():
             os.close(fd)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_path(directory)
 
 
 def raw_read(host: HostCopy, directory: str, threads: int, piece: int) -> None:
