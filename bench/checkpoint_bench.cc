@@ -422,6 +422,8 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
 }  // namespace sp
 
 int main(int argc, char** argv) {
+  // Line by line even into a file or pipe: a run stopped by a time limit keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string dir = "/tmp/shardpoint-bench";
   int runs = 5;
   int threads = 0;
