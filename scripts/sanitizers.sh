@@ -49,7 +49,7 @@ case "${mode}" in
     # Tests of targets not built here appear as <target>_NOT_BUILT; the others need the CLI, the
     # crash driver, the engine's MPI test, MPI or a Python with torch.
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
-      run_ctest "${build}" -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^crash_trials_sample$"
+      run_ctest "${build}" -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^crash_trials_sample$"
     ;;
   tsan)
     build="${2:-${root}/build-tsan}"
