@@ -7,6 +7,7 @@
 // builds a cycle.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -19,9 +20,13 @@ namespace {
 using namespace sp::torch_dcp;   // NOLINT
 using namespace sp::torch_save;  // NOLINT
 
-void Check(bool condition) {
-  if (!condition) std::abort();
+// Names the failed check on stderr before aborting, so a campaign's log says which property broke.
+void CheckAt(bool condition, const char* what, int line) {
+  if (condition) return;
+  std::fprintf(stderr, "unpickle_fuzz.cc:%d: check failed: %s\n", line, what);
+  std::abort();
 }
+#define Check(condition) CheckAt((condition), #condition, __LINE__)
 
 void MetadataRoundTrip(sp::ByteView bytes) {
   sp::Result<DcpMetadata> md = DecodeDcpMetadata(bytes, "fuzz");
@@ -29,6 +34,7 @@ void MetadataRoundTrip(sp::ByteView bytes) {
   sp::Result<std::string> encoded = EncodeDcpMetadata(*md);
   Check(encoded.ok());
   sp::Result<DcpMetadata> again = DecodeDcpMetadata(sp::AsBytes(*encoded), "fuzz");
+  if (!again.ok()) std::fprintf(stderr, "%s\n", again.status().ToString().c_str());
   Check(again.ok());
   sp::Result<std::string> twice = EncodeDcpMetadata(*again);
   Check(twice.ok() && *twice == *encoded);

@@ -145,6 +145,26 @@ TEST(EncodeDcpMetadata, ModelRoundTrips) {
   EXPECT_EQ(*back, md);
 }
 
+// planner_data is any plain data. bytes in it are written as protocol 2 writes them
+// (_codecs.encode, and bytes() when empty), and what EncodeDcpMetadata writes must decode again.
+TEST(EncodeDcpMetadata, PlannerDataWithBytesRoundTrips) {
+  DcpMetadata md = SmallModel();
+  md.planner_data = PlainValue::Dict(
+      {{PlainValue::String("w"), PlainValue::Tuple({PlainValue::String("w"), PlainValue::Bytes("")})},
+       {PlainValue::String("step"),
+        PlainValue::Tuple({PlainValue::Bytes(std::string("\x00\x7f\x80\xff", 4)), PlainValue::Int(1)})}});
+  Result<std::string> bytes = EncodeDcpMetadata(md);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_NE(bytes->find("c__builtin__\nbytes"), std::string::npos);
+  EXPECT_NE(bytes->find("_codecs\nencode"), std::string::npos);
+  Result<DcpMetadata> back = Decode(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, md);
+  Result<std::string> again = EncodeDcpMetadata(*back);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *bytes);
+}
+
 TEST(ValidateDcpMetadata, RefusesInconsistentModels) {
   auto expect = [](DcpMetadata md, std::string_view fragment) {
     SP_EXPECT_ERROR(EncodeDcpMetadata(md).status(), StatusCode::kInvalidArgument, fragment);

@@ -108,7 +108,10 @@ constexpr PickleGlobalName kDcpFixed[] = {
     {"pathlib._local", "PosixPath"},
     {"pathlib._local", "WindowsPath"},
     {"pathlib._local", "PurePosixPath"},
-    {"pathlib._local", "PureWindowsPath"},
+    {"pathlib._local", "PureWindowsPath"},    // bytes inside planner_data, as a protocol-2 pickler writes them (EncodeDcpMetadata does):
+    // _codecs.encode(str, 'latin1'), and bytes() for b''.
+    {"_codecs", "encode"},
+    {"builtins", "bytes"},
 };
 
 constexpr PickleGlobalName kTensorFixed[] = {
