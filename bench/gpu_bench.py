@@ -37,6 +37,16 @@ runs of a size, or skips it, when the estimate from the previous size does not f
     python bench/gpu_bench.py                  # 1, 8, 32 GiB, 5/3/1 runs, within --max-seconds 540
     python bench/gpu_bench.py --gib 4 --runs 5 --json /tmp/gpu_bench.json
     python bench/gpu_bench.py --device cpu --gib 0.05 --runs 2 --tensors 8   # checks the script only
+
+--steps picks the groups (raw, async, dcp-async, save), e.g. to time a large size's saves and loads
+in a run of their own: --gib 32 --steps raw,save.
+
+--sweep RATIOS replaces the steps above by the over-budget sweep: at each size, raw D2H and the raw
+durable write, then sp.async_save with staging_budget = state / ratio for each ratio, in
+over_budget="device" and "block" modes, blocking and durable times against those floors, with
+where the bytes went (staged in pinned memory, snapshotted on the device, copied while blocking):
+
+    python bench/gpu_bench.py --gib 8 --runs 3 --sweep 1.33,2,4,8,16
 """
 
 from __future__ import annotations
@@ -88,6 +98,13 @@ RUN_COST = [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ, SP_DURABLE, SP_HALF_DURABLE, 
 
 class Mismatch(RuntimeError):
     """A loaded tensor differs from the source: the bench stops."""
+
+
+class _Skipped(Exception):
+    """A group left out by --steps."""
+
+
+STEPS = ("raw", "async", "dcp-async", "save")
 
 
 class Clock:
@@ -350,41 +367,42 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
         return dest
 
     # Raw copies and disk I/O (the warm-up leaves out the disk).
-    clock.log("  pinning the host copy" if device.type == "cuda" else "  allocating the host copy")
-    host = HostCopy(state, pin=device.type == "cuda")
-    dest = make_dest()
+    if "raw" in args.steps:
+        clock.log("  pinning the host copy" if device.type == "cuda" else "  allocating the host copy")
+        host = HostCopy(state, pin=device.type == "cuda")
+        dest = make_dest()
 
-    def raw(i: int) -> dict[str, float]:
-        out = {}
-        sync(device)
-        start = time.perf_counter()
-        copier(host.tensors, state)
-        out[RAW_D2H] = time.perf_counter() - start
-        start = time.perf_counter()
-        copier(dest, host.tensors)
-        out[RAW_H2D] = time.perf_counter() - start
-        if i < 0:
+        def raw(i: int) -> dict[str, float]:
+            out = {}
+            sync(device)
+            start = time.perf_counter()
+            copier(host.tensors, state)
+            out[RAW_D2H] = time.perf_counter() - start
+            start = time.perf_counter()
+            copier(dest, host.tensors)
+            out[RAW_H2D] = time.perf_counter() - start
+            if i < 0:
+                return out
+            rm(raw_dir)
+            start = time.perf_counter()
+            raw_write(host, raw_dir, args.io_threads, piece)
+            out[RAW_WRITE] = time.perf_counter() - start
+            evict(raw_dir)
+            start = time.perf_counter()
+            raw_read(host, raw_dir, args.io_threads, piece)
+            out[RAW_READ] = time.perf_counter() - start
+            rm(raw_dir)
             return out
-        rm(raw_dir)
-        start = time.perf_counter()
-        raw_write(host, raw_dir, args.io_threads, piece)
-        out[RAW_WRITE] = time.perf_counter() - start
-        evict(raw_dir)
-        start = time.perf_counter()
-        raw_read(host, raw_dir, args.io_threads, piece)
-        out[RAW_READ] = time.perf_counter() - start
-        rm(raw_dir)
-        return out
 
-    try:
-        repeat(clock, result, "raw", [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ], runs, True, raw)
-    finally:
-        rm(raw_dir)
-        host.close()
-        del host, dest
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        try:
+            repeat(clock, result, "raw", [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ], runs, True, raw)
+        finally:
+            rm(raw_dir)
+            host.close()
+            del host, dest
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
     # shardpoint's async save, with the budget asked for, then with half the state's bytes, the
     # half past the budget snapshotted on the device, then copied while the call blocks.
@@ -393,6 +411,8 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
     for labels, group_budget, mode in (([SP_BLOCK, SP_DURABLE], budget, "auto"),
                                        ([SP_HALF_BLOCK, SP_HALF_DURABLE], half, "device"),
                                        ([SP_HALF_WAIT, SP_HALF_WAIT_DURABLE], half, "block")):
+        if "async" not in args.steps:
+            break
 
         def sp_async(i: int, labels: list[str] = labels, group_budget: int = group_budget,
                      mode: str = mode) -> dict[str, float]:
@@ -418,7 +438,11 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
     # DCP's async save with its DefaultStager, one per size.
     stager = None
     try:
+        if "dcp-async" not in args.steps:
+            raise _Skipped
         stager = make_stager(device)
+    except _Skipped:
+        pass
     except Exception as e:  # noqa: BLE001
         text = f"DCP DefaultStager/StagingOptions not usable as called here: {type(e).__name__}: {e}"
         result.errors.update({DCP_BLOCK: text, DCP_DURABLE: text})
@@ -501,10 +525,11 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
             rm(dcp_dir)
             return {DCP_SAVE: saved, DCP_LOAD: loaded}
 
-        repeat(clock, result, "sp.save + sp.load", [SP_SAVE, SP_LOAD], runs, warm, sp_save_load)
-        rm(sp_dir)
-        repeat(clock, result, "dcp.save + dcp.load", [DCP_SAVE, DCP_LOAD], runs, warm, dcp_save_load,
-               what="dcp.save/dcp.load: ")
+        if "save" in args.steps:
+            repeat(clock, result, "sp.save + sp.load", [SP_SAVE, SP_LOAD], runs, warm, sp_save_load)
+            rm(sp_dir)
+            repeat(clock, result, "dcp.save + dcp.load", [DCP_SAVE, DCP_LOAD], runs, warm, dcp_save_load,
+                   what="dcp.save/dcp.load: ")
     finally:
         rm(sp_dir)
         rm(dcp_dir)
@@ -514,6 +539,97 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
             torch.cuda.empty_cache()
             release_host_cache()
     return result
+
+
+def sweep_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.device, gib: float, runs: int,
+               ratios: list[float]) -> dict:
+    """The over-budget sweep of one size (--sweep): the floors, then each ratio in both modes."""
+    clock.log(f"{gib:g} GiB: building the state on {device}")
+    state = make_state(gib, args.tensors, device)
+    sync(device)
+    total = nbytes(state)
+    result = SizeRun(gib, total, len(state), runs)
+    copier = Copier(device)
+    raw_dir, sp_dir = os.path.join(root, "raw"), os.path.join(root, "sp")
+    host = HostCopy(state, pin=device.type == "cuda")
+
+    def raw(i: int) -> dict[str, float]:
+        sync(device)
+        start = time.perf_counter()
+        copier(host.tensors, state)
+        out = {RAW_D2H: time.perf_counter() - start}
+        if i < 0:
+            return out
+        rm(raw_dir)
+        start = time.perf_counter()
+        raw_write(host, raw_dir, args.io_threads, args.piece_mib << 20)
+        out[RAW_WRITE] = time.perf_counter() - start
+        rm(raw_dir)
+        return out
+
+    try:
+        repeat(clock, result, "raw", [RAW_D2H, RAW_WRITE], runs, True, raw)
+    finally:
+        rm(raw_dir)
+        host.close()
+        del host
+        gc.collect()
+    d2h, floor = result.median(RAW_D2H), result.median(SAVE_FLOOR)
+    rows = []
+    for ratio in ratios:
+        budget = int(total / ratio)
+        for mode in ("device", "block"):
+            block, durable = f"blocking {ratio:g}x {mode}", f"durable {ratio:g}x {mode}"
+
+            def step(i: int, budget: int = budget, mode: str = mode, block: str = block,
+                     durable: str = durable) -> dict[str, float]:
+                rm(sp_dir)
+                sync(device)
+                start = time.perf_counter()
+                handle = sp.async_save(state, sp_dir, overwrite=True, staging_budget=budget, over_budget=mode)
+                blocking = time.perf_counter() - start
+                handle.wait()
+                done = time.perf_counter() - start
+                if i >= 0:
+                    report = handle.staging
+                    result.staging.setdefault(block, []).append(
+                        {k: getattr(report, k) for k in ("staged_bytes", "snapshot_bytes", "blocked_bytes")})
+                rm(sp_dir)
+                return {block: blocking, durable: done}
+
+            repeat(clock, result, f"sp.async_save budget {budget / GIB:.2f} GiB (1/{ratio:g}), {mode}",
+                   [block, durable], runs, True, step)
+            b, d = result.median(block), result.median(durable)
+            last = result.staging.get(block, [{}])[-1]
+            rows.append({"ratio": ratio, "budget_bytes": budget, "mode": mode, "blocking_s": b, "durable_s": d,
+                         "blocking_over_d2h": b / d2h if b is not None and d2h else None,
+                         "durable_over_floor": d / floor if d is not None and floor else None,
+                         "staging": last, "error": result.errors.get(block)})
+    rm(sp_dir)
+    del state
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    print(flush=True)
+    print(f"== over-budget sweep, {gib:g} GiB: {total / GIB:.2f} GiB in {result.tensors} "
+          f"tensors on {device}; median of up to {runs} runs after a warm-up; raw D2H {fmt_s(d2h)}, "
+          f"save floor max(D2H, raw write) {fmt_s(floor)}")
+    print(f"{'state/budget':>12}{'budget GiB':>11}  {'mode':7}{'blocking s':>11}{'x D2H':>8}{'durable s':>11}"
+          f"{'x floor':>9}  {'staged GiB':>10}{'snapshot GiB':>13}{'blocked GiB':>12}")
+    for row in rows:
+        st = row["staging"]
+        gi = (lambda k: f"{st[k] / GIB:.2f}" if k in st else "n/a")
+        print(f"{row['ratio']:>12g}{row['budget_bytes'] / GIB:>11.2f}  {row['mode']:7}{fmt_s(row['blocking_s']):>11}"
+              f"{fmt_ratio(row['blocking_over_d2h']):>8}{fmt_s(row['durable_s']):>11}"
+              f"{fmt_ratio(row['durable_over_floor']):>9}  {gi('staged_bytes'):>10}{gi('snapshot_bytes'):>13}"
+              f"{gi('blocked_bytes'):>12}" + (f"  FAILED: {row['error']}" if row["error"] else ""))
+    print(flush=True)
+    return {"gib": gib, "bytes": total, "tensors": result.tensors, "runs": runs, "raw_d2h_s": d2h,
+            "save_floor_s": floor, "times": result.times, "errors": result.errors, "sweep": rows}
+
+
+def fmt_s(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def fmt_ratio(value: Optional[float]) -> str:
@@ -645,6 +761,12 @@ def main() -> None:
                              "from the previous one does not fit gets fewer runs or is skipped, and runs "
                              "after the first are left out once it is spent")
     parser.add_argument("--json", default=None, help="also write every timing and the tables as JSON here")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help="groups to run, comma-separated: raw (copies and disk floors), async "
+                             "(sp.async_save), dcp-async, save (sp/dcp save and cold load); default all")
+    parser.add_argument("--sweep", default=None, metavar="RATIOS",
+                        help="run only the over-budget sweep: state/budget ratios, comma-separated (e.g. "
+                             "1.33,2,4,8,16), each in over_budget 'device' and 'block' modes")
     args = parser.parse_args()
 
     sizes = parse_list(args.gib, float)
@@ -656,6 +778,11 @@ def main() -> None:
             runs = runs * len(sizes)
         if len(runs) != len(sizes) or min(runs) < 1:
             parser.error(f"--runs {args.runs}: give one number >= 1, or one per size of --gib ({len(sizes)})")
+    args.steps = set(parse_list(args.steps, str))
+    if not args.steps or not args.steps <= set(STEPS):
+        parser.error(f"--steps: expected some of {', '.join(STEPS)}")
+    if args.sweep is not None and (not parse_list(args.sweep, float) or min(parse_list(args.sweep, float)) <= 0):
+        parser.error(f"--sweep {args.sweep}: give state/budget ratios > 0, comma-separated")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_bench: CUDA is not available; this benchmark needs a GPU (use --device cpu only to check "
               "the script)", file=sys.stderr, flush=True)
@@ -703,6 +830,14 @@ def main() -> None:
                 else:
                     clock.log(f"{gib:g} GiB: estimated {guess[n]:.0f} s, {left:.0f} s left")
             start = clock.elapsed()
+            if args.sweep:
+                swept = sweep_size(args, clock, root, device, gib, n, parse_list(args.sweep, float))
+                output["results"].append(swept)
+                failed_sp = failed_sp or bool(swept["errors"])
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(output, f, indent=1, default=str)
+                continue
             result = bench_size(args, clock, root, device, gib, n, first=index == 0)
             result.elapsed = clock.elapsed() - start
             output["results"].append(report(result, args, device, device_name))

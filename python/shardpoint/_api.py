@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -164,13 +164,19 @@ def _stateful_view(state_dict: Mapping[str, Any]) -> tuple[Mapping[str, Any], An
     return view, apply
 
 
-def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool
+def _prepare_save(state_dict: Mapping[str, Any], rank: int, allow_pickle: bool,
+                  on_entry: Optional[Callable[[tuple], None]] = None
                   ) -> tuple[list[TensorPlan], list[tuple[str, str, bytes]], dict[str, str]]:
+    """The tensor plans, encoded objects and attributes of a save; ``on_entry`` gets each plan's core
+    entry as soon as it is made (an async save stages it while the next ones are planned)."""
     flat, paths = flatten(state_dict, is_tensor_leaf)
     plans, objects = [], []
     for key, value in flat.items():
         if is_tensor_leaf(value):
-            plans.append(tensor_plan(key, value, rank, for_load=False))
+            plan = tensor_plan(key, value, rank, for_load=False)
+            plans.append(plan)
+            if on_entry is not None:
+                on_entry(plan.entry())
         else:
             objects.append(encode_object(key, value, allow_pickle))
     return plans, objects, {_PATHS_ATTRIBUTE: json.dumps(encode_paths(paths))}
@@ -581,13 +587,19 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
     # No collective call here (the caller is blocked only for the copy): a rank that fails to
     # prepare joins its peers' save with the error, so that their wait() raises it too.
     staging = None
+    stager = None
     try:
-        plans, objects, attributes = _prepare_save(state_dict, comm.rank if comm else 0, allow_pickle)
-        entries = [p.entry() for p in plans]
         cuda = _device_module()
-        if cuda is not None and any(cuda.state_on_device(e[3]) for e in entries):
-            staging = cuda.stage_async(entries, _ASYNC.pool(cuda), budget, over_budget)
+        # Device pieces are copied to pinned memory tensor by tensor as the plans are made.
+        stager = cuda.Stager(_ASYNC.pool(cuda), budget, over_budget) if cuda is not None else None
+        plans, objects, attributes = _prepare_save(state_dict, comm.rank if comm else 0, allow_pickle,
+                                                   stager.add if stager is not None else None)
+        entries = [p.entry() for p in plans]
+        if stager is not None:
+            staging = stager.finish()
     except Exception as e:
+        if stager is not None:
+            stager.abort()
         if comm is not None:
             text = e.message if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
             try:

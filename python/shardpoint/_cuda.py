@@ -7,7 +7,7 @@ the three ways device bytes reach the core (docs/GPU.md).
   bytes the core's I/O threads copy device-to-host just before writing them (``SaveOptions.fill``,
   each thread on a copy stream of its own); an async save first snapshots them on the device (a
   device-to-device copy, while free device memory allows) or blocks until they are copied (see
-  :func:`stage_async`).
+  :class:`Stager`, which copies each tensor while the next ones are planned).
 * Load: the destination tensors are loaded in batches through two pinned halves; the host-to-device
   copies of one batch run on a copy stream while the next batch is read (:class:`LoadBatches`).
 
@@ -116,6 +116,7 @@ class PinnedPool:
         self._blocks: list[torch.Tensor] = []
         self._block = 0
         self._used = 0
+        self._taken = 0  # bytes of the blocks passed over or handed out in this operation
         weakref.finalize(self, _unregister, self._blocks)
 
     def _new_block(self, size: int) -> torch.Tensor:
@@ -138,18 +139,37 @@ class PinnedPool:
     def reset(self) -> None:
         self._block = 0
         self._used = 0
+        self._taken = 0
 
     def take(self, nbytes: int, limit: int = 0) -> Optional[torch.Tensor]:
+        """A region of ``nbytes`` bytes, or None when the bytes of this operation's regions (with
+        their alignment and the ends of the blocks passed over) would pass ``limit`` (0: none). A
+        block held from an earlier operation counts only once used: the pool never holds more than
+        the largest ``limit`` it was given, and an operation never uses more than its own. A take
+        that fails leaves the pool as it was: a smaller region may still fit."""
+        cursor = (self._block, self._used, self._taken)
+        region = self._take(nbytes, limit)
+        if region is None:
+            self._block, self._used, self._taken = cursor
+        return region
+
+    def _take(self, nbytes: int, limit: int) -> Optional[torch.Tensor]:
         while self._block < len(self._blocks):
+            size = self._blocks[self._block].numel()
             start = -(-self._used // _ALIGN) * _ALIGN
-            if start + nbytes <= self._blocks[self._block].numel():
+            if start + nbytes <= size:
+                if limit and self._taken + start + nbytes > limit:
+                    return None
                 self._used = start + nbytes
                 return self._blocks[self._block][start:start + nbytes]
+            self._taken += size
             self._block += 1
             self._used = 0
+        if limit and self._taken + nbytes > limit:
+            return None
         size = max(nbytes, _MIN_BLOCK)
         if limit:
-            room = limit - self.capacity
+            room = min(limit - self.capacity, limit - self._taken)
             if room < nbytes:
                 return None
             size = min(size, room)
@@ -210,7 +230,7 @@ OVER_BUDGET_MODES = ("auto", "device", "block")
 
 @dataclass
 class AsyncStaging:
-    """What :func:`stage_async` made: the entries for the core (host pieces in the pinned pool,
+    """What :class:`Stager` made: the entries for the core (host pieces in the pinned pool,
     the rest None), the fill of the None pieces, the fill budget, and whether the caller must wait
     for the fill (``blocking``) before it may change its tensors."""
 
@@ -229,102 +249,149 @@ def _free_device_bytes(index: int) -> int:
     return int(free) + max(0, int(cached))
 
 
-def stage_async(entries: list[tuple], pool: PinnedPool, budget: int, over_budget: str) -> AsyncStaging:
-    """Copies the entries' pieces into ``pool`` (device pieces on copy streams, host pieces with a
-    host copy) up to ``budget`` bytes of pinned memory (0: no bound), and waits for the copies.
+class Stager:
+    """Stages the pieces of a save into ``pool`` as the plans are made, tensor by tensor
+    (:meth:`add`), so that the device-to-host copies run while the next tensors are planned; then
+    :meth:`finish` handles what the budget cannot hold and waits for the copies.
 
+    ``budget`` bounds the pinned memory (0: no bound). While the state's size is not yet known, the
+    copies keep to the budget less a reserve for the background fill, a quarter of the budget and
+    at most 1 GiB; if the whole state turns out to fit, the pieces held back are staged at the end.
     Pieces past the budget are filled in the background from:
       * "device": a snapshot on the device (one device-to-device copy each, made here), when the
-        free device memory beside a margin holds them; otherwise as "block";
+        free device memory beside a margin holds them, else a RESOURCE_EXHAUSTED error;
       * "block": the caller's own tensors, while :func:`async_save` blocks until they are filled;
       * "auto" (the default): "device" when the snapshots fit, else "block".
-    Host pieces past the budget are always "block" (a host snapshot would break the budget).
+    Host pieces are staged at the end, after the device pieces, and past the budget they are always
+    "block" (a host snapshot would break the budget). A state with no device piece is not staged at
+    all: :meth:`finish` returns None and the caller takes the host path.
 
-    A quarter of the budget (at most 1 GiB) is kept for the background fill when anything
-    overflows; the engine holds at least the largest filled piece.
+    Each device piece's copy stream first waits on an event recorded on the caller's current stream
+    just before the copy: what the caller queued before the call, and the contiguous copies the
+    adapter queued while planning, are done before a byte is read.
     """
-    if over_budget not in OVER_BUDGET_MODES:
-        raise CheckpointArgumentError(f"over_budget={over_budget!r}: expected one of {OVER_BUDGET_MODES}",
-                                      "INVALID_ARGUMENT")
-    # Host pieces of numpy arrays are copied as torch views of the same memory.
-    entries = [(n, d, sh, [(o, z, torch.from_numpy(a) if isinstance(a, np.ndarray) else a) for o, z, a in pieces])
-               for n, d, sh, pieces in entries]
-    total = sum(int(p[2].numel()) for e in entries for p in e[3] if p[2] is not None)
-    reserve = 0
-    limit = 0
-    if budget and total > budget:
-        reserve = min(budget // 4, 1 << 30)
-        limit = budget - reserve
-    pool.reset()
-    sources = [p[2] for e in entries for p in e[3] if is_device_bytes(p[2])]
-    events = caller_events(sources)
-    fill = Fill(events=events)
-    overflow: list[tuple[int, int, torch.Tensor]] = []
-    out: list[tuple] = []
-    staged = 0
-    copies: dict[Optional[int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # device (None: host)
-    for t, (name, dtype, shape, pieces) in enumerate(entries):
-        converted = []
-        for p, (offsets, sizes, data) in enumerate(pieces):
+
+    def __init__(self, pool: PinnedPool, budget: int, over_budget: str) -> None:
+        if over_budget not in OVER_BUDGET_MODES:
+            raise CheckpointArgumentError(f"over_budget={over_budget!r}: expected one of {OVER_BUDGET_MODES}",
+                                          "INVALID_ARGUMENT")
+        self.pool = pool
+        self.budget = budget
+        self.over_budget = over_budget
+        self.limit = budget - min(budget // 4, 1 << 30) if budget else 0
+        self.entries: list[tuple] = []  # (name, dtype, shape, [[offsets, sizes, bytes or None], ...])
+        self.held: list[tuple[int, int, torch.Tensor]] = []  # (tensor, piece, bytes) not staged yet
+        self.devices: set[int] = set()
+        self.total = 0
+        self.staged = 0
+        pool.reset()
+
+    def _copy(self, region: torch.Tensor, data: torch.Tensor) -> None:
+        if data.device.type != "cuda":
+            region.copy_(data)
+            return
+        index = data.device.index
+        stream = STREAMS.get(data.device)
+        stream.wait_event(torch.cuda.current_stream(index).record_event())
+        with torch.cuda.stream(stream):
+            region.copy_(data, non_blocking=True)
+        self.devices.add(index)
+
+    def _stage(self, t: int, p: int, data: torch.Tensor, limit: int) -> bool:
+        region = self.pool.take(int(data.numel()), limit)
+        if region is None:
+            return False
+        self._copy(region, data)
+        self.staged += int(data.numel())
+        self.entries[t][3][p][2] = region
+        return True
+
+    def add(self, entry: tuple) -> None:
+        """One tensor's core entry (name, dtype, shape, pieces), in the order of the save's entries."""
+        name, dtype, shape, pieces = entry
+        t = len(self.entries)
+        self.entries.append((name, dtype, shape, [[o, z, None] for o, z, _ in pieces]))
+        for p, (_, _, data) in enumerate(pieces):
+            if isinstance(data, np.ndarray):
+                data = torch.from_numpy(data)
             nbytes = 0 if data is None else int(data.numel())
             if nbytes == 0:
-                converted.append((offsets, sizes, data))
+                self.entries[t][3][p][2] = data
                 continue
-            region = pool.take(nbytes, limit)
-            if region is None:
-                overflow.append((t, p, data))
-                converted.append((offsets, sizes, None))
-                continue
-            copies.setdefault(data.device.index if data.device.type == "cuda" else None, []).append((region, data))
-            staged += nbytes
-            converted.append((offsets, sizes, region))
-        out.append((name, dtype, shape, converted))
-    # The copies of a device are issued together on its copy stream (one wait, one stream switch).
-    for index, pairs in copies.items():
-        if index is None:
-            for region, data in pairs:
-                region.copy_(data)
-            continue
-        stream = STREAMS.get(torch.device("cuda", index))
-        stream.wait_event(events[index])
-        with torch.cuda.stream(stream):
-            for region, data in pairs:
-                region.copy_(data, non_blocking=True)
-    snapshot_bytes = blocked_bytes = 0
-    if overflow:
-        device_bytes: dict[int, int] = {}
-        for _, _, data in overflow:
-            if is_device_bytes(data):
-                device_bytes[data.device.index] = device_bytes.get(data.device.index, 0) + int(data.numel())
-        snapshot = over_budget != "block" and all(
-            need + max(_DEVICE_MARGIN_MIN, int(_DEVICE_MARGIN_FRACTION * torch.cuda.get_device_properties(i).total_memory))
-            <= _free_device_bytes(i) for i, need in device_bytes.items())
-        if over_budget == "device" and device_bytes and not snapshot:
-            raise error_for(
-                "RESOURCE_EXHAUSTED",
-                f"over_budget='device': {sum(device_bytes.values())} bytes past the staging budget of {budget} do not "
-                f"fit in the free device memory (free bytes by device: "
-                f"{ {i: _free_device_bytes(i) for i in device_bytes} }); use over_budget='block' or a larger budget")
-        for t, p, data in overflow:
-            if snapshot and is_device_bytes(data):
-                stream = STREAMS.get(data.device)
-                stream.wait_event(events[data.device.index])
-                with torch.cuda.stream(stream):
-                    copy = torch.empty_like(data)
-                    copy.copy_(data, non_blocking=True)
-                fill.sources[(t, p)] = copy
-                snapshot_bytes += int(data.numel())
-            else:
-                fill.sources[(t, p)] = data
-                blocked_bytes += int(data.numel())
-        fill.pending = len(fill.sources)
-        # The snapshots' own copies wait on nothing more: the background fill reads them after an
-        # event recorded once they are made.
-        fill.events = {i: STREAMS.get(torch.device("cuda", i)).record_event() for i in events}
-    for index in events:
-        STREAMS.get(torch.device("cuda", index)).synchronize()
-    return AsyncStaging(out, fill if overflow else None, reserve, blocked_bytes > 0, staged, snapshot_bytes,
-                        blocked_bytes)
+            self.total += nbytes
+            if not is_device_bytes(data) or not self._stage(t, p, data, self.limit):
+                self.held.append((t, p, data))
+
+    def abort(self) -> None:
+        """After an error: waits for the copies already issued (the pool's next user may reuse it)."""
+        for index in self.devices:
+            STREAMS.get(torch.device("cuda", index)).synchronize()
+
+    def finish(self) -> Optional[AsyncStaging]:
+        """Stages or routes the held pieces and waits for the copies; None when no piece lies on a device."""
+        if not self.devices and not any(is_device_bytes(d) for _, _, d in self.held):
+            return None
+        fits = not self.budget or self.total <= self.budget
+        limit = self.budget if fits else self.limit
+        overflow = [(t, p, d) for t, p, d in self.held if not self._stage(t, p, d, limit)]
+        fill = None
+        snapshot_bytes = blocked_bytes = fill_budget = 0
+        if overflow:
+            fill_budget = max(0, self.budget - self.pool.capacity)
+            devices = {d.device.index for _, _, d in overflow if is_device_bytes(d)}
+            # What the caller queued until now (the last tensors' contiguous copies included).
+            events = {i: torch.cuda.current_stream(i).record_event() for i in devices}
+            fill = Fill(events=events)
+            device_bytes: dict[int, int] = {}
+            for _, _, data in overflow:
+                if is_device_bytes(data):
+                    device_bytes[data.device.index] = device_bytes.get(data.device.index, 0) + int(data.numel())
+            snapshot = self.over_budget != "block" and all(
+                need + max(_DEVICE_MARGIN_MIN,
+                           int(_DEVICE_MARGIN_FRACTION * torch.cuda.get_device_properties(i).total_memory))
+                <= _free_device_bytes(i) for i, need in device_bytes.items())
+            if self.over_budget == "device" and device_bytes and not snapshot:
+                self.abort()
+                raise error_for(
+                    "RESOURCE_EXHAUSTED",
+                    f"over_budget='device': {sum(device_bytes.values())} bytes past the staging budget of "
+                    f"{self.budget} do not fit in the free device memory (free bytes by device: "
+                    f"{ {i: _free_device_bytes(i) for i in device_bytes} }); use over_budget='block' or a "
+                    f"larger budget")
+            for t, p, data in overflow:
+                if snapshot and is_device_bytes(data):
+                    stream = STREAMS.get(data.device)
+                    stream.wait_event(events[data.device.index])
+                    with torch.cuda.stream(stream):
+                        copy = torch.empty_like(data)
+                        copy.copy_(data, non_blocking=True)
+                    fill.sources[(t, p)] = copy
+                    snapshot_bytes += int(data.numel())
+                    self.devices.add(data.device.index)
+                else:
+                    fill.sources[(t, p)] = data
+                    blocked_bytes += int(data.numel())
+            fill.pending = len(fill.sources)
+            # The snapshots' own copies wait on nothing more: the background fill reads them after
+            # an event recorded once they are made.
+            fill.events = {i: STREAMS.get(torch.device("cuda", i)).record_event() for i in devices}
+        for index in self.devices:
+            STREAMS.get(torch.device("cuda", index)).synchronize()
+        entries = [(n, d, sh, [tuple(piece) for piece in pieces]) for n, d, sh, pieces in self.entries]
+        return AsyncStaging(entries, fill, fill_budget, blocked_bytes > 0, self.staged, snapshot_bytes,
+                            blocked_bytes)
+
+
+def stage_async(entries: list[tuple], pool: PinnedPool, budget: int, over_budget: str) -> Optional[AsyncStaging]:
+    """:class:`Stager` over entries already planned (None when no piece lies on a device)."""
+    stager = Stager(pool, budget, over_budget)
+    try:
+        for entry in entries:
+            stager.add(entry)
+        return stager.finish()
+    except BaseException:
+        stager.abort()
+        raise
 
 
 # --- load -------------------------------------------------------------------------------------

@@ -177,6 +177,26 @@ def test_async_saves_keep_memory_flat(tmp_path):
     assert all(torch.equal(target[k], params[k]) for k in params)
 
 
+def test_async_save_pinned_memory_stays_within_the_budget(tmp_path):
+    # A state that fits, then one that does not, then both again, under one budget: the pool is
+    # kept from save to save and never holds more than the budget, and every save loads back.
+    budget = 300_000
+    small = {"a": torch.randn(200, 256, device="cuda")}  # 204,800 bytes
+    big = _state(3)  # about 1 MB
+    for i, state in enumerate([small, big, small, big]):
+        h = sp.async_save(state, tmp_path / f"c{i}", staging_budget=budget)
+        h.wait()
+        assert _api._ASYNC.pinned_bytes <= budget, (i, _api._ASYNC.pinned_bytes)
+        assert h.staging.staged_bytes <= budget
+        if state is small:
+            assert h.staging.staged_bytes == 204_800 and h.staging.snapshot_bytes == 0
+        else:
+            assert h.staging.snapshot_bytes > 0  # the device has the memory: "auto" snapshots
+        target = _like(state)
+        sp.load(target, tmp_path / f"c{i}")
+        _assert_equal(state, target)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_tensors_on_several_devices_in_one_state(tmp_path):
     source = {"a": torch.randn(64, 64, device="cuda:0"), "b": torch.randn(64, 64, device="cuda:1")}
