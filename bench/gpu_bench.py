@@ -349,6 +349,25 @@ def repeat(clock: Clock, result: SizeRun, group: str, labels: list[str], runs: i
         clock.log(f"  {group} {name}: {shown}")
 
 
+def timed_async_save(state: dict[str, torch.Tensor], path: str, device: torch.device, budget: int, mode: str,
+                     result: SizeRun, labels: list[str], counted: bool) -> dict[str, float]:
+    """One sp.async_save of ``state`` into a fresh ``path``: {labels[0]: seconds until it returns,
+    labels[1]: seconds until durable}; a counted run also keeps its StagingReport under labels[0]."""
+    rm(path)
+    sync(device)
+    start = time.perf_counter()
+    handle = sp.async_save(state, path, overwrite=True, staging_budget=budget, over_budget=mode)
+    blocking = time.perf_counter() - start
+    handle.wait()
+    durable = time.perf_counter() - start
+    report = getattr(handle, "staging", None)
+    if report is not None and counted:
+        result.staging.setdefault(labels[0], []).append(
+            {k: getattr(report, k) for k in ("staged_bytes", "snapshot_bytes", "blocked_bytes") if hasattr(report, k)})
+    rm(path)
+    return {labels[0]: blocking, labels[1]: durable}
+
+
 def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.device, gib: float, runs: int,
                first: bool) -> SizeRun:
     clock.log(f"{gib:g} GiB: building the state on {device}")
@@ -416,20 +435,7 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
 
         def sp_async(i: int, labels: list[str] = labels, group_budget: int = group_budget,
                      mode: str = mode) -> dict[str, float]:
-            rm(sp_dir)
-            sync(device)
-            start = time.perf_counter()
-            handle = sp.async_save(state, sp_dir, overwrite=True, staging_budget=group_budget, over_budget=mode)
-            blocking = time.perf_counter() - start
-            handle.wait()
-            durable = time.perf_counter() - start
-            report = getattr(handle, "staging", None)
-            if report is not None and i >= 0:
-                result.staging.setdefault(labels[0], []).append(
-                    {k: getattr(report, k) for k in ("staged_bytes", "snapshot_bytes", "blocked_bytes")
-                     if hasattr(report, k)})
-            rm(sp_dir)
-            return {labels[0]: blocking, labels[1]: durable}
+            return timed_async_save(state, sp_dir, device, group_budget, mode, result, labels, i >= 0)
 
         shown = f"{group_budget / GIB:.2f} GiB, over_budget={mode}" if group_budget else "unbounded"
         repeat(clock, result, f"sp.async_save (budget {shown})", labels, runs, True, sp_async)
@@ -583,19 +589,7 @@ def sweep_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
 
             def step(i: int, budget: int = budget, mode: str = mode, block: str = block,
                      durable: str = durable) -> dict[str, float]:
-                rm(sp_dir)
-                sync(device)
-                start = time.perf_counter()
-                handle = sp.async_save(state, sp_dir, overwrite=True, staging_budget=budget, over_budget=mode)
-                blocking = time.perf_counter() - start
-                handle.wait()
-                done = time.perf_counter() - start
-                if i >= 0:
-                    report = handle.staging
-                    result.staging.setdefault(block, []).append(
-                        {k: getattr(report, k) for k in ("staged_bytes", "snapshot_bytes", "blocked_bytes")})
-                rm(sp_dir)
-                return {block: blocking, durable: done}
+                return timed_async_save(state, sp_dir, device, budget, mode, result, [block, durable], i >= 0)
 
             repeat(clock, result, f"sp.async_save budget {budget / GIB:.2f} GiB (1/{ratio:g}), {mode}",
                    [block, durable], runs, True, step)
