@@ -38,8 +38,8 @@ runs of a size, or skips it, when the estimate from the previous size does not f
     python bench/gpu_bench.py --gib 4 --runs 5 --json /tmp/gpu_bench.json
     python bench/gpu_bench.py --device cpu --gib 0.05 --runs 2 --tensors 8   # checks the script only
 
---steps picks the groups (raw, async, dcp-async, save), e.g. to time a large size's saves and loads
-in a run of their own: --gib 32 --steps raw,save.
+--steps picks the groups (raw, async, dcp-async, sp-save, dcp-save; save is both of the last two),
+e.g. to time a large size's saves and loads in a run of their own: --gib 32 --steps raw,save.
 
 --sweep RATIOS replaces the steps above by the over-budget sweep: at each size, raw D2H and the raw
 durable write, then sp.async_save with staging_budget = state / ratio for each ratio, in
@@ -104,7 +104,9 @@ class _Skipped(Exception):
     """A group left out by --steps."""
 
 
-STEPS = ("raw", "async", "dcp-async", "save")
+STEPS = ("raw", "async", "dcp-async", "sp-save", "dcp-save")
+# --steps names that stand for several groups.
+STEP_ALIASES = {"save": ("sp-save", "dcp-save")}
 
 
 class Clock:
@@ -531,9 +533,10 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
             rm(dcp_dir)
             return {DCP_SAVE: saved, DCP_LOAD: loaded}
 
-        if "save" in args.steps:
+        if "sp-save" in args.steps:
             repeat(clock, result, "sp.save + sp.load", [SP_SAVE, SP_LOAD], runs, warm, sp_save_load)
             rm(sp_dir)
+        if "dcp-save" in args.steps:
             repeat(clock, result, "dcp.save + dcp.load", [DCP_SAVE, DCP_LOAD], runs, warm, dcp_save_load,
                    what="dcp.save/dcp.load: ")
     finally:
@@ -757,7 +760,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write every timing and the tables as JSON here")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help="groups to run, comma-separated: raw (copies and disk floors), async "
-                             "(sp.async_save), dcp-async, save (sp/dcp save and cold load); default all")
+                             "(sp.async_save), dcp-async, sp-save and dcp-save (save and cold load; save: "
+                             "both); default all")
     parser.add_argument("--sweep", default=None, metavar="RATIOS",
                         help="run only the over-budget sweep: state/budget ratios, comma-separated (e.g. "
                              "1.33,2,4,8,16), each in over_budget 'device' and 'block' modes")
@@ -772,9 +776,10 @@ def main() -> None:
             runs = runs * len(sizes)
         if len(runs) != len(sizes) or min(runs) < 1:
             parser.error(f"--runs {args.runs}: give one number >= 1, or one per size of --gib ({len(sizes)})")
-    args.steps = set(parse_list(args.steps, str))
-    if not args.steps or not args.steps <= set(STEPS):
-        parser.error(f"--steps: expected some of {', '.join(STEPS)}")
+    named = set(parse_list(args.steps, str))
+    if not named or not named <= set(STEPS) | set(STEP_ALIASES):
+        parser.error(f"--steps: expected some of {', '.join(STEPS + tuple(STEP_ALIASES))}")
+    args.steps = {step for name in named for step in STEP_ALIASES.get(name, (name,))}
     if args.sweep is not None and (not parse_list(args.sweep, float) or min(parse_list(args.sweep, float)) <= 0):
         parser.error(f"--sweep {args.sweep}: give state/budget ratios > 0, comma-separated")
     if args.device == "cuda" and not torch.cuda.is_available():

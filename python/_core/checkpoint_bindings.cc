@@ -92,8 +92,8 @@ VerifyReport VerifyCheckpoint(const std::string& path, int threads, bool allow_e
 
 }  // namespace
 
-std::function<Status(size_t, size_t, MutableByteView)> FillFromPython(PyObject* fill) {
-  return [fill](size_t tensor, size_t piece, MutableByteView out) -> Status {
+std::function<Status(size_t, size_t, uint64_t, MutableByteView)> FillFromPython(PyObject* fill) {
+  return [fill](size_t tensor, size_t piece, uint64_t offset, MutableByteView out) -> Status {
     nb::gil_scoped_acquire gil;
     try {
       nb::object view = nb::steal(PyMemoryView_FromMemory(reinterpret_cast<char*>(out.data()),
@@ -101,12 +101,14 @@ std::function<Status(size_t, size_t, MutableByteView)> FillFromPython(PyObject* 
                                                           PyBUF_WRITE));
       if (!view.is_valid()) throw nb::python_error();
       const nb::handle fn(fill);
-      fn(tensor, piece, view);
+      fn(tensor, piece, offset, view);
       view.attr("release")();  // the memory is the engine's: no view of it outlives the call
       return OkStatus();
     } catch (nb::python_error& e) {
-      return InternalError("filling piece " + std::to_string(piece) + " of tensor entry " +
-                           std::to_string(tensor) + " failed: " + DescribePythonError(e));
+      return InternalError("filling bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + out.size()) + ") of piece " +
+                           std::to_string(piece) + " of tensor entry " + std::to_string(tensor) +
+                           " failed: " + DescribePythonError(e));
     }
   };
 }
@@ -118,7 +120,7 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   prepared->comm = MaybeCommunicator(options.comm);
   prepared->options = options.options;
   prepared->options.comm = prepared->comm.get();
-  if (!options.fill.is_none()) prepared->options.fill_piece = FillFromPython(options.fill.ptr());
+  if (!options.fill.is_none()) prepared->options.fill_range = FillFromPython(options.fill.ptr());
   return prepared;
 }
 

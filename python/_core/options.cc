@@ -126,11 +126,12 @@ void DefineSaveOptions(nb::module_& m) {
   cls.def_rw("comm", &PySaveOptions::comm, kNoneAllowed,
              "The communicator object (None: one rank).");
   cls.def_rw("fill", &PySaveOptions::fill, kNoneAllowed,
-             "fill(tensor, piece, out): writes the bytes of the piece given as None (indices in\n"
-             "the tensor entries) into `out`, a writable memoryview, when it is written; called\n"
-             "from I/O threads. None: every piece has an array.");
+             "fill(tensor, piece, offset, out): writes bytes [offset, offset + len(out)) of the\n"
+             "piece given as None (indices in the tensor entries) into `out`, a writable\n"
+             "memoryview, as that range is written (ranges of at most 16 MiB, several at once);\n"
+             "called from I/O threads. None: every piece has an array.");
   Field(cls, "fill_budget_bytes", &SaveOptions::fill_budget_bytes,
-        "Bytes of filled pieces held at once (at least the largest of them).");
+        "Bytes of filled ranges held at once (at least one range).");
   Field(cls, "overwrite", &SaveOptions::overwrite, "Replace a committed checkpoint at the path.");
   Field(cls, "threads", &SaveOptions::threads, "I/O threads (0: the engine's default).");
   Field(cls, "files_per_rank", &SaveOptions::files_per_rank, "Data files each rank writes.");

@@ -26,9 +26,9 @@ namespace sp::python {
 struct PySaveOptions {
   SaveOptions options;
   nanobind::object comm = nanobind::none();  // None: this process is the only rank
-  // fill(tensor index, piece index, out: a writable memoryview) writes the bytes of a piece given
-  // as None (SaveOptions::fill_piece), called from I/O threads with the GIL taken; None: no
-  // piece may be None.
+  // fill(tensor index, piece index, byte offset, out: a writable memoryview) writes bytes
+  // [offset, offset + len(out)) of a piece given as None (SaveOptions::fill_range), called from
+  // I/O threads with the GIL taken; None: no piece may be None.
   nanobind::object fill = nanobind::none();
 };
 

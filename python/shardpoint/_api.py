@@ -98,7 +98,7 @@ def _save_entries(plans: list[TensorPlan], staging_budget: Optional[int]) -> tup
     """The core's tensor entries of a synchronous save and the SaveOptions fields for their device
     pieces (shardpoint._cuda): copied into the process's pinned pool for synchronous saves, up to
     ``staging_budget`` bytes of it (default 4 GiB), and past it copied by the core's I/O threads
-    piece by piece as they are written."""
+    range by range as they are written."""
     entries = [p.entry() for p in plans]
     cuda = _device_module()
     if cuda is None or not any(cuda.state_on_device(e[3]) for e in entries):
@@ -230,7 +230,7 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     Tensors on CUDA devices are copied into pinned host memory kept from one save to the next, on
     copy streams that first wait for the work the caller queued before the call, and written from
     there (docs/GPU.md); ``staging_budget`` bounds that memory (default 4 GiB; 0: the whole state),
-    and what does not fit is copied piece by piece by the writing threads as it is written.
+    and what does not fit is copied range by range (16 MiB) by the writing threads as they write it.
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)

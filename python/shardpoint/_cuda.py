@@ -198,7 +198,9 @@ def save_pool(budget: int) -> PinnedPool:
 @dataclass
 class Fill:
     """The ``fill`` of a save: piece (tensor index, piece index) -> device (or host) bytes to copy
-    from. ``done`` is set once ``pending`` pieces have been filled (or one failed)."""
+    from. The core's I/O threads call it for byte ranges of the pieces as they write them (several
+    at once, each on its thread's copy stream). ``done`` is set once ``pending`` bytes have been
+    filled (after a failed range, the end of the save says the caller's tensors are no longer read)."""
 
     sources: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     events: dict[int, torch.cuda.Event] = field(default_factory=dict)
@@ -206,21 +208,25 @@ class Fill:
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __call__(self, tensor: int, piece: int, out: memoryview) -> None:
+    def __call__(self, tensor: int, piece: int, offset: int, out: memoryview) -> None:
+        filled = 0
         try:
             src = self.sources[(tensor, piece)]
             dst = torch.frombuffer(out, dtype=torch.uint8) if len(out) else torch.empty(0, dtype=torch.uint8)
-            if src.numel() != dst.numel():
-                raise CheckpointArgumentError(f"piece {piece} of tensor entry {tensor} holds {src.numel()} bytes, "
-                                              f"the engine asked for {dst.numel()}", "INTERNAL")
-            if src.device.type == "cuda":
-                copy_to_host(src, dst, self.events)
+            if offset < 0 or offset + dst.numel() > src.numel():
+                raise CheckpointArgumentError(
+                    f"piece {piece} of tensor entry {tensor} holds {src.numel()} bytes, the engine asked for "
+                    f"bytes [{offset}, {offset + dst.numel()})", "INTERNAL")
+            part = src[offset:offset + dst.numel()]
+            if part.device.type == "cuda":
+                copy_to_host(part, dst, self.events)
             else:
-                dst.copy_(src)
+                dst.copy_(part)
             del dst
+            filled = len(out)
         finally:
             with self.lock:
-                self.pending -= 1
+                self.pending -= filled
                 if self.pending <= 0:
                     self.done.set()
 
@@ -371,7 +377,7 @@ class Stager:
                 else:
                     fill.sources[(t, p)] = data
                     blocked_bytes += int(data.numel())
-            fill.pending = len(fill.sources)
+            fill.pending = sum(int(d.numel()) for d in fill.sources.values())
             # The snapshots' own copies wait on nothing more: the background fill reads them after
             # an event recorded once they are made.
             fill.events = {i: STREAMS.get(torch.device("cuda", i)).record_event() for i in devices}

@@ -24,8 +24,8 @@ struct StagingLayout {
   uint64_t total_bytes = 0;
 };
 
-// Pieces without memory are allowed when `fill` is set (SaveOptions::fill_piece gives their bytes
-// to the background save); they take no staging.
+// Pieces without memory are allowed when `fill` is set (SaveOptions::fills(): the background
+// save gets their bytes as it writes them); they take no staging.
 Result<StagingLayout> LayOut(const SaveState& state, bool fill) {
   StagingLayout layout;
   for (const SaveTensor& t : state.tensors) {
@@ -122,7 +122,7 @@ Status AsyncSaver::Start(const SaveState& state, std::string path, SaveOptions o
                          AsyncStaging staging) {
   SP_RETURN_IF_ERROR(TakePrevious());
   options.pool = PoolFor(options);
-  Status staged = Stage(state, path, options.pool, options.fill_piece != nullptr, staging);
+  Status staged = Stage(state, path, options.pool, options.fills(), staging);
   if (!staged.ok()) {
     staged_ = SaveState{};
     if (options.comm == nullptr) return staged;

@@ -57,9 +57,10 @@ class AsyncSaver {
   // Waits for the previous save, copies `state` into staging (in parallel on options.pool, or on
   // a pool of options.threads threads that the saver keeps), then starts
   // Save(staged_state, path, options) on a background thread and returns OK.
-  // Pieces with null data are allowed when options.fill_piece is set: the background save gets
-  // their bytes from it (the caller keeps what it reads valid until the save is over). `staging`:
-  // see AsyncStaging; with kBorrow nothing is copied and the budget does not apply.
+  // Pieces with null data are allowed when options.fills(): the background save gets their
+  // bytes from fill_piece or fill_range (the caller keeps what it reads valid until the save is
+  // over). `staging`: see AsyncStaging; with kBorrow nothing is copied and the budget does not
+  // apply.
   // Errors: the previous save's unreported error (see above; nothing started);
   // kResourceExhausted "async save to <path> needs N bytes of staging memory, over the budget of
   // M bytes", kInvalidArgument for a piece with a null pointer or a negative size (with a comm,

@@ -6,18 +6,22 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/format/writer.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
 #include "shardpoint/testing/synthetic_model.h"
@@ -422,6 +426,96 @@ TEST(AsyncSaverTest, PiecesWithoutMemoryAreFilledByTheBackgroundSave) {
     EXPECT_EQ(filled, (std::vector<size_t>{0, 2}));
     EXPECT_EQ(LoadBack(store, tensors), tensors.data);
   }
+}
+
+// Ranges of pieces without memory (SaveOptions::fill_range, as device state is saved): each
+// filled piece is asked for in disjoint ranges of at most kWriteTaskBytes covering it, the bytes
+// round-trip in both formats, and a budget below one range lets one range be held at a time
+// however many I/O threads there are.
+TEST(AsyncSaverTest, RangesOfPiecesWithoutMemoryAreFilledAsTheyAreWritten) {
+  Tensors tensors = MakeTensors(12);
+  tensors.names.push_back("e.large");
+  tensors.dtypes.push_back(DType::kFloat16);
+  tensors.shapes.push_back({4099, 4099});  // 33.6 MB: two full ranges and a short one
+  std::vector<std::byte>& large = tensors.data.emplace_back(4099 * 4099 * 2);
+  std::mt19937_64 rng(12);
+  for (std::byte& b : large) b = static_cast<std::byte>(rng());
+  SaveState state = tensors.AsSaveState();
+  state.tensors[0].pieces[0].data = nullptr;
+  state.tensors[4].pieces[0].data = nullptr;
+  struct Range {
+    size_t tensor;
+    uint64_t offset;
+    uint64_t size;
+    bool operator<(const Range& o) const {
+      return std::tie(tensor, offset) < std::tie(o.tensor, o.offset);
+    }
+  };
+  for (CheckpointFormat format : {CheckpointFormat::kNative, CheckpointFormat::kTorchDcp}) {
+    for (uint64_t budget : {uint64_t{1}, uint64_t{256} << 20}) {
+      SCOPED_TRACE(std::string(format == CheckpointFormat::kNative ? "native" : "torch-dcp") +
+                   ", budget " + std::to_string(budget));
+      MemoryStore store;
+      std::mutex mu;
+      std::vector<Range> ranges;
+      int in_fill = 0;
+      int most_in_fill = 0;
+      SaveOptions options;
+      options.store = &store;
+      options.format = format;
+      options.threads = 4;
+      options.fill_budget_bytes = budget;
+      options.fill_range = [&](size_t t, size_t p, uint64_t offset, MutableByteView out) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          most_in_fill = std::max(most_in_fill, ++in_fill);
+          ranges.push_back({t, offset, out.size()});
+        }
+        EXPECT_EQ(p, 0u);
+        EXPECT_LE(offset + out.size(), tensors.data[t].size());
+        std::memcpy(out.data(), tensors.data[t].data() + offset, out.size());
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::lock_guard<std::mutex> lock(mu);
+        --in_fill;
+        return OkStatus();
+      };
+      AsyncSaver saver;
+      ASSERT_TRUE(saver.Start(state, kPath, options, AsyncStaging::kBorrow).ok());
+      ASSERT_TRUE(saver.Wait().ok());
+      EXPECT_EQ(LoadBack(store, tensors), tensors.data);
+      std::sort(ranges.begin(), ranges.end());
+      std::map<size_t, uint64_t> covered;  // tensor -> bytes covered so far, in order
+      for (const Range& r : ranges) {
+        EXPECT_EQ(r.offset, covered[r.tensor]) << "tensor " << r.tensor;
+        EXPECT_GT(r.size, 0u);
+        EXPECT_LE(r.size, kWriteTaskBytes);
+        covered[r.tensor] = r.offset + r.size;
+      }
+      EXPECT_EQ(covered, (std::map<size_t, uint64_t>{{0, tensors.data[0].size()},
+                                                     {4, tensors.data[4].size()}}));
+      if (budget == 1) {
+        EXPECT_EQ(most_in_fill, 1);
+      }
+    }
+  }
+}
+
+TEST(AsyncSaverTest, ARangeFillErrorFailsTheSaveAndCommitsNothing) {
+  MemoryStore store;
+  const Tensors tensors = MakeTensors(13);
+  SaveState state = tensors.AsSaveState();
+  state.tensors[1].pieces[0].data = nullptr;
+  SaveOptions options;
+  options.store = &store;
+  options.fill_range = [](size_t, size_t, uint64_t, MutableByteView) {
+    return InternalError("device copy failed: an illegal memory access");
+  };
+  AsyncSaver saver;
+  ASSERT_TRUE(saver.Start(state, kPath, options, AsyncStaging::kBorrow).ok());
+  const Status status = saver.Wait();
+  EXPECT_EQ(status.code(), StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(), HasSubstr("device copy failed: an illegal memory access"));
+  EXPECT_EQ(ReadCheckpointMetadata(kPath, &store).status().code(), StatusCode::kNotFound);
 }
 
 TEST(AsyncSaverTest, AFillErrorFailsTheSaveAndCommitsNothing) {

@@ -17,7 +17,7 @@ namespace sp {
 // checking the name is new to this rank (`names`), the shape has no negative dimension, every
 // piece fits in the shape, and non-empty pieces have memory. kInvalidArgument names the tensor,
 // the piece and the shape. Piece is ConstPieceView or PieceView. With `data_optional`, pieces
-// may have no memory (a save whose SaveOptions::fill_piece provides their bytes).
+// may have no memory (a save whose SaveOptions::fill_piece or fill_range provides their bytes).
 template <typename Tensor>
 Result<LocalTensor> ToLocalTensor(const Tensor& t, std::set<std::string_view>& names,
                                   bool data_optional = false) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "shardpoint/base/random_id.h"
@@ -179,6 +180,8 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   const std::unique_ptr<ChunkWriter> writer =
       format_writer->NewChunkWriter(order.plan.writes.size(), options.checksum_block_bytes);
   ByteBudget budget(options.fill_budget_bytes);
+  RangeBuffers range_buffers(options.fill_budget_bytes);
+  std::vector<std::unique_ptr<FilledChunkSource>> sources;  // outlive the group's tasks
   TaskGroup group(&pool);
   for (size_t w = 0; w < order.plan.writes.size(); ++w) {
     const ChunkWrite& write = order.plan.writes[w];
@@ -192,11 +195,17 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     OpenFile& file = (*files)[file_slot.at(write.file)];
     report.chunks[w].tensor = write.tensor;
     report.chunks[w].chunk = write.chunk;
-    const ChunkBytes chunk{tensor.dtype, piece.box, piece.data, write.byte_length,
-                           file.data_start + write.data_offset};
+    ChunkBytes chunk{tensor.dtype, piece.box, piece.data, write.byte_length,
+                     file.data_start + write.data_offset};
     std::vector<uint32_t>* crcs = &report.chunks[w].block_crc32c;
-    if (piece.data == nullptr && write.byte_length > 0) {
-      if (!options.fill_piece) return InternalError("a piece without memory and no fill_piece");
+    if (piece.data == nullptr && write.byte_length > 0 && options.fill_range) {
+      sources.push_back(std::make_unique<FilledChunkSource>(options, tensor, write.local_tensor,
+                                                            write.local_box, range_buffers));
+      chunk.source = sources.back().get();
+      SP_RETURN_IF_ERROR(writer->QueueChunk(w, chunk, *file.file, group,
+                                            &options.on_chunk_written, crcs));
+    } else if (piece.data == nullptr && write.byte_length > 0) {
+      if (!options.fill_piece) return InternalError("a piece without memory and no fill");
       group.Run([&, chunk, crcs, w] {
         return WriteFilledChunk(order.plan.writes[w], tensor, options, *writer, w, chunk,
                                 *file.file, budget, crcs);
@@ -294,7 +303,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   }
   Result<std::string> local = [&]() -> Result<std::string> {
     SP_RETURN_IF_ERROR(local_failure);
-    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fill_piece != nullptr));
+    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fills()));
     return EncodeLocalSavePlan(plan);
   }();
   SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered,

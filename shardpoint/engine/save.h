@@ -82,11 +82,20 @@ struct SaveOptions {
   // nested paths) instead of BYTE_IO items, and metadata.json is written, both before `.metadata`
   // commits; megatron.core.dist_checkpointing.load reads it (docs/TORCH_DCP.md §6).
   bool megatron = false;
-  // Streaming saves (conversion): pieces whose data is null get their bytes from fill_piece
-  // (tensor and piece index in this rank's SaveState) just before they are written, with at most
-  // max(fill_budget_bytes, the largest such piece) bytes held at once. Called from I/O threads.
+  // Streaming saves: pieces whose data is null get their bytes just before they are written, from
+  // one of these two (tensor and piece index in this rank's SaveState; called from I/O threads):
+  //  - fill_piece, the whole piece at once, with at most max(fill_budget_bytes, the largest such
+  //    piece) bytes held (conversion: a piece is read from another checkpoint as one box);
+  //  - fill_range, bytes [offset, offset + out.size()) of the piece, for ranges of at most
+  //    kWriteTaskBytes (or one checksum block, when larger) that the write tasks fetch
+  //    themselves, with at most max(fill_budget_bytes, one range) bytes held: a large piece is
+  //    filled and written by every I/O thread at once (device state; docs/GPU.md).
+  // fill_range is used when both are set.
   std::function<Status(size_t tensor, size_t piece, MutableByteView out)> fill_piece;
+  std::function<Status(size_t tensor, size_t piece, uint64_t offset, MutableByteView out)>
+      fill_range;
   uint64_t fill_budget_bytes = kDefaultMemoryBudgetBytes;
+  bool fills() const { return fill_piece != nullptr || fill_range != nullptr; }
   // Called from I/O threads with the bytes of each chunk once written (for progress reports).
   std::function<void(uint64_t bytes)> on_chunk_written;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures

@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
@@ -49,7 +50,37 @@ inline constexpr uint64_t kWriteGroupBytes = uint64_t{1} << 20;
 // Called with the byte count of each piece once written (progress reports); may be empty.
 using WrittenCallback = std::function<void(uint64_t)>;
 
-// One chunk to write: its elements row-major and contiguous at `data`, and where they go.
+// Bytes [lo, hi) of a chunk while a write task works on them: in the chunk's memory, or in a
+// buffer that its ChunkSource filled and takes back when the range goes.
+class ChunkRange {
+ public:
+  explicit ChunkRange(const std::byte* data, std::function<void()> release = nullptr)
+      : data_(data), release_(std::move(release)) {}
+  ChunkRange(ChunkRange&& other) noexcept
+      : data_(other.data_), release_(std::exchange(other.release_, nullptr)) {}
+  ChunkRange& operator=(ChunkRange&&) = delete;
+  ChunkRange(const ChunkRange&) = delete;
+  ~ChunkRange() {
+    if (release_) release_();
+  }
+  const std::byte* data() const { return data_; }
+
+ private:
+  const std::byte* data_;
+  std::function<void()> release_;
+};
+
+// Where the bytes of a chunk without memory come from (streaming saves): each write task fetches
+// just the range it writes, so that one large chunk is filled and written by every I/O thread at
+// once and only the ranges being written are held. Thread-safe for disjoint ranges.
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+  virtual Result<ChunkRange> Fetch(uint64_t lo, uint64_t hi) = 0;
+};
+
+// One chunk to write: its elements row-major and contiguous at `data` (or, when `source` is set,
+// fetched from it range by range), and where they go.
 struct ChunkBytes {
   DType dtype = DType::kFloat32;
   Box box;                         // the chunk's box in the global tensor
@@ -58,7 +89,22 @@ struct ChunkBytes {
   // Where the first byte goes in the file: the file's data_start (the length of its header)
   // plus the chunk's data_offset, both as LayOutFiles left them.
   uint64_t file_offset = 0;
+  ChunkSource* source = nullptr;   // when set, `data` is null; it outlives the writes
 };
+
+// Bytes [lo, hi) of `chunk`: from its source, or its memory at byte lo. Write tasks call it.
+// (Inline: the format libraries that call it sit below the one that picks a writer.)
+inline Result<ChunkRange> FetchChunkRange(const ChunkBytes& chunk, uint64_t lo, uint64_t hi) {
+  if (lo > hi || hi > chunk.byte_length) {
+    return InternalError("write task range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         ") outside a chunk of " + std::to_string(chunk.byte_length) + " bytes");
+  }
+  if (chunk.source != nullptr) return chunk.source->Fetch(lo, hi);
+  if (chunk.data == nullptr && hi > lo) {
+    return InternalError("a chunk with neither memory nor a source");
+  }
+  return ChunkRange(chunk.data + lo);
+}
 
 // Writes the chunks of one rank's save into its open data files, framed as the format wants.
 class ChunkWriter {
@@ -67,7 +113,8 @@ class ChunkWriter {
   // Queues the writes of chunk `slot` (below the count given to NewChunkWriter) into `file` on
   // `group`, calling *written (when non-empty) after each piece. The CRC32C of each checksum
   // block goes to *block_crc32c when the format keeps them (native); otherwise it stays empty.
-  // chunk.data must stay valid until `group` is done.
+  // chunk.data (or chunk.source) must stay valid until `group` is done. Each task fetches its
+  // piece with FetchChunkRange; a piece is at most kWriteTaskBytes (or one checksum block).
   virtual Status QueueChunk(size_t slot, const ChunkBytes& chunk, WritableFile& file,
                             TaskGroup& group, const WrittenCallback* written,
                             std::vector<uint32_t>* block_crc32c) = 0;

@@ -9,21 +9,21 @@
 namespace sp {
 namespace {
 
-// Writes one piece [begin, end) of a chunk, checksumming each block it holds. Blocks are
-// checksummed and written in groups of about kWriteGroupBytes so each group is still in cache
-// when written, and writeback of the piece starts at once so the device works while the CPU goes
-// on.
-Status WritePiece(WritableFile& file, uint64_t file_offset, const std::byte* data,
-                  uint64_t begin, uint64_t end, uint64_t block_bytes, uint32_t* crcs) {
+// Writes one piece of a chunk, `bytes` bytes at `data` going to `file_offset`, checksumming each
+// block it holds into crcs[0...] (the piece starts on a block boundary). Blocks are checksummed
+// and written in groups of about kWriteGroupBytes so each group is still in cache when written,
+// and writeback of the piece starts at once so the device works while the CPU goes on.
+Status WritePiece(WritableFile& file, uint64_t file_offset, const std::byte* data, uint64_t bytes,
+                  uint64_t block_bytes, uint32_t* crcs) {
   const uint64_t group = std::max<uint64_t>(1, kWriteGroupBytes / block_bytes) * block_bytes;
-  for (uint64_t lo = begin; lo < end; lo += group) {
-    const uint64_t hi = std::min(lo + group, end);
+  for (uint64_t lo = 0; lo < bytes; lo += group) {
+    const uint64_t hi = std::min(lo + group, bytes);
     for (uint64_t b = lo; b < hi; b += block_bytes) {
       crcs[b / block_bytes] = Crc32c(data + b, std::min(b + block_bytes, hi) - b);
     }
     SP_RETURN_IF_ERROR(file.WriteAt(file_offset + lo, ByteView(data + lo, hi - lo)));
   }
-  file.StartWriteback(file_offset + begin, end - begin);
+  file.StartWriteback(file_offset, bytes);
   return OkStatus();
 }
 
@@ -39,13 +39,15 @@ class NativeChunkWriter : public ChunkWriter {
     const uint64_t step =
         std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
     const uint64_t offset = chunk.file_offset;
-    const std::byte* data = chunk.data;
+    const ChunkBytes bytes{chunk.dtype, Box(), chunk.data, chunk.byte_length, offset, chunk.source};
     WritableFile* out = &file;
     uint32_t* crcs = block_crc32c->data();
     for (uint64_t lo = 0; lo < chunk.byte_length; lo += step) {
       const uint64_t hi = std::min(lo + step, chunk.byte_length);
       group.Run([=] {
-        SP_RETURN_IF_ERROR(WritePiece(*out, offset, data, lo, hi, block_bytes, crcs));
+        SP_ASSIGN_OR_RETURN(const ChunkRange range, FetchChunkRange(bytes, lo, hi));
+        SP_RETURN_IF_ERROR(WritePiece(*out, offset + lo, range.data(), hi - lo, block_bytes,
+                                      crcs + lo / block_bytes));
         if (written != nullptr && *written) (*written)(hi - lo);
         return OkStatus();
       });

@@ -22,17 +22,18 @@ Result<std::string> NameSuffix(Store& store, std::string_view path, std::string_
   return replacing ? "-" + std::string(save_id) : std::string();
 }
 
-// Writes [begin, end) of an item's storage bytes, computing their CRC-32 on the way.
+// Writes one piece of an item's storage bytes, `bytes` bytes at `data` going to `file_offset`,
+// computing their CRC-32 on the way.
 Status WriteItemPiece(WritableFile& file, uint64_t file_offset, const std::byte* data,
-                      uint64_t begin, uint64_t end, uint32_t* crc32) {
+                      uint64_t bytes, uint32_t* crc32) {
   uint32_t crc = 0;
-  for (uint64_t lo = begin; lo < end; lo += kWriteGroupBytes) {
-    const uint64_t hi = std::min(lo + kWriteGroupBytes, end);
+  for (uint64_t lo = 0; lo < bytes; lo += kWriteGroupBytes) {
+    const uint64_t hi = std::min(lo + kWriteGroupBytes, bytes);
     crc = Crc32(crc, data + lo, hi - lo);
     SP_RETURN_IF_ERROR(file.WriteAt(file_offset + lo, ByteView(data + lo, hi - lo)));
   }
   *crc32 = crc;
-  file.StartWriteback(file_offset + begin, end - begin);
+  file.StartWriteback(file_offset, bytes);
   return OkStatus();
 }
 
@@ -83,10 +84,11 @@ class DcpChunkWriter : public ChunkWriter {
       item->piece_bytes[i] = hi - lo;
       WritableFile* out = &file;
       uint32_t* crc = &item->piece_crc32[i];
-      const std::byte* data = chunk.data;
-      const uint64_t at = chunk.file_offset;
+      const ChunkBytes bytes{chunk.dtype, Box(), chunk.data, chunk.byte_length, chunk.file_offset,
+                             chunk.source};
       group.Run([=] {
-        SP_RETURN_IF_ERROR(WriteItemPiece(*out, at, data, lo, hi, crc));
+        SP_ASSIGN_OR_RETURN(const ChunkRange range, FetchChunkRange(bytes, lo, hi));
+        SP_RETURN_IF_ERROR(WriteItemPiece(*out, bytes.file_offset + lo, range.data(), hi - lo, crc));
         if (written != nullptr && *written) (*written)(hi - lo);
         return OkStatus();
       });
