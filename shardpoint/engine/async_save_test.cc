@@ -500,40 +500,29 @@ TEST(AsyncSaverTest, RangesOfPiecesWithoutMemoryAreFilledAsTheyAreWritten) {
   }
 }
 
-TEST(AsyncSaverTest, ARangeFillErrorFailsTheSaveAndCommitsNothing) {
-  MemoryStore store;
-  const Tensors tensors = MakeTensors(13);
-  SaveState state = tensors.AsSaveState();
-  state.tensors[1].pieces[0].data = nullptr;
-  SaveOptions options;
-  options.store = &store;
-  options.fill_range = [](size_t, size_t, uint64_t, MutableByteView) {
-    return InternalError("device copy failed: an illegal memory access");
-  };
-  AsyncSaver saver;
-  ASSERT_TRUE(saver.Start(state, kPath, options, AsyncStaging::kBorrow).ok());
-  const Status status = saver.Wait();
-  EXPECT_EQ(status.code(), StatusCode::kInternal) << status;
-  EXPECT_THAT(status.message(), HasSubstr("device copy failed: an illegal memory access"));
-  EXPECT_EQ(ReadCheckpointMetadata(kPath, &store).status().code(), StatusCode::kNotFound);
-}
-
+// Whole pieces (fill_piece) and ranges (fill_range) alike.
 TEST(AsyncSaverTest, AFillErrorFailsTheSaveAndCommitsNothing) {
-  MemoryStore store;
   const Tensors tensors = MakeTensors(11);
   SaveState state = tensors.AsSaveState();
   state.tensors[1].pieces[0].data = nullptr;
-  SaveOptions options;
-  options.store = &store;
-  options.fill_piece = [](size_t, size_t, MutableByteView) {
-    return InternalError("device copy failed: an illegal memory access");
-  };
-  AsyncSaver saver;
-  ASSERT_TRUE(saver.Start(state, kPath, options, AsyncStaging::kBorrow).ok());
-  const Status status = saver.Wait();
-  EXPECT_EQ(status.code(), StatusCode::kInternal) << status;
-  EXPECT_THAT(status.message(), HasSubstr("device copy failed: an illegal memory access"));
-  EXPECT_EQ(ReadCheckpointMetadata(kPath, &store).status().code(), StatusCode::kNotFound);
+  const Status failure = InternalError("device copy failed: an illegal memory access");
+  for (bool ranges : {false, true}) {
+    SCOPED_TRACE(ranges ? "fill_range" : "fill_piece");
+    MemoryStore store;
+    SaveOptions options;
+    options.store = &store;
+    if (ranges) {
+      options.fill_range = [&](size_t, size_t, uint64_t, MutableByteView) { return failure; };
+    } else {
+      options.fill_piece = [&](size_t, size_t, MutableByteView) { return failure; };
+    }
+    AsyncSaver saver;
+    ASSERT_TRUE(saver.Start(state, kPath, options, AsyncStaging::kBorrow).ok());
+    const Status status = saver.Wait();
+    EXPECT_EQ(status.code(), StatusCode::kInternal) << status;
+    EXPECT_THAT(status.message(), HasSubstr("device copy failed: an illegal memory access"));
+    EXPECT_EQ(ReadCheckpointMetadata(kPath, &store).status().code(), StatusCode::kNotFound);
+  }
 }
 
 }  // namespace
