@@ -39,10 +39,11 @@ with ``torch.load(weights_only=True)`` or the reader was made with ``allow_pickl
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch.distributed.checkpoint import storage as _storage
@@ -239,13 +240,17 @@ class StorageReader(_storage.StorageReader):
     ``threads``: read parallelism of this rank (default: the core's). ``allow_pickle``: hand the
     planner stored archives that do not load with ``torch.load(weights_only=True)`` (the planner
     unpickles them, which runs code from the checkpoint), and pickled objects re-archived.
+    ``staging_budget``: pinned host bytes of loads into CUDA tensors, as in ``shardpoint.load``
+    (default 2 GiB; docs/GPU.md).
     """
 
-    def __init__(self, path: PathLike, *, threads: Optional[int] = None, allow_pickle: bool = False) -> None:
+    def __init__(self, path: PathLike, *, threads: Optional[int] = None, allow_pickle: bool = False,
+                 staging_budget: Optional[int] = None) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.threads = threads
         self.allow_pickle = allow_pickle
+        self.staging_budget = int(staging_budget) if staging_budget else 0
         self._tensors: dict[str, tuple[str, tuple[int, ...]]] = {}  # name: (dtype, shape)
 
     def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
@@ -282,47 +287,108 @@ class StorageReader(_storage.StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        """Reads every item of ``plan`` on this rank alone (see the module docstring)."""
+        """Reads every item of ``plan`` on this rank alone (see the module docstring). Items whose
+        planner tensor lies on a CUDA device are read in batches into the pinned halves of the
+        process's device loads (shardpoint._cuda.LoadBatches, ``staging_budget`` bytes in all), each
+        batch going to the device on the copy streams while the next one is read: no pageable copy
+        of the whole state is made."""
         object_items = [i for i in plan.items if i.type == LoadItemType.BYTE_IO]
         tensor_items = [i for i in plan.items if i.type != LoadItemType.BYTE_IO]
-        reads = [self._tensor_read(item, planner) for item in tensor_items]
-        entries: dict[str, list] = {}
-        for item, (_, _, _, piece) in zip(tensor_items, reads):
-            entries.setdefault(item.storage_index.fqn, []).append(piece)
-        tensors = [(name, *self._tensors[name], pieces) for name, pieces in entries.items()]
+        resolved = [planner.resolve_tensor(item) for item in tensor_items]
+        on_device = [r.device.type == "cuda" for r in resolved]
+        cuda = _api._device_module() if any(on_device) else None
         wanted = sorted({i.storage_index.fqn for i in object_items})
-        with translated():
-            options = _core.LoadOptions()
-            if self.threads:
-                options.threads = self.threads
-            _, _, objects, _, _ = _core.load(self.path, tensors, wanted, options)
-        for item, (resolved, dest, host, _) in zip(tensor_items, reads):
-            if host is not dest:
-                dest.copy_(host)
-            planner.commit_tensor(item, resolved)
-        found = {name: (encoding, payload) for name, encoding, payload in objects}
+        batches = self._batches(tensor_items, resolved, on_device, cuda)
+        objects: list = []
+        staging = cuda.load_batches(self.staging_budget or cuda.DEFAULT_LOAD_STAGING) if cuda else None
+        with staging.lock if staging is not None else contextlib.nullcontext():
+            try:
+                if staging is not None:
+                    staging.start({r.device.index for r, d in zip(resolved, on_device) if d})
+                for b, batch in enumerate(batches):
+                    pool = staging.begin(b) if staging is not None else None
+                    reads = [self._tensor_read(tensor_items[i], resolved[i], pool) for i in batch]
+                    entries: dict[str, list] = {}
+                    for i, (_, _, piece) in zip(batch, reads):
+                        entries.setdefault(tensor_items[i].storage_index.fqn, []).append(piece)
+                    tensors = [(name, *self._tensors[name], pieces) for name, pieces in entries.items()]
+                    with translated():
+                        options = _core.LoadOptions()
+                        if self.threads:
+                            options.threads = self.threads
+                        _, _, found, _, _ = _core.load(self.path, tensors, wanted if b == 0 else [], options)
+                    objects += found
+                    copies = [copy for _, copy, _ in reads if copy is not None]
+                    if staging is not None:
+                        staging.to_device(b, copies)
+                    else:
+                        for copy in copies:
+                            copy()
+            finally:
+                if staging is not None:
+                    staging.finish()
+        for item, tensor in zip(tensor_items, resolved):
+            planner.commit_tensor(item, tensor)
+        found_objects = {name: (encoding, payload) for name, encoding, payload in objects}
         for item in object_items:
-            encoding, payload = found[item.storage_index.fqn]
+            encoding, payload = found_objects[item.storage_index.fqn]
             planner.load_bytes(item, io.BytesIO(self._archive_of(item.storage_index.fqn, encoding, payload)))
         return _done(None)
 
-    def _tensor_read(self, item: ReadItem, planner: LoadPlanner) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
-        """(the planner's tensor, its detached view, a contiguous host buffer, the core's piece) of
-        one read item."""
+    def _batches(self, items: list[ReadItem], resolved: list[torch.Tensor], on_device: list[bool],
+                 cuda: Any) -> list[list[int]]:
+        """The items (indices) of each core load: all in one without device tensors; else the host
+        ones first, then the device ones in batches of at most half the staging budget (a larger
+        item alone)."""
+        if cuda is None:
+            return [list(range(len(items)))] if items else [[]]
+        half = max(1, (self.staging_budget or cuda.DEFAULT_LOAD_STAGING) // 2)
+        batches: list[list[int]] = [[i for i, d in enumerate(on_device) if not d]]
+        used = 0
+        started = False
+        for i, d in enumerate(on_device):
+            if not d:
+                continue
+            nbytes = resolved[i].numel() * _torch.empty_like_stored(self._tensors[items[i].storage_index.fqn][0],
+                                                                   (0,)).element_size()
+            if started and used + nbytes > half:
+                batches.append([])
+                used = 0
+            started = True
+            batches[-1].append(i)
+            used += nbytes
+        return batches
+
+    def _tensor_read(self, item: ReadItem, resolved: torch.Tensor,
+                     pool: Any) -> tuple[torch.Tensor, Optional[Callable[[], None]], tuple]:
+        """(a contiguous host buffer, the copy of it into the planner's tensor or None, the core's
+        piece) of one read item; a device tensor's buffer is a region of ``pool`` (pinned), copied
+        on its device's copy stream."""
         fqn = item.storage_index.fqn
-        resolved = planner.resolve_tensor(item)
         dest = resolved.detach()
         if tuple(dest.shape) != tuple(item.lengths):
             raise CheckpointArgumentError(
                 f"tensor {fqn!r}: the planner resolved shape {tuple(dest.shape)} for a read of lengths "
                 f"{tuple(item.lengths)}", "INVALID_ARGUMENT")
         stored = _torch.empty_like_stored(self._tensors[fqn][0], (0,)).dtype
-        host = dest
-        if dest.device.type != "cpu" or not dest.is_contiguous() or dest.dtype != stored:
+        host, copy = dest, None
+        if dest.device.type == "cuda" and pool is not None and dest.numel():
+            region = pool.take(dest.numel() * stored.itemsize)
+            host = region.view(stored).view(tuple(item.lengths))
+
+            def copy() -> None:
+                from . import _cuda
+
+                with torch.cuda.stream(_cuda.STREAMS.get(dest.device)):
+                    dest.copy_(host, non_blocking=True)
+        elif dest.device.type != "cpu" or not dest.is_contiguous() or dest.dtype != stored:
             host = torch.empty(tuple(item.lengths), dtype=stored)
+
+            def copy() -> None:
+                dest.copy_(host)
         offsets = tuple(int(c) + int(o) for c, o in zip(item.storage_index.offset, item.storage_offsets))
         flat = host.reshape(-1).view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
-        return resolved, dest, host, (offsets, tuple(int(s) for s in item.lengths), flat)
+        return host, copy, (offsets, tuple(int(s) for s in item.lengths), flat)
 
     def _archive_of(self, name: str, encoding: str, payload: bytes) -> bytes:
         """The ``torch.save`` archive DCP's planner expects for a stored object."""

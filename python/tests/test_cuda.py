@@ -99,6 +99,30 @@ def test_the_caller_stream_waits_for_a_load(tmp_path):
     assert torch.equal(y.cpu(), torch.full((2048, 1024), 6.0))
 
 
+def test_dcp_load_through_the_storage_reader_goes_to_the_device_in_pinned_batches(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    import shardpoint.dcp
+    from shardpoint import _cuda
+
+    source = {k: v for k, v in _state(8).items() if isinstance(v, torch.Tensor)}
+    source["host"] = torch.arange(12.0)
+    dcp.save(source, storage_writer=shardpoint.dcp.StorageWriter(tmp_path / "c"))
+    target = _like(source)
+    target["host"] = torch.zeros(12)
+    # As for sp.load: the copies queue behind this, and the caller's stream must wait for them.
+    with torch.cuda.stream(_cuda.STREAMS.get(torch.device("cuda", 0))):
+        torch.cuda._sleep(100_000_000)
+    # 256 KiB: "w" (512 KiB) alone, the others in batches of at most 128 KiB.
+    dcp.load(target, storage_reader=shardpoint.dcp.StorageReader(tmp_path / "c", staging_budget=256 << 10))
+    y = target["w"] * 2
+    assert torch.equal(y.cpu(), source["w"].cpu() * 2)
+    _assert_equal(source, target)
+    assert target["t"].stride() == source["t"].stride()
+    assert _cuda._LOADS is not None and _cuda._LOADS.budget == 256 << 10
+    assert all(p.capacity > 0 for p in _cuda._LOADS.pools)  # both pinned halves took batches
+
+
 def test_loads_in_batches_keep_tied_weights_and_report_keys(tmp_path):
     g = torch.Generator(device="cuda").manual_seed(3)
     source = {f"l{i}": torch.randn(128, 64, device="cuda", generator=g) for i in range(12)}
