@@ -25,13 +25,15 @@ echo "built in $(( $(date +%s) - start )) s"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 echo "== pytest: CUDA tests"
-$PY -m pytest -q -p no:cacheprovider python/tests/test_cuda.py -rs 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+$PY -m pytest -q -p no:cacheprovider python/tests/test_cuda.py python/tests/test_fill.py \
+    python/tests/test_pinned_pool.py -rs 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
 cuda_rc=${PIPESTATUS[0]}
 api_rc=0
 if [ "${GPU_CHECK_API:-1}" != 0 ]; then
   echo "== pytest: API tests with CUDA present"
   $PY -m pytest -q -p no:cacheprovider python/tests/test_api.py python/tests/test_async.py \
-      python/tests/test_dtensor.py python/tests/test_stateful.py 2>&1 | tee "$OUT/pytest_api.log" | tail -6
+      python/tests/test_dtensor.py python/tests/test_stateful.py python/tests/test_dcp_storage.py 2>&1 \
+      | tee "$OUT/pytest_api.log" | tail -6
   api_rc=${PIPESTATUS[0]}
 fi
 bench_rc=0
