@@ -190,7 +190,7 @@ TEST(AsyncSaverTest, CheckpointHoldsTheStateAsOfStart) {
   EXPECT_TRUE(saver.Wait().ok());  // nothing running: OK
 }
 
-TEST(AsyncSaverTest, RoundTripsAResharded4RankModel) {
+TEST(AsyncSaverTest, RoundTripsAResharded4RankModelAndWholeOnOneRank) {
   spt::ModelConfig config;
   config.layers = 1;
   config.hidden = 64;
@@ -223,6 +223,16 @@ TEST(AsyncSaverTest, RoundTripsAResharded4RankModel) {
   for (const Status& s : loaded) ASSERT_TRUE(s.ok()) << s;
   std::string first_mismatch;
   EXPECT_EQ(spt::CountMismatches(model, *serve, &first_mismatch), 0) << first_mismatch;
+  // And every tensor whole on one rank, as consolidation reads it.
+  Result<std::vector<spt::RankShards>> whole = spt::ShardModel(model, spt::Which::kWhole, false);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->size(), 1u);
+  LoadOptions options;
+  options.store = &store;
+  const Result<LoadResult> one = Load((*whole)[0].AsLoadState(model), kPath, options);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->bytes_read, model.total_bytes());
+  EXPECT_EQ(spt::CountMismatches(model, *whole, &first_mismatch), 0) << first_mismatch;
 }
 
 TEST(AsyncSaverTest, FailedSaveSurfacesOnWaitOnEveryRankAndCommitsNothing) {

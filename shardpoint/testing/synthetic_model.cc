@@ -108,14 +108,15 @@ GlobalModel MakeGlobalModel(const ModelConfig& config, uint64_t seed) {
 }
 
 Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which which, bool fill) {
-  const int world = which == Which::kTrain ? 4 : 3;
-  auto layout_of = [which](const TensorSpec& spec) -> const MeshLayout& {
+  const int world = which == Which::kTrain ? 4 : which == Which::kWhole ? 1 : 3;
+  auto boxes_of = [which](const TensorSpec& spec) -> Result<std::vector<Box>> {
     switch (which) {
-      case Which::kTrain: return spec.train;
-      case Which::kServe: return spec.serve;
-      case Which::kTransposed: return spec.transposed;
+      case Which::kTrain: return MeshChunksPerRank(spec.shape, spec.train);
+      case Which::kServe: return MeshChunksPerRank(spec.shape, spec.serve);
+      case Which::kTransposed: return MeshChunksPerRank(spec.shape, spec.transposed);
+      case Which::kWhole: return std::vector<Box>{Box::Whole(spec.shape)};
     }
-    return spec.train;
+    return InternalError("unknown layout");
   };
   std::vector<RankShards> ranks(world);
   for (RankShards& r : ranks) {
@@ -124,8 +125,7 @@ Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which which
   }
   for (size_t t = 0; t < model.specs.size(); ++t) {
     const TensorSpec& spec = model.specs[t];
-    const MeshLayout& layout = layout_of(spec);
-    SP_ASSIGN_OR_RETURN(std::vector<Box> boxes, MeshChunksPerRank(spec.shape, layout));
+    SP_ASSIGN_OR_RETURN(std::vector<Box> boxes, boxes_of(spec));
     const size_t es = DTypeSize(spec.dtype);
     ConstChunkView whole{model.data[t].data(), Box::Whole(spec.shape), es};
     for (int r = 0; r < world; ++r) {

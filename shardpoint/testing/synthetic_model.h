@@ -9,7 +9,9 @@
 //   - serving, on 3 ranks (tensor parallel 3, as when training ends and inference starts):
 //     the same tensor dims split three ways, unevenly, norms replicated or split;
 //   - transposed, on 3 ranks: every matrix split along the OTHER dim, the worst case for
-//     resharding (each stored chunk is needed in part by two ranks).
+//     resharding (each stored chunk is needed in part by two ranks);
+//   - whole, on 1 rank: every tensor whole, as consolidation or a single-process restart reads
+//     the state.
 // Global tensor contents are pseudo-random bytes, so every byte is checked on reload.
 #ifndef SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_
 #define SHARDPOINT_TESTING_SYNTHETIC_MODEL_H_
@@ -63,7 +65,7 @@ struct RankShards {
   LoadState AsLoadState(const GlobalModel& model);
 };
 
-enum class Which { kTrain, kServe, kTransposed };
+enum class Which { kTrain, kServe, kTransposed, kWhole };
 
 // The shards of every rank under one layout; with `fill`, copied from the model, else zeroed.
 Result<std::vector<RankShards>> ShardModel(const GlobalModel& model, Which layout, bool fill);
