@@ -344,6 +344,22 @@ def _device_of(value: Any) -> Optional[int]:
     return local.device.index if local is not None and local.device.type == "cuda" else None
 
 
+def device_batches(host: list, units: list[tuple[list, int]], half: int) -> list[list]:
+    """The batches of a load to the device: ``host`` items first, then ``units`` (lists of device
+    items loaded together, with their bytes) in order, at most ``half`` bytes per batch (a larger
+    unit makes a batch of its own); the first batch holds the host items and the first units."""
+    batches: list[list] = [list(host)]
+    used, started = 0, False
+    for members, nbytes in units:
+        if started and used + nbytes > half:
+            batches.append([])
+            used = 0
+        started = True
+        batches[-1].extend(members)
+        used += nbytes
+    return batches
+
+
 class _BatchLoad:
     """One load as one core load per batch of tensor keys. Without destinations on CUDA devices
     (on every rank) that is one batch of every key, as it always was. With them, host destinations
@@ -386,9 +402,9 @@ class _BatchLoad:
         for group in tied_groups({k: self.flat[k] for k in self.keys}):
             for key in group:
                 group_of[key] = list(group)
-        batches: list[list[str]] = [[]]
+        host: list[str] = []
+        units: list[tuple[list[str], int]] = []
         placed: set[str] = set()
-        used, device_started = 0, False
         for key in self.keys:
             if key in placed:
                 continue
@@ -396,15 +412,10 @@ class _BatchLoad:
             placed.update(members)
             nbytes = sum(size[m] for m in members)
             if nbytes == 0:
-                batches[0].extend(members)
-                continue
-            if device_started and used + nbytes > half:
-                batches.append([])
-                used = 0
-            device_started = True
-            batches[-1].extend(members)
-            used += nbytes
-        return batches
+                host.extend(members)
+            else:
+                units.append((members, nbytes))
+        return device_batches(host, units, half)
 
     def run(self, object_names: list[str], map_load: Any) -> tuple[list[str], list[str], list, int, int]:
         total = 0

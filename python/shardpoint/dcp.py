@@ -343,21 +343,12 @@ class StorageReader(_storage.StorageReader):
         if cuda is None:
             return [list(range(len(items)))] if items else [[]]
         half = max(1, (self.staging_budget or cuda.DEFAULT_LOAD_STAGING) // 2)
-        batches: list[list[int]] = [[i for i, d in enumerate(on_device) if not d]]
-        used = 0
-        started = False
-        for i, d in enumerate(on_device):
-            if not d:
-                continue
-            nbytes = resolved[i].numel() * _torch.empty_like_stored(self._tensors[items[i].storage_index.fqn][0],
-                                                                   (0,)).element_size()
-            if started and used + nbytes > half:
-                batches.append([])
-                used = 0
-            started = True
-            batches[-1].append(i)
-            used += nbytes
-        return batches
+        units = [([i], resolved[i].numel() * self._stored_itemsize(items[i].storage_index.fqn))
+                 for i, d in enumerate(on_device) if d]
+        return _api.device_batches([i for i, d in enumerate(on_device) if not d], units, half)
+
+    def _stored_itemsize(self, name: str) -> int:
+        return _torch.empty_like_stored(self._tensors[name][0], (0,)).element_size()
 
     def _tensor_read(self, item: ReadItem, resolved: torch.Tensor,
                      pool: Any) -> tuple[torch.Tensor, Optional[Callable[[], None]], tuple]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardpoint import _cuda
+from shardpoint import _api, _cuda
 
 
 class HostPool(_cuda.PinnedPool):
@@ -75,3 +75,11 @@ def test_passed_blocks_count_against_the_limit():
     pool.reset()
     # Without a limit, blocks grow as needed.
     assert pool.take(10_000) is not None and pool.capacity >= 10_500
+
+
+def test_device_batches_take_host_items_first_then_units_in_order_within_half_the_budget():
+    # Units of device items with their bytes; a unit over the half makes a batch of its own.
+    units = [(["a"], 60), (["b", "b_tied"], 50), (["c"], 300), (["d"], 10), (["e"], 95)]
+    assert _api.device_batches(["host"], units, 100) == [["host", "a"], ["b", "b_tied"], ["c"], ["d"], ["e"]]
+    assert _api.device_batches([], units, 120) == [["a", "b", "b_tied"], ["c"], ["d", "e"]]
+    assert _api.device_batches(["h"], [], 100) == [["h"]]
