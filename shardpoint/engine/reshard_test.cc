@@ -1422,5 +1422,37 @@ TEST_F(ReshardTest, PartiallyReplicatedMeshStoresEachChunkOnce) {
   ExpectLoaded(c, initial_, loaded_);
 }
 
+// A job at scale, in one process: 1,024 ranks on an (8 dp, 16 fsdp, 8 tp) mesh save a small
+// model in the layouts of 3-D parallel training (row-sharded over every rank, some left empty,
+// FSDP x TP grids replicated over dp, replicated norms), and 768 ranks on a (96, 8) mesh load it
+// with other splits. Every stored chunk is written once, and every byte arrives.
+TEST_F(ReshardTest, ThousandAndTwentyFourRanksSaveAndSevenHundredSixtyEightLoad) {
+  const Placement R = Placement::Replicate();
+  TensorCase emb = MakeTensor("emb", DType::kBFloat16, {4099, 24}, 40);
+  emb.save = MeshOf(emb.shape, Mesh({1024}, {Placement::Shard(0)}));
+  emb.load = MeshOf(emb.shape, Mesh({96, 8}, {Placement::Shard(0), Placement::Shard(1)}));
+  TensorCase qkv = MakeTensor("qkv", DType::kFloat32, {192, 80}, 41);
+  qkv.save = MeshOf(qkv.shape, Mesh({8, 16, 8}, {R, Placement::Shard(0), Placement::Shard(1)}));
+  qkv.load = MeshOf(qkv.shape, Mesh({96, 8}, {R, Placement::Shard(0)}));
+  TensorCase out = MakeTensor("out", DType::kBFloat16, {80, 192}, 42);
+  out.save = MeshOf(out.shape, Mesh({8, 16, 8}, {R, Placement::Shard(1), Placement::Shard(0)}));
+  out.load = MeshOf(out.shape, Mesh({96, 8}, {Placement::Shard(1), R}));
+  TensorCase norm = MakeTensor("norm", DType::kFloat32, {80}, 43);
+  norm.save = MeshOf(norm.shape, Mesh({1024}, {R}));
+  norm.load = MeshOf(norm.shape, Mesh({96, 8}, {R, Placement::Shard(0)}));
+  Case c = MakeCase({emb, qkv, out, norm}, 1024, 768);
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  const CheckpointMetadata md = Metadata();
+  ExpectMetadata(c, md);
+  // emb: torch.chunk of 4,099 rows in 1,024 pieces gives 819 of 5 rows, one of 4, and 204 empty
+  // ranks; qkv and out: 128 blocks each (16 x 8, each held by the 8 dp replicas); norm: one chunk.
+  std::map<std::string, size_t> chunks;
+  for (const TensorMetadata& t : md.tensors) chunks[t.name] = t.chunks.size();
+  EXPECT_EQ(chunks, (std::map<std::string, size_t>{
+                        {"emb", 820}, {"norm", 1}, {"out", 128}, {"qkv", 128}}));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+}
+
 }  // namespace
 }  // namespace sp
