@@ -1,0 +1,156 @@
+// A save by many MPI ranks and loads by other numbers of ranks in other layouts (ctest: 256 ranks
+// save, then 192 and 320 load, all oversubscribed on this machine). One run does one side:
+//   mpi_scale_test save DIR   every rank saves its row block of "w" [3840, 8] and the replicated
+//                             "b" [1000] (stored once, by one of its holders)
+//   mpi_scale_test load DIR   every rank loads a block of "w" on a (world / 8) x 8 grid and the
+//                             whole of "b", bit-exact; then a load in which the last rank asks
+//                             for a tensor the checkpoint lacks must fail on every rank, naming it
+// Rank 0 prints one line per failed check and then "N passed, M failed"; the exit status is
+// non-zero when any check failed on any rank.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/mpi_comm.h"
+
+namespace sp {
+namespace {
+
+// 3840 rows = 15 x 256 = 20 x 192 = 12 x 320.
+constexpr int64_t kRows = 3840, kCols = 8, kReplicated = 1000;
+
+float W(int64_t row, int64_t col) { return static_cast<float>(row * 16 + col) + 0.5f; }
+int64_t B(int64_t i) { return i * i - 7; }
+
+std::vector<float> Block(int64_t row, int64_t rows, int64_t col, int64_t cols) {
+  std::vector<float> out;
+  for (int64_t r = row; r < row + rows; ++r) {
+    for (int64_t c = col; c < col + cols; ++c) out.push_back(W(r, c));
+  }
+  return out;
+}
+
+std::vector<int64_t> Replicated() {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < kReplicated; ++i) out.push_back(B(i));
+  return out;
+}
+
+class Checks {
+ public:
+  explicit Checks(int rank) : rank_(rank) {}
+  // Counts `name` as passed only when `ok` holds on every rank.
+  void Expect(const std::string& name, bool ok, const std::string& detail = "") {
+    int failed = ok ? 0 : 1, any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!ok) std::fprintf(stderr, "FAILED %s on rank %d %s\n", name.c_str(), rank_, detail.c_str());
+    ++(any ? failed_ : passed_);
+  }
+  int Report() const {
+    if (rank_ == 0) std::printf("%d passed, %d failed\n", passed_, failed_);
+    return failed_ == 0 ? 0 : 1;
+  }
+
+ private:
+  int rank_;
+  int passed_ = 0;
+  int failed_ = 0;
+};
+
+void Save(Communicator& comm, const std::string& path, Checks& checks) {
+  const int n = comm.size(), rank = comm.rank();
+  if (kRows % n != 0) {
+    checks.Expect("the world divides the rows", false, std::to_string(n));
+    return;
+  }
+  const int64_t rows = kRows / n;
+  const std::vector<float> mine = Block(rank * rows, rows, 0, kCols);
+  const std::vector<int64_t> b = Replicated();
+  SaveState state;
+  state.tensors.push_back(SaveTensor{
+      "w", DType::kFloat32, {kRows, kCols},
+      {ConstPieceView{Box{{rank * rows, 0}, {rows, kCols}},
+                      reinterpret_cast<const std::byte*>(mine.data())}}});
+  state.tensors.push_back(SaveTensor{
+      "b", DType::kInt64, {kReplicated},
+      {ConstPieceView{Box{{0}, {kReplicated}}, reinterpret_cast<const std::byte*>(b.data())}}});
+  SaveOptions options;
+  options.comm = &comm;
+  options.overwrite = true;
+  const Status saved = sp::Save(state, path, options);
+  checks.Expect("save", saved.ok(), saved.ToString());
+}
+
+void Load(Communicator& comm, const std::string& path, Checks& checks) {
+  const int n = comm.size(), rank = comm.rank();
+  if (n % kCols != 0 || kRows % (n / kCols) != 0) {
+    checks.Expect("the world makes a grid of the tensor", false, std::to_string(n));
+    return;
+  }
+  const int64_t rows = kRows / (n / kCols);
+  const Box box{{rank / kCols * rows, rank % kCols}, {rows, 1}};
+  std::vector<float> w(static_cast<size_t>(rows), -1.0f);
+  std::vector<int64_t> b(kReplicated, -1);
+  LoadState state;
+  state.tensors.push_back(LoadTensor{"w", DType::kFloat32, {kRows, kCols},
+                                     {PieceView{box, reinterpret_cast<std::byte*>(w.data())}}});
+  state.tensors.push_back(LoadTensor{"b", DType::kInt64, {kReplicated},
+                                     {PieceView{Box{{0}, {kReplicated}},
+                                                reinterpret_cast<std::byte*>(b.data())}}});
+  LoadOptions options;
+  options.comm = &comm;
+  Result<LoadResult> loaded = sp::Load(state, path, options);
+  checks.Expect("load", loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
+  checks.Expect("the block of w is bit-exact", w == Block(box.offsets[0], rows, box.offsets[1], 1));
+  checks.Expect("b is bit-exact", b == Replicated());
+
+  // One rank's error reaches every rank.
+  float missing = 0;
+  if (rank == n - 1) {
+    state.tensors.push_back(LoadTensor{"absent", DType::kFloat32, {1},
+                                       {PieceView{Box{{0}, {1}},
+                                                  reinterpret_cast<std::byte*>(&missing)}}});
+  }
+  Result<LoadResult> failed = sp::Load(state, path, options);
+  const std::string message = failed.ok() ? "" : failed.status().ToString();
+  checks.Expect("a load missing a tensor on the last rank fails on every rank", !failed.ok());
+  checks.Expect("every rank's error names the tensor",
+                message.find("absent") != std::string::npos, message);
+}
+
+int Run(const std::string& mode, const std::string& dir) {
+  Result<std::unique_ptr<MpiComm>> made = MpiComm::Create(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Checks checks(rank);
+  checks.Expect("MpiComm::Create", made.ok(), made.ok() ? "" : made.status().ToString());
+  if (!made.ok()) return checks.Report();
+  const std::string path = dir + "/ckpt";
+  if (mode == "save") {
+    Save(**made, path, checks);
+  } else {
+    Load(**made, path, checks);
+  }
+  return checks.Report();
+}
+
+}  // namespace
+}  // namespace sp
+
+int main(int argc, char** argv) {
+  alarm(600);  // a hung run ends on SIGALRM, and mpirun then ends the others
+  MPI_Init(&argc, &argv);
+  if (argc != 3 || (std::strcmp(argv[1], "save") != 0 && std::strcmp(argv[1], "load") != 0)) {
+    std::fprintf(stderr, "usage: mpi_scale_test save|load DIR\n");
+    MPI_Finalize();
+    return 2;
+  }
+  const int exit_code = sp::Run(argv[1], argv[2]);
+  MPI_Finalize();
+  return exit_code;
+}
