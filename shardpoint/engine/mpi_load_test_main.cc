@@ -16,6 +16,7 @@
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/mpi_comm.h"
+#include "shardpoint/engine/mpi_test_checks.h"
 
 namespace sp {
 namespace {
@@ -33,36 +34,8 @@ std::vector<float> Block(int64_t row, int64_t rows, int64_t col, int64_t cols) {
   return out;
 }
 
-class Checks {
- public:
-  explicit Checks(int rank) : rank_(rank) {}
-
-  // Counts `name` as passed only when `ok` holds on every rank.
-  void Expect(const std::string& name, bool ok, const std::string& detail = "") {
-    int failed = ok ? 0 : 1, any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!ok) std::fprintf(stderr, "FAILED %s on rank %d %s\n", name.c_str(), rank_, detail.c_str());
-    ++(any ? failed_ : passed_);
-  }
-  int Report() const {
-    if (rank_ == 0) std::printf("%d passed, %d failed\n", passed_, failed_);
-    return failed_ == 0 ? 0 : 1;
-  }
-
- private:
-  int rank_;
-  int passed_ = 0;
-  int failed_ = 0;
-};
-
-int Run() {
-  Result<std::unique_ptr<MpiComm>> made = MpiComm::Create(MPI_COMM_WORLD);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Checks checks(rank);
-  checks.Expect("MpiComm::Create", made.ok(), made.ok() ? "" : made.status().ToString());
-  if (!made.ok()) return checks.Report();
-  Communicator& comm = **made;
+void Run(Communicator& comm, MpiChecks& checks) {
+  const int rank = comm.rank();
   const int n = comm.size();
   checks.Expect("the ranks share one machine", static_cast<int>(comm.machine_ranks().size()) == n);
 
@@ -117,16 +90,9 @@ int Run() {
   }
   checks.Expect("nothing stays in /dev/shm", clean);
   if (rank == 0) std::filesystem::remove_all(dir);
-  return checks.Report();
 }
 
 }  // namespace
 }  // namespace sp
 
-int main(int argc, char** argv) {
-  alarm(300);  // a hung run ends on SIGALRM, and mpirun then ends the others
-  MPI_Init(&argc, &argv);
-  const int exit_code = sp::Run();
-  MPI_Finalize();
-  return exit_code;
-}
+int main(int argc, char** argv) { return sp::RunMpiChecks(&argc, &argv, 300, sp::Run); }

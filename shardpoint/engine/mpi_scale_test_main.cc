@@ -8,15 +8,14 @@
 // Rank 0 prints one line per failed check and then "N passed, M failed"; the exit status is
 // non-zero when any check failed on any rank.
 #include <mpi.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/mpi_comm.h"
+#include "shardpoint/engine/mpi_test_checks.h"
 
 namespace sp {
 namespace {
@@ -41,28 +40,7 @@ std::vector<int64_t> Replicated() {
   return out;
 }
 
-class Checks {
- public:
-  explicit Checks(int rank) : rank_(rank) {}
-  // Counts `name` as passed only when `ok` holds on every rank.
-  void Expect(const std::string& name, bool ok, const std::string& detail = "") {
-    int failed = ok ? 0 : 1, any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!ok) std::fprintf(stderr, "FAILED %s on rank %d %s\n", name.c_str(), rank_, detail.c_str());
-    ++(any ? failed_ : passed_);
-  }
-  int Report() const {
-    if (rank_ == 0) std::printf("%d passed, %d failed\n", passed_, failed_);
-    return failed_ == 0 ? 0 : 1;
-  }
-
- private:
-  int rank_;
-  int passed_ = 0;
-  int failed_ = 0;
-};
-
-void Save(Communicator& comm, const std::string& path, Checks& checks) {
+void SaveSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   const int n = comm.size(), rank = comm.rank();
   if (kRows % n != 0) {
     checks.Expect("the world divides the rows", false, std::to_string(n));
@@ -86,7 +64,7 @@ void Save(Communicator& comm, const std::string& path, Checks& checks) {
   checks.Expect("save", saved.ok(), saved.ToString());
 }
 
-void Load(Communicator& comm, const std::string& path, Checks& checks) {
+void LoadSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   const int n = comm.size(), rank = comm.rank();
   if (n % kCols != 0 || kRows % (n / kCols) != 0) {
     checks.Expect("the world makes a grid of the tensor", false, std::to_string(n));
@@ -123,34 +101,21 @@ void Load(Communicator& comm, const std::string& path, Checks& checks) {
                 message.find("absent") != std::string::npos, message);
 }
 
-int Run(const std::string& mode, const std::string& dir) {
-  Result<std::unique_ptr<MpiComm>> made = MpiComm::Create(MPI_COMM_WORLD);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Checks checks(rank);
-  checks.Expect("MpiComm::Create", made.ok(), made.ok() ? "" : made.status().ToString());
-  if (!made.ok()) return checks.Report();
-  const std::string path = dir + "/ckpt";
-  if (mode == "save") {
-    Save(**made, path, checks);
-  } else {
-    Load(**made, path, checks);
-  }
-  return checks.Report();
-}
-
 }  // namespace
 }  // namespace sp
 
 int main(int argc, char** argv) {
-  alarm(600);  // a hung run ends on SIGALRM, and mpirun then ends the others
-  MPI_Init(&argc, &argv);
-  if (argc != 3 || (std::strcmp(argv[1], "save") != 0 && std::strcmp(argv[1], "load") != 0)) {
+  const std::string mode = argc == 3 ? argv[1] : "";
+  if (mode != "save" && mode != "load") {
     std::fprintf(stderr, "usage: mpi_scale_test save|load DIR\n");
-    MPI_Finalize();
     return 2;
   }
-  const int exit_code = sp::Run(argv[1], argv[2]);
-  MPI_Finalize();
-  return exit_code;
+  const std::string path = std::string(argv[2]) + "/ckpt";
+  return sp::RunMpiChecks(&argc, &argv, 600, [&](sp::Communicator& comm, sp::MpiChecks& checks) {
+    if (mode == "save") {
+      sp::SaveSide(comm, path, checks);
+    } else {
+      sp::LoadSide(comm, path, checks);
+    }
+  });
 }
