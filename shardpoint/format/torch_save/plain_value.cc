@@ -152,11 +152,29 @@ Status WriteAt(PickleWriter& w, const PlainValue& v, int depth) {
   return status;
 }
 
+// A str or bytes value counts one value more per this many bytes of its text, so that a long
+// text shared by many references cannot expand to more memory than the budget's values would.
+constexpr uint64_t kTextBytesPerValue = 64;
+
 // One conversion: what it names in errors, and how many values it may still produce.
 struct Walk {
   std::string_view what;
   uint64_t limit;
   uint64_t left;
+
+  Status Overrun() const {
+    return DataLossError(std::string(what) + ": more than " + std::to_string(limit) +
+                         " values once its shared references are expanded (each use of a shared "
+                         "value counts its values again, and a str or bytes value one more per " +
+                         std::to_string(kTextBytesPerValue) + " bytes)");
+  }
+  // Charges one value, and the text of a str or bytes value.
+  Status Take(uint64_t text_bytes = 0) {
+    const uint64_t n = 1 + text_bytes / kTextBytesPerValue;
+    if (n > left) return Overrun();
+    left -= n;
+    return OkStatus();
+  }
 };
 
 Result<PlainValue> Convert(const PickleValue& v, Walk& walk, int depth);
@@ -196,7 +214,11 @@ Result<PlainValue> ConvertObject(const PickleValue& v, Walk& walk, int depth) {
   if (IsObjectOf(v, "collections", "OrderedDict") && v.args->items.empty()) {
     return ConvertItems(v, PlainValue::Dict({}), walk, depth);
   }
-  if (IsObjectOf(v, "_codecs", "encode") && v.state == nullptr) return DecodeLatin1(v, what);
+  if (IsObjectOf(v, "_codecs", "encode") && v.state == nullptr) {
+    Result<PlainValue> bytes = DecodeLatin1(v, what);
+    if (bytes.ok()) SP_RETURN_IF_ERROR(walk.Take(bytes->text.size()));
+    return bytes;
+  }
   if (IsObjectOf(v, "builtins", "bytes") && v.args->items.empty() && v.state == nullptr) {
     return PlainValue::Bytes("");
   }
@@ -209,12 +231,8 @@ Result<PlainValue> Convert(const PickleValue& v, Walk& walk, int depth) {
     return DataLossError(std::string(what) + ": value nested deeper than " +
                          std::to_string(kMaxPickleWalkDepth) + " (or a cycle)");
   }
-  if (walk.left == 0) {
-    return DataLossError(std::string(what) + ": more than " + std::to_string(walk.limit) +
-                         " values once its shared references are expanded (each use of a shared "
-                         "value counts its values again)");
-  }
-  --walk.left;
+  const bool text = v.kind == PKind::kString || v.kind == PKind::kBytes;
+  SP_RETURN_IF_ERROR(walk.Take(text ? v.text.size() : 0));
   switch (v.kind) {
     case PKind::kNone: return PlainValue::None();
     case PKind::kBool: return PlainValue::Bool(v.bool_value);

@@ -69,7 +69,9 @@ Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view w
 // (as a dict), _codecs.encode(str, 'latin1') and bytes() (as bytes). Anything else (sets,
 // objects, persistent ids) is kDataLoss naming `what` and the value. A value shared by several
 // references (memo gets) is converted once per use, so a few bytes can name a subtree many times
-// over (40 levels of [x, x] are 2^40 values): more than `max_values` values is kDataLoss too.
+// over (40 levels of [x, x] are 2^40 values): more than `max_values` values is kDataLoss too. A
+// str or bytes value counts one value more per 64 bytes of its text (a 1 MB text shared 10,000
+// times would be 10 GB), so the memory of the result stays within about 64 bytes per value.
 Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what, uint64_t max_values);
 
 // The values ToPlainValue may produce from a pickle of `pickle_bytes` bytes: 2^20 plus 16 per
