@@ -15,7 +15,7 @@
 #   target name so nothing else compiles: exec_test (thread pool, task group, parallel for),
 #   io_tuner_test (the read-depth gate, the staging buffer pool), shared_io_tuner_test (the gate
 #   shared by processes, with forked members), comm_test (thread communicator, collectives), engine_unit_test (read executor, read exchange,
-#   engine context), engine_async_save_test (async save), and the shared-read cases of
+#   engine context, the range buffers of streaming saves), engine_async_save_test (async save), and the shared-read cases of
 #   engine_reshard_test. TSAN_OPTIONS=halt_on_error=1: the first race fails the run. No
 #   suppressions are needed.
 # Prints ctest's summary lines; exits non-zero when a build or a test fails.
@@ -47,9 +47,10 @@ case "${mode}" in
     ninja -C "${build}" -j "${jobs}" "${tests[@]}" > "${build}/ninja-sanitizer.log" 2>&1 ||
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
     # Tests of targets not built here appear as <target>_NOT_BUILT; the others need the CLI, the
-    # crash driver, the engine's MPI test, MPI or a Python with torch.
+    # crash driver, the engine's MPI tests, MPI or a Python with torch.
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
-      run_ctest "${build}" -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^crash_trials_sample$"
+      run_ctest "${build}" \
+        -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^mpi_scale_|^crash_trials_sample$"
     ;;
   tsan)
     build="${2:-${root}/build-tsan}"
@@ -63,7 +64,7 @@ case "${mode}" in
     suites="ParallelForTest|TaskGroupTest|ThreadPoolTest|ThreadCommTest|CollectiveTest|DecodeStatusTest"
     suites+="|EncodeStatusTest|AsyncSaverTest|UncheckedReadTest|ReadExchangeTest|EngineContextTest"
     suites+="|SaveMessagesTest|ChunkReaderTest|IoTunerTest|DepthControllerTest|BufferPoolTest"
-    suites+="|ReadDepthTest|TunerCoreTest|SharedIoTunerTest"
+    suites+="|ReadDepthTest|TunerCoreTest|SharedIoTunerTest|RangeBuffersTest"
     shared="ReshardTest\.(SharedReads|ManyReadsOfOneFile|CorruptSharedChunk|RankFailingBeforeSharedReads"
     shared+="|ProcessesOfOneMachine)"
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
