@@ -291,18 +291,18 @@ TEST(Unpickle, SharedReferencesAreExpandedWithinABudget) {
   for (int i = 0; i < 40; ++i) bomb += "q\x02" "0" "h\x02h\x02\x86";
   bomb += "s.";
   const uint64_t budget = PlainValueBudget(bomb.size());
-  EXPECT_EQ(budget, (uint64_t{1} << 20) + 16 * bomb.size());
+  EXPECT_EQ(budget, (uint64_t{1} << 16) + 16 * bomb.size());
   SP_EXPECT_ERROR(DecodePlainPickle(bomb, "bomb.pkl").status(), StatusCode::kDataLoss,
                   "bomb.pkl: more than " + std::to_string(budget) +
                       " values once its shared references are expanded");
-  // 18 levels are 2^19 values: within the budget, every use expanded.
+  // 15 levels are 2^16 + 1 values: within the budget of their 137 bytes, every use expanded.
   std::string shared = Raw("\x80\x02}q\x00X\x01\x00\x00\x00kq\x01K\x00");
-  for (int i = 0; i < 18; ++i) shared += "q\x02" "0" "h\x02h\x02\x86";
+  for (int i = 0; i < 15; ++i) shared += "q\x02" "0" "h\x02h\x02\x86";
   shared += "s.";
   Result<PlainValue> value = DecodePlainPickle(shared, "shared.pkl");
   ASSERT_TRUE(value.ok()) << value.status();
   const PlainValue* v = &value->items[1];
-  for (int i = 0; i < 18; ++i) {
+  for (int i = 0; i < 15; ++i) {
     ASSERT_EQ(v->items.size(), 2u);
     EXPECT_EQ(v->items[0], v->items[1]);
     v = &v->items[0];
@@ -311,7 +311,7 @@ TEST(Unpickle, SharedReferencesAreExpandedWithinABudget) {
   // An explicit budget is what it says: exactly the values the pickle expands to, and one less.
   Result<PickleTree> tree = Load(shared);
   ASSERT_TRUE(tree.ok());
-  const uint64_t values = 2 + ((uint64_t{1} << 19) - 1);  // the dict, the key, the tuples' tree
+  const uint64_t values = 2 + ((uint64_t{1} << 16) - 1);  // the dict, the key, the tuples' tree
   EXPECT_TRUE(ToPlainValue(tree->root(), "t", values).ok());
   SP_EXPECT_ERROR(ToPlainValue(tree->root(), "t", values - 1).status(), StatusCode::kDataLoss,
                   "t: more than " + std::to_string(values - 1) + " values");

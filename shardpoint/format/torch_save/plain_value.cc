@@ -267,7 +267,7 @@ Result<std::string> EncodePlainPickle(const PlainValue& v) {
 }
 
 uint64_t PlainValueBudget(uint64_t pickle_bytes) {
-  constexpr uint64_t kBase = uint64_t{1} << 20;
+  constexpr uint64_t kBase = uint64_t{1} << 16;
   constexpr uint64_t kPerByte = 16;
   return pickle_bytes > (UINT64_MAX - kBase) / kPerByte ? UINT64_MAX : kBase + kPerByte * pickle_bytes;
 }

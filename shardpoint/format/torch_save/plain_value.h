@@ -74,7 +74,7 @@ Result<PlainValue> DecodePlainPickle(std::string_view pickle, std::string_view w
 // times would be 10 GB), so the memory of the result stays within about 64 bytes per value.
 Result<PlainValue> ToPlainValue(const PickleValue& v, std::string_view what, uint64_t max_values);
 
-// The values ToPlainValue may produce from a pickle of `pickle_bytes` bytes: 2^20 plus 16 per
+// The values ToPlainValue may produce from a pickle of `pickle_bytes` bytes: 2^16 plus 16 per
 // byte. A pickle without shared values makes fewer values than it has bytes; ordinary sharing
 // (repeated keys, dtypes) stays well within it; a memo bomb does not.
 uint64_t PlainValueBudget(uint64_t pickle_bytes);
