@@ -61,6 +61,41 @@ TEST(SaveMessagesTest, EveryTruncationAndTrailingBytesAreDataLoss) {
   }
 }
 
+TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
+  const PlanRequest request{PlanRequest::Kind::kCached, 0x0123456789abcdefull, "objects"};
+  Result<PlanRequest> request_back = DecodePlanRequest(EncodePlanRequest(request));
+  ASSERT_TRUE(request_back.ok()) << request_back.status();
+  EXPECT_EQ(request_back->kind, PlanRequest::Kind::kCached);
+  EXPECT_EQ(request_back->plan_id, 0x0123456789abcdefull);
+  EXPECT_EQ(request_back->plan, "objects");
+  const PlanReply reply{PlanReply::Kind::kFilesOnly, 42, SampleOrder()};
+  const std::string encoded = EncodePlanReply(reply);
+  Result<PlanReply> reply_back = DecodePlanReply(encoded);
+  ASSERT_TRUE(reply_back.ok()) << reply_back.status();
+  EXPECT_EQ(reply_back->kind, PlanReply::Kind::kFilesOnly);
+  EXPECT_EQ(reply_back->plan_id, 42u);
+  EXPECT_EQ(reply_back->order.plan, reply.order.plan);
+  ASSERT_EQ(reply_back->order.files.size(), 2u);
+  EXPECT_EQ(reply_back->order.files[0].header, reply.order.files[0].header);
+  for (size_t n = 0; n < encoded.size(); ++n) {
+    EXPECT_EQ(DecodePlanReply(encoded.substr(0, n)).status().code(), StatusCode::kDataLoss) << n;
+  }
+  for (size_t n = 0; n < 9; ++n) {
+    EXPECT_EQ(DecodePlanRequest(EncodePlanRequest(request).substr(0, n)).status().code(),
+              StatusCode::kDataLoss) << n;
+  }
+  std::string unknown = EncodePlanRequest(request);
+  unknown[0] = 3;
+  Status status = DecodePlanRequest(unknown).status();
+  EXPECT_EQ(status.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(status.message(), "plan request: unknown kind 3");
+  unknown = encoded;
+  unknown[0] = 7;
+  status = DecodePlanReply(unknown).status();
+  EXPECT_EQ(status.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(status.message(), "plan reply: unknown kind 7");
+}
+
 TEST(SaveMessagesTest, RandomBytesNeverCrash) {
   std::mt19937_64 rng(3);
   for (int i = 0; i < 5000; ++i) {
@@ -68,6 +103,8 @@ TEST(SaveMessagesTest, RandomBytesNeverCrash) {
     for (char& c : bytes) c = static_cast<char>(rng());
     DecodeRankWriteOrder(bytes).status().IgnoreError();
     DecodeWriteReport(bytes).status().IgnoreError();
+    DecodePlanRequest(bytes).status().IgnoreError();
+    DecodePlanReply(bytes).status().IgnoreError();
   }
 }
 

@@ -1454,5 +1454,211 @@ TEST_F(ReshardTest, ThousandAndTwentyFourRanksSaveAndSevenHundredSixtyEightLoad)
   ExpectLoaded(c, initial_, loaded_);
 }
 
+
+// --- Cached save plans (engine/save_plan_cache.h) ---
+
+// Rotates every tensor's global bytes by whole elements: new values, the same layout.
+void NewValues(Case* c, size_t step) {
+  for (TensorCase& t : c->tensors) {
+    const size_t element = DTypeSize(t.dtype);
+    if (t.global.size() <= element) continue;
+    const size_t by = (step % (t.global.size() / element)) * element;
+    std::rotate(t.global.begin(), t.global.begin() + static_cast<std::ptrdiff_t>(by), t.global.end());
+  }
+}
+
+// Two checkpoints of one layout hold the same tensors, chunks, files and objects: only the save
+// id, the file names and the checksums may differ.
+void ExpectSamePlan(CheckpointMetadata a, CheckpointMetadata b) {
+  for (CheckpointMetadata* m : {&a, &b}) {
+    m->save_id.clear();
+    for (DataFile& f : m->files) f.name.clear();
+    for (TensorMetadata& t : m->tensors) {
+      for (StoredChunk& chunk : t.chunks) chunk.block_crc32c.clear();
+    }
+  }
+  EXPECT_EQ(a.files, b.files);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) EXPECT_EQ(a.tensors[i], b.tensors[i]) << i;
+}
+
+class PlanCacheTest : public ReshardTest {
+ protected:
+  // Saves `c` at `path` through `cache` and checks how many of its ranks took the cached plan.
+  void SaveThrough(Case c, SavePlanCache& cache, const std::string& path, bool expect_hit) {
+    c.save_options.plan_cache = &cache;
+    c.save_options.overwrite = true;
+    const uint64_t hits = cache.hits(), misses = cache.misses();
+    ASSERT_NO_FATAL_FAILURE(SaveOk(c, path));
+    const uint64_t ranks = static_cast<uint64_t>(c.save_ranks);
+    EXPECT_EQ(cache.hits() - hits, expect_hit ? ranks : 0) << path;
+    EXPECT_EQ(cache.misses() - misses, expect_hit ? 0 : ranks) << path;
+  }
+};
+
+// Random layouts and options: the second save of each takes the cached plan, stores the new
+// values bit-exactly (loaded in another layout), and lays out its checkpoint exactly as the
+// first; an overwrite through the cache replaces it.
+TEST_F(PlanCacheTest, RepeatedSavesOfRandomLayoutsTakeTheCachedPlanAndStayBitExact) {
+  for (int64_t i = 0; i < 60; ++i) {
+    Result<Case> c = RandomCase(0xcace, i);
+    ASSERT_TRUE(c.ok()) << c.status();
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + Describe(*c));
+    SavePlanCache cache;  // one for every in-process rank of the group
+    const std::string dir = "/cache" + std::to_string(i);
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/a", false));
+    NewValues(&*c, 1 + static_cast<size_t>(i));
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/b", true));
+    ASSERT_NO_FATAL_FAILURE(LoadOk(*c, dir + "/b"));
+    ExpectLoaded(*c, initial_, loaded_);
+    ExpectSamePlan(Metadata(dir + "/a"), Metadata(dir + "/b"));
+    if (i % 10 == 0) {
+      NewValues(&*c, 3);
+      ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/b", true));
+      ASSERT_NO_FATAL_FAILURE(LoadOk(*c, dir + "/b"));
+      ExpectLoaded(*c, initial_, loaded_);
+    }
+    if (HasFailure()) return;
+  }
+}
+
+// Any change of layout or of the planning options plans afresh, and the checkpoint is what a
+// save without a cache writes.
+TEST_F(PlanCacheTest, EveryChangeOfLayoutOrOptionsPlansAfresh) {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {12, 8}, 50);
+  w.save = MeshOf(w.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Replicate()}));
+  w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(1)}));
+  TensorCase b = MakeTensor("b", DType::kBFloat16, {8}, 51);
+  b.save = MeshOf(b.shape, Mesh({4}, {Placement::Replicate()}));
+  b.load = MeshOf(b.shape, Mesh({3}, {Placement::Replicate()}));
+  const Case base = MakeCase({w, b}, 4, 3);
+  SavePlanCache cache;
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(base, cache, "/c/0", false));
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(base, cache, "/c/1", true));
+
+  std::vector<std::pair<std::string, Case>> changes;
+  Case dtype = base;  // the same shapes and boxes, another dtype
+  dtype.tensors[1] = MakeTensor("b", DType::kFloat32, {8}, 52);
+  dtype.tensors[1].save = base.tensors[1].save;
+  dtype.tensors[1].load = base.tensors[1].load;
+  changes.push_back({"dtype", dtype});
+  Case boxes = base;  // w split along the other dim
+  boxes.tensors[0].save =
+      MeshOf(w.shape, Mesh({2, 2}, {Placement::Replicate(), Placement::Shard(1)}));
+  changes.push_back({"boxes", boxes});
+  Case added = base;  // one more tensor
+  TensorCase extra = MakeTensor("extra", DType::kInt32, {5}, 53);
+  extra.save = MeshOf(extra.shape, Mesh({4}, {Placement::Shard(0)}));
+  extra.load = MeshOf(extra.shape, Mesh({3}, {Placement::Replicate()}));
+  added = MakeCase({w, b, extra}, 4, 3);
+  changes.push_back({"tensor added", added});
+  Case order = base;  // the same tensors, listed in another order
+  order.order_seed = 99;
+  changes.push_back({"order", order});
+  Case files = base;
+  files.save_options.files_per_rank = 2;
+  changes.push_back({"files_per_rank", files});
+  Case dedup = base;
+  dedup.save_options.dedup_to_lowest_rank = true;
+  changes.push_back({"dedup_to_lowest_rank", dedup});
+  Case block = base;
+  block.save_options.checksum_block_bytes = 16;
+  changes.push_back({"checksum_block_bytes", block});
+  Case coordinator = base;
+  coordinator.save_options.coordinator = 2;
+  changes.push_back({"coordinator", coordinator});
+
+  int k = 0;
+  for (auto& [what, changed] : changes) {
+    SCOPED_TRACE(what);
+    const std::string dir = "/changed" + std::to_string(k++);
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(changed, cache, dir + "/cached", false));
+    ASSERT_NO_FATAL_FAILURE(LoadOk(changed, dir + "/cached"));
+    ExpectLoaded(changed, initial_, loaded_);
+    ASSERT_NO_FATAL_FAILURE(SaveOk(changed, dir + "/plain"));
+    ExpectSamePlan(Metadata(dir + "/plain"), Metadata(dir + "/cached"));
+    // The changed layout is the cached one now; back to the base, afresh again.
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(changed, cache, dir + "/again", true));
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(base, cache, dir + "/base", false));
+  }
+}
+
+// Ranks whose layout is unchanged send only the plan's id; when another rank's changed, they are
+// asked for their local plans in a second exchange, and the save is still exact. Objects change
+// freely between cached saves, and the lowest rank's value still wins.
+TEST_F(PlanCacheTest, OneRankChangingMakesTheOthersSendTheirPlansAndObjectsTravelEverySave) {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {8, 6}, 60);
+  w.save = MeshOf(w.shape, Mesh({3}, {Placement::Shard(0)}));
+  w.load = MeshOf(w.shape, Mesh({2}, {Placement::Shard(1)}));
+  TensorCase only = MakeTensor("only.rank2", DType::kInt64, {4}, 61);
+  only.save.ranks = {{}, {}, {Piece{Box({0}, {4}), 0}}};
+  only.load = MeshOf(only.shape, Mesh({2}, {Placement::Replicate()}));
+  Case c = MakeCase({w, only}, 3, 2);
+  c.lists_on_save[0][1] = c.lists_on_save[1][1] = false;
+  c.lists_on_save[2][1] = false;  // first without rank 2's own tensor
+  auto step = [](const std::string& v) { return ObjectEntry{"step", ObjectEncoding::kJson, v}; };
+  c.objects.push_back(ObjectCase{"step", {step("1"), step("1"), step("1")}});
+  c.wants_object.assign(2, std::vector<bool>(1, true));
+  Case first = c;
+  first.tensors[1].save.ranks[2].clear();
+  first.tensors[1].load.ranks.assign(2, {});
+  first.lists_on_load.assign(2, {true, false});
+  SavePlanCache cache;
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/0", false));
+  first.objects[0].per_rank = {step("2"), step("3"), step("4")};
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/1", true));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(first, "/one/1"));
+  ExpectLoaded(first, initial_, loaded_);
+  ASSERT_EQ(results_[0].objects.size(), 1u);
+  EXPECT_EQ(results_[0].objects[0].payload, "2");
+  // Rank 2 now lists a tensor of its own: ranks 0 and 1 sent the id, then their plans.
+  c.lists_on_save[2][1] = true;
+  c.objects[0].per_rank = {ObjectEntry{}, step("5"), step("6")};
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, "/one/2", false));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c, "/one/2"));
+  ExpectLoaded(c, initial_, loaded_);
+  ASSERT_EQ(results_[0].objects.size(), 1u);
+  EXPECT_EQ(results_[0].objects[0].payload, "5");
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, "/one/3", true));
+  EXPECT_NE(Metadata("/one/3").FindTensor("only.rank2"), nullptr);
+}
+
+// A name that becomes an object while it is a tensor of the cached plan is refused exactly as
+// without a cache.
+TEST_F(PlanCacheTest, AnObjectNamedLikeACachedTensorIsRefused) {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {4, 4}, 70);
+  w.save.ranks = {{Piece{Box({0, 0}, {2, 4}), 0}}, {Piece{Box({2, 0}, {2, 4}), 0}}, {}};
+  w.load = MeshOf(w.shape, Mesh({1}, {Placement::Replicate()}));
+  Case c = MakeCase({w}, 3, 1);
+  c.lists_on_save[2][0] = false;  // rank 2 holds none of w
+  SavePlanCache cache;
+  c.save_options.plan_cache = &cache;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c, "/obj/0"));
+  c.objects.push_back(ObjectCase{
+      "w", {ObjectEntry{}, ObjectEntry{}, ObjectEntry{"w", ObjectEncoding::kJson, "1"}}});
+  Result<RankBuffers> buffers = MakeBuffers(c, true, rng_);
+  ASSERT_TRUE(buffers.ok());
+  Status saved = SaveCase(c, *buffers, store_, &pool_, "/obj/1");
+  EXPECT_EQ(saved.code(), StatusCode::kInvalidArgument) << saved;
+  EXPECT_TRUE(HasText(saved.message(), "name 'w' is a tensor on rank 0 and an object on rank 2"))
+      << saved;
+  EXPECT_FALSE(store_.Exists("/obj/1/shardpoint.metadata").value());
+  EXPECT_EQ(cache.hits(), 0u);
+}
+
+// A cached plan serves torch-dcp saves too (whose writer frames and names the files itself).
+TEST_F(PlanCacheTest, TorchDcpSavesTakeTheCachedPlan) {
+  TensorCase w = MakeTensor("w", DType::kBFloat16, {10, 6}, 80);
+  w.save = MeshOf(w.shape, Mesh({2, 2}, {Placement::Shard(1), Placement::Replicate()}));
+  w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(0)}));
+  Case c = MakeCase({w}, 4, 3);
+  c.save_options.format = CheckpointFormat::kTorchDcp;
+  SavePlanCache cache;
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, "/dcp/0", false));
+  NewValues(&c, 7);
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, "/dcp/0", true));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c, "/dcp/0"));
+  ExpectLoaded(c, initial_, loaded_);
+}
 }  // namespace
 }  // namespace sp

@@ -5,8 +5,12 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <utility>
 
+#include "shardpoint/base/coding.h"
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/engine/save.h"
 #include "shardpoint/comm/collective.h"
@@ -70,12 +74,114 @@ Status CreateDurableDirs(Store& store, std::string_view path) {
   return OkStatus();
 }
 
+}  // namespace
+
+// What a SavePlanCache holds (engine/save_plan_cache.h).
+struct SavePlanCacheState {
+  // Each rank's part (several in-process ranks may share one cache): the layout it last sent in
+  // full (LayoutKey), the id of the plan made from it, and its writes under that plan.
+  struct RankPart {
+    std::string key;
+    uint64_t plan_id = 0;
+    RankSavePlan writes;
+  };
+  std::map<int, RankPart> ranks;
+  // The coordinator's part: the plan as PlanSave made it (files not laid out, no objects), and
+  // every rank's writes as last sent (after the writer laid out the files).
+  uint64_t plan_id = 0;
+  GlobalSavePlan plan;
+  std::vector<RankSavePlan> laid_out;
+};
+
+class SavePlanCacheAccess {
+ public:
+  static std::unique_lock<std::mutex> Lock(SavePlanCache& cache) {
+    return std::unique_lock<std::mutex>(cache.mu_);
+  }
+  // Under the lock.
+  static SavePlanCacheState& State(SavePlanCache& cache) { return *cache.state_; }
+  static void Count(SavePlanCache& cache, bool hit) { ++(hit ? cache.hits_ : cache.misses_); }
+};
+
+SavePlanCache::SavePlanCache() : state_(std::make_unique<SavePlanCacheState>()) {}
+SavePlanCache::~SavePlanCache() = default;
+
+uint64_t SavePlanCache::hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
+}
+
+uint64_t SavePlanCache::misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return misses_;
+}
+
+void SavePlanCache::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  *state_ = SavePlanCacheState();
+}
+
+namespace {
+
+using CacheAccess = SavePlanCacheAccess;
+
+// Everything a rank's part of the plan depends on: its tensors in order (names, dtypes, shapes,
+// boxes), its place in the group and the planning options. Equal keys, equal plans.
+std::string LayoutKey(LocalSavePlan& plan, const SaveOptions& options, const Communicator& comm) {
+  std::vector<ObjectEntry> objects = std::exchange(plan.objects, {});
+  std::string key = EncodeLocalSavePlan(plan);
+  plan.objects = std::move(objects);
+  ByteWriter w(&key);
+  w.PutU32(static_cast<uint32_t>(comm.size()));
+  w.PutU32(static_cast<uint32_t>(comm.rank()));
+  w.PutU32(static_cast<uint32_t>(options.coordinator));
+  w.PutU32(static_cast<uint32_t>(std::max(1, options.files_per_rank)));
+  w.PutU8(options.dedup_to_lowest_rank ? 1 : 0);
+  w.PutU64(options.checksum_block_bytes);
+  w.PutU32(static_cast<uint32_t>(options.separate_key_prefixes.size()));
+  for (const std::string& prefix : options.separate_key_prefixes) w.PutString(prefix);
+  return key;
+}
+
+// A nonzero id for a new plan.
+uint64_t NewPlanId() {
+  const std::string hex = RandomHexId(16);
+  const uint64_t id = std::stoull(hex, nullptr, 16);
+  return id == 0 ? 1 : id;
+}
+
+// The objects of a cached plan's save from each rank's (lowest rank first wins), sorted by name;
+// false when a name is also a tensor (the full plan then reports it).
+bool MergeCachedObjects(const std::vector<PlanRequest>& requests,
+                        const std::vector<TensorMetadata>& tensors,
+                        std::vector<ObjectEntry>* objects) {
+  std::map<std::string, ObjectEntry> merged;
+  for (const PlanRequest& request : requests) {
+    Result<LocalSavePlan> local = DecodeLocalSavePlan(request.plan);
+    if (!local.ok()) return false;
+    for (ObjectEntry& o : local->objects) {
+      auto it = std::lower_bound(
+          tensors.begin(), tensors.end(), o.name,
+          [](const TensorMetadata& t, const std::string& name) { return t.name < name; });
+      if (it != tensors.end() && it->name == o.name) return false;
+      const std::string name = o.name;
+      merged.try_emplace(name, std::move(o));
+    }
+  }
+  objects->clear();
+  for (auto& [name, o] : merged) objects->push_back(std::move(o));
+  return true;
+}
+
 // Coordinator: picks the format's writer, refuses to replace a committed checkpoint (of any
-// format) unless asked, plans, has the writer lay out the data files, creates the directory, and
-// returns one payload per rank.
-Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string>& gathered,
+// format) unless asked, plans (or, when every rank sent the id of the plan `cache` holds, takes
+// that plan), has the writer lay out the data files, creates the directory, and returns one
+// reply per rank; or kResend replies when a plan is needed but some ranks sent only an id.
+// `requests` are the ranks' PlanRequests, decoded.
+Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
+                                                   SavePlanCache* cache,
                                                    CheckpointMetadata* metadata) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                       MakeCheckpointWriter(options.format, options.megatron));
@@ -88,20 +194,56 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
                                 " (pass overwrite to replace it)");
     }
   }
-  std::vector<LocalSavePlan> locals;
-  locals.reserve(gathered.size());
-  for (size_t r = 0; r < gathered.size(); ++r) {
-    SP_ASSIGN_OR_RETURN(LocalSavePlan local, DecodeLocalSavePlan(gathered[r]));
-    locals.push_back(std::move(local));
+  const size_t world = requests.size();
+  std::unique_lock<std::mutex> lock;
+  SavePlanCacheState* cached = nullptr;
+  if (cache != nullptr) {
+    lock = CacheAccess::Lock(*cache);
+    cached = &CacheAccess::State(*cache);
   }
-  SavePlanOptions plan_options;
-  plan_options.files_per_rank = std::max(1, options.files_per_rank);
-  plan_options.dedup_to_lowest_rank = options.dedup_to_lowest_rank;
-  plan_options.save_id = RandomHexId(12);
-  plan_options.checksum_block_bytes = options.checksum_block_bytes;
-  plan_options.separate_key_prefixes = options.separate_key_prefixes;
-  SP_ASSIGN_OR_RETURN(GlobalSavePlan plan, PlanSave(locals, plan_options));
-  plan.metadata.world_size = static_cast<int32_t>(gathered.size());
+  const auto all = [&](PlanRequest::Kind kind) {
+    return std::all_of(requests.begin(), requests.end(),
+                       [&](const PlanRequest& r) { return r.kind == kind; });
+  };
+  bool use_cache = cached != nullptr && cached->plan_id != 0 && cached->plan.ranks.size() == world &&
+                   std::all_of(requests.begin(), requests.end(), [&](const PlanRequest& r) {
+                     return r.kind == PlanRequest::Kind::kCached && r.plan_id == cached->plan_id;
+                   });
+  GlobalSavePlan plan;
+  if (use_cache) {
+    plan = cached->plan;
+    use_cache = MergeCachedObjects(requests, plan.metadata.tensors, &plan.metadata.objects);
+  }
+  const std::vector<std::string> resend(
+      world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, {}}));
+  if (!use_cache && !all(PlanRequest::Kind::kFull)) return resend;
+  uint64_t plan_id = 0;
+  if (use_cache) {
+    plan_id = cached->plan_id;
+    plan.metadata.save_id = RandomHexId(12);
+  } else {
+    std::vector<LocalSavePlan> locals;
+    locals.reserve(world);
+    for (const PlanRequest& request : requests) {
+      SP_ASSIGN_OR_RETURN(LocalSavePlan local, DecodeLocalSavePlan(request.plan));
+      locals.push_back(std::move(local));
+    }
+    SavePlanOptions plan_options;
+    plan_options.files_per_rank = std::max(1, options.files_per_rank);
+    plan_options.dedup_to_lowest_rank = options.dedup_to_lowest_rank;
+    plan_options.save_id = RandomHexId(12);
+    plan_options.checksum_block_bytes = options.checksum_block_bytes;
+    plan_options.separate_key_prefixes = options.separate_key_prefixes;
+    SP_ASSIGN_OR_RETURN(plan, PlanSave(locals, plan_options));
+    if (cached != nullptr) {
+      plan_id = NewPlanId();
+      cached->plan_id = plan_id;
+      cached->plan = plan;
+      cached->plan.metadata.objects.clear();
+      cached->laid_out.clear();
+    }
+  }
+  plan.metadata.world_size = static_cast<int32_t>(world);
   plan.metadata.attributes = options.attributes;
 
   plan.metadata.format = writer->format();
@@ -113,18 +255,23 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<std::string
       w.data_offset = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
     }
   }
+  // Ranks write with their cached writes only where those are still exactly the plan's.
+  const bool files_only = use_cache && cached->laid_out == plan.ranks;
+  if (cached != nullptr && !files_only) cached->laid_out = plan.ranks;
   SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
 
   std::vector<std::string> payloads(plan.ranks.size());
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
-    RankWriteOrder order;
-    order.format = writer->format();
-    order.plan = plan.ranks[r];
+    PlanReply reply;
+    reply.kind = files_only ? PlanReply::Kind::kFilesOnly : PlanReply::Kind::kOrder;
+    reply.plan_id = plan_id;
+    reply.order.format = writer->format();
+    if (!files_only) reply.order.plan = plan.ranks[r];
     for (uint32_t f : plan.ranks[r].files) {
       const DataFile& file = plan.metadata.files[f];
-      order.files.push_back({f, file.name, headers[f], file.size});
+      reply.order.files.push_back({f, file.name, headers[f], file.size});
     }
-    payloads[r] = EncodeRankWriteOrder(order);
+    payloads[r] = EncodePlanReply(reply);
   }
   *metadata = std::move(plan.metadata);
   return payloads;
@@ -301,25 +448,97 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   if (options.checksum_block_bytes == 0) {
     return InvalidArgumentError("checksum_block_bytes must be positive");
   }
-  Result<std::string> local = [&]() -> Result<std::string> {
+  SavePlanCache* cache = options.plan_cache;
+  std::optional<LocalSavePlan> local_plan;
+  std::string layout_key;  // with a cache: this rank's layout (LayoutKey)
+  bool sent_cached = false;
+  Result<std::string> request = [&]() -> Result<std::string> {
     SP_RETURN_IF_ERROR(local_failure);
     SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fills()));
-    return EncodeLocalSavePlan(plan);
+    local_plan = std::move(plan);
+    PlanRequest out;
+    if (cache != nullptr) {
+      layout_key = LayoutKey(*local_plan, options, comm);
+      std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
+      SavePlanCacheState& cached = CacheAccess::State(*cache);
+      auto it = cached.ranks.find(comm.rank());
+      if (it != cached.ranks.end() && it->second.plan_id != 0 && it->second.key == layout_key) {
+        out.kind = PlanRequest::Kind::kCached;
+        out.plan_id = it->second.plan_id;
+        out.plan = EncodeLocalSavePlan(LocalSavePlan{{}, local_plan->objects});
+        sent_cached = true;
+      }
+    }
+    if (!sent_cached) out.plan = EncodeLocalSavePlan(*local_plan);
+    return EncodePlanRequest(out);
   }();
   SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                      GatherOrFail(comm, std::move(local), root));
+                      GatherOrFail(comm, std::move(request), root));
 
   CheckpointMetadata metadata;
+  std::vector<PlanRequest> requests;  // the coordinator's, as decoded from the first exchange
+  auto plan_on_coordinator = [&]() -> Result<std::vector<std::string>> {
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      SP_ASSIGN_OR_RETURN(PlanRequest decoded, DecodePlanRequest(gathered[r]));
+      if (decoded.kind == PlanRequest::Kind::kNothing) {
+        if (requests.size() != gathered.size()) {
+          return InternalError("rank " + std::to_string(r) + " sent no plan");
+        }
+        continue;  // its request of the first exchange stands
+      }
+      if (requests.size() == gathered.size()) {
+        requests[r] = std::move(decoded);
+      } else {
+        requests.push_back(std::move(decoded));
+      }
+    }
+    return PlanOnCoordinator(requests, path, options, ctx->store(), cache, &metadata);
+  };
   Result<std::vector<std::string>> payloads =
-      comm.rank() == root
-          ? PlanOnCoordinator(gathered, path, options, ctx->store(), &metadata)
-          : Result<std::vector<std::string>>(std::vector<std::string>());
+      comm.rank() == root ? plan_on_coordinator() : Result<std::vector<std::string>>(
+                                                        std::vector<std::string>());
   SP_ASSIGN_OR_RETURN(std::string my_payload, ScatterOrFail(comm, std::move(payloads), root));
+  // A plan is needed but some rank sent only the id of its cached one: every rank that did sends
+  // its local plan, and the coordinator plans from those and the full plans of the first exchange.
+  if (!my_payload.empty() && my_payload[0] == static_cast<char>(PlanReply::Kind::kResend)) {
+    PlanRequest again;
+    if (sent_cached) {
+      again.plan = EncodeLocalSavePlan(*local_plan);
+    } else {
+      again.kind = PlanRequest::Kind::kNothing;
+    }
+    SP_ASSIGN_OR_RETURN(gathered, GatherOrFail(comm, EncodePlanRequest(again), root));
+    payloads = comm.rank() == root ? plan_on_coordinator()
+                                   : Result<std::vector<std::string>>(std::vector<std::string>());
+    if (payloads.ok() && comm.rank() == root && !payloads->empty() &&
+        (*payloads)[0][0] == static_cast<char>(PlanReply::Kind::kResend)) {
+      payloads = InternalError("the coordinator asked twice for the ranks' local plans");
+    }
+    SP_ASSIGN_OR_RETURN(my_payload, ScatterOrFail(comm, std::move(payloads), root));
+  }
   Lap(&clock, &stats.plan_seconds);
 
   std::vector<OpenFile> files;
   Result<std::string> report = [&]() -> Result<std::string> {
-    SP_ASSIGN_OR_RETURN(RankWriteOrder order, DecodeRankWriteOrder(my_payload));
+    SP_ASSIGN_OR_RETURN(PlanReply reply, DecodePlanReply(my_payload));
+    RankWriteOrder order = std::move(reply.order);
+    if (cache != nullptr) {
+      std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
+      SavePlanCacheState::RankPart& mine = CacheAccess::State(*cache).ranks[comm.rank()];
+      if (reply.kind == PlanReply::Kind::kFilesOnly) {
+        if (mine.plan_id != reply.plan_id || mine.key != layout_key) {
+          return InternalError("the save plan cache of rank " + std::to_string(comm.rank()) +
+                               " no longer holds the plan the coordinator used");
+        }
+        order.plan = mine.writes;
+      } else if (reply.plan_id != 0) {
+        mine = SavePlanCacheState::RankPart{layout_key, reply.plan_id, order.plan};
+      }
+      CacheAccess::Count(*cache, reply.kind == PlanReply::Kind::kFilesOnly);
+    } else if (reply.kind != PlanReply::Kind::kOrder) {
+      return InternalError("a cached save plan was used without a cache");
+    }
+    stats.plan_cached = reply.kind == PlanReply::Kind::kFilesOnly;
     for (const ChunkWrite& w : order.plan.writes) stats.bytes_written += w.byte_length;
     stats.files_written = static_cast<uint32_t>(order.files.size());
     return WriteRankFiles(order, state, path, options, ctx->store(),

@@ -30,6 +30,7 @@
 #include "shardpoint/geometry/box.h"
 #include "shardpoint/store/store.h"
 #include "shardpoint/engine/budget.h"
+#include "shardpoint/engine/save_plan_cache.h"
 
 namespace sp {
 
@@ -53,7 +54,9 @@ struct SaveState {
 
 // Where the time of one rank's save went (seconds, wall clock), and what it wrote.
 struct SaveStats {
-  double plan_seconds = 0;    // local plan, gather, global plan (coordinator), scatter
+  double plan_seconds = 0;    // local plan, gather, global plan (coordinator), scatter: from the
+                              // call to the start of writing
+  bool plan_cached = false;   // the writes came from options.plan_cache (no global plan computed)
   double write_seconds = 0;   // checksumming and writing this rank's data files
   double sync_seconds = 0;    // fsync, close and rename of this rank's data files
   double commit_seconds = 0;  // report, metadata write and commit (coordinator), agreement
@@ -99,6 +102,10 @@ struct SaveOptions {
   // Called from I/O threads with the bytes of each chunk once written (for progress reports).
   std::function<void(uint64_t bytes)> on_chunk_written;
   SaveStats* stats = nullptr;     // when set, filled with this rank's figures
+  // When set (one per rank, or one shared by the in-process ranks of a group, kept across saves):
+  // a save whose layout is unchanged since the previous save through it skips planning
+  // (engine/save_plan_cache.h). Null: every save plans.
+  SavePlanCache* plan_cache = nullptr;
   // Direct I/O: writes of at least direct_io_min_bytes bypass the page cache (O_DIRECT) for their
   // whole aligned blocks, staged through aligned buffers (engine/direct_write.h), where the store
   // and the file system allow it; the rest, and files that cannot be written directly, go through

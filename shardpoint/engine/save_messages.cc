@@ -51,6 +51,52 @@ Result<RankWriteOrder> DecodeRankWriteOrder(std::string_view bytes) {
   return order;
 }
 
+std::string EncodePlanRequest(const PlanRequest& request) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU8(static_cast<uint8_t>(request.kind));
+  w.PutU64(request.plan_id);
+  w.PutRaw(request.plan);
+  return out;
+}
+
+Result<PlanRequest> DecodePlanRequest(std::string_view bytes) {
+  ByteReader r(bytes, "plan request");
+  PlanRequest request;
+  SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
+  if (kind > static_cast<uint8_t>(PlanRequest::Kind::kNothing)) {
+    return DataLossError("plan request: unknown kind " + std::to_string(kind));
+  }
+  request.kind = static_cast<PlanRequest::Kind>(kind);
+  SP_ASSIGN_OR_RETURN(request.plan_id, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(std::string_view plan, r.ReadRaw(r.remaining()));
+  request.plan = std::string(plan);
+  return request;
+}
+
+std::string EncodePlanReply(const PlanReply& reply) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU8(static_cast<uint8_t>(reply.kind));
+  w.PutU64(reply.plan_id);
+  w.PutRaw(EncodeRankWriteOrder(reply.order));
+  return out;
+}
+
+Result<PlanReply> DecodePlanReply(std::string_view bytes) {
+  ByteReader r(bytes, "plan reply");
+  PlanReply reply;
+  SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
+  if (kind > static_cast<uint8_t>(PlanReply::Kind::kResend)) {
+    return DataLossError("plan reply: unknown kind " + std::to_string(kind));
+  }
+  reply.kind = static_cast<PlanReply::Kind>(kind);
+  SP_ASSIGN_OR_RETURN(reply.plan_id, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(std::string_view order, r.ReadRaw(r.remaining()));
+  SP_ASSIGN_OR_RETURN(reply.order, DecodeRankWriteOrder(order));
+  return reply;
+}
+
 std::string EncodeWriteReport(const WriteReport& report) {
   std::string out;
   ByteWriter w(&out);

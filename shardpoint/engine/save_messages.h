@@ -1,5 +1,8 @@
 // The messages of a save that travel between ranks as bytes.
 //
+// PlanRequest: rank -> coordinator, its local plan, or the id of the cached plan it still has.
+// PlanReply: coordinator -> rank, a RankWriteOrder (whole, or its files only when the rank's
+// cached writes stand), or the request to send the local plan after all.
 // RankWriteOrder: coordinator -> rank, what to write (the rank's plan and its files' headers).
 // WriteReport: rank -> coordinator, the block checksums of every chunk written.
 // Decoders are bounds-checked: hostile bytes give kDataLoss, never a crash.
@@ -30,6 +33,29 @@ struct RankWriteOrder {
   std::vector<FileOrder> files;
 };
 
+// The first message of a save from each rank to the coordinator (engine/save_plan_cache.h).
+struct PlanRequest {
+  enum class Kind : uint8_t {
+    kFull = 0,     // `plan` is the rank's LocalSavePlan
+    kCached = 1,   // unchanged since plan `plan_id`; `plan` is a LocalSavePlan of its objects only
+    kNothing = 2,  // (in the second exchange) the rank's kFull request of the first stands
+  };
+  Kind kind = Kind::kFull;
+  uint64_t plan_id = 0;
+  std::string plan;  // EncodeLocalSavePlan
+};
+
+struct PlanReply {
+  enum class Kind : uint8_t {
+    kOrder = 0,      // the whole order
+    kFilesOnly = 1,  // order.format and order.files; the writes are those of plan `plan_id`
+    kResend = 2,     // some rank sent kCached but a plan is needed: send the full local plan
+  };
+  Kind kind = Kind::kOrder;
+  uint64_t plan_id = 0;  // the plan's id for the ranks' caches (0: none kept)
+  RankWriteOrder order;
+};
+
 struct ChunkReport {
   uint32_t tensor = 0;
   uint32_t chunk = 0;
@@ -42,6 +68,10 @@ struct WriteReport {
 
 std::string EncodeRankWriteOrder(const RankWriteOrder& order);
 Result<RankWriteOrder> DecodeRankWriteOrder(std::string_view bytes);
+std::string EncodePlanRequest(const PlanRequest& request);
+Result<PlanRequest> DecodePlanRequest(std::string_view bytes);
+std::string EncodePlanReply(const PlanReply& reply);
+Result<PlanReply> DecodePlanReply(std::string_view bytes);
 std::string EncodeWriteReport(const WriteReport& report);
 Result<WriteReport> DecodeWriteReport(std::string_view bytes);
 

@@ -94,8 +94,10 @@ bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, st
   return found == built;
 }
 
-// Opens data file f and checks its size and its safetensors header against the metadata.
-std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f, Store& store,
+// Opens data file f and checks its size and its safetensors header against `expected_bytes`, the
+// header the metadata implies (BuildDataFileHeaders).
+std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f,
+                                        const std::string& expected_bytes, Store& store,
                                         std::string_view path, DefectList& defects) {
   const DataFile& file = md.files[f];
   DataFileAttempt opened = TryOpenDataFile(store, path, md, f);
@@ -117,7 +119,6 @@ std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f
     defects.Add("data file " + file.name + ": " + found.status().message());
     return nullptr;
   }
-  const std::string expected_bytes = BuildDataFileHeader(md, f);
   Result<SafetensorsHeader> expected =
       ParseSafetensorsHeader(expected_bytes, file.size, handle->path());
   bool same = expected.ok() && expected->data_start == found->data_start &&
@@ -207,8 +208,11 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, std::move(opened));
   report.has_checksums = md.checksum_block_bytes > 0;
   std::vector<std::unique_ptr<ReadableFile>> files(md.files.size());
+  const std::vector<std::string> headers =
+      md.format == CheckpointFormat::kNative ? BuildDataFileHeaders(md)
+                                             : std::vector<std::string>(md.files.size());
   for (uint32_t f = 0; f < md.files.size(); ++f) {
-    files[f] = CheckFile(md, f, ctx->store(), path, defects);
+    files[f] = CheckFile(md, f, headers[f], ctx->store(), path, defects);
     if (files[f]) ++report.files_checked;
   }
   std::atomic<uint64_t> bytes{0};

@@ -58,5 +58,17 @@ TEST(DataFileTest, HeadersDescribeEachFilesChunks) {
   }
 }
 
+// The headers of all files built in one pass are, byte for byte, those built file by file.
+TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    CheckpointMetadata m = testing::RandomMetadata(seed, 15);
+    std::vector<std::string> headers = BuildDataFileHeaders(m);
+    ASSERT_EQ(headers.size(), m.files.size());
+    for (uint32_t f = 0; f < m.files.size(); ++f) {
+      EXPECT_EQ(headers[f], BuildDataFileHeader(m, f)) << "seed " << seed << " file " << f;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sp

@@ -103,6 +103,9 @@ class MetadataReader {
 // in data_offset order, keyed by ChunkEntryName, and "__metadata__" holds format, format_version
 // and save_id. The engine writes it at offset 0; its size is the file's data_start.
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index);
+// The headers of every data file of `metadata`, indexed by file: one pass over the chunks (a
+// header per file built by BuildDataFileHeader would scan every chunk once per file).
+std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata);
 
 // "model.layers.0.w@0,128"; "step@" for a rank-0 tensor.
 std::string ChunkEntryName(std::string_view tensor, const Box& box);

@@ -84,9 +84,8 @@ class NativeWriter : public CheckpointWriter {
     for (DataFile& file : md->files) {
       file.name = DataFileName(md->save_id, file.writer_rank, next_k[file.writer_rank]++);
     }
-    std::vector<std::string> headers(md->files.size());
+    std::vector<std::string> headers = BuildDataFileHeaders(*md);
     for (uint32_t f = 0; f < md->files.size(); ++f) {
-      headers[f] = BuildDataFileHeader(*md, f);
       md->files[f].data_start = headers[f].size();
       md->files[f].size = headers[f].size() + data_bytes[f];
     }

@@ -1,0 +1,60 @@
+// SavePlanCache: a rank's memory of the plan of its group's last save, so that a later save
+// whose layout has not changed skips planning (docs/DESIGN.md, "Cached save plans").
+//
+// A save plans in three steps: every rank sends its local plan (each tensor's name, dtype, shape
+// and boxes) to the coordinator, the coordinator computes the global plan (replicas, ownership,
+// files; O(ranks x tensors)), and sends every rank its writes. A training job saves the same
+// layout every few minutes, so after the first save each rank with a cache sends only a token
+// (the plan id, 8 bytes) and its plain objects, and the coordinator, when every rank sent the id
+// of the plan it holds, takes its cached plan instead of planning, lays out the new save's
+// files and sends each rank its files only (names and headers); the rank writes with its cached
+// writes.
+//
+// Never stale: a rank sends the token only when its layout is byte for byte the layout it sent
+// for that plan: the same tensors in the same order with the same names, dtypes, shapes and
+// boxes, the same world size, rank, coordinator and planning options (files_per_rank,
+// dedup_to_lowest_rank, checksum_block_bytes, separate_key_prefixes). Anything else (a tensor
+// added, a dtype changed, a box moved) sends the full local plan, and the coordinator plans
+// afresh unless every rank sent the token of the plan it holds; a rank that sent the token in a
+// save that needs a full plan is asked for its local plan in one more exchange. Object values and
+// names may change freely: they travel with every save.
+//
+// One cache per rank and group, used by one save at a time (an AsyncSaver runs one save at a
+// time); it holds this rank's local layout and writes (O(its tensors)), and on the coordinator
+// also the global plan (O(chunks)). A cache used with another group or another state plans
+// afresh, correctly; it then caches that plan instead.
+#ifndef SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
+#define SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+namespace sp {
+
+struct SavePlanCacheState;  // engine/save.cc
+
+class SavePlanCache {
+ public:
+  SavePlanCache();
+  ~SavePlanCache();
+  SavePlanCache(const SavePlanCache&) = delete;
+  SavePlanCache& operator=(const SavePlanCache&) = delete;
+
+  // Saves through this cache whose plan came from it (hits), and that planned afresh (misses).
+  uint64_t hits() const;
+  uint64_t misses() const;
+  // Forgets the cached plan: the next save through this cache plans afresh.
+  void Clear();
+
+ private:
+  friend class SavePlanCacheAccess;
+  mutable std::mutex mu_;
+  std::unique_ptr<SavePlanCacheState> state_;
+  uint64_t hits_ = 0;
+  uint64_t misses_ = 0;
+};
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
