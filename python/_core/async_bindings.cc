@@ -48,6 +48,7 @@ class PyAsyncSaver {
     }
     comm_.reset();  // with the GIL: it holds a Python reference
     fill_.reset();
+    plan_cache_.reset();
   }
 
   PyAsyncSaver(const PyAsyncSaver&) = delete;
@@ -66,6 +67,7 @@ class PyAsyncSaver {
     // failed Start may still be taking part in its peers' save with them.
     comm_ = std::move(prepared->comm);
     fill_ = options.fill;
+    plan_cache_ = options.plan_cache;
     ThrowIfError(status);
   }
 
@@ -85,6 +87,7 @@ class PyAsyncSaver {
     }
     comm_ = std::move(prepared->comm);  // the background save may still be using it
     fill_.reset();
+    plan_cache_ = options.plan_cache;
     ThrowIfError(status);
   }
 
@@ -112,6 +115,7 @@ class PyAsyncSaver {
   std::unique_ptr<AsyncSaver> saver_;
   std::unique_ptr<PyCommunicator> comm_;
   nb::object fill_;  // the running save's SaveOptions.fill (its I/O threads call it)
+  nb::object plan_cache_;  // the running save's SaveOptions.plan_cache
   Status pending_;  // a result taken by Drain, for the next Wait
 };
 

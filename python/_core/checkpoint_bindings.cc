@@ -121,6 +121,9 @@ std::unique_ptr<PreparedSave> PrepareSave(nb::handle tensors, nb::handle objects
   prepared->options = options.options;
   prepared->options.comm = prepared->comm.get();
   if (!options.fill.is_none()) prepared->options.fill_range = FillFromPython(options.fill.ptr());
+  if (!options.plan_cache.is_none()) {
+    prepared->options.plan_cache = nb::cast<SavePlanCache*>(options.plan_cache);
+  }
   return prepared;
 }
 

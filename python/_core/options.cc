@@ -117,6 +117,19 @@ std::vector<TensorPlacement> PlacementsFromPython(const std::vector<PlacementTup
   return out;
 }
 
+void DefineSavePlanCache(nb::module_& m) {
+  nb::class_<SavePlanCache>(
+      m, "SavePlanCache",
+      "A rank's memory of its group's last save plan: a save through it whose layout (names,\n"
+      "dtypes, shapes, boxes, planning options) is unchanged since the previous one skips the\n"
+      "gather of local plans and the global planning (shardpoint/engine/save_plan_cache.h).\n"
+      "One per rank and group, used by one save at a time.")
+      .def(nb::init<>())
+      .def_prop_ro("hits", &SavePlanCache::hits, "Saves of this rank that took the cached plan.")
+      .def_prop_ro("misses", &SavePlanCache::misses, "Saves of this rank that planned afresh.")
+      .def("clear", &SavePlanCache::Clear, "Forgets the plan: the next save plans afresh.");
+}
+
 void DefineSaveOptions(nb::module_& m) {
   nb::class_<PySaveOptions> cls(
       m, "SaveOptions",
@@ -130,6 +143,15 @@ void DefineSaveOptions(nb::module_& m) {
              "piece given as None (indices in the tensor entries) into `out`, a writable\n"
              "memoryview, as that range is written (ranges of at most 16 MiB, several at once);\n"
              "called from I/O threads. None: every piece has an array.");
+  cls.def_prop_rw(
+      "plan_cache", [](const PySaveOptions& self) { return self.plan_cache; },
+      [](PySaveOptions& self, nb::object cache) {
+        if (!cache.is_none() && !nb::isinstance<SavePlanCache>(cache)) {
+          throw nb::type_error("plan_cache must be a SavePlanCache or None");
+        }
+        self.plan_cache = std::move(cache);
+      },
+      kNoneAllowed, "A SavePlanCache kept across saves (None: every save plans).");
   Field(cls, "fill_budget_bytes", &SaveOptions::fill_budget_bytes,
         "Bytes of filled ranges held at once (at least one range).");
   Field(cls, "overwrite", &SaveOptions::overwrite, "Replace a committed checkpoint at the path.");
@@ -239,6 +261,7 @@ void DefineConsolidateOptions(nb::module_& m) {
 }  // namespace
 
 void DefineOptionClasses(nb::module_& m) {
+  DefineSavePlanCache(m);
   DefineSaveOptions(m);
   DefineLoadOptions(m);
   DefineConsolidateOptions(m);

@@ -30,6 +30,9 @@ struct PySaveOptions {
   // [offset, offset + len(out)) of a piece given as None (SaveOptions::fill_range), called from
   // I/O threads with the GIL taken; None: no piece may be None.
   nanobind::object fill = nanobind::none();
+  // A SavePlanCache (SaveOptions::plan_cache), or None; kept alive by the caller while the save
+  // runs (an async saver holds it until its save is done).
+  nanobind::object plan_cache = nanobind::none();
 };
 
 // load().

@@ -27,6 +27,7 @@ from ._api import (
     save,
     verify,
 )
+from ._core import SavePlanCache
 from ._errors import (
     CheckpointArgumentError,
     CheckpointCorruptError,
@@ -44,7 +45,7 @@ from ._moe import ExpertShard, mark_experts
 
 __all__ = [
     "save", "async_save", "load", "inspect", "load_full", "verify",
-    "SaveHandle", "LoadResult", "CheckpointInfo", "TensorInfo", "ObjectInfo", "VerifyReport",
+    "SaveHandle", "SavePlanCache", "LoadResult", "CheckpointInfo", "TensorInfo", "ObjectInfo", "VerifyReport",
     "CheckpointError", "CheckpointNotFoundError", "CheckpointExistsError", "CheckpointCorruptError",
     "CheckpointVersionError", "CheckpointArgumentError",
     "HyperParallelTensor", "ShardedTensor", "ExpertShard", "mark_experts",

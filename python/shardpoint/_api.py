@@ -196,7 +196,7 @@ def _prepared_save(state_dict: Mapping[str, Any], comm: Optional[_dist.TorchComm
 def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, overwrite: bool = False,
          threads: Optional[int] = None, allow_pickle: bool = False,
          separation_hint: Union[str, Sequence[str], None] = None, format: str = "native",
-         direct_io: bool = False, staging_budget: Optional[int] = None) -> None:
+         direct_io: bool = False, staging_budget: Optional[int] = None, plan_cache: Any = True) -> None:
     """Saves ``state_dict`` (nested dicts/lists of tensors, DTensors, numpy arrays and plain objects)
     as a checkpoint at ``path``. Collective over ``process_group`` (default: the default group when
     torch.distributed is initialized, else this process alone). ``threads``: write parallelism per
@@ -231,6 +231,12 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     copy streams that first wait for the work the caller queued before the call, and written from
     there (docs/GPU.md); ``staging_budget`` bounds that memory (default 4 GiB; 0: the whole state),
     and what does not fit is copied range by range (16 MiB) by the writing threads as they write it.
+
+    ``plan_cache``: ``True`` (the default) keeps the save's plan in this process for the group; a
+    later save whose layout (keys, dtypes, shapes, shards, options) is unchanged on every rank skips
+    the gather of every rank's tensor list and the global planning, and sends each rank only its
+    files. Any change plans afresh. ``False``: every save plans. A :class:`SavePlanCache` object: that
+    cache (its ``hits`` and ``misses`` count this rank's saves).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -242,7 +248,8 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     with translated():
         options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads or _dist.default_threads(comm),
                                     attributes=attributes, format=format, separate_key_prefixes=separate,
-                                    direct_io=bool(direct_io), **device_options)
+                                    direct_io=bool(direct_io), **device_options,
+                                    plan_cache=_dist.plan_cache(comm, plan_cache, "sync"))
         _core.save(path, entries, objects, options)
     progress.finish()
 
@@ -564,7 +571,7 @@ atexit.register(_ASYNC.wait_last)
 def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None,
                overwrite: bool = False, allow_pickle: bool = False, staging_budget: Optional[int] = None,
                threads: Optional[int] = None, direct_io: bool = False, over_budget: str = "auto",
-               staging_budget_bytes: Optional[int] = None) -> SaveHandle:
+               staging_budget_bytes: Optional[int] = None, plan_cache: Any = True) -> SaveHandle:
     """Starts saving ``state_dict`` at ``path`` and returns once its values are copied into host
     staging memory; the caller may change its tensors right away. Writing and commit run on
     background threads over a dedicated gloo group. A previous async save is waited for first (its
@@ -574,7 +581,7 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
     ``staging_budget`` (bytes; ``staging_budget_bytes`` is its former name) bounds the host staging
     memory of this save (0 or None: no bound); the staging is kept for the next save with the same
     budget. ``threads`` is the copy and write parallelism (default: the number of cores);
-    ``direct_io`` as for :func:`save`.
+    ``direct_io`` and ``plan_cache`` as for :func:`save` (async saves keep a cache of their own).
 
     A state with tensors on CUDA devices is staged in pinned host memory that is allocated by the
     first save and reused by every later one: each device's copies run on a copy stream that first
@@ -620,7 +627,8 @@ def async_save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: 
         raise
     with translated():
         options = _core.SaveOptions(comm=comm, overwrite=overwrite, threads=threads, attributes=attributes,
-                                    direct_io=bool(direct_io))
+                                    direct_io=bool(direct_io),
+                                    plan_cache=_dist.plan_cache(comm, plan_cache, "async"))
         if staging is None:
             _ASYNC.saver.start(path, entries, objects, options)
         else:

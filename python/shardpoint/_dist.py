@@ -20,6 +20,7 @@ from ._errors import CheckpointArgumentError
 _GROUPS: dict[tuple, Any] = {}
 _HOSTS: dict[tuple, list[bytes]] = {}
 _GROUPS_LOCK = threading.Lock()
+_PLAN_CACHES: dict[tuple, Any] = {}
 
 
 class TorchComm:
@@ -122,6 +123,31 @@ def _gloo_group(group: Any, purpose: str) -> Any:
         if key not in _GROUPS:
             _GROUPS[key] = dist.new_group(ranks=list(ranks), backend="gloo", use_local_synchronization=True)
         return _GROUPS[key]
+
+
+def plan_cache(comm: Optional[TorchComm], cache: Any, purpose: str) -> Any:
+    """The SavePlanCache a save hands to the core: ``cache`` itself when it is one, None for False
+    or None, and for True this process's cache for the group's ranks and ``purpose`` (``"sync"``,
+    ``"async"``: the two may run at once, and a cache serves one save at a time), made on first
+    use. No choice of cache can make a save wrong: a cached plan is taken only when every rank's
+    layout is exactly the one it was made from (shardpoint/engine/save_plan_cache.h)."""
+    from ._core import SavePlanCache
+
+    if cache is None or cache is False:
+        return None
+    if isinstance(cache, SavePlanCache):
+        return cache
+    if cache is not True:
+        raise CheckpointArgumentError(f"plan_cache={cache!r}: expected True, False or a SavePlanCache",
+                                      "INVALID_ARGUMENT")
+    if comm is None:
+        key: tuple = ((), purpose)
+    else:
+        key = (tuple(comm._dist.get_process_group_ranks(comm.group)), comm.rank, purpose)
+    with _GROUPS_LOCK:
+        if key not in _PLAN_CACHES:
+            _PLAN_CACHES[key] = SavePlanCache()
+        return _PLAN_CACHES[key]
 
 
 def resolve(process_group: Any = None, *, for_async: bool = False) -> Optional[TorchComm]:
