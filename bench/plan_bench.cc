@@ -3,8 +3,10 @@
 // The tensors cycle through the layouts of a 3-D parallel job on 1,024 ranks (mesh 8 x 16 x 8
 // by default: data-parallel replicas, FSDP shards, tensor-parallel shards): row-sharded over
 // all ranks, column-sharded over TP with replicas, a 2-D grid, and fully replicated. Reports
-// the median of 5 runs of PlanSave, and of PlanLoad for one rank reading every tensor whole
-// (the consolidation case: every stored chunk intersects the target).
+// the median of 5 runs of PlanSave, of the native writer laying out the data files of that plan
+// (names and every file's safetensors header: the coordinator's work that remains in a save whose
+// plan comes from a SavePlanCache), and of PlanLoad for one rank reading every tensor whole (the
+// consolidation case: every stored chunk intersects the target).
 //
 // Usage: plan_bench [ranks] [tensors]   (ranks must be a multiple of 128)
 #include <algorithm>
@@ -12,11 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "shardpoint/format/writer.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/plan/save_plan.h"
+#include "shardpoint/store/memory_store.h"
 
 namespace {
 
@@ -112,6 +117,14 @@ int main(int argc, char** argv) {
   for (const auto& t : plan->metadata.tensors) chunks += t.chunks.size();
   const Timing save = Median([&] { return sp::PlanSave(locals, options); });
 
+  sp::MemoryStore store;
+  std::unique_ptr<sp::CheckpointWriter> writer =
+      sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
+  const Timing layout = Median([&] {
+    sp::CheckpointMetadata md = plan->metadata;
+    return writer->LayOutFiles(store, "/bench", &md);
+  });
+
   std::vector<sp::LocalTensor> targets;
   for (const auto& t : plan->metadata.tensors) {
     targets.push_back(sp::LocalTensor{t.name, t.dtype, t.shape, {Box::Whole(t.shape)}});
@@ -132,6 +145,10 @@ int main(int argc, char** argv) {
       save.wall_s, save.cpu_s, kTargetSeconds);
   std::printf(target_size ? ": %s)\n" : "; not this size%s)\n",
               target_size ? (save.wall_s < kTargetSeconds ? "met" : "NOT met") : "");
+  std::printf(
+      "  native file layout median of 5: %.4f s wall, %.4f s cpu  (%zu files: names and "
+      "headers, with a copy of the metadata)\n",
+      layout.wall_s, layout.cpu_s, plan->metadata.files.size());
   std::printf(
       "  PlanLoad median of 5: %.4f s wall, %.4f s cpu  (one rank reading every tensor "
       "whole: %zu items)\n",

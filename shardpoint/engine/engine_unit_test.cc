@@ -68,12 +68,13 @@ TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
   EXPECT_EQ(request_back->kind, PlanRequest::Kind::kCached);
   EXPECT_EQ(request_back->plan_id, 0x0123456789abcdefull);
   EXPECT_EQ(request_back->plan, "objects");
-  const PlanReply reply{PlanReply::Kind::kFilesOnly, 42, SampleOrder()};
+  const PlanReply reply{PlanReply::Kind::kFilesOnly, 42, "0123abcd", SampleOrder()};
   const std::string encoded = EncodePlanReply(reply);
   Result<PlanReply> reply_back = DecodePlanReply(encoded);
   ASSERT_TRUE(reply_back.ok()) << reply_back.status();
   EXPECT_EQ(reply_back->kind, PlanReply::Kind::kFilesOnly);
   EXPECT_EQ(reply_back->plan_id, 42u);
+  EXPECT_EQ(reply_back->save_id, "0123abcd");
   EXPECT_EQ(reply_back->order.plan, reply.order.plan);
   ASSERT_EQ(reply_back->order.files.size(), 2u);
   EXPECT_EQ(reply_back->order.files[0].header, reply.order.files[0].header);

@@ -1,7 +1,9 @@
 // A save by many MPI ranks and loads by other numbers of ranks in other layouts (ctest: 256 ranks
 // save, then 192 and 320 load, all oversubscribed on this machine). One run does one side:
 //   mpi_scale_test save DIR   every rank saves its row block of "w" [3840, 8] and the replicated
-//                             "b" [1000] (stored once, by one of its holders)
+//                             "b" [1000] (stored once, by one of its holders), twice through a
+//                             SavePlanCache: the second save (which the loads read) must take the
+//                             cached plan on every rank
 //   mpi_scale_test load DIR   every rank loads a block of "w" on a (world / 8) x 8 grid and the
 //                             whole of "b", bit-exact; then a load in which the last rank asks
 //                             for a tensor the checkpoint lacks must fail on every rank, naming it
@@ -57,11 +59,20 @@ void SaveSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   state.tensors.push_back(SaveTensor{
       "b", DType::kInt64, {kReplicated},
       {ConstPieceView{Box{{0}, {kReplicated}}, reinterpret_cast<const std::byte*>(b.data())}}});
+  SavePlanCache cache;
+  SaveStats stats;
   SaveOptions options;
   options.comm = &comm;
   options.overwrite = true;
+  options.plan_cache = &cache;
+  options.stats = &stats;
   const Status saved = sp::Save(state, path, options);
   checks.Expect("save", saved.ok(), saved.ToString());
+  checks.Expect("the first save plans", !stats.plan_cached);
+  const Status again = sp::Save(state, path, options);
+  checks.Expect("a second save over it", again.ok(), again.ToString());
+  checks.Expect("the second save takes the cached plan", stats.plan_cached && cache.hits() == 1,
+                std::to_string(cache.hits()) + " hits");
 }
 
 void LoadSide(Communicator& comm, const std::string& path, MpiChecks& checks) {

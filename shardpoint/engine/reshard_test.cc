@@ -1512,6 +1512,13 @@ TEST_F(PlanCacheTest, RepeatedSavesOfRandomLayoutsTakeTheCachedPlanAndStayBitExa
     ASSERT_NO_FATAL_FAILURE(LoadOk(*c, dir + "/b"));
     ExpectLoaded(*c, initial_, loaded_);
     ExpectSamePlan(Metadata(dir + "/a"), Metadata(dir + "/b"));
+    // Every file's name and header carry the new save's id (renamed from the cached layout).
+    const CheckpointMetadata b = Metadata(dir + "/b");
+    EXPECT_NE(b.save_id, Metadata(dir + "/a").save_id);
+    Result<VerifyReport> verified = Verify(dir + "/b", &store_);
+    ASSERT_TRUE(verified.ok()) << verified.status();
+    EXPECT_TRUE(verified->ok()) << (verified->defects.empty() ? "" : verified->defects[0]);
+    EXPECT_EQ(verified->files_checked, b.files.size());
     if (i % 10 == 0) {
       NewValues(&*c, 3);
       ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/b", true));

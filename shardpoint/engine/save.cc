@@ -80,17 +80,22 @@ Status CreateDurableDirs(Store& store, std::string_view path) {
 struct SavePlanCacheState {
   // Each rank's part (several in-process ranks may share one cache): the layout it last sent in
   // full (LayoutKey), the id of the plan made from it, and its writes under that plan.
+  // Also the files it last received in full for that plan, the id of their save, their format.
   struct RankPart {
     std::string key;
     uint64_t plan_id = 0;
     RankSavePlan writes;
+    std::vector<FileOrder> files;
+    std::string save_id;
+    CheckpointFormat format = CheckpointFormat::kNative;
   };
   std::map<int, RankPart> ranks;
-  // The coordinator's part: the plan as PlanSave made it (files not laid out, no objects), and
-  // every rank's writes as last sent (after the writer laid out the files).
+  // The coordinator's part: the plan as PlanSave made it (files not laid out, no objects), every
+  // rank's writes as last sent (after the writer laid out the files), and that laid-out metadata.
   uint64_t plan_id = 0;
   GlobalSavePlan plan;
   std::vector<RankSavePlan> laid_out;
+  std::optional<CheckpointMetadata> laid_out_metadata;
 };
 
 class SavePlanCacheAccess {
@@ -215,12 +220,32 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     use_cache = MergeCachedObjects(requests, plan.metadata.tensors, &plan.metadata.objects);
   }
   const std::vector<std::string> resend(
-      world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, {}}));
+      world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, "", {}}));
   if (!use_cache && !all(PlanRequest::Kind::kFull)) return resend;
   uint64_t plan_id = 0;
   if (use_cache) {
     plan_id = cached->plan_id;
     plan.metadata.save_id = RandomHexId(12);
+    // The files of the cached layout, renamed for this save: no layout, and each rank renames
+    // its own files (names and headers) from its cache.
+    std::optional<CheckpointMetadata>& laid_out = cached->laid_out_metadata;
+    if (laid_out && laid_out->format == writer->format()) {
+      CheckpointMetadata renamed = *laid_out;
+      bool ok = true;
+      for (DataFile& f : renamed.files) {
+        ok = ok && writer->RenameForSave(laid_out->save_id, plan.metadata.save_id, &f.name, nullptr);
+      }
+      if (ok) {
+        renamed.save_id = plan.metadata.save_id;
+        renamed.objects = std::move(plan.metadata.objects);
+        renamed.attributes = options.attributes;
+        SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
+        *metadata = std::move(renamed);
+        return std::vector<std::string>(
+            world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id,
+                                             metadata->save_id, {}}));
+      }
+    }
   } else {
     std::vector<LocalSavePlan> locals;
     locals.reserve(world);
@@ -257,7 +282,11 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   }
   // Ranks write with their cached writes only where those are still exactly the plan's.
   const bool files_only = use_cache && cached->laid_out == plan.ranks;
-  if (cached != nullptr && !files_only) cached->laid_out = plan.ranks;
+  if (cached != nullptr) {
+    if (!files_only) cached->laid_out = plan.ranks;
+    cached->laid_out_metadata = plan.metadata;
+    cached->laid_out_metadata->objects.clear();
+  }
   SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
 
   std::vector<std::string> payloads(plan.ranks.size());
@@ -265,6 +294,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     PlanReply reply;
     reply.kind = files_only ? PlanReply::Kind::kFilesOnly : PlanReply::Kind::kOrder;
     reply.plan_id = plan_id;
+    reply.save_id = plan.metadata.save_id;
     reply.order.format = writer->format();
     if (!files_only) reply.order.plan = plan.ranks[r];
     for (uint32_t f : plan.ranks[r].files) {
@@ -522,23 +552,46 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   Result<std::string> report = [&]() -> Result<std::string> {
     SP_ASSIGN_OR_RETURN(PlanReply reply, DecodePlanReply(my_payload));
     RankWriteOrder order = std::move(reply.order);
+    const bool from_cache =
+        reply.kind == PlanReply::Kind::kFilesOnly || reply.kind == PlanReply::Kind::kRenamed;
     if (cache != nullptr) {
       std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
       SavePlanCacheState::RankPart& mine = CacheAccess::State(*cache).ranks[comm.rank()];
-      if (reply.kind == PlanReply::Kind::kFilesOnly) {
-        if (mine.plan_id != reply.plan_id || mine.key != layout_key) {
-          return InternalError("the save plan cache of rank " + std::to_string(comm.rank()) +
-                               " no longer holds the plan the coordinator used");
-        }
-        order.plan = mine.writes;
-      } else if (reply.plan_id != 0) {
-        mine = SavePlanCacheState::RankPart{layout_key, reply.plan_id, order.plan};
+      if (from_cache && (mine.plan_id != reply.plan_id || mine.key != layout_key)) {
+        return InternalError("the save plan cache of rank " + std::to_string(comm.rank()) +
+                             " no longer holds the plan the coordinator used");
       }
-      CacheAccess::Count(*cache, reply.kind == PlanReply::Kind::kFilesOnly);
+      if (reply.kind == PlanReply::Kind::kRenamed) {
+        order.format = mine.format;
+        order.plan = mine.writes;
+        order.files = mine.files;
+        SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                            MakeCheckpointWriter(order.format, /*megatron=*/false));
+        for (FileOrder& f : order.files) {
+          if (!writer->RenameForSave(mine.save_id, reply.save_id, &f.name, &f.header)) {
+            return InternalError("rank " + std::to_string(comm.rank()) + " cannot rename file " +
+                                 f.name + " of its cached plan for save " + reply.save_id);
+          }
+        }
+      } else {
+        if (reply.kind == PlanReply::Kind::kFilesOnly) {
+          order.plan = mine.writes;
+        } else if (reply.plan_id != 0) {
+          mine.key = layout_key;
+          mine.plan_id = reply.plan_id;
+          mine.writes = order.plan;
+        }
+        if (reply.plan_id != 0) {
+          mine.files = order.files;
+          mine.save_id = reply.save_id;
+          mine.format = order.format;
+        }
+      }
+      CacheAccess::Count(*cache, from_cache);
     } else if (reply.kind != PlanReply::Kind::kOrder) {
       return InternalError("a cached save plan was used without a cache");
     }
-    stats.plan_cached = reply.kind == PlanReply::Kind::kFilesOnly;
+    stats.plan_cached = from_cache;
     for (const ChunkWrite& w : order.plan.writes) stats.bytes_written += w.byte_length;
     stats.files_written = static_cast<uint32_t>(order.files.size());
     return WriteRankFiles(order, state, path, options, ctx->store(),

@@ -79,6 +79,7 @@ std::string EncodePlanReply(const PlanReply& reply) {
   ByteWriter w(&out);
   w.PutU8(static_cast<uint8_t>(reply.kind));
   w.PutU64(reply.plan_id);
+  w.PutString(reply.save_id);
   w.PutRaw(EncodeRankWriteOrder(reply.order));
   return out;
 }
@@ -87,11 +88,13 @@ Result<PlanReply> DecodePlanReply(std::string_view bytes) {
   ByteReader r(bytes, "plan reply");
   PlanReply reply;
   SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
-  if (kind > static_cast<uint8_t>(PlanReply::Kind::kResend)) {
+  if (kind > static_cast<uint8_t>(PlanReply::Kind::kRenamed)) {
     return DataLossError("plan reply: unknown kind " + std::to_string(kind));
   }
   reply.kind = static_cast<PlanReply::Kind>(kind);
   SP_ASSIGN_OR_RETURN(reply.plan_id, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(std::string_view save_id, r.ReadString(4096));
+  reply.save_id = std::string(save_id);
   SP_ASSIGN_OR_RETURN(std::string_view order, r.ReadRaw(r.remaining()));
   SP_ASSIGN_OR_RETURN(reply.order, DecodeRankWriteOrder(order));
   return reply;

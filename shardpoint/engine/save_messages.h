@@ -50,9 +50,12 @@ struct PlanReply {
     kOrder = 0,      // the whole order
     kFilesOnly = 1,  // order.format and order.files; the writes are those of plan `plan_id`
     kResend = 2,     // some rank sent kCached but a plan is needed: send the full local plan
+    kRenamed = 3,    // order empty: the rank's cached files and writes of plan `plan_id`, renamed
+                     // for save `save_id` (CheckpointWriter::RenameForSave)
   };
   Kind kind = Kind::kOrder;
   uint64_t plan_id = 0;  // the plan's id for the ranks' caches (0: none kept)
+  std::string save_id;   // the save's id (the files' names and headers carry it)
   RankWriteOrder order;
 };
 

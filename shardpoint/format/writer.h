@@ -142,6 +142,16 @@ class CheckpointWriter {
   virtual Result<std::vector<std::string>> LayOutFiles(Store& store, std::string_view path,
                                                        CheckpointMetadata* md) const = 0;
 
+  // For a save whose plan comes from a SavePlanCache (engine/save_plan_cache.h): turns the name
+  // and, when `header` is not null, the header of a file laid out for save `old_id` into those of
+  // the same file laid out for save `new_id` (of the same length), nothing else changing (data
+  // offsets, sizes, header length), and returns true; false when this format's layout is not
+  // renamed that way (the engine then lays the files out again) or the text is not what it made.
+  virtual bool RenameForSave(std::string_view old_id, std::string_view new_id, std::string* name,
+                             std::string* header) const {
+    return false;
+  }
+
   // Every rank: a writer for `chunks` chunks. checksum_block_bytes is the metadata's.
   virtual std::unique_ptr<ChunkWriter> NewChunkWriter(size_t chunks,
                                                       uint64_t checksum_block_bytes) const = 0;

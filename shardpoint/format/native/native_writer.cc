@@ -92,6 +92,27 @@ class NativeWriter : public CheckpointWriter {
     return headers;
   }
 
+  // The save id is in the file's name once (d-<id>-r...) and in its header once, as the value of
+  // "save_id" in "__metadata__" (a JSON string of hex digits, needing no escapes).
+  bool RenameForSave(std::string_view old_id, std::string_view new_id, std::string* name,
+                     std::string* header) const override {
+    if (old_id.size() != new_id.size() || old_id.empty()) return false;
+    auto replace_once = [&](std::string* text, const std::string& before, const std::string& after) {
+      const std::string token = before + std::string(old_id) + after;
+      const size_t at = text->find(token);
+      if (at == std::string::npos || text->find(token, at + 1) != std::string::npos) return false;
+      text->replace(at + before.size(), old_id.size(), new_id);
+      return true;
+    };
+    std::string new_name = *name;
+    std::string new_header = header != nullptr ? *header : std::string();
+    if (!replace_once(&new_name, "d-", "-r")) return false;
+    if (header != nullptr && !replace_once(&new_header, "\"save_id\":\"", "\"")) return false;
+    *name = std::move(new_name);
+    if (header != nullptr) *header = std::move(new_header);
+    return true;
+  }
+
   std::unique_ptr<ChunkWriter> NewChunkWriter(size_t,
                                               uint64_t checksum_block_bytes) const override {
     return std::make_unique<NativeChunkWriter>(checksum_block_bytes);

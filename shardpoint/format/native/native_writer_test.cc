@@ -34,6 +34,35 @@ CheckpointMetadata PlannedMetadata() {
   return md;
 }
 
+// A cached layout renamed for another save is that save's layout: the same names and headers as
+// laying the files out again, and the same sizes. Anything but its own text is refused.
+TEST(NativeWriterTest, RenamingForAnotherSaveIsLayingOutAgain) {
+  MemoryStore store;
+  std::unique_ptr<CheckpointWriter> writer = MakeNativeWriter();
+  CheckpointMetadata old_md = PlannedMetadata();
+  old_md.save_id = "0123456789ab";
+  Result<std::vector<std::string>> old_headers = writer->LayOutFiles(store, "ckpt", &old_md);
+  ASSERT_TRUE(old_headers.ok());
+  CheckpointMetadata new_md = PlannedMetadata();
+  new_md.save_id = "ba9876543210";
+  Result<std::vector<std::string>> new_headers = writer->LayOutFiles(store, "ckpt", &new_md);
+  ASSERT_TRUE(new_headers.ok());
+  for (size_t f = 0; f < old_md.files.size(); ++f) {
+    std::string name = old_md.files[f].name, header = (*old_headers)[f];
+    ASSERT_TRUE(writer->RenameForSave(old_md.save_id, new_md.save_id, &name, &header)) << f;
+    EXPECT_EQ(name, new_md.files[f].name);
+    EXPECT_EQ(header, (*new_headers)[f]);
+    EXPECT_EQ(old_md.files[f].size, new_md.files[f].size);
+  }
+  std::string name = old_md.files[0].name, header = (*old_headers)[0];
+  EXPECT_FALSE(writer->RenameForSave(old_md.save_id, "short", &name, &header));
+  EXPECT_FALSE(writer->RenameForSave("aaaaaaaaaaaa", new_md.save_id, &name, &header));
+  std::string twice = header + "\"save_id\":\"" + old_md.save_id + "\"";
+  EXPECT_FALSE(writer->RenameForSave(old_md.save_id, new_md.save_id, &name, &twice));
+  EXPECT_EQ(name, old_md.files[0].name);  // a refused rename changes nothing
+  EXPECT_EQ(header, (*old_headers)[0]);
+}
+
 TEST(NativeWriterTest, NamesFilesByRankAndNumberAndWritesHeaders) {
   MemoryStore store;
   std::unique_ptr<CheckpointWriter> writer = MakeNativeWriter();

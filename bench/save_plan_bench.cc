@@ -1,0 +1,181 @@
+// Repeated saves at MPI rank counts: the time from the call to the start of writing (the plan:
+// local plans, gather, global plan, scatter; SaveStats::plan_seconds) of the first save and of the
+// later ones, with a SavePlanCache (later saves take the cached plan) and without (every save
+// plans), in the same run.
+//
+//   mpirun -np 256 --oversubscribe build/bench/save_plan_bench [--tensors 300] [--saves 6] [--dir D]
+//
+// Each rank holds --tensors tensors of a training job's kinds, in turn: row blocks of a matrix
+// sharded over every rank (FSDP), blocks of a matrix sharded over groups of 8 ranks and
+// replicated across the groups (TP x DP: one copy of each block is written, its owner chosen by
+// the plan), and small replicated vectors (written once). Each save goes to a new directory, as a
+// training job's steps do; the previous one is removed after it. Rank 0 prints, per way, every
+// save's plan and total times (the slowest rank's), and the median of the later saves against the
+// first.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/mpi_comm.h"
+
+namespace sp {
+namespace {
+
+constexpr int64_t kCols = 16;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+double MaxOverRanks(double x) {
+  double max = 0;
+  MPI_Allreduce(&x, &max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return max;
+}
+
+struct RankState {
+  std::vector<std::vector<float>> buffers;
+  SaveState state;
+};
+
+RankState MakeState(int rank, int world, int tensors) {
+  RankState out;
+  out.buffers.resize(static_cast<size_t>(tensors));
+  const int tp = world % 8 == 0 ? 8 : 1;
+  for (int i = 0; i < tensors; ++i) {
+    SaveTensor t;
+    t.name = "layers." + std::to_string(i / 3) + ".p" + std::to_string(i % 3);
+    t.dtype = DType::kFloat32;
+    Box box;
+    switch (i % 3) {
+      case 0:  // rows over every rank
+        t.shape = {4 * static_cast<int64_t>(world), kCols};
+        box = Box{{4 * static_cast<int64_t>(rank), 0}, {4, kCols}};
+        break;
+      case 1:  // blocks over tp ranks, replicated over world / tp
+        t.shape = {8 * static_cast<int64_t>(tp), kCols};
+        box = Box{{8 * static_cast<int64_t>(rank % tp), 0}, {8, kCols}};
+        break;
+      default:  // replicated
+        t.shape = {kCols};
+        box = Box{{0}, {kCols}};
+        break;
+    }
+    std::vector<float>& data = out.buffers[static_cast<size_t>(i)];
+    data.assign(static_cast<size_t>(box.volume()), static_cast<float>(rank + i));
+    t.pieces.push_back(ConstPieceView{std::move(box), reinterpret_cast<const std::byte*>(data.data())});
+    out.state.tensors.push_back(std::move(t));
+  }
+  out.state.objects.push_back(ObjectEntry{"step", ObjectEncoding::kJson, "0"});
+  return out;
+}
+
+struct Way {
+  std::vector<double> plan;   // per save, the slowest rank's
+  std::vector<double> total;
+  int cached = 0;             // saves in which every rank took the cached plan
+};
+
+Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, bool cache_plans) {
+  Way way;
+  SavePlanCache cache;
+  for (int s = 0; s < saves; ++s) {
+    rank.state.objects[0].payload = std::to_string(s);
+    const std::string path = dir + "/step" + std::to_string(s);
+    SaveStats stats;
+    SaveOptions options;
+    options.comm = &comm;
+    options.stats = &stats;
+    options.threads = 1;
+    if (cache_plans) options.plan_cache = &cache;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status saved = Save(rank.state, path, options);
+    const double total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!saved.ok()) {
+      std::fprintf(stderr, "rank %d: save %d failed: %s\n", comm.rank(), s, saved.ToString().c_str());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    way.plan.push_back(MaxOverRanks(stats.plan_seconds));
+    way.total.push_back(MaxOverRanks(total));
+    int all = stats.plan_cached ? 1 : 0, every = 0;
+    MPI_Allreduce(&all, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    way.cached += every;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (comm.rank() == 0 && s > 0) {
+      std::filesystem::remove_all(dir + "/step" + std::to_string(s - 1));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+  return way;
+}
+
+void Print(const char* name, const Way& way) {
+  std::printf("%s: %d of %zu saves took the cached plan\n", name, way.cached, way.plan.size());
+  for (size_t s = 0; s < way.plan.size(); ++s) {
+    std::printf("  save %zu  plan %8.4f s  total %8.4f s\n", s + 1, way.plan[s], way.total[s]);
+  }
+  std::vector<double> later_plan(way.plan.begin() + 1, way.plan.end());
+  std::vector<double> later_total(way.total.begin() + 1, way.total.end());
+  std::printf("  later saves (median): plan %.4f s = %.1fx faster than the first (%.4f s); "
+              "total %.4f s (first %.4f s)\n",
+              Median(later_plan), way.plan[0] / std::max(Median(later_plan), 1e-9), way.plan[0],
+              Median(later_total), way.total[0]);
+}
+
+}  // namespace
+}  // namespace sp
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int tensors = 300, saves = 6;
+  std::string dir = "/tmp/shardpoint-save-plan-bench";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--tensors") tensors = std::stoi(argv[i + 1]);
+    else if (a == "--saves") saves = std::stoi(argv[i + 1]);
+    else if (a == "--dir") dir = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: save_plan_bench [--tensors N] [--saves K] [--dir DIR]\n");
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  if (saves < 2) saves = 2;
+  sp::Result<std::unique_ptr<sp::MpiComm>> made = sp::MpiComm::Create(MPI_COMM_WORLD);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  sp::MpiComm& comm = **made;
+  sp::RankState rank = sp::MakeState(comm.rank(), comm.size(), tensors);
+  if (comm.rank() == 0) {
+    std::printf("%d MPI ranks x %d tensors each, %d saves per way\n", comm.size(), tensors, saves);
+  }
+  // Alternating which way runs first would need more saves; the uncached way runs first so that
+  // the file system's state favours it if anything.
+  const sp::Way plain = sp::Run(comm, rank, dir + "/plain", saves, false);
+  const sp::Way cached = sp::Run(comm, rank, dir + "/cached", saves, true);
+  if (comm.rank() == 0) {
+    sp::Print("without a plan cache", plain);
+    sp::Print("with a plan cache", cached);
+    std::vector<double> plain_later(plain.plan.begin() + 1, plain.plan.end());
+    std::vector<double> cached_later(cached.plan.begin() + 1, cached.plan.end());
+    std::printf("later saves, plan: %.4f s cached against %.4f s planned again = %.1fx\n",
+                sp::Median(cached_later), sp::Median(plain_later),
+                sp::Median(plain_later) / std::max(sp::Median(cached_later), 1e-9));
+  }
+  made->reset();
+  MPI_Finalize();
+  return 0;
+}
