@@ -128,9 +128,9 @@ void Print(const char* name, const Way& way) {
   }
   std::vector<double> later_plan(way.plan.begin() + 1, way.plan.end());
   std::vector<double> later_total(way.total.begin() + 1, way.total.end());
-  std::printf("  later saves (median): plan %.4f s = %.1fx faster than the first (%.4f s); "
-              "total %.4f s (first %.4f s)\n",
-              Median(later_plan), way.plan[0] / std::max(Median(later_plan), 1e-9), way.plan[0],
+  std::printf("  later saves (median): plan %.4f s, the first %.4f s (first / later = %.1fx); "
+              "total %.4f s, the first %.4f s\n",
+              Median(later_plan), way.plan[0], way.plan[0] / std::max(Median(later_plan), 1e-9),
               Median(later_total), way.total[0]);
 }
 
