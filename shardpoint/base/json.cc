@@ -334,8 +334,12 @@ Result<JsonValue> ParseJson(std::string_view text, std::string_view what, JsonSy
 void AppendJsonString(std::string* out, std::string_view s) {
   static const char kHex[] = "0123456789abcdef";
   out->push_back('"');
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
+  size_t plain = 0;  // the start of the run of characters that need no escape
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out->append(s.data() + plain, i - plain);
+    plain = i + 1;
     switch (c) {
       case '"': out->append("\\\""); break;
       case '\\': out->append("\\\\"); break;
@@ -345,15 +349,12 @@ void AppendJsonString(std::string* out, std::string_view s) {
       case '\r': out->append("\\r"); break;
       case '\t': out->append("\\t"); break;
       default:
-        if (c < 0x20) {
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 15]);
-        } else {
-          out->push_back(ch);
-        }
+        out->append("\\u00");
+        out->push_back(kHex[c >> 4]);
+        out->push_back(kHex[c & 15]);
     }
   }
+  out->append(s.data() + plain, s.size() - plain);
   out->push_back('"');
 }
 

@@ -1,6 +1,7 @@
 #include "shardpoint/format/safetensors/safetensors.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/json.h"
@@ -156,6 +157,13 @@ Status CheckLayout(std::vector<SafetensorsEntry>& entries, uint64_t data_start,
   return OkStatus();
 }
 
+template <typename Int>
+void AppendNumber(std::string* json, Int value) {
+  char digits[24];
+  const std::to_chars_result r = std::to_chars(digits, digits + sizeof(digits), value);
+  json->append(digits, r.ptr);
+}
+
 void AppendEntryJson(std::string* json, const SafetensorsEntry& e) {
   AppendJsonString(json, e.name);
   json->append(":{\"dtype\":");
@@ -163,10 +171,13 @@ void AppendEntryJson(std::string* json, const SafetensorsEntry& e) {
   json->append(",\"shape\":[");
   for (size_t i = 0; i < e.shape.size(); ++i) {
     if (i > 0) json->push_back(',');
-    json->append(std::to_string(e.shape[i]));
+    AppendNumber(json, e.shape[i]);
   }
-  json->append("],\"data_offsets\":[" + std::to_string(e.begin) + "," + std::to_string(e.end) +
-               "]}");
+  json->append("],\"data_offsets\":[");
+  AppendNumber(json, e.begin);
+  json->push_back(',');
+  AppendNumber(json, e.end);
+  json->append("]}");
 }
 
 }  // namespace
