@@ -6,6 +6,19 @@
 namespace sp {
 namespace {
 constexpr uint32_t kMaxHeaderBytes = 100'000'000;  // the safetensors header cap
+
+// A message's kind (its first byte, at most `last`) and plan id (the next eight).
+template <typename Kind>
+Status ReadKindAndPlanId(ByteReader& r, Kind last, const char* what, Kind* kind,
+                         uint64_t* plan_id) {
+  SP_ASSIGN_OR_RETURN(uint8_t k, r.ReadU8());
+  if (k > static_cast<uint8_t>(last)) {
+    return DataLossError(std::string(what) + ": unknown kind " + std::to_string(k));
+  }
+  *kind = static_cast<Kind>(k);
+  SP_ASSIGN_OR_RETURN(*plan_id, r.ReadU64());
+  return OkStatus();
+}
 }  // namespace
 
 std::string EncodeRankWriteOrder(const RankWriteOrder& order) {
@@ -63,12 +76,8 @@ std::string EncodePlanRequest(const PlanRequest& request) {
 Result<PlanRequest> DecodePlanRequest(std::string_view bytes) {
   ByteReader r(bytes, "plan request");
   PlanRequest request;
-  SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
-  if (kind > static_cast<uint8_t>(PlanRequest::Kind::kNothing)) {
-    return DataLossError("plan request: unknown kind " + std::to_string(kind));
-  }
-  request.kind = static_cast<PlanRequest::Kind>(kind);
-  SP_ASSIGN_OR_RETURN(request.plan_id, r.ReadU64());
+  SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanRequest::Kind::kNothing, "plan request",
+                                       &request.kind, &request.plan_id));
   SP_ASSIGN_OR_RETURN(std::string_view plan, r.ReadRaw(r.remaining()));
   request.plan = std::string(plan);
   return request;
@@ -87,12 +96,8 @@ std::string EncodePlanReply(const PlanReply& reply) {
 Result<PlanReply> DecodePlanReply(std::string_view bytes) {
   ByteReader r(bytes, "plan reply");
   PlanReply reply;
-  SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
-  if (kind > static_cast<uint8_t>(PlanReply::Kind::kRenamed)) {
-    return DataLossError("plan reply: unknown kind " + std::to_string(kind));
-  }
-  reply.kind = static_cast<PlanReply::Kind>(kind);
-  SP_ASSIGN_OR_RETURN(reply.plan_id, r.ReadU64());
+  SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanReply::Kind::kRenamed, "plan reply", &reply.kind,
+                                       &reply.plan_id));
   SP_ASSIGN_OR_RETURN(std::string_view save_id, r.ReadString(4096));
   reply.save_id = std::string(save_id);
   SP_ASSIGN_OR_RETURN(std::string_view order, r.ReadRaw(r.remaining()));
