@@ -19,10 +19,11 @@
 // save that needs a full plan is asked for its local plan in one more exchange. Object values and
 // names may change freely: they travel with every save.
 //
-// One cache per rank and group, used by one save at a time (an AsyncSaver runs one save at a
-// time); it holds this rank's local layout and writes (O(its tensors)), and on the coordinator
-// also the global plan (O(chunks)). A cache used with another group or another state plans
-// afresh, correctly; it then caches that plan instead.
+// One cache per rank and group (or one shared by the in-process ranks of a group: each rank keeps
+// its part), used by one save at a time (an AsyncSaver runs one save at a time). It holds this
+// rank's local layout, writes and file headers (O(its chunks)), and on the coordinator also the
+// global plan as planned and as laid out (about twice the metadata's memory). A cache used with
+// another group or another state plans afresh, correctly, and then caches that plan instead.
 #ifndef SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 #define SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 
@@ -41,7 +42,8 @@ class SavePlanCache {
   SavePlanCache(const SavePlanCache&) = delete;
   SavePlanCache& operator=(const SavePlanCache&) = delete;
 
-  // Saves through this cache whose plan came from it (hits), and that planned afresh (misses).
+  // Saves through this cache whose plan came from it (hits), and that planned afresh (misses),
+  // counted per rank: a save by four in-process ranks sharing the cache counts four.
   uint64_t hits() const;
   uint64_t misses() const;
   // Forgets the cached plan: the next save through this cache plans afresh.
