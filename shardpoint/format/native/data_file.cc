@@ -1,5 +1,6 @@
 // Native data files: names, chunk entry keys and the safetensors header (docs/FORMAT.md §1-2).
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -27,47 +28,63 @@ std::string DataFileName(std::string_view save_id, int rank, int file_in_rank) {
 
 namespace {
 
-std::string HeaderOf(const CheckpointMetadata& metadata, std::vector<SafetensorsEntry> entries) {
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-                   });
-  std::map<std::string, std::string> header_metadata = {
+// A file's chunks, sorted as the header lists them: by data offsets, ties in the order given.
+using FileChunk = std::pair<const TensorMetadata*, const StoredChunk*>;
+
+std::map<std::string, std::string> HeaderMetadata(const CheckpointMetadata& metadata) {
+  return {
       {"format", "shardpoint"},
       {"format_version",
        std::to_string(kNativeFormatMajor) + "." + std::to_string(kNativeFormatMinor)},
       {"save_id", metadata.save_id},
   };
-  return EncodeSafetensorsHeader(entries, header_metadata);
 }
 
-SafetensorsEntry EntryOf(const TensorMetadata& tensor, const StoredChunk& chunk) {
-  return {ChunkEntryName(tensor.name, chunk.box), tensor.dtype, chunk.box.sizes, chunk.data_offset,
-          chunk.data_offset + chunk.byte_length};
+std::string HeaderOf(const CheckpointMetadata& metadata, std::vector<FileChunk> chunks) {
+  std::stable_sort(chunks.begin(), chunks.end(), [](const FileChunk& a, const FileChunk& b) {
+    const StoredChunk& x = *a.second;
+    const StoredChunk& y = *b.second;
+    if (x.data_offset != y.data_offset) return x.data_offset < y.data_offset;
+    return x.data_offset + x.byte_length < y.data_offset + y.byte_length;
+  });
+  SafetensorsHeaderBuilder builder(HeaderMetadata(metadata));
+  std::string name;  // reused: ChunkEntryName without an allocation per entry
+  for (const auto& [tensor, chunk] : chunks) {
+    name.assign(tensor->name);
+    name.push_back('@');
+    for (size_t i = 0; i < chunk->box.offsets.size(); ++i) {
+      if (i > 0) name.push_back(',');
+      char digits[24];
+      name.append(digits, std::to_chars(digits, digits + sizeof(digits), chunk->box.offsets[i]).ptr);
+    }
+    builder.Add(name, tensor->dtype, chunk->box.sizes, chunk->data_offset,
+                chunk->data_offset + chunk->byte_length);
+  }
+  return std::move(builder).Finish();
 }
 
 }  // namespace
 
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index) {
-  std::vector<SafetensorsEntry> entries;
+  std::vector<FileChunk> chunks;
   for (const TensorMetadata& tensor : metadata.tensors) {
     for (const StoredChunk& chunk : tensor.chunks) {
-      if (chunk.file == file_index) entries.push_back(EntryOf(tensor, chunk));
+      if (chunk.file == file_index) chunks.emplace_back(&tensor, &chunk);
     }
   }
-  return HeaderOf(metadata, std::move(entries));
+  return HeaderOf(metadata, std::move(chunks));
 }
 
 std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata) {
-  std::vector<std::vector<SafetensorsEntry>> entries(metadata.files.size());
+  std::vector<std::vector<FileChunk>> chunks(metadata.files.size());
   for (const TensorMetadata& tensor : metadata.tensors) {
     for (const StoredChunk& chunk : tensor.chunks) {
       // A chunk naming no file of the list belongs to no header (the writer refuses such plans).
-      if (chunk.file < entries.size()) entries[chunk.file].push_back(EntryOf(tensor, chunk));
+      if (chunk.file < chunks.size()) chunks[chunk.file].emplace_back(&tensor, &chunk);
     }
   }
   std::vector<std::string> headers(metadata.files.size());
-  for (size_t f = 0; f < headers.size(); ++f) headers[f] = HeaderOf(metadata, std::move(entries[f]));
+  for (size_t f = 0; f < headers.size(); ++f) headers[f] = HeaderOf(metadata, std::move(chunks[f]));
   return headers;
 }
 

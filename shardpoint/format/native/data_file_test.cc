@@ -58,7 +58,8 @@ TEST(DataFileTest, HeadersDescribeEachFilesChunks) {
   }
 }
 
-// The headers of all files built in one pass are, byte for byte, those built file by file.
+// The headers of all files built in one pass are, byte for byte, those built file by file, and
+// those EncodeSafetensorsHeader gives for the file's entries (ChunkEntryName, data order).
 TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     CheckpointMetadata m = testing::RandomMetadata(seed, 15);
@@ -66,6 +67,22 @@ TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
     ASSERT_EQ(headers.size(), m.files.size());
     for (uint32_t f = 0; f < m.files.size(); ++f) {
       EXPECT_EQ(headers[f], BuildDataFileHeader(m, f)) << "seed " << seed << " file " << f;
+      std::vector<SafetensorsEntry> entries;
+      for (const TensorMetadata& t : m.tensors) {
+        for (const StoredChunk& c : t.chunks) {
+          if (c.file != f) continue;
+          entries.push_back({ChunkEntryName(t.name, c.box), t.dtype, c.box.sizes, c.data_offset,
+                             c.data_offset + c.byte_length});
+        }
+      }
+      std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+      });
+      EXPECT_EQ(headers[f],
+                EncodeSafetensorsHeader(entries, {{"format", "shardpoint"},
+                                                  {"format_version", "1.0"},
+                                                  {"save_id", m.save_id}}))
+          << "seed " << seed << " file " << f;
     }
   }
 }

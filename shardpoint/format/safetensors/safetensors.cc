@@ -164,50 +164,57 @@ void AppendNumber(std::string* json, Int value) {
   json->append(digits, r.ptr);
 }
 
-void AppendEntryJson(std::string* json, const SafetensorsEntry& e) {
-  AppendJsonString(json, e.name);
-  json->append(":{\"dtype\":");
-  AppendJsonString(json, DTypeSafetensorsName(e.dtype));
-  json->append(",\"shape\":[");
-  for (size_t i = 0; i < e.shape.size(); ++i) {
-    if (i > 0) json->push_back(',');
-    AppendNumber(json, e.shape[i]);
+}  // namespace
+
+SafetensorsHeaderBuilder::SafetensorsHeaderBuilder(
+    const std::map<std::string, std::string>& metadata)
+    : json_("{") {
+  if (metadata.empty()) return;
+  AppendJsonString(&json_, kMetadataKey);
+  json_.append(":{");
+  bool first = true;
+  for (const auto& [key, value] : metadata) {
+    if (!first) json_.push_back(',');
+    first = false;
+    AppendJsonString(&json_, key);
+    json_.push_back(':');
+    AppendJsonString(&json_, value);
   }
-  json->append("],\"data_offsets\":[");
-  AppendNumber(json, e.begin);
-  json->push_back(',');
-  AppendNumber(json, e.end);
-  json->append("]}");
+  json_.push_back('}');
 }
 
-}  // namespace
+void SafetensorsHeaderBuilder::Add(std::string_view name, DType dtype,
+                                   std::span<const int64_t> shape, uint64_t begin, uint64_t end) {
+  if (json_.size() > 1) json_.push_back(',');
+  AppendJsonString(&json_, name);
+  json_.append(":{\"dtype\":");
+  AppendJsonString(&json_, DTypeSafetensorsName(dtype));
+  json_.append(",\"shape\":[");
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) json_.push_back(',');
+    AppendNumber(&json_, shape[i]);
+  }
+  json_.append("],\"data_offsets\":[");
+  AppendNumber(&json_, begin);
+  json_.push_back(',');
+  AppendNumber(&json_, end);
+  json_.append("]}");
+}
+
+std::string SafetensorsHeaderBuilder::Finish() && {
+  json_.push_back('}');
+  json_.append((8 - json_.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  EncodeFixed64(out.data(), json_.size());
+  out.append(json_);
+  return out;
+}
 
 std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
                                     const std::map<std::string, std::string>& metadata) {
-  std::string json = "{";
-  if (!metadata.empty()) {
-    AppendJsonString(&json, kMetadataKey);
-    json.append(":{");
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      if (!first) json.push_back(',');
-      first = false;
-      AppendJsonString(&json, key);
-      json.push_back(':');
-      AppendJsonString(&json, value);
-    }
-    json.push_back('}');
-  }
-  for (const SafetensorsEntry& e : entries) {
-    if (json.size() > 1) json.push_back(',');
-    AppendEntryJson(&json, e);
-  }
-  json.push_back('}');
-  json.append((8 - json.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  EncodeFixed64(out.data(), json.size());
-  out.append(json);
-  return out;
+  SafetensorsHeaderBuilder builder(metadata);
+  for (const SafetensorsEntry& e : entries) builder.Add(e.name, e.dtype, e.shape, e.begin, e.end);
+  return std::move(builder).Finish();
 }
 
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view bytes_from_file_start,

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,19 @@ struct SafetensorsHeader {
 // other than "__metadata__"); the function does not validate them.
 std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
                                     const std::map<std::string, std::string>& metadata);
+
+// The same bytes built entry by entry, for callers with many entries whose names and shapes they
+// hold elsewhere (no SafetensorsEntry per entry).
+class SafetensorsHeaderBuilder {
+ public:
+  explicit SafetensorsHeaderBuilder(const std::map<std::string, std::string>& metadata);
+  void Add(std::string_view name, DType dtype, std::span<const int64_t> shape, uint64_t begin,
+           uint64_t end);
+  std::string Finish() &&;
+
+ private:
+  std::string json_;
+};
 
 // Parses and validates the header of a file of `file_size` bytes whose first bytes are
 // `bytes_from_file_start` (at least 8 + N of them; more are ignored). `path` names the file in
