@@ -62,11 +62,12 @@ TEST(SaveMessagesTest, EveryTruncationAndTrailingBytesAreDataLoss) {
 }
 
 TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
-  const PlanRequest request{PlanRequest::Kind::kCached, 0x0123456789abcdefull, "objects"};
+  const PlanRequest request{PlanRequest::Kind::kCached, 0x0123456789abcdefull, "a1b2c3", "objects"};
   Result<PlanRequest> request_back = DecodePlanRequest(EncodePlanRequest(request));
   ASSERT_TRUE(request_back.ok()) << request_back.status();
   EXPECT_EQ(request_back->kind, PlanRequest::Kind::kCached);
   EXPECT_EQ(request_back->plan_id, 0x0123456789abcdefull);
+  EXPECT_EQ(request_back->files_save_id, "a1b2c3");
   EXPECT_EQ(request_back->plan, "objects");
   const PlanReply reply{PlanReply::Kind::kFilesOnly, 42, "0123abcd", SampleOrder()};
   const std::string encoded = EncodePlanReply(reply);
@@ -81,7 +82,7 @@ TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
   for (size_t n = 0; n < encoded.size(); ++n) {
     EXPECT_EQ(DecodePlanReply(encoded.substr(0, n)).status().code(), StatusCode::kDataLoss) << n;
   }
-  for (size_t n = 0; n < 9; ++n) {
+  for (size_t n = 0; n < 9 + 4 + 6; ++n) {
     EXPECT_EQ(DecodePlanRequest(EncodePlanRequest(request).substr(0, n)).status().code(),
               StatusCode::kDataLoss) << n;
   }

@@ -1653,6 +1653,38 @@ TEST_F(PlanCacheTest, AnObjectNamedLikeACachedTensorIsRefused) {
   EXPECT_EQ(cache.hits(), 0u);
 }
 
+// Saves through one cache that alternate between the native and the torch-dcp formats: a save in
+// the format of the one before takes the cached writes; one in the other format gets whole
+// orders (its writer places the chunks otherwise); every one loads bit-exactly, and the native
+// ones verify clean.
+TEST_F(PlanCacheTest, SavesAlternatingFormatsThroughOneCacheStayExact) {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {12, 6}, 90);
+  w.save = MeshOf(w.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Shard(1)}));
+  w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(0)}));
+  TensorCase n = MakeTensor("n", DType::kBFloat16, {6}, 91);
+  n.save = MeshOf(n.shape, Mesh({4}, {Placement::Replicate()}));
+  n.load = MeshOf(n.shape, Mesh({3}, {Placement::Replicate()}));
+  Case c = MakeCase({w, n}, 4, 3);
+  SavePlanCache cache;
+  const CheckpointFormat formats[] = {CheckpointFormat::kNative, CheckpointFormat::kNative,
+                                      CheckpointFormat::kTorchDcp, CheckpointFormat::kNative,
+                                      CheckpointFormat::kNative, CheckpointFormat::kTorchDcp};
+  for (size_t k = 0; k < std::size(formats); ++k) {
+    SCOPED_TRACE("save " + std::to_string(k));
+    c.save_options.format = formats[k];
+    NewValues(&c, 1 + k);
+    const std::string path = "/alternate/" + std::to_string(k);
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, path, k > 0 && formats[k] == formats[k - 1]));
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c, path));
+    ExpectLoaded(c, initial_, loaded_);
+    if (formats[k] == CheckpointFormat::kNative) {
+      Result<VerifyReport> verified = Verify(path, &store_);
+      ASSERT_TRUE(verified.ok()) << verified.status();
+      EXPECT_TRUE(verified->ok()) << (verified->defects.empty() ? "" : verified->defects[0]);
+    }
+  }
+}
+
 // A cached plan serves torch-dcp saves too (whose writer frames and names the files itself).
 TEST_F(PlanCacheTest, TorchDcpSavesTakeTheCachedPlan) {
   TensorCase w = MakeTensor("w", DType::kBFloat16, {10, 6}, 80);

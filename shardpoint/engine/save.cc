@@ -227,9 +227,15 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_id = cached->plan_id;
     plan.metadata.save_id = RandomHexId(12);
     // The files of the cached layout, renamed for this save: no layout, and each rank renames
-    // its own files (names and headers) from its cache.
+    // its own files (names and headers) from its cache. Only when every rank holds the files of
+    // the very save whose layout the coordinator holds (a save that failed between the two may
+    // have left them apart).
     std::optional<CheckpointMetadata>& laid_out = cached->laid_out_metadata;
-    if (laid_out && laid_out->format == writer->format()) {
+    const bool same_files =
+        laid_out && std::all_of(requests.begin(), requests.end(), [&](const PlanRequest& r) {
+          return r.files_save_id == laid_out->save_id;
+        });
+    if (same_files && laid_out->format == writer->format()) {
       CheckpointMetadata renamed = *laid_out;
       bool ok = true;
       for (DataFile& f : renamed.files) {
@@ -495,6 +501,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
       if (it != cached.ranks.end() && it->second.plan_id != 0 && it->second.key == layout_key) {
         out.kind = PlanRequest::Kind::kCached;
         out.plan_id = it->second.plan_id;
+        out.files_save_id = it->second.save_id;
         out.plan = EncodeLocalSavePlan(LocalSavePlan{{}, local_plan->objects});
         sent_cached = true;
       }

@@ -69,6 +69,7 @@ std::string EncodePlanRequest(const PlanRequest& request) {
   ByteWriter w(&out);
   w.PutU8(static_cast<uint8_t>(request.kind));
   w.PutU64(request.plan_id);
+  w.PutString(request.files_save_id);
   w.PutRaw(request.plan);
   return out;
 }
@@ -78,6 +79,8 @@ Result<PlanRequest> DecodePlanRequest(std::string_view bytes) {
   PlanRequest request;
   SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanRequest::Kind::kNothing, "plan request",
                                        &request.kind, &request.plan_id));
+  SP_ASSIGN_OR_RETURN(std::string_view files_save_id, r.ReadString(4096));
+  request.files_save_id = std::string(files_save_id);
   SP_ASSIGN_OR_RETURN(std::string_view plan, r.ReadRaw(r.remaining()));
   request.plan = std::string(plan);
   return request;

@@ -42,6 +42,7 @@ struct PlanRequest {
   };
   Kind kind = Kind::kFull;
   uint64_t plan_id = 0;
+  std::string files_save_id;  // kCached: the save whose files (names, headers) the rank holds
   std::string plan;  // EncodeLocalSavePlan
 };
 
