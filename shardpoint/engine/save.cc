@@ -214,18 +214,16 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
                    std::all_of(requests.begin(), requests.end(), [&](const PlanRequest& r) {
                      return r.kind == PlanRequest::Kind::kCached && r.plan_id == cached->plan_id;
                    });
-  GlobalSavePlan plan;
-  if (use_cache) {
-    plan = cached->plan;
-    use_cache = MergeCachedObjects(requests, plan.metadata.tensors, &plan.metadata.objects);
-  }
+  std::vector<ObjectEntry> objects;  // of a save that takes the cached plan
+  if (use_cache) use_cache = MergeCachedObjects(requests, cached->plan.metadata.tensors, &objects);
   const std::vector<std::string> resend(
       world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, "", {}}));
   if (!use_cache && !all(PlanRequest::Kind::kFull)) return resend;
+  GlobalSavePlan plan;
   uint64_t plan_id = 0;
   if (use_cache) {
     plan_id = cached->plan_id;
-    plan.metadata.save_id = RandomHexId(12);
+    const std::string save_id = RandomHexId(12);
     // The files of the cached layout, renamed for this save: no layout, and each rank renames
     // its own files (names and headers) from its cache. Only when every rank holds the files of
     // the very save whose layout the coordinator holds (a save that failed between the two may
@@ -239,19 +237,22 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
       CheckpointMetadata renamed = *laid_out;
       bool ok = true;
       for (DataFile& f : renamed.files) {
-        ok = ok && writer->RenameForSave(laid_out->save_id, plan.metadata.save_id, &f.name, nullptr);
+        ok = ok && writer->RenameForSave(laid_out->save_id, save_id, &f.name, nullptr);
       }
       if (ok) {
-        renamed.save_id = plan.metadata.save_id;
-        renamed.objects = std::move(plan.metadata.objects);
+        renamed.save_id = save_id;
+        renamed.objects = std::move(objects);
         renamed.attributes = options.attributes;
         SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
         *metadata = std::move(renamed);
         return std::vector<std::string>(
-            world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id,
-                                             metadata->save_id, {}}));
+            world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id, save_id, {}}));
       }
     }
+    // Laid out again (another format, or a writer that does not rename).
+    plan = cached->plan;
+    plan.metadata.save_id = save_id;
+    plan.metadata.objects = std::move(objects);
   } else {
     std::vector<LocalSavePlan> locals;
     locals.reserve(world);
