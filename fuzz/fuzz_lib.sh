@@ -66,15 +66,28 @@ sp_fuzz_seed() {
 }
 
 # sp_fuzz_run BUILD TARGET CORPUS OUT ARGS...: runs one target on CORPUS/TARGET (new inputs are
-# added there) with the limits and ARGS (-runs=N or -max_total_time=S). The log is OUT/TARGET.log;
-# a reproducer is written as OUT/TARGET-crash-*, -leak-*, -timeout-*, -oom-*. Returns the
-# target's exit status.
+# added there) with the limits and ARGS (-runs=N or -max_total_time=S). The log is OUT/TARGET.log
+# (or SP_FUZZ_LOG when set: campaign.sh's workers); a reproducer is written as
+# OUT/TARGET-crash-*, -leak-*, -timeout-*, -oom-*. Returns the target's exit status.
 sp_fuzz_run() {
   local build="$1" target="$2" corpus="$3" out="$4"
   shift 4
   mkdir -p "${out}"
   "${build}/fuzz/${target}_fuzz" "${SP_FUZZ_LIMITS[@]}" "$@" -print_final_stats=1 \
-    -artifact_prefix="${out}/${target}-" "${corpus}/${target}" > "${out}/${target}.log" 2>&1
+    -artifact_prefix="${out}/${target}-" "${corpus}/${target}" \
+    > "${SP_FUZZ_LOG:-${out}/${target}.log}" 2>&1
+}
+
+# sp_fuzz_worker_log OUT TARGET W: the log of worker W of a target: OUT/TARGET.log for worker 0,
+# OUT/TARGET.wW.log for the others.
+sp_fuzz_worker_log() {
+  if [ "$3" -eq 0 ]; then echo "$1/$2.log"; else echo "$1/$2.w$3.log"; fi
+}
+
+# sp_fuzz_logs OUT TARGET: the logs of every worker of TARGET in OUT, one per line.
+sp_fuzz_logs() {
+  [ -f "$1/$2.log" ] && echo "$1/$2.log"
+  find "$1" -maxdepth 1 -type f -name "$2.w*.log" | sort
 }
 
 # sp_fuzz_findings OUT TARGET: the reproducers of TARGET in OUT, one per line: crashes and
@@ -86,23 +99,34 @@ sp_fuzz_findings() {
     -o -name "$2-oom-*" \)
 }
 
-# sp_fuzz_summary OUT TARGET [BUILD]: one line from the log: executions, exec/s, coverage at start
+# sp_fuzz_summary OUT TARGET [BUILD]: one line from the logs: executions, exec/s, coverage at start
 # and end, findings (reproducer files), and with BUILD the slow units replayed alone with their
-# time.
+# time. With several workers (campaign.sh), executions, exec/s and new inputs are their sums and
+# the coverage at the end is the highest any worker reached.
 sp_fuzz_summary() {
   local out="$1" target="$2" build="${3:-}" log="$1/$2.log"
-  local runs execs start end added findings
-  runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "${log}" | tail -1)"
-  execs="$(sed -n 's/^stat::average_exec_per_sec: *//p' "${log}" | tail -1)"
-  added="$(sed -n 's/^stat::new_units_added: *//p' "${log}" | tail -1)"
+  local runs execs start end added findings logs
+  logs="$(sp_fuzz_logs "${out}" "${target}")"
+  sum() { local total=0 any="" v; for v in "$@"; do total=$((total + v)); any=1; done; echo "${any:+${total}}"; }
+  # shellcheck disable=SC2046,SC2086
+  runs="$(sum $(for l in ${logs}; do sed -n 's/^stat::number_of_executed_units: *//p' "${l}" | tail -1; done))"
+  # shellcheck disable=SC2046,SC2086
+  execs="$(sum $(for l in ${logs}; do sed -n 's/^stat::average_exec_per_sec: *//p' "${l}" | tail -1; done))"
+  # shellcheck disable=SC2046,SC2086
+  added="$(sum $(for l in ${logs}; do sed -n 's/^stat::new_units_added: *//p' "${l}" | tail -1; done))"
   start="$(sed -n 's/.*INITED cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p' "${log}" | head -1)"
-  end="$(grep -E '^#[0-9]+[[:space:]].*cov: ' "${log}" | tail -1 | sed -n 's/.*cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p')"
+  # shellcheck disable=SC2086
+  end="$(for l in ${logs}; do grep -E '^#[0-9]+[[:space:]].*cov: ' "${l}" | tail -1; done |
+    sed -n 's/.*cov: \([0-9]*\) ft: \([0-9]*\).*/\1 \2/p' | sort -n -k2 | tail -1 |
+    awk '{print $1 " edges, " $2 " features"}')"
   findings="$(sp_fuzz_findings "${out}" "${target}" | wc -l)"
   printf '%-14s executions %-10s exec/s %-7s coverage %s -> %s (new inputs %s) findings %s\n' \
     "${target}" "${runs:-?}" "${execs:-?}" "${start:-?}" "${end:-?}" "${added:-?}" "${findings}"
+  [ "$(echo "${logs}" | wc -w)" -le 1 ] || echo "  ($(echo "${logs}" | wc -w) workers sharing the corpus)"
   for f in $(sp_fuzz_findings "${out}" "${target}"); do
     echo "  reproducer: ${f}"
-    grep -m1 -E "ERROR: (AddressSanitizer|UndefinedBehaviorSanitizer|libFuzzer|LeakSanitizer)|runtime error:" "${log}" | sed 's/^/  /'
+    # shellcheck disable=SC2086
+    grep -h -m1 -E "ERROR: (AddressSanitizer|UndefinedBehaviorSanitizer|libFuzzer|LeakSanitizer)|runtime error:" ${logs} | sed 's/^/  /'
   done
   for f in $(find "${out}" -maxdepth 1 -type f -name "${target}-slow-unit-*"); do
     local took="not replayed"
