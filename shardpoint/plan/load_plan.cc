@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "shardpoint/plan/box_set.h"
+#include "shardpoint/plan/chunk_grid.h"
 
 namespace sp {
 namespace {
@@ -78,9 +79,32 @@ Status CheckBoxCovered(const LocalTensor& target, const Box& box,
   return OkStatus();
 }
 
+// Appends the reads that fill every box of one target from a tensor whose chunks form a grid:
+// the grid proves that they tile the shape, so each box is covered exactly once.
+void PlanTargetOnGrid(uint32_t target_index, const LocalTensor& target,
+                      const TensorMetadata& stored, const ChunkGrid& grid,
+                      std::vector<ReadItem>* items) {
+  std::vector<uint32_t> hits;
+  for (uint32_t b = 0; b < target.boxes.size(); ++b) {
+    const Box& box = target.boxes[b];
+    hits.clear();
+    GridChunksIntersecting(grid, box, &hits);
+    for (uint32_t chunk : hits) {
+      std::optional<Box> region = Intersect(box, stored.chunks[chunk].box);
+      items->push_back(ReadItem{target_index, b, chunk, std::move(*region)});
+    }
+  }
+}
+
 // Appends the reads that fill every box of one target, checking each box is covered.
 Status PlanTarget(uint32_t target_index, const LocalTensor& target, const TensorMetadata& stored,
-                  std::vector<ReadItem>* items) {
+                  const LoadPlanOptions& options, std::vector<ReadItem>* items) {
+  if (options.chunk_grids) {
+    if (std::optional<ChunkGrid> grid = FindChunkGrid(stored.chunks, stored.shape)) {
+      PlanTargetOnGrid(target_index, target, stored, *grid, items);
+      return OkStatus();
+    }
+  }
   std::vector<const Box*> wanted(target.boxes.size());
   for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = &target.boxes[i];
   std::vector<const Box*> chunks(stored.chunks.size());
@@ -162,7 +186,7 @@ Result<LoadPlan> PlanLoad(std::span<const LocalTensor> targets, const Checkpoint
   }
   for (uint32_t i = 0; i < targets.size(); ++i) {
     if (plan.stored[i] != nullptr) {
-      SP_RETURN_IF_ERROR(PlanTarget(i, targets[i], *plan.stored[i], &plan.items));
+      SP_RETURN_IF_ERROR(PlanTarget(i, targets[i], *plan.stored[i], options, &plan.items));
     }
   }
   for (size_t t = 0; t < metadata.tensors.size(); ++t) {

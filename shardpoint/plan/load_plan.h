@@ -5,6 +5,8 @@
 // checkpoint metadata and produces one ReadItem per (destination box, stored chunk) pair that
 // intersect, with the intersection in global coordinates. This is the resharding step: the
 // stored chunks may be laid out in any way (another world size, another parallel layout).
+// Stored chunks that form a regular grid (the usual case: rows, columns or both cut by a rule)
+// are found by a binary search per dimension; others by a sweep over the tensor's chunks.
 //
 // The plan proves that every destination element is covered exactly once before any byte is
 // read. Items are sorted by file and byte offset so the reader can coalesce them.
@@ -30,6 +32,10 @@ namespace sp {
 struct LoadPlanOptions {
   bool strict = true;       // a target missing from the checkpoint is an error
   bool allow_cast = false;  // a dtype mismatch is allowed (the reader converts)
+  // The chunks of a tensor that form a regular grid are found by arithmetic (plan/chunk_grid.h):
+  // the cost of a target is then that of its own reads. False plans every tensor with the sweeps
+  // of plan/box_set.h; both give the same plan (tests and benchmarks compare them).
+  bool chunk_grids = true;
 };
 
 struct ReadItem {

@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "shardpoint/plan/chunk_grid.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/plan_test_util.h"
@@ -120,6 +121,25 @@ void LoadAndCheck(std::mt19937_64& rng, const std::vector<GlobalTensor>& ts,
     }
     Result<LoadPlan> lp = PlanLoad(targets, plan.metadata, LoadPlanOptions{});
     ASSERT_TRUE(lp.ok()) << lp.status();
+    // Chunk grids found by arithmetic give the plan of the sweeps, item for item.
+    Result<LoadPlan> swept = PlanLoad(targets, plan.metadata, LoadPlanOptions{.chunk_grids = false});
+    ASSERT_TRUE(swept.ok()) << swept.status();
+    ASSERT_EQ(lp->items, swept->items);
+    // So do chunks listed in another order (not a row-major grid: the sweeps plan them), up to
+    // the chunks' numbers.
+    CheckpointMetadata shuffled = plan.metadata;
+    for (TensorMetadata& tm : shuffled.tensors) std::shuffle(tm.chunks.begin(), tm.chunks.end(), rng);
+    Result<LoadPlan> reordered = PlanLoad(targets, shuffled, LoadPlanOptions{});
+    ASSERT_TRUE(reordered.ok()) << reordered.status();
+    auto where = [](const LoadPlan& p) {
+      std::vector<std::tuple<uint32_t, uint64_t, Box, uint32_t, uint32_t>> out;
+      for (const ReadItem& item : p.items) {
+        const StoredChunk& chunk = p.stored[item.target]->chunks[item.stored_chunk];
+        out.emplace_back(chunk.file, chunk.data_offset, item.region, item.target, item.target_box);
+      }
+      return out;
+    };
+    ASSERT_EQ(where(*reordered), where(*lp));
     std::vector<std::vector<std::vector<int32_t>>> buffers(targets.size());
     for (size_t i = 0; i < targets.size(); ++i) {
       for (const Box& b : targets[i].boxes) buffers[i].emplace_back(b.volume(), -1);
@@ -149,6 +169,7 @@ void LoadAndCheck(std::mt19937_64& rng, const std::vector<GlobalTensor>& ts,
 
 TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   std::mt19937_64 rng(20240601);
+  int grids = 0, other = 0;  // tensors of several chunks whose chunks form a grid, or not
   for (int trial = 0; trial < 400; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int64_t world = 1 + rng() % 12;
@@ -172,12 +193,18 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
       ASSERT_EQ(*decoded, rp);
     }
     ExpectWrittenOnce(*plan);
+    for (const TensorMetadata& tm : plan->metadata.tensors) {
+      if (tm.chunks.size() > 1) ++(FindChunkGrid(tm.chunks, tm.shape) ? grids : other);
+    }
     Files files = WriteAll(*plan, locals);
     LoadAndCheck(rng, tensors, *plan, files);
     Result<GlobalSavePlan> again = PlanSave(locals, options);
     ASSERT_TRUE(again.ok());
     ASSERT_EQ(again->ranks, plan->ranks) << "planning is not deterministic";
   }
+  // Device meshes cut every tensor into a grid (the shuffled copies in LoadAndCheck are not).
+  EXPECT_GT(grids, 200);
+  EXPECT_EQ(other, 0);
 }
 
 TEST(PlanRandomTest, BalancedOwnershipSpreadsReplicatedBytes) {

@@ -1,0 +1,87 @@
+#include "shardpoint/plan/chunk_grid.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace sp {
+
+std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, const Shape& shape) {
+  const size_t rank = shape.size();
+  const uint64_t count = chunks.size();
+  // Chunk numbers are uint32_t wherever plans name them.
+  if (count == 0 || count - 1 > std::numeric_limits<uint32_t>::max()) return std::nullopt;
+  ChunkGrid grid;
+  grid.bounds.resize(rank);
+  grid.strides.resize(rank);
+  // The cut points of dimension d are read off the chunks that lie on its axis: (0, .., k, .., 0)
+  // is chunk k * stride, stride being the number of cells in the later dimensions.
+  uint64_t stride = 1;
+  for (size_t d = rank; d-- > 0;) {
+    grid.strides[d] = stride;
+    std::vector<int64_t>& bounds = grid.bounds[d];
+    bounds.push_back(0);
+    for (int64_t at = 0; at < shape[d];) {
+      const uint64_t index = (bounds.size() - 1) * stride;
+      if (index >= count) return std::nullopt;
+      const Box& box = chunks[index].box;
+      if (box.offsets.size() != rank || box.sizes.size() != rank) return std::nullopt;
+      if (box.offsets[d] != at || box.sizes[d] <= 0 || box.sizes[d] > shape[d] - at) {
+        return std::nullopt;
+      }
+      at += box.sizes[d];
+      bounds.push_back(at);
+    }
+    const uint64_t intervals = bounds.size() - 1;
+    if (intervals == 0 || stride > count / intervals) return std::nullopt;
+    stride *= intervals;
+  }
+  if (stride != count) return std::nullopt;
+  // Every chunk must be its cell: then they are within the shape, disjoint and cover it.
+  std::vector<size_t> cell(rank, 0);
+  for (const StoredChunk& chunk : chunks) {
+    const Box& box = chunk.box;
+    if (box.offsets.size() != rank || box.sizes.size() != rank) return std::nullopt;
+    for (size_t d = 0; d < rank; ++d) {
+      const std::vector<int64_t>& bounds = grid.bounds[d];
+      if (box.offsets[d] != bounds[cell[d]] ||
+          box.sizes[d] != bounds[cell[d] + 1] - bounds[cell[d]]) {
+        return std::nullopt;
+      }
+    }
+    for (size_t d = rank; d-- > 0;) {  // the next cell, the last dimension fastest
+      if (++cell[d] + 1 < grid.bounds[d].size()) break;
+      cell[d] = 0;
+    }
+  }
+  return grid;
+}
+
+void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<uint32_t>* out) {
+  if (box.empty()) return;
+  const size_t rank = grid.bounds.size();
+  // Per dimension, the intervals [first, last) that share a point with the box's.
+  std::vector<size_t> first(rank), last(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const std::vector<int64_t>& bounds = grid.bounds[d];
+    // The first interval ending after the box's start, up to the last starting before its end.
+    first[d] = static_cast<size_t>(
+        std::upper_bound(bounds.begin() + 1, bounds.end(), box.offsets[d]) - (bounds.begin() + 1));
+    last[d] = static_cast<size_t>(
+        std::lower_bound(bounds.begin(), bounds.end() - 1, box.exclusive_max(d)) - bounds.begin());
+    if (first[d] >= last[d]) return;
+  }
+  std::vector<size_t> cell = first;
+  while (true) {
+    uint64_t number = 0;
+    for (size_t d = 0; d < rank; ++d) number += cell[d] * grid.strides[d];
+    out->push_back(static_cast<uint32_t>(number));
+    size_t d = rank;
+    while (d-- > 0) {  // the next cell, the last dimension fastest
+      if (++cell[d] < last[d]) break;
+      cell[d] = first[d];
+    }
+    if (d == static_cast<size_t>(-1)) return;
+  }
+}
+
+}  // namespace sp

@@ -1,0 +1,54 @@
+// Chunk grids: the stored chunks of a tensor that form a regular grid, found by arithmetic.
+//
+// Most tensors of a training job are cut by a rule: rows over FSDP ranks, columns over TP ranks,
+// both, or not at all. After deduplication their stored chunks are the cells of a grid: per
+// dimension, the shape is cut into consecutive intervals, and every combination of intervals is
+// one chunk. A save plan lists the chunks sorted by box, which for a grid is row-major order:
+// chunk i is the cell whose per-dimension interval numbers are the digits of i in the mixed radix
+// of the interval counts (the last dimension fastest).
+//
+// FindChunkGrid recognizes such a list in one pass over the chunks (O(chunks x rank), no sort)
+// and, when it is one, proves what the sweeps of plan/box_set.h prove at O(chunks log chunks):
+// every chunk is a box within the shape, no two overlap and together they cover it. A load then
+// finds the chunks that intersect a destination box by a binary search per dimension
+// (GridChunksIntersecting): its cost is that of its own reads, not of the tensor's chunk count.
+// Lists in another order, or not of this form (flat ranges of uneven length per row, chunks of
+// other rules), are not grids; their callers fall back to the sweeps.
+//
+// Pure and thread-safe.
+#ifndef SHARDPOINT_PLAN_CHUNK_GRID_H_
+#define SHARDPOINT_PLAN_CHUNK_GRID_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
+
+namespace sp {
+
+struct ChunkGrid {
+  // Per dimension d: the n_d + 1 increasing cut points 0 = bounds[d][0] < ... < bounds[d][n_d] =
+  // shape[d]; interval k is [bounds[d][k], bounds[d][k + 1]).
+  std::vector<std::vector<int64_t>> bounds;
+  // Per dimension: the chunk number of cell (k_0, ..., k_{D-1}) is the sum of k_d * strides[d].
+  std::vector<uint64_t> strides;
+
+  friend bool operator==(const ChunkGrid&, const ChunkGrid&) = default;
+};
+
+// The grid of `chunks` over `shape` when they are one in row-major order (see above), else
+// nullopt. A rank-0 shape is a grid of its one chunk of rank 0. No chunk at all (a shape with
+// a zero dimension) is not a grid.
+std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, const Shape& shape);
+
+// Appends to `out` the number of every chunk of `grid` that shares a point with `box`, in
+// increasing order. `box` must be of the grid's rank and within its shape; an empty box
+// intersects nothing.
+void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<uint32_t>* out);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_PLAN_CHUNK_GRID_H_
