@@ -9,6 +9,8 @@
 //              round robin with O_DIRECT (no page cache at all).
 // Each ratio is taken against the fastest of those ways (by median): the most demanding baseline.
 // With --direct-io the loads read extents of 1 MiB and more with O_DIRECT (LoadOptions::direct_io);
+// with --direct-io-auto only from the files that are not in the page cache (all of them here:
+// every load starts cold; unset LoadOptions::direct_io);
 // with --direct-write the saves write the whole blocks of writes of 1 MiB and more with O_DIRECT
 // (SaveOptions::direct_io).
 // The loads' read depth is tuned as they run (the pool's IoTuner, shared by all of them, learning
@@ -24,8 +26,8 @@
 // ratio to that run's raw read (the disk's speed drifts over minutes).
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
-//                         [--block-kib N] [--only STEP,...] [--direct-io] [--direct-write]
-//                         [--io-depth N]
+//                         [--block-kib N] [--only STEP,...] [--direct-io]
+//                         [--direct-io-auto] [--direct-write] [--io-depth N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -36,6 +38,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,7 +54,9 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kPiece = uint64_t{16} << 20;
 constexpr int kRawFiles = 4;
 bool g_verify = true;  // --no-verify: loads skip checksum verification
-bool g_direct = false;  // --direct-io: loads read extents of 1 MiB and more with O_DIRECT
+// --direct-io: loads read extents of 1 MiB and more with O_DIRECT; --direct-io-auto: unset, from
+// the files not in the page cache.
+std::optional<bool> g_direct = false;
 bool g_direct_write = false;  // --direct-write: saves write with O_DIRECT
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 int g_io_depth = 0;  // --io-depth N: loads run at most N reads at once (0: tuned, the default)
@@ -383,8 +388,11 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
                 "", Median(r), *std::min_element(r.begin(), r.end()),
                 *std::max_element(r.begin(), r.end()));
   };
-  std::printf("state %s (%zu tensors), %d runs, %d I/O threads\n",
-              HumanBytes(model.total_bytes()).c_str(), model.specs.size(), runs, pool.size());
+  std::printf("state %s (%zu tensors), %d runs, %d I/O threads, loads %s\n",
+              HumanBytes(model.total_bytes()).c_str(), model.specs.size(), runs, pool.size(),
+              !g_direct.has_value() ? "with direct I/O where the files are cold (auto)"
+              : *g_direct           ? "with direct I/O"
+                                    : "through the page cache");
   line("raw write plain", raw_w_plain, 0, "", "");
   line("raw write prealloc", raw_w_prealloc, 0, "", "");
   line("raw read per file", raw_r_file, 0, "", "");
@@ -445,8 +453,10 @@ int main(int argc, char** argv) {
       --i;
       continue;
     }
-    if (a == "--no-verify" || a == "--direct-io") {
-      (a == "--no-verify" ? sp::g_verify : sp::g_direct) = a == "--direct-io";
+    if (a == "--no-verify" || a == "--direct-io" || a == "--direct-io-auto") {
+      if (a == "--no-verify") sp::g_verify = false;
+      if (a == "--direct-io") sp::g_direct = true;
+      if (a == "--direct-io-auto") sp::g_direct.reset();
       --i;
       continue;
     }
@@ -472,7 +482,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-write] [--io-depth N]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--direct-write] [--io-depth N]\n");
       return 2;
     }
   }

@@ -192,7 +192,7 @@ void DefineLoadOptions(nb::module_& m) {
         "communicator spans machines (its spans_machines()).");
   Field(cls, "direct_io", &LoadOptions::direct_io,
         "Reads of at least direct_io_min_bytes bypass the page cache (O_DIRECT) where the file\n"
-        "system allows it.");
+        "system allows it; None: only in files whose bytes to read are mostly not cached.");
   Field(cls, "direct_io_min_bytes", &LoadOptions::direct_io_min_bytes,
         "The smallest read that direct_io sends past the page cache.");
   Field(cls, "io_depth", &LoadOptions::io_depth,

@@ -118,6 +118,23 @@ def test_direct_io_loads_are_bit_exact(tmp_path):
     assert result.bytes_read >= state["big"].nbytes + state["small"].nbytes
 
 
+def test_direct_io_none_chooses_per_file_and_is_bit_exact(tmp_path, monkeypatch):
+    # None reaches the engine unset (it reads the files that are not in the page cache directly).
+    loads = _spy(monkeypatch, "load")
+    rng = np.random.default_rng(11)
+    state = {"big": rng.standard_normal((1000, 393)), "small": rng.integers(0, 1 << 30, 77, dtype=np.int64)}
+    path = tmp_path / "ckpt"
+    sp.save(state, path)
+    out = {k: np.zeros_like(v) for k, v in state.items()}
+    sp.load(out, path, direct_io=None)
+    assert loads[0].direct_io is None
+    assert all(out[k].tobytes() == state[k].tobytes() for k in state)
+    options = _core.LoadOptions(direct_io=None)
+    assert options.direct_io is None
+    options.direct_io = True
+    assert options.direct_io is True
+
+
 def test_direct_io_saves_are_bit_exact_and_pass_the_option(tmp_path, monkeypatch):
     saves = _spy(monkeypatch, "save")
     rng = np.random.default_rng(10)

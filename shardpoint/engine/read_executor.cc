@@ -57,15 +57,16 @@ class DepthSlot {
 struct Job {
   Job(const CheckpointMetadata& metadata_in,
       const std::vector<std::unique_ptr<ReadableFile>>& files_in, ReadExecutorOptions options_in,
-      BufferPool& staging_in, uint64_t span_in)
+      BufferPool& staging_in, uint64_t span_in, std::vector<char> direct_files_in)
       : metadata(metadata_in), files(files_in), options(options_in), staging(staging_in),
-        span(span_in) {}
+        span(span_in), direct_files(std::move(direct_files_in)) {}
 
   const CheckpointMetadata& metadata;
   const std::vector<std::unique_ptr<ReadableFile>>& files;
   ReadExecutorOptions options;
   BufferPool& staging;  // the pool's: shared with its other callers
   uint64_t span;        // file bytes per extent at most
+  std::vector<char> direct_files;  // per file: its large extents are read directly
   std::atomic<uint64_t> bytes_read{0};
 };
 
@@ -344,7 +345,7 @@ uint32_t ExtentCrc(const Extent& e, const std::byte* staging, uint64_t from, uin
 
 // The alignment to read extent `e` with direct I/O, or 0 to read it through the page cache.
 uint64_t DirectAlignment(const Job& job, const Extent& e) {
-  if (!job.options.direct_io || e.end - e.begin < job.options.direct_io_min_bytes) return 0;
+  if (!job.direct_files[e.file] || e.end - e.begin < job.options.direct_io_min_bytes) return 0;
   const uint64_t a = job.files[e.file]->direct_io_alignment();
   if (a == 0) return 0;
   const uint64_t widened = (e.end + a - 1) / a * a - e.begin / a * a;
@@ -488,6 +489,55 @@ Status ReadDecodedChunk(Job& job, const std::vector<const ReadRequest*>& request
   return status;
 }
 
+// Per file, whether its large extents are read directly: every file the requests read with
+// direct_io true, none with false. Unset: the files whose bytes from the first read to the end of
+// the last one are mostly not in the page cache (a store that cannot tell reads through the
+// cache), unless most of the bytes read from the file are not kept: rows read whole for a few of
+// their columns, whose other columns other ranks read too (the cache serves their repeats).
+std::vector<char> DirectFiles(std::span<const ReadRequest> requests,
+                              const CheckpointMetadata& metadata,
+                              const std::vector<std::unique_ptr<ReadableFile>>& files,
+                              std::optional<bool> direct_io) {
+  std::vector<char> direct(files.size(), 0);
+  if (direct_io == false) return direct;
+  struct Reads {
+    uint64_t begin = UINT64_MAX;
+    uint64_t end = 0;
+    uint64_t kept = 0;  // bytes of the regions
+    uint64_t read = 0;  // bytes of the rows that hold them
+  };
+  std::vector<Reads> reads(files.size());
+  for (const ReadRequest& r : requests) {
+    const uint32_t f = r.chunk->file;
+    if (f >= files.size() || files[f] == nullptr || f >= metadata.files.size()) continue;
+    const uint64_t at = metadata.files[f].data_start + r.chunk->data_offset;
+    const bool decoded = r.chunk->encoding == ChunkEncoding::kDriverDecoded;
+    const uint64_t length = decoded ? r.chunk->stored_length : r.chunk->byte_length;
+    Reads& file = reads[f];
+    file.begin = std::min(file.begin, at);
+    file.end = std::max(file.end, at + length);
+    const uint64_t es = DTypeSize(r.stored->dtype);
+    const uint64_t kept = static_cast<uint64_t>(r.region.volume()) * es;
+    uint64_t row = es;  // bytes per index of dim 0 of the chunk
+    for (size_t d = 1; d < r.chunk->box.rank(); ++d) row *= static_cast<uint64_t>(r.chunk->box.sizes[d]);
+    file.kept += kept;
+    file.read += decoded ? length
+                         : (r.region.rank() == 0 ? kept : static_cast<uint64_t>(r.region.sizes[0]) * row);
+  }
+  for (size_t f = 0; f < files.size(); ++f) {
+    const Reads& file = reads[f];
+    if (file.begin >= file.end) continue;
+    if (direct_io.has_value()) {
+      direct[f] = 1;
+      continue;
+    }
+    if (file.kept * 2 < file.read) continue;
+    const std::optional<double> cached = files[f]->CachedFraction(file.begin, file.end - file.begin);
+    direct[f] = cached.has_value() && *cached < kColdFraction ? 1 : 0;
+  }
+  return direct;
+}
+
 }  // namespace
 
 Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
@@ -500,15 +550,16 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   const uint64_t bs = std::max<uint64_t>(1, metadata.checksum_block_bytes);
   // File bytes per extent. With direct I/O, no more than a task's staging window (less the
   // alignment it is widened by), so that every large extent can be read directly.
+  std::vector<char> direct_files = DirectFiles(requests, metadata, files, options.direct_io);
   uint64_t span = kMaxSpanBytes;
-  if (effective.direct_io) {
+  if (std::find(direct_files.begin(), direct_files.end(), 1) != direct_files.end()) {
     constexpr uint64_t kMiB = uint64_t{1} << 20;
     const uint64_t fits = options.window > 2 * kMiB ? options.window / kMiB * kMiB - kMiB
                                                     : options.window / 2;
     span = std::max(bs, std::min(span, fits));
   }
   BufferPool::Stay stay(pool.staging());
-  Job job(metadata, files, effective, pool.staging(), span);
+  Job job(metadata, files, effective, pool.staging(), span, std::move(direct_files));
   std::deque<Staged> staged;  // stable addresses for the extents
   std::deque<Direct> direct;
   std::vector<Task> tasks;

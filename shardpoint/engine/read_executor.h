@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -70,6 +71,10 @@ struct ReadRequest {
 ReadRequest MakeReadRequest(const TensorMetadata& stored, size_t chunk, ReadDestination dest,
                             Box region);
 
+// With ReadExecutorOptions::direct_io unset, a file of which less than this fraction of the bytes
+// to read is cached is read directly.
+inline constexpr double kColdFraction = 0.5;
+
 struct ReadExecutorOptions {
   bool verify = true;
   uint64_t window = uint64_t{64} << 20;  // staging bytes per task
@@ -80,7 +85,10 @@ struct ReadExecutorOptions {
   // (ReadableFile::direct_io_alignment) bypass the page cache: the extent, widened to the
   // alignment, is read into one staging buffer, its checksums verified there and its bytes copied
   // to their destinations. Others, and files that cannot be read directly, use the page cache.
-  bool direct_io = false;
+  // Unset: only the files whose bytes to read are mostly not in the page cache
+  // (ReadableFile::CachedFraction below kColdFraction) and of which at least half the bytes read
+  // are kept (not rows read whole for a few of their columns) are read directly.
+  std::optional<bool> direct_io = false;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
   // Reads running at once. 0: as many as the pool's IoTuner allows, which it learns from the
   // throughput of the reads as they run (ThreadPool::io_tuner); N > 0: at most N, fixed (never

@@ -23,10 +23,12 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/engine/read_executor.h"
 #include "shardpoint/geometry/convert.h"
 #include "shardpoint/layout/mesh_layout.h"
 #include "shardpoint/layout/pieces.h"
 #include "shardpoint/layout/tensor_map.h"
+#include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
 #include "shardpoint/store/posix_store.h"
 
@@ -1225,6 +1227,77 @@ TEST(DirectIoLoadTest, LoadsAreBitExactAndCorruptionIsCaught) {
       << s;
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
+}
+
+// LoadOptions::direct_io unset: a load right after the save (its files in the page cache) reads
+// through the cache; once the files are dropped from the cache their extents are read directly;
+// both bit-exact. direct_io false never reads directly, however cold the files.
+TEST(DirectIoLoadTest, UnsetReadsColdFilesDirectlyAndWarmOnesThroughTheCache) {
+  std::string dir = (std::filesystem::temp_directory_path() / "sp_direct_auto_XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  PosixStore posix;
+  FaultStore store(&posix);  // counts the direct reads
+  ThreadPool pool(3);
+  Rng rng(7);
+  TensorCase big = MakeTensor("big", DType::kFloat32, {512, 1031}, 31);
+  big.save = MeshOf(big.shape, Mesh({2}, {Placement::Shard(0)}));
+  big.load = big.save;
+  Case c = MakeCase({big}, 2, 2);
+  c.load_options.direct_io = std::nullopt;
+  c.load_options.direct_io_min_bytes = 0;
+  c.load_options.share_reads = false;
+  const std::string path = dir + "/ckpt";
+  Result<RankBuffers> buffers = MakeBuffers(c, true, rng);
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  ASSERT_TRUE(SaveCase(c, *buffers, store, &pool, path).ok());
+  auto load = [&](const char* what) {
+    SCOPED_TRACE(what);
+    RankBuffers initial = MakeBuffers(c, false, rng).value();
+    RankBuffers loaded = initial;
+    std::vector<LoadResult> results;
+    store.ResetCounts();
+    Status s = FirstError(LoadEveryRank(c, loaded, store, &pool, path, &results));
+    ASSERT_TRUE(s.ok()) << s;
+    ExpectLoaded(c, initial, loaded);
+  };
+  load("warm");
+  EXPECT_EQ(store.direct_reads(), 0);
+  // Cold: every data file dropped from the page cache (possible where it is apart from the file).
+  auto drop = [&]() -> bool {
+    bool cold = true;
+    for (const auto& entry : std::filesystem::directory_iterator(path)) {
+      if (entry.path().extension() != ".safetensors") continue;
+      Result<std::unique_ptr<ReadableFile>> file = posix.OpenReadable(entry.path().string());
+      EXPECT_TRUE(file.ok()) << file.status();
+      if (!file.ok() || (*file)->direct_io_alignment() == 0 || !(*file)->DropCache().ok()) {
+        return false;
+      }
+      std::optional<double> cached = (*file)->CachedFraction(0, (*file)->size());
+      cold = cold && cached.has_value() && *cached < kColdFraction;
+    }
+    return cold;
+  };
+  if (!drop()) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "the file system under " << dir << " cannot drop files from its cache";
+  }
+  load("cold");
+  EXPECT_GT(store.direct_reads(), 0);
+  ASSERT_TRUE(drop());
+  c.load_options.direct_io = false;
+  load("cold, direct_io false");
+  EXPECT_EQ(store.direct_reads(), 0);
+  // Three ranks splitting the columns of the saved row halves: each reads whole rows and keeps a
+  // third of them (the others read the same rows), so the cache serves them, cold or not.
+  ASSERT_TRUE(drop());
+  big.load = MeshOf(big.shape, Mesh({3}, {Placement::Shard(1)}));
+  c = MakeCase({big}, 2, 3);
+  c.load_options.direct_io = std::nullopt;
+  c.load_options.direct_io_min_bytes = 0;
+  c.load_options.share_reads = false;
+  load("cold, columns");
+  EXPECT_EQ(store.direct_reads(), 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(ReshardTest, RankFailingBeforeSharedReadsFailsEveryRankIdentically) {

@@ -140,6 +140,9 @@ class FaultStore::ReadableHandle : public ReadableFile {
   uint64_t size() const override { return base_->size(); }
   const std::string& path() const override { return base_->path(); }
   Status DropCache() override { return base_->DropCache(); }
+  std::optional<double> CachedFraction(uint64_t offset, uint64_t length) const override {
+    return base_->CachedFraction(offset, length);
+  }
   void Prefetch(uint64_t offset, uint64_t length) const override {
     if (store_->epoch() == epoch_) base_->Prefetch(offset, length);
   }
@@ -148,6 +151,7 @@ class FaultStore::ReadableHandle : public ReadableFile {
   Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const override {
     const std::string& p = path();
     if (store_->epoch() != epoch_) return LostInCrash("read", p);
+    store_->direct_reads_.fetch_add(1);
     SP_RETURN_IF_ERROR(store_->CheckFault(Op::kRead, p, {}, OpAt("read", p, offset)));
     return base_->ReadDirectAt(offset, out);
   }
@@ -225,6 +229,7 @@ int64_t FaultStore::count(Op op) const { return counts_[static_cast<int>(op)].lo
 
 void FaultStore::ResetCounts() {
   for (auto& count : counts_) count.store(0);
+  direct_reads_.store(0);
 }
 
 // ---------------------------------------------------------------------------------------------

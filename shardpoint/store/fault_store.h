@@ -9,7 +9,8 @@
 // matching ones. Rename matches when either path contains the substring.
 //
 // Counters. count(op) is the number of calls of `op` made through this store, failed ones
-// included. Store::ReadFile counts as one kOpen and one kRead.
+// included. Store::ReadFile counts as one kOpen and one kRead. direct_reads() is the number of
+// ReadableFile::ReadDirectAt calls among the kRead ones.
 //
 // Crash model. The store keeps a model of the directories it has used, as a tree of inodes: each
 // directory holds its live entries (what the base store holds now) and its durable entries (what
@@ -112,6 +113,7 @@ class FaultStore : public Store {
   Status SimulateCrash();
 
   int64_t count(Op op) const;
+  int64_t direct_reads() const { return direct_reads_.load(); }
   void ResetCounts();
 
   // Defined in fault_store.cc.
@@ -153,6 +155,7 @@ class FaultStore : public Store {
 
   Store* base_;
   std::array<std::atomic<int64_t>, kNumOps> counts_{};
+  std::atomic<int64_t> direct_reads_{0};
 
   std::mutex fault_mu_;
   std::array<std::pair<Status, int>, kNumOps> next_faults_;  // error, calls left

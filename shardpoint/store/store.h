@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +77,14 @@ class ReadableFile {
   // A hint: bytes [offset, offset + length) will be read soon; start fetching them in the
   // background. The default does nothing.
   virtual void Prefetch(uint64_t offset, uint64_t length) const {}
+  // The fraction (0 to 1) of bytes [offset, offset + length) that the store holds in memory
+  // (the page cache), so that reading them costs no device access; nullopt when it cannot tell
+  // (the default) or the range is empty. Ranges of more than 256 MiB may be sampled. Loads use it
+  // to read cold files with direct I/O and warm ones through the cache (LoadOptions::direct_io).
+  // Thread-safe.
+  virtual std::optional<double> CachedFraction(uint64_t offset, uint64_t length) const {
+    return std::nullopt;
+  }
 
   // Direct I/O: reads that bypass the page cache (Linux O_DIRECT), for large cold reads whose
   // bytes are not read again. The alignment that the offset, the length and the buffer address of

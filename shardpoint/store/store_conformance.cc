@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -313,6 +314,64 @@ TEST_P(StoreConformanceTest, DropCacheKeepsContent) {
   Status status;
   EXPECT_EQ(ReadRange(**reader, 6, 13, &status), "on the device");
   EXPECT_TRUE(status.ok()) << status;
+}
+
+// CachedFraction, where the store can tell, sees bytes just read as cached and, where the file
+// system keeps its cache apart from the files (those with direct I/O; not tmpfs), dropped bytes as
+// not; it has no answer for an empty range or one past the end.
+TEST_P(StoreConformanceTest, CachedFractionSeesReadAndDroppedBytes) {
+  const std::string content(64 * 4096 + 10, 'c');
+  SP_ASSERT_OK(WriteWholeFile(Path("resident"), content));
+  auto reader = store().OpenReadable(Path("resident"));
+  ASSERT_TRUE(reader.ok());
+  ReadableFile& file = **reader;
+  EXPECT_FALSE(file.CachedFraction(0, 0).has_value());
+  EXPECT_FALSE(file.CachedFraction(content.size(), 10).has_value());
+  Status status;
+  EXPECT_EQ(ReadRange(file, 0, content.size(), &status), content);
+  std::optional<double> read = file.CachedFraction(0, content.size());
+  if (!read.has_value()) {
+    EXPECT_FALSE(file.CachedFraction(0, 4096).has_value()) << "answers for some ranges only";
+    GTEST_SKIP() << "the store cannot tell what is cached";
+  }
+  EXPECT_EQ(*read, 1.0);
+  EXPECT_EQ(file.CachedFraction(4096 * 10 + 5, 1), 1.0);
+  EXPECT_EQ(file.CachedFraction(0, uint64_t{1} << 62), 1.0) << "the range ends with the file";
+  if (file.direct_io_alignment() == 0) return;
+  SP_ASSERT_OK(file.DropCache());
+  std::optional<double> dropped = file.CachedFraction(0, content.size());
+  ASSERT_TRUE(dropped.has_value());
+  EXPECT_LE(*dropped, 0.25);
+  EXPECT_EQ(ReadRange(file, 0, 8 * 4096, &status), content.substr(0, 8 * 4096));
+  EXPECT_EQ(file.CachedFraction(0, 8 * 4096), 1.0);
+}
+
+// Ranges of more than 256 MiB are sampled: a sparse file read in its first half only.
+TEST_P(StoreConformanceTest, CachedFractionSamplesLargeRanges) {
+  if (!GetParam().large_sparse_files) GTEST_SKIP() << "store keeps files in memory";
+  constexpr uint64_t kSize = uint64_t{600} << 20;
+  auto writable = store().NewWritableFile(Path("sparse"));
+  ASSERT_TRUE(writable.ok());
+  SP_ASSERT_OK((*writable)->WriteAt(kSize - 1, AsBytes(std::string(1, 'x'))));
+  SP_ASSERT_OK((*writable)->Sync());
+  SP_ASSERT_OK((*writable)->Close());
+  auto reader = store().OpenReadable(Path("sparse"));
+  ASSERT_TRUE(reader.ok());
+  ReadableFile& file = **reader;
+  if (file.direct_io_alignment() == 0) GTEST_SKIP() << "no cache apart from the file";
+  SP_ASSERT_OK(file.DropCache());
+  std::optional<double> cold = file.CachedFraction(0, kSize);
+  ASSERT_TRUE(cold.has_value());
+  EXPECT_LE(*cold, 0.05);
+  std::vector<std::byte> buffer(uint64_t{16} << 20);
+  for (uint64_t at = 0; at < kSize / 2; at += buffer.size()) {
+    SP_ASSERT_OK(file.ReadAt(at, MutableByteView(buffer.data(), buffer.size())));
+  }
+  std::optional<double> half = file.CachedFraction(0, kSize);
+  ASSERT_TRUE(half.has_value());
+  EXPECT_GE(*half, 0.45);
+  EXPECT_LE(*half, 0.6);
+  SP_ASSERT_OK(file.DropCache());
 }
 
 // Direct reads, where the store offers them, return the bytes buffered reads return, stop where
