@@ -6,7 +6,8 @@
 // the median of 5 runs of PlanSave, of the native writer laying out the data files of that plan
 // (names and every file's safetensors header: the coordinator's work that remains in a save whose
 // plan comes from a SavePlanCache), and of PlanLoad for one rank reading every tensor whole (the
-// consolidation case: every stored chunk intersects the target).
+// consolidation case: every stored chunk intersects the target), of PlanLoad for one rank loading
+// its own boxes, and the size of the metadata with the time to decode it.
 //
 // Usage: plan_bench [ranks] [tensors]   (ranks must be a multiple of 128)
 #include <algorithm>
@@ -18,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "shardpoint/format/metadata_wire.h"
+#include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/writer.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/plan/save_plan.h"
@@ -159,6 +162,27 @@ int main(int argc, char** argv) {
       Median([&] { return sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{}); });
   const size_t own_items = sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{})->items.size();
 
+  // The committed metadata (the native .metadata file of the laid-out plan) and the broadcast
+  // every rank of a load decodes: bytes, and the time to decode them.
+  // As committed: one checksum per block of every chunk (values do not matter here).
+  sp::CheckpointMetadata committed = laid_out;
+  for (sp::TensorMetadata& t : committed.tensors) {
+    for (sp::StoredChunk& c : t.chunks) {
+      const uint64_t bs = committed.checksum_block_bytes;
+      c.block_crc32c.assign((c.byte_length + bs - 1) / bs, 0x12345678u);
+    }
+  }
+  const std::string native = sp::EncodeMetadata(committed);
+  if (sp::Result<sp::CheckpointMetadata> decoded = sp::DecodeMetadata(native, "/bench/.metadata");
+      !decoded.ok()) {
+    std::fprintf(stderr, "DecodeMetadata failed: %s\n", decoded.status().ToString().c_str());
+    return 1;
+  }
+  const Timing open_native =
+      Median([&] { return sp::DecodeMetadata(native, "/bench/.metadata"); });
+  const std::string wire = sp::EncodeMetadataForWire(committed);
+  const Timing open_wire = Median([&] { return sp::DecodeMetadataFromWire(wire); });
+
   std::printf("plan_bench: ranks=%lld tensors=%d chunks=%zu\n", static_cast<long long>(ranks),
               tensors, chunks);
   const bool target_size = ranks == 1024 && tensors == 500;
@@ -183,5 +207,9 @@ int main(int argc, char** argv) {
       "  PlanLoad of one rank median of 5: %.4f s wall, %.4f s cpu  (rank %lld's own boxes of "
       "the saved layout: %zu items)\n",
       own_load.wall_s, own_load.cpu_s, static_cast<long long>(ranks / 2 + 3), own_items);
+  std::printf("  metadata: %.1f MiB native, opened in %.4f s (median of 5); %.1f MiB broadcast to "
+              "a load's ranks, decoded in %.4f s\n",
+              static_cast<double>(native.size()) / (1 << 20), open_native.wall_s,
+              static_cast<double>(wire.size()) / (1 << 20), open_wire.wall_s);
   return 0;
 }
