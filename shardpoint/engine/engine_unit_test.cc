@@ -96,6 +96,14 @@ TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
   status = DecodePlanReply(unknown).status();
   EXPECT_EQ(status.code(), StatusCode::kDataLoss);
   EXPECT_EQ(status.message(), "plan reply: unknown kind 7");
+  // The kind alone, as a rank reads it to tell a request for its plan from its order.
+  EXPECT_EQ(PlanReplyKind(encoded), PlanReply::Kind::kFilesOnly);
+  for (PlanReply::Kind kind : {PlanReply::Kind::kOrder, PlanReply::Kind::kResend,
+                               PlanReply::Kind::kRenamed}) {
+    EXPECT_EQ(PlanReplyKind(EncodePlanReply(PlanReply{kind, 0, "", {}})), kind);
+  }
+  EXPECT_EQ(PlanReplyKind(unknown), std::nullopt);
+  EXPECT_EQ(PlanReplyKind(""), std::nullopt);
 }
 
 TEST(SaveMessagesTest, RandomBytesNeverCrash) {

@@ -216,9 +216,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
                    });
   std::vector<ObjectEntry> objects;  // of a save that takes the cached plan
   if (use_cache) use_cache = MergeCachedObjects(requests, cached->plan.metadata.tensors, &objects);
-  const std::vector<std::string> resend(
-      world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, "", {}}));
-  if (!use_cache && !all(PlanRequest::Kind::kFull)) return resend;
+  if (!use_cache && !all(PlanRequest::Kind::kFull)) {
+    return std::vector<std::string>(
+        world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, "", {}}));
+  }
   GlobalSavePlan plan;
   uint64_t plan_id = 0;
   if (use_cache) {
@@ -538,7 +539,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   SP_ASSIGN_OR_RETURN(std::string my_payload, ScatterOrFail(comm, std::move(payloads), root));
   // A plan is needed but some rank sent only the id of its cached one: every rank that did sends
   // its local plan, and the coordinator plans from those and the full plans of the first exchange.
-  if (!my_payload.empty() && my_payload[0] == static_cast<char>(PlanReply::Kind::kResend)) {
+  if (PlanReplyKind(my_payload) == PlanReply::Kind::kResend) {
     PlanRequest again;
     if (sent_cached) {
       again.plan = EncodeLocalSavePlan(*local_plan);
@@ -549,7 +550,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     payloads = comm.rank() == root ? plan_on_coordinator()
                                    : Result<std::vector<std::string>>(std::vector<std::string>());
     if (payloads.ok() && comm.rank() == root && !payloads->empty() &&
-        (*payloads)[0][0] == static_cast<char>(PlanReply::Kind::kResend)) {
+        PlanReplyKind((*payloads)[0]) == PlanReply::Kind::kResend) {
       payloads = InternalError("the coordinator asked twice for the ranks' local plans");
     }
     SP_ASSIGN_OR_RETURN(my_payload, ScatterOrFail(comm, std::move(payloads), root));

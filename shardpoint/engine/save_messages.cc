@@ -96,6 +96,13 @@ std::string EncodePlanReply(const PlanReply& reply) {
   return out;
 }
 
+std::optional<PlanReply::Kind> PlanReplyKind(std::string_view bytes) {
+  if (bytes.empty()) return std::nullopt;
+  const uint8_t kind = static_cast<uint8_t>(bytes[0]);
+  if (kind > static_cast<uint8_t>(PlanReply::Kind::kRenamed)) return std::nullopt;
+  return static_cast<PlanReply::Kind>(kind);
+}
+
 Result<PlanReply> DecodePlanReply(std::string_view bytes) {
   ByteReader r(bytes, "plan reply");
   PlanReply reply;

@@ -10,6 +10,7 @@
 #define SHARDPOINT_ENGINE_SAVE_MESSAGES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,6 +77,9 @@ std::string EncodePlanRequest(const PlanRequest& request);
 Result<PlanRequest> DecodePlanRequest(std::string_view bytes);
 std::string EncodePlanReply(const PlanReply& reply);
 Result<PlanReply> DecodePlanReply(std::string_view bytes);
+// The kind of an encoded reply without decoding the rest (its order may be large); nullopt when
+// `bytes` does not start with a known kind.
+std::optional<PlanReply::Kind> PlanReplyKind(std::string_view bytes);
 std::string EncodeWriteReport(const WriteReport& report);
 Result<WriteReport> DecodeWriteReport(std::string_view bytes);
 
