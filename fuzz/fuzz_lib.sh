@@ -99,6 +99,18 @@ sp_fuzz_findings() {
     -o -name "$2-oom-*" \)
 }
 
+# sp_fuzz_sum_stat KEY LOG...: the sum over the LOGs of libFuzzer's final stat KEY
+# (stat::KEY), empty when no log has it.
+sp_fuzz_sum_stat() {
+  local key="$1" total="" value log
+  shift
+  for log in "$@"; do
+    value="$(sed -n "s/^stat::${key}: *//p" "${log}" | tail -1)"
+    [ -z "${value}" ] || total=$(( ${total:-0} + value ))
+  done
+  echo "${total}"
+}
+
 # sp_fuzz_summary OUT TARGET [BUILD]: one line from the logs: executions, exec/s, coverage at start
 # and end, findings (reproducer files), and with BUILD the slow units replayed alone with their
 # time. With several workers (campaign.sh), executions, exec/s and new inputs are their sums and
@@ -107,13 +119,12 @@ sp_fuzz_summary() {
   local out="$1" target="$2" build="${3:-}" log="$1/$2.log"
   local runs execs start end added findings logs
   logs="$(sp_fuzz_logs "${out}" "${target}")"
-  sum() { local total=0 any="" v; for v in "$@"; do total=$((total + v)); any=1; done; echo "${any:+${total}}"; }
-  # shellcheck disable=SC2046,SC2086
-  runs="$(sum $(for l in ${logs}; do sed -n 's/^stat::number_of_executed_units: *//p' "${l}" | tail -1; done))"
-  # shellcheck disable=SC2046,SC2086
-  execs="$(sum $(for l in ${logs}; do sed -n 's/^stat::average_exec_per_sec: *//p' "${l}" | tail -1; done))"
-  # shellcheck disable=SC2046,SC2086
-  added="$(sum $(for l in ${logs}; do sed -n 's/^stat::new_units_added: *//p' "${l}" | tail -1; done))"
+  # shellcheck disable=SC2086
+  runs="$(sp_fuzz_sum_stat number_of_executed_units ${logs})"
+  # shellcheck disable=SC2086
+  execs="$(sp_fuzz_sum_stat average_exec_per_sec ${logs})"
+  # shellcheck disable=SC2086
+  added="$(sp_fuzz_sum_stat new_units_added ${logs})"
   start="$(sed -n 's/.*INITED cov: \([0-9]*\) ft: \([0-9]*\).*/\1 edges, \2 features/p' "${log}" | head -1)"
   # shellcheck disable=SC2086
   end="$(for l in ${logs}; do grep -E '^#[0-9]+[[:space:]].*cov: ' "${l}" | tail -1; done |
@@ -122,7 +133,9 @@ sp_fuzz_summary() {
   findings="$(sp_fuzz_findings "${out}" "${target}" | wc -l)"
   printf '%-14s executions %-10s exec/s %-7s coverage %s -> %s (new inputs %s) findings %s\n' \
     "${target}" "${runs:-?}" "${execs:-?}" "${start:-?}" "${end:-?}" "${added:-?}" "${findings}"
-  [ "$(echo "${logs}" | wc -w)" -le 1 ] || echo "  ($(echo "${logs}" | wc -w) workers sharing the corpus)"
+  local workers
+  workers="$(echo "${logs}" | wc -w)"
+  [ "${workers}" -le 1 ] || echo "  (${workers} workers sharing the corpus)"
   for f in $(sp_fuzz_findings "${out}" "${target}"); do
     echo "  reproducer: ${f}"
     # shellcheck disable=SC2086

@@ -519,10 +519,13 @@ std::vector<char> DirectFiles(std::span<const ReadRequest> requests,
     const uint64_t es = DTypeSize(r.stored->dtype);
     const uint64_t kept = static_cast<uint64_t>(r.region.volume()) * es;
     uint64_t row = es;  // bytes per index of dim 0 of the chunk
-    for (size_t d = 1; d < r.chunk->box.rank(); ++d) row *= static_cast<uint64_t>(r.chunk->box.sizes[d]);
+    for (size_t d = 1; d < r.chunk->box.rank(); ++d) {
+      row *= static_cast<uint64_t>(r.chunk->box.sizes[d]);
+    }
+    const uint64_t rows =
+        r.region.rank() == 0 ? kept : static_cast<uint64_t>(r.region.sizes[0]) * row;
     file.kept += kept;
-    file.read += decoded ? length
-                         : (r.region.rank() == 0 ? kept : static_cast<uint64_t>(r.region.sizes[0]) * row);
+    file.read += decoded ? length : rows;
   }
   for (size_t f = 0; f < files.size(); ++f) {
     const Reads& file = reads[f];
@@ -532,7 +535,8 @@ std::vector<char> DirectFiles(std::span<const ReadRequest> requests,
       continue;
     }
     if (file.kept * 2 < file.read) continue;
-    const std::optional<double> cached = files[f]->CachedFraction(file.begin, file.end - file.begin);
+    const std::optional<double> cached =
+        files[f]->CachedFraction(file.begin, file.end - file.begin);
     direct[f] = cached.has_value() && *cached < kColdFraction ? 1 : 0;
   }
   return direct;

@@ -11,7 +11,8 @@ namespace sp {
 namespace {
 
 // The chunks of the grid cut at `cuts` (per dimension, the interior cut points), row-major.
-std::vector<StoredChunk> GridChunks(const Shape& shape, const std::vector<std::vector<int64_t>>& cuts) {
+std::vector<StoredChunk> GridChunks(const Shape& shape,
+                                    const std::vector<std::vector<int64_t>>& cuts) {
   std::vector<std::vector<int64_t>> bounds(shape.size());
   for (size_t d = 0; d < shape.size(); ++d) {
     bounds[d].push_back(0);

@@ -122,13 +122,16 @@ void LoadAndCheck(std::mt19937_64& rng, const std::vector<GlobalTensor>& ts,
     Result<LoadPlan> lp = PlanLoad(targets, plan.metadata, LoadPlanOptions{});
     ASSERT_TRUE(lp.ok()) << lp.status();
     // Chunk grids found by arithmetic give the plan of the sweeps, item for item.
-    Result<LoadPlan> swept = PlanLoad(targets, plan.metadata, LoadPlanOptions{.chunk_grids = false});
+    Result<LoadPlan> swept =
+        PlanLoad(targets, plan.metadata, LoadPlanOptions{.chunk_grids = false});
     ASSERT_TRUE(swept.ok()) << swept.status();
     ASSERT_EQ(lp->items, swept->items);
     // So do chunks listed in another order (not a row-major grid: the sweeps plan them), up to
     // the chunks' numbers.
     CheckpointMetadata shuffled = plan.metadata;
-    for (TensorMetadata& tm : shuffled.tensors) std::shuffle(tm.chunks.begin(), tm.chunks.end(), rng);
+    for (TensorMetadata& tm : shuffled.tensors) {
+      std::shuffle(tm.chunks.begin(), tm.chunks.end(), rng);
+    }
     Result<LoadPlan> reordered = PlanLoad(targets, shuffled, LoadPlanOptions{});
     ASSERT_TRUE(reordered.ok()) << reordered.status();
     auto where = [](const LoadPlan& p) {
