@@ -1,0 +1,176 @@
+// S3Client against a real S3 server (SeaweedFS on 127.0.0.1, s3_test_server.h), and its pure
+// helpers on their own.
+#include "shardpoint/store/s3/s3_client.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "shardpoint/store/s3/s3_test_server.h"
+
+namespace sp {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(S3HelpersTest, UriEncodingBase64AndXml) {
+  EXPECT_EQ(UriEncode("a b/c~d_e.f-g+h%", false), "a%20b/c~d_e.f-g%2Bh%25");
+  EXPECT_EQ(UriEncode("a/b", true), "a%2Fb");
+  EXPECT_EQ(UriEncode("\xc3\xa9", false), "%C3%A9");
+  EXPECT_EQ(Base64(AsBytes("")), "");
+  EXPECT_EQ(Base64(AsBytes("f")), "Zg==");
+  EXPECT_EQ(Base64(AsBytes("fo")), "Zm8=");
+  EXPECT_EQ(Base64(AsBytes("foo")), "Zm9v");
+  EXPECT_EQ(Base64(AsBytes("foobar")), "Zm9vYmFy");
+  const std::string xml =
+      "<R><Key>a&amp;b&lt;&gt;&quot;&apos;&#34;&#x41;&#233;</Key><Key></Key><Key>x&bogus;</Key>"
+      "<Size>12</Size></R>";
+  EXPECT_EQ(XmlElements(xml, "Key"),
+            (std::vector<std::string>{"a&b<>\"'\"A\xc3\xa9", "", "x&bogus;"}));
+  EXPECT_EQ(XmlElements(xml, "Size"), std::vector<std::string>{"12"});
+  EXPECT_TRUE(XmlElements(xml, "None").empty());
+  EXPECT_TRUE(XmlElements("<Key>unclosed", "Key").empty());
+}
+
+class S3ClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    Result<std::unique_ptr<testing::S3TestServer>> server = testing::S3TestServer::Start();
+    if (server.ok()) {
+      server_ = std::move(*server).release();
+    } else {
+      skip_ = std::string(server.status().message());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    if (server_ == nullptr) GTEST_SKIP() << skip_;
+    client_ = std::make_unique<S3Client>(server_->config());
+    bucket_ = "bucket-" + std::to_string(next_bucket_++);
+    Status created = client_->CreateBucket(bucket_);
+    ASSERT_TRUE(created.ok()) << created;
+  }
+
+  static testing::S3TestServer* server_;
+  static std::string skip_;
+  static int next_bucket_;
+  std::unique_ptr<S3Client> client_;
+  std::string bucket_;
+};
+
+testing::S3TestServer* S3ClientTest::server_ = nullptr;
+std::string S3ClientTest::skip_;
+int S3ClientTest::next_bucket_ = 1;
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+TEST_F(S3ClientTest, PutGetRangeHeadListDelete) {
+  const std::string bytes = RandomBytes(300000, 1);
+  const std::string key = "dir/sub dir/obj+1.bin";  // a space and a '+' travel encoded
+  ASSERT_TRUE(client_->PutObject(bucket_, key, AsBytes(bytes)).ok());
+  ASSERT_TRUE(client_->PutObject(bucket_, "dir/b", AsBytes("small")).ok());
+  ASSERT_TRUE(client_->PutObject(bucket_, "top", AsBytes("")).ok());
+  Result<uint64_t> size = client_->HeadObject(bucket_, key);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, bytes.size());
+  Result<std::string> whole = client_->GetObject(bucket_, key);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == bytes);
+  std::string range(1000, '\0');
+  ASSERT_TRUE(client_->GetRange(bucket_, key, 123457, MutableByteView(
+                                    reinterpret_cast<std::byte*>(range.data()), range.size()))
+                  .ok());
+  EXPECT_TRUE(range == bytes.substr(123457, 1000));
+  Status past = client_->GetRange(bucket_, key, bytes.size() - 10,
+                                  MutableByteView(reinterpret_cast<std::byte*>(range.data()), 20));
+  EXPECT_FALSE(past.ok());
+
+  Result<S3Listing> all = client_->ListObjects(bucket_, "", "", "");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->objects.size(), 3u);
+  EXPECT_EQ(all->objects[0].key, "dir/b");
+  EXPECT_EQ(all->objects[1].key, key);
+  EXPECT_EQ(all->objects[1].size, bytes.size());
+  Result<S3Listing> top = client_->ListObjects(bucket_, "", "/", "");
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->prefixes, std::vector<std::string>{"dir/"});
+  ASSERT_EQ(top->objects.size(), 1u);
+  EXPECT_EQ(top->objects[0].key, "top");
+
+  ASSERT_TRUE(client_->DeleteObject(bucket_, key).ok());
+  EXPECT_TRUE(client_->DeleteObject(bucket_, key).ok()) << "deleting twice succeeds";
+  Result<uint64_t> gone = client_->HeadObject(bucket_, key);
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound);
+  Result<std::string> missing = client_->GetObject(bucket_, "no/such");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("GET s3://" + bucket_ + "/no/such: HTTP 404"));
+}
+
+TEST_F(S3ClientTest, ConditionalPutsAndCopies) {
+  ASSERT_TRUE(client_->PutObject(bucket_, "m", AsBytes("first"), true).ok());
+  Status again = client_->PutObject(bucket_, "m", AsBytes("second"), true);
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again;
+  EXPECT_EQ(client_->GetObject(bucket_, "m").value(), "first");
+  ASSERT_TRUE(client_->CopyObject(bucket_, "m", "m2").ok());
+  EXPECT_EQ(client_->GetObject(bucket_, "m2").value(), "first");
+}
+
+TEST_F(S3ClientTest, MultipartUploadsCompleteOrAbort) {
+  const std::string a = RandomBytes(5 << 20, 2);
+  const std::string b = RandomBytes(12345, 3);
+  Result<std::string> id = client_->CreateMultipartUpload(bucket_, "big");
+  ASSERT_TRUE(id.ok()) << id.status();
+  // Parts sent from two threads at once, out of order.
+  Result<std::string> etag2 = InternalError("unset");
+  std::thread second([&] { etag2 = client_->UploadPart(bucket_, "big", *id, 2, AsBytes(b)); });
+  Result<std::string> etag1 = client_->UploadPart(bucket_, "big", *id, 1, AsBytes(a));
+  second.join();
+  ASSERT_TRUE(etag1.ok()) << etag1.status();
+  ASSERT_TRUE(etag2.ok()) << etag2.status();
+  ASSERT_TRUE(client_->CompleteMultipartUpload(bucket_, "big", *id, {{1, *etag1}, {2, *etag2}})
+                  .ok());
+  Result<std::string> whole = client_->GetObject(bucket_, "big");
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(*whole == a + b);
+
+  Result<std::string> aborted = client_->CreateMultipartUpload(bucket_, "never");
+  ASSERT_TRUE(aborted.ok());
+  ASSERT_TRUE(client_->UploadPart(bucket_, "never", *aborted, 1, AsBytes(b)).ok());
+  ASSERT_TRUE(client_->AbortMultipartUpload(bucket_, "never", *aborted).ok());
+  EXPECT_EQ(client_->HeadObject(bucket_, "never").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(S3ClientTest, WrongCredentialsArePermissionDeniedNamingTheObject) {
+  S3Config wrong = server_->config();
+  wrong.credentials.secret_access_key = "not-the-secret";
+  S3Client client(wrong);
+  Status put = client.PutObject(bucket_, "x", AsBytes("x"));
+  EXPECT_EQ(put.code(), StatusCode::kPermissionDenied) << put;
+  EXPECT_THAT(put.message(), HasSubstr("PUT s3://" + bucket_ + "/x: HTTP 403"));
+}
+
+TEST_F(S3ClientTest, AServerThatIsGoneFailsAfterTheRetriesWithoutHanging) {
+  S3Config nowhere = server_->config();
+  nowhere.endpoint = "http://127.0.0.1:9";  // discard: nothing listens
+  S3ClientOptions options;
+  options.max_attempts = 3;
+  options.first_backoff = std::chrono::milliseconds(10);
+  S3Client client(nowhere, options);
+  Status put = client.PutObject(bucket_, "x", AsBytes("x"));
+  EXPECT_EQ(put.code(), StatusCode::kUnavailable) << put;
+  EXPECT_THAT(put.message(), HasSubstr("(after 3 attempts)"));
+  EXPECT_EQ(client.requests_sent(), 3u);
+}
+
+}  // namespace
+}  // namespace sp
