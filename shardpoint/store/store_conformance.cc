@@ -43,6 +43,9 @@ std::string StoreConformanceParamName(
 }
 
 void StoreConformanceTest::SetUp() {
+  if (GetParam().unavailable) {
+    if (std::optional<std::string> why = GetParam().unavailable()) GTEST_SKIP() << *why;
+  }
   Result<StoreTestEnv> env = GetParam().make();
   ASSERT_TRUE(env.ok()) << env.status();
   env_ = std::move(env).value();
@@ -550,6 +553,7 @@ TEST_P(StoreConformanceTest, RenameMovesADirectoryWithItsContents) {
 }
 
 TEST_P(StoreConformanceTest, OpenHandleFollowsItsFileAcrossRename) {
+  if (!GetParam().handles_follow_renames) GTEST_SKIP() << "files exist only once closed";
   auto file = store().NewWritableFile(Path("tmp"));
   ASSERT_TRUE(file.ok());
   SP_ASSERT_OK((*file)->WriteAt(0, AsBytes("before ")));

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -48,6 +49,11 @@ struct StoreConformanceParam {
   std::string name;                            // test name suffix: letters, digits, '_'
   std::function<Result<StoreTestEnv>()> make;  // a fresh store and root for each test
   bool large_sparse_files = false;             // run the test that writes beyond 4 GiB
+  // Whether a file open for writing keeps writing to it across a rename of it (POSIX handles do;
+  // an object store's file exists only once closed).
+  bool handles_follow_renames = true;
+  // When set and it returns a reason, every test skips with it (a store whose server is absent).
+  std::function<std::optional<std::string>()> unavailable;
 };
 
 // Prints the name, for readable test output.

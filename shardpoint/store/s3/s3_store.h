@@ -1,0 +1,77 @@
+// S3Store: a Store on an S3 bucket (s3_client.h), for checkpoints in object storage.
+//
+// Paths are keys: "/run/step-100/d-1.safetensors" (or without the leading '/') is the object of
+// that key in the store's bucket. Object storage has no directories; a directory is a key prefix
+// ending in '/', and CreateDirs writes an empty marker object for each level ("run/",
+// "run/step-100/") so that an empty directory exists too. A directory exists when its marker or
+// any key below it does.
+//
+// Writing. A WritableFile buffers what is written in parts of S3StoreOptions::part_bytes (at
+// least 5 MiB, the S3 minimum). A part whose bytes have all been written is sent at once as a part
+// of a multipart upload (from the writing thread), so a file written front to back, or by many
+// threads in disjoint pieces, holds at most about one part per writer in memory. Close is the
+// commit point: a file of one part or less is sent with one PUT; otherwise the remaining parts
+// (bytes never written read as zeros, as in a sparse file) are sent and the upload completed. Until
+// then the object does not exist (or keeps its previous content): S3 makes an object appear whole
+// or not at all. Sync does nothing but report an earlier failure; a failed or abandoned file
+// aborts its multipart upload.
+//
+// Renames copy on the server and delete the source: the destination appears whole at once (which
+// is what a commit needs); a directory is renamed object by object. Open readers of a renamed or
+// replaced file fail (the object they read is gone), unlike POSIX handles.
+//
+// Thread-safe. Errors name the operation and the path as every store's do, with the S3 request's
+// own message (bucket, key, HTTP status, the server's code).
+#ifndef SHARDPOINT_STORE_S3_S3_STORE_H_
+#define SHARDPOINT_STORE_S3_S3_STORE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "shardpoint/store/s3/s3_client.h"
+#include "shardpoint/store/store.h"
+
+namespace sp {
+
+struct S3StoreOptions {
+  uint64_t part_bytes = uint64_t{16} << 20;  // raised to 5 MiB when smaller
+};
+
+class S3Store : public Store {
+ public:
+  S3Store(std::shared_ptr<S3Client> client, std::string bucket, S3StoreOptions options = {});
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override;
+  Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override;
+  Status CreateDirs(std::string_view path) override;
+  Status Rename(std::string_view from, std::string_view to) override;
+  Status SyncDir(std::string_view path) override;
+  Status RemoveFile(std::string_view path) override;
+  Status RemoveDir(std::string_view path) override;
+  Result<bool> IsDirectory(std::string_view path) override;
+  Result<bool> Exists(std::string_view path) override;
+  Result<std::vector<DirEntry>> ListDir(std::string_view path) override;
+  std::string name() const override { return "s3"; }
+
+  const std::string& bucket() const { return bucket_; }
+  S3Client& client() { return *client_; }
+
+ private:
+  // What is at a path: a file (an object of that key), a directory, or nothing.
+  enum class Kind { kNothing, kFile, kDirectory };
+  Result<Kind> What(std::string_view path);
+  // Every key at or below the directory prefix `prefix` (ending in '/'), all pages.
+  Result<std::vector<S3Object>> ListAll(const std::string& prefix);
+
+  std::shared_ptr<S3Client> client_;
+  std::string bucket_;
+  S3StoreOptions options_;
+};
+
+// The key of a store path: without leading '/' and with "." and empty components removed.
+std::string S3KeyOf(std::string_view path);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_STORE_S3_S3_STORE_H_
