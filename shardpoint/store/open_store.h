@@ -2,6 +2,9 @@
 //
 //   "/ckpt/step-100", "ckpt", "file:///ckpt/step-100"  -> PosixStore
 //   "memory://"                                        -> a new, empty MemoryStore
+//   "s3://bucket/prefix/step-100"                      -> an S3Store on the bucket, configured
+//                                                         from the environment and the AWS files
+//                                                         (store/s3/aws_config.h)
 //
 // Anything else of the form "<scheme>://..." is kInvalidArgument naming the scheme. Thread-safe
 // (no shared state).
@@ -19,8 +22,10 @@
 namespace sp {
 
 struct StoreUrl {
-  std::string scheme;  // "file" or "memory"; a plain path gives "file"
-  std::string path;    // the path inside the store: "file:///a/b" -> "/a/b"; "memory:///x" -> "/x"
+  std::string scheme;  // "file", "memory" or "s3"; a plain path gives "file"
+  std::string path;    // the path inside the store: "file:///a/b" -> "/a/b"; "memory:///x" -> "/x";
+                       // "s3://b/x/y" -> "/x/y"
+  std::string bucket;  // s3 only
 };
 
 // Splits a URL into scheme and path. kInvalidArgument for an empty URL, an unsupported scheme, or

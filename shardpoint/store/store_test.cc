@@ -55,11 +55,20 @@ Result<StoreTestEnv> MakeFaultOverMemoryEnv() {
   return env;
 }
 
+StoreConformanceParam Param(std::string name, std::function<Result<StoreTestEnv>()> make,
+                            bool large_sparse_files = false) {
+  StoreConformanceParam param;
+  param.name = std::move(name);
+  param.make = std::move(make);
+  param.large_sparse_files = large_sparse_files;
+  return param;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Stores, StoreConformanceTest,
-    ::testing::Values(StoreConformanceParam{"Posix", MakePosixEnv, /*large_sparse_files=*/true},
-                      StoreConformanceParam{"Memory", MakeMemoryEnv},
-                      StoreConformanceParam{"FaultOverMemory", MakeFaultOverMemoryEnv}),
+    ::testing::Values(Param("Posix", MakePosixEnv, /*large_sparse_files=*/true),
+                      Param("Memory", MakeMemoryEnv),
+                      Param("FaultOverMemory", MakeFaultOverMemoryEnv)),
     StoreConformanceParamName);
 
 // Direct reads through a fault store over POSIX files fail with the read faults, like buffered

@@ -265,6 +265,10 @@ class S3ReadableFile : public ReadableFile {
 }  // namespace
 
 std::string S3KeyOf(std::string_view path) {
+  if (path.size() > 5 && (path.substr(0, 5) == "s3://" || path.substr(0, 5) == "S3://")) {
+    const size_t slash = path.find('/', 5);
+    path = slash == std::string_view::npos ? std::string_view() : path.substr(slash);
+  }
   std::string key;
   size_t at = 0;
   while (at <= path.size()) {
