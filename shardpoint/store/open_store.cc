@@ -31,11 +31,9 @@ StoreUrl Url(std::string scheme, std::string path, std::string bucket = "") {
 // S3's rules for bucket names (the common subset every S3-compatible server accepts).
 bool ValidBucketName(std::string_view name) {
   if (name.size() < 3 || name.size() > 63) return false;
-  for (char c : name) {
-    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) ||
-          c == '.' || c == '-')) {
-      return false;
-    }
+  for (char ch : name) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (!(std::islower(c) || std::isdigit(c) || c == '.' || c == '-')) return false;
   }
   return std::isalnum(static_cast<unsigned char>(name.front())) &&
          std::isalnum(static_cast<unsigned char>(name.back()));

@@ -315,12 +315,28 @@ TEST(OpenStoreTest, PicksTheStoreByScheme) {
   EXPECT_EQ(parsed->path, "/a/b");
 }
 
+TEST(OpenStoreTest, ParsesS3UrlsIntoBucketAndPath) {
+  auto parsed = ParseStoreUrl("S3://my-bucket.1/runs/step-100");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->scheme, "s3");
+  EXPECT_EQ(parsed->bucket, "my-bucket.1");
+  EXPECT_EQ(parsed->path, "/runs/step-100");
+  auto root = ParseStoreUrl("s3://bucket");
+  ASSERT_TRUE(root.ok()) << root.status();
+  EXPECT_EQ(root->path, "/");
+  for (const char* bad : {"s3://", "s3://ab/x", "s3://Upper/x", "s3://-dash/x", "s3://a_b/x"}) {
+    auto refused = ParseStoreUrl(bad);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr("is not an S3 bucket name")) << bad;
+  }
+}
+
 TEST(OpenStoreTest, RejectsUnknownSchemesAndHosts) {
-  auto s3 = OpenStore("s3://bucket/ckpt");
-  ASSERT_FALSE(s3.ok());
-  EXPECT_EQ(s3.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(s3.status().message(), HasSubstr("'s3'"));
-  EXPECT_THAT(s3.status().message(), HasSubstr("s3://bucket/ckpt"));
+  auto gs = OpenStore("gs://bucket/ckpt");
+  ASSERT_FALSE(gs.ok());
+  EXPECT_EQ(gs.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(gs.status().message(), HasSubstr("'gs'"));
+  EXPECT_THAT(gs.status().message(), HasSubstr("gs://bucket/ckpt"));
   auto host = OpenStore("file://host/ckpt");
   EXPECT_EQ(host.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(OpenStore("").status().code(), StatusCode::kInvalidArgument);

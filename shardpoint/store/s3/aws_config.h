@@ -10,7 +10,8 @@
 //                go unsigned (a public bucket, or a local server without authentication);
 //   region       AWS_REGION, AWS_DEFAULT_REGION, the profile's `region`, else "us-east-1";
 //   endpoint     AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's `endpoint_url` in its
-//                `s3 =` sub-section, its own `endpoint_url`, else https://s3.<region>.amazonaws.com;
+//                `s3 =` sub-section, its own `endpoint_url`, else
+//                https://s3.<region>.amazonaws.com;
 //   addressing   the profile's `addressing_style` in its `s3 =` sub-section (path, virtual or
 //                auto); auto (the default) is virtual-hosted for AWS's own endpoints and path-style
 //                for any other endpoint (MinIO, SeaweedFS, Ceph RGW and the like serve it).

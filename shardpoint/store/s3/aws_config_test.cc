@@ -49,7 +49,8 @@ TEST_F(AwsConfigTest, NothingConfiguredIsAwsUnsignedInUsEast1) {
 }
 
 TEST_F(AwsConfigTest, TheEnvironmentWinsOverTheFiles) {
-  Write("credentials", "[default]\naws_access_key_id = FILEKEY\naws_secret_access_key = filesecret\n");
+  Write("credentials",
+        "[default]\naws_access_key_id = FILEKEY\naws_secret_access_key = filesecret\n");
   Write("config", "[default]\nregion = eu-west-1\nendpoint_url = http://files:9000\n");
   env_ = {{"AWS_ACCESS_KEY_ID", "ENVKEY"}, {"AWS_SECRET_ACCESS_KEY", "envsecret"},
           {"AWS_SESSION_TOKEN", "token"}, {"AWS_REGION", "ap-south-1"},
@@ -97,7 +98,8 @@ TEST_F(AwsConfigTest, ProfilesComeFromBothFiles) {
 }
 
 TEST_F(AwsConfigTest, FilesNamedByTheEnvironmentAreRead) {
-  std::ofstream(home_ + "/creds") << "[default]\naws_access_key_id = K\naws_secret_access_key = s\n";
+  std::ofstream(home_ + "/creds")
+      << "[default]\naws_access_key_id = K\naws_secret_access_key = s\n";
   std::ofstream(home_ + "/cfg") << "[default]\ns3 =\n  addressing_style = path\n";
   env_ = {{"AWS_SHARED_CREDENTIALS_FILE", home_ + "/creds"}, {"AWS_CONFIG_FILE", home_ + "/cfg"}};
   Result<S3Config> config = Resolve();

@@ -140,7 +140,9 @@ size_t OnHeader(char* data, size_t size, size_t count, void* user) {
   const size_t colon = line.find(':');
   if (colon != std::string_view::npos) {
     std::string_view value = line.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) {
+      value.remove_prefix(1);
+    }
     while (!value.empty() && (value.back() == '\r' || value.back() == '\n')) value.remove_suffix(1);
     t.response->headers[Lower(line.substr(0, colon))] = std::string(value);
   }
@@ -371,7 +373,8 @@ Result<S3Client::Response> S3Client::SendOnce(const Request& request, Handle& ha
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                    static_cast<long>(options_.connect_timeout.count() * 1000));
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, options_.low_speed_bytes);
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.low_speed_time.count()));
+  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                   static_cast<long>(options_.low_speed_time.count()));
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnWrite);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &transfer);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);

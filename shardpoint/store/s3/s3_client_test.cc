@@ -41,7 +41,7 @@ class S3ClientTest : public ::testing::Test {
     if (server.ok()) {
       server_ = std::move(*server).release();
     } else {
-      skip_ = std::string(server.status().message());
+      failure_ = server.status();
     }
   }
   static void TearDownTestSuite() {
@@ -49,7 +49,8 @@ class S3ClientTest : public ::testing::Test {
     server_ = nullptr;
   }
   void SetUp() override {
-    if (server_ == nullptr) GTEST_SKIP() << skip_;
+    if (failure_.code() == StatusCode::kNotFound) GTEST_SKIP() << failure_.message();
+    ASSERT_NE(server_, nullptr) << failure_;
     client_ = std::make_unique<S3Client>(server_->config());
     bucket_ = "bucket-" + std::to_string(next_bucket_++);
     Status created = client_->CreateBucket(bucket_);
@@ -57,14 +58,14 @@ class S3ClientTest : public ::testing::Test {
   }
 
   static testing::S3TestServer* server_;
-  static std::string skip_;
+  static Status failure_;  // why no server started
   static int next_bucket_;
   std::unique_ptr<S3Client> client_;
   std::string bucket_;
 };
 
 testing::S3TestServer* S3ClientTest::server_ = nullptr;
-std::string S3ClientTest::skip_;
+Status S3ClientTest::failure_;
 int S3ClientTest::next_bucket_ = 1;
 
 std::string RandomBytes(size_t n, uint64_t seed) {

@@ -61,7 +61,9 @@ class S3WritableFile : public WritableFile {
     std::vector<std::pair<uint64_t, std::vector<std::byte>>> full;  // parts to send now
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return FailedPreconditionError(OpAt("write", path_, offset) + ": file is closed");
+      if (closed_) {
+        return FailedPreconditionError(OpAt("write", path_, offset) + ": file is closed");
+      }
       SP_RETURN_IF_ERROR(failure_);
       size_ = std::max(size_, offset + data.size());
       uint64_t at = offset;
@@ -224,10 +226,7 @@ class S3ReadableFile : public ReadableFile {
         size_(size) {}
 
   Status ReadAt(uint64_t offset, MutableByteView out) const override {
-    if (offset > size_ || out.size() > size_ - offset) {
-      return DataLossError(OpAt("read", path_, offset) + ": wanted " + std::to_string(out.size()) +
-                           " bytes but the file holds " + std::to_string(size_) + " bytes");
-    }
+    if (offset > size_ || out.size() > size_ - offset) return ShortRead(offset, out.size());
     Status read = client_.GetRange(bucket_, key_, offset, out);
     return read.ok() ? read : Failed("read", path_, read);
   }
@@ -248,13 +247,18 @@ class S3ReadableFile : public ReadableFile {
       if (n > 0) std::memcpy(p.data(), whole.data() + at, n);
       at += p.size();
     }
-    if (held < total) return ReadAt(offset, MutableByteView(static_cast<std::byte*>(nullptr), total));
+    if (held < total) return ShortRead(offset, total);
     return OkStatus();
   }
   uint64_t size() const override { return size_; }
   const std::string& path() const override { return path_; }
 
  private:
+  Status ShortRead(uint64_t offset, uint64_t wanted) const {
+    return DataLossError(OpAt("read", path_, offset) + ": wanted " + std::to_string(wanted) +
+                         " bytes but the file holds " + std::to_string(size_) + " bytes");
+  }
+
   S3Client& client_;
   const std::string bucket_;
   const std::string key_;
@@ -414,7 +418,9 @@ Status S3Store::Rename(std::string_view from, std::string_view to) {
 
 Status S3Store::SyncDir(std::string_view path) {
   SP_ASSIGN_OR_RETURN(Kind kind, What(path));
-  if (kind != Kind::kDirectory) return NotFoundError(OpOn("sync directory", path) + ": no directory");
+  if (kind != Kind::kDirectory) {
+    return NotFoundError(OpOn("sync directory", path) + ": no directory");
+  }
   return OkStatus();  // a written object is durable once its write returned
 }
 
@@ -429,7 +435,9 @@ Status S3Store::RemoveFile(std::string_view path) {
 Status S3Store::RemoveDir(std::string_view path) {
   const std::string key = S3KeyOf(path);
   SP_ASSIGN_OR_RETURN(Kind kind, What(path));
-  if (kind != Kind::kDirectory) return NotFoundError(OpOn("remove directory", path) + ": no directory");
+  if (kind != Kind::kDirectory) {
+    return NotFoundError(OpOn("remove directory", path) + ": no directory");
+  }
   SP_ASSIGN_OR_RETURN(S3Listing below, client_->ListObjects(bucket_, DirPrefix(key), "/", ""));
   const bool only_marker = below.prefixes.empty() &&
                            std::all_of(below.objects.begin(), below.objects.end(),

@@ -14,32 +14,32 @@ namespace {
 
 constexpr const char* kBucket = "conformance";
 
-// The one server of this test binary, started on first use; null (with the reason) when absent.
-testing::S3TestServer* Server(std::string* why) {
-  static std::string reason;
-  static testing::S3TestServer* server = [] {
+// The one server of this test binary, started on first use; null when it could not be, with
+// why in `failure` (kNotFound: no weed binary, so the tests skip; anything else fails them).
+testing::S3TestServer* Server(Status* failure) {
+  static Status why;
+  // Destroyed (the server killed) when the process exits.
+  using Server = std::unique_ptr<testing::S3TestServer>;
+  static Server server = []() -> Server {
     Result<std::unique_ptr<testing::S3TestServer>> started = testing::S3TestServer::Start();
     if (!started.ok()) {
-      reason = std::string(started.status().message());
-      return static_cast<testing::S3TestServer*>(nullptr);
+      why = started.status();
+      return nullptr;
     }
     S3Client client((*started)->config());
-    Status created = client.CreateBucket(kBucket);
-    if (!created.ok()) {
-      reason = "bucket: " + std::string(created.message());
-      return static_cast<testing::S3TestServer*>(nullptr);
-    }
-    return started->release();  // lives until the process ends (killed by its destructor never)
+    why = client.CreateBucket(kBucket);
+    if (!why.ok()) return nullptr;
+    return std::move(*started);
   }();
-  if (why != nullptr) *why = reason;
-  return server;
+  if (failure != nullptr) *failure = why;
+  return server.get();
 }
 
 Result<StoreTestEnv> MakeS3Env() {
   static std::atomic<int> next{0};
-  std::string why;
+  Status why;
   testing::S3TestServer* server = Server(&why);
-  if (server == nullptr) return UnavailableError(why);
+  if (server == nullptr) return why;
   StoreTestEnv env;
   S3StoreOptions options;
   options.part_bytes = uint64_t{5} << 20;
@@ -56,8 +56,10 @@ StoreConformanceParam S3Param() {
   param.make = MakeS3Env;
   param.handles_follow_renames = false;
   param.unavailable = []() -> std::optional<std::string> {
-    std::string why;
-    if (Server(&why) == nullptr) return why;
+    Status why;
+    if (Server(&why) == nullptr && why.code() == StatusCode::kNotFound) {
+      return std::string(why.message());
+    }
     return std::nullopt;
   };
   return param;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -58,13 +59,18 @@ Result<std::unique_ptr<S3TestServer>> S3TestServer::Start() {
       << "{\"identities\":[{\"name\":\"test\",\"credentials\":[{\"accessKey\":\"" << kAccessKey
       << "\",\"secretKey\":\"" << kSecretKey
       << "\"}],\"actions\":[\"Admin\",\"Read\",\"Write\",\"List\",\"Tagging\"]}]}";
-  // Four ports and their gRPC ports (10000 above), away from the usual ones.
-  std::mt19937 rng(static_cast<unsigned>(::getpid()) ^
-                   static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  server->base_port_ = 21000 + static_cast<int>(rng() % 2000) * 10;
-  server->s3_port_ = server->base_port_ + 3;
-  SP_RETURN_IF_ERROR(server->Launch());
-  return server;
+  // Four ports and their gRPC ports (10000 above), away from the usual ones; other ports when
+  // these are taken (the server exits at once).
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(now));
+  Status launched;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    server->base_port_ = 21000 + static_cast<int>(rng() % 2000) * 10;
+    server->s3_port_ = server->base_port_ + 3;
+    launched = server->Launch();
+    if (launched.ok()) return server;
+  }
+  return launched;
 }
 
 Status S3TestServer::Launch() {
@@ -83,6 +89,7 @@ Status S3TestServer::Launch() {
   pid_ = ::fork();
   if (pid_ < 0) return ErrnoToStatus(errno, "fork");
   if (pid_ == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives the test, even one that crashes
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       ::dup2(fd, 1);

