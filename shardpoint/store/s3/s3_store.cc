@@ -300,6 +300,8 @@ Result<S3Store::Kind> S3Store::What(std::string_view path) {
   if (size.ok()) return Kind::kFile;
   if (size.status().code() != StatusCode::kNotFound) return size.status();
   Result<S3Listing> below = client_->ListObjects(bucket_, DirPrefix(key), "/", "");
+  // Nothing is in a bucket that does not exist (writing there fails with the server's word).
+  if (!below.ok() && below.status().code() == StatusCode::kNotFound) return Kind::kNothing;
   if (!below.ok()) return below.status();
   return below->objects.empty() && below->prefixes.empty() ? Kind::kNothing : Kind::kDirectory;
 }

