@@ -137,3 +137,39 @@ def test_overwrite_keeps_the_old_checkpoint_until_asked(s3):
 def test_missing_checkpoint_is_not_found(s3):
     with pytest.raises(sp.CheckpointNotFoundError):
         sp.load({"w": torch.zeros(3)}, "s3://py-ckpts/run/none/step-9")
+
+
+def test_command_line_on_s3(s3):
+    from torch_dcp_util import cli
+    path = "s3://py-ckpts/cli/step-7"
+    sp.save(_state(7), path)
+    inspected = cli("inspect", path, "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    assert {t["name"] for t in json.loads(inspected.stdout)["tensors"]} == {"model.w", "model.b"}
+    verified = cli("verify", path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    converted = cli("convert", path, "s3://py-ckpts/cli-dcp/step-7", "--to", "torch-dcp")
+    assert converted.returncode == 0, converted.stderr
+    # The tensors of the conversion are equal (its objects are re-encoded as torch.save items).
+    converted_diff = cli("diff", path, "s3://py-ckpts/cli-dcp/step-7")
+    assert "2 tensor(s) compared" in converted_diff.stdout, converted_diff.stderr
+    assert "differs: tensor" not in converted_diff.stdout
+    sp.save(_state(7), "s3://py-ckpts/cli-copy/step-7")
+    same = cli("diff", path, "s3://py-ckpts/cli-copy/step-7")
+    assert same.returncode == 0, same.stdout + same.stderr
+    # A run directory on S3: list, gc (the metadata deleted first), prune in place.
+    for step in (5, 6, 7):
+        sp.save(_state(step), f"s3://py-ckpts/run-gc/step-{step}")
+    listed = cli("list", "s3://py-ckpts/run-gc", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["latest"]["name"] == "step-7"
+    collected = cli("gc", "s3://py-ckpts/run-gc", "--keep-last", "1")
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    listed = json.loads(cli("list", "s3://py-ckpts/run-gc", "--json").stdout)
+    assert [c["name"] for c in listed["checkpoints"]] == ["step-7"]
+    pruned = cli("prune", "s3://py-ckpts/run-gc/step-7", "--prefix", "model.b")
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    full = sp.load_full("s3://py-ckpts/run-gc/step-7")
+    assert "b" not in full["model"] and torch.equal(torch.as_tensor(full["model"]["w"]),
+                                                     _state(7)["model"]["w"])
+    assert cli("verify", "s3://py-ckpts/run-gc/step-7").returncode == 0

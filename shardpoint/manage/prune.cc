@@ -12,7 +12,7 @@
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/format/native/metadata_codec.h"
-#include "shardpoint/store/posix_store.h"
+#include "shardpoint/store/open_store.h"
 
 namespace sp {
 namespace {
@@ -221,7 +221,10 @@ Result<PruneReport> Prune(std::string_view path, const std::vector<std::string>&
   }
   std::unique_ptr<Store> owned;
   Store* store = options.store;
-  if (store == nullptr) store = (owned = std::make_unique<PosixStore>()).get();
+  if (store == nullptr) {
+    SP_ASSIGN_OR_RETURN(owned, OpenStore(path));  // a plain path: POSIX; s3://...
+    store = owned.get();
+  }
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, ReadCheckpointMetadata(path, store));
   if (md.format != CheckpointFormat::kNative || md.checksum_block_bytes == 0) {
     return FailedPreconditionError("prune edits native shardpoint checkpoints only; " +

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "shardpoint/format/native/metadata_codec.h"
-#include "shardpoint/store/posix_store.h"
+#include "shardpoint/store/open_store.h"
 
 namespace sp {
 namespace {
@@ -14,11 +14,11 @@ constexpr char kDcpMetadataFileName[] = ".metadata";
 constexpr int kMaxStepDigits = 18;
 constexpr int kMaxDepth = 32;  // nesting below a checkpoint directory
 
-// `store` or a POSIX store owned by `owned`.
-Store& StoreOrPosix(Store* store, std::unique_ptr<Store>* owned) {
-  if (store != nullptr) return *store;
-  *owned = std::make_unique<PosixStore>();
-  return **owned;
+// `store`, or the store of `path`'s URL (a plain path: POSIX; s3://...) owned by `owned`.
+Result<Store*> StoreFor(std::string_view path, Store* store, std::unique_ptr<Store>* owned) {
+  if (store != nullptr) return store;
+  SP_ASSIGN_OR_RETURN(*owned, OpenStore(path));
+  return owned->get();
 }
 
 // Adds the sizes of every file under `path` to *bytes.
@@ -110,7 +110,8 @@ std::optional<int64_t> StepOfName(std::string_view name) {
 
 Result<CheckpointListing> ListCheckpoints(std::string_view directory, Store* store) {
   std::unique_ptr<Store> owned;
-  Store& s = StoreOrPosix(store, &owned);
+  SP_ASSIGN_OR_RETURN(Store * opened, StoreFor(directory, store, &owned));
+  Store& s = *opened;
   SP_ASSIGN_OR_RETURN(bool is_dir, s.IsDirectory(directory));
   if (!is_dir) {
     return FailedPreconditionError(std::string(directory) + " is not a directory");
@@ -184,7 +185,8 @@ Result<GcPlan> PlanGc(const CheckpointListing& listing, const RetentionPolicy& p
 
 Status DeleteCheckpoint(std::string_view path, Store* store) {
   std::unique_ptr<Store> owned;
-  Store& s = StoreOrPosix(store, &owned);
+  SP_ASSIGN_OR_RETURN(Store * opened, StoreFor(path, store, &owned));
+  Store& s = *opened;
   const std::string dir(path);
   bool removed_commit_point = false;
   for (const char* name : {kMetadataFileName, kDcpMetadataFileName}) {
@@ -202,15 +204,13 @@ Status DeleteCheckpoint(std::string_view path, Store* store) {
 }
 
 Result<std::vector<std::string>> ExecuteGc(const GcPlan& plan, Store* store) {
-  std::unique_ptr<Store> owned;
-  Store& s = StoreOrPosix(store, &owned);
   std::vector<std::string> removed;
   for (const GcDecision& d : plan.decisions) {
     if (!d.remove) continue;
     if (!d.checkpoint.committed) {
       return InternalError("gc plan marks uncommitted checkpoint " + d.checkpoint.path);
     }
-    Status status = DeleteCheckpoint(d.checkpoint.path, &s);
+    Status status = DeleteCheckpoint(d.checkpoint.path, store);
     if (!status.ok()) {
       return Status(status.code(), "deleting checkpoint " + d.checkpoint.path + " (step " +
                                        std::to_string(d.checkpoint.step) +

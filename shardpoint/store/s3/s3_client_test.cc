@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "shardpoint/store/s3/s3_store.h"
 #include "shardpoint/store/s3/s3_test_server.h"
 
 namespace sp {
@@ -32,6 +33,12 @@ TEST(S3HelpersTest, UriEncodingBase64AndXml) {
   EXPECT_EQ(XmlElements(xml, "Size"), std::vector<std::string>{"12"});
   EXPECT_TRUE(XmlElements(xml, "None").empty());
   EXPECT_TRUE(XmlElements("<Key>unclosed", "Key").empty());
+  // Store paths to keys: plain paths, the engine's URLs, and URLs as normalization leaves them.
+  EXPECT_EQ(S3KeyOf("/run/./step-1//d.safetensors"), "run/step-1/d.safetensors");
+  EXPECT_EQ(S3KeyOf("s3://bucket/run/step-1"), "run/step-1");
+  EXPECT_EQ(S3KeyOf("s3:/bucket/run"), "run");
+  EXPECT_EQ(S3KeyOf("s3://bucket"), "");
+  EXPECT_EQ(S3KeyOf("/"), "");
 }
 
 class S3ClientTest : public ::testing::Test {

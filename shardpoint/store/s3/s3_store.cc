@@ -269,8 +269,11 @@ class S3ReadableFile : public ReadableFile {
 }  // namespace
 
 std::string S3KeyOf(std::string_view path) {
-  if (path.size() > 5 && (path.substr(0, 5) == "s3://" || path.substr(0, 5) == "S3://")) {
-    const size_t slash = path.find('/', 5);
+  // "s3://bucket/a", or "s3:/bucket/a" as path normalization leaves it.
+  if (path.size() > 3 && (path.substr(0, 4) == "s3:/" || path.substr(0, 4) == "S3:/")) {
+    path.remove_prefix(3);
+    while (!path.empty() && path.front() == '/') path.remove_prefix(1);
+    const size_t slash = path.find('/');
     path = slash == std::string_view::npos ? std::string_view() : path.substr(slash);
   }
   std::string key;

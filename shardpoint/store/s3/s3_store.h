@@ -71,7 +71,8 @@ class S3Store : public Store {
 
 // The key of a store path: without leading '/' and with "." and empty components removed. A URL
 // "s3://bucket/a/b" (as the engine passes the paths it joins to the URL it was given) is the key
-// "a/b": a store serves one bucket, the one of the URL it was opened for.
+// "a/b" ("s3:/bucket/a/b" too, as path normalization leaves a URL): a store serves one bucket,
+// the one of the URL it was opened for.
 std::string S3KeyOf(std::string_view path);
 
 }  // namespace sp
