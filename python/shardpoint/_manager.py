@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from . import _api, _core, _dist
-from ._errors import CheckpointArgumentError, code_of, error_for, translated
+from ._errors import CheckpointArgumentError, CheckpointNotFoundError, code_of, error_for, translated
 
 PathLike = Union[str, "os.PathLike[str]"]
 T = TypeVar("T")
@@ -101,9 +101,13 @@ class CheckpointManager:
         return latest[0].step, result
 
     def _listing(self) -> list[dict[str, Any]]:
-        if not os.path.isdir(self.directory):
+        if "://" not in self.directory and not os.path.isdir(self.directory):
             return []
-        listing = _core.list_checkpoints(self.directory)
+        try:
+            with translated():
+                listing = _core.list_checkpoints(self.directory)
+        except CheckpointNotFoundError:  # an s3:// directory nothing was saved in yet
+            return []
         return [{"step": c["step"], "path": c["path"], "nbytes": c["bytes"], "committed": c["committed"],
                  "format": c["format"], "latest": i == listing["latest"]}
                 for i, c in enumerate(listing["checkpoints"])]

@@ -173,3 +173,26 @@ def test_command_line_on_s3(s3):
     assert "b" not in full["model"] and torch.equal(torch.as_tensor(full["model"]["w"]),
                                                      _state(7)["model"]["w"])
     assert cli("verify", "s3://py-ckpts/run-gc/step-7").returncode == 0
+
+
+def test_async_save_manager_and_consolidation_on_s3(s3):
+    state = _state(11)
+    handle = sp.async_save(state, "s3://py-ckpts/async/step-11")
+    handle.wait()
+    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
+           "step": 0, "note": ""}
+    sp.load(out, "s3://py-ckpts/async/step-11")
+    assert torch.equal(out["model"]["w"], state["model"]["w"])
+
+    manager = sp.CheckpointManager("s3://py-ckpts/managed", keep_last=2)
+    assert manager.latest_step() is None
+    for step in (1, 2, 3):
+        manager.save(step, _state(step))
+    assert [e.step for e in manager.list()] == [2, 3]
+    loaded_step, _ = manager.load_latest(out)
+    assert loaded_step == 3 and torch.equal(out["model"]["w"], _state(3)["model"]["w"])
+
+    # A Hugging Face directory written to S3 and read back from there.
+    sp.consolidate("s3://py-ckpts/async/step-11", "s3://py-ckpts/hf/model", max_shard_size="100KB")
+    hf = sp.load_full("s3://py-ckpts/hf/model")
+    assert torch.equal(torch.as_tensor(hf["model.w"]), state["model"]["w"])
