@@ -326,7 +326,7 @@ struct OpenFile {
 // Removes this rank's files of a failed save (best effort: the save already failed).
 void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
   for (const OpenFile& f : files) {
-    store.RemoveFile(f.temp_path).IgnoreError();
+    if (f.temp_path != f.final_path) store.RemoveFile(f.temp_path).IgnoreError();
     store.RemoveFile(f.final_path).IgnoreError();
   }
 }
@@ -344,7 +344,10 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   for (const FileOrder& f : order.files) {
     OpenFile open;
     open.final_path = JoinPath(path, f.name);
-    open.temp_path = open.final_path + ".tmp";
+    // A store whose files appear whole when closed (object storage) writes the final name: a
+    // rename there would copy the file. Elsewhere the file is renamed into place once synced.
+    open.temp_path =
+        store.files_appear_when_closed() ? open.final_path : open.final_path + ".tmp";
     open.data_start = f.header.size();
     SP_ASSIGN_OR_RETURN(open.file, store.NewWritableFile(open.temp_path));
     if (options.direct_io) {
@@ -407,6 +410,7 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     OpenFile& f = (*files)[i];
     SP_RETURN_IF_ERROR(f.file->Sync());
     SP_RETURN_IF_ERROR(f.file->Close());
+    if (f.temp_path == f.final_path) return OkStatus();
     return store.Rename(f.temp_path, f.final_path);
   }));
   Lap(clock, &stats->sync_seconds);

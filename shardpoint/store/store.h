@@ -157,6 +157,11 @@ class Store {
   virtual Result<bool> SameFile(std::string_view a, std::string_view b);
   // A short name for messages: "posix", "memory", "fault(posix)".
   virtual std::string name() const = 0;
+  // True when a file written through NewWritableFile exists only once closed, whole (object
+  // storage: S3Store), so that writing it under its final name is as safe as writing a temporary
+  // one and renaming it; a rename there copies the data. False (the default): a file exists from
+  // its creation and grows as it is written.
+  virtual bool files_appear_when_closed() const { return false; }
 };
 
 // The words every store's error messages start with: "write /ckpt/d-0.safetensors" and, with

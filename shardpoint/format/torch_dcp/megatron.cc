@@ -225,12 +225,14 @@ class CommonEncoder {
   const std::vector<MegatronObjectArchive>& objects_;
   std::vector<TreeNode> nodes_ = std::vector<TreeNode>(1);  // node 0: the root dict
   ArchiveEmitter emitter_{"common.pt"};
+  uint64_t padding_left_ = kCommonPaddingBase;  // grows by kCommonPaddingPerStep per path step
 };
 
 Status CommonEncoder::Add(size_t object, const std::vector<PathStep>& path) {
   if (path.empty() || path.size() > static_cast<size_t>(kMaxPickleWalkDepth)) {
     return Conflict(object);
   }
+  padding_left_ += kCommonPaddingPerStep * path.size();
   size_t node = 0;
   for (size_t i = 0; i < path.size(); ++i) {
     const bool int_step = std::holds_alternative<int64_t>(path[i]);
@@ -288,6 +290,14 @@ Status CommonEncoder::EmitNode(size_t node, int depth) {
   std::map<int64_t, size_t> by_index;  // list positions without an object are None, as in Python
   for (const auto& [step, index] : n.children) by_index[std::get<int64_t>(step)] = index;
   const size_t length = by_index.empty() ? 0 : static_cast<size_t>(by_index.rbegin()->first) + 1;
+  const uint64_t padding = length - by_index.size();
+  if (padding > padding_left_) {
+    return InvalidArgumentError(
+        "common.pt: the objects' paths leave " + std::to_string(padding) +
+        " positions of a list empty (None); more than the " + std::to_string(padding_left_) +
+        " their paths allow (list positions too large for the few objects that fill them)");
+  }
+  padding_left_ -= padding;
   w.EmptyList();
   w.ListItems(length, [&](size_t i) {
     auto it = by_index.find(static_cast<int64_t>(i));

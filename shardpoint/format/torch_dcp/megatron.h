@@ -48,6 +48,12 @@ inline constexpr uint64_t kMaxMegatronConfigBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kMaxMegatronCommonBytes = uint64_t{1} << 30;
 // Most pickle values one re-emitted archive may hold (shared subtrees count once per use).
 inline constexpr uint64_t kMaxReemittedValues = uint64_t{1} << 22;
+// The list positions of common.pt that no object fills (None, as Python pads a list) are at most
+// kCommonPaddingBase plus kCommonPaddingPerStep per step of the objects' paths: a path names its
+// list positions by number, so without a bound a few bytes of paths would ask for millions of
+// placeholders (found by fuzz/objects_fuzz.cc).
+inline constexpr uint64_t kCommonPaddingBase = uint64_t{1} << 16;
+inline constexpr uint64_t kCommonPaddingPerStep = 16;
 // Checkpoint attribute prefix of the metadata.json fields ("megatron.sharded_backend", ...).
 inline constexpr char kMegatronAttributePrefix[] = "megatron.";
 

@@ -53,6 +53,7 @@ class S3Store : public Store {
   Result<bool> Exists(std::string_view path) override;
   Result<std::vector<DirEntry>> ListDir(std::string_view path) override;
   std::string name() const override { return "s3"; }
+  bool files_appear_when_closed() const override { return true; }
 
   const std::string& bucket() const { return bucket_; }
   S3Client& client() { return *client_; }
