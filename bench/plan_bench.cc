@@ -160,6 +160,10 @@ int main(int argc, char** argv) {
   const std::vector<sp::LocalTensor>& own = locals[ranks / 2 + 3].tensors;
   const Timing own_load =
       Median([&] { return sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{}); });
+  // The same plans with every tensor swept (plan/box_set.h), as before chunk grids.
+  const sp::LoadPlanOptions swept{.chunk_grids = false};
+  const Timing own_swept = Median([&] { return sp::PlanLoad(own, plan->metadata, swept); });
+  const Timing load_swept = Median([&] { return sp::PlanLoad(targets, plan->metadata, swept); });
   const size_t own_items = sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{})->items.size();
 
   // The committed metadata (the native .metadata file of the laid-out plan) and the broadcast
@@ -207,6 +211,9 @@ int main(int argc, char** argv) {
       "  PlanLoad of one rank median of 5: %.4f s wall, %.4f s cpu  (rank %lld's own boxes of "
       "the saved layout: %zu items)\n",
       own_load.wall_s, own_load.cpu_s, static_cast<long long>(ranks / 2 + 3), own_items);
+  std::printf("  without chunk grids (every tensor swept): PlanLoad %.4f s cpu, of one rank %.4f s "
+              "cpu\n",
+              load_swept.cpu_s, own_swept.cpu_s);
   std::printf("  metadata: %.1f MiB native, opened in %.4f s (median of 5); %.1f MiB broadcast to "
               "a load's ranks, decoded in %.4f s\n",
               static_cast<double>(native.size()) / (1 << 20), open_native.wall_s,
