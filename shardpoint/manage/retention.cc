@@ -205,10 +205,14 @@ Status DeleteCheckpoint(std::string_view path, Store* store) {
 
 Result<std::vector<std::string>> ExecuteGc(const GcPlan& plan, Store* store) {
   std::vector<std::string> removed;
+  std::unique_ptr<Store> owned;  // one store for the whole plan (its checkpoints share a directory)
   for (const GcDecision& d : plan.decisions) {
     if (!d.remove) continue;
     if (!d.checkpoint.committed) {
       return InternalError("gc plan marks uncommitted checkpoint " + d.checkpoint.path);
+    }
+    if (store == nullptr) {
+      SP_ASSIGN_OR_RETURN(store, StoreFor(d.checkpoint.path, nullptr, &owned));
     }
     Status status = DeleteCheckpoint(d.checkpoint.path, store);
     if (!status.ok()) {

@@ -163,12 +163,10 @@ class S3WritableFile : public WritableFile {
     const uint64_t parts = (size_ + part_bytes_ - 1) / part_bytes_;
     const bool any_sent = !etags_.empty() || !upload_id_.empty();
     if (!any_sent && parts <= 1) {  // one PUT of the whole object
-      std::vector<std::byte> whole(size_, std::byte{0});
       auto it = parts_.find(0);
-      if (it != parts_.end() && !it->second.bytes.empty()) {
-        std::memcpy(whole.data(), it->second.bytes.data(),
-                    std::min<uint64_t>(size_, it->second.bytes.size()));
-      }
+      std::vector<std::byte> whole =
+          it != parts_.end() ? std::move(it->second.bytes) : std::vector<std::byte>();
+      whole.resize(size_, std::byte{0});  // never-written bytes (Preallocate) read as zeros
       parts_.clear();
       lock.unlock();
       Status put = client_.PutObject(bucket_, key_, ByteView(whole.data(), whole.size()));
