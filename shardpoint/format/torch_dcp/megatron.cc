@@ -110,19 +110,40 @@ bool WithinValueBudget(const PickleValue& v, uint64_t* budget, int depth) {
   return true;
 }
 
+// What the keys of a common.pt of `archive_bytes` may take (kCommonKeyBytesBase).
+uint64_t CommonKeyCap(uint64_t archive_bytes) {
+  return kCommonKeyBytesBase + kCommonKeyBytesPerByte * archive_bytes;
+}
+
+// The bytes an object's key takes: its dotted name as the object's name and the path's fqn, and
+// the path itself.
+uint64_t KeyCost(const std::vector<PathStep>& at, size_t dotted_size) {
+  uint64_t cost = 2 * uint64_t{dotted_size};
+  for (const PathStep& s : at) {
+    cost += 32 + (std::holds_alternative<std::string>(s) ? std::get<std::string>(s).size() : 0);
+  }
+  return cost;
+}
+
 class CommonDecoder {
  public:
-  CommonDecoder(const SourceArchive& source, std::string_view path, uint64_t payload_cap)
-      : source_(source), path_(path), payload_cap_(payload_cap) {}
+  // kCountKeys walks as the decoder does, checking only the keys against `key_cap` (what
+  // CommonEncoder checks its output with); kDecode also re-emits each object.
+  enum class Mode { kDecode, kCountKeys };
+  CommonDecoder(const SourceArchive& source, std::string_view path, uint64_t payload_cap,
+                uint64_t key_cap, Mode mode = Mode::kDecode)
+      : source_(source), path_(path), payload_cap_(payload_cap), key_cap_(key_cap), mode_(mode) {}
 
   Status Visit(const PickleValue& v, std::vector<PathStep>& at, int depth);
   MegatronCommon& result() { return result_; }
 
  private:
   Status Leaf(const PickleValue& v, const std::vector<PathStep>& at);
+  // A key past 256 characters is shortened to its first and last 120 (hostile paths are long).
   Status Err(const std::vector<PathStep>& at, const std::string& problem) const {
-    return DataLossError("Megatron common state " + path_ + ": key '" + Dotted(at) + "': " +
-                         problem);
+    std::string key = Dotted(at);
+    if (key.size() > 256) key = key.substr(0, 120) + "..." + key.substr(key.size() - 120);
+    return DataLossError("Megatron common state " + path_ + ": key '" + key + "': " + problem);
   }
   static std::string Dotted(const std::vector<PathStep>& at) {
     std::string out;
@@ -138,6 +159,9 @@ class CommonDecoder {
   std::string path_;
   uint64_t payload_cap_;
   uint64_t payload_bytes_ = 0;
+  uint64_t key_cap_;
+  uint64_t key_bytes_ = 0;
+  Mode mode_;
   MegatronCommon result_;
 };
 
@@ -177,7 +201,13 @@ Status CommonDecoder::Visit(const PickleValue& v, std::vector<PathStep>& at, int
 // Plain data becomes an exact plain object (read without pickle); anything else the re-emitted
 // value as a torch.save archive.
 Status CommonDecoder::Leaf(const PickleValue& v, const std::vector<PathStep>& at) {
-  const std::string key = Dotted(at);
+  std::string key = Dotted(at);
+  key_bytes_ += KeyCost(at, key.size());
+  if (key_bytes_ > key_cap_) {
+    return Err(at, "the keys of the objects so far take more than " + std::to_string(key_cap_) +
+                       " bytes (a long path shared by many objects?)");
+  }
+  if (mode_ == Mode::kCountKeys) return OkStatus();
   std::string archive;
   ObjectEncoding encoding = ObjectEncoding::kTorchSave;
   // The whole archive is within kMaxReemittedValues (WithinValueBudget in DecodeMegatronCommon).
@@ -311,9 +341,19 @@ Status CommonEncoder::EmitNode(size_t node, int depth) {
   return status;
 }
 
+// What is written reads back: the keys the readers would make of the archive are within their
+// limit (kCommonKeyBytesBase), checked by walking the archive as they do.
 Result<std::string> CommonEncoder::Finish() {
   SP_RETURN_IF_ERROR(EmitNode(0, 0));
-  return emitter_.Finish("common/");
+  SP_ASSIGN_OR_RETURN(std::string archive, emitter_.Finish("common/"));
+  Result<SourceArchive> source = OpenSourceArchive(AsBytes(archive), "common.pt");
+  if (!source.ok()) return InvalidArgumentError(source.status().message());
+  CommonDecoder keys(*source, "common.pt", UINT64_MAX, CommonKeyCap(archive.size()),
+                     CommonDecoder::Mode::kCountKeys);
+  std::vector<PathStep> at;
+  Status walked = keys.Visit(source->pickle.root(), at, 0);
+  if (!walked.ok()) return InvalidArgumentError(walked.message());
+  return archive;
 }
 
 }  // namespace
@@ -384,7 +424,8 @@ Result<MegatronCommon> DecodeMegatronCommon(ByteView archive, std::string_view p
   }
   // Each leaf's archive holds its own copy of the storages it uses: allow some sharing, but not
   // a blow-up from one storage named by many keys.
-  CommonDecoder decoder(source, path, 4 * archive.size() + (uint64_t{1} << 20));
+  CommonDecoder decoder(source, path, 4 * archive.size() + (uint64_t{1} << 20),
+                        CommonKeyCap(archive.size()));
   std::vector<PathStep> at;
   SP_RETURN_IF_ERROR(decoder.Visit(source.pickle.root(), at, 0));
   return std::move(decoder.result());

@@ -54,6 +54,14 @@ inline constexpr uint64_t kMaxReemittedValues = uint64_t{1} << 22;
 // placeholders (found by fuzz/objects_fuzz.cc).
 inline constexpr uint64_t kCommonPaddingBase = uint64_t{1} << 16;
 inline constexpr uint64_t kCommonPaddingPerStep = 16;
+// The keys of common.pt's objects (each object's dotted name, kept twice, and its path, counted
+// at 32 bytes a step plus its strings) are at most kCommonKeyBytesBase plus
+// kCommonKeyBytesPerByte per byte of common.pt. A path that many objects share is stored once
+// in the archive but spelled out in each of their keys: without a bound, 2 KB of paths asking
+// for 15,376 list positions at depth 56 made 15,376 keys of 1 KB each (0.4 GB, found by
+// fuzz/objects_fuzz.cc), and a memo-shared key string can repeat at every level of a path.
+inline constexpr uint64_t kCommonKeyBytesBase = uint64_t{32} << 20;
+inline constexpr uint64_t kCommonKeyBytesPerByte = 8;
 // Checkpoint attribute prefix of the metadata.json fields ("megatron.sharded_backend", ...).
 inline constexpr char kMegatronAttributePrefix[] = "megatron.";
 
@@ -87,8 +95,9 @@ struct MegatronCommon {
 
 // Decodes common.pt (a torch.save archive of a dict) into flattened objects. kDataLoss naming
 // `path` (and the key) for a damaged archive, a root that is not a dict, a non-str dict key,
-// nesting deeper than kMaxPickleWalkDepth or more than kMaxReemittedValues values, or a storage
-// record that is missing or has an unsafe name.
+// nesting deeper than kMaxPickleWalkDepth or more than kMaxReemittedValues values, keys past
+// kCommonKeyBytesBase + kCommonKeyBytesPerByte * its size, or a storage record that is missing or
+// has an unsafe name.
 Result<MegatronCommon> DecodeMegatronCommon(ByteView archive, std::string_view path);
 
 struct MegatronObjectArchive {

@@ -320,6 +320,72 @@ TEST(MegatronCommon, EncodeBoundsThePaddingOfLists) {
                   "common.pt: the objects' paths leave 444644 positions of a list empty");
 }
 
+// The None padding at the end of a long path spells the path out in each of its keys: the keys
+// the readers would make are checked against kCommonKeyBytesBase when common.pt is written (found
+// by fuzz/objects_fuzz.cc: 2 KB of paths made 15,376 keys of 1 KB, 0.4 GB).
+TEST(MegatronCommon, EncodeBoundsTheKeysThatPaddingMakes) {
+  Result<std::string> one = EncodePlainObjectItem(P::Int(1));
+  ASSERT_TRUE(one.ok());
+  const std::vector<MegatronObjectArchive> in = {{"x", *one}};
+  auto path = [](int64_t position) {
+    std::vector<std::variant<std::string, int64_t>> p;
+    for (int i = 0; i < 20; ++i) p.emplace_back(std::string(100, static_cast<char>('a' + i)));
+    p.emplace_back(position);
+    p.emplace_back(std::string("y"));  // a dict in the list: the list is walked, not one value
+    return p;
+  };
+  Result<std::string> within = EncodeMegatronCommon(in, {{"x", path(2000)}});
+  ASSERT_TRUE(within.ok()) << within.status();
+  Result<MegatronCommon> c = DecodeMegatronCommon(AsBytes(*within), "common.pt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->objects.size(), 2001u);  // 2000 Nones and the object
+  Result<std::string> past = EncodeMegatronCommon(in, {{"x", path(20000)}});
+  SP_EXPECT_ERROR(past.status(), StatusCode::kInvalidArgument,
+                  "Megatron common state common.pt: key '" + std::string(100, 'a') + "." +
+                      std::string(19, 'b') + "...");
+  SP_EXPECT_ERROR(past.status(), StatusCode::kInvalidArgument,
+                  "': the keys of the objects so far take more than");
+  EXPECT_LT(past.status().message().size(), 500u);
+}
+
+// A key string shared through the pickle memo by 60 nested dicts: each of the 20 leaves below
+// them has a 3.9 MB key, from a 70 KB archive. Refused at the limit, not after 0.7 GB.
+TEST(MegatronCommon, DecodeBoundsTheKeys) {
+  const std::string k(65536, 'k');
+  auto archive_of = [&](int levels) {
+    PickleWriter w(/*dedupe_strings=*/true);
+    std::function<void(int)> nest = [&](int n) {
+      w.EmptyDict();
+      if (n == 0) {
+        w.DictItems(20, [&](size_t i) {
+          w.String("leaf" + std::to_string(i));
+          w.None();
+        });
+        return;
+      }
+      w.DictItems(1, [&](size_t) {
+        w.String(k);
+        nest(n - 1);
+      });
+    };
+    nest(levels);
+    return Archive(w.Finish());
+  };
+  const std::string shallow = archive_of(4);
+  Result<MegatronCommon> c = DecodeMegatronCommon(AsBytes(shallow), "c.pt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->objects.size(), 20u);
+  const std::string deep = archive_of(60);
+  ASSERT_LT(deep.size(), 80000u);
+  Result<MegatronCommon> refused = DecodeMegatronCommon(AsBytes(deep), "c.pt");
+  SP_EXPECT_ERROR(refused.status(), StatusCode::kDataLoss,
+                  "Megatron common state c.pt: key '" + std::string(120, 'k') + "...");
+  SP_EXPECT_ERROR(refused.status(), StatusCode::kDataLoss,
+                  "': the keys of the objects so far take more than " +
+                      std::to_string(kCommonKeyBytesBase + kCommonKeyBytesPerByte * deep.size()) +
+                      " bytes");
+}
+
 TEST(MegatronCommon, EncodeRefusesConflictingPaths) {
   Result<std::string> one = EncodePlainObjectItem(P::Int(1));
   ASSERT_TRUE(one.ok());
