@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,8 @@
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
+#include "shardpoint/store/posix_store.h"
+#include "shardpoint/testing/hook_store.h"
 #include "shardpoint/testing/synthetic_model.h"
 
 namespace sp {
@@ -572,6 +575,53 @@ TEST_F(EngineFailureTest, CrashAtAnyStepOfAFirstSaveLeavesNothingOrNew) {
 // Regression: Save (save.cc, PlanOnCoordinator) created the checkpoint directory with CreateDirs
 // but never synced its parent, so the new directory entry was not durable: a save into a new
 // directory returned OK and a crash right after lost the whole checkpoint.
+// Two saves racing to a new path on a POSIX file system: the metadata is linked into place
+// (PosixStore::WriteFileIf), so the save that checked the path first but commits second fails
+// rather than replacing the other's checkpoint; the next save there removes what it left.
+TEST(EngineCommitTest, OfTwoSavesRacingToANewPathOnlyOneCommits) {
+  std::string dir = (std::filesystem::temp_directory_path() / "sp_race_XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/step-1";
+  PosixStore posix;
+  auto save = [&](float value, Store* store, bool overwrite) {
+    const std::vector<float> w(64, value);
+    SaveState state;
+    state.tensors.push_back(SaveTensor{"w", DType::kFloat32, {64},
+                                       {ConstPieceView{Box({0}, {64}), AsBytes(w.data(), 256).data()}}});
+    SaveOptions options;
+    options.store = store;
+    options.overwrite = overwrite;
+    return Save(state, path, options);
+  };
+  auto loaded = [&]() -> float {
+    std::vector<float> w(64, -1.0f);
+    LoadState state;
+    state.tensors.push_back(LoadTensor{"w", DType::kFloat32, {64},
+                                       {PieceView{Box({0}, {64}), AsMutableBytes(w.data(), 256).data()}}});
+    Result<LoadResult> result = Load(state, path, LoadOptions{});
+    EXPECT_TRUE(result.ok()) << result.status();
+    return w[63];
+  };
+  Status other;
+  spt::HookStore racing(&posix, [&] { other = save(2.0f, &posix, false); });
+  Status lost = save(1.0f, &racing, false);
+  ASSERT_TRUE(other.ok()) << other;
+  EXPECT_EQ(lost.code(), StatusCode::kAlreadyExists) << lost;
+  EXPECT_THAT(lost.message(),
+              HasSubstr("the save to " + path + " was not committed: another save committed a "
+                        "checkpoint there while this one was writing"));
+  EXPECT_EQ(loaded(), 2.0f);
+  ASSERT_TRUE(save(3.0f, &posix, true).ok());
+  EXPECT_EQ(loaded(), 3.0f);
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    (void)entry;
+    ++files;
+  }
+  EXPECT_EQ(files, 2u) << "the metadata and one data file";
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(EngineFailureTest, SaveIntoNewDirectoryIsLostInACrash) {
   MemoryStore base;
   FaultStore store(&base);

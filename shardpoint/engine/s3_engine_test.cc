@@ -13,6 +13,7 @@
 #include "shardpoint/store/open_store.h"
 #include "shardpoint/store/s3/s3_client.h"
 #include "shardpoint/store/s3/s3_test_server.h"
+#include "shardpoint/testing/hook_store.h"
 
 namespace sp {
 namespace {
@@ -123,6 +124,60 @@ TEST_F(S3EngineTest, SaveLoadReshardedOverwriteAndVerify) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->ok()) << (report->defects.empty() ? "" : report->defects.front());
   EXPECT_GT(report->bytes_checked, static_cast<uint64_t>(kRows * kCols * 4) - 1);
+}
+
+// Saves `w` of step `step` from one rank through `store` (the URL's own when null).
+Status SaveOneRank(const std::string& url, int step, bool overwrite, Store* store) {
+  std::vector<float> all(kRows * kCols);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) all[r * kCols + c] = Value(r, c, step);
+  }
+  SaveState state;
+  state.tensors.push_back(
+      SaveTensor{"w", DType::kFloat32, {kRows, kCols},
+                 {ConstPieceView{Box({0, 0}, {kRows, kCols}),
+                                 reinterpret_cast<const std::byte*>(all.data())}}});
+  state.objects.push_back(ObjectEntry{"step", ObjectEncoding::kJson, std::to_string(step)});
+  SaveOptions options;
+  options.overwrite = overwrite;
+  options.store = store;
+  return Save(state, url, options);
+}
+
+// Two saves racing to one path: the one that checked first but commits second loses, whether the
+// path was empty (If-None-Match) or held a checkpoint both replace (If-Match on its ETag), and the
+// winner's checkpoint is the one that loads.
+TEST_F(S3EngineTest, OfTwoRacingSavesOnlyOneCommits) {
+  for (bool overwrite : {false, true}) {
+    SCOPED_TRACE(overwrite ? "overwrite" : "new path");
+    const std::string url = std::string("s3://ckpts/race/") + (overwrite ? "old" : "new");
+    if (overwrite) ASSERT_TRUE(SaveOneRank(url, 1, false, nullptr).ok());
+    Result<std::unique_ptr<Store>> s3 = OpenStore(url);
+    ASSERT_TRUE(s3.ok()) << s3.status();
+    Status other;
+    // The other save runs whole after this one planned (and read what it must replace).
+    testing::HookStore racing(s3->get(), [&] { other = SaveOneRank(url, 3, overwrite, nullptr); });
+    Status lost = SaveOneRank(url, 2, overwrite, &racing);
+    ASSERT_TRUE(other.ok()) << other;
+    EXPECT_EQ(lost.code(), StatusCode::kAlreadyExists) << lost;
+    EXPECT_THAT(lost.message(),
+                ::testing::HasSubstr(
+                    "the save to " + url + " was not committed: another save " +
+                    (overwrite ? "replaced the checkpoint there" : "committed a checkpoint there") +
+                    " while this one was writing"));
+    EXPECT_THAT(lost.message(), ::testing::HasSubstr("HTTP 412"));
+    Status loaded = LoadAndCheck(url, 3);
+    EXPECT_TRUE(loaded.ok()) << loaded;
+    Result<VerifyReport> report = Verify(url);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_TRUE(report->ok()) << (report->defects.empty() ? "" : report->defects.front());
+    // The next save there removes what the lost one left.
+    ASSERT_TRUE(SaveOneRank(url, 4, true, nullptr).ok());
+    Result<std::vector<DirEntry>> files = (*s3)->ListDir(url);
+    ASSERT_TRUE(files.ok()) << files.status();
+    EXPECT_EQ(files->size(), 2u);  // the metadata and one data file
+    EXPECT_TRUE(LoadAndCheck(url, 4).ok());
+  }
 }
 
 TEST_F(S3EngineTest, MissingCheckpointAndBadUrlsAreClearErrors) {

@@ -179,7 +179,8 @@ bool MergeCachedObjects(const std::vector<PlanRequest>& requests,
 }
 
 // Coordinator: picks the format's writer, refuses to replace a committed checkpoint (of any
-// format) unless asked, plans (or, when every rank sent the id of the plan `cache` holds, takes
+// format) unless asked, sets `commit_condition` to what the commit must still find (no metadata,
+// or the version of the one it replaces) where the store can tell, plans (or, when every rank sent the id of the plan `cache` holds, takes
 // that plan), has the writer lay out the data files, creates the directory, and returns one
 // reply per rank; or kResend replies when a plan is needed but some ranks sent only an id.
 // `requests` are the ranks' PlanRequests, decoded.
@@ -187,16 +188,29 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
                                                    SavePlanCache* cache,
-                                                   CheckpointMetadata* metadata) {
+                                                   CheckpointMetadata* metadata,
+                                                   std::optional<FileCondition>* commit_condition) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                       MakeCheckpointWriter(options.format, options.megatron));
   std::set<std::string_view> committed_names;
   for (const std::unique_ptr<CheckpointWriter>& w : AllCheckpointWriters()) {
     if (!committed_names.insert(w->metadata_file_name()).second) continue;
-    SP_ASSIGN_OR_RETURN(bool exists, store.Exists(JoinPath(path, w->metadata_file_name())));
+    const std::string metadata_path = JoinPath(path, w->metadata_file_name());
+    SP_ASSIGN_OR_RETURN(bool exists, store.Exists(metadata_path));
     if (exists && !options.overwrite) {
       return AlreadyExistsError("a committed checkpoint already exists at " + std::string(path) +
                                 " (pass overwrite to replace it)");
+    }
+    if (w->metadata_file_name() != writer->metadata_file_name()) continue;
+    if (!exists) {
+      *commit_condition = FileCondition{FileCondition::Kind::kAbsent, ""};
+      continue;
+    }
+    Result<std::string> version = store.FileVersion(metadata_path);
+    if (version.ok()) {
+      *commit_condition = FileCondition{FileCondition::Kind::kVersion, *version};
+    } else if (version.status().code() != StatusCode::kUnimplemented) {
+      return version.status();
     }
   }
   const size_t world = requests.size();
@@ -451,16 +465,31 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
 // replaced checkpoint of theirs left (its metadata first, so that a crash before this point
 // leaves the old checkpoint loadable), then removes files of earlier or failed saves that the new
 // metadata does not name.
+//
+// The metadata is written under `condition` (PlanOnCoordinator's), so that of two saves racing to
+// the same path on a store that checks conditions (object storage) only one commits; the other
+// fails with kAlreadyExists and leaves its data files, which no metadata names, to the cleanup of
+// the next save there.
 Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
                            Store& store, int coordinator, const CheckpointWriter& writer,
+                           const std::optional<FileCondition>& condition,
                            CheckpointMetadata* metadata) {
   SP_RETURN_IF_ERROR(CollectReports(reports, metadata));
   SP_ASSIGN_OR_RETURN(const std::string encoded,
                       writer.PrepareCommit(store, path, coordinator, metadata));
   const std::string metadata_name(writer.metadata_file_name());
   SP_RETURN_IF_ERROR(store.SyncDir(path));
-  SP_RETURN_IF_ERROR(WriteFileDurably(store, path, metadata_name,
-                                      metadata_name + ".tmp-" + metadata->save_id, encoded));
+  Status written =
+      WriteFileDurably(store, path, metadata_name, metadata_name + ".tmp-" + metadata->save_id,
+                       encoded, condition.has_value() ? &*condition : nullptr);
+  if (written.code() == StatusCode::kAlreadyExists) {
+    return AlreadyExistsError(
+        "the save to " + std::string(path) + " was not committed: another save " +
+        (condition->kind == FileCondition::Kind::kAbsent ? "committed a checkpoint there"
+                                                         : "replaced the checkpoint there") +
+        " while this one was writing (" + std::string(written.message()) + ")");
+  }
+  SP_RETURN_IF_ERROR(written);
   SP_RETURN_IF_ERROR(store.SyncDir(path));
   for (const std::unique_ptr<CheckpointWriter>& other : AllCheckpointWriters()) {
     if (other->kind() == writer.kind()) continue;
@@ -519,6 +548,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                       GatherOrFail(comm, std::move(request), root));
 
   CheckpointMetadata metadata;
+  std::optional<FileCondition> commit_condition;  // the coordinator's (PlanOnCoordinator)
   std::vector<PlanRequest> requests;  // the coordinator's, as decoded from the first exchange
   auto plan_on_coordinator = [&]() -> Result<std::vector<std::string>> {
     for (size_t r = 0; r < gathered.size(); ++r) {
@@ -535,7 +565,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
         requests.push_back(std::move(decoded));
       }
     }
-    return PlanOnCoordinator(requests, path, options, ctx->store(), cache, &metadata);
+    return PlanOnCoordinator(requests, path, options, ctx->store(), cache, &metadata,
+                             &commit_condition);
   };
   Result<std::vector<std::string>> payloads =
       comm.rank() == root ? plan_on_coordinator() : Result<std::vector<std::string>>(
@@ -620,7 +651,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     Result<std::unique_ptr<CheckpointWriter>> writer =
         MakeCheckpointWriter(options.format, options.megatron);
     committed = writer.ok() ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
-                                                  &metadata)
+                                                  commit_condition, &metadata)
                             : writer.status();
   }
   // A failed commit leaves the data files alone: the metadata may already be in place. Files

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -505,6 +507,48 @@ Status PosixStore::Rename(std::string_view from, std::string_view to) {
     return ErrnoToStatus(errno, "rename " + f + " to " + t);
   }
   return OkStatus();
+}
+
+// kAbsent only: the bytes go to a unique temporary beside `path`, synced, then link(2) gives it
+// the name, which fails (EEXIST) when anything is there, atomically on every POSIX file system.
+Status PosixStore::WriteFileIf(std::string_view path, std::string_view bytes,
+                               const FileCondition& condition) {
+  if (condition.kind != FileCondition::Kind::kAbsent) {
+    return UnimplementedError(OpOn("conditional write", path) +
+                              ": files have no version to match on a POSIX file system");
+  }
+  static std::atomic<uint64_t> next{0};
+  const std::string target(path);
+  const std::string temp = target + ".tmp-link-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(next.fetch_add(1));
+  {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, NewWritableFile(temp));
+    Status written = file->WriteAt(0, AsBytes(bytes));
+    if (written.ok()) written = file->Sync();
+    Status closed = file->Close();
+    if (written.ok()) written = closed;
+    if (!written.ok()) {
+      RemoveFile(temp).IgnoreError();
+      return written;
+    }
+  }
+  const int linked = ::link(temp.c_str(), target.c_str());
+  const int error = errno;
+  RemoveFile(temp).IgnoreError();
+  if (linked == 0) return OkStatus();
+  if (error == EPERM || error == EOPNOTSUPP || error == ENOSYS || error == EMLINK) {
+    // A file system without hard links (FAT, some FUSE and network file systems).
+    return UnimplementedError(OpOn("conditional write", path) +
+                              ": the file system does not link files (" + std::strerror(error) +
+                              ")");
+  }
+  if (error == EEXIST) {
+    Result<std::string> held = ReadFile(target);
+    if (held.ok() && *held == bytes) return OkStatus();
+    return AlreadyExistsError(OpOn("write", path) +
+                              ": a file is already there (another writer created it first)");
+  }
+  return ErrnoToStatus(error, "link " + temp + " to " + target);
 }
 
 Status PosixStore::SyncDir(std::string_view path) {

@@ -56,6 +56,9 @@ class PosixStore : public Store {
   bool allows_external_links() const override { return options_.allow_external_links; }
   // stat of both: the same st_dev and st_ino.
   Result<bool> SameFile(std::string_view a, std::string_view b) override;
+  // FileCondition::kAbsent through link(2); kUnimplemented for kVersion.
+  Status WriteFileIf(std::string_view path, std::string_view bytes,
+                     const FileCondition& condition) override;
   // mkdir -p (mode 0755). kFailedPrecondition when a component exists and is not a directory.
   Status CreateDirs(std::string_view path) override;
   Status Rename(std::string_view from, std::string_view to) override;

@@ -22,6 +22,17 @@ Result<bool> Store::SameFile(std::string_view a, std::string_view b) {
   return NormalizePath(a) == NormalizePath(b);
 }
 
+Result<std::string> Store::FileVersion(std::string_view path) {
+  return UnimplementedError(OpOn("version of", path) + ": the " + name() +
+                            " store does not version files");
+}
+
+Status Store::WriteFileIf(std::string_view path, std::string_view bytes,
+                          const FileCondition& condition) {
+  return UnimplementedError(OpOn("conditional write", path) + ": the " + name() +
+                            " store cannot write files conditionally");
+}
+
 Status WritableFile::WriteDirectAt(uint64_t offset, ByteView data) {
   return FailedPreconditionError(OpAt("write", path(), offset) +
                                  ": this store does not write files directly (no O_DIRECT)");
@@ -68,8 +79,19 @@ Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_
 }
 
 Status WriteFileDurably(Store& store, std::string_view dir, std::string_view name,
-                        std::string_view temp_name, std::string_view bytes) {
+                        std::string_view temp_name, std::string_view bytes,
+                        const FileCondition* condition) {
   const std::string final_path = JoinPath(dir, name);
+  if (condition != nullptr) {
+    Status written = store.WriteFileIf(final_path, bytes, *condition);
+    if (written.code() != StatusCode::kUnimplemented) return written;
+  }
+  if (store.files_appear_when_closed()) {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(final_path));
+    Status written = file->WriteAt(0, AsBytes(bytes));
+    Status closed = file->Close();  // the commit point: the file appears whole, or not at all
+    return written.ok() ? closed : written;
+  }
   const std::string temp_path = JoinPath(dir, temp_name);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
   Status written = file->WriteAt(0, AsBytes(bytes));

@@ -112,6 +112,14 @@ struct DirEntry {
   uint64_t size = 0;  // bytes, for files
 };
 
+// The condition of a conditional write (Store::WriteFileIf): no file at the path (kAbsent), or
+// the file there still the one whose Store::FileVersion was `version` (kVersion).
+struct FileCondition {
+  enum class Kind { kAbsent, kVersion };
+  Kind kind = Kind::kAbsent;
+  std::string version;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -162,6 +170,17 @@ class Store {
   // one and renaming it; a rename there copies the data. False (the default): a file exists from
   // its creation and grows as it is written.
   virtual bool files_appear_when_closed() const { return false; }
+  // An opaque token that changes whenever the file at `path` is replaced (S3Store: its ETag), for
+  // FileCondition::kVersion; kNotFound when there is no file. The default: kUnimplemented.
+  virtual Result<std::string> FileVersion(std::string_view path);
+  // Writes `bytes` as the whole file `path` in one step, only if `condition` holds when the file
+  // lands (checked by the store atomically with the write, so that of two writers racing for the
+  // same condition at most one succeeds): kAlreadyExists naming the path when it does not hold,
+  // and the file is left as it was; but where the file then holds exactly `bytes` (a retried
+  // write whose first attempt landed), the write succeeded. The commit of a save goes through here (WriteFileDurably).
+  // The default: kUnimplemented (a store that cannot check a condition atomically).
+  virtual Status WriteFileIf(std::string_view path, std::string_view bytes,
+                             const FileCondition& condition);
 };
 
 // The words every store's error messages start with: "write /ckpt/d-0.safetensors" and, with
@@ -177,7 +196,9 @@ Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_
 
 // Writes `bytes` as the file `name` of directory `dir` so that readers find either what was there
 // before or all of `bytes`: they go to the file `temp_name` of `dir`, which is synced, closed and
-// renamed over `name`. On failure `name` is as it was; the temporary is removed (best effort)
+// renamed over `name`; on a store whose files appear only when closed (object storage), straight
+// to `name`. With a `condition`, the store writes `name` through WriteFileIf where it can
+// (kAlreadyExists when the condition fails) and as without one where it cannot (kUnimplemented). On failure `name` is as it was; the temporary is removed (best effort)
 // when writing it failed, and left when the rename failed (a failed rename may have happened on
 // some file systems; the next commit's cleanup removes such leftovers by their name).
 // The rename is durable once the caller syncs `dir` (Store::SyncDir), which is left to the caller:
@@ -185,7 +206,8 @@ Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_
 // rename when the files the new one names have to be durable first. Used for every small file a
 // checkpoint commits (metadata, index, Megatron's files).
 Status WriteFileDurably(Store& store, std::string_view dir, std::string_view name,
-                        std::string_view temp_name, std::string_view bytes);
+                        std::string_view temp_name, std::string_view bytes,
+                        const FileCondition* condition = nullptr);
 
 // "a" + "b" -> "a/b" (no doubled slash); "a" + "" -> "a" (the directory itself, or the one
 // file of a single-file checkpoint).

@@ -522,6 +522,85 @@ TEST_P(StoreConformanceTest, RenameReplacesAnExistingFile) {
   SP_ASSERT_OK(store().SyncDir(env_.root));
 }
 
+// A store that writes conditionally (Store::WriteFileIf) checks the condition with the write: of
+// several writers racing for one, exactly one wins; a lost write leaves the file as it was.
+TEST_P(StoreConformanceTest, ConditionalWritesHoldAtomicallyOrAreUnimplemented) {
+  const FileCondition absent{FileCondition::Kind::kAbsent, ""};
+  Status first = store().WriteFileIf(Path("m"), "first", absent);
+  if (first.code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << "no conditional writes: " << first.message();
+  }
+  SP_ASSERT_OK(first);
+  auto read = [&](std::string_view name) {
+    Result<std::string> bytes = store().ReadFile(Path(name));
+    return bytes.ok() ? *bytes : "error: " + bytes.status().ToString();
+  };
+  EXPECT_EQ(read("m"), "first");
+  Status again = store().WriteFileIf(Path("m"), "second", absent);
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again;
+  EXPECT_THAT(again.message(), ::testing::HasSubstr(Path("m")));
+  EXPECT_EQ(read("m"), "first");
+  // A write whose condition fails where the file already holds its bytes (a retried write that
+  // had landed) succeeds.
+  EXPECT_TRUE(store().WriteFileIf(Path("m"), "first", absent).ok());
+
+  Result<std::string> v1 = store().FileVersion(Path("m"));
+  if (v1.status().code() == StatusCode::kUnimplemented) {  // kAbsent only
+    EXPECT_EQ(store().WriteFileIf(Path("m"), "x", FileCondition{FileCondition::Kind::kVersion, "1"})
+                  .code(),
+              StatusCode::kUnimplemented);
+  } else {
+    ASSERT_TRUE(v1.ok()) << v1.status();
+    SP_ASSERT_OK(store().WriteFileIf(Path("m"), "third",
+                                     FileCondition{FileCondition::Kind::kVersion, *v1}));
+    EXPECT_EQ(read("m"), "third");
+    Result<std::string> v2 = store().FileVersion(Path("m"));
+    ASSERT_TRUE(v2.ok()) << v2.status();
+    EXPECT_NE(*v1, *v2);
+    Status stale = store().WriteFileIf(Path("m"), "fourth",
+                                       FileCondition{FileCondition::Kind::kVersion, *v1});
+    EXPECT_EQ(stale.code(), StatusCode::kAlreadyExists) << stale;
+    EXPECT_EQ(read("m"), "third");
+    EXPECT_EQ(store().FileVersion(Path("none")).status().code(), StatusCode::kNotFound);
+    Status no_file = store().WriteFileIf(Path("none"), "x",
+                                         FileCondition{FileCondition::Kind::kVersion, *v2});
+    EXPECT_FALSE(no_file.ok());
+    auto none = store().Exists(Path("none"));
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(*none);
+  }
+
+  // Larger than a part of an object store's multipart upload.
+  std::mt19937_64 rng(17);
+  const std::string big = RandomBytes(rng, 6 << 20);
+  SP_ASSERT_OK(store().WriteFileIf(Path("big"), big, absent));
+  EXPECT_TRUE(read("big") == big);
+  EXPECT_EQ(store().WriteFileIf(Path("big"), big.substr(1), absent).code(),
+            StatusCode::kAlreadyExists);
+
+  // Racing writers: one wins, and the file holds the winner's bytes.
+  constexpr int kWriters = 6;
+  std::vector<Status> results(kWriters);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWriters; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = store().WriteFileIf(Path("race"), "writer " + std::to_string(i), absent);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int won = -1;
+  for (int i = 0; i < kWriters; ++i) {
+    if (results[i].ok()) {
+      EXPECT_EQ(won, -1) << "writers " << won << " and " << i << " both won";
+      won = i;
+    } else {
+      EXPECT_EQ(results[i].code(), StatusCode::kAlreadyExists) << results[i];
+    }
+  }
+  ASSERT_NE(won, -1);
+  EXPECT_EQ(read("race"), "writer " + std::to_string(won));
+}
+
 TEST_P(StoreConformanceTest, RenameErrors) {
   Status missing = store().Rename(Path("absent"), Path("x"));
   EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing;

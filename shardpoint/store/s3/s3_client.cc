@@ -42,6 +42,11 @@ namespace {
 
 std::once_flag g_curl_init;
 
+void AddCondition(const S3Condition& condition, std::vector<std::string>* headers) {
+  if (condition.if_none_match) headers->push_back("If-None-Match: *");
+  if (!condition.if_match.empty()) headers->push_back("If-Match: " + condition.if_match);
+}
+
 S3Client::Request MakeRequest(std::string method, std::string_view bucket, std::string_view key) {
   S3Client::Request r;
   r.method = std::move(method);
@@ -455,13 +460,22 @@ Result<S3Client::Response> S3Client::Send(const Request& request) {
 }
 
 Result<uint64_t> S3Client::HeadObject(std::string_view bucket, std::string_view key) {
+  SP_ASSIGN_OR_RETURN(S3ObjectInfo info, StatObject(bucket, key));
+  return info.size;
+}
+
+Result<S3ObjectInfo> S3Client::StatObject(std::string_view bucket, std::string_view key) {
   Request r = MakeRequest("HEAD", bucket, key);
   SP_ASSIGN_OR_RETURN(Response response, Send(r));
   auto it = response.headers.find("content-length");
   if (it == response.headers.end()) {
     return DataLossError("HEAD " + ObjectUrl(bucket, key) + ": no Content-Length in the answer");
   }
-  return static_cast<uint64_t>(std::strtoull(it->second.c_str(), nullptr, 10));
+  S3ObjectInfo info;
+  info.size = static_cast<uint64_t>(std::strtoull(it->second.c_str(), nullptr, 10));
+  auto etag = response.headers.find("etag");
+  if (etag != response.headers.end()) info.etag = etag->second;
+  return info;
 }
 
 Status S3Client::GetRange(std::string_view bucket, std::string_view key, uint64_t offset,
@@ -486,11 +500,11 @@ Result<std::string> S3Client::GetObject(std::string_view bucket, std::string_vie
 }
 
 Status S3Client::PutObject(std::string_view bucket, std::string_view key, ByteView body,
-                           bool if_none_match) {
+                           const S3Condition& condition) {
   Request r = MakeRequest("PUT", bucket, key);
   r.body = body;
   r.headers.push_back(Crc32cHeader(body));
-  if (if_none_match) r.headers.push_back("If-None-Match: *");
+  AddCondition(condition, &r.headers);
   return Send(r).status();
 }
 
@@ -588,7 +602,7 @@ Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_vi
 
 Status S3Client::CompleteMultipartUpload(std::string_view bucket, std::string_view key,
                                          std::string_view upload_id, const S3Parts& parts,
-                                         bool if_none_match) {
+                                         const S3Condition& condition) {
   std::string xml = "<CompleteMultipartUpload>";
   for (const auto& [number, etag] : parts) {
     std::string escaped;
@@ -601,7 +615,7 @@ Status S3Client::CompleteMultipartUpload(std::string_view bucket, std::string_vi
   r.query = {{"uploadId", std::string(upload_id)}};
   r.body = AsBytes(xml);
   r.headers.push_back("Content-Type: application/xml");
-  if (if_none_match) r.headers.push_back("If-None-Match: *");
+  AddCondition(condition, &r.headers);
   SP_ASSIGN_OR_RETURN(Response response, Send(r));
   if (!XmlElements(response.body, "Code").empty()) {  // an error after the 200
     return HttpError("POST " + ObjectUrl(bucket, key) + "?uploadId", 500, response.body);

@@ -57,6 +57,20 @@ struct S3Object {
   uint64_t size = 0;
 };
 
+// What HEAD tells of an object.
+struct S3ObjectInfo {
+  uint64_t size = 0;
+  std::string etag;  // as the server sends it, quotes included
+};
+
+// The condition of a conditional write (PutObject, CompleteMultipartUpload): with if_none_match,
+// only if no object has the key (If-None-Match: *); with a non-empty if_match, only if the
+// object's ETag is still that (If-Match). A write whose condition fails is kAlreadyExists (412).
+struct S3Condition {
+  bool if_none_match = false;
+  std::string if_match;
+};
+
 // One page of ListObjectsV2.
 struct S3Listing {
   std::vector<S3Object> objects;         // keys under the prefix, sorted
@@ -78,16 +92,17 @@ class S3Client {
 
   // The object's size; kNotFound when there is none.
   Result<uint64_t> HeadObject(std::string_view bucket, std::string_view key);
+  // Its size and ETag; kNotFound when there is none.
+  Result<S3ObjectInfo> StatObject(std::string_view bucket, std::string_view key);
   // Bytes [offset, offset + out.size()) of the object into `out`; kDataLoss when the object
   // holds fewer.
   Status GetRange(std::string_view bucket, std::string_view key, uint64_t offset,
                   MutableByteView out);
   // The whole object.
   Result<std::string> GetObject(std::string_view bucket, std::string_view key);
-  // Writes the object whole. With `if_none_match`, only if no object has the key
-  // (If-None-Match: *): kAlreadyExists when one has.
+  // Writes the object whole, where `condition` holds (kAlreadyExists when it does not).
   Status PutObject(std::string_view bucket, std::string_view key, ByteView body,
-                   bool if_none_match = false);
+                   const S3Condition& condition = {});
   // Server-side copy of a whole object.
   Status CopyObject(std::string_view bucket, std::string_view from_key, std::string_view to_key);
   // Deletes the object; deleting a key that does not exist succeeds (as S3 answers).
@@ -105,7 +120,7 @@ class S3Client {
                                  std::string_view upload_id, int part_number, ByteView body);
   Status CompleteMultipartUpload(std::string_view bucket, std::string_view key,
                                  std::string_view upload_id, const S3Parts& parts,
-                                 bool if_none_match = false);
+                                 const S3Condition& condition = {});
   Status AbortMultipartUpload(std::string_view bucket, std::string_view key,
                               std::string_view upload_id);
 

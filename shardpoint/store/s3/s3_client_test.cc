@@ -125,12 +125,29 @@ TEST_F(S3ClientTest, PutGetRangeHeadListDelete) {
 }
 
 TEST_F(S3ClientTest, ConditionalPutsAndCopies) {
-  ASSERT_TRUE(client_->PutObject(bucket_, "m", AsBytes("first"), true).ok());
-  Status again = client_->PutObject(bucket_, "m", AsBytes("second"), true);
+  const S3Condition absent{.if_none_match = true};
+  ASSERT_TRUE(client_->PutObject(bucket_, "m", AsBytes("first"), absent).ok());
+  Status again = client_->PutObject(bucket_, "m", AsBytes("second"), absent);
   EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again;
+  EXPECT_THAT(again.message(), HasSubstr("PUT s3://" + bucket_ + "/m: HTTP 412"));
   EXPECT_EQ(client_->GetObject(bucket_, "m").value(), "first");
+  // If-Match: replaced only while the ETag is the one read.
+  Result<S3ObjectInfo> first = client_->StatObject(bucket_, "m");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->size, 5u);
+  ASSERT_FALSE(first->etag.empty());
+  ASSERT_TRUE(client_->PutObject(bucket_, "m", AsBytes("third"), {.if_match = first->etag}).ok());
+  Result<S3ObjectInfo> third = client_->StatObject(bucket_, "m");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_NE(third->etag, first->etag);
+  Status stale = client_->PutObject(bucket_, "m", AsBytes("fourth"), {.if_match = first->etag});
+  EXPECT_EQ(stale.code(), StatusCode::kAlreadyExists) << stale;
+  EXPECT_EQ(client_->GetObject(bucket_, "m").value(), "third");
+  Status nothing = client_->PutObject(bucket_, "none", AsBytes("x"), {.if_match = first->etag});
+  EXPECT_FALSE(nothing.ok());
+  EXPECT_EQ(client_->HeadObject(bucket_, "none").status().code(), StatusCode::kNotFound);
   ASSERT_TRUE(client_->CopyObject(bucket_, "m", "m2").ok());
-  EXPECT_EQ(client_->GetObject(bucket_, "m2").value(), "first");
+  EXPECT_EQ(client_->GetObject(bucket_, "m2").value(), "third");
 }
 
 TEST_F(S3ClientTest, MultipartUploadsCompleteOrAbort) {
@@ -150,6 +167,22 @@ TEST_F(S3ClientTest, MultipartUploadsCompleteOrAbort) {
   Result<std::string> whole = client_->GetObject(bucket_, "big");
   ASSERT_TRUE(whole.ok());
   EXPECT_TRUE(*whole == a + b);
+
+  // Completing is the conditional step of a multipart write.
+  Result<std::string> again = client_->CreateMultipartUpload(bucket_, "big");
+  ASSERT_TRUE(again.ok()) << again.status();
+  Result<std::string> part = client_->UploadPart(bucket_, "big", *again, 1, AsBytes(b));
+  ASSERT_TRUE(part.ok()) << part.status();
+  Status lost = client_->CompleteMultipartUpload(bucket_, "big", *again, {{1, *part}},
+                                                 {.if_none_match = true});
+  EXPECT_EQ(lost.code(), StatusCode::kAlreadyExists) << lost;
+  EXPECT_TRUE(client_->GetObject(bucket_, "big").value() == a + b);
+  Result<S3ObjectInfo> big = client_->StatObject(bucket_, "big");
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(client_->CompleteMultipartUpload(bucket_, "big", *again, {{1, *part}},
+                                               {.if_match = big->etag})
+                  .ok());
+  EXPECT_TRUE(client_->GetObject(bucket_, "big").value() == b);
 
   Result<std::string> aborted = client_->CreateMultipartUpload(bucket_, "never");
   ASSERT_TRUE(aborted.ok());

@@ -46,10 +46,12 @@ struct Ranges {
 
 class S3WritableFile : public WritableFile {
  public:
+  // `condition`: the object is made (the PUT, or the multipart upload's completion) only where it
+  // holds.
   S3WritableFile(S3Client& client, std::string bucket, std::string key, std::string path,
-                 uint64_t part_bytes)
+                 uint64_t part_bytes, S3Condition condition = {})
       : client_(client), bucket_(std::move(bucket)), key_(std::move(key)), path_(std::move(path)),
-        part_bytes_(part_bytes) {}
+        part_bytes_(part_bytes), condition_(std::move(condition)) {}
 
   ~S3WritableFile() override {
     if (!closed_ && !upload_id_.empty()) {
@@ -169,7 +171,8 @@ class S3WritableFile : public WritableFile {
       whole.resize(size_, std::byte{0});  // never-written bytes (Preallocate) read as zeros
       parts_.clear();
       lock.unlock();
-      Status put = client_.PutObject(bucket_, key_, ByteView(whole.data(), whole.size()));
+      Status put =
+          client_.PutObject(bucket_, key_, ByteView(whole.data(), whole.size()), condition_);
       return put.ok() ? put : Failed("close", path_, put);
     }
     // The parts not sent yet: every one up to the end, the last cut to the size.
@@ -194,7 +197,7 @@ class S3WritableFile : public WritableFile {
     }
     const std::string upload_id = upload_id_;
     lock.unlock();
-    Status completed = client_.CompleteMultipartUpload(bucket_, key_, upload_id, list);
+    Status completed = client_.CompleteMultipartUpload(bucket_, key_, upload_id, list, condition_);
     if (!completed.ok()) return Failed("close", path_, completed);
     std::lock_guard<std::mutex> upload_lock(upload_mu_);
     upload_id_.clear();  // complete: nothing to abort
@@ -206,6 +209,7 @@ class S3WritableFile : public WritableFile {
   const std::string key_;
   const std::string path_;
   const uint64_t part_bytes_;
+  const S3Condition condition_;
   std::mutex mu_;
   std::map<uint64_t, Part> parts_;
   std::map<int, std::string> etags_;
@@ -332,6 +336,51 @@ Result<std::unique_ptr<WritableFile>> S3Store::NewWritableFile(std::string_view 
   }
   return std::unique_ptr<WritableFile>(std::make_unique<S3WritableFile>(
       *client_, bucket_, key, std::string(path), options_.part_bytes));
+}
+
+Result<std::string> S3Store::FileVersion(std::string_view path) {
+  const std::string key = S3KeyOf(path);
+  Result<S3ObjectInfo> info =
+      key.empty() ? NotFoundError("the bucket's root") : client_->StatObject(bucket_, key);
+  if (!info.ok()) return Failed("version of", path, info.status());
+  if (info->etag.empty()) {
+    return UnimplementedError(OpOn("version of", path) + ": the server sent no ETag");
+  }
+  return info->etag;
+}
+
+// A condition that fails after a retry may have failed against this very write (an attempt that
+// landed but whose answer was lost): the object then holds `bytes`, which name the save that
+// wrote them, and the write succeeded.
+Status S3Store::WriteFileIf(std::string_view path, std::string_view bytes,
+                            const FileCondition& condition) {
+  const std::string key = S3KeyOf(path);
+  if (key.empty()) return InvalidArgumentError(OpOn("write", path) + ": not a file");
+  if (condition.kind == FileCondition::Kind::kVersion && condition.version.empty()) {
+    return InvalidArgumentError(OpOn("write", path) + ": an empty version to match");
+  }
+  S3Condition c;
+  if (condition.kind == FileCondition::Kind::kAbsent) {
+    c.if_none_match = true;
+  } else {
+    c.if_match = condition.version;
+  }
+  Status written = [&] {
+    S3WritableFile file(*client_, bucket_, key, std::string(path), options_.part_bytes, c);
+    SP_RETURN_IF_ERROR(file.WriteAt(0, AsBytes(bytes)));
+    return file.Close();
+  }();
+  if (written.code() != StatusCode::kAlreadyExists) return written;
+  Result<S3ObjectInfo> now = client_->StatObject(bucket_, key);
+  if (now.ok() && now->size == bytes.size()) {
+    Result<std::string> held = client_->GetObject(bucket_, key);
+    if (held.ok() && *held == bytes) return OkStatus();
+  }
+  return Status(StatusCode::kAlreadyExists,
+                std::string(written.message()) +
+                    (condition.kind == FileCondition::Kind::kAbsent
+                         ? " (another writer created the file first)"
+                         : " (another writer replaced the file since its version was read)"));
 }
 
 Result<std::unique_ptr<ReadableFile>> S3Store::OpenReadable(std::string_view path) {

@@ -16,6 +16,10 @@
 // or not at all. Sync does nothing but report an earlier failure; a failed or abandoned file
 // aborts its multipart upload.
 //
+// Conditional writes (WriteFileIf, what a save's commit uses) send If-None-Match: * or If-Match:
+// the ETag (FileVersion), which S3 checks atomically with the write (AWS since 2024, SeaweedFS,
+// MinIO); a server that ignores them makes the commit unconditional.
+//
 // Renames copy on the server and delete the source: the destination appears whole at once (which
 // is what a commit needs); a directory is renamed object by object. Open readers of a renamed or
 // replaced file fail (the object they read is gone), unlike POSIX handles.
@@ -54,6 +58,11 @@ class S3Store : public Store {
   Result<std::vector<DirEntry>> ListDir(std::string_view path) override;
   std::string name() const override { return "s3"; }
   bool files_appear_when_closed() const override { return true; }
+  // The object's ETag.
+  Result<std::string> FileVersion(std::string_view path) override;
+  // A PUT (or a multipart upload's completion) with If-None-Match: * or If-Match: the version.
+  Status WriteFileIf(std::string_view path, std::string_view bytes,
+                     const FileCondition& condition) override;
 
   const std::string& bucket() const { return bucket_; }
   S3Client& client() { return *client_; }
