@@ -173,6 +173,27 @@ Result<S3Config> ResolveS3Config(const EnvLookup& env, std::string_view home) {
                                 "' is not an http:// or https:// URL of a host (and port)");
   }
 
+  std::optional<std::string> attempts = NonEmpty(env, "AWS_MAX_ATTEMPTS");
+  std::string attempts_from = "AWS_MAX_ATTEMPTS";
+  if (!attempts) {
+    attempts = Get(config_file, config_section, "max_attempts");
+    attempts_from = config_path + " profile '" + config.profile + "': max_attempts";
+  }
+  if (attempts) {
+    char* end = nullptr;
+    const long n = std::strtol(attempts->c_str(), &end, 10);
+    if (attempts->empty() || *end != '\0' || n < 1 || n > 1000) {
+      return InvalidArgumentError(attempts_from + " is '" + *attempts +
+                                  "', expected a number of attempts from 1 to 1000");
+    }
+    config.max_attempts = static_cast<int>(n);
+  }
+  if (auto bundle = NonEmpty(env, "AWS_CA_BUNDLE")) {
+    config.ca_bundle = *bundle;
+  } else if (auto configured = Get(config_file, config_section, "ca_bundle")) {
+    config.ca_bundle = *configured;
+  }
+
   const std::string style =
       Get(config_file, config_section, "s3.addressing_style").value_or("auto");
   if (style == "path") {

@@ -12,6 +12,10 @@
 //   endpoint     AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's `endpoint_url` in its
 //                `s3 =` sub-section, its own `endpoint_url`, else
 //                https://s3.<region>.amazonaws.com;
+//   attempts     AWS_MAX_ATTEMPTS, the profile's `max_attempts` (1 to 1000; each request's tries,
+//                the first included), else the client's default;
+//   CA bundle    AWS_CA_BUNDLE, the profile's `ca_bundle` (a PEM file of the certificates that an
+//                https:// endpoint's may chain to), else the system's;
 //   addressing   the profile's `addressing_style` in its `s3 =` sub-section (path, virtual or
 //                auto); auto (the default) is virtual-hosted for AWS's own endpoints and path-style
 //                for any other endpoint (MinIO, SeaweedFS, Ceph RGW and the like serve it).
@@ -46,6 +50,8 @@ struct S3Config {
   std::string endpoint;  // scheme, host and optional port, no trailing slash
   bool path_style = false;
   AwsCredentials credentials;  // empty: unsigned requests
+  int max_attempts = 0;        // 0: S3ClientOptions::max_attempts
+  std::string ca_bundle;       // empty: the system's certificates
 };
 
 // Looks up an environment variable; nullopt when unset.

@@ -300,6 +300,7 @@ std::string Base64(ByteView bytes) {
 
 S3Client::S3Client(S3Config config, S3ClientOptions options)
     : config_(std::move(config)), options_(options) {
+  if (config_.max_attempts > 0) options_.max_attempts = config_.max_attempts;
   std::call_once(g_curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
@@ -375,6 +376,7 @@ Result<S3Client::Response> S3Client::SendOnce(const Request& request, Handle& ha
     }
   }
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  if (!config_.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, config_.ca_bundle.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,

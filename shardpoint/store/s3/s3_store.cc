@@ -198,10 +198,23 @@ class S3WritableFile : public WritableFile {
     const std::string upload_id = upload_id_;
     lock.unlock();
     Status completed = client_.CompleteMultipartUpload(bucket_, key_, upload_id, list, condition_);
-    if (!completed.ok()) return Failed("close", path_, completed);
+    if (!completed.ok() && !CompletedBefore(completed)) return Failed("close", path_, completed);
     std::lock_guard<std::mutex> upload_lock(upload_mu_);
     upload_id_.clear();  // complete: nothing to abort
     return OkStatus();
+  }
+
+  // A completion retried after its first attempt landed (the answer lost to a reset) finds its
+  // upload gone (NoSuchUpload): an upload id that no longer exists was completed or aborted, and
+  // nothing aborts it before its completion returns, so an object of the file's size at the key
+  // is this one.
+  bool CompletedBefore(const Status& completion) {
+    if (completion.code() != StatusCode::kNotFound ||
+        completion.message().find("NoSuchUpload") == std::string_view::npos) {
+      return false;
+    }
+    Result<uint64_t> size = client_.HeadObject(bucket_, key_);
+    return size.ok() && *size == size_;
   }
 
   S3Client& client_;

@@ -28,9 +28,12 @@ class S3TestServer {
   // The configuration of a client of this server: its endpoint, path-style, the identity's keys.
   S3Config config() const;
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(s3_port_); }
+  int port() const { return s3_port_; }
 
   // Kills the server (SIGKILL), as a crash would; Restart() starts it again on the same ports and
-  // directory (what it had stored stays).
+  // directory (what it had stored stays) and waits until it answers. The server is killed when
+  // the thread that started it exits (PR_SET_PDEATHSIG follows the thread that forks), so restart
+  // it from a thread that lives as long as it is used.
   void Kill();
   Status Restart();
 
