@@ -59,47 +59,57 @@ class S3WritableFile : public WritableFile {
     }
   }
 
+  // Each part is sent as soon as its last byte is written, by the thread that wrote it, before
+  // that thread copies anything more: a file holds at most one unfinished part per writer and
+  // one part in flight per writer, however large the writes. A write that covers a whole part
+  // nothing was written to yet is sent straight from the caller's bytes.
   Status WriteAt(uint64_t offset, ByteView data) override {
-    std::vector<std::pair<uint64_t, std::vector<std::byte>>> full;  // parts to send now
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) {
-        return FailedPreconditionError(OpAt("write", path_, offset) + ": file is closed");
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) {
+      return FailedPreconditionError(OpAt("write", path_, offset) + ": file is closed");
+    }
+    SP_RETURN_IF_ERROR(failure_);
+    size_ = std::max(size_, offset + data.size());
+    uint64_t at = offset;
+    size_t from = 0;
+    while (from < data.size()) {
+      const uint64_t index = at / part_bytes_;
+      const uint64_t in_part = at - index * part_bytes_;
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(data.size() - from,
+                                                              part_bytes_ - in_part));
+      Part& part = parts_[index];
+      if (part.sent) {
+        return FailedPreconditionError(OpAt("write", path_, at) +
+                                       ": that part of the object was already sent");
       }
-      SP_RETURN_IF_ERROR(failure_);
-      size_ = std::max(size_, offset + data.size());
-      uint64_t at = offset;
-      size_t from = 0;
-      while (from < data.size()) {
-        const uint64_t index = at / part_bytes_;
-        const uint64_t in_part = at - index * part_bytes_;
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(data.size() - from,
-                                                                part_bytes_ - in_part));
-        Part& part = parts_[index];
-        if (part.sent) {
-          return FailedPreconditionError(OpAt("write", path_, at) +
-                                         ": that part of the object was already sent");
-        }
+      std::vector<std::byte> full;  // a part whose last byte this write brought
+      ByteView send;
+      if (n == part_bytes_ && part.written.covered == 0) {
+        part.sent = true;
+        send = ByteView(data.data() + from, n);
+      } else {
         if (part.bytes.size() < in_part + n) part.bytes.resize(in_part + n, std::byte{0});
         std::memcpy(part.bytes.data() + in_part, data.data() + from, n);
         part.written.Add(in_part, in_part + n);
         if (part.written.covered == part_bytes_) {
           part.sent = true;
           part.bytes.resize(part_bytes_);
-          full.emplace_back(index, std::move(part.bytes));
+          full = std::move(part.bytes);
           part.bytes = {};
+          send = ByteView(full.data(), full.size());
         }
-        at += n;
-        from += n;
       }
-    }
-    for (auto& [index, bytes] : full) {
-      Status sent = SendPart(index, bytes);
-      if (!sent.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (failure_.ok()) failure_ = sent;
-        return sent;
+      if (!send.empty()) {
+        lock.unlock();
+        Status sent = SendPart(index, send);
+        lock.lock();
+        if (!sent.ok()) {
+          if (failure_.ok()) failure_ = sent;
+          return sent;
+        }
       }
+      at += n;
+      from += n;
     }
     return OkStatus();
   }
@@ -139,11 +149,10 @@ class S3WritableFile : public WritableFile {
   };
 
   // Sends part `index` (part number index + 1), starting the upload on the first.
-  Status SendPart(uint64_t index, const std::vector<std::byte>& bytes) {
+  Status SendPart(uint64_t index, ByteView bytes) {
     SP_ASSIGN_OR_RETURN(std::string upload_id, UploadId());
-    Result<std::string> etag = client_.UploadPart(bucket_, key_, upload_id,
-                                                  static_cast<int>(index + 1),
-                                                  ByteView(bytes.data(), bytes.size()));
+    Result<std::string> etag =
+        client_.UploadPart(bucket_, key_, upload_id, static_cast<int>(index + 1), bytes);
     if (!etag.ok()) return Failed("write", path_, etag.status());
     std::lock_guard<std::mutex> lock(mu_);
     etags_[static_cast<int>(index + 1)] = *etag;
@@ -188,7 +197,9 @@ class S3WritableFile : public WritableFile {
     }
     parts_.clear();
     lock.unlock();
-    for (auto& [index, bytes] : rest) SP_RETURN_IF_ERROR(SendPart(index, bytes));
+    for (auto& [index, bytes] : rest) {
+      SP_RETURN_IF_ERROR(SendPart(index, ByteView(bytes.data(), bytes.size())));
+    }
     lock.lock();
     S3Parts list(etags_.begin(), etags_.end());
     if (list.size() != parts) {
