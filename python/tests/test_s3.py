@@ -196,3 +196,47 @@ def test_async_save_manager_and_consolidation_on_s3(s3):
     sp.consolidate("s3://py-ckpts/async/step-11", "s3://py-ckpts/hf/model", max_shard_size="100KB")
     hf = sp.load_full("s3://py-ckpts/hf/model")
     assert torch.equal(torch.as_tensor(hf["model.w"]), state["model"]["w"])
+
+
+def _s3torchconnector_fs(endpoint):
+    """A file system of s3torchconnector's DCP integration on ``endpoint`` (its storage readers
+    and writers take a region but no endpoint; the file system they make is replaced)."""
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+    from s3torchconnector.dcp import S3FileSystem
+
+    config = S3ClientConfig(force_path_style=True)
+    return config, S3FileSystem("us-east-1", s3_client=S3Client("us-east-1", endpoint=endpoint,
+                                                                s3client_config=config))
+
+
+def test_torch_dcp_on_s3_interoperates_with_s3torchconnector(s3):
+    """A DCP checkpoint that s3torchconnector's S3StorageWriter puts on S3 loads with sp.load, and
+    one that sp.save writes there in the torch-dcp format loads with its S3StorageReader."""
+    dcp_s3 = pytest.importorskip("s3torchconnector.dcp")  # scripts/test.sh installs it
+    import torch.distributed.checkpoint as dcp
+
+    config, fs = _s3torchconnector_fs(s3)
+    state = _state(5)
+    theirs = "s3://py-ckpts/interop/s3torchconnector"
+    writer = dcp_s3.S3StorageWriter("us-east-1", theirs, s3client_config=config)
+    writer.fs = fs
+    dcp.save(state, storage_writer=writer)
+    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
+           "step": 0, "note": ""}
+    sp.load(out, theirs)
+    assert torch.equal(out["model"]["w"], state["model"]["w"])
+    assert torch.equal(out["model"]["b"], state["model"]["b"])
+    assert out["step"] == 5 and out["note"] == "on s3"
+    assert sp.verify(theirs).ok
+
+    ours = "s3://py-ckpts/interop/shardpoint"
+    sp.save(_state(6), ours, format="torch-dcp")
+    back = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
+            "step": 0, "note": ""}
+    reader = dcp_s3.S3StorageReader("us-east-1", ours, s3client_config=config)
+    reader.fs = fs
+    dcp.load(back, storage_reader=reader)
+    assert torch.equal(back["model"]["w"], _state(6)["model"]["w"])
+    assert torch.equal(back["model"]["b"], _state(6)["model"]["b"])
+    assert back["step"] == 6 and back["note"] == "on s3"
