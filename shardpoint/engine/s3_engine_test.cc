@@ -10,6 +10,7 @@
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/manage/retention.h"
 #include "shardpoint/store/open_store.h"
 #include "shardpoint/store/s3/s3_client.h"
 #include "shardpoint/store/s3/s3_test_server.h"
@@ -178,6 +179,40 @@ TEST_F(S3EngineTest, OfTwoRacingSavesOnlyOneCommits) {
     EXPECT_EQ(files->size(), 2u);  // the metadata and one data file
     EXPECT_TRUE(LoadAndCheck(url, 4).ok());
   }
+}
+
+// Uploads that a killed save left unfinished (invisible, but kept and billed by the bucket) are
+// aborted by the next save that commits in their directory, and by deleting the checkpoint;
+// those of a directory below it are left alone.
+TEST_F(S3EngineTest, UnfinishedUploadsAreAbortedByTheNextCommitAndByDeletion) {
+  S3Client client(server_->config());
+  auto leave_upload = [&](const std::string& key) {
+    Result<std::string> id = client.CreateMultipartUpload("ckpts", key);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(client.UploadPart("ckpts", key, *id, 1, AsBytes(std::string(1000, 'x'))).ok());
+  };
+  auto unfinished = [&](const std::string& prefix) {
+    Result<std::vector<S3Upload>> uploads = client.ListMultipartUploads("ckpts", prefix);
+    EXPECT_TRUE(uploads.ok()) << uploads.status();
+    std::vector<std::string> keys;
+    if (uploads.ok()) {
+      for (const S3Upload& u : *uploads) keys.push_back(u.key);
+    }
+    return keys;
+  };
+  leave_upload("left/step-1/d-killed-r00000-f000.safetensors");
+  leave_upload("left/step-1/sub/other.bin");
+  leave_upload("left/step-10/d-killed-r00000-f000.safetensors");
+  ASSERT_EQ(unfinished("left/").size(), 3u);
+  ASSERT_TRUE(SaveOneRank("s3://ckpts/left/step-1", 1, false, nullptr).ok());
+  EXPECT_THAT(unfinished("left/"),
+              ::testing::UnorderedElementsAre("left/step-1/sub/other.bin",
+                                              "left/step-10/d-killed-r00000-f000.safetensors"));
+  leave_upload("left/step-1/d-killed-again-r00000-f000.safetensors");
+  ASSERT_TRUE(DeleteCheckpoint("s3://ckpts/left/step-1").ok());
+  EXPECT_THAT(unfinished("left/"),
+              ::testing::UnorderedElementsAre("left/step-1/sub/other.bin",
+                                              "left/step-10/d-killed-r00000-f000.safetensors"));
 }
 
 TEST_F(S3EngineTest, MissingCheckpointAndBadUrlsAreClearErrors) {

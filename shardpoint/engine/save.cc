@@ -496,6 +496,7 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
     SP_RETURN_IF_ERROR(other->RemoveReplaced(store, path, metadata_name));
   }
   RemoveUnreferencedFiles(store, path, *metadata);
+  store.DropUnfinishedWrites(path).status().IgnoreError();
   return OkStatus();
 }
 

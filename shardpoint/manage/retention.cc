@@ -197,6 +197,7 @@ Status DeleteCheckpoint(std::string_view path, Store* store) {
     removed_commit_point = true;
   }
   if (removed_commit_point) SP_RETURN_IF_ERROR(s.SyncDir(dir));
+  SP_RETURN_IF_ERROR(s.DropUnfinishedWrites(dir).status());
   SP_RETURN_IF_ERROR(RemoveContents(s, dir, 0));
   SP_RETURN_IF_ERROR(s.RemoveDir(dir));
   const std::string parent = ParentPath(NormalizePath(dir));

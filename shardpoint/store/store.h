@@ -181,6 +181,12 @@ class Store {
   // The default: kUnimplemented (a store that cannot check a condition atomically).
   virtual Status WriteFileIf(std::string_view path, std::string_view bytes,
                              const FileCondition& condition);
+  // Drops what writers left unfinished in the directory `dir` that no reader can see (S3Store:
+  // multipart uploads begun by a process that died before completing or aborting them, which
+  // the bucket keeps, and bills, until aborted). Returns how many. Called once a save has
+  // committed at `dir` (no other save can commit there after it, so their writes are garbage)
+  // and when a checkpoint is deleted. The default: nothing to drop.
+  virtual Result<int> DropUnfinishedWrites(std::string_view dir) { return 0; }
 };
 
 // The words every store's error messages start with: "write /ckpt/d-0.safetensors" and, with

@@ -568,6 +568,43 @@ Result<S3Listing> S3Client::ListObjects(std::string_view bucket, std::string_vie
   return listing;
 }
 
+Result<std::vector<S3Upload>> S3Client::ListMultipartUploads(std::string_view bucket,
+                                                             std::string_view prefix) {
+  std::vector<S3Upload> uploads;
+  std::string key_marker, upload_id_marker;
+  for (int page = 0; page < 100000; ++page) {
+    Request r = MakeRequest("GET", bucket, "");
+    r.query = {{"uploads", ""}, {"prefix", std::string(prefix)}};
+    if (!key_marker.empty()) {
+      r.query.emplace_back("key-marker", key_marker);
+      r.query.emplace_back("upload-id-marker", upload_id_marker);
+    }
+    SP_ASSIGN_OR_RETURN(Response response, Send(r));
+    for (const std::string& upload : XmlElements(response.body, "Upload")) {
+      std::vector<std::string> keys = XmlElements(upload, "Key");
+      std::vector<std::string> ids = XmlElements(upload, "UploadId");
+      if (keys.size() != 1 || ids.size() != 1) {
+        return DataLossError("list of the uploads of " + ObjectUrl(bucket, prefix) +
+                             ": an entry without one Key and one UploadId");
+      }
+      uploads.push_back(S3Upload{keys[0], ids[0]});
+    }
+    std::vector<std::string> truncated = XmlElements(response.body, "IsTruncated");
+    if (truncated.empty() || truncated[0] != "true") return uploads;
+    std::vector<std::string> next_key = XmlElements(response.body, "NextKeyMarker");
+    std::vector<std::string> next_id = XmlElements(response.body, "NextUploadIdMarker");
+    if (next_key.empty() || next_key[0].empty() ||
+        (next_key[0] == key_marker && (next_id.empty() || next_id[0] == upload_id_marker))) {
+      return DataLossError("list of the uploads of " + ObjectUrl(bucket, prefix) +
+                           ": truncated without a marker that moves on");
+    }
+    key_marker = next_key[0];
+    upload_id_marker = next_id.empty() ? "" : next_id[0];
+  }
+  return DataLossError("list of the uploads of " + ObjectUrl(bucket, prefix) +
+                       ": more than 100000 pages");
+}
+
 Status S3Client::CreateBucket(std::string_view bucket) {
   Request r = MakeRequest("PUT", bucket, "");
   r.body = ByteView();

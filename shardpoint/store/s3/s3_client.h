@@ -78,6 +78,12 @@ struct S3Listing {
   std::string next_continuation_token;   // empty on the last page
 };
 
+// A multipart upload begun and neither completed nor aborted.
+struct S3Upload {
+  std::string key;
+  std::string upload_id;
+};
+
 // The parts of a completed multipart upload, by part number (from 1).
 using S3Parts = std::vector<std::pair<int, std::string>>;  // (number, ETag)
 
@@ -123,6 +129,9 @@ class S3Client {
                                  const S3Condition& condition = {});
   Status AbortMultipartUpload(std::string_view bucket, std::string_view key,
                               std::string_view upload_id);
+  // The multipart uploads in progress under `prefix`, all pages.
+  Result<std::vector<S3Upload>> ListMultipartUploads(std::string_view bucket,
+                                                     std::string_view prefix);
 
   // Requests sent so far, retries included (for tests and benchmarks).
   uint64_t requests_sent() const;

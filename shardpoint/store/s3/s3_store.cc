@@ -407,6 +407,22 @@ Status S3Store::WriteFileIf(std::string_view path, std::string_view bytes,
                          : " (another writer replaced the file since its version was read)"));
 }
 
+Result<int> S3Store::DropUnfinishedWrites(std::string_view dir) {
+  std::string prefix = S3KeyOf(dir);
+  if (!prefix.empty()) prefix += '/';
+  Result<std::vector<S3Upload>> uploads = client_->ListMultipartUploads(bucket_, prefix);
+  if (!uploads.ok()) return Failed("list the unfinished uploads of", dir, uploads.status());
+  int dropped = 0;
+  for (const S3Upload& upload : *uploads) {
+    // The directory's own files only: not those of a directory below it.
+    if (upload.key.find('/', prefix.size()) != std::string::npos) continue;
+    Status aborted = client_->AbortMultipartUpload(bucket_, upload.key, upload.upload_id);
+    if (!aborted.ok()) return Failed("abort the unfinished upload of", upload.key, aborted);
+    ++dropped;
+  }
+  return dropped;
+}
+
 Result<std::unique_ptr<ReadableFile>> S3Store::OpenReadable(std::string_view path) {
   const std::string key = S3KeyOf(path);
   Result<uint64_t> size = key.empty() ? NotFoundError("the bucket's root")

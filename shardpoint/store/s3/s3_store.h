@@ -63,6 +63,8 @@ class S3Store : public Store {
   // A PUT (or a multipart upload's completion) with If-None-Match: * or If-Match: the version.
   Status WriteFileIf(std::string_view path, std::string_view bytes,
                      const FileCondition& condition) override;
+  // Aborts the multipart uploads in progress of files in `dir` (not in its subdirectories).
+  Result<int> DropUnfinishedWrites(std::string_view dir) override;
 
   const std::string& bucket() const { return bucket_; }
   S3Client& client() { return *client_; }
