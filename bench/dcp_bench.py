@@ -81,7 +81,9 @@ class Timer:
         self.results.setdefault(label, []).append(time.perf_counter() - start)
 
 
-def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> None:
+def start_rank(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """Joins the gloo group; returns the state to save (Shard(0)), an empty one of the same layout
+    and an empty one sharded on dim 1 (the resharded load's)."""
     torch.set_num_threads(1)
     os.environ["SHARDPOINT_QUIET"] = "1"
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
@@ -90,9 +92,13 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
     from torch.distributed.tensor import Shard
 
     mesh = init_device_mesh("cpu", (world,))
-    state = make_state(mesh, args.gib, args.tensors, Shard(0), fill=True)
-    same = make_state(mesh, args.gib, args.tensors, Shard(0), fill=False)
-    resharded = make_state(mesh, args.gib, args.tensors, Shard(1), fill=False)
+    return (make_state(mesh, args.gib, args.tensors, Shard(0), fill=True),
+            make_state(mesh, args.gib, args.tensors, Shard(0), fill=False),
+            make_state(mesh, args.gib, args.tensors, Shard(1), fill=False))
+
+
+def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> None:
+    state, same, resharded = start_rank(rank, world, rendezvous, args)
     staging = {k: torch.empty_like(v._local_tensor) for k, v in state["model"].items()}
     timer = Timer()
     gates: list[int] = []  # read_gate_ranks of this rank's same-layout loads

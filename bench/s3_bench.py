@@ -20,7 +20,6 @@ faster than the faster of the two DCP paths. The last sp load is compared with t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -39,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 import shardpoint as sp
-from dcp_bench import Timer, local_bytes, make_state
+from dcp_bench import Timer, local_bytes, start_rank
 
 ACCESS_KEY, SECRET_KEY, BUCKET = "SPBENCHKEY", "sp-bench-secret", "bench"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,19 +113,9 @@ def s3tc_reader(endpoint: str, url: str):
 
 
 def bench(rank: int, world: int, rendezvous: str, endpoint: str, args: argparse.Namespace) -> None:
-    torch.set_num_threads(1)
-    os.environ["SHARDPOINT_QUIET"] = "1"
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=1800))
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    state = make_state(mesh, args.gib, args.tensors, Shard(0), fill=True)
-    same = make_state(mesh, args.gib, args.tensors, Shard(0), fill=False)
-    resharded = make_state(mesh, args.gib, args.tensors, Shard(1), fill=False)
+    state, same, resharded = start_rank(rank, world, rendezvous, args)
     timer = Timer()
     fs_options = s3fs_options(endpoint)
 

@@ -102,13 +102,17 @@ def _state(seed):
             "step": seed, "note": "on s3"}
 
 
+def _empty():
+    return {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
+            "step": 0, "note": ""}
+
+
 @pytest.mark.parametrize("fmt", ["native", "torch-dcp"])
 def test_save_load_inspect_verify_on_s3(s3, fmt):
     path = f"s3://py-ckpts/run/{fmt}/step-1"  # the bucket is made by the first upload
     state = _state(1)
     sp.save(state, path, format=fmt)
-    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
-           "step": 0, "note": ""}
+    out = _empty()
     sp.load(out, path)
     assert torch.equal(out["model"]["w"], state["model"]["w"])
     assert torch.equal(out["model"]["b"], state["model"]["b"])
@@ -128,8 +132,7 @@ def test_overwrite_keeps_the_old_checkpoint_until_asked(s3):
     with pytest.raises(sp.CheckpointExistsError):
         sp.save(_state(3), path)
     sp.save(_state(3), path, overwrite=True)
-    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
-           "step": 0, "note": ""}
+    out = _empty()
     sp.load(out, path)
     assert out["step"] == 3 and torch.equal(out["model"]["w"], _state(3)["model"]["w"])
 
@@ -179,8 +182,7 @@ def test_async_save_manager_and_consolidation_on_s3(s3):
     state = _state(11)
     handle = sp.async_save(state, "s3://py-ckpts/async/step-11")
     handle.wait()
-    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
-           "step": 0, "note": ""}
+    out = _empty()
     sp.load(out, "s3://py-ckpts/async/step-11")
     assert torch.equal(out["model"]["w"], state["model"]["w"])
 
@@ -222,8 +224,7 @@ def test_torch_dcp_on_s3_interoperates_with_s3torchconnector(s3):
     writer = dcp_s3.S3StorageWriter("us-east-1", theirs, s3client_config=config)
     writer.fs = fs
     dcp.save(state, storage_writer=writer)
-    out = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
-           "step": 0, "note": ""}
+    out = _empty()
     sp.load(out, theirs)
     assert torch.equal(out["model"]["w"], state["model"]["w"])
     assert torch.equal(out["model"]["b"], state["model"]["b"])
@@ -232,8 +233,7 @@ def test_torch_dcp_on_s3_interoperates_with_s3torchconnector(s3):
 
     ours = "s3://py-ckpts/interop/shardpoint"
     sp.save(_state(6), ours, format="torch-dcp")
-    back = {"model": {"w": torch.zeros(300, 257), "b": torch.zeros(257, dtype=torch.bfloat16)},
-            "step": 0, "note": ""}
+    back = _empty()
     reader = dcp_s3.S3StorageReader("us-east-1", ours, s3client_config=config)
     reader.fs = fs
     dcp.load(back, storage_reader=reader)

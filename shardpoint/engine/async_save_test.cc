@@ -24,6 +24,7 @@
 #include "shardpoint/format/writer.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
+#include "shardpoint/testing/hook_store.h"
 #include "shardpoint/testing/synthetic_model.h"
 
 namespace sp {
@@ -36,9 +37,9 @@ using ::testing::StartsWith;
 constexpr char kPath[] = "/ckpt";
 
 // Forwards to a base store; every WriteAt blocks until Open() is called.
-class GatedStore : public Store {
+class GatedStore : public spt::ForwardingStore {
  public:
-  explicit GatedStore(Store* base) : base_(base) {}
+  explicit GatedStore(Store* base) : ForwardingStore(base) {}
 
   void Open() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -47,25 +48,10 @@ class GatedStore : public Store {
   }
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path));
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base()->NewWritableFile(path));
     return std::unique_ptr<WritableFile>(std::make_unique<File>(this, std::move(file)));
   }
-  Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override {
-    return base_->OpenReadable(path);
-  }
-  Status CreateDirs(std::string_view path) override { return base_->CreateDirs(path); }
-  Status Rename(std::string_view from, std::string_view to) override {
-    return base_->Rename(from, to);
-  }
-  Status SyncDir(std::string_view path) override { return base_->SyncDir(path); }
-  Status RemoveFile(std::string_view path) override { return base_->RemoveFile(path); }
-  Status RemoveDir(std::string_view path) override { return base_->RemoveDir(path); }
-  Result<bool> IsDirectory(std::string_view path) override { return base_->IsDirectory(path); }
-  Result<bool> Exists(std::string_view path) override { return base_->Exists(path); }
-  Result<std::vector<DirEntry>> ListDir(std::string_view path) override {
-    return base_->ListDir(path);
-  }
-  std::string name() const override { return "gated(" + base_->name() + ")"; }
+  std::string name() const override { return "gated(" + base()->name() + ")"; }
 
  private:
   class File : public WritableFile {
@@ -91,7 +77,6 @@ class GatedStore : public Store {
     cv_.wait(lock, [&] { return open_; });
   }
 
-  Store* base_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 
 #include <cstring>
-#include <numeric>
 
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
@@ -15,6 +14,7 @@
 #include "shardpoint/store/s3/s3_client.h"
 #include "shardpoint/store/s3/s3_test_server.h"
 #include "shardpoint/testing/hook_store.h"
+#include "shardpoint/testing/split_matrix.h"
 
 namespace sp {
 namespace {
@@ -54,61 +54,14 @@ Status S3EngineTest::failure_;
 
 constexpr int64_t kRows = 96, kCols = 1000;
 
-float Value(int64_t r, int64_t c, int step) {
-  return static_cast<float>(step * 1000003 + r * kCols + c);
-}
-
-// Saves `w` [96, 1000] row-split over 4 ranks and an object, as step `step`.
+// w [96, 1000] row-split over 4 ranks, as step `step`.
 Status SaveStep(const std::string& url, int step, bool overwrite) {
-  std::vector<Status> statuses = RunRanks(4, [&](Communicator& comm) -> Status {
-    const int64_t rows = kRows / 4, first = comm.rank() * rows;
-    std::vector<float> mine(rows * kCols);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < kCols; ++c) mine[r * kCols + c] = Value(first + r, c, step);
-    }
-    SaveState state;
-    const auto* bytes = reinterpret_cast<const std::byte*>(mine.data());
-    state.tensors.push_back(SaveTensor{"w", DType::kFloat32, {kRows, kCols},
-                                       {ConstPieceView{Box({first, 0}, {rows, kCols}), bytes}}});
-    state.objects.push_back(ObjectEntry{"step", ObjectEncoding::kJson, std::to_string(step)});
-    SaveOptions options;
-    options.comm = &comm;
-    options.overwrite = overwrite;
-    return Save(state, url, options);
-  });
-  for (const Status& s : statuses) SP_RETURN_IF_ERROR(s);
-  return OkStatus();
+  return testing::FirstError(testing::SaveRowSplit(url, step, kRows, kCols, 4, nullptr, overwrite));
 }
 
-// Loads `w` column-split over 3 ranks and checks every element of step `step`.
+// Loads w column-split over 3 ranks and checks every element of step `step`.
 Status LoadAndCheck(const std::string& url, int step) {
-  std::vector<Status> statuses = RunRanks(3, [&](Communicator& comm) -> Status {
-    const int64_t cols = (kCols + 2) / 3, first = comm.rank() * cols;
-    const int64_t mine_cols = std::min(cols, kCols - first);
-    std::vector<float> mine(kRows * mine_cols, -1.0f);
-    LoadState state;
-    state.tensors.push_back(LoadTensor{"w", DType::kFloat32, {kRows, kCols},
-                                       {PieceView{Box({0, first}, {kRows, mine_cols}),
-                                                  reinterpret_cast<std::byte*>(mine.data())}}});
-    state.objects.push_back("step");
-    LoadOptions options;
-    options.comm = &comm;
-    SP_ASSIGN_OR_RETURN(LoadResult result, Load(state, url, options));
-    if (result.objects.size() != 1 || result.objects[0].payload != std::to_string(step)) {
-      return DataLossError("object 'step' is not " + std::to_string(step));
-    }
-    for (int64_t r = 0; r < kRows; ++r) {
-      for (int64_t c = 0; c < mine_cols; ++c) {
-        if (mine[r * mine_cols + c] != Value(r, first + c, step)) {
-          return DataLossError("w[" + std::to_string(r) + ", " + std::to_string(first + c) +
-                               "] differs");
-        }
-      }
-    }
-    return OkStatus();
-  });
-  for (const Status& s : statuses) SP_RETURN_IF_ERROR(s);
-  return OkStatus();
+  return testing::LoadColumnSplitAndCheck(url, step, kRows, kCols, 3, nullptr);
 }
 
 TEST_F(S3EngineTest, SaveLoadReshardedOverwriteAndVerify) {
@@ -127,22 +80,9 @@ TEST_F(S3EngineTest, SaveLoadReshardedOverwriteAndVerify) {
   EXPECT_GT(report->bytes_checked, static_cast<uint64_t>(kRows * kCols * 4) - 1);
 }
 
-// Saves `w` of step `step` from one rank through `store` (the URL's own when null).
+// Saves w of step `step` from one rank through `store` (the URL's own when null).
 Status SaveOneRank(const std::string& url, int step, bool overwrite, Store* store) {
-  std::vector<float> all(kRows * kCols);
-  for (int64_t r = 0; r < kRows; ++r) {
-    for (int64_t c = 0; c < kCols; ++c) all[r * kCols + c] = Value(r, c, step);
-  }
-  SaveState state;
-  state.tensors.push_back(
-      SaveTensor{"w", DType::kFloat32, {kRows, kCols},
-                 {ConstPieceView{Box({0, 0}, {kRows, kCols}),
-                                 reinterpret_cast<const std::byte*>(all.data())}}});
-  state.objects.push_back(ObjectEntry{"step", ObjectEncoding::kJson, std::to_string(step)});
-  SaveOptions options;
-  options.overwrite = overwrite;
-  options.store = store;
-  return Save(state, url, options);
+  return testing::FirstError(testing::SaveRowSplit(url, step, kRows, kCols, 1, store, overwrite));
 }
 
 // Two saves racing to one path: the one that checked first but commits second loses, whether the

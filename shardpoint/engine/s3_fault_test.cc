@@ -20,6 +20,7 @@
 #include "shardpoint/store/s3/s3_store.h"
 #include "shardpoint/store/s3/s3_test_server.h"
 #include "shardpoint/testing/hook_store.h"
+#include "shardpoint/testing/split_matrix.h"
 
 namespace sp {
 namespace {
@@ -58,65 +59,14 @@ class S3FaultTest : public ::testing::Test {
   std::unique_ptr<testing::S3TestServer> server_;
 };
 
-float Value(int64_t r, int64_t c, int step) {
-  return static_cast<float>((step * 7919 + r * kCols + c) % 16777216);
-}
-
-// Saves step `step` from 4 ranks through `store`; every rank's status.
 std::vector<Status> SaveStep(Store* store, const std::string& url, int step) {
-  return RunRanks(4, [&](Communicator& comm) -> Status {
-    const int64_t rows = kRows / 4, first = comm.rank() * rows;
-    std::vector<float> mine(rows * kCols);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < kCols; ++c) mine[r * kCols + c] = Value(first + r, c, step);
-    }
-    SaveState state;
-    state.tensors.push_back(
-        SaveTensor{"w", DType::kFloat32, {kRows, kCols},
-                   {ConstPieceView{Box({first, 0}, {rows, kCols}),
-                                   reinterpret_cast<const std::byte*>(mine.data())}}});
-    state.objects.push_back(ObjectEntry{"step", ObjectEncoding::kJson, std::to_string(step)});
-    SaveOptions options;
-    options.comm = &comm;
-    options.store = store;
-    options.overwrite = true;
-    return Save(state, url, options);
-  });
+  return testing::SaveRowSplit(url, step, kRows, kCols, 4, store, /*overwrite=*/true);
 }
 
-Status AllOk(const std::vector<Status>& statuses) {
-  for (const Status& s : statuses) SP_RETURN_IF_ERROR(s);
-  return OkStatus();
-}
+Status AllOk(const std::vector<Status>& statuses) { return testing::FirstError(statuses); }
 
-// Loads `w` column-split over 3 ranks through `store` and checks every element of step `step`.
 Status LoadAndCheck(Store* store, const std::string& url, int step) {
-  return AllOk(RunRanks(3, [&](Communicator& comm) -> Status {
-    const int64_t cols = (kCols + 2) / 3, first = comm.rank() * cols;
-    const int64_t mine_cols = std::min(cols, kCols - first);
-    std::vector<float> mine(kRows * mine_cols, -1.0f);
-    LoadState state;
-    state.tensors.push_back(LoadTensor{"w", DType::kFloat32, {kRows, kCols},
-                                       {PieceView{Box({0, first}, {kRows, mine_cols}),
-                                                  reinterpret_cast<std::byte*>(mine.data())}}});
-    state.objects.push_back("step");
-    LoadOptions options;
-    options.comm = &comm;
-    options.store = store;
-    SP_ASSIGN_OR_RETURN(LoadResult result, Load(state, url, options));
-    if (result.objects.size() != 1 || result.objects[0].payload != std::to_string(step)) {
-      return DataLossError("object 'step' is not " + std::to_string(step));
-    }
-    for (int64_t r = 0; r < kRows; ++r) {
-      for (int64_t c = 0; c < mine_cols; ++c) {
-        if (mine[r * mine_cols + c] != Value(r, first + c, step)) {
-          return DataLossError("w[" + std::to_string(r) + ", " + std::to_string(first + c) +
-                               "] differs");
-        }
-      }
-    }
-    return OkStatus();
-  }));
+  return testing::LoadColumnSplitAndCheck(url, step, kRows, kCols, 3, store);
 }
 
 // Throttling and resets on about a third of the requests: retried, and the save, the resharded

@@ -1,7 +1,7 @@
-// HookStore: forwards every call to a base store, running a hook (once) before the first file is
-// created, so that a test can make something happen in the middle of a save (another save to the
-// same path, say) at a point it chooses. The conditional writes (Store::WriteFileIf) and the
-// version of files are forwarded too.
+// Test stores that wrap another: ForwardingStore forwards every call (the conditional writes, file
+// versions and unfinished writes too); HookStore runs a hook before the first file is created, so
+// that a test can make something happen in the middle of a save (another save to the same path,
+// the server killed) at a point it chooses.
 #ifndef SHARDPOINT_TESTING_HOOK_STORE_H_
 #define SHARDPOINT_TESTING_HOOK_STORE_H_
 
@@ -16,12 +16,12 @@
 
 namespace sp::testing {
 
-// `base` is borrowed and must outlive this store.
-class HookStore : public Store {
+// Forwards every call to a base store (borrowed; it must outlive this one): a base for test
+// stores that change one or two calls.
+class ForwardingStore : public Store {
  public:
-  HookStore(Store* base, std::function<void()> hook) : base_(base), hook_(std::move(hook)) {}
+  explicit ForwardingStore(Store* base) : base_(base) {}
   Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override {
-    if (hook_) std::exchange(hook_, nullptr)();
     return base_->NewWritableFile(path);
   }
   Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override {
@@ -39,7 +39,7 @@ class HookStore : public Store {
   Result<std::vector<DirEntry>> ListDir(std::string_view path) override {
     return base_->ListDir(path);
   }
-  std::string name() const override { return "hook(" + base_->name() + ")"; }
+  std::string name() const override { return "forward(" + base_->name() + ")"; }
   bool files_appear_when_closed() const override { return base_->files_appear_when_closed(); }
   Result<std::string> FileVersion(std::string_view path) override {
     return base_->FileVersion(path);
@@ -48,9 +48,29 @@ class HookStore : public Store {
                      const FileCondition& condition) override {
     return base_->WriteFileIf(path, bytes, condition);
   }
+  Result<int> DropUnfinishedWrites(std::string_view dir) override {
+    return base_->DropUnfinishedWrites(dir);
+  }
+
+ protected:
+  Store* base() const { return base_; }
 
  private:
   Store* base_;
+};
+
+// Runs `hook` (once) before the first file is created.
+class HookStore : public ForwardingStore {
+ public:
+  HookStore(Store* base, std::function<void()> hook)
+      : ForwardingStore(base), hook_(std::move(hook)) {}
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override {
+    if (hook_) std::exchange(hook_, nullptr)();
+    return base()->NewWritableFile(path);
+  }
+  std::string name() const override { return "hook(" + base()->name() + ")"; }
+
+ private:
   std::function<void()> hook_;
 };
 
