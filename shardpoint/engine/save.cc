@@ -180,8 +180,9 @@ bool MergeCachedObjects(const std::vector<PlanRequest>& requests,
 
 // Coordinator: picks the format's writer, refuses to replace a committed checkpoint (of any
 // format) unless asked, sets `commit_condition` to what the commit must still find (no metadata,
-// or the version of the one it replaces) where the store can tell, plans (or, when every rank sent the id of the plan `cache` holds, takes
-// that plan), has the writer lay out the data files, creates the directory, and returns one
+// or the version of the one it replaces) where the store can tell, plans (or, when every rank
+// sent the id of the plan `cache` holds, takes that plan), has the writer lay out the data
+// files, creates the directory, and returns one
 // reply per rank; or kResend replies when a plan is needed but some ranks sent only an id.
 // `requests` are the ranks' PlanRequests, decoded.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,

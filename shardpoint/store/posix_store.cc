@@ -521,17 +521,7 @@ Status PosixStore::WriteFileIf(std::string_view path, std::string_view bytes,
   const std::string target(path);
   const std::string temp = target + ".tmp-link-" + std::to_string(::getpid()) + "-" +
                            std::to_string(next.fetch_add(1));
-  {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, NewWritableFile(temp));
-    Status written = file->WriteAt(0, AsBytes(bytes));
-    if (written.ok()) written = file->Sync();
-    Status closed = file->Close();
-    if (written.ok()) written = closed;
-    if (!written.ok()) {
-      RemoveFile(temp).IgnoreError();
-      return written;
-    }
-  }
+  SP_RETURN_IF_ERROR(WriteSyncedFile(*this, temp, bytes));
   const int linked = ::link(temp.c_str(), target.c_str());
   const int error = errno;
   RemoveFile(temp).IgnoreError();

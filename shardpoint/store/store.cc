@@ -78,6 +78,17 @@ Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_
   return bytes;
 }
 
+Status WriteSyncedFile(Store& store, const std::string& path, std::string_view bytes) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(path));
+  Status written = file->WriteAt(0, AsBytes(bytes));
+  if (written.ok()) written = file->Sync();
+  // Closed whatever happened, so that the handle is released before the file is removed.
+  Status closed = file->Close();
+  if (written.ok()) written = closed;
+  if (!written.ok()) store.RemoveFile(path).IgnoreError();
+  return written;
+}
+
 Status WriteFileDurably(Store& store, std::string_view dir, std::string_view name,
                         std::string_view temp_name, std::string_view bytes,
                         const FileCondition* condition) {
@@ -87,22 +98,15 @@ Status WriteFileDurably(Store& store, std::string_view dir, std::string_view nam
     if (written.code() != StatusCode::kUnimplemented) return written;
   }
   if (store.files_appear_when_closed()) {
+    // Closing is the commit point: the file appears whole, or not at all (and a failed write
+    // leaves what was there; nothing is removed).
     SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(final_path));
     Status written = file->WriteAt(0, AsBytes(bytes));
-    Status closed = file->Close();  // the commit point: the file appears whole, or not at all
+    Status closed = file->Close();
     return written.ok() ? closed : written;
   }
   const std::string temp_path = JoinPath(dir, temp_name);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store.NewWritableFile(temp_path));
-  Status written = file->WriteAt(0, AsBytes(bytes));
-  if (written.ok()) written = file->Sync();
-  // Closed whatever happened, so that the handle is released before the temporary is removed.
-  Status closed = file->Close();
-  if (written.ok()) written = closed;
-  if (!written.ok()) {
-    store.RemoveFile(temp_path).IgnoreError();
-    return written;
-  }
+  SP_RETURN_IF_ERROR(WriteSyncedFile(store, temp_path, bytes));
   return store.Rename(temp_path, final_path);
 }
 

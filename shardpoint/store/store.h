@@ -200,6 +200,9 @@ std::string OpAt(std::string_view op, std::string_view path, uint64_t offset);
 // their metadata and config files at the top of their directory.
 Result<std::string> ReadSmallFile(Store& store, const std::string& path, uint64_t limit);
 
+// Creates the file `path` holding `bytes`, synced and closed; on failure removes it (best effort).
+Status WriteSyncedFile(Store& store, const std::string& path, std::string_view bytes);
+
 // Writes `bytes` as the file `name` of directory `dir` so that readers find either what was there
 // before or all of `bytes`: they go to the file `temp_name` of `dir`, which is synced, closed and
 // renamed over `name`; on a store whose files appear only when closed (object storage), straight
