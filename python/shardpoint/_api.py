@@ -385,6 +385,7 @@ class _BatchLoad:
         self.rank = comm.rank if comm else 0
         self.keys = [k for k, v in flat.items() if is_tensor_leaf(v)]
         self.staging = None
+        self.region_bytes: dict[str, int] = {}  # device keys: the pinned bytes of their regions
         cuda = _device_module()
         devices = {k: _device_of(flat[k]) for k in self.keys} if cuda is not None else {}
         batches = self._batches(devices, int(staging_budget or (cuda.DEFAULT_LOAD_STAGING if cuda else 0)))
@@ -397,6 +398,7 @@ class _BatchLoad:
             self.batches = [self.keys]
             return
         self.batches = (batches or [[]]) + [[] for _ in range(count - len(batches or [[]]))]
+        self.needs = [sum(self.region_bytes.get(k, 0) for k in keys) for keys in self.batches]
         self.staging = cuda.load_batches(int(staging_budget or cuda.DEFAULT_LOAD_STAGING))
 
     def _batches(self, devices: dict[str, Optional[int]], budget: int) -> Optional[list[list[str]]]:
@@ -404,9 +406,12 @@ class _BatchLoad:
             return None
         from ._mapped_load import tied_groups
 
+        from ._cuda import region_bytes
+
         half = max(1, budget // 2)
         size = {k: (lambda t: t.numel() * t.element_size())(_local_tensor(self.flat[k])) if devices[k] is not None
                 else 0 for k in self.keys}
+        self.region_bytes = {k: region_bytes(n) for k, n in size.items() if n}
         group_of: dict[str, list[str]] = {}
         for group in tied_groups({k: self.flat[k] for k in self.keys}):
             for key in group:
@@ -419,7 +424,7 @@ class _BatchLoad:
                 continue
             members = [m for m in group_of.get(key, [key]) if m not in placed]
             placed.update(members)
-            nbytes = sum(size[m] for m in members)
+            nbytes = sum(self.region_bytes.get(m, 0) for m in members)
             if nbytes == 0:
                 host.extend(members)
             else:
@@ -439,7 +444,8 @@ class _BatchLoad:
         with self.staging.lock if self.staging is not None else contextlib.nullcontext():
             try:
                 if self.staging is not None:
-                    self.staging.start({d for d in (_device_of(self.flat[k]) for k in self.keys) if d is not None})
+                    self.staging.start({d for d in (_device_of(self.flat[k]) for k in self.keys) if d is not None},
+                                       self.needs)
                 for i, keys in enumerate(self.batches):
                     batch = self._one(i, keys, object_names if i == 0 else [], map_load)
                     missing.update(dict.fromkeys(batch[0]))

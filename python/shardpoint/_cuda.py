@@ -32,11 +32,15 @@ from ._errors import CheckpointArgumentError, error_for
 
 _ALIGN = 64
 _MIN_BLOCK = 64 << 20
+# cudaHostRegisterPortable: the block counts as pinned for every device's context, not only for the
+# device current on the thread that registers it (a state may span devices; a load's second half
+# is registered on a thread of its own).
+_HOST_REGISTER_PORTABLE = 1
 # Device memory kept free beside a device snapshot: the caller's next steps need room too.
 _DEVICE_MARGIN_FRACTION = 0.1
 _DEVICE_MARGIN_MIN = 1 << 30
 # Default pinned host memory of a load (two halves, one being read into while the other is copied
-# to the device); a tensor larger than a half is loaded in row blocks.
+# to the device); a tensor larger than a half makes a batch of its own, and its half grows to it.
 DEFAULT_LOAD_STAGING = 2 << 30
 # Default pinned staging of a synchronous save (what does not fit is copied as it is written).
 DEFAULT_SAVE_STAGING = 4 << 30
@@ -121,7 +125,7 @@ class PinnedPool:
 
     def _new_block(self, size: int) -> torch.Tensor:
         block = torch.empty(size, dtype=torch.uint8)
-        rc = int(torch.cuda.cudart().cudaHostRegister(block.data_ptr(), size, 0))
+        rc = int(torch.cuda.cudart().cudaHostRegister(block.data_ptr(), size, _HOST_REGISTER_PORTABLE))
         if rc != 0:
             raise error_for(
                 "RESOURCE_EXHAUSTED",
@@ -140,6 +144,26 @@ class PinnedPool:
         self._block = 0
         self._used = 0
         self._taken = 0
+
+    def holds(self, size: int) -> bool:
+        """Whether the first block has room for ``size`` bytes of regions."""
+        return bool(self._blocks) and self._blocks[0].numel() >= size
+
+    def reserve(self, size: int) -> None:
+        """Makes the first block at least ``size`` bytes, for an operation whose regions are known
+        to fit in ``size`` (a load batch: its bytes, each region rounded up to the alignment). A
+        pool whose first block is smaller is replaced by one block of ``size``: the old blocks are
+        unregistered, so the caller must know that no copy still uses them. Regions taken after a
+        reserve lie in that one block, so a sequence of batches of other sizes neither passes over
+        blocks nor registers new ones."""
+        if size <= 0 or self.holds(size):
+            return
+        self._drop_blocks()
+        self.reset()
+        self._new_block(size)
+
+    def _drop_blocks(self) -> None:
+        _unregister(self._blocks)
 
     def take(self, nbytes: int, limit: int = 0) -> Optional[torch.Tensor]:
         """A region of ``nbytes`` bytes, or None when the bytes of this operation's regions (with
@@ -403,34 +427,90 @@ def stage_async(entries: list[tuple], pool: PinnedPool, budget: int, over_budget
 # --- load -------------------------------------------------------------------------------------
 
 
+def region_bytes(nbytes: int) -> int:
+    """The bytes a region of ``nbytes`` takes in a pool block (its start is aligned)."""
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def half_size(needs: list[int], half: int) -> int:
+    """The block a load half is reserved at for batches needing ``needs`` bytes each: the largest
+    of them, and at least ``_MIN_BLOCK`` (within ``half``) so that small loads do not register a
+    new block each time they grow a little."""
+    largest = max(needs, default=0)
+    return max(largest, min(half, _MIN_BLOCK)) if largest else 0
+
+
+class _Background:
+    """A call run on a thread of its own; ``result()`` waits for it and raises its error."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._error: Optional[BaseException] = None
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:  # raised again by result()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="shardpoint-pin", daemon=True)
+        self._thread.start()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class LoadBatches:
     """Two pinned halves for the batches of loads to the device, kept from one load to the next:
     batch i is read into half i % 2 while the host-to-device copies of batch i - 1 run on the copy
     streams. A half is reused only once the copies out of it are done (their events, waited for
-    on the host when the half comes round again, in this load or the next)."""
+    on the host when the half comes round again, in this load or the next).
+
+    Each half is one pinned block, reserved at the start of a load for the largest batch it will
+    hold (``half_size``), so that the batches of a load, whatever their tensors' sizes, take their
+    regions from it without registering more: the pinned memory of loads is two blocks of at most
+    max(half the budget, the largest tensor), registered by the first load that needs them. A half
+    that must grow is registered on a thread of its own while the batch before it is read (the
+    first load of a process: half 1 while batch 0 is read)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.lock = threading.Lock()  # one load at a time, held for the whole load
-        self.pools = (PinnedPool(), PinnedPool())
+        self.pools: tuple[PinnedPool, PinnedPool] = (PinnedPool(), PinnedPool())
         self._pending: list[list[torch.cuda.Event]] = [[], []]
         self._devices: set[int] = set()
+        self._sizes = [0, 0]
+        self._growing: Optional[_Background] = None  # half 1 being registered
 
-    def start(self, devices: set[int]) -> None:
+    def start(self, devices: set[int], needs: list[int]) -> None:
         """Before a load's first copy: the copy streams of ``devices`` wait for the work the caller
-        queued on its current streams (it may still be using the destination tensors)."""
+        queued on its current streams (it may still be using the destination tensors). ``needs``:
+        the bytes of each batch's regions (``region_bytes`` of each tensor), in batch order."""
         for index in devices:
             STREAMS.get(torch.device("cuda", index)).wait_event(torch.cuda.current_stream(index).record_event())
         self._devices = set(devices)
+        half = max(1, self.budget // 2)
+        self._sizes = [half_size(needs[0::2], half), half_size(needs[1::2], half)]
+        if self._sizes[1] and not self.pools[1].holds(self._sizes[1]):
+            self._wait(1)  # copies of the last load out of the blocks about to be replaced
+            self._growing = _Background(lambda: self.pools[1].reserve(self._sizes[1]))
 
     def begin(self, batch: int) -> PinnedPool:
-        """The half for ``batch``, free again (its previous copies waited for) and reset."""
+        """The half for ``batch``, free again (its previous copies waited for), reset and reserved."""
         i = batch % 2
+        if i == 1 and self._growing is not None:
+            growing, self._growing = self._growing, None
+            growing.result()
+        self._wait(i)
+        self.pools[i].reset()
+        self.pools[i].reserve(self._sizes[i])
+        return self.pools[i]
+
+    def _wait(self, i: int) -> None:
         for event in self._pending[i]:
             event.synchronize()
         self._pending[i] = []
-        self.pools[i].reset()
-        return self.pools[i]
 
     def to_device(self, batch: int, copies: list[Callable[[], None]]) -> None:
         """Runs a batch's copies to the device (each enters its device's copy stream itself; see
@@ -442,16 +522,21 @@ class LoadBatches:
 
     def finish(self) -> None:
         """The caller's current streams wait for every copy of the load (on the device: the host
-        returns at once)."""
+        returns at once). A half still being registered (a load that failed in its first batch)
+        is waited for; its error, if any, is dropped: the next load registers it again."""
+        if self._growing is not None:
+            growing, self._growing = self._growing, None
+            try:
+                growing.result()
+            except Exception:
+                pass
         for index in self._devices:
             torch.cuda.current_stream(index).wait_stream(STREAMS.get(torch.device("cuda", index)))
 
     def drain(self) -> None:
         """Waits on the host for every copy out of the halves."""
-        for events in self._pending:
-            for event in events:
-                event.synchronize()
-        self._pending = [[], []]
+        for i in (0, 1):
+            self._wait(i)
 
 
 _LOADS: Optional[LoadBatches] = None

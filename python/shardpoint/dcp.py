@@ -304,7 +304,9 @@ class StorageReader(_storage.StorageReader):
         with staging.lock if staging is not None else contextlib.nullcontext():
             try:
                 if staging is not None:
-                    staging.start({r.device.index for r, d in zip(resolved, on_device) if d})
+                    needs = [sum(self._region_bytes(tensor_items[i], resolved[i], cuda) for i in batch
+                                 if on_device[i]) for batch in batches]
+                    staging.start({r.device.index for r, d in zip(resolved, on_device) if d}, needs)
                 for b, batch in enumerate(batches):
                     pool = staging.begin(b) if staging is not None else None
                     reads = [self._tensor_read(tensor_items[i], resolved[i], pool) for i in batch]
@@ -343,9 +345,12 @@ class StorageReader(_storage.StorageReader):
         if cuda is None:
             return [list(range(len(items)))] if items else [[]]
         half = max(1, (self.staging_budget or cuda.DEFAULT_LOAD_STAGING) // 2)
-        units = [([i], resolved[i].numel() * self._stored_itemsize(items[i].storage_index.fqn))
-                 for i, d in enumerate(on_device) if d]
+        units = [([i], self._region_bytes(items[i], resolved[i], cuda)) for i, d in enumerate(on_device) if d]
         return _api.device_batches([i for i, d in enumerate(on_device) if not d], units, half)
+
+    def _region_bytes(self, item: ReadItem, resolved: torch.Tensor, cuda: Any) -> int:
+        """The pinned bytes of a device item's region (what _tensor_read takes from the pool)."""
+        return cuda.region_bytes(resolved.numel() * self._stored_itemsize(item.storage_index.fqn))
 
     def _stored_itemsize(self, name: str) -> int:
         return _torch.empty_like_stored(self._tensors[name][0], (0,)).element_size()
