@@ -365,9 +365,12 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
       DecodeMetadataFromWire(std::string_view(bytes).substr(kNonceDigits));
   if (!metadata.ok()) return metadata.status();
   const std::unique_ptr<SharedIoTuner> gate = MachineGate(comm, nonce, options, ctx->pool());
-  // The communicator is asked only when the caller left share_reads unset (asking may cost a
-  // collective, e.g. an exchange of host names).
-  const bool share = options.share_reads.has_value() ? *options.share_reads : comm.spans_machines();
+  // The communicator is asked only when the caller left share_reads unset and the store is local
+  // (asking may cost a collective, e.g. an exchange of host names). Every rank opens the same
+  // kind of store for the path, so all take the same branch.
+  const bool share = options.share_reads.has_value()   ? *options.share_reads
+                     : ctx->store().reads_cross_the_network() ? true
+                                                              : comm.spans_machines();
   if (share && comm.size() > 1) {
     SharedOutcome outcome = LoadShared(state, *metadata, path, options, *ctx, gate.get());
     if (outcome.agreed) return outcome.result;

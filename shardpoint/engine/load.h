@@ -62,8 +62,10 @@ struct LoadOptions {
   uint64_t memory_budget_bytes = kDefaultMemoryBudgetBytes;  // staging beyond the caller's buffers
   // A stored chunk that several ranks need is read by one of them, which sends the others their
   // regions through the communicator (each stored byte read once); false: every rank reads for
-  // itself. Unset: shared when comm->spans_machines() (ranks on one machine share its page cache,
-  // where reading again costs less than exchanging).
+  // itself. Unset: shared when the store's reads cross the network (object storage, where every
+  // read is a request and there is no page cache: Store::reads_cross_the_network) or when
+  // comm->spans_machines() (ranks on one machine share its page cache, where reading again
+  // costs less than exchanging).
   std::optional<bool> share_reads;
   // Direct I/O: reads of at least direct_io_min_bytes consecutive bytes of a file bypass the page
   // cache (O_DIRECT), where the store and the file system allow it; the others, and files that

@@ -170,6 +170,11 @@ class Store {
   // one and renaming it; a rename there copies the data. False (the default): a file exists from
   // its creation and grows as it is written.
   virtual bool files_appear_when_closed() const { return false; }
+  // True when every read fetches its bytes from another machine (object storage: S3Store), with
+  // no page cache that the ranks of one machine share: a load then lets one rank read each stored
+  // chunk that several need and send the others their regions (LoadOptions::share_reads unset),
+  // even when all its ranks run on one machine. False (the default): a local file system.
+  virtual bool reads_cross_the_network() const { return false; }
   // An opaque token that changes whenever the file at `path` is replaced (S3Store: its ETag), for
   // FileCondition::kVersion; kNotFound when there is no file. The default: kUnimplemented.
   virtual Result<std::string> FileVersion(std::string_view path);

@@ -41,6 +41,7 @@ class ForwardingStore : public Store {
   }
   std::string name() const override { return "forward(" + base_->name() + ")"; }
   bool files_appear_when_closed() const override { return base_->files_appear_when_closed(); }
+  bool reads_cross_the_network() const override { return base_->reads_cross_the_network(); }
   Result<std::string> FileVersion(std::string_view path) override {
     return base_->FileVersion(path);
   }

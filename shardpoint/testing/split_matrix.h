@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,9 +52,12 @@ inline std::vector<Status> SaveRowSplit(const std::string& url, int step, int64_
 }
 
 // Loads w split by columns over `ranks` ranks through `store` and checks the object and every
-// element against step `step`.
+// element against step `step`. `bytes_read`, when given, gets the bytes each rank read.
 inline Status LoadColumnSplitAndCheck(const std::string& url, int step, int64_t rows, int64_t cols,
-                                      int ranks, Store* store) {
+                                      int ranks, Store* store,
+                                      std::vector<uint64_t>* bytes_read = nullptr,
+                                      std::optional<bool> share_reads = std::nullopt) {
+  if (bytes_read != nullptr) bytes_read->assign(ranks, 0);
   return FirstError(RunRanks(ranks, [&](Communicator& comm) -> Status {
     const int64_t per_rank = (cols + ranks - 1) / ranks, first = comm.rank() * per_rank;
     const int64_t mine_cols = std::max<int64_t>(0, std::min(per_rank, cols - first));
@@ -66,7 +70,9 @@ inline Status LoadColumnSplitAndCheck(const std::string& url, int step, int64_t 
     LoadOptions options;
     options.comm = &comm;
     options.store = store;
+    options.share_reads = share_reads;
     SP_ASSIGN_OR_RETURN(LoadResult result, Load(state, url, options));
+    if (bytes_read != nullptr) (*bytes_read)[comm.rank()] = result.bytes_read;
     if (result.objects.size() != 1 || result.objects[0].payload != std::to_string(step)) {
       return DataLossError("object 'step' is not " + std::to_string(step));
     }

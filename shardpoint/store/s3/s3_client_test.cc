@@ -125,7 +125,7 @@ TEST_F(S3ClientTest, PutGetRangeHeadListDelete) {
 }
 
 TEST_F(S3ClientTest, ConditionalPutsAndCopies) {
-  const S3Condition absent{.if_none_match = true};
+  const S3Condition absent{.if_none_match = true, .if_match = {}};
   ASSERT_TRUE(client_->PutObject(bucket_, "m", AsBytes("first"), absent).ok());
   Status again = client_->PutObject(bucket_, "m", AsBytes("second"), absent);
   EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again;
@@ -174,7 +174,7 @@ TEST_F(S3ClientTest, MultipartUploadsCompleteOrAbort) {
   Result<std::string> part = client_->UploadPart(bucket_, "big", *again, 1, AsBytes(b));
   ASSERT_TRUE(part.ok()) << part.status();
   Status lost = client_->CompleteMultipartUpload(bucket_, "big", *again, {{1, *part}},
-                                                 {.if_none_match = true});
+                                                 {.if_none_match = true, .if_match = {}});
   EXPECT_EQ(lost.code(), StatusCode::kAlreadyExists) << lost;
   EXPECT_TRUE(client_->GetObject(bucket_, "big").value() == a + b);
   Result<S3ObjectInfo> big = client_->StatObject(bucket_, "big");

@@ -58,6 +58,7 @@ class S3Store : public Store {
   Result<std::vector<DirEntry>> ListDir(std::string_view path) override;
   std::string name() const override { return "s3"; }
   bool files_appear_when_closed() const override { return true; }
+  bool reads_cross_the_network() const override { return true; }
   // The object's ETag.
   Result<std::string> FileVersion(std::string_view path) override;
   // A PUT (or a multipart upload's completion) with If-None-Match: * or If-Match: the version.
