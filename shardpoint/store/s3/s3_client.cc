@@ -20,7 +20,7 @@ struct S3Client::Request {
   std::vector<std::pair<std::string, std::string>> query;  // name -> value, unencoded
   std::vector<std::string> headers;                         // "Name: value"
   std::optional<ByteView> body;                             // PUT and POST
-  std::optional<MutableByteView> out;                       // GET: the body lands here
+  std::vector<MutableByteView> out;  // GET: the body lands here, piece after piece (none: in body)
   std::optional<std::pair<uint64_t, uint64_t>> range;       // inclusive byte range
 };
 
@@ -28,7 +28,7 @@ struct S3Client::Response {
   long status = 0;
   std::string body;
   std::map<std::string, std::string> headers;  // names lowercased
-  uint64_t written = 0;                        // bytes written into Request::out
+  uint64_t written = 0;                        // bytes written into Request::out's pieces
 };
 
 struct S3Client::Handle {
@@ -115,18 +115,30 @@ struct Transfer {
   S3Client::Response* response;
   uint64_t read_at = 0;  // bytes of the body sent so far
   bool overflow = false;
+  size_t piece = 0;       // the piece of Request::out the next received byte goes to
+  uint64_t piece_at = 0;  // and its offset there
 };
 
 size_t OnWrite(char* data, size_t size, size_t count, void* user) {
   Transfer& t = *static_cast<Transfer*>(user);
   const size_t n = size * count;
-  if (t.request->out.has_value() && t.response->status / 100 == 2) {
-    MutableByteView out = *t.request->out;
-    if (t.response->written + n > out.size()) {
-      t.overflow = true;
-      return 0;  // aborts the transfer
+  if (!t.request->out.empty() && t.response->status / 100 == 2) {
+    const std::vector<MutableByteView>& out = t.request->out;
+    size_t done = 0;
+    while (done < n) {
+      while (t.piece < out.size() && t.piece_at == out[t.piece].size()) {
+        ++t.piece;
+        t.piece_at = 0;
+      }
+      if (t.piece == out.size()) {
+        t.overflow = true;
+        return 0;  // aborts the transfer
+      }
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n - done, out[t.piece].size() - t.piece_at));
+      std::memcpy(out[t.piece].data() + t.piece_at, data + done, k);
+      t.piece_at += k;
+      done += k;
     }
-    std::memcpy(out.data() + t.response->written, data, n);
     t.response->written += n;
   } else {
     t.response->body.append(data, n);
@@ -415,8 +427,10 @@ Result<S3Client::Response> S3Client::SendOnce(const Request& request, Handle& ha
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
   response.status = status;
   if (transfer.overflow) {
-    return DataLossError(what + ": the server sent more than the " +
-                         std::to_string(request.out->size()) + " bytes asked for");
+    uint64_t asked = 0;
+    for (const MutableByteView& piece : request.out) asked += piece.size();
+    return DataLossError(what + ": the server sent more than the " + std::to_string(asked) +
+                         " bytes asked for");
   }
   if (code != CURLE_OK) {
     const std::string message = what + ": " + (error[0] ? error : curl_easy_strerror(code));
@@ -482,14 +496,23 @@ Result<S3ObjectInfo> S3Client::StatObject(std::string_view bucket, std::string_v
 
 Status S3Client::GetRange(std::string_view bucket, std::string_view key, uint64_t offset,
                           MutableByteView out) {
-  if (out.empty()) return OkStatus();
+  return GetRangeV(bucket, key, offset, std::span<const MutableByteView>(&out, 1));
+}
+
+Status S3Client::GetRangeV(std::string_view bucket, std::string_view key, uint64_t offset,
+                           std::span<const MutableByteView> pieces) {
+  uint64_t total = 0;
+  for (const MutableByteView& piece : pieces) total += piece.size();
+  if (total == 0) return OkStatus();
   Request r = MakeRequest("GET", bucket, key);
-  r.range = {offset, offset + out.size() - 1};
-  r.out = out;
+  r.range = {offset, offset + total - 1};
+  for (const MutableByteView& piece : pieces) {
+    if (!piece.empty()) r.out.push_back(piece);
+  }
   SP_ASSIGN_OR_RETURN(Response response, Send(r));
-  if (response.written != out.size()) {
+  if (response.written != total) {
     return DataLossError("GET " + ObjectUrl(bucket, key) + " bytes " + std::to_string(offset) +
-                         ".." + std::to_string(offset + out.size()) + ": got " +
+                         ".." + std::to_string(offset + total) + ": got " +
                          std::to_string(response.written) + " bytes");
   }
   return OkStatus();

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -104,6 +105,11 @@ class S3Client {
   // holds fewer.
   Status GetRange(std::string_view bucket, std::string_view key, uint64_t offset,
                   MutableByteView out);
+  // Bytes [offset, offset + the pieces' total) of the object in one ranged GET, scattered into
+  // `pieces` in order as they arrive (no intermediate buffer); kDataLoss when the object holds
+  // fewer.
+  Status GetRangeV(std::string_view bucket, std::string_view key, uint64_t offset,
+                   std::span<const MutableByteView> pieces);
   // The whole object.
   Result<std::string> GetObject(std::string_view bucket, std::string_view key);
   // Writes the object whole, where `condition` holds (kAlreadyExists when it does not).

@@ -256,22 +256,23 @@ class S3ReadableFile : public ReadableFile {
     Status read = client_.GetRange(bucket_, key_, offset, out);
     return read.ok() ? read : Failed("read", path_, read);
   }
-  // One ranged GET for all the pieces, scattered from one buffer.
+  // One ranged GET for all the pieces, each byte written into its piece as it arrives.
   Status ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const override {
     uint64_t total = 0;
     for (const MutableByteView& p : pieces) total += p.size();
-    if (pieces.size() <= 1) return pieces.empty() ? OkStatus() : ReadAt(offset, pieces[0]);
     // What the file holds of the range is read and delivered even when the range runs past its
     // end (then kDataLoss, as ReadAt reports it).
     const uint64_t held = offset >= size_ ? 0 : std::min(total, size_ - offset);
-    std::vector<std::byte> whole(held);
-    if (held > 0) SP_RETURN_IF_ERROR(ReadAt(offset, MutableByteView(whole.data(), held)));
+    std::vector<MutableByteView> within;
     uint64_t at = 0;
     for (const MutableByteView& p : pieces) {
       if (at >= held) break;
-      const uint64_t n = std::min<uint64_t>(p.size(), held - at);
-      if (n > 0) std::memcpy(p.data(), whole.data() + at, n);
+      within.push_back(MutableByteView(p.data(), std::min<uint64_t>(p.size(), held - at)));
       at += p.size();
+    }
+    if (held > 0) {
+      Status read = client_.GetRangeV(bucket_, key_, offset, within);
+      if (!read.ok()) return Failed("read", path_, read);
     }
     if (held < total) return ShortRead(offset, total);
     return OkStatus();
