@@ -7,7 +7,8 @@ the tensors of bench/dcp_bench.py) and measures, median of --runs runs each:
   save            sp.save(state, "s3://...")   vs dcp.save with s3torchconnector's S3StorageWriter
                                                vs dcp.save with FsspecWriter (s3fs)
   load            the same layout               (S3StorageReader, FsspecReader)
-  load resharded  loaded as Shard(1) on the same ranks
+  load resharded  loaded as Shard(1) on the same ranks; sp also with share_reads=False (every rank
+                  reads for itself, the default before loads from object storage shared reads)
 and, as the ceiling, the raw throughput of the server: a plain parallel PUT and GET of the same
 number of bytes with shardpoint's own S3 client (build/bench/s3_raw_bench, 16 MiB objects, on as
 many threads in all as the ranks' saves use). Targets: sp >= 0.8x the raw throughput and >= 3x
@@ -121,6 +122,10 @@ def bench(rank: int, world: int, rendezvous: str, endpoint: str, args: argparse.
     state, same, resharded = start_rank(rank, world, rendezvous, args)
     timer = Timer()
     fs_options = s3fs_options(endpoint)
+    read: dict[str, int] = {}  # bytes this rank read in the last run of each sp load
+
+    def sp_load(label: str, dest: dict, url: str, **kwargs) -> None:
+        read[label] = sp.load(dest, url, threads=args.threads, **kwargs).bytes_read
 
     def remove(url: str) -> None:
         import s3fs
@@ -135,11 +140,13 @@ def bench(rank: int, world: int, rendezvous: str, endpoint: str, args: argparse.
                   lambda: dcp.save(state, storage_writer=s3tc_writer(endpoint, tc_url)))
         timer.run("save dcp fsspec", lambda: dcp.save(
             state, storage_writer=FsspecWriter(fs_url, thread_count=4, sync_files=False, **fs_options)))
-        timer.run("load sp", lambda: sp.load(same, sp_url, threads=args.threads))
+        timer.run("load sp", lambda: sp_load("load sp", same, sp_url))
         timer.run("load dcp s3torchconnector",
                   lambda: dcp.load(same, storage_reader=s3tc_reader(endpoint, tc_url)))
         timer.run("load dcp fsspec", lambda: dcp.load(same, storage_reader=FsspecReader(fs_url, **fs_options)))
-        timer.run("load resharded sp", lambda: sp.load(resharded, sp_url, threads=args.threads))
+        timer.run("load resharded sp", lambda: sp_load("load resharded sp", resharded, sp_url))
+        timer.run("load resharded sp, reads not shared",
+                  lambda: sp_load("load resharded sp, reads not shared", resharded, sp_url, share_reads=False))
         timer.run("load resharded dcp s3torchconnector",
                   lambda: dcp.load(resharded, storage_reader=s3tc_reader(endpoint, tc_url)))
         timer.run("load resharded dcp fsspec",
@@ -153,11 +160,12 @@ def bench(rank: int, world: int, rendezvous: str, endpoint: str, args: argparse.
                 remove(url)
         dist.barrier()
 
-    total = torch.tensor([local_bytes(state)], dtype=torch.int64)
+    total = torch.tensor([local_bytes(state)] + list(read.values()), dtype=torch.int64)
     dist.all_reduce(total)
     if rank == 0:
         with open(os.path.join(os.path.dirname(rendezvous), "results.json"), "w") as f:
-            json.dump({"results": timer.results, "bytes": int(total.item())}, f)
+            json.dump({"results": timer.results, "bytes": int(total[0].item()),
+                       "read": dict(zip(read, (int(b) for b in total[1:].tolist())))}, f)
     dist.destroy_process_group()
 
 
@@ -171,7 +179,8 @@ def raw(endpoint: str, total: int, threads: int, runs: int) -> dict:
     return json.loads(out)
 
 
-def report(results: dict, total: int, raw_figures: dict, world: int, args: argparse.Namespace) -> None:
+def report(results: dict, total: int, read: dict, raw_figures: dict, world: int,
+           args: argparse.Namespace) -> None:
     median = {k: statistics.median(v) for k, v in results.items()}
     print(f"state: {total / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
           f"median of {args.runs} runs; one SeaweedFS server on 127.0.0.1")
@@ -180,6 +189,8 @@ def report(results: dict, total: int, raw_figures: dict, world: int, args: argpa
     print(f"{'raw GET (s3_raw_bench)':40}{raw_figures['get_seconds']:10.3f}{raw_figures['get_gbps']:9.2f}")
     for label, seconds in median.items():
         print(f"{label:40}{seconds:10.3f}{total / seconds / 1e9:9.2f}")
+    for label, nbytes in read.items():
+        print(f"  {label}: the ranks read {nbytes:,} bytes ({nbytes / total:.2f}x the state)")
     print("ratios:")
     for what, ceiling in (("save", "put_seconds"), ("load", "get_seconds"),
                           ("load resharded", "get_seconds")):
@@ -225,7 +236,7 @@ def main() -> None:
             with open(os.path.join(tmp, "results.json")) as f:
                 figures = json.load(f)
             raw_figures = raw(endpoint, figures["bytes"], args.raw_threads, args.runs)
-            report(figures["results"], figures["bytes"], raw_figures, args.ranks, args)
+            report(figures["results"], figures["bytes"], figures["read"], raw_figures, args.ranks, args)
         finally:
             server.kill()
             server.wait()
