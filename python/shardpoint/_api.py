@@ -273,8 +273,9 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
 
     ``share_reads``: a stored chunk that several ranks need is read by one of them and sent to the
     others over the process group, so each stored byte is read once. ``None`` (the default) shares
-    when the group spans several machines; on one machine the ranks share the page cache, where
-    reading again costs less than sending through gloo.
+    on object storage (``s3://``: every read is a request) and when the group spans several
+    machines; ranks on one machine reading a local file system share its page cache, where reading
+    again costs less than sending through gloo.
 
     ``mapping`` (a :class:`KeyMapping`, e.g. ``shardpoint.mappings.for_model(model)``): stored names
     renamed to keys of ``state_dict``, and keys made of several stored tensors (stacked or
