@@ -182,8 +182,9 @@ class Store {
   // lands (checked by the store atomically with the write, so that of two writers racing for the
   // same condition at most one succeeds): kAlreadyExists naming the path when it does not hold,
   // and the file is left as it was; but where the file then holds exactly `bytes` (a retried
-  // write whose first attempt landed), the write succeeded. The commit of a save goes through here (WriteFileDurably).
-  // The default: kUnimplemented (a store that cannot check a condition atomically).
+  // write whose first attempt landed), the write succeeded. The commit of a save goes through
+  // here (WriteFileDurably). The default: kUnimplemented (a store that cannot check a condition
+  // atomically).
   virtual Status WriteFileIf(std::string_view path, std::string_view bytes,
                              const FileCondition& condition);
   // Drops what writers left unfinished in the directory `dir` that no reader can see (S3Store:
@@ -212,9 +213,10 @@ Status WriteSyncedFile(Store& store, const std::string& path, std::string_view b
 // before or all of `bytes`: they go to the file `temp_name` of `dir`, which is synced, closed and
 // renamed over `name`; on a store whose files appear only when closed (object storage), straight
 // to `name`. With a `condition`, the store writes `name` through WriteFileIf where it can
-// (kAlreadyExists when the condition fails) and as without one where it cannot (kUnimplemented). On failure `name` is as it was; the temporary is removed (best effort)
-// when writing it failed, and left when the rename failed (a failed rename may have happened on
-// some file systems; the next commit's cleanup removes such leftovers by their name).
+// (kAlreadyExists when the condition fails) and as without one where it cannot (kUnimplemented).
+// On failure `name` is as it was; the temporary is removed (best effort) when writing it failed,
+// and left when the rename failed (a failed rename may have happened on some file systems; the
+// next commit's cleanup removes such leftovers by their name).
 // The rename is durable once the caller syncs `dir` (Store::SyncDir), which is left to the caller:
 // a commit may rename several files under one SyncDir, and must sync the directory before the
 // rename when the files the new one names have to be durable first. Used for every small file a

@@ -134,7 +134,8 @@ size_t OnWrite(char* data, size_t size, size_t count, void* user) {
         t.overflow = true;
         return 0;  // aborts the transfer
       }
-      const size_t k = static_cast<size_t>(std::min<uint64_t>(n - done, out[t.piece].size() - t.piece_at));
+      const size_t k =
+          static_cast<size_t>(std::min<uint64_t>(n - done, out[t.piece].size() - t.piece_at));
       std::memcpy(out[t.piece].data() + t.piece_at, data + done, k);
       t.piece_at += k;
       done += k;
