@@ -3,6 +3,7 @@
 // need (engine/read_exchange.h); the read executor does the reads; every rank returns the same
 // outcome.
 #include <algorithm>
+#include <future>
 #include <set>
 
 #include "shardpoint/engine/load.h"
@@ -219,8 +220,10 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     all.push_back(std::move(needs).value());
   }
   gathered->clear();
-  const ExchangePlan plan =
-      PlanExchange(all, comm.rank(), metadata, std::max<uint64_t>(1, options.memory_budget_bytes / 2));
+  // Up to three rounds hold memory at once (one unpacked, one exchanged, one read), each at most
+  // round_bytes sent plus received: together within the budget.
+  const ExchangePlan plan = PlanExchange(all, comm.rank(), metadata,
+                                         std::max<uint64_t>(1, options.memory_budget_bytes / 3));
   Prepared& p = *prepared;
   ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
   read_options.max_gap_bytes = 0;
@@ -241,8 +244,33 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     return OkStatus();
   }();
 
+  // One round's reads: this rank's own regions, and the payloads it sends.
+  struct RoundReads {
+    Status status;
+    uint64_t bytes = 0;
+    std::vector<std::string> payloads;
+  };
+  auto read_round = [&](const ExchangeRound& round) {
+    RoundReads out;
+    Outgoing outgoing(metadata, comm.size());
+    std::vector<ReadRequest> requests;
+    for (size_t i : round.own) requests.push_back(p.requests[i]);
+    for (int q = 0; q < comm.size(); ++q) {
+      if (!round.send[q].empty()) outgoing.Add(q, round.send[q], requests);
+    }
+    Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
+    if (read.ok()) {
+      out.bytes = *read;
+    } else {
+      out.status = read.status();
+    }
+    out.payloads = outgoing.Take();
+    return out;
+  };
   uint64_t bytes_read = 0;
-  // Round k's regions are copied out while round k+1 reads.
+  // Round k+1 reads on a helper thread while round k's payloads are exchanged on this one (the
+  // only thread that calls the communicator), and round k's regions are copied out of what
+  // arrived while round k+2 reads: the storage is kept busy across the exchanges.
   std::unique_ptr<Unpacker> unpacking;
   auto finish_unpacking = [&] {
     if (unpacking == nullptr) return;
@@ -250,27 +278,27 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     if (local.ok()) local = status;
     unpacking.reset();
   };
-  for (const ExchangeRound& round : plan.rounds) {
-    Outgoing outgoing(metadata, comm.size());
-    if (local.ok()) {
-      std::vector<ReadRequest> requests;
-      for (size_t i : round.own) requests.push_back(p.requests[i]);
-      for (int q = 0; q < comm.size(); ++q) {
-        if (!round.send[q].empty()) outgoing.Add(q, round.send[q], requests);
-      }
-      Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
-      if (read.ok()) {
-        bytes_read += *read;
-      } else {
-        local = read.status();
-      }
+  // Declared after everything the reads use: on any return its destructor waits for them.
+  std::future<RoundReads> reading;
+  auto start_reading = [&](size_t k) {
+    if (local.ok() && k < plan.rounds.size()) {
+      reading = std::async(std::launch::async, read_round, std::cref(plan.rounds[k]));
     }
-    finish_unpacking();
+  };
+  start_reading(0);
+  for (size_t k = 0; k < plan.rounds.size(); ++k) {
+    const ExchangeRound& round = plan.rounds[k];
+    RoundReads done;
+    if (reading.valid()) done = reading.get();
+    if (local.ok()) local = done.status;
+    bytes_read += done.bytes;
+    start_reading(k + 1);
     Result<std::vector<std::string>> payloads =
-        local.ok() ? Result<std::vector<std::string>>(outgoing.Take())
+        local.ok() ? Result<std::vector<std::string>>(std::move(done.payloads))
                    : Result<std::vector<std::string>>(local);
     Result<std::vector<std::string>> received = AllToAllOrFail(comm, std::move(payloads));
     if (!received.ok()) return {received.status(), true};
+    finish_unpacking();
     if (local.ok()) {
       unpacking = std::make_unique<Unpacker>(ctx.pool());
       unpacking->Start(std::move(received).value(), round, p.requests);

@@ -1092,7 +1092,7 @@ TEST_F(ReshardTest, SharedReadsCastOnTheReceivingRank) {
 }
 
 TEST_F(ReshardTest, SharedReadsInRoundsUnderASmallBudget) {
-  // A 48 KiB budget allows 24 KiB of exchange per rank and round: "w"'s two 12 KiB chunks and
+  // A 48 KiB budget allows 16 KiB of exchange per rank and round: "w"'s two 12 KiB chunks and
   // "v" go in separate rounds; the result is the same.
   Case c = ColumnSplitCase();
   c.load_options.memory_budget_bytes = 48 << 10;
@@ -1120,6 +1120,36 @@ TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
                                                   chunk.box.ToString() + " (file " + path))
       << statuses[0];
   EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];
+  for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
+}
+
+TEST_F(ReshardTest, CorruptChunkInALaterRoundFailsEveryRankWhileTheNextRoundReads) {
+  // 16 row chunks of 2 KiB, each split by columns over 2 ranks: with a 6 KiB budget a round
+  // carries 2 KiB of exchange per rank, two chunks, so the load runs in about 8 rounds, and the
+  // next round is being read while a round's payloads are exchanged. A corrupt chunk in a late
+  // round fails every rank with its reader's error, and nothing is left running.
+  TensorCase t = MakeTensor("rows", DType::kFloat32, {128, 64}, 16);
+  t.save = MeshOf(t.shape, Mesh({16}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({2}, {Placement::Shard(1)}));
+  Case c = MakeCase({t}, 16, 2);
+  c.load_options.share_reads = true;
+  c.load_options.memory_budget_bytes = 6 << 10;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+  ExpectLoaded(c, initial_, loaded_);
+
+  const CheckpointMetadata md = Metadata();
+  ASSERT_EQ(md.tensors.size(), 1u);
+  ASSERT_EQ(md.tensors[0].chunks.size(), 16u);
+  const StoredChunk& chunk = md.tensors[0].chunks[13];
+  const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
+  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 100, 0x40));
+  std::vector<Status> statuses = LoadAll(c);
+  ASSERT_FALSE(statuses[0].ok());
+  EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor 'rows' chunk " +
+                                                  chunk.box.ToString() + " (file " + path))
+      << statuses[0];
   for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
 }
 
