@@ -80,6 +80,7 @@ std::unique_ptr<PyCommunicator> PyCommunicator::FromObject(nb::handle comm) {
   }
   return std::unique_ptr<PyCommunicator>(
       new PyCommunicator(nb::borrow<nb::object>(comm), rank, size, nb::hasattr(comm, "all_to_all"),
+                         nb::hasattr(comm, "all_to_all_buffers"),
                          nb::hasattr(comm, "spans_machines")));
 }
 
@@ -125,16 +126,115 @@ Status PyCommunicator::Barrier() {
 }
 
 Result<std::vector<std::string>> PyCommunicator::AllToAll(std::vector<std::string> payloads) {
-  if (!has_all_to_all_) return Communicator::AllToAll(std::move(payloads));
+  if (!has_all_to_all_ && !has_all_to_all_buffers_) {
+    return Communicator::AllToAll(std::move(payloads));
+  }
   if (static_cast<int>(payloads.size()) != size_) {
     return InvalidArgumentError("AllToAll: rank " + std::to_string(rank_) + " passed " +
                                 std::to_string(payloads.size()) +
                                 " payloads, expected one per rank (" + std::to_string(size_) + ")");
   }
+  if (has_all_to_all_buffers_) return AllToAllBuffers(std::move(payloads));
   return CallWithGil<std::vector<std::string>>("all_to_all", [&] {
     nb::list list;
     for (const std::string& p : payloads) list.append(ToBytes(p));
     return FromBytesList(comm_.attr("all_to_all")(list), size_, "all_to_all");
+  });
+}
+
+namespace {
+
+// A buffer-protocol view of an object, released (with the GIL held) when it goes.
+class HeldBuffer {
+ public:
+  HeldBuffer() = default;
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  ~HeldBuffer() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  // Views `obj` as C-contiguous bytes; raises TypeError naming `what` when it cannot.
+  void Take(nb::handle obj, const char* what) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      throw nb::type_error((std::string(what) + " is a " + nb::type_name(obj.type()).c_str() +
+                            ", expected a C-contiguous object with the buffer protocol")
+                               .c_str());
+    }
+    held_ = true;
+  }
+  const char* data() const { return static_cast<const char*>(view_.buf); }
+  uint64_t size() const { return static_cast<uint64_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+}  // namespace
+
+Result<std::vector<std::string>> PyCommunicator::AllToAllBuffers(
+    std::vector<std::string> payloads) {
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const std::string& p : payloads) {
+    sizes.push_back(p.size());
+    total += p.size();
+  }
+  return CallWithGil<std::vector<std::string>>("all_to_all_buffers", [&] {
+    // An uninitialized bytearray, filled without the GIL: nothing else refers to it yet.
+    nb::object send = nb::steal(PyByteArray_FromStringAndSize(nullptr, total));
+    if (!send.is_valid()) throw nb::python_error();
+    {
+      nb::gil_scoped_release released;
+      char* at = PyByteArray_AS_STRING(send.ptr());
+      for (std::string& p : payloads) {
+        std::copy(p.begin(), p.end(), at);
+        at += p.size();
+        std::string().swap(p);  // each payload's memory goes as soon as it is copied
+      }
+    }
+    nb::list size_list;
+    for (uint64_t n : sizes) size_list.append(n);
+    nb::object reply = comm_.attr("all_to_all_buffers")(send, size_list);
+    send.reset();
+    nb::object recv;
+    std::vector<int64_t> recv_sizes;
+    if (!PyTuple_Check(reply.ptr()) || PyTuple_GET_SIZE(reply.ptr()) != 2 ||
+        !nb::try_cast(nb::handle(PyTuple_GET_ITEM(reply.ptr(), 1)), recv_sizes)) {
+      throw nb::type_error(("all_to_all_buffers returned a " +
+                            std::string(nb::type_name(reply.type()).c_str()) +
+                            ", expected a tuple (buffer, list of int)")
+                               .c_str());
+    }
+    recv = nb::borrow(PyTuple_GET_ITEM(reply.ptr(), 0));
+    HeldBuffer view;
+    view.Take(recv, "all_to_all_buffers' received buffer");
+    uint64_t sum = 0;
+    bool negative = false;
+    for (int64_t n : recv_sizes) {
+      negative = negative || n < 0;
+      sum += static_cast<uint64_t>(n);
+    }
+    if (static_cast<int>(recv_sizes.size()) != size_ || negative || sum != view.size()) {
+      throw nb::value_error(("all_to_all_buffers returned " + std::to_string(recv_sizes.size()) +
+                             " sizes adding up to " + std::to_string(sum) + " bytes and a " +
+                             std::to_string(view.size()) +
+                             "-byte buffer: expected one non-negative size per rank (" +
+                             std::to_string(size_) + ") adding up to the buffer's length")
+                                .c_str());
+    }
+    std::vector<std::string> out(recv_sizes.size());
+    {
+      // The view keeps the buffer alive and in place while the GIL is released.
+      nb::gil_scoped_release released;
+      const char* at = view.data();
+      for (size_t r = 0; r < out.size(); ++r) {
+        out[r].assign(at, recv_sizes[r]);
+        at += recv_sizes[r];
+      }
+    }
+    return out;
   });
 }
 

@@ -10,6 +10,13 @@
 // and optionally
 //   all_to_all(chunks: list[bytes]) -> list[bytes] (chunks[i] to rank i; returns what each rank
 //     sent to this one); without it AllToAll runs one scatter per rank;
+//   all_to_all_buffers(send: bytearray, sizes: list[int]) -> (recv, recv_sizes): the same
+//     exchange on one buffer each way, preferred over all_to_all when both exist. `send` holds
+//     the payloads back to back, sizes[i] bytes for rank i; `recv` is any C-contiguous object
+//     with the buffer protocol (a numpy array, a bytearray) holding what each rank sent to this
+//     one back to back, recv_sizes[i] bytes from rank i. The payloads cross the Python boundary
+//     without a bytes object each: the core copies them into `send` and out of `recv` with the
+//     GIL released;
 //   spans_machines() -> bool: whether the group's ranks run on more than one machine, the same on
 //     every rank (it may be a collective: it is called at the same point on every rank, once per
 //     PyCommunicator, with the GIL taken). Without it, or when it raises (reported as an
@@ -60,17 +67,22 @@ class PyCommunicator final : public Communicator {
 
  private:
   PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all,
-                 bool has_spans_machines)
+                 bool has_all_to_all_buffers, bool has_spans_machines)
       : comm_(std::move(comm)),
         rank_(rank),
         size_(size),
         has_all_to_all_(has_all_to_all),
+        has_all_to_all_buffers_(has_all_to_all_buffers),
         has_spans_machines_(has_spans_machines) {}
+
+  // AllToAll through the object's all_to_all_buffers.
+  Result<std::vector<std::string>> AllToAllBuffers(std::vector<std::string> payloads);
 
   nanobind::object comm_;
   int rank_;
   int size_;
   bool has_all_to_all_;
+  bool has_all_to_all_buffers_;
   bool has_spans_machines_;
   mutable std::optional<bool> spans_machines_;  // the object's answer, once asked
   std::optional<std::vector<int>> machine_ranks_;  // the object's answer, once asked

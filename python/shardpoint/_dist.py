@@ -66,29 +66,25 @@ class TorchComm:
         self._dist.all_gather_object(out, data, group=self.group)
         return out
 
-    def all_to_all(self, chunks: list[bytes]) -> list[bytes]:
-        """``chunks[i]`` goes to rank i; returns what every rank sent to this one, by sender.
+    def all_to_all_buffers(self, send: bytearray, sizes: list[int]) -> tuple[Any, list[int]]:
+        """``send`` holds a payload per rank back to back, ``sizes[i]`` bytes for rank i; returns a
+        uint8 array holding what every rank sent to this one back to back, and how many bytes
+        came from each.
 
-        The bytes travel as uint8 tensors (one size exchange, one ``all_to_all_single``), not as
-        pickled objects, so large payloads cost one copy in and one out.
+        The bytes travel as uint8 tensors viewing the buffers (one size exchange, one
+        ``all_to_all_single``): no copy on either side beyond the transport's own.
         """
         import torch
 
-        sizes = torch.tensor([len(c) for c in chunks], dtype=torch.int64)
+        counts = torch.tensor(sizes, dtype=torch.int64)
         incoming = torch.empty(self.size, dtype=torch.int64)
-        self._dist.all_to_all_single(incoming, sizes, group=self.group)
-        joined = bytearray().join(chunks)
-        send = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
+        self._dist.all_to_all_single(incoming, counts, group=self.group)
+        outgoing = torch.frombuffer(send, dtype=torch.uint8) if send else torch.empty(0, dtype=torch.uint8)
         splits = incoming.tolist()
         recv = torch.empty(sum(splits), dtype=torch.uint8)
-        self._dist.all_to_all_single(recv, send, output_split_sizes=splits,
-                                     input_split_sizes=sizes.tolist(), group=self.group)
-        data = memoryview(recv.numpy())
-        out, at = [], 0
-        for n in splits:
-            out.append(bytes(data[at:at + n]))
-            at += n
-        return out
+        self._dist.all_to_all_single(recv, outgoing, output_split_sizes=splits,
+                                     input_split_sizes=list(sizes), group=self.group)
+        return recv.numpy(), splits
 
     def barrier(self) -> None:
         """Returns once every rank has called it."""

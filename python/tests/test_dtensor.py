@@ -251,7 +251,7 @@ def _share_reads_rank(rank: int, world: int, path: str) -> list[int]:
 
 def test_shared_reads_read_each_stored_byte_once_over_gloo(tmp_path):
     """Column-split loads of row-split chunks: with share_reads one rank reads each chunk and sends
-    the others their columns through all_to_all; by default, on one machine, each rank reads every
+    the others their columns through all_to_all_buffers; by default, on one machine, each rank reads every
     chunk itself (the chunks are smaller than a checksum block, so each is read whole)."""
     stored = 64 * 96 * 4 + 10 * 7 * 9 * 8
     per_rank = run_ranks(3, _share_reads_rank, str(tmp_path / "ckpt"))

@@ -236,6 +236,77 @@ def test_torch_comm_spans_machines_compares_host_names(monkeypatch):
     assert comm.spans_machines() is True
 
 
+class BuffersComm(FakeComm):
+    """A FakeComm with all_to_all (which must not be called) and all_to_all_buffers, whose reply
+    ``bad(recv, sizes)`` may spoil; counts the calls."""
+
+    def __init__(self, group, rank, bad=None):
+        super().__init__(group, rank)
+        self.bad = bad
+        self.calls = 0
+
+    def all_to_all(self, chunks):
+        raise AssertionError("all_to_all called although all_to_all_buffers exists")
+
+    def all_to_all_buffers(self, send, sizes):
+        self.calls += 1
+        assert isinstance(send, bytearray) and len(send) == sum(sizes) and len(sizes) == self.size
+        chunks, at = [], 0
+        for n in sizes:
+            chunks.append(bytes(send[at:at + n]))
+            at += n
+        mine = [sent[self.rank] for sent in self._exchange(chunks)]
+        recv, recv_sizes = np.frombuffer(b"".join(mine), dtype=np.uint8), [len(m) for m in mine]
+        return (recv, recv_sizes) if self.bad is None else self.bad(recv, recv_sizes)
+
+
+def _load_columns_shared(path, full, bad=None):
+    """Two ranks load the column halves of ``full`` with shared reads through BuffersComm."""
+    group = FakeGroup(2)
+    comms = [BuffersComm(group, rank, bad) for rank in range(2)]
+    half = full.shape[1] // 2
+
+    def load(rank):
+        out = np.zeros((full.shape[0], half), dtype=full.dtype)
+        piece = ((0, rank * half), out.shape, out)
+        options = _core.LoadOptions(comm=comms[rank], share_reads=True)
+        result = _core.load(path, [("w", "float64", full.shape, [piece])], [], options)
+        assert out.tobytes() == np.ascontiguousarray(full[:, rank * half:(rank + 1) * half]).tobytes()
+        return result
+
+    return run_ranks(2, load), comms
+
+
+def test_all_to_all_buffers_carries_the_shared_reads(one_chunk):
+    path, full = one_chunk
+    results, comms = _load_columns_shared(path, full)
+    # One rank read the one stored chunk and sent the other its columns in one buffer.
+    assert sum(bytes_read for _, _, _, bytes_read, _ in results) == full.nbytes
+    assert all(c.calls >= 1 for c in comms)
+
+
+@pytest.mark.parametrize("bad, messages", [
+    (lambda recv, sizes: (recv, sizes[:1]),
+     ["all_to_all_buffers returned 1 sizes adding up to ",
+      "-byte buffer: expected one non-negative size per rank (2) adding up to the buffer's length"]),
+    (lambda recv, sizes: (recv, [-1, sum(sizes) + 1]),
+     ["all_to_all_buffers returned 2 sizes", "expected one non-negative size per rank (2)"]),
+    (lambda recv, sizes: (7, sizes),
+     ["all_to_all_buffers' received buffer is a int, expected a C-contiguous object with the buffer protocol"]),
+    (lambda recv, sizes: (np.zeros((2, recv.size + 1), dtype=np.uint8).T, sizes),
+     ["all_to_all_buffers' received buffer is a ndarray, expected a C-contiguous object"]),
+    (lambda recv, sizes: [recv, sizes],
+     ["all_to_all_buffers returned a list, expected a tuple (buffer, list of int)"]),
+])
+def test_all_to_all_buffers_reply_is_checked(one_chunk, bad, messages):
+    path, full = one_chunk
+    results, _ = _load_columns_shared(path, full, bad)
+    for e in results:
+        assert isinstance(e, _core.StatusError) and e.code == "UNAVAILABLE", e
+        assert e.message.startswith("communicator all_to_all_buffers failed: "), e.message
+        assert all(m in e.message for m in messages), e.message
+
+
 class ProcessesComm(FakeComm):
     """A FakeComm whose machine_ranks() gives ``answer`` (or raises it)."""
 
