@@ -91,7 +91,10 @@ class TunerCore {
   TunerCore(IoTunerConfig config, double now);
 
   uint64_t Take() { return taken_++; }
-  bool Granted(uint64_t ticket) const { return ticket < ended_ + controller_.depth(); }
+  bool Granted(uint64_t ticket) const { return ticket < grant_limit(); }
+  // Tickets below this are granted (their reads may run).
+  uint64_t grant_limit() const { return ended_ + controller_.depth(); }
+  uint64_t taken() const { return taken_; }
   // A granted read begins / a running read ends having delivered `bytes`. End measures, and
   // returns true when the depth changed (waiters may now be let in).
   void Begin(double now);

@@ -30,7 +30,14 @@ namespace sp {
 namespace {
 
 constexpr uint64_t kMagic = 0x7370696f67617465;  // "spiogate"
-constexpr uint32_t kLayout = 1;                   // bump when SharedGateState changes
+constexpr uint32_t kLayout = 2;                   // bump when SharedGateState changes
+// Futex words waiters sleep on, one per ticket modulo this: a grant wakes the threads waiting
+// for that ticket (and any other ticket of the same slot, which sleep again), not every waiter.
+constexpr uint64_t kTurnSlots = 1024;
+// A waiter first in line checks this often whether members holding slots have died; the others
+// sleep until their turn comes, checking at least this often in case a wake-up was lost.
+constexpr double kHeadWaitSeconds = 0.05;
+constexpr double kQueuedWaitSeconds = 1.0;
 
 enum MemberState : int32_t { kFree = 0, kAttached = 1, kDetached = 2, kDead = 3 };
 
@@ -53,12 +60,15 @@ struct SharedGateState {
   uint64_t bytes;  // of the whole object
   uint64_t pid_namespace;  // the creator's (PidNamespace); every member must share it
   pthread_mutex_t mu;
-  // The futex word waiters sleep on: bumped whenever a waiter's ticket may have been granted.
-  std::atomic<uint32_t> generation;
+  // turns[t % kTurnSlots]: the futex word the waiters for ticket t sleep on, bumped when it is
+  // granted.
+  std::atomic<uint32_t> turns[kTurnSlots];
   int32_t attached;
   int32_t joined;
   int32_t unlinked;  // the name has been removed
   uint64_t reclaimed;
+  uint64_t futile_wakeups;  // waiters that woke and found their ticket not yet granted
+  double last_reclaim_check;  // SteadySeconds of the last check for dead members
   char name[224];
   TunerCore core;
 
@@ -108,7 +118,7 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, double seconds) {
           0);
 }
 
-void FutexWakeAll(std::atomic<uint32_t>* word) {
+void FutexWake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
           0);
 }
@@ -183,7 +193,7 @@ Result<SharedGateState*> Create(const std::string& name, int members,
   pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
   pthread_mutex_init(&state->mu, &attr);
   pthread_mutexattr_destroy(&attr);
-  new (&state->generation) std::atomic<uint32_t>(0);
+  for (std::atomic<uint32_t>& turn : state->turns) new (&turn) std::atomic<uint32_t>(0);
   std::snprintf(state->name, sizeof(state->name), "%s", name.c_str());
   new (&state->core) TunerCore(config, SteadySeconds());
   for (int i = 0; i < members; ++i) new (state->member(i)) Member();
@@ -316,6 +326,7 @@ SharedIoTuner::SharedIoTuner(SharedGateState* state, size_t bytes, int member)
 SharedIoTuner::~SharedIoTuner() {
   if (member_ >= 0) {
     Lock();
+    const uint64_t limit = state_->core.grant_limit();
     Member* me = state_->member(member_);
     if (me->state == kAttached) {
       // Reads left outstanding (none after a load) would hold slots forever.
@@ -330,8 +341,9 @@ SharedIoTuner::~SharedIoTuner() {
       shm_unlink(state_->name);
       state_->unlinked = 1;
     }
+    const std::pair<uint64_t, uint64_t> granted = NewlyGranted(limit);
     Unlock();
-    WakeAll();
+    WakeTurns(granted);
   }
   munmap(state_, bytes_);
 }
@@ -345,9 +357,18 @@ void SharedIoTuner::Lock() const {
 
 void SharedIoTuner::Unlock() const { pthread_mutex_unlock(&state_->mu); }
 
-void SharedIoTuner::WakeAll() {
-  state_->generation.fetch_add(1, std::memory_order_release);
-  FutexWakeAll(&state_->generation);
+std::pair<uint64_t, uint64_t> SharedIoTuner::NewlyGranted(uint64_t limit_before) const {
+  const uint64_t limit = std::min(state_->core.grant_limit(), state_->core.taken());
+  return {limit_before, std::max(limit_before, limit)};
+}
+
+void SharedIoTuner::WakeTurns(std::pair<uint64_t, uint64_t> tickets) {
+  const uint64_t end = std::min(tickets.second, tickets.first + kTurnSlots);
+  for (uint64_t t = tickets.first; t < end; ++t) {
+    std::atomic<uint32_t>& turn = state_->turns[t % kTurnSlots];
+    turn.fetch_add(1, std::memory_order_release);
+    FutexWake(&turn);
+  }
 }
 
 bool SharedIoTuner::ReclaimDead() {
@@ -371,18 +392,25 @@ void SharedIoTuner::Acquire() {
   const uint64_t ticket = state_->core.Take();
   Member* me = state_->member(member_);
   ++me->taken;
-  double waited_since = SteadySeconds();
   while (!state_->core.Granted(ticket)) {
-    const uint32_t seen = state_->generation.load(std::memory_order_acquire);
+    // The first in line watches for dead members (their slots are what it waits for); the others
+    // look less often, in case the first in line is a dead member's ticket.
+    const bool head = ticket == state_->core.grant_limit();
+    std::atomic<uint32_t>& turn = state_->turns[ticket % kTurnSlots];
+    const uint32_t seen = turn.load(std::memory_order_acquire);
     Unlock();
-    FutexWait(&state_->generation, seen, 0.05);
+    FutexWait(&turn, seen, head ? kHeadWaitSeconds : kQueuedWaitSeconds);
     Lock();
+    if (!state_->core.Granted(ticket)) ++state_->futile_wakeups;
     const double now = SteadySeconds();
-    if (now - waited_since >= 0.05) {
-      waited_since = now;
+    if (now - state_->last_reclaim_check >= kHeadWaitSeconds) {
+      state_->last_reclaim_check = now;
+      const uint64_t limit = state_->core.grant_limit();
       if (ReclaimDead()) {
-        state_->generation.fetch_add(1, std::memory_order_release);
-        FutexWakeAll(&state_->generation);
+        const std::pair<uint64_t, uint64_t> granted = NewlyGranted(limit);
+        Unlock();
+        WakeTurns(granted);
+        Lock();
       }
     }
   }
@@ -393,11 +421,12 @@ void SharedIoTuner::Acquire() {
 
 void SharedIoTuner::Release(uint64_t bytes) {
   Lock();
+  const uint64_t limit = state_->core.grant_limit();
   state_->core.End(SteadySeconds(), bytes);
   ++state_->member(member_)->ended;
-  const bool wake = state_->core.waiting() > 0;
+  const std::pair<uint64_t, uint64_t> granted = NewlyGranted(limit);
   Unlock();
-  if (wake) WakeAll();
+  WakeTurns(granted);
 }
 
 int SharedIoTuner::depth() const {
@@ -417,6 +446,9 @@ int64_t SharedIoTuner::intervals() const {
 }
 uint64_t SharedIoTuner::reclaimed() const {
   return Locked([&] { return state_->reclaimed; });
+}
+uint64_t SharedIoTuner::futile_wakeups() const {
+  return Locked([&] { return state_->futile_wakeups; });
 }
 
 #else  // !__linux__
@@ -441,10 +473,12 @@ int SharedIoTuner::joined() const { return 0; }
 double SharedIoTuner::throughput(int) const { return 0; }
 int64_t SharedIoTuner::intervals() const { return 0; }
 uint64_t SharedIoTuner::reclaimed() const { return 0; }
+uint64_t SharedIoTuner::futile_wakeups() const { return 0; }
 void SharedIoTuner::Lock() const {}
 void SharedIoTuner::Unlock() const {}
 bool SharedIoTuner::ReclaimDead() { return false; }
-void SharedIoTuner::WakeAll() {}
+std::pair<uint64_t, uint64_t> SharedIoTuner::NewlyGranted(uint64_t) const { return {0, 0}; }
+void SharedIoTuner::WakeTurns(std::pair<uint64_t, uint64_t>) {}
 
 #endif
 

@@ -14,13 +14,19 @@
 // even one that failed before all members arrived. A member that arrives after that creates a
 // fresh gate and reads alone: sharing is an optimization, never needed for a correct load.
 //
+// Waiting: a read that is not yet let in sleeps on a futex word of its own ticket (one of 1,024,
+// by ticket modulo 1,024), and a read that ends wakes only the tickets it lets in, so a gate of
+// hundreds of members does not wake every waiter on every read (with one word for all, 192
+// processes on two cores spent minutes waking each other).
+//
 // Members that die: the mutex is robust (a member that dies holding it does not block the
-// others), and a waiter that waits longer than 50 ms checks that the processes of members with
-// reads outstanding are alive (kill(pid, 0), and the start time in /proc/<pid>/stat, so that a
-// reused pid does not pass for the dead member); the reads of a dead one are forgotten, so that
-// its slots return to the others. Those checks need one PID namespace: a process of another
-// (a container of the same pod, sharing the host name and /dev/shm) is refused at Attach and
-// reads through its own gate.
+// others), and waiters check, at most every 50 ms for the whole gate, that the processes of
+// members with reads outstanding are alive: kill(pid, 0), and the start time in /proc/<pid>/stat,
+// so that a reused pid does not pass for the dead member. The waiter first in line wakes every
+// 50 ms to check; the others every second, in case the first in line is a dead member's ticket.
+// The reads of a dead member are forgotten, so that its slots return to the others. Those checks
+// need one PID namespace: a process of another (a container of the same pod, sharing the host
+// name and /dev/shm) is refused at Attach and reads through its own gate.
 //
 // Linux only (shm_open, futex); elsewhere Attach returns kUnimplemented and the caller keeps a
 // gate of its own. Thread-safe: any thread of a member may Acquire and Release.
@@ -30,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/exec/io_tuner.h"
@@ -76,6 +83,9 @@ class SharedIoTuner final : public IoGate {
   int64_t intervals() const;
   // Reads of dead members forgotten so far.
   uint64_t reclaimed() const;
+  // Times a waiter woke and found its read not yet let in (a wake-up meant for another ticket, or
+  // a periodic check).
+  uint64_t futile_wakeups() const;
 
  private:
   SharedIoTuner(SharedGateState* state, size_t bytes, int member);
@@ -93,8 +103,12 @@ class SharedIoTuner final : public IoGate {
   }
   // Under the lock: forgets the reads of members whose process is gone; true if any.
   bool ReclaimDead();
-  // Wakes every waiter of every member (under or outside the lock).
-  void WakeAll();
+  // Under the lock: the tickets granted since the grant limit was `limit_before` (that have been
+  // taken), as [first, end).
+  std::pair<uint64_t, uint64_t> NewlyGranted(uint64_t limit_before) const;
+  // Outside the lock: wakes the waiters of those tickets (and of the tickets that share their
+  // futex words, which sleep again).
+  void WakeTurns(std::pair<uint64_t, uint64_t> tickets);
 
   SharedGateState* state_;
   size_t bytes_;

@@ -112,6 +112,33 @@ TEST(SharedIoTunerTest, ProcessesReadThroughOneGate) {
   EXPECT_FALSE(NameExists(name));
 }
 
+TEST(SharedIoTunerTest, AReadThatEndsWakesOnlyTheReadItLetsIn) {
+  // 32 threads on a gate of depth 1, each reading 30 times: every Release lets one waiter in.
+  // Woken by ticket, waiters rarely wake for nothing; woken all at once (one futex word for the
+  // whole gate, as before), each Release woke the other waiters, about 30 futile wake-ups per
+  // read here and minutes of them for 192 processes on two cores.
+  const std::string name = FreshName();
+  auto gate = SharedIoTuner::Attach(name, 1, 0, Fixed(1));
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  constexpr int kThreads = 32, kReads = 30;
+  std::atomic<int> running{0}, most{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kReads; ++i) {
+        (*gate)->Acquire();
+        most = std::max(most.load(), ++running);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        --running;
+        (*gate)->Release(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(most.load(), 1);
+  EXPECT_LT((*gate)->futile_wakeups(), uint64_t{kThreads} * kReads / 4);
+}
+
 TEST(SharedIoTunerTest, TheNameIsRemovedOnceEveryMemberAttachedOrTheLastLeft) {
   const std::string name = FreshName();
   {
