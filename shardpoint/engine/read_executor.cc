@@ -327,13 +327,24 @@ class ExtentBuilder {
   std::vector<Extent> extents_;
 };
 
-// CRC32C of file bytes [from, to) of an extent whose staging is at `staging`.
-uint32_t ExtentCrc(const Extent& e, const std::byte* staging, uint64_t from, uint64_t to) {
+// The first byte of file bytes [x, ...) of `segments` (in file order, covering x), which lie in
+// their destinations or in staging at `staging`; the bytes up to the end of x's segment follow it.
+const std::byte* BytesAt(std::span<const Segment> segments, const std::byte* staging, uint64_t x) {
+  auto it = std::upper_bound(segments.begin(), segments.end(), x,
+                             [](uint64_t v, const Segment& s) { return v < s.begin; });
+  --it;
+  const std::byte* base = it->dest != nullptr ? it->dest : staging + it->staging;
+  return base + (x - it->begin);
+}
+
+// CRC32C of file bytes [from, to) of `segments` (as above).
+uint32_t SegmentsCrc(std::span<const Segment> segments, const std::byte* staging, uint64_t from,
+                     uint64_t to) {
   uint32_t crc = 0;
-  auto it = std::upper_bound(e.segments.begin(), e.segments.end(), from,
+  auto it = std::upper_bound(segments.begin(), segments.end(), from,
                              [](uint64_t x, const Segment& s) { return x < s.begin; });
-  if (it != e.segments.begin()) --it;
-  for (; it != e.segments.end() && it->begin < to; ++it) {
+  if (it != segments.begin()) --it;
+  for (; it != segments.end() && it->begin < to; ++it) {
     const uint64_t lo = std::max(from, it->begin);
     const uint64_t hi = std::min(to, it->end);
     if (lo >= hi) continue;
@@ -352,39 +363,81 @@ uint64_t DirectAlignment(const Job& job, const Extent& e) {
   return widened <= job.options.window ? a : 0;
 }
 
+// Where the bytes of extent `e`, widened to the alignment `a`, land when it is read with direct
+// I/O: a destination whose address and file offset agree modulo `a` gets the whole aligned blocks
+// of its bytes in place; everything else (its partial blocks, other destinations, staged reads,
+// gaps, the widening) lands in staging, and destinations get those bytes by copy.
+struct DirectLayout {
+  uint64_t begin = 0;  // e.begin rounded down to `a`
+  uint64_t end = 0;    // e.end rounded up to `a`
+  std::vector<Segment> segments;  // in file order, covering [begin, end); staging ones aligned
+  uint64_t staging_bytes = 0;
+};
+
+DirectLayout LayOutDirect(const Extent& e, uint64_t a) {
+  DirectLayout out;
+  out.begin = e.begin / a * a;
+  out.end = (e.end + a - 1) / a * a;
+  uint64_t cursor = out.begin;
+  auto stage_to = [&](uint64_t to) {
+    if (cursor >= to) return;
+    out.segments.push_back(Segment{cursor, to, nullptr, out.staging_bytes});
+    out.staging_bytes += to - cursor;
+    cursor = to;
+  };
+  for (const Segment& s : e.segments) {
+    if (s.dest == nullptr) continue;
+    const uint64_t address = reinterpret_cast<uintptr_t>(s.dest) % a;
+    if (address != s.begin % a) continue;
+    const uint64_t lo = (s.begin + a - 1) / a * a;
+    const uint64_t hi = s.end / a * a;
+    if (lo >= hi) continue;
+    stage_to(lo);
+    out.segments.push_back(Segment{lo, hi, s.dest + (lo - s.begin), 0});
+    cursor = hi;
+  }
+  stage_to(out.end);
+  return out;
+}
+
+// Copies the bytes of destination segment `s` that `layout` put in staging into place.
+void CopyStagedParts(const Segment& s, std::span<const Segment> layout, const std::byte* staging) {
+  auto it = std::upper_bound(layout.begin(), layout.end(), s.begin,
+                             [](uint64_t x, const Segment& l) { return x < l.begin; });
+  if (it != layout.begin()) --it;
+  for (; it != layout.end() && it->begin < s.end; ++it) {
+    if (it->dest != nullptr) continue;  // read in place
+    const uint64_t lo = std::max(s.begin, it->begin);
+    const uint64_t hi = std::min(s.end, it->end);
+    if (lo < hi) std::memcpy(s.dest + (lo - s.begin), staging + it->staging + (lo - it->begin), hi - lo);
+  }
+}
+
 Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
   const uint64_t a = DirectAlignment(job, e);
+  DirectLayout direct;
+  if (a > 0) direct = LayOutDirect(e, a);
+  const std::span<const Segment> layout = a > 0 ? direct.segments : e.segments;
+  const uint64_t staging_bytes = a > 0 ? direct.staging_bytes : e.staging_bytes;
   AlignedBuffer buffer;
-  // Direct: the whole extent, widened to the alignment, lands in the buffer, where file byte x
-  // is at `whole` + (x - e.begin); the destinations get their bytes by copy after verification.
-  const uint64_t aligned_begin = a > 0 ? e.begin / a * a : e.begin;
-  const uint64_t aligned_end = a > 0 ? (e.end + a - 1) / a * a : e.end;
-  if (a > 0) {
-    buffer = job.staging.Acquire(aligned_end - aligned_begin, a);
-  } else if (e.staging_bytes > 0) {
-    buffer = job.staging.Acquire(e.staging_bytes);
-  }
-  const std::byte* whole = a > 0 ? buffer.data() + (e.begin - aligned_begin) : nullptr;
+  if (staging_bytes > 0) buffer = job.staging.Acquire(staging_bytes, a > 0 ? a : 4096);
   Status status = [&]() -> Status {
+    std::vector<MutableByteView> pieces;
+    pieces.reserve(layout.size());
+    for (const Segment& s : layout) {
+      std::byte* at = s.dest != nullptr ? s.dest : buffer.data() + s.staging;
+      pieces.push_back(MutableByteView(at, s.end - s.begin));
+    }
+    const ReadableFile& file = *job.files[e.file];
     if (a > 0) {
-      const ReadableFile& file = *job.files[e.file];
-      SP_ASSIGN_OR_RETURN(uint64_t n,
-                          file.ReadDirectAt(aligned_begin,
-                                            MutableByteView(buffer.data(),
-                                                            aligned_end - aligned_begin)));
-      if (n < e.end - aligned_begin) {
+      SP_ASSIGN_OR_RETURN(uint64_t n, file.ReadDirectVAt(direct.begin, pieces));
+      if (n < e.end - direct.begin) {
         return DataLossError(OpAt("read", file.path(), e.begin) + ": wanted " +
                              std::to_string(e.end - e.begin) + " bytes but the file ends at " +
-                             std::to_string(aligned_begin + n));
+                             std::to_string(direct.begin + n));
       }
     } else {
-      std::vector<MutableByteView> pieces;
-      pieces.reserve(e.segments.size());
-      for (const Segment& s : e.segments) {
-        std::byte* at = s.dest != nullptr ? s.dest : buffer.data() + s.staging;
-        pieces.push_back(MutableByteView(at, s.end - s.begin));
-      }
-      SP_RETURN_IF_ERROR(job.files[e.file]->ReadVAt(e.begin, pieces));
+      SP_RETURN_IF_ERROR(file.ReadVAt(e.begin, pieces));
     }
     slot.Done();
     job.bytes_read.fetch_add(e.end - e.begin, std::memory_order_relaxed);
@@ -398,10 +451,7 @@ Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
           if (!verified.insert({r.chunk, b}).second) continue;
           const uint64_t block_end = std::min(r.chunk->byte_length, (b + 1) * bs);
           const uint64_t from = ref.file_offset + b * bs, to = ref.file_offset + block_end;
-          SP_RETURN_IF_ERROR(CheckBlockCrc(
-              ref, b,
-              whole != nullptr ? Crc32c(whole + (from - e.begin), to - from)
-                               : ExtentCrc(e, buffer.data(), from, to)));
+          SP_RETURN_IF_ERROR(CheckBlockCrc(ref, b, SegmentsCrc(layout, buffer.data(), from, to)));
         }
         return OkStatus();
       };
@@ -410,17 +460,15 @@ Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
       }
       for (const Direct* d : e.direct) SP_RETURN_IF_ERROR(verify(*d->request, d->lo, d->hi));
     }
-    if (whole != nullptr) {
+    if (a > 0) {
       for (const Segment& s : e.segments) {
-        if (s.dest != nullptr) std::memcpy(s.dest, whole + (s.begin - e.begin), s.end - s.begin);
+        if (s.dest != nullptr) CopyStagedParts(s, layout, buffer.data());
       }
     }
     for (const Staged* s : e.staged) {
       const ReadRequest& r = *s->request;
-      const uint64_t rows_at = RefFor(job, r).file_offset + s->rows.begin;
-      const std::byte* rows = whole != nullptr
-                                  ? whole + (rows_at - e.begin)
-                                  : buffer.data() + s->staging + (rows_at - s->file_begin);
+      const std::byte* rows =
+          BytesAt(layout, buffer.data(), RefFor(job, r).file_offset + s->rows.begin);
       SP_RETURN_IF_ERROR(
           CopyToDestination(ConstChunkView{rows, s->rows.box, DTypeSize(r.stored->dtype)},
                             r.region, r));

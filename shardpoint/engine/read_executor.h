@@ -18,8 +18,9 @@
 // that several files are read at once, each front to back, and as many at once as the pool's
 // IoTuner allows (or `io_depth`); a read leaves the tuner's gate once its bytes have arrived, so
 // verifying and copying overlap the next reads. Staging comes from the pool's BufferPool and
-// never exceeds min(`window`, kMaxSpanBytes) bytes per running extent (with direct I/O, an extent
-// read directly is staged whole: at most `window` bytes). Thread-safe for one call at a time.
+// never exceeds min(`window`, kMaxSpanBytes) bytes per running extent (with direct I/O, at most
+// `window` bytes: the extent widened to the alignment, less what lands in place). Thread-safe for
+// one call at a time.
 #ifndef SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 #define SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 
@@ -83,8 +84,10 @@ struct ReadExecutorOptions {
   uint64_t max_gap_bytes = kMaxGapBytes;
   // Extents of at least direct_io_min_bytes whose file can be read directly
   // (ReadableFile::direct_io_alignment) bypass the page cache: the extent, widened to the
-  // alignment, is read into one staging buffer, its checksums verified there and its bytes copied
-  // to their destinations. Others, and files that cannot be read directly, use the page cache.
+  // alignment, is read with one scatter read; the whole aligned blocks of a destination whose
+  // address agrees with its file offset modulo the alignment land in place, everything else in
+  // staging, from which it is copied once the checksums are verified. Others, and files that
+  // cannot be read directly, use the page cache.
   // Unset: only the files whose bytes to read are mostly not in the page cache
   // (ReadableFile::CachedFraction below kColdFraction) and of which at least half the bytes read
   // are kept (not rows read whole for a few of their columns) are read directly.

@@ -25,6 +25,13 @@ namespace sp {
 // Block checksums let a resharding load verify exactly the part of a chunk it reads.
 inline constexpr uint64_t kDefaultChecksumBlockBytes = uint64_t{1} << 20;
 
+// Where the native format places chunk bytes (docs/FORMAT.md §2): each data section starts at a
+// multiple of this many bytes of its file, and a data file holds the chunks whose byte length is
+// a multiple of it first, so that those start at multiples of it too. Direct I/O needs file
+// offsets (and buffer addresses) aligned to the device's block, 512 or 4096 bytes: a chunk that
+// starts on a page can be read straight into a page-aligned destination, without staging.
+inline constexpr uint64_t kDataAlignmentBytes = 4096;
+
 struct DataFile {
   std::string name;         // relative to the checkpoint directory
   uint64_t data_start = 0;  // byte offset of the data section (safetensors: 8 + header length)

@@ -359,8 +359,17 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
     // Named by the format's writer (format/writer.h): the files of a rank are in order of k.
     plan->metadata.files.push_back(DataFile{std::string(), 0, 0, static_cast<int32_t>(rank)});
     rank_plan.files.push_back(file);
+    // Chunks whose length is a multiple of kDataAlignmentBytes first, then the others, each in
+    // (tensor, chunk) order: the data section starts aligned (the native writer pads its
+    // header), so the large chunks start aligned too, and the small ones do not cut the long runs
+    // of large ones that a load reads.
+    std::span<const OwnedChunk> chunks = num_files == 1 ? owned : packed[k];
+    std::vector<OwnedChunk> in_file(chunks.begin(), chunks.end());
+    std::stable_partition(in_file.begin(), in_file.end(), [](const OwnedChunk& oc) {
+      return oc.bytes % kDataAlignmentBytes == 0;
+    });
     uint64_t offset = 0;
-    for (const OwnedChunk& oc : num_files == 1 ? owned : std::span<const OwnedChunk>(packed[k])) {
+    for (const OwnedChunk& oc : in_file) {
       StoredChunk& chunk = plan->metadata.tensors[oc.tensor].chunks[oc.chunk];
       chunk.file = file;
       chunk.data_offset = offset;

@@ -148,12 +148,13 @@ class FaultStore::ReadableHandle : public ReadableFile {
   }
   uint64_t direct_io_alignment() const override { return base_->direct_io_alignment(); }
   // A read like any other: it fails with the read faults, and after a crash.
-  Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const override {
+  Result<uint64_t> ReadDirectVAt(uint64_t offset,
+                                 std::span<const MutableByteView> pieces) const override {
     const std::string& p = path();
     if (store_->epoch() != epoch_) return LostInCrash("read", p);
     store_->direct_reads_.fetch_add(1);
     SP_RETURN_IF_ERROR(store_->CheckFault(Op::kRead, p, {}, OpAt("read", p, offset)));
-    return base_->ReadDirectAt(offset, out);
+    return base_->ReadDirectVAt(offset, pieces);
   }
 
  private:

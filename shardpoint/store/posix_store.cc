@@ -189,14 +189,35 @@ class PosixReadableFile : public ReadableFile {
     return direct_alignment_;
   }
 
-  Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const override {
+  Result<uint64_t> ReadDirectVAt(uint64_t offset,
+                                 std::span<const MutableByteView> pieces) const override {
     const uint64_t a = direct_io_alignment();
-    if (a == 0) return ReadableFile::ReadDirectAt(offset, out);
-    SP_RETURN_IF_ERROR(CheckAligned("read", path_, offset, out.size(), out.data(), a));
+    if (a == 0) return ReadableFile::ReadDirectVAt(offset, pieces);
+    uint64_t at = offset;
+    for (const MutableByteView& piece : pieces) {
+      SP_RETURN_IF_ERROR(CheckAligned("read", path_, at, piece.size(), piece.data(), a));
+      at += piece.size();
+    }
+    // One preadv per kMaxIovecs pieces; every transfer but the one at the end of the file moves
+    // whole aligned blocks, so the next one resumes aligned, inside the piece it stopped in.
+    std::vector<iovec> iov;
     uint64_t done = 0;
-    while (done < out.size()) {
-      const size_t want = std::min<uint64_t>(out.size() - done, kMaxTransfer);
-      ssize_t n = ::pread(direct_fd_, out.data() + done, want, static_cast<off_t>(offset + done));
+    size_t next = 0;     // the first piece not yet read completely
+    size_t done_in = 0;  // bytes of pieces[next] already read
+    while (next < pieces.size()) {
+      iov.clear();
+      size_t batch = 0;
+      for (size_t i = next; i < pieces.size() && iov.size() < kMaxIovecs && batch < kMaxTransfer;
+           ++i) {
+        const size_t skip = i == next ? done_in : 0;
+        const size_t len = std::min(pieces[i].size() - skip, kMaxTransfer - batch);
+        if (len == 0) continue;
+        iov.push_back(iovec{pieces[i].data() + skip, len});
+        batch += len;
+      }
+      if (iov.empty()) break;  // only empty pieces remain
+      ssize_t n = ::preadv(direct_fd_, iov.data(), static_cast<int>(iov.size()),
+                           static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoToStatus(errno, OpAt("read", path_, offset + done) + " (direct I/O)");
@@ -204,6 +225,13 @@ class PosixReadableFile : public ReadableFile {
       done += static_cast<uint64_t>(n);
       // The end of the file: nothing more, or a tail shorter than the alignment.
       if (n == 0 || static_cast<uint64_t>(n) % a != 0) break;
+      size_t left = static_cast<size_t>(n);
+      while (next < pieces.size() && left >= pieces[next].size() - done_in) {
+        left -= pieces[next].size() - done_in;
+        done_in = 0;
+        ++next;
+      }
+      done_in += left;
     }
     return done;
   }

@@ -38,7 +38,8 @@ Status WritableFile::WriteDirectAt(uint64_t offset, ByteView data) {
                                  ": this store does not write files directly (no O_DIRECT)");
 }
 
-Result<uint64_t> ReadableFile::ReadDirectAt(uint64_t offset, MutableByteView out) const {
+Result<uint64_t> ReadableFile::ReadDirectVAt(uint64_t offset,
+                                             std::span<const MutableByteView> pieces) const {
   return FailedPreconditionError(OpAt("read", path(), offset) +
                                  ": this store does not read files directly (no O_DIRECT)");
 }

@@ -96,7 +96,15 @@ class ReadableFile {
   // them, or fewer only where the file ends (the tail past the end is left as it was). Errors name
   // the path and the offset; kFailedPrecondition when the file cannot be read directly or the
   // request is not aligned. Thread-safe; may run beside ReadAt on the same file.
-  virtual Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const;
+  Result<uint64_t> ReadDirectAt(uint64_t offset, MutableByteView out) const {
+    return ReadDirectVAt(offset, std::span<const MutableByteView>(&out, 1));
+  }
+  // The same as a scatter read: the consecutive bytes from `offset` fill `pieces` in order, each
+  // piece's address and size a multiple of direct_io_alignment(), so that bytes land straight in
+  // several buffers (a destination and the staging around it) with one request. The default:
+  // kFailedPrecondition.
+  virtual Result<uint64_t> ReadDirectVAt(uint64_t offset,
+                                         std::span<const MutableByteView> pieces) const;
 };
 
 // Where a path below a checkpoint directory leads when symbolic links are followed (FindLink).

@@ -416,6 +416,52 @@ TEST_P(StoreConformanceTest, DirectReadsMatchBufferedReadsOrAreRefused) {
   EXPECT_THAT(unaligned.status().message(), HasSubstr("is not aligned to"));
 }
 
+// A direct scatter read fills its aligned pieces in order with the bytes one buffered read
+// returns, stops where the file ends, and refuses a piece whose address or size is not aligned
+// (naming the file); a store without direct reads refuses it.
+TEST_P(StoreConformanceTest, DirectScatterReadsFillAlignedPiecesInOrder) {
+  std::string content(5 * 4096 + 333, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 29 + 3);
+  SP_ASSERT_OK(WriteWholeFile(Path("scatter"), content));
+  auto reader = store().OpenReadable(Path("scatter"));
+  ASSERT_TRUE(reader.ok());
+  const uint64_t a = (*reader)->direct_io_alignment();
+  AlignedBuffer first(8192, 4096), second(8192, 4096), third(24576, 4096);
+  if (a == 0) {
+    const MutableByteView one[] = {first.view()};
+    Result<uint64_t> refused = (*reader)->ReadDirectVAt(0, one);
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(), HasSubstr("does not read files directly"));
+    return;
+  }
+  ASSERT_LE(a, 4096u);
+  // Pieces of a, 2a and the rest (past the end of the file) at offset a.
+  const MutableByteView pieces[] = {MutableByteView(first.data(), a),
+                                    MutableByteView(second.data() + a, 2 * a),
+                                    MutableByteView(third.data(), third.size())};
+  Result<uint64_t> n = (*reader)->ReadDirectVAt(a, pieces);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, content.size() - a);
+  const auto text = [](const std::byte* p, uint64_t size) {
+    return std::string(reinterpret_cast<const char*>(p), size);
+  };
+  EXPECT_EQ(text(first.data(), a), content.substr(a, a));
+  EXPECT_EQ(text(second.data() + a, 2 * a), content.substr(2 * a, 2 * a));
+  EXPECT_EQ(text(third.data(), *n - 3 * a), content.substr(4 * a));
+  const MutableByteView unaligned[] = {MutableByteView(first.data(), a),
+                                       MutableByteView(second.data() + 1, a)};
+  Result<uint64_t> refused = (*reader)->ReadDirectVAt(0, unaligned);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("is not aligned to"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(Path("scatter")));
+  if (a > 1) {
+    const MutableByteView ragged[] = {MutableByteView(first.data(), a - 1),
+                                      MutableByteView(second.data(), a)};
+    EXPECT_EQ((*reader)->ReadDirectVAt(0, ragged).status().code(),
+              StatusCode::kFailedPrecondition);
+  }
+}
+
 // Direct writes, where the store offers them, land the bytes buffered reads then see, beside
 // buffered writes to other blocks of the same file, and refuse unaligned requests; a store
 // without them refuses every one.

@@ -60,7 +60,7 @@ std::string HeaderOf(const CheckpointMetadata& metadata, std::vector<FileChunk> 
     builder.Add(name, tensor->dtype, chunk->box.sizes, chunk->data_offset,
                 chunk->data_offset + chunk->byte_length);
   }
-  return std::move(builder).Finish();
+  return std::move(builder).Finish(kDataAlignmentBytes);
 }
 
 }  // namespace

@@ -78,10 +78,14 @@ TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
       std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
         return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
       });
+      // Padded so that the data section starts at a multiple of kDataAlignmentBytes.
+      EXPECT_EQ(headers[f].size() % kDataAlignmentBytes, 0u);
       EXPECT_EQ(headers[f],
-                EncodeSafetensorsHeader(entries, {{"format", "shardpoint"},
-                                                  {"format_version", "1.0"},
-                                                  {"save_id", m.save_id}}))
+                EncodeSafetensorsHeader(entries,
+                                        {{"format", "shardpoint"},
+                                         {"format_version", "1.0"},
+                                         {"save_id", m.save_id}},
+                                        kDataAlignmentBytes))
           << "seed " << seed << " file " << f;
     }
   }

@@ -201,9 +201,10 @@ void SafetensorsHeaderBuilder::Add(std::string_view name, DType dtype,
   json_.append("]}");
 }
 
-std::string SafetensorsHeaderBuilder::Finish() && {
+std::string SafetensorsHeaderBuilder::Finish(uint64_t data_alignment) && {
   json_.push_back('}');
-  json_.append((8 - json_.size() % 8) % 8, ' ');
+  const uint64_t a = std::max<uint64_t>(8, data_alignment / 8 * 8);
+  json_.append((a - (8 + json_.size()) % a) % a, ' ');
   std::string out(8, '\0');
   EncodeFixed64(out.data(), json_.size());
   out.append(json_);
@@ -211,10 +212,11 @@ std::string SafetensorsHeaderBuilder::Finish() && {
 }
 
 std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
-                                    const std::map<std::string, std::string>& metadata) {
+                                    const std::map<std::string, std::string>& metadata,
+                                    uint64_t data_alignment) {
   SafetensorsHeaderBuilder builder(metadata);
   for (const SafetensorsEntry& e : entries) builder.Add(e.name, e.dtype, e.shape, e.begin, e.end);
-  return std::move(builder).Finish();
+  return std::move(builder).Finish(data_alignment);
 }
 
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view bytes_from_file_start,

@@ -49,10 +49,13 @@ struct SafetensorsHeader {
 
 // The first 8 + N bytes of a safetensors file: the length, then compact JSON with "__metadata__"
 // first (omitted when `metadata` is empty) and the entries in the order given, padded with spaces
-// so that N is a multiple of 8. The caller provides consistent entries (offsets, sizes, names
-// other than "__metadata__"); the function does not validate them.
+// so that N is a multiple of 8 (the data section starts 8-byte aligned). The caller provides
+// consistent entries (offsets, sizes, names other than "__metadata__"); the function does not
+// validate them.
+// `data_alignment`: as SafetensorsHeaderBuilder::Finish.
 std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
-                                    const std::map<std::string, std::string>& metadata);
+                                    const std::map<std::string, std::string>& metadata,
+                                    uint64_t data_alignment = 8);
 
 // The same bytes built entry by entry, for callers with many entries whose names and shapes they
 // hold elsewhere (no SafetensorsEntry per entry).
@@ -61,7 +64,10 @@ class SafetensorsHeaderBuilder {
   explicit SafetensorsHeaderBuilder(const std::map<std::string, std::string>& metadata);
   void Add(std::string_view name, DType dtype, std::span<const int64_t> shape, uint64_t begin,
            uint64_t end);
-  std::string Finish() &&;
+  // The header, padded with spaces so that the data section starts at a multiple of
+  // `data_alignment` bytes of the file (a multiple of 8: trailing spaces are valid JSON
+  // whitespace, and safetensors readers accept them).
+  std::string Finish(uint64_t data_alignment = 8) &&;
 
  private:
   std::string json_;

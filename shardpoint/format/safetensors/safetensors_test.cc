@@ -85,6 +85,26 @@ TEST(SafetensorsTest, RandomHeadersRoundTrip) {
   }
 }
 
+TEST(SafetensorsTest, HeadersPaddedToADataAlignmentParseTheSame) {
+  std::mt19937_64 rng(10);
+  for (int trial = 0; trial < 50; ++trial) {
+    uint64_t data_bytes;
+    std::vector<SafetensorsEntry> entries = RandomEntries(rng, &data_bytes);
+    const std::map<std::string, std::string> metadata = {{"format", "shardpoint"}};
+    for (uint64_t alignment : {uint64_t{8}, uint64_t{512}, uint64_t{4096}}) {
+      std::string file = EncodeSafetensorsHeader(entries, metadata, alignment);
+      ASSERT_EQ(file.size() % alignment, 0u) << alignment;
+      ASSERT_LT(file.size(), EncodeSafetensorsHeader(entries, metadata).size() + alignment);
+      file.append(data_bytes, '\x5a');
+      Result<SafetensorsHeader> r = ParseSafetensorsHeader(file, file.size(), kPath);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->data_start % alignment, 0u);
+      EXPECT_EQ(r->entries, entries);
+      EXPECT_EQ(r->metadata, metadata);
+    }
+  }
+}
+
 std::string ReadFixture() {
   std::ifstream in(SP_SAFETENSORS_TESTDATA "/python_written.safetensors", std::ios::binary);
   std::stringstream ss;
