@@ -39,6 +39,7 @@ class ForwardingComm : public Communicator {
   }
   bool spans_machines() const override { return inner_.spans_machines(); }
   std::vector<int> machine_ranks() override { return inner_.machine_ranks(); }
+  bool shares_memory() const override { return inner_.shares_memory(); }
 
  private:
   Communicator& inner_;

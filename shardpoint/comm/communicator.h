@@ -49,6 +49,11 @@ class Communicator {
   // tell and for ranks that share a process (and so a thread pool and its gate), is this rank
   // alone.
   virtual std::vector<int> machine_ranks() { return {rank()}; }
+  // True when every rank of the group is a thread of this process, so that an address one rank
+  // publishes is valid in every other for as long as its owner keeps it (a load then copies the
+  // regions of a shared chunk straight into the other ranks' destinations instead of sending
+  // them bytes). The same on every rank. The default is false.
+  virtual bool shares_memory() const { return false; }
 };
 
 }  // namespace sp

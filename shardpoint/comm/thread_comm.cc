@@ -28,6 +28,7 @@ class ThreadCommGroup::Comm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size_; }
+  bool shares_memory() const override { return true; }
 
   Result<std::vector<std::string>> Gather(std::string payload, int root) override {
     std::vector<std::string> gathered;

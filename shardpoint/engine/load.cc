@@ -3,6 +3,7 @@
 // need (engine/read_exchange.h); the read executor does the reads; every rank returns the same
 // outcome.
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <set>
 
@@ -193,6 +194,78 @@ class Unpacker {
   TaskGroup group_;
 };
 
+// What a rank publishes of its reads for shared reads: the stored-chunk region of each request,
+// in request order.
+RankNeeds NeedsOf(const Prepared& p, const CheckpointMetadata& metadata, const LoadOptions& options) {
+  RankNeeds needs;
+  needs.verify = options.verify_checksums;
+  for (const ReadRequest& r : p.requests) {
+    needs.needs.push_back(ChunkNeed{static_cast<uint32_t>(r.stored - metadata.tensors.data()),
+                                    static_cast<uint32_t>(r.chunk - r.stored->chunks.data()),
+                                    r.region});
+  }
+  return needs;
+}
+
+// Ranks that share an address space (Communicator::shares_memory): every stored chunk that some
+// rank needs is read once, by the rank whose stretch of the files it lies in
+// (AssignInMemoryReads), which copies each rank's regions straight into that rank's destinations,
+// so nothing is packed or exchanged and each byte is copied once. Each rank publishes with its
+// needs the address of its read requests (whose destinations the readers use) and keeps them
+// until every rank has finished reading: the status is agreed here.
+SharedOutcome LoadSharedInMemory(const LoadState& state, const CheckpointMetadata& metadata,
+                                 std::string_view path, const LoadOptions& options,
+                                 EngineContext& ctx, IoGate* gate) {
+  Communicator& comm = ctx.comm();
+  Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
+  Result<std::string> mine = [&]() -> Result<std::string> {
+    if (!prepared.ok()) return prepared.status();
+    const ReadRequest* requests = prepared->requests.data();
+    std::string out(sizeof(requests), '\0');
+    std::memcpy(out.data(), &requests, sizeof(requests));
+    return out + EncodeNeeds(NeedsOf(*prepared, metadata, options));
+  }();
+  Result<std::vector<std::string>> gathered = AllGatherOrFail(comm, std::move(mine));
+  if (!gathered.ok()) return {gathered.status(), true};
+  std::vector<RankNeeds> all;
+  std::vector<const ReadRequest*> published;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::string& bytes = (*gathered)[r];
+    const ReadRequest* requests = nullptr;
+    if (bytes.size() >= sizeof(requests)) std::memcpy(&requests, bytes.data(), sizeof(requests));
+    Result<RankNeeds> needs =
+        bytes.size() >= sizeof(requests)
+            ? DecodeNeeds(std::string_view(bytes).substr(sizeof(requests)), metadata, r)
+            : Result<RankNeeds>(DataLossError("rank " + std::to_string(r) + " published " +
+                                              std::to_string(bytes.size()) + " bytes of reads"));
+    if (!needs.ok()) return {needs.status(), true};  // the same bytes fail the same everywhere
+    all.push_back(std::move(needs).value());
+    published.push_back(requests);
+  }
+  gathered->clear();
+  // This rank's share of the reads, into the destinations of the ranks that need them (with the
+  // stored chunks of this rank's copy of the metadata, so that the requests of one chunk are
+  // recognised as one and it is read once).
+  std::vector<ReadRequest> requests;
+  std::vector<bool> needed(metadata.files.size(), false);
+  for (const auto& [q, i] : AssignInMemoryReads(all, comm.rank(), metadata)) {
+    const ChunkNeed& n = all[q].needs[i];
+    requests.push_back(
+        MakeReadRequest(metadata.tensors[n.tensor], n.chunk, published[q][i].dest, n.region));
+  }
+  for (const ReadRequest& r : requests) needed[r.chunk->file] = true;
+  Result<uint64_t> read = [&]() -> Result<uint64_t> {
+    SP_ASSIGN_OR_RETURN(DataFiles files, OpenDataFiles(ctx.store(), path, metadata, needed));
+    return ExecuteReads(requests, metadata, files, ctx.pool(),
+                        ReadOptionsFor(metadata, options, ctx, gate));
+  }();
+  // No rank leaves (taking its requests with it) before every rank has written its destinations.
+  const Status agreed = AgreeOnStatus(comm, read.status());
+  if (!agreed.ok()) return {agreed, true};
+  prepared->result.bytes_read = *read;
+  return {std::move(prepared->result), true};
+}
+
 // Every rank publishes its needs; each stored chunk that several ranks need is read by one of
 // them, which sends the others their regions (engine/read_exchange.h).
 SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metadata,
@@ -202,14 +275,7 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
   Result<std::string> mine = [&]() -> Result<std::string> {
     if (!prepared.ok()) return prepared.status();
-    RankNeeds needs;
-    needs.verify = options.verify_checksums;
-    for (const ReadRequest& r : prepared->requests) {
-      needs.needs.push_back(ChunkNeed{static_cast<uint32_t>(r.stored - metadata.tensors.data()),
-                                      static_cast<uint32_t>(r.chunk - r.stored->chunks.data()),
-                                      r.region});
-    }
-    return EncodeNeeds(needs);
+    return EncodeNeeds(NeedsOf(*prepared, metadata, options));
   }();
   Result<std::vector<std::string>> gathered = AllGatherOrFail(comm, std::move(mine));
   if (!gathered.ok()) return {gathered.status(), true};
@@ -395,12 +461,17 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
   const std::unique_ptr<SharedIoTuner> gate = MachineGate(comm, nonce, options, ctx->pool());
   // The communicator is asked only when the caller left share_reads unset and the store is local
   // (asking may cost a collective, e.g. an exchange of host names). Every rank opens the same
-  // kind of store for the path, so all take the same branch.
-  const bool share = options.share_reads.has_value()   ? *options.share_reads
+  // kind of store for the path, so all take the same branch. Ranks that share an address space
+  // share reads by default: it costs them nothing.
+  const bool share = options.share_reads.has_value()         ? *options.share_reads
                      : ctx->store().reads_cross_the_network() ? true
+                     : comm.shares_memory()                   ? true
                                                               : comm.spans_machines();
   if (share && comm.size() > 1) {
-    SharedOutcome outcome = LoadShared(state, *metadata, path, options, *ctx, gate.get());
+    SharedOutcome outcome =
+        comm.shares_memory()
+            ? LoadSharedInMemory(state, *metadata, path, options, *ctx, gate.get())
+            : LoadShared(state, *metadata, path, options, *ctx, gate.get());
     if (outcome.agreed) return outcome.result;
     SP_RETURN_IF_ERROR(AgreeOnStatus(comm, outcome.result.status()));
     if (gate != nullptr) outcome.result->read_gate_ranks = gate->joined();

@@ -276,4 +276,55 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
   return plan;
 }
 
+std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,
+                                         const CheckpointMetadata& metadata) {
+  struct Chunk {
+    uint32_t file = 0;
+    uint64_t offset = 0;  // in the file
+    uint32_t tensor = 0;
+    uint32_t chunk = 0;
+    uint64_t bytes = 0;   // the union of its users' reads
+    std::vector<NeedRef> users;
+  };
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<NeedRef>> by_chunk;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    for (size_t i = 0; i < all[r].needs.size(); ++i) {
+      by_chunk[{all[r].needs[i].tensor, all[r].needs[i].chunk}].emplace_back(r, i);
+    }
+  }
+  std::vector<Chunk> chunks;
+  chunks.reserve(by_chunk.size());
+  uint64_t total = 0;
+  for (auto& [key, users] : by_chunk) {
+    const TensorMetadata& tensor = metadata.tensors[key.first];
+    const StoredChunk& stored = tensor.chunks[key.second];
+    std::vector<Interval> spans;
+    for (const auto& [r, i] : users) {
+      spans.push_back(ReadSpan(tensor, stored, all[r].needs[i].region, all[r].verify,
+                               metadata.checksum_block_bytes));
+    }
+    const uint64_t bytes = std::max<uint64_t>(1, UnionLength(spans));
+    total += bytes;
+    chunks.push_back(Chunk{stored.file, stored.data_offset, key.first, key.second, bytes,
+                           std::move(users)});
+  }
+  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+    return std::tie(a.file, a.offset, a.tensor, a.chunk) <
+           std::tie(b.file, b.offset, b.tensor, b.chunk);
+  });
+  // Rank k reads the chunks that begin in bytes [k * total / n, (k + 1) * total / n) of the
+  // concatenated run.
+  const uint64_t n = all.size();
+  std::vector<NeedRef> mine;
+  uint64_t before = 0;
+  for (const Chunk& c : chunks) {
+    const uint64_t reader =
+        std::min<uint64_t>(n - 1, static_cast<uint64_t>(static_cast<unsigned __int128>(before) * n /
+                                                        std::max<uint64_t>(1, total)));
+    if (reader == static_cast<uint64_t>(me)) mine.insert(mine.end(), c.users.begin(), c.users.end());
+    before += c.bytes;
+  }
+  return mine;
+}
+
 }  // namespace sp

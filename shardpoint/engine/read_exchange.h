@@ -70,6 +70,19 @@ uint64_t PackedBytes(const Box& region, DType dtype);
 ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
                           const CheckpointMetadata& metadata, uint64_t round_bytes);
 
+// One need of one rank: (rank, index into its needs).
+using NeedRef = std::pair<int, size_t>;
+
+// Ranks that share an address space (threads of one process) need no exchange: any rank can copy
+// a region straight into another rank's destination. So every stored chunk that some rank needs
+// is read by one rank, for all of them, and the readers are chosen for long reads, not by who
+// needs what: the needed chunks, in file order, are cut into one run per rank of about equal
+// bytes (each chunk counted by the union of what its users read of it), so that each rank reads
+// one stretch of consecutive bytes of the files. Returns the needs of every rank that rank `me`
+// reads, in file order; the same needs on every rank give every rank its share.
+std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,
+                                         const CheckpointMetadata& metadata);
+
 }  // namespace sp
 
 #endif  // SHARDPOINT_ENGINE_READ_EXCHANGE_H_

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
+#include <set>
 
 namespace sp {
 namespace {
@@ -149,6 +151,57 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
     }
     for (int r = 0; r < ranks; ++r) {
       for (int count : served[r]) EXPECT_EQ(count, 1);
+    }
+  }
+}
+
+TEST(ReadExchangeTest, InMemoryReadsGiveEachRankOneStretchOfTheFiles) {
+  // 40 tensors of 8 row chunks over 3 files; 4 ranks each need random regions of random chunks
+  // (some chunks by several ranks, some by none).
+  std::vector<int64_t> rows(40, 64);
+  const CheckpointMetadata md = RowChunks(rows, 8, 3, 1 << 10);
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 5);
+    std::vector<RankNeeds> all(n);
+    for (RankNeeds& r : all) {
+      r.verify = rng() % 2 == 0;
+      for (uint32_t t = 0; t < md.tensors.size(); ++t) {
+        for (uint32_t c = 0; c < md.tensors[t].chunks.size(); ++c) {
+          if (rng() % 3 != 0) continue;
+          const Box& box = md.tensors[t].chunks[c].box;
+          const int64_t row = box.offsets[0] + static_cast<int64_t>(rng() % 8);
+          const int64_t col = static_cast<int64_t>(rng() % 60);
+          r.needs.push_back(ChunkNeed{t, c, Box({row, col}, {1, 4})});
+        }
+      }
+    }
+    // Every need is read by exactly one rank, every need of a chunk by the same rank.
+    std::map<NeedRef, int> reader_of;
+    std::map<std::pair<uint32_t, uint32_t>, std::set<int>> readers_of_chunk;
+    std::vector<uint64_t> first(n, UINT64_MAX), last(n, 0);
+    for (int me = 0; me < n; ++me) {
+      for (const NeedRef& ref : AssignInMemoryReads(all, me, md)) {
+        EXPECT_TRUE(reader_of.emplace(ref, me).second) << "read twice";
+        const ChunkNeed& need = all[ref.first].needs[ref.second];
+        readers_of_chunk[{need.tensor, need.chunk}].insert(me);
+        // The position of the chunk in the files taken in order: file, then offset.
+        const StoredChunk& chunk = md.tensors[need.tensor].chunks[need.chunk];
+        const uint64_t at = (uint64_t{chunk.file} << 40) + chunk.data_offset;
+        first[me] = std::min(first[me], at);
+        last[me] = std::max(last[me], at);
+      }
+    }
+    size_t needs = 0;
+    for (const RankNeeds& r : all) needs += r.needs.size();
+    EXPECT_EQ(reader_of.size(), needs);
+    for (const auto& [chunk, readers] : readers_of_chunk) EXPECT_EQ(readers.size(), 1u);
+    // Each rank's stretch lies wholly before the next rank's.
+    for (int a = 0; a < n; ++a) {
+      for (int b = a + 1; b < n; ++b) {
+        if (first[a] == UINT64_MAX || first[b] == UINT64_MAX) continue;
+        EXPECT_LT(last[a], first[b]) << "ranks " << a << " and " << b;
+      }
     }
   }
 }

@@ -100,6 +100,9 @@ struct Case {
   // The load's communicator reports its in-process ranks as separate processes of one machine
   // (Communicator::machine_ranks), each on a pool of its own.
   bool load_as_processes = false;
+  // The load's communicator says its ranks do not share an address space, so shared reads send
+  // their regions as bytes (payloads in rounds) rather than copy them into the destinations.
+  bool load_in_separate_memory = false;
 };
 
 // Forwards to a ThreadComm, but says its ranks are separate processes of one machine.
@@ -111,6 +114,14 @@ class OneMachineComm final : public testing::ForwardingComm {
     std::iota(all.begin(), all.end(), 0);
     return all;
   }
+  bool shares_memory() const override { return false; }
+};
+
+// Forwards to a ThreadComm, but says its ranks do not share an address space.
+class SeparateMemoryComm final : public testing::ForwardingComm {
+ public:
+  using ForwardingComm::ForwardingComm;
+  bool shares_memory() const override { return false; }
 };
 
 // --- Layouts ---
@@ -609,7 +620,10 @@ std::vector<Status> LoadEveryRank(const Case& c, RankBuffers& buffers, Store& st
   results->assign(c.load_ranks, LoadResult{});
   return RunRanks(c.load_ranks, [&](Communicator& base) -> Status {
     OneMachineComm one_machine(base);
-    Communicator& comm = c.load_as_processes ? one_machine : base;
+    SeparateMemoryComm separate(base);
+    Communicator& comm = c.load_as_processes         ? static_cast<Communicator&>(one_machine)
+                         : c.load_in_separate_memory ? static_cast<Communicator&>(separate)
+                                                     : base;
     LoadOptions options = c.load_options;
     options.comm = &comm;
     options.store = &store;
@@ -737,7 +751,8 @@ TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " case " + std::to_string(i) + ": " +
                  Describe(*c));
     Rng rng(seed + static_cast<uint64_t>(i));
-    c->load_options.share_reads = i % 4 != 1;  // both ways of reading stay covered
+    c->load_options.share_reads = i % 4 != 1;  // every way of reading stays covered
+    c->load_in_separate_memory = i % 8 >= 4;
     ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
     if (i % 7 == 5) c->load_options.io_depth = 1 + static_cast<int>(i % 3);  // else tuned
     if (i % 50 == 49) {
@@ -1007,32 +1022,38 @@ uint64_t StoredBytes(const CheckpointMetadata& md) {
 }
 
 TEST_F(ReshardTest, SharedReadsReadEachStoredByteOnceAndMatchReadingAlone) {
-  Case c = ColumnSplitCase();
-  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
-  const uint64_t stored = StoredBytes(Metadata());
-  auto total_read = [&] {
-    uint64_t read = 0;
-    for (const LoadResult& r : results_) read += r.bytes_read;
-    return read;
-  };
-  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
-  ExpectLoaded(c, initial_, loaded_);
-  EXPECT_EQ(total_read(), stored);
+  for (bool separate : {true, false}) {
+    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+    Case c = ColumnSplitCase();
+    c.load_in_separate_memory = separate;
+    c.save_options.overwrite = true;
+    ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+    const uint64_t stored = StoredBytes(Metadata());
+    auto total_read = [&] {
+      uint64_t read = 0;
+      for (const LoadResult& r : results_) read += r.bytes_read;
+      return read;
+    };
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    ExpectLoaded(c, initial_, loaded_);
+    EXPECT_EQ(total_read(), stored);
 
-  c.load_options.share_reads = false;
-  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
-  ExpectLoaded(c, initial_, loaded_);
-  const uint64_t alone = total_read();
-  // Unset, reads are shared only across machines: in-process ranks read alone.
-  c.load_options.share_reads.reset();
-  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
-  ExpectLoaded(c, initial_, loaded_);
-  EXPECT_EQ(total_read(), alone);
-  // Alone, each of the 3 ranks reads every chunk of "w" and "v" whole, and the checksum blocks
-  // where "big"'s rows split (one in each chunk) are read by two ranks (or more: partial blocks
-  // of direct reads are read on their own).
-  const uint64_t w_and_v = 64 * 96 * 4 + 10 * 7 * 9 * 2;
-  EXPECT_GE(alone, stored + 2 * w_and_v + 2 * (64 << 10));
+    c.load_options.share_reads = false;
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    ExpectLoaded(c, initial_, loaded_);
+    const uint64_t alone = total_read();
+    // Unset, reads are shared across machines and between ranks that share memory (threads of
+    // one process); processes of one machine read alone.
+    c.load_options.share_reads.reset();
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    ExpectLoaded(c, initial_, loaded_);
+    EXPECT_EQ(total_read(), separate ? alone : stored);
+    // Alone, each of the 3 ranks reads every chunk of "w" and "v" whole, and the checksum blocks
+    // where "big"'s rows split (one in each chunk) are read by two ranks (or more: partial blocks
+    // of direct reads are read on their own).
+    const uint64_t w_and_v = 64 * 96 * 4 + 10 * 7 * 9 * 2;
+    EXPECT_GE(alone, stored + 2 * w_and_v + 2 * (64 << 10));
+  }
 }
 
 TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
@@ -1074,27 +1095,33 @@ TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
 }
 
 TEST_F(ReshardTest, SharedReadsCastOnTheReceivingRank) {
-  Case c = ColumnSplitCase();
-  for (TensorCase& t : c.tensors) t.load_dtype = DType::kFloat64;
-  c.load_options.allow_cast = true;
-  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
-  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
-  Case expected = c;
-  for (TensorCase& t : expected.tensors) {
-    Bytes converted(ShapeVolume(t.shape) * 8);
-    ASSERT_TRUE(ConvertElements(t.dtype, t.global.data(), DType::kFloat64, converted.data(),
-                                ShapeVolume(t.shape))
-                    .ok());
-    t.dtype = DType::kFloat64;
-    t.global = std::move(converted);
+  for (bool separate : {true, false}) {
+    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+    Case c = ColumnSplitCase();
+    c.load_in_separate_memory = separate;
+    c.save_options.overwrite = true;
+    for (TensorCase& t : c.tensors) t.load_dtype = DType::kFloat64;
+    c.load_options.allow_cast = true;
+    ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    Case expected = c;
+    for (TensorCase& t : expected.tensors) {
+      Bytes converted(ShapeVolume(t.shape) * 8);
+      ASSERT_TRUE(ConvertElements(t.dtype, t.global.data(), DType::kFloat64, converted.data(),
+                                  ShapeVolume(t.shape))
+                      .ok());
+      t.dtype = DType::kFloat64;
+      t.global = std::move(converted);
+    }
+    ExpectLoaded(expected, initial_, loaded_);
   }
-  ExpectLoaded(expected, initial_, loaded_);
 }
 
 TEST_F(ReshardTest, SharedReadsInRoundsUnderASmallBudget) {
   // A 48 KiB budget allows 16 KiB of exchange per rank and round: "w"'s two 12 KiB chunks and
   // "v" go in separate rounds; the result is the same.
   Case c = ColumnSplitCase();
+  c.load_in_separate_memory = true;
   c.load_options.memory_budget_bytes = 48 << 10;
   ASSERT_NO_FATAL_FAILURE(SaveOk(c));
   ASSERT_NO_FATAL_FAILURE(LoadOk(c));
@@ -1102,25 +1129,30 @@ TEST_F(ReshardTest, SharedReadsInRoundsUnderASmallBudget) {
 }
 
 TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
-  Case c = ColumnSplitCase();
-  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
-  const CheckpointMetadata md = Metadata();
-  const TensorMetadata* w = nullptr;
-  for (const TensorMetadata& t : md.tensors) {
-    if (t.name == "w") w = &t;
+  for (bool separate : {true, false}) {
+    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+    Case c = ColumnSplitCase();
+    c.load_in_separate_memory = separate;
+    c.save_options.overwrite = true;
+    ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+    const CheckpointMetadata md = Metadata();
+    const TensorMetadata* w = nullptr;
+    for (const TensorMetadata& t : md.tensors) {
+      if (t.name == "w") w = &t;
+    }
+    ASSERT_NE(w, nullptr);
+    const StoredChunk& chunk = w->chunks[1];
+    const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
+    ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 5, 0x01));
+    std::vector<Status> statuses = LoadAll(c);
+    ASSERT_FALSE(statuses[0].ok());
+    EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
+    EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor 'w' chunk " +
+                                                    chunk.box.ToString() + " (file " + path))
+        << statuses[0];
+    EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];
+    for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
   }
-  ASSERT_NE(w, nullptr);
-  const StoredChunk& chunk = w->chunks[1];
-  const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
-  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 5, 0x01));
-  std::vector<Status> statuses = LoadAll(c);
-  ASSERT_FALSE(statuses[0].ok());
-  EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
-  EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor 'w' chunk " +
-                                                  chunk.box.ToString() + " (file " + path))
-      << statuses[0];
-  EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];
-  for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
 }
 
 TEST_F(ReshardTest, CorruptChunkInALaterRoundFailsEveryRankWhileTheNextRoundReads) {
@@ -1133,6 +1165,7 @@ TEST_F(ReshardTest, CorruptChunkInALaterRoundFailsEveryRankWhileTheNextRoundRead
   t.load = MeshOf(t.shape, Mesh({2}, {Placement::Shard(1)}));
   Case c = MakeCase({t}, 16, 2);
   c.load_options.share_reads = true;
+  c.load_in_separate_memory = true;
   c.load_options.memory_budget_bytes = 6 << 10;
   ASSERT_NO_FATAL_FAILURE(SaveOk(c));
   ASSERT_NO_FATAL_FAILURE(LoadOk(c));
@@ -1465,13 +1498,27 @@ TEST_F(ReshardTest, RankHoldingNothingOnSaveAndOnLoad) {
   c.lists_on_save[1][0] = false;  // rank 1's SaveState is empty
   c.lists_on_load[1][0] = false;  // rank 1's LoadState is empty
   ASSERT_NO_FATAL_FAILURE(SaveOk(c));
-  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
-  ExpectLoaded(c, initial_, loaded_);
-  ExpectResults(c, results_);
-  EXPECT_EQ(results_[1].unexpected_keys, std::vector<std::string>{"w"});
-  EXPECT_EQ(results_[1].bytes_read, 0u);
   const CheckpointMetadata md = Metadata();
   for (const DataFile& f : md.files) EXPECT_NE(f.writer_rank, 1) << f.name;
+  for (bool separate : {true, false}) {
+    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+    c.load_in_separate_memory = separate;
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    ExpectLoaded(c, initial_, loaded_);
+    ExpectResults(c, results_);
+    EXPECT_EQ(results_[1].unexpected_keys, std::vector<std::string>{"w"});
+    // Reading for itself, rank 1 reads nothing (the others each read both chunks whole, a
+    // checksum block being larger than a chunk); sharing memory, the ranks split the reads of
+    // both chunks, whoever needs them, and read each stored byte once.
+    const uint64_t total =
+        results_[0].bytes_read + results_[1].bytes_read + results_[2].bytes_read;
+    if (separate) {
+      EXPECT_EQ(results_[1].bytes_read, 0u);
+      EXPECT_EQ(total, 2u * 2 * 3 * 5 * 8);
+    } else {
+      EXPECT_EQ(total, 2u * 3 * 5 * 8);
+    }
+  }
 }
 
 // Four ranks each hold the same eight equal tensors.
