@@ -549,42 +549,49 @@ std::vector<char> DirectFiles(std::span<const ReadRequest> requests,
   std::vector<char> direct(files.size(), 0);
   if (direct_io == false) return direct;
   struct Reads {
-    uint64_t begin = UINT64_MAX;
-    uint64_t end = 0;
     uint64_t kept = 0;  // bytes of the regions
-    uint64_t read = 0;  // bytes of the rows that hold them
+    std::vector<std::pair<uint64_t, uint64_t>> rows;  // file bytes of the rows that hold them
   };
   std::vector<Reads> reads(files.size());
   for (const ReadRequest& r : requests) {
     const uint32_t f = r.chunk->file;
     if (f >= files.size() || files[f] == nullptr || f >= metadata.files.size()) continue;
     const uint64_t at = metadata.files[f].data_start + r.chunk->data_offset;
-    const bool decoded = r.chunk->encoding == ChunkEncoding::kDriverDecoded;
-    const uint64_t length = decoded ? r.chunk->stored_length : r.chunk->byte_length;
     Reads& file = reads[f];
-    file.begin = std::min(file.begin, at);
-    file.end = std::max(file.end, at + length);
     const uint64_t es = DTypeSize(r.stored->dtype);
-    const uint64_t kept = static_cast<uint64_t>(r.region.volume()) * es;
+    file.kept += static_cast<uint64_t>(r.region.volume()) * es;
+    if (r.chunk->encoding == ChunkEncoding::kDriverDecoded || r.region.rank() == 0) {
+      file.rows.emplace_back(at, at + (r.chunk->encoding == ChunkEncoding::kDriverDecoded
+                                           ? r.chunk->stored_length
+                                           : r.chunk->byte_length));
+      continue;
+    }
     uint64_t row = es;  // bytes per index of dim 0 of the chunk
     for (size_t d = 1; d < r.chunk->box.rank(); ++d) {
       row *= static_cast<uint64_t>(r.chunk->box.sizes[d]);
     }
-    const uint64_t rows =
-        r.region.rank() == 0 ? kept : static_cast<uint64_t>(r.region.sizes[0]) * row;
-    file.kept += kept;
-    file.read += decoded ? length : rows;
+    const uint64_t first = static_cast<uint64_t>(r.region.offsets[0] - r.chunk->box.offsets[0]);
+    file.rows.emplace_back(at + first * row,
+                           at + (first + static_cast<uint64_t>(r.region.sizes[0])) * row);
   }
   for (size_t f = 0; f < files.size(); ++f) {
-    const Reads& file = reads[f];
-    if (file.begin >= file.end) continue;
+    Reads& file = reads[f];
+    if (file.rows.empty()) continue;
+    // The rows read, each once: requests of one chunk share the rows they overlap.
+    std::sort(file.rows.begin(), file.rows.end());
+    uint64_t read = 0, end = 0;
+    for (const auto& [lo, hi] : file.rows) {
+      if (hi > std::max(lo, end)) read += hi - std::max(lo, end);
+      end = std::max(end, hi);
+    }
+    const uint64_t begin = file.rows.front().first;
+    if (end <= begin) continue;
     if (direct_io.has_value()) {
       direct[f] = 1;
       continue;
     }
-    if (file.kept * 2 < file.read) continue;
-    const std::optional<double> cached =
-        files[f]->CachedFraction(file.begin, file.end - file.begin);
+    if (file.kept * 2 < read) continue;
+    const std::optional<double> cached = files[f]->CachedFraction(begin, end - begin);
     direct[f] = cached.has_value() && *cached < kColdFraction ? 1 : 0;
   }
   return direct;
