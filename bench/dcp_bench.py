@@ -133,19 +133,23 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
         cold(dcp_path)
         timer.run("load dcp", lambda: dcp.load(same, checkpoint_id=dcp_path))
         cold(sp_path)
-        timer.run("load sp", lambda: gates.append(sp.load(same, sp_path, threads=args.threads).read_gate_ranks))
+        timer.run("load sp", lambda: gates.append(sp.load(same, sp_path, threads=args.threads,
+                                                          **args.load_options).read_gate_ranks))
         cold(dcp_path)
         timer.run("load resharded dcp", lambda: dcp.load(resharded, checkpoint_id=dcp_path))
         cold(sp_path)
-        timer.run("load resharded sp", lambda: sp.load(resharded, sp_path, threads=args.threads))
+        timer.run("load resharded sp", lambda: sp.load(resharded, sp_path, threads=args.threads,
+                                                       **args.load_options))
         if args.cold:
             # The same loads with a read gate per process instead of one per machine.
             cold(sp_path)
             timer.run("load sp, own gates", lambda: gates.append(
-                sp.load(same, sp_path, threads=args.threads, machine_read_gate=False).read_gate_ranks))
+                sp.load(same, sp_path, threads=args.threads, machine_read_gate=False,
+                        **args.load_options).read_gate_ranks))
             cold(sp_path)
             timer.run("load resharded sp, own gates",
-                      lambda: sp.load(resharded, sp_path, threads=args.threads, machine_read_gate=False))
+                      lambda: sp.load(resharded, sp_path, threads=args.threads, machine_read_gate=False,
+                                      **args.load_options))
         if args.only_loads:
             dist.barrier()
             if rank == 0:
@@ -179,7 +183,8 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
 def report(results: dict[str, list[float]], total_bytes: int, world: int, args: argparse.Namespace) -> None:
     median = {k: statistics.median(v) for k, v in results.items()}
     print(f"state: {total_bytes / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
-          f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'default'}; dir {args.dir}")
+          f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'default'}; "
+          f"sp.load direct_io: {args.direct_io}; dir {args.dir}")
     print(f"{'':30}{'seconds':>10}{'GB/s':>9}")
     for label, seconds in median.items():
         print(f"{label:30}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
@@ -214,7 +219,12 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true",
                         help="drop the checkpoints from the page cache before each load, and time a raw read of the files")
     parser.add_argument("--only-loads", action="store_true", help="leave out the async saves")
+    parser.add_argument("--direct-io", choices=["default", "false", "true", "auto"], default="default",
+                        help="sp.load's direct_io: its default, False, True or None (auto: per file, "
+                             "direct where the file is not in the page cache)")
     args = parser.parse_args()
+    args.load_options = {} if args.direct_io == "default" else {
+        "direct_io": {"false": False, "true": True, "auto": None}[args.direct_io]}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         args.dir = tmp
         rendezvous = os.path.join(tmp, "rendezvous")
