@@ -13,26 +13,6 @@ namespace {
 constexpr uint64_t kBalanceSlackBytes = uint64_t{32} << 20;
 constexpr uint64_t kExchangeCostFactor = 4;  // reading a byte costs about this many copies
 
-using Interval = std::pair<uint64_t, uint64_t>;
-
-// Bytes [begin, end) of the stored chunk a rank reads to get `region`: whole rows (along dim 0)
-// and, when it verifies, whole checksum blocks; a driver-decoded chunk is read whole.
-Interval ReadSpan(const TensorMetadata& tensor, const StoredChunk& chunk, const Box& region,
-                  bool verify, uint64_t block_bytes) {
-  if (chunk.encoding == ChunkEncoding::kDriverDecoded) return {0, chunk.stored_length};
-  const uint64_t es = DTypeSize(tensor.dtype);
-  if (chunk.box.rank() == 0) return {0, es};
-  uint64_t row = es;
-  for (size_t d = 1; d < chunk.box.rank(); ++d) row *= static_cast<uint64_t>(chunk.box.sizes[d]);
-  uint64_t begin = static_cast<uint64_t>(region.offsets[0] - chunk.box.offsets[0]) * row;
-  uint64_t end = begin + static_cast<uint64_t>(region.sizes[0]) * row;
-  if (verify && block_bytes > 0) {
-    begin = begin / block_bytes * block_bytes;
-    end = std::min(chunk.byte_length, (end + block_bytes - 1) / block_bytes * block_bytes);
-  }
-  return {begin, end};
-}
-
 // Total length of the union of `intervals` (sorted in place).
 uint64_t UnionLength(std::vector<Interval>& intervals) {
   std::sort(intervals.begin(), intervals.end());
@@ -66,6 +46,22 @@ struct ChunkUsers {
 };
 
 }  // namespace
+
+Interval ReadSpan(const TensorMetadata& tensor, const StoredChunk& chunk, const Box& region,
+                  bool verify, uint64_t block_bytes) {
+  if (chunk.encoding == ChunkEncoding::kDriverDecoded) return {0, chunk.stored_length};
+  const uint64_t es = DTypeSize(tensor.dtype);
+  if (chunk.box.rank() == 0) return {0, es};
+  uint64_t row = es;
+  for (size_t d = 1; d < chunk.box.rank(); ++d) row *= static_cast<uint64_t>(chunk.box.sizes[d]);
+  uint64_t begin = static_cast<uint64_t>(region.offsets[0] - chunk.box.offsets[0]) * row;
+  uint64_t end = begin + static_cast<uint64_t>(region.sizes[0]) * row;
+  if (verify && block_bytes > 0) {
+    begin = begin / block_bytes * block_bytes;
+    end = std::min(chunk.byte_length, (end + block_bytes - 1) / block_bytes * block_bytes);
+  }
+  return {begin, end};
+}
 
 uint64_t PackedBytes(const Box& region, DType dtype) {
   const uint64_t bytes = static_cast<uint64_t>(region.volume()) * DTypeSize(dtype);
@@ -278,12 +274,12 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
 
 std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,
                                          const CheckpointMetadata& metadata) {
-  struct Chunk {
+  // A unit is a run of a stored chunk's bytes that overlapping reads of its users cover; the
+  // users of one unit share its read, users whose rows are apart are separate units.
+  struct Unit {
     uint32_t file = 0;
     uint64_t offset = 0;  // in the file
-    uint32_t tensor = 0;
-    uint32_t chunk = 0;
-    uint64_t bytes = 0;   // the union of its users' reads
+    uint64_t bytes = 0;
     std::vector<NeedRef> users;
   };
   std::map<std::pair<uint32_t, uint32_t>, std::vector<NeedRef>> by_chunk;
@@ -292,37 +288,44 @@ std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int 
       by_chunk[{all[r].needs[i].tensor, all[r].needs[i].chunk}].emplace_back(r, i);
     }
   }
-  std::vector<Chunk> chunks;
-  chunks.reserve(by_chunk.size());
+  std::vector<Unit> units;
   uint64_t total = 0;
   for (auto& [key, users] : by_chunk) {
     const TensorMetadata& tensor = metadata.tensors[key.first];
     const StoredChunk& stored = tensor.chunks[key.second];
-    std::vector<Interval> spans;
+    std::vector<std::pair<Interval, NeedRef>> spans;
     for (const auto& [r, i] : users) {
-      spans.push_back(ReadSpan(tensor, stored, all[r].needs[i].region, all[r].verify,
-                               metadata.checksum_block_bytes));
+      spans.push_back({ReadSpan(tensor, stored, all[r].needs[i].region, all[r].verify,
+                                metadata.checksum_block_bytes),
+                       NeedRef(r, i)});
     }
-    const uint64_t bytes = std::max<uint64_t>(1, UnionLength(spans));
-    total += bytes;
-    chunks.push_back(Chunk{stored.file, stored.data_offset, key.first, key.second, bytes,
-                           std::move(users)});
+    std::sort(spans.begin(), spans.end());
+    for (size_t k = 0; k < spans.size();) {
+      Unit unit{stored.file, stored.data_offset + spans[k].first.first, 0, {}};
+      uint64_t end = spans[k].first.second;
+      for (; k < spans.size() && (unit.users.empty() || spans[k].first.first < end); ++k) {
+        end = std::max(end, spans[k].first.second);
+        unit.users.push_back(spans[k].second);
+      }
+      unit.bytes = std::max<uint64_t>(1, end - (unit.offset - stored.data_offset));
+      total += unit.bytes;
+      units.push_back(std::move(unit));
+    }
   }
-  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
-    return std::tie(a.file, a.offset, a.tensor, a.chunk) <
-           std::tie(b.file, b.offset, b.tensor, b.chunk);
+  std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+    return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);
   });
-  // Rank k reads the chunks that begin in bytes [k * total / n, (k + 1) * total / n) of the
+  // Rank k reads the units that begin in bytes [k * total / n, (k + 1) * total / n) of the
   // concatenated run.
   const uint64_t n = all.size();
   std::vector<NeedRef> mine;
   uint64_t before = 0;
-  for (const Chunk& c : chunks) {
+  for (const Unit& u : units) {
     const uint64_t reader =
         std::min<uint64_t>(n - 1, static_cast<uint64_t>(static_cast<unsigned __int128>(before) * n /
                                                         std::max<uint64_t>(1, total)));
-    if (reader == static_cast<uint64_t>(me)) mine.insert(mine.end(), c.users.begin(), c.users.end());
-    before += c.bytes;
+    if (reader == static_cast<uint64_t>(me)) mine.insert(mine.end(), u.users.begin(), u.users.end());
+    before += u.bytes;
   }
   return mine;
 }

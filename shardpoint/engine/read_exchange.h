@@ -70,15 +70,24 @@ uint64_t PackedBytes(const Box& region, DType dtype);
 ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
                           const CheckpointMetadata& metadata, uint64_t round_bytes);
 
+// Bytes [begin, end) of a stored chunk.
+using Interval = std::pair<uint64_t, uint64_t>;
+
+// Bytes [begin, end) of the stored chunk a rank reads to get `region`: whole rows (along dim 0)
+// and, when it verifies, whole checksum blocks; a driver-decoded chunk is read whole.
+Interval ReadSpan(const TensorMetadata& tensor, const StoredChunk& chunk, const Box& region,
+                  bool verify, uint64_t block_bytes);
+
 // One need of one rank: (rank, index into its needs).
 using NeedRef = std::pair<int, size_t>;
 
 // Ranks that share an address space (threads of one process) need no exchange: any rank can copy
-// a region straight into another rank's destination. So every stored chunk that some rank needs
+// a region straight into another rank's destination. So every stored byte that some rank needs
 // is read by one rank, for all of them, and the readers are chosen for long reads, not by who
-// needs what: the needed chunks, in file order, are cut into one run per rank of about equal
-// bytes (each chunk counted by the union of what its users read of it), so that each rank reads
-// one stretch of consecutive bytes of the files. Returns the needs of every rank that rank `me`
+// needs what. The unit is a run of a stored chunk that overlapping reads cover (the reads of
+// replicas of one region are one unit, the rows of two ranks that are apart are two); the units,
+// in file order, are cut into one run per rank of about equal bytes, so that each rank reads one
+// stretch of consecutive bytes of the files. Returns the needs of every rank that rank `me`
 // reads, in file order; the same needs on every rank give every rank its share.
 std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,
                                          const CheckpointMetadata& metadata);

@@ -176,32 +176,73 @@ TEST(ReadExchangeTest, InMemoryReadsGiveEachRankOneStretchOfTheFiles) {
         }
       }
     }
-    // Every need is read by exactly one rank, every need of a chunk by the same rank.
+    // Every need is read by exactly one rank; needs whose reads overlap by the same rank.
     std::map<NeedRef, int> reader_of;
-    std::map<std::pair<uint32_t, uint32_t>, std::set<int>> readers_of_chunk;
     std::vector<uint64_t> first(n, UINT64_MAX), last(n, 0);
     for (int me = 0; me < n; ++me) {
       for (const NeedRef& ref : AssignInMemoryReads(all, me, md)) {
         EXPECT_TRUE(reader_of.emplace(ref, me).second) << "read twice";
         const ChunkNeed& need = all[ref.first].needs[ref.second];
-        readers_of_chunk[{need.tensor, need.chunk}].insert(me);
-        // The position of the chunk in the files taken in order: file, then offset.
-        const StoredChunk& chunk = md.tensors[need.tensor].chunks[need.chunk];
+        // The position of the read in the files taken in order: file, then offset.
+        const TensorMetadata& tensor = md.tensors[need.tensor];
+        const StoredChunk& chunk = tensor.chunks[need.chunk];
+        const Interval span = ReadSpan(tensor, chunk, need.region, all[ref.first].verify,
+                                       md.checksum_block_bytes);
         const uint64_t at = (uint64_t{chunk.file} << 40) + chunk.data_offset;
-        first[me] = std::min(first[me], at);
-        last[me] = std::max(last[me], at);
+        first[me] = std::min(first[me], at + span.first);
+        last[me] = std::max(last[me], at + span.second - 1);
+      }
+    }
+    for (const auto& [a, ra] : reader_of) {
+      for (const auto& [b, rb] : reader_of) {
+        const ChunkNeed& na = all[a.first].needs[a.second];
+        const ChunkNeed& nb = all[b.first].needs[b.second];
+        if (na.tensor != nb.tensor || na.chunk != nb.chunk) continue;
+        const TensorMetadata& tensor = md.tensors[na.tensor];
+        const Interval sa = ReadSpan(tensor, tensor.chunks[na.chunk], na.region,
+                                     all[a.first].verify, md.checksum_block_bytes);
+        const Interval sb = ReadSpan(tensor, tensor.chunks[nb.chunk], nb.region,
+                                     all[b.first].verify, md.checksum_block_bytes);
+        if (sa.first < sb.second && sb.first < sa.second) {
+          EXPECT_EQ(ra, rb) << "overlapping reads of one chunk by two ranks";
+        }
       }
     }
     size_t needs = 0;
     for (const RankNeeds& r : all) needs += r.needs.size();
     EXPECT_EQ(reader_of.size(), needs);
-    for (const auto& [chunk, readers] : readers_of_chunk) EXPECT_EQ(readers.size(), 1u);
     // Each rank's stretch lies wholly before the next rank's.
     for (int a = 0; a < n; ++a) {
       for (int b = a + 1; b < n; ++b) {
         if (first[a] == UINT64_MAX || first[b] == UINT64_MAX) continue;
         EXPECT_LT(last[a], first[b]) << "ranks " << a << " and " << b;
       }
+    }
+  }
+}
+
+TEST(ReadExchangeTest, InMemoryReadsSplitAChunkWhoseRowsGoToDifferentRanks) {
+  // One chunk of 64 rows: each of two ranks needs its half, and a third needs rows 0-7 again.
+  // Without checksums the half with the repeated rows is one read, the other half another (by
+  // the rank whose stretch it begins in); with checksum blocks of the whole chunk every read
+  // overlaps and one rank reads it all.
+  for (uint64_t block : {uint64_t{0}, uint64_t{1} << 20}) {
+    const CheckpointMetadata md = RowChunks({64}, 64, 1, block);
+    std::vector<RankNeeds> all(3);
+    for (int r = 0; r < 3; ++r) all[r].verify = block > 0;
+    all[0].needs = {ChunkNeed{0, 0, Box({0, 0}, {32, 64})}};
+    all[1].needs = {ChunkNeed{0, 0, Box({32, 0}, {32, 64})}};
+    all[2].needs = {ChunkNeed{0, 0, Box({0, 0}, {8, 64})}};
+    std::vector<std::vector<NeedRef>> mine(3);
+    for (int me = 0; me < 3; ++me) mine[me] = AssignInMemoryReads(all, me, md);
+    if (block == 0) {
+      EXPECT_EQ(mine[0], (std::vector<NeedRef>{{2, 0}, {0, 0}}));
+      EXPECT_EQ(mine[1], (std::vector<NeedRef>{{1, 0}}));
+      EXPECT_EQ(mine[2], std::vector<NeedRef>{});
+    } else {
+      EXPECT_EQ(mine[0], (std::vector<NeedRef>{{0, 0}, {1, 0}, {2, 0}}));
+      EXPECT_EQ(mine[1], std::vector<NeedRef>{});
+      EXPECT_EQ(mine[2], std::vector<NeedRef>{});
     }
   }
 }
