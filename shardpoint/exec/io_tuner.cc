@@ -86,9 +86,17 @@ TunerCore::TunerCore(IoTunerConfig config, double now)
       controller_(config_.max_depth, config_.start_depth, config_.tolerance, config_.probe_every),
       last_event_(now) {}
 
+uint64_t TunerCore::Take(double now) {
+  Account(now);
+  return taken_++;
+}
+
+bool TunerCore::Full() const {
+  return settling_ == 0 && taken_ - ended_ >= static_cast<uint64_t>(controller_.depth());
+}
+
 void TunerCore::Account(double now) {
-  const uint64_t running = begun_ - ended_;
-  if (settling_ == 0 && running >= static_cast<uint64_t>(controller_.depth())) {
+  if (Full()) {
     interval_seconds_ += std::max(0.0, now - last_event_);
   }
   last_event_ = now;
@@ -100,7 +108,7 @@ void TunerCore::Begin(double now) {
 }
 
 bool TunerCore::End(double now, uint64_t bytes) {
-  const bool full = settling_ == 0 && begun_ - ended_ >= static_cast<uint64_t>(controller_.depth());
+  const bool full = Full();
   Account(now);
   if (full) interval_bytes_ += bytes;
   if (settling_ > 0) --settling_;
@@ -150,7 +158,7 @@ int64_t IoTuner::intervals() const {
 
 void IoTuner::Acquire() {
   std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t ticket = core_.Take();
+  const uint64_t ticket = core_.Take(Now());
   cv_.wait(lock, [&] { return core_.Granted(ticket); });
   core_.Begin(Now());
 }

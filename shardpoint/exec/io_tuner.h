@@ -11,9 +11,11 @@
 // The depth stays in [1, max_depth]; max_depth bounds the memory in flight (each read stages at
 // most one window of the memory budget). A fixed tuner never changes its depth.
 //
-// Time spent with the gate not full (too few reads waiting: the end of a load, planning between
-// loads) is not measured: it says nothing about the depth; nor are the reads begun before the
-// depth last changed. The learned depth persists: a pool's
+// The gate counts as full while as many reads as the depth are running or waiting to run: the
+// time a read that was let in takes to begin (a waiter woken, a thread scheduled) is time the
+// depth costs, so it is measured with the reads it delays. Time with fewer reads asking (the end
+// of a load, planning between loads, threads busy copying) is not measured: it says nothing
+// about the depth; nor are the reads begun before the depth last changed. The learned depth persists: a pool's
 // tuner (ThreadPool::io_tuner) carries it from one load to the next.
 //
 // Reads are let in in the order they asked. Thread-safe. SharedIoTuner (exec/shared_io_tuner.h)
@@ -90,7 +92,8 @@ class TunerCore {
  public:
   TunerCore(IoTunerConfig config, double now);
 
-  uint64_t Take() { return taken_++; }
+  // A read asks to be let in; returns its ticket.
+  uint64_t Take(double now);
   bool Granted(uint64_t ticket) const { return ticket < grant_limit(); }
   // Tickets below this are granted (their reads may run).
   uint64_t grant_limit() const { return ended_ + controller_.depth(); }
@@ -110,6 +113,8 @@ class TunerCore {
   int max_depth() const { return config_.max_depth; }
 
  private:
+  // Whether as many reads as the depth run or wait to (and none began at an older depth).
+  bool Full() const;
   // Adds the time since the last event to the interval when the gate was full.
   void Account(double now);
 

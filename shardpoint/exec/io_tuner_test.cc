@@ -108,7 +108,7 @@ TEST(TunerCoreTest, LetsReadsInInTheOrderTheyAsked) {
   config.max_depth = 2;
   config.fixed = true;
   TunerCore core(config, 0);
-  const uint64_t t0 = core.Take(), t1 = core.Take(), t2 = core.Take(), t3 = core.Take();
+  const uint64_t t0 = core.Take(0), t1 = core.Take(0), t2 = core.Take(0), t3 = core.Take(0);
   EXPECT_TRUE(core.Granted(t0));
   EXPECT_TRUE(core.Granted(t1));
   EXPECT_FALSE(core.Granted(t2));
@@ -125,16 +125,36 @@ TEST(TunerCoreTest, ReclaimForgetsReadsThatWillNeverEndOrBegin) {
   config.max_depth = 1;
   config.fixed = true;
   TunerCore core(config, 0);
-  core.Take();  // a read that begins, then its process dies
+  core.Take(0);  // a read that begins, then its process dies
   core.Begin(0);
-  core.Take();  // a read of the same process, waiting when it died
-  const uint64_t mine = core.Take();
+  core.Take(0);  // a read of the same process, waiting when it died
+  const uint64_t mine = core.Take(0);
   EXPECT_FALSE(core.Granted(mine));
   core.Reclaim(/*begun=*/1, /*waiting=*/1);
   EXPECT_TRUE(core.Granted(mine));
   EXPECT_EQ(core.waiting(), 1u);  // mine
   core.Begin(0);
   EXPECT_EQ(core.waiting(), 0u);
+}
+
+TEST(TunerCoreTest, TheWaitOfAReadLetInCountsAgainstTheDepth) {
+  // Depth 1, two reads of 1 MiB that take 1 s each; the second begins 0.5 s after the first
+  // ends (its thread was slow to wake). The device delivered 2 MiB in 2.5 s at this depth.
+  IoTunerConfig config;
+  config.max_depth = 4;
+  config.start_depth = 1;
+  config.interval_bytes = 2 << 20;
+  config.interval_seconds = 0.01;
+  TunerCore core(config, 0);
+  const uint64_t first = core.Take(0), second = core.Take(0);
+  EXPECT_TRUE(core.Granted(first));
+  core.Begin(0);
+  core.End(1.0, 1 << 20);
+  EXPECT_TRUE(core.Granted(second));
+  core.Begin(1.5);
+  core.End(2.5, 1 << 20);
+  EXPECT_EQ(core.intervals(), 1);
+  EXPECT_DOUBLE_EQ(core.throughput(1), (2 << 20) / 2.5);
 }
 
 TEST(IoTunerTest, AFixedDepthBoundsTheReadsRunningAtOnce) {

@@ -389,7 +389,7 @@ bool SharedIoTuner::ReclaimDead() {
 
 void SharedIoTuner::Acquire() {
   Lock();
-  const uint64_t ticket = state_->core.Take();
+  const uint64_t ticket = state_->core.Take(SteadySeconds());
   Member* me = state_->member(member_);
   ++me->taken;
   while (!state_->core.Granted(ticket)) {
