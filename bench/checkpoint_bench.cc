@@ -8,9 +8,9 @@
 //              cache, each file front to back by one thread, round robin across the files, and
 //              round robin with O_DIRECT (no page cache at all).
 // Each ratio is taken against the fastest of those ways (by median): the most demanding baseline.
-// With --direct-io the loads read extents of 1 MiB and more with O_DIRECT (LoadOptions::direct_io);
-// with --direct-io-auto only from the files that are not in the page cache (all of them here:
-// every load starts cold; unset LoadOptions::direct_io);
+// The loads use LoadOptions::direct_io's default (unset: O_DIRECT for the files not in the page
+// cache, all of them here: every load starts cold); with --direct-io they read extents of 1 MiB
+// and more of every file with O_DIRECT, with --page-cache none (--direct-io-auto: the default);
 // with --direct-write the saves write the whole blocks of writes of 1 MiB and more with O_DIRECT
 // (SaveOptions::direct_io).
 // The loads' read depth is tuned as they run (the pool's IoTuner, shared by all of them, learning
@@ -27,7 +27,7 @@
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
-//                         [--direct-io-auto] [--direct-write] [--io-depth N]
+//                         [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -54,9 +54,9 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kPiece = uint64_t{16} << 20;
 constexpr int kRawFiles = 4;
 bool g_verify = true;  // --no-verify: loads skip checksum verification
-// --direct-io: loads read extents of 1 MiB and more with O_DIRECT; --direct-io-auto: unset, from
-// the files not in the page cache.
-std::optional<bool> g_direct = false;
+// --direct-io: loads read extents of 1 MiB and more with O_DIRECT; --page-cache: never; unset
+// (the default, --direct-io-auto): from the files not in the page cache.
+std::optional<bool> g_direct;
 bool g_direct_write = false;  // --direct-write: saves write with O_DIRECT
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 int g_io_depth = 0;  // --io-depth N: loads run at most N reads at once (0: tuned, the default)
@@ -453,10 +453,12 @@ int main(int argc, char** argv) {
       --i;
       continue;
     }
-    if (a == "--no-verify" || a == "--direct-io" || a == "--direct-io-auto") {
+    if (a == "--no-verify" || a == "--direct-io" || a == "--direct-io-auto" ||
+        a == "--page-cache") {
       if (a == "--no-verify") sp::g_verify = false;
       if (a == "--direct-io") sp::g_direct = true;
       if (a == "--direct-io-auto") sp::g_direct.reset();
+      if (a == "--page-cache") sp::g_direct = false;
       --i;
       continue;
     }
@@ -482,7 +484,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--direct-write] [--io-depth N]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N]\n");
       return 2;
     }
   }

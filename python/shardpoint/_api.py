@@ -257,7 +257,7 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
 def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = None, strict: bool = True,
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
          share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None,
-         allow_external_links: bool = False, direct_io: Optional[bool] = False,
+         allow_external_links: bool = False, direct_io: Optional[bool] = None,
          io_depth: Optional[int] = None, machine_read_gate: bool = True,
          staging_budget: Optional[int] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
@@ -289,8 +289,9 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     ``direct_io``: large reads (1 MiB and more of consecutive bytes) bypass the page cache
     (``O_DIRECT``) where the file system allows it, for cold loads of checkpoints that will not be
     read again soon; checksums are verified on the bytes read. Other file systems fall back to
-    ordinary reads. ``None``: chosen per file by what the page cache holds: a file whose bytes to
-    read are mostly not cached is read directly, one just written or read goes through the cache.
+    ordinary reads. ``None`` (the default): chosen per file by what the page cache holds: a file
+    whose bytes to read are mostly not cached is read directly, one just written or read goes
+    through the cache. ``False``: always through the page cache.
 
     ``io_depth``: how many reads run at once. ``None`` (the default) tunes it as the load runs from
     the throughput the storage delivers (between 1 and ``threads``); a number fixes it, per rank.

@@ -74,12 +74,12 @@ struct LoadOptions {
   // cache (O_DIRECT), where the store and the file system allow it; the others, and files that
   // cannot be read directly, go through the page cache. Checksums are verified on the bytes read,
   // in the same pass. For cold loads of large checkpoints whose files will not be read again.
-  // Unset: decided per file by what the page cache holds: a file whose bytes to read are mostly
-  // not cached (ReadableFile::CachedFraction) is read directly, a warm one (just written or read)
-  // through the cache; so is a file of which the rank keeps less than half the bytes it reads
-  // (rows read whole for a few columns: other ranks read the same rows, and the cache serves
-  // them).
-  std::optional<bool> direct_io = false;
+  // Unset (the default): decided per file by what the page cache holds: a file whose bytes to
+  // read are mostly not cached (ReadableFile::CachedFraction) is read directly, a warm one (just
+  // written or read) through the cache; so is a file of which the rank keeps less than half the
+  // bytes it reads (rows read whole for a few columns: other ranks read the same rows, and the
+  // cache serves them). false: always through the page cache.
+  std::optional<bool> direct_io;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
   // Reads in flight at once. 0 (the default): tuned as the load runs, from the throughput the
   // storage delivers, between 1 and the pool's threads (ThreadPool::io_tuner, shared by the ranks
