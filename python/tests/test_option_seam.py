@@ -39,7 +39,7 @@ def test_keywords_set_fields_and_the_rest_keep_the_struct_defaults():
     assert _core.ConsolidateOptions().memory_budget_bytes == _core.parse_byte_size("256MiB")
     assert _core.LoadOptions().memory_budget_bytes == _core.parse_byte_size("256MiB")
     assert _core.SaveOptions().format == "native" and _core.ConsolidateOptions().format == "safetensors"
-    assert _core.LoadOptions().direct_io is False
+    assert _core.LoadOptions().direct_io is None  # chosen per file
     assert _core.LoadOptions().direct_io_min_bytes == _core.parse_byte_size("1MiB")
     assert _core.LoadOptions().io_depth == 0  # tuned
     assert _core.LoadOptions().machine_read_gate is True
@@ -126,11 +126,12 @@ def test_direct_io_none_chooses_per_file_and_is_bit_exact(tmp_path, monkeypatch)
     path = tmp_path / "ckpt"
     sp.save(state, path)
     out = {k: np.zeros_like(v) for k, v in state.items()}
-    sp.load(out, path, direct_io=None)
-    assert loads[0].direct_io is None
+    sp.load(out, path)  # the default
+    sp.load(out, path, direct_io=False)
+    assert loads[0].direct_io is None and loads[1].direct_io is False
     assert all(out[k].tobytes() == state[k].tobytes() for k in state)
-    options = _core.LoadOptions(direct_io=None)
-    assert options.direct_io is None
+    options = _core.LoadOptions(direct_io=False)
+    assert options.direct_io is False
     options.direct_io = True
     assert options.direct_io is True
 
