@@ -76,9 +76,9 @@ struct LoadOptions {
   // in the same pass. For cold loads of large checkpoints whose files will not be read again.
   // Unset (the default): decided per file by what the page cache holds: a file whose bytes to
   // read are mostly not cached (ReadableFile::CachedFraction) is read directly, a warm one (just
-  // written or read) through the cache; so is a file of which the rank keeps less than half the
-  // bytes it reads (rows read whole for a few columns: other ranks read the same rows, and the
-  // cache serves them). false: always through the page cache.
+  // written or read) through the cache; so is a file of which the rank keeps less than 7/8 of the
+  // bytes it reads (rows read whole for columns that other ranks need: they read the same rows,
+  // and the cache serves them). false: always through the page cache.
   std::optional<bool> direct_io;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
   // Reads in flight at once. 0 (the default): tuned as the load runs, from the throughput the

@@ -590,7 +590,7 @@ std::vector<char> DirectFiles(std::span<const ReadRequest> requests,
       direct[f] = 1;
       continue;
     }
-    if (file.kept * 2 < read) continue;
+    if (file.kept * kKeptForDirectDen < read * kKeptForDirectNum) continue;
     const std::optional<double> cached = files[f]->CachedFraction(begin, end - begin);
     direct[f] = cached.has_value() && *cached < kColdFraction ? 1 : 0;
   }

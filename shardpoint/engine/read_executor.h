@@ -75,6 +75,13 @@ ReadRequest MakeReadRequest(const TensorMetadata& stored, size_t chunk, ReadDest
 // With ReadExecutorOptions::direct_io unset, a file of which less than this fraction of the bytes
 // to read is cached is read directly.
 inline constexpr double kColdFraction = 0.5;
+// ... and of which the rank keeps at least this fraction (kKeptForDirectNum / kKeptForDirectDen)
+// of the bytes it reads. The rest are rows read whole for columns that other ranks need, and
+// those ranks read the same rows: directly, each of them reads those bytes from the device again;
+// through the cache, the first read brings them in and the others copy them, which costs far
+// less. So direct I/O is chosen only where nearly every byte read is the rank's own.
+inline constexpr uint64_t kKeptForDirectNum = 7;
+inline constexpr uint64_t kKeptForDirectDen = 8;
 
 struct ReadExecutorOptions {
   bool verify = true;
@@ -89,8 +96,9 @@ struct ReadExecutorOptions {
   // staging, from which it is copied once the checksums are verified. Others, and files that
   // cannot be read directly, use the page cache.
   // Unset: only the files whose bytes to read are mostly not in the page cache
-  // (ReadableFile::CachedFraction below kColdFraction) and of which at least half the bytes read
-  // are kept (not rows read whole for a few of their columns) are read directly.
+  // (ReadableFile::CachedFraction below kColdFraction) and of which at least 7/8 of the bytes
+  // read are kept (kKeptForDirectNum: not rows read whole for columns that others need) are read
+  // directly.
   std::optional<bool> direct_io = false;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
   // Reads running at once. 0: as many as the pool's IoTuner allows, which it learns from the

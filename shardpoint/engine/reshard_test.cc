@@ -1360,6 +1360,17 @@ TEST(DirectIoLoadTest, UnsetReadsColdFilesDirectlyAndWarmOnesThroughTheCache) {
   c.load_options.share_reads = false;
   load("cold, columns");
   EXPECT_EQ(store.direct_reads(), 0);
+  // Four ranks on a 2 x 2 mesh: each reads the rows of its saved half whole and keeps half of
+  // their columns (516 or 515 of 1,031); its neighbour reads the same rows for the other half, so
+  // those rows would cross the device twice if read directly: the cache serves the second read.
+  ASSERT_TRUE(drop());
+  big.load = MeshOf(big.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Shard(1)}));
+  c = MakeCase({big}, 2, 4);
+  c.load_options.direct_io = std::nullopt;
+  c.load_options.direct_io_min_bytes = 0;
+  c.load_options.share_reads = false;
+  load("cold, half the columns");
+  EXPECT_EQ(store.direct_reads(), 0);
   std::filesystem::remove_all(dir);
 }
 
