@@ -386,16 +386,20 @@ constexpr size_t kNonceDigits = 16;
 // then the reads go through the pool's own tuner, as sharing only makes them faster. Every rank
 // calls it at the same point (machine_ranks may be a collective).
 std::unique_ptr<SharedIoTuner> MachineGate(Communicator& comm, std::string_view nonce,
-                                           const LoadOptions& options, const ThreadPool& pool) {
+                                           const LoadOptions& options, ThreadPool& pool) {
   if (comm.size() < 2) return nullptr;
   const std::vector<int> local = comm.machine_ranks();
   if (local.size() < 2 || options.io_depth > 0 || !options.machine_read_gate) return nullptr;
   const auto me = std::find(local.begin(), local.end(), comm.rank());
   if (me == local.end()) return nullptr;
   IoTunerConfig config;
-  // Each member runs at most its pool's threads reads at once; the members are alike.
+  // Each member runs at most its pool's threads reads at once; the members are alike. The climb
+  // starts where the members' own gates stand (their depths summed, this member's times the
+  // members): a fresh gate for each load would otherwise start shallow every time.
   config.max_depth = static_cast<int>(std::min<uint64_t>(
       kMaxIoDepth, local.size() * static_cast<uint64_t>(std::max(1, pool.size()))));
+  config.start_depth = static_cast<int>(std::min<uint64_t>(
+      config.max_depth, local.size() * static_cast<uint64_t>(pool.io_tuner().depth())));
   const std::string name =
       "/shardpoint-io-" + std::string(nonce) + "-" + std::to_string(local.front());
   Result<std::unique_ptr<SharedIoTuner>> gate = SharedIoTuner::Attach(
