@@ -842,6 +842,23 @@ class ReshardTest : public ::testing::Test {
     ASSERT_TRUE((*file)->WriteAt(0, AsBytes(*bytes)).ok());
     ASSERT_TRUE((*file)->Close().ok());
   }
+  // Flips a stored byte of `chunk` of tensor `name`, loads, and expects every rank to fail with
+  // the same kDataLoss naming the tensor, the chunk, its file and the rank that read it.
+  void ExpectCorruptChunkFailsEveryRank(const Case& c, const CheckpointMetadata& md,
+                                        const std::string& name, const StoredChunk& chunk,
+                                        uint64_t at, uint8_t mask) {
+    const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
+    ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, at, mask));
+    std::vector<Status> statuses = LoadAll(c);
+    ASSERT_FALSE(statuses[0].ok());
+    EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
+    EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor '" + name +
+                                                    "' chunk " + chunk.box.ToString() +
+                                                    " (file " + path))
+        << statuses[0];
+    EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];  // which rank read it
+    for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
+  }
   CheckpointMetadata Metadata(const std::string& path = "/ckpt") {
     Result<CheckpointMetadata> md = ReadCheckpointMetadata(path, &store_);
     EXPECT_TRUE(md.ok()) << md.status();
@@ -1141,17 +1158,7 @@ TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
       if (t.name == "w") w = &t;
     }
     ASSERT_NE(w, nullptr);
-    const StoredChunk& chunk = w->chunks[1];
-    const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
-    ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 5, 0x01));
-    std::vector<Status> statuses = LoadAll(c);
-    ASSERT_FALSE(statuses[0].ok());
-    EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
-    EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor 'w' chunk " +
-                                                    chunk.box.ToString() + " (file " + path))
-        << statuses[0];
-    EXPECT_TRUE(HasText(statuses[0].message(), "rank ")) << statuses[0];
-    for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
+    ASSERT_NO_FATAL_FAILURE(ExpectCorruptChunkFailsEveryRank(c, md, "w", w->chunks[1], 5, 0x01));
   }
 }
 
@@ -1174,16 +1181,8 @@ TEST_F(ReshardTest, CorruptChunkInALaterRoundFailsEveryRankWhileTheNextRoundRead
   const CheckpointMetadata md = Metadata();
   ASSERT_EQ(md.tensors.size(), 1u);
   ASSERT_EQ(md.tensors[0].chunks.size(), 16u);
-  const StoredChunk& chunk = md.tensors[0].chunks[13];
-  const std::string path = JoinPath("/ckpt", md.files[chunk.file].name);
-  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, chunk, 100, 0x40));
-  std::vector<Status> statuses = LoadAll(c);
-  ASSERT_FALSE(statuses[0].ok());
-  EXPECT_EQ(statuses[0].code(), StatusCode::kDataLoss);
-  EXPECT_TRUE(HasText(statuses[0].message(), "checksum mismatch in tensor 'rows' chunk " +
-                                                  chunk.box.ToString() + " (file " + path))
-      << statuses[0];
-  for (const Status& s : statuses) EXPECT_EQ(s, statuses[0]);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCorruptChunkFailsEveryRank(c, md, "rows", md.tensors[0].chunks[13], 100, 0x40));
 }
 
 TEST_F(ReshardTest, DirectReadsCompleteTheirPartialBlocksAndCatchCorruptionThere) {
