@@ -25,6 +25,46 @@ namespace {
 constexpr size_t kMaxTransfer = size_t{1} << 30;
 constexpr size_t kMaxIovecs = 1024;  // IOV_MAX on Linux
 
+// Where a scatter read through several preadv calls stands in its pieces: the first piece not yet
+// read completely and the bytes of it already read. A transfer that stops inside a piece resumes
+// there.
+class ScatterCursor {
+ public:
+  explicit ScatterCursor(std::span<const MutableByteView> pieces) : pieces_(pieces) {}
+
+  bool done() const { return next_ >= pieces_.size(); }
+  // The iovecs of the next transfer (at most kMaxIovecs pieces, kMaxTransfer bytes); empty when
+  // only empty pieces remain.
+  const std::vector<iovec>& Next() {
+    iov_.clear();
+    size_t batch = 0;
+    for (size_t i = next_; i < pieces_.size() && iov_.size() < kMaxIovecs && batch < kMaxTransfer;
+         ++i) {
+      const size_t skip = i == next_ ? done_in_ : 0;
+      const size_t len = std::min(pieces_[i].size() - skip, kMaxTransfer - batch);
+      if (len == 0) continue;
+      iov_.push_back(iovec{pieces_[i].data() + skip, len});
+      batch += len;
+    }
+    return iov_;
+  }
+  // `n` more bytes arrived.
+  void Advance(size_t n) {
+    while (next_ < pieces_.size() && n >= pieces_[next_].size() - done_in_) {
+      n -= pieces_[next_].size() - done_in_;
+      done_in_ = 0;
+      ++next_;
+    }
+    done_in_ += n;
+  }
+
+ private:
+  std::span<const MutableByteView> pieces_;
+  std::vector<iovec> iov_;
+  size_t next_ = 0;
+  size_t done_in_ = 0;
+};
+
 Status ClosedError(std::string_view op, std::string_view path) {
   return FailedPreconditionError(OpOn(op, path) + ": the file is already closed");
 }
@@ -200,21 +240,10 @@ class PosixReadableFile : public ReadableFile {
     }
     // One preadv per kMaxIovecs pieces; every transfer but the one at the end of the file moves
     // whole aligned blocks, so the next one resumes aligned, inside the piece it stopped in.
-    std::vector<iovec> iov;
     uint64_t done = 0;
-    size_t next = 0;     // the first piece not yet read completely
-    size_t done_in = 0;  // bytes of pieces[next] already read
-    while (next < pieces.size()) {
-      iov.clear();
-      size_t batch = 0;
-      for (size_t i = next; i < pieces.size() && iov.size() < kMaxIovecs && batch < kMaxTransfer;
-           ++i) {
-        const size_t skip = i == next ? done_in : 0;
-        const size_t len = std::min(pieces[i].size() - skip, kMaxTransfer - batch);
-        if (len == 0) continue;
-        iov.push_back(iovec{pieces[i].data() + skip, len});
-        batch += len;
-      }
+    ScatterCursor cursor(pieces);
+    while (!cursor.done()) {
+      const std::vector<iovec>& iov = cursor.Next();
       if (iov.empty()) break;  // only empty pieces remain
       ssize_t n = ::preadv(direct_fd_, iov.data(), static_cast<int>(iov.size()),
                            static_cast<off_t>(offset + done));
@@ -225,13 +254,7 @@ class PosixReadableFile : public ReadableFile {
       done += static_cast<uint64_t>(n);
       // The end of the file: nothing more, or a tail shorter than the alignment.
       if (n == 0 || static_cast<uint64_t>(n) % a != 0) break;
-      size_t left = static_cast<size_t>(n);
-      while (next < pieces.size() && left >= pieces[next].size() - done_in) {
-        left -= pieces[next].size() - done_in;
-        done_in = 0;
-        ++next;
-      }
-      done_in += left;
+      cursor.Advance(static_cast<size_t>(n));
     }
     return done;
   }
@@ -258,20 +281,9 @@ class PosixReadableFile : public ReadableFile {
     uint64_t wanted = 0;
     for (const MutableByteView& piece : pieces) wanted += piece.size();
     // One preadv per kMaxIovecs pieces; a short transfer resumes inside the piece it stopped in.
-    std::vector<iovec> iov;
-    size_t next = 0;       // the first piece not yet read completely
-    size_t done_in = 0;    // bytes of pieces[next] already read
-    while (next < pieces.size()) {
-      iov.clear();
-      size_t batch = 0;
-      for (size_t i = next; i < pieces.size() && iov.size() < kMaxIovecs && batch < kMaxTransfer;
-           ++i) {
-        const size_t skip = i == next ? done_in : 0;
-        const size_t len = std::min(pieces[i].size() - skip, kMaxTransfer - batch);
-        if (len == 0) continue;
-        iov.push_back(iovec{pieces[i].data() + skip, len});
-        batch += len;
-      }
+    ScatterCursor cursor(pieces);
+    while (!cursor.done()) {
+      const std::vector<iovec>& iov = cursor.Next();
       if (iov.empty()) break;  // only empty pieces remain
       ssize_t n = ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(offset));
       if (n < 0) {
@@ -280,13 +292,7 @@ class PosixReadableFile : public ReadableFile {
       }
       if (n == 0) return ShortRead(start, wanted);
       offset += static_cast<uint64_t>(n);
-      size_t left = static_cast<size_t>(n);
-      while (next < pieces.size() && left >= pieces[next].size() - done_in) {
-        left -= pieces[next].size() - done_in;
-        done_in = 0;
-        ++next;
-      }
-      done_in += left;
+      cursor.Advance(static_cast<size_t>(n));
     }
     return OkStatus();
   }
