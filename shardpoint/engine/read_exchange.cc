@@ -324,7 +324,9 @@ std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int 
     const uint64_t reader =
         std::min<uint64_t>(n - 1, static_cast<uint64_t>(static_cast<unsigned __int128>(before) * n /
                                                         std::max<uint64_t>(1, total)));
-    if (reader == static_cast<uint64_t>(me)) mine.insert(mine.end(), u.users.begin(), u.users.end());
+    if (reader == static_cast<uint64_t>(me)) {
+      mine.insert(mine.end(), u.users.begin(), u.users.end());
+    }
     before += u.bytes;
   }
   return mine;

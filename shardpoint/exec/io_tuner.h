@@ -15,8 +15,8 @@
 // time a read that was let in takes to begin (a waiter woken, a thread scheduled) is time the
 // depth costs, so it is measured with the reads it delays. Time with fewer reads asking (the end
 // of a load, planning between loads, threads busy copying) is not measured: it says nothing
-// about the depth; nor are the reads begun before the depth last changed. The learned depth persists: a pool's
-// tuner (ThreadPool::io_tuner) carries it from one load to the next.
+// about the depth; nor are the reads begun before the depth last changed. The learned depth
+// persists: a pool's tuner (ThreadPool::io_tuner) carries it from one load to the next.
 //
 // Reads are let in in the order they asked. Thread-safe. SharedIoTuner (exec/shared_io_tuner.h)
 // is the same gate in memory shared by the processes of a machine. See docs/PERFORMANCE.md
