@@ -13,6 +13,10 @@ function(sp_test name)
   endif()
   cmake_parse_arguments(A "" "" "SRCS;DEPS" ${ARGN})
   add_executable(${name} ${A_SRCS})
+  # The suites' own code (GoogleTest's templates, mostly) is compiled at -O1 without debug
+  # information outside Debug builds: that halves their compile time, most of a build's. The code
+  # under test is in the libraries, compiled with the build type's flags.
+  target_compile_options(${name} PRIVATE "$<$<NOT:$<CONFIG:Debug>>:-O1;-g0>")
   target_link_libraries(${name} PRIVATE ${A_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 900)
 endfunction()

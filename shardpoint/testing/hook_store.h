@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -60,19 +61,21 @@ class ForwardingStore : public Store {
   Store* base_;
 };
 
-// Runs `hook` (once) before the first file is created.
+// Runs `hook` once, before the first file is created. The ranks of a save create their files from
+// threads of their own: the first runs the hook, and the others wait until it has returned.
 class HookStore : public ForwardingStore {
  public:
   HookStore(Store* base, std::function<void()> hook)
       : ForwardingStore(base), hook_(std::move(hook)) {}
   Result<std::unique_ptr<WritableFile>> NewWritableFile(std::string_view path) override {
-    if (hook_) std::exchange(hook_, nullptr)();
+    std::call_once(once_, hook_);
     return base()->NewWritableFile(path);
   }
   std::string name() const override { return "hook(" + base()->name() + ")"; }
 
  private:
   std::function<void()> hook_;
+  std::once_flag once_;
 };
 
 }  // namespace sp::testing
