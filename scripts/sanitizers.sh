@@ -55,8 +55,10 @@ case "${mode}" in
   tsan)
     build="${2:-${root}/build-tsan}"
     flags="-fsanitize=thread -fno-omit-frame-pointer"
+    source "${root}/fuzz/fuzz_lib.sh"  # SP_SANITIZER_BUILD_FLAGS
     CC=clang CXX=clang++ cmake -S "${root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DSP_BUILD_TESTS=ON -DCMAKE_CXX_FLAGS="${flags}" >/dev/null
+      -DSP_BUILD_TESTS=ON -DCMAKE_CXX_FLAGS="${flags}" \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${SP_SANITIZER_BUILD_FLAGS}" >/dev/null
     ninja -C "${build}" -j "${jobs}" exec_test io_tuner_test shared_io_tuner_test comm_test engine_unit_test \
       engine_async_save_test \
       engine_reshard_test > "${build}/ninja-sanitizer.log" 2>&1 ||

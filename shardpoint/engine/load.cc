@@ -381,15 +381,15 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
 constexpr size_t kNonceDigits = 16;
 
 // The read gate this rank shares with the ranks of its machine that run in other processes
-// (Communicator::machine_ranks), or null: alone on its machine, a fixed io_depth, sharing turned
-// off, or a gate that could not be attached (no shared memory, a foreign object of that name);
-// then the reads go through the pool's own tuner, as sharing only makes them faster. Every rank
-// calls it at the same point (machine_ranks may be a collective).
+// (Communicator::machine_ranks), or null: sharing not asked for (the default), a fixed io_depth,
+// alone on its machine, or a gate that could not be attached (no shared memory, a foreign object
+// of that name); then the reads go through the pool's own tuner. Every rank calls it at the same
+// point with the same options (machine_ranks may be a collective).
 std::unique_ptr<SharedIoTuner> MachineGate(Communicator& comm, std::string_view nonce,
                                            const LoadOptions& options, ThreadPool& pool) {
-  if (comm.size() < 2) return nullptr;
+  if (comm.size() < 2 || options.io_depth > 0 || !options.machine_read_gate) return nullptr;
   const std::vector<int> local = comm.machine_ranks();
-  if (local.size() < 2 || options.io_depth > 0 || !options.machine_read_gate) return nullptr;
+  if (local.size() < 2) return nullptr;
   const auto me = std::find(local.begin(), local.end(), comm.rank());
   if (me == local.end()) return nullptr;
   IoTunerConfig config;
