@@ -16,8 +16,8 @@ the timed step), and each run also times a raw read of the shardpoint checkpoint
 (bench_util.raw_read: per file, round robin, and round robin with O_DIRECT, the fastest kept,
 each order cold): the disk's floor under any reader. The report then gives each load against
 that raw read of the same run (separate processes on one machine; target >= 0.85x), and the
-same loads again with one read gate for the machine's processes (machine_read_gate=True; the
-default is a gate per process) to show what it changes.
+same loads again with a read gate per process (machine_read_gate=False) to show what one gate for
+the machine's processes changes. Each run rotates the order of the loads and the raw read.
 
     python bench/dcp_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
     python bench/dcp_bench.py --gib 1 --runs 5 --cold --only-loads
@@ -124,32 +124,48 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
         dcp_path, sp_path = fresh("dcp", i), fresh("sp", i)
         timer.run("save dcp", lambda: dcp.save(state, checkpoint_id=dcp_path))
         timer.run("save sp", lambda: sp.save(state, sp_path, threads=args.threads))
-        if args.cold:
+
+        def raw() -> None:
             # The fastest raw read of the shardpoint files, timed inside raw_read on rank 0.
             if rank == 0:
                 _, seconds = raw_read(sp_path, threads=args.threads or 4, evict_first=True, direct=True)
                 timer.results.setdefault("raw read (fastest)", []).append(seconds)
             dist.barrier()
-        cold(dcp_path)
-        timer.run("load dcp", lambda: dcp.load(same, checkpoint_id=dcp_path))
-        cold(sp_path)
-        timer.run("load sp", lambda: gates.append(sp.load(same, sp_path, threads=args.threads,
-                                                          **args.load_options).read_gate_ranks))
-        cold(dcp_path)
-        timer.run("load resharded dcp", lambda: dcp.load(resharded, checkpoint_id=dcp_path))
-        cold(sp_path)
-        timer.run("load resharded sp", lambda: sp.load(resharded, sp_path, threads=args.threads,
-                                                       **args.load_options))
+
+        def sp_load(dest: dict, **options) -> int:
+            return sp.load(dest, sp_path, threads=args.threads, **args.load_options, **options).read_gate_ranks
+
+        def check_same(label: str) -> None:
+            # Untimed: the same-layout load of shardpoint is bit-exact.
+            for k, v in state["model"].items():
+                if not torch.equal(same["model"][k]._local_tensor, v._local_tensor):
+                    raise RuntimeError(f"rank {rank}: {k} differs after {label}")
+                same["model"][k]._local_tensor.zero_()
+
+        steps = [("load dcp", dcp_path, lambda: dcp.load(same, checkpoint_id=dcp_path)),
+                 ("load sp", sp_path, lambda: gates.append(sp_load(same))),
+                 ("load resharded dcp", dcp_path, lambda: dcp.load(resharded, checkpoint_id=dcp_path)),
+                 ("load resharded sp", sp_path, lambda: sp_load(resharded))]
         if args.cold:
-            # The same loads with one read gate for the machine instead of one per process.
-            cold(sp_path)
-            timer.run("load sp, machine gate", lambda: gates.append(
-                sp.load(same, sp_path, threads=args.threads, machine_read_gate=True,
-                        **args.load_options).read_gate_ranks))
-            cold(sp_path)
-            timer.run("load resharded sp, machine gate",
-                      lambda: sp.load(resharded, sp_path, threads=args.threads, machine_read_gate=True,
-                                      **args.load_options))
+            # The raw read, and the loads with a read gate per process instead of one for the
+            # machine.
+            steps += [("raw read (fastest)", None, raw),
+                      ("load sp, own gates", sp_path,
+                       lambda: gates.append(sp_load(same, machine_read_gate=False))),
+                      ("load resharded sp, own gates", sp_path,
+                       lambda: sp_load(resharded, machine_read_gate=False))]
+        # What a read takes depends on what ran just before (the disk throttles after long
+        # transfers, the page cache holds what the last step left), so each run rotates the order:
+        # every step takes every position about equally often.
+        shift = i % len(steps)
+        for label, path, fn in steps[shift:] + steps[:shift]:
+            if path is None:
+                fn()
+                continue
+            cold(path)
+            timer.run(label, fn)
+            if label.startswith("load sp"):
+                check_same(label)
         if args.only_loads:
             dist.barrier()
             if rank == 0:
@@ -169,9 +185,6 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
             for path in (dcp_path, sp_path, adcp_path, asp_path):
                 shutil.rmtree(path, ignore_errors=True)
 
-    for k, v in state["model"].items():  # the last load was sp.load into the same layout
-        if not torch.equal(same["model"][k]._local_tensor, v._local_tensor):
-            raise RuntimeError(f"rank {rank}: {k} differs after sp.load")
     total = torch.tensor([local_bytes(state)], dtype=torch.int64)
     dist.all_reduce(total)
     if rank == 0:
@@ -194,8 +207,8 @@ def report(results: dict[str, list[float]], total_bytes: int, world: int, args: 
         print(f"  {what:16} sp is {ratio:5.2f}x faster than dcp (target >= 3x): {'met' if ratio >= 3 else 'NOT met'}")
     if "raw read (fastest)" in results:
         raw = results["raw read (fastest)"]
-        for what in ("load sp", "load resharded sp", "load sp, machine gate",
-                     "load resharded sp, machine gate",
+        for what in ("load sp", "load resharded sp", "load sp, own gates",
+                     "load resharded sp, own gates",
                      "load dcp"):
             each = [r / t for r, t in zip(raw, results[what])]
             ratio = median["raw read (fastest)"] / median[what]

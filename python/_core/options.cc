@@ -198,9 +198,8 @@ void DefineLoadOptions(nb::module_& m) {
   Field(cls, "io_depth", &LoadOptions::io_depth,
         "Reads in flight at once; 0: tuned from the measured throughput as the load runs.");
   Field(cls, "machine_read_gate", &LoadOptions::machine_read_gate,
-        "With io_depth 0, true: ranks in separate processes of one machine\n"
-        "(comm.machine_ranks()) read through one gate in shared memory, tuned from all their\n"
-        "reads. false (the default): a gate each.");
+        "With io_depth 0, ranks in separate processes of one machine (comm.machine_ranks())\n"
+        "read through one gate in shared memory, tuned from all their reads.");
   cls.def_rw("allow_external_links", &PyLoadOptions::allow_external_links,
              "Read files that symbolic links lead out of the checkpoint (docs/FORMAT.md §1.1).");
 }

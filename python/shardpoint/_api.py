@@ -258,7 +258,7 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
          cast: bool = False, allow_pickle: bool = False, threads: Optional[int] = None,
          share_reads: Optional[bool] = None, mapping: Optional[KeyMapping] = None,
          allow_external_links: bool = False, direct_io: Optional[bool] = None,
-         io_depth: Optional[int] = None, machine_read_gate: bool = False,
+         io_depth: Optional[int] = None, machine_read_gate: bool = True,
          staging_budget: Optional[int] = None) -> LoadResult:
     """Loads the checkpoint at ``path`` into ``state_dict``: tensors in place (any layout: resharding
     is done by the reads), objects replaced in the structure. Collective over ``process_group``.
@@ -296,11 +296,10 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     ``io_depth``: how many reads run at once. ``None`` (the default) tunes it as the load runs from
     the throughput the storage delivers (between 1 and ``threads``); a number fixes it, per rank.
 
-    ``machine_read_gate``: with ``io_depth`` None, ``True`` puts the reads of the ranks that run as
-    separate processes on one machine (torchrun, mpirun) through one gate in shared memory, whose
-    depth is tuned from the throughput of all of them, so that the disk sees one number of reads
-    in flight rather than the sum of competing ones. ``False`` (the default): each process tunes
-    its own, which loaded faster in every case measured (docs/PERFORMANCE.md).
+    ``machine_read_gate``: with ``io_depth`` None, the ranks that run as separate processes on one
+    machine (torchrun, mpirun) put their reads through one gate in shared memory, whose depth is
+    tuned from the throughput of all of them, so that the disk sees one well-chosen number of
+    reads in flight rather than the sum of competing ones. ``False``: each process tunes its own.
 
     Tensors on CUDA devices are loaded through pinned host memory, in batches of at most half of
     ``staging_budget`` bytes (default 2 GiB; a larger tensor is a batch of its own): the reads of

@@ -263,7 +263,7 @@ def test_shared_reads_read_each_stored_byte_once_over_gloo(tmp_path):
 def _gate_rank(rank, world, path):
     sp.save(state_for((world,), [("S", 0)], zeros=False), path)
     gates, exact = [], []
-    for options in ({"machine_read_gate": True}, {}, {"machine_read_gate": True, "io_depth": 2}):
+    for options in ({}, {"machine_read_gate": False}, {"io_depth": 2}):
         state = state_for((world,), [("S", 0)], zeros=True)
         result = sp.load(state, path, **options)
         gates.append(result.read_gate_ranks)
@@ -274,9 +274,9 @@ def _gate_rank(rank, world, path):
 
 
 def test_processes_of_one_machine_read_through_one_gate(tmp_path):
-    """Three gloo ranks on one host: with machine_read_gate=True their loads put every read
-    through one gate in shared memory (read_gate_ranks 3); by default, or with a fixed io_depth,
-    each process has its own (1). The loads are bit-exact either way, and nothing stays in /dev/shm."""
+    """Three gloo ranks on one host: by default their loads put every read through one gate in
+    shared memory (read_gate_ranks 3); with machine_read_gate=False or a fixed io_depth, each
+    process has its own (1). The loads are bit-exact either way, and nothing stays in /dev/shm."""
     per_rank = run_ranks(3, _gate_rank, str(tmp_path / "ckpt"))
     assert [gates for gates, _ in per_rank] == [[3, 1, 1]] * 3
     assert [exact for _, exact in per_rank] == [[True, True, True]] * 3

@@ -42,7 +42,7 @@ def test_keywords_set_fields_and_the_rest_keep_the_struct_defaults():
     assert _core.LoadOptions().direct_io is None  # chosen per file
     assert _core.LoadOptions().direct_io_min_bytes == _core.parse_byte_size("1MiB")
     assert _core.LoadOptions().io_depth == 0  # tuned
-    assert _core.LoadOptions().machine_read_gate is False
+    assert _core.LoadOptions().machine_read_gate is True
 
 
 def test_bad_keywords_are_refused_by_name():
@@ -329,21 +329,20 @@ def _gate_ranks_on_two_ranks(path, full, answer, **load_options):
 
 def test_machine_ranks_puts_the_reads_of_a_machine_through_one_gate(one_chunk, monkeypatch):
     path, full = one_chunk
-    assert _gate_ranks_on_two_ranks(path, full, [0, 1], machine_read_gate=True) == [2, 2]
-    assert _gate_ranks_on_two_ranks(path, full, [0, 1]) == [1, 1]  # the default: a gate each
-    assert _gate_ranks_on_two_ranks(path, full, [0, 1], machine_read_gate=True, io_depth=1) == [1, 1]
-    # two machines
-    assert _gate_ranks_on_two_ranks(path, full, lambda rank: [rank], machine_read_gate=True) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1]) == [2, 2]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], machine_read_gate=False) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], io_depth=1) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, lambda rank: [rank]) == [1, 1]  # two machines
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", lambda report: reported.append(str(report.exc_value)))
     # An answer that cannot be right is reported and taken as "this rank alone".
-    assert _gate_ranks_on_two_ranks(path, full, RuntimeError, machine_read_gate=True) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, RuntimeError) == [1, 1]
     assert reported == ["no hosts"] * 2
     reported.clear()
-    assert _gate_ranks_on_two_ranks(path, full, "01", machine_read_gate=True) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, "01") == [1, 1]
     assert reported == ["comm.machine_ranks() returned str, expected a list of int"] * 2
     reported.clear()
-    assert _gate_ranks_on_two_ranks(path, full, [1, 0], machine_read_gate=True) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, [1, 0]) == [1, 1]
     assert sorted(reported) == [f"comm.machine_ranks() returned 2 ranks: expected ascending ranks below 2 "
                                 f"that include this rank ({rank})" for rank in (0, 1)]
 

@@ -381,8 +381,8 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
 constexpr size_t kNonceDigits = 16;
 
 // The read gate this rank shares with the ranks of its machine that run in other processes
-// (Communicator::machine_ranks), or null: sharing not asked for (the default), a fixed io_depth,
-// alone on its machine, or a gate that could not be attached (no shared memory, a foreign object
+// (Communicator::machine_ranks), or null: sharing turned off, a fixed io_depth, alone on its
+// machine, or a gate that could not be attached (no shared memory, a foreign object
 // of that name); then the reads go through the pool's own tuner. Every rank calls it at the same
 // point with the same options (machine_ranks may be a collective).
 std::unique_ptr<SharedIoTuner> MachineGate(Communicator& comm, std::string_view nonce,

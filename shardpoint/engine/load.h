@@ -85,12 +85,11 @@ struct LoadOptions {
   // storage delivers, between 1 and the pool's threads (ThreadPool::io_tuner, shared by the ranks
   // of the pool and carried from one load to the next). N > 0: at most N per rank, fixed.
   int io_depth = 0;
-  // With io_depth 0: true puts the reads of the ranks that run as separate processes on one
-  // machine (comm->machine_ranks(): torchrun, mpirun) through one gate in shared memory, tuned
-  // from the throughput of all of them (exec/shared_io_tuner.h), so that the device sees one
-  // depth instead of the sum of competing ones. false (the default): each process tunes its own,
-  // which loaded faster in every case measured (docs/PERFORMANCE.md, "Read depth").
-  bool machine_read_gate = false;
+  // With io_depth 0: ranks that run as separate processes on one machine
+  // (comm->machine_ranks(): torchrun, mpirun) put their reads through one gate in shared memory,
+  // tuned from the throughput of all of them (exec/shared_io_tuner.h), so that the device sees
+  // one depth instead of the sum of competing ones. false: each process tunes its own.
+  bool machine_read_gate = true;
 };
 
 struct LoadResult {

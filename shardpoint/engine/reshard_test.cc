@@ -1083,9 +1083,7 @@ TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
   };
   const std::vector<int> alone(static_cast<size_t>(c.load_ranks), 1);
   const std::vector<int> together(static_cast<size_t>(c.load_ranks), c.load_ranks);
-  // In-process ranks share their pool's gate, not a machine's, even when a machine gate is asked
-  // for.
-  c.load_options.machine_read_gate = true;
+  // In-process ranks share their pool's gate, not a machine's.
   ASSERT_NO_FATAL_FAILURE(LoadOk(c));
   EXPECT_EQ(gate_ranks(), alone);
   // Reported as processes of one machine, each on its own pool: one shared gate, with or
@@ -1098,7 +1096,7 @@ TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
     ExpectResults(c, results_);
     EXPECT_EQ(gate_ranks(), together) << "share_reads " << share;
   }
-  // A fixed depth per rank, or the machine gate not asked for (the default): each its own.
+  // A fixed depth per rank, or sharing turned off: each its own.
   c.load_options.io_depth = 2;
   ASSERT_NO_FATAL_FAILURE(LoadOk(c));
   ExpectLoaded(c, initial_, loaded_);
