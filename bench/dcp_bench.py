@@ -17,7 +17,9 @@ the timed step), and each run also times a raw read of the shardpoint checkpoint
 each order cold): the disk's floor under any reader. The report then gives each load against
 that raw read of the same run (separate processes on one machine; target >= 0.85x), and the
 same loads again with a read gate per process (machine_read_gate=False) to show what one gate for
-the machine's processes changes. Each run rotates the order of the loads and the raw read.
+the machine's processes changes, and the resharded load with each process reading every chunk it
+needs itself (share_reads=False) instead of the default, where each stored chunk is read once and
+handed over through shared memory. Each run rotates the order of the loads and the raw read.
 
     python bench/dcp_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
     python bench/dcp_bench.py --gib 1 --runs 5 --cold --only-loads
@@ -153,7 +155,9 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
                       ("load sp, own gates", sp_path,
                        lambda: gates.append(sp_load(same, machine_read_gate=False))),
                       ("load resharded sp, own gates", sp_path,
-                       lambda: sp_load(resharded, machine_read_gate=False))]
+                       lambda: sp_load(resharded, machine_read_gate=False)),
+                      ("load resharded sp, own reads", sp_path,
+                       lambda: sp_load(resharded, share_reads=False))]
         # What a read takes depends on what ran just before (the disk throttles after long
         # transfers, the page cache holds what the last step left), so each run rotates the order:
         # every step takes every position about equally often.

@@ -188,8 +188,9 @@ void DefineLoadOptions(nb::module_& m) {
   Field(cls, "memory_budget_bytes", &LoadOptions::memory_budget_bytes,
         "Staging memory beyond the destination arrays.");
   Field(cls, "share_reads", &LoadOptions::share_reads,
-        "A chunk several ranks need is read by one and sent to the others; None: when the\n"
-        "communicator spans machines (its spans_machines()).");
+        "A chunk several ranks need is read by one and handed to the others (through shared\n"
+        "memory between the processes of one machine); None: on object storage, across\n"
+        "machines, between threads and between the processes of one machine.");
   Field(cls, "direct_io", &LoadOptions::direct_io,
         "Reads of at least direct_io_min_bytes bypass the page cache (O_DIRECT) where the file\n"
         "system allows it; None: only in files whose bytes to read are mostly not cached.");

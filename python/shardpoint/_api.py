@@ -271,11 +271,12 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     checkpoint is at ``path``, CheckpointArgumentError for shape/dtype mismatches,
     CheckpointCorruptError for bad data; the same error on every rank.
 
-    ``share_reads``: a stored chunk that several ranks need is read by one of them and sent to the
-    others over the process group, so each stored byte is read once. ``None`` (the default) shares
-    on object storage (``s3://``: every read is a request) and when the group spans several
-    machines; ranks on one machine reading a local file system share its page cache, where reading
-    again costs less than sending through gloo.
+    ``share_reads``: a stored chunk that several ranks need is read by one of them and handed to
+    the others, so each stored byte is read once: through one shared-memory object in /dev/shm when
+    every rank of the group runs on one machine, over the process group otherwise. ``None`` (the
+    default) shares on object storage (``s3://``: every read is a request), when the group spans
+    several machines, and between the processes of one machine (through shared memory; where it
+    cannot be made, each process reads what it needs). ``False``: every rank reads for itself.
 
     ``mapping`` (a :class:`KeyMapping`, e.g. ``shardpoint.mappings.for_model(model)``): stored names
     renamed to keys of ``state_dict``, and keys made of several stored tensors (stacked or

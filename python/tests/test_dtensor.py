@@ -249,15 +249,18 @@ def _share_reads_rank(rank: int, world: int, path: str) -> list[int]:
     return out
 
 
-def test_shared_reads_read_each_stored_byte_once_over_gloo(tmp_path):
-    """Column-split loads of row-split chunks: with share_reads one rank reads each chunk and sends
-    the others their columns through all_to_all_buffers; by default, on one machine, each rank reads every
-    chunk itself (the chunks are smaller than a checksum block, so each is read whole)."""
+def test_shared_reads_read_each_stored_byte_once_between_processes(tmp_path):
+    """Column-split loads of row-split chunks by three processes of one machine: with share_reads
+    (asked for, or by default) one rank reads each chunk and hands the others their columns through
+    shared memory, so each stored byte is read once; with share_reads=False each rank reads every
+    chunk itself (the chunks are smaller than a checksum block, so each is read whole). Every load
+    is bit-exact, and nothing stays in /dev/shm."""
     stored = 64 * 96 * 4 + 10 * 7 * 9 * 8
     per_rank = run_ranks(3, _share_reads_rank, str(tmp_path / "ckpt"))
     shared, default, alone = (sum(r[i] for r in per_rank) for i in range(3))
-    assert shared == stored
-    assert default == alone == 3 * stored
+    assert shared == default == stored
+    assert alone == 3 * stored
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("shardpoint-")]
 
 
 def _gate_rank(rank, world, path):

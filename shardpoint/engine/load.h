@@ -64,11 +64,14 @@ struct LoadOptions {
   // regions through the communicator (each stored byte read once); between ranks that share an
   // address space (comm->shares_memory(): threads of one process) every needed chunk is read by
   // one rank, each rank reading one stretch of the files, and its regions are copied straight into
-  // the destinations of the ranks that need them. false: every rank reads for itself. Unset:
-  // shared when the store's reads cross the network (object storage, where every read is a
-  // request and there is no page cache: Store::reads_cross_the_network), when the ranks share
-  // memory (it costs nothing), or when comm->spans_machines() (processes of one machine share its
-  // page cache, where reading again costs less than exchanging).
+  // the destinations of the ranks that need them; between the processes of one machine (every
+  // rank in comm->machine_ranks()) the regions go through one POSIX shared-memory object instead
+  // of the communicator (engine/load_internal.h, LoadSharedOnMachine). false: every rank reads for
+  // itself. Unset: shared when the store's reads cross the network (object storage, where every
+  // read is a request and there is no page cache: Store::reads_cross_the_network), when the
+  // ranks share memory (it costs nothing), when comm->spans_machines(), and between the processes
+  // of one machine (a region costs a copy in memory instead of a read; when the shared-memory
+  // object cannot be made, they read alone).
   std::optional<bool> share_reads;
   // Direct I/O: reads of at least direct_io_min_bytes consecutive bytes of a file bypass the page
   // cache (O_DIRECT), where the store and the file system allow it; the others, and files that

@@ -753,6 +753,7 @@ TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
     Rng rng(seed + static_cast<uint64_t>(i));
     c->load_options.share_reads = i % 4 != 1;  // every way of reading stays covered
     c->load_in_separate_memory = i % 8 >= 4;
+    c->load_as_processes = i % 16 >= 12;  // shared reads through shared memory
     ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
     if (i % 7 == 5) c->load_options.io_depth = 1 + static_cast<int>(i % 3);  // else tuned
     if (i % 50 == 49) {
@@ -1038,11 +1039,43 @@ uint64_t StoredBytes(const CheckpointMetadata& md) {
   return total;
 }
 
+// How the ranks of a load see each other.
+enum class RankKind { kThreads, kSeparateMemory, kProcessesOfOneMachine };
+
+void SetRankKind(Case& c, RankKind kind) {
+  c.load_in_separate_memory = kind == RankKind::kSeparateMemory;
+  c.load_as_processes = kind == RankKind::kProcessesOfOneMachine;
+}
+
+const char* RankKindName(RankKind kind) {
+  switch (kind) {
+    case RankKind::kThreads:
+      return "ranks sharing memory";
+    case RankKind::kSeparateMemory:
+      return "ranks in separate memory";
+    case RankKind::kProcessesOfOneMachine:
+      return "processes of one machine";
+  }
+  return "";
+}
+
+constexpr RankKind kRankKinds[] = {RankKind::kThreads, RankKind::kSeparateMemory,
+                                   RankKind::kProcessesOfOneMachine};
+
+// Nothing a load put in /dev/shm stays there.
+void ExpectNoSharedMemoryLeft() {
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_NE(name.rfind("shardpoint-io-", 0), 0u) << entry.path();
+    EXPECT_NE(name.rfind("shardpoint-xchg-", 0), 0u) << entry.path();
+  }
+}
+
 TEST_F(ReshardTest, SharedReadsReadEachStoredByteOnceAndMatchReadingAlone) {
-  for (bool separate : {true, false}) {
-    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+  for (RankKind kind : kRankKinds) {
+    SCOPED_TRACE(RankKindName(kind));
     Case c = ColumnSplitCase();
-    c.load_in_separate_memory = separate;
+    SetRankKind(c, kind);
     c.save_options.overwrite = true;
     ASSERT_NO_FATAL_FAILURE(SaveOk(c));
     const uint64_t stored = StoredBytes(Metadata());
@@ -1059,18 +1092,20 @@ TEST_F(ReshardTest, SharedReadsReadEachStoredByteOnceAndMatchReadingAlone) {
     ASSERT_NO_FATAL_FAILURE(LoadOk(c));
     ExpectLoaded(c, initial_, loaded_);
     const uint64_t alone = total_read();
-    // Unset, reads are shared across machines and between ranks that share memory (threads of
-    // one process); processes of one machine read alone.
+    // Unset, reads are shared across machines, between ranks that share memory (threads of
+    // one process) and between the processes of one machine (through shared memory); ranks that
+    // say neither (a communicator that cannot tell where its ranks run) read alone.
     c.load_options.share_reads.reset();
     ASSERT_NO_FATAL_FAILURE(LoadOk(c));
     ExpectLoaded(c, initial_, loaded_);
-    EXPECT_EQ(total_read(), separate ? alone : stored);
+    EXPECT_EQ(total_read(), kind == RankKind::kSeparateMemory ? alone : stored);
     // Alone, each of the 3 ranks reads every chunk of "w" and "v" whole, and the checksum blocks
     // where "big"'s rows split (one in each chunk) are read by two ranks (or more: partial blocks
     // of direct reads are read on their own).
     const uint64_t w_and_v = 64 * 96 * 4 + 10 * 7 * 9 * 2;
     EXPECT_GE(alone, stored + 2 * w_and_v + 2 * (64 << 10));
   }
+  ExpectNoSharedMemoryLeft();
 }
 
 TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
@@ -1105,17 +1140,14 @@ TEST_F(ReshardTest, ProcessesOfOneMachineReadThroughOneGate) {
   c.load_options.machine_read_gate = false;
   ASSERT_NO_FATAL_FAILURE(LoadOk(c));
   EXPECT_EQ(gate_ranks(), alone);
-  // Nothing stays in /dev/shm.
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    EXPECT_NE(entry.path().filename().string().rfind("shardpoint-io-", 0), 0u) << entry.path();
-  }
+  ExpectNoSharedMemoryLeft();
 }
 
 TEST_F(ReshardTest, SharedReadsCastOnTheReceivingRank) {
-  for (bool separate : {true, false}) {
-    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+  for (RankKind kind : kRankKinds) {
+    SCOPED_TRACE(RankKindName(kind));
     Case c = ColumnSplitCase();
-    c.load_in_separate_memory = separate;
+    SetRankKind(c, kind);
     c.save_options.overwrite = true;
     for (TensorCase& t : c.tensors) t.load_dtype = DType::kFloat64;
     c.load_options.allow_cast = true;
@@ -1138,18 +1170,21 @@ TEST_F(ReshardTest, SharedReadsInRoundsUnderASmallBudget) {
   // A 48 KiB budget allows 16 KiB of exchange per rank and round: "w"'s two 12 KiB chunks and
   // "v" go in separate rounds; the result is the same.
   Case c = ColumnSplitCase();
-  c.load_in_separate_memory = true;
   c.load_options.memory_budget_bytes = 48 << 10;
   ASSERT_NO_FATAL_FAILURE(SaveOk(c));
-  ASSERT_NO_FATAL_FAILURE(LoadOk(c));
-  ExpectLoaded(c, initial_, loaded_);
+  for (RankKind kind : {RankKind::kSeparateMemory, RankKind::kProcessesOfOneMachine}) {
+    SCOPED_TRACE(RankKindName(kind));
+    SetRankKind(c, kind);
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+    ExpectLoaded(c, initial_, loaded_);
+  }
 }
 
 TEST_F(ReshardTest, CorruptSharedChunkFailsEveryRankWithTheReadersError) {
-  for (bool separate : {true, false}) {
-    SCOPED_TRACE(separate ? "ranks in separate memory" : "ranks sharing memory");
+  for (RankKind kind : kRankKinds) {
+    SCOPED_TRACE(RankKindName(kind));
     Case c = ColumnSplitCase();
-    c.load_in_separate_memory = separate;
+    SetRankKind(c, kind);
     c.save_options.overwrite = true;
     ASSERT_NO_FATAL_FAILURE(SaveOk(c));
     const CheckpointMetadata md = Metadata();
@@ -1183,6 +1218,11 @@ TEST_F(ReshardTest, CorruptChunkInALaterRoundFailsEveryRankWhileTheNextRoundRead
   ASSERT_EQ(md.tensors[0].chunks.size(), 16u);
   ASSERT_NO_FATAL_FAILURE(
       ExpectCorruptChunkFailsEveryRank(c, md, "rows", md.tensors[0].chunks[13], 100, 0x40));
+  // The same through shared memory: the rounds alternate between the two slots of each rank.
+  c.load_as_processes = true;
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCorruptChunkFailsEveryRank(c, md, "rows", md.tensors[0].chunks[13], 101, 0x40));
+  ExpectNoSharedMemoryLeft();
 }
 
 TEST_F(ReshardTest, DirectReadsCompleteTheirPartialBlocksAndCatchCorruptionThere) {

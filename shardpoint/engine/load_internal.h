@@ -1,0 +1,73 @@
+// The parts of a load (engine/load.h) that its ways of reading share: the plan of one rank's
+// reads, the executor options, and the loads with shared reads (engine/shared_load.cc), which
+// differ in how the regions one rank reads for another reach it.
+#ifndef SHARDPOINT_ENGINE_LOAD_INTERNAL_H_
+#define SHARDPOINT_ENGINE_LOAD_INTERNAL_H_
+
+#include <string_view>
+#include <vector>
+
+#include "shardpoint/base/result.h"
+#include "shardpoint/engine/context.h"
+#include "shardpoint/engine/load.h"
+#include "shardpoint/engine/local_state.h"
+#include "shardpoint/engine/read_executor.h"
+#include "shardpoint/exec/io_tuner.h"
+#include "shardpoint/format/metadata.h"
+#include "shardpoint/plan/load_plan.h"
+
+namespace sp {
+
+// One rank's load before any read: the result without bytes_read, and its read requests.
+struct Prepared {
+  LoadResult result;
+  LoadPlan plan;
+  std::vector<ReadRequest> requests;
+};
+
+// Plans this rank's reads and gathers its objects (reading the payloads of the wanted ones a
+// driver left unread).
+Result<Prepared> Prepare(const LoadState& state, const CheckpointMetadata& metadata,
+                         std::string_view path, const LoadOptions& options, Store& store);
+
+ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const LoadOptions& options,
+                                   EngineContext& ctx, IoGate* gate);
+
+// This rank reads its own requests; the result with bytes_read set.
+Result<LoadResult> ReadOwn(Prepared p, const CheckpointMetadata& metadata, std::string_view path,
+                           const LoadOptions& options, EngineContext& ctx, IoGate* gate);
+
+// The outcome of a load with shared reads. `agreed`: the outcome came out of a collective and
+// is already the same on every rank.
+struct SharedOutcome {
+  Result<LoadResult> result;
+  bool agreed = false;
+};
+
+// Ranks that share an address space (Communicator::shares_memory): each reads one stretch of the
+// needed chunks and copies every region straight into the destination of the rank that needs it.
+SharedOutcome LoadSharedInMemory(const LoadState& state, const CheckpointMetadata& metadata,
+                                 std::string_view path, const LoadOptions& options,
+                                 EngineContext& ctx, IoGate* gate);
+
+// Ranks anywhere: each stored chunk that several ranks need is read by one of them, which sends
+// the others their regions through the communicator, in rounds (engine/read_exchange.h).
+SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metadata,
+                         std::string_view path, const LoadOptions& options, EngineContext& ctx,
+                         IoGate* gate);
+
+// Processes of one machine (every rank of the communicator on it, none sharing this one's
+// address space): the plan of LoadShared, but each reader packs the regions it reads for the
+// others into its own part of one shared-memory object (two slots, for alternate rounds), and
+// each rank copies its regions out of the readers' slots; the communicator carries only where
+// each payload lies and every rank's status. The lowest rank creates the object, named after
+// `nonce`, and removes the name once every rank has it mapped. When the object cannot be made
+// or mapped on some rank (no /dev/shm, too small a /dev/shm, a container of its own), every rank
+// falls back: to LoadShared when the caller asked for shared reads, else to reading its own.
+SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetadata& metadata,
+                                  std::string_view path, const LoadOptions& options,
+                                  EngineContext& ctx, IoGate* gate, std::string_view nonce);
+
+}  // namespace sp
+
+#endif  // SHARDPOINT_ENGINE_LOAD_INTERNAL_H_

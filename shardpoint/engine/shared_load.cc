@@ -1,0 +1,553 @@
+// Loads with shared reads (engine/load_internal.h): a stored chunk that several ranks need is read
+// by one of them, and its regions reach the others by a copy into their destinations (threads of
+// one process), through the communicator (anywhere), or through one shared-memory object
+// (processes of one machine).
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardpoint/base/coding.h"
+#include "shardpoint/comm/collective.h"
+#include "shardpoint/engine/load_internal.h"
+#include "shardpoint/engine/opened_checkpoint.h"
+#include "shardpoint/engine/read_exchange.h"
+#include "shardpoint/exec/shared_memory.h"
+#include "shardpoint/exec/task_group.h"
+
+namespace sp {
+namespace {
+
+// Bytes the regions of `needs` take packed (engine/read_exchange.h, PackedBytes).
+uint64_t PackedBytesOf(const CheckpointMetadata& metadata, const std::vector<ChunkNeed>& needs) {
+  uint64_t total = 0;
+  for (const ChunkNeed& n : needs) total += PackedBytes(n.region, metadata.tensors[n.tensor].dtype);
+  return total;
+}
+
+// Appends a request per need that reads its region, packed in the stored dtype, to its place
+// from `at` on (PackedBytesOf(needs) bytes).
+void PackRegionReads(const CheckpointMetadata& metadata, const std::vector<ChunkNeed>& needs,
+                     std::byte* at, std::vector<ReadRequest>& requests) {
+  for (const ChunkNeed& n : needs) {
+    const TensorMetadata& stored = metadata.tensors[n.tensor];
+    requests.push_back(
+        MakeReadRequest(stored, n.chunk, ReadDestination{at, n.region, stored.dtype}, n.region));
+    at += PackedBytes(n.region, stored.dtype);
+  }
+}
+
+// Requests that read other ranks' regions into the payloads sent to them.
+class Outgoing {
+ public:
+  Outgoing(const CheckpointMetadata& metadata, int ranks) : metadata_(metadata), payloads_(ranks) {}
+
+  // Sizes payload q for `needs` and appends a request per need, reading into it.
+  void Add(int q, const std::vector<ChunkNeed>& needs, std::vector<ReadRequest>& requests) {
+    std::string& payload = payloads_[q];
+    const uint64_t total = PackedBytesOf(metadata_, needs);
+    payload.reserve(total + 1);  // + the envelope's tag, so the payload moves uncopied
+    payload.resize(total);
+    PackRegionReads(metadata_, needs, reinterpret_cast<std::byte*>(payload.data()), requests);
+  }
+
+  std::vector<std::string> Take() { return std::move(payloads_); }
+
+ private:
+  const CheckpointMetadata& metadata_;
+  std::vector<std::string> payloads_;
+};
+
+// Copies the regions other ranks read for this rank out of their payloads, in tasks on the pool
+// that run while the next round reads; Wait() returns the first error.
+class Unpacker {
+ public:
+  explicit Unpacker(ThreadPool& pool) : group_(&pool) {}
+
+  // Copies out of payloads received as bytes, which it keeps until Wait().
+  void Start(std::vector<std::string> payloads, const ExchangeRound& round,
+             const std::vector<ReadRequest>& requests) {
+    payloads_ = std::move(payloads);
+    std::vector<std::span<const std::byte>> views;
+    for (const std::string& payload : payloads_) {
+      views.emplace_back(reinterpret_cast<const std::byte*>(payload.data()), payload.size());
+    }
+    StartViews(views, round, requests);
+  }
+
+  // Copies out of payloads that stay where they are until Wait() (the senders' slots of a
+  // shared-memory object); views[s] is sender s's payload for this rank.
+  void StartViews(const std::vector<std::span<const std::byte>>& views, const ExchangeRound& round,
+                  const std::vector<ReadRequest>& requests) {
+    for (size_t s = 0; s < views.size(); ++s) {
+      const std::span<const std::byte> payload = views[s];
+      uint64_t at = 0;
+      for (size_t i : round.receive[s]) {
+        const ReadRequest* r = &requests[i];
+        const uint64_t bytes = PackedBytes(r->region, r->stored->dtype);
+        if (at + bytes > payload.size()) {
+          group_.Run([=, size = payload.size()] {
+            return DataLossError("shared read from rank " + std::to_string(s) + " holds " +
+                                 std::to_string(size) + " bytes, expected at least " +
+                                 std::to_string(at + bytes) + " for tensor '" + r->stored->name +
+                                 "'");
+          });
+          break;
+        }
+        const std::byte* src = payload.data() + at;
+        group_.Run([r, src] {
+          return CopyToDestination(ConstChunkView{src, r->region, DTypeSize(r->stored->dtype)},
+                                   r->region, *r);
+        });
+        at += bytes;
+      }
+    }
+  }
+
+  Status Wait() {
+    Status status = group_.Wait();
+    payloads_.clear();
+    return status;
+  }
+
+ private:
+  // Declared first, so destroyed last: the group's destructor waits for the copies still running
+  // when an error path skips Wait().
+  std::vector<std::string> payloads_;
+  TaskGroup group_;
+};
+
+// What a rank publishes of its reads for shared reads: the stored-chunk region of each request,
+// in request order.
+RankNeeds NeedsOf(const Prepared& p, const CheckpointMetadata& metadata,
+                  const LoadOptions& options) {
+  RankNeeds needs;
+  needs.verify = options.verify_checksums;
+  for (const ReadRequest& r : p.requests) {
+    needs.needs.push_back(ChunkNeed{static_cast<uint32_t>(r.stored - metadata.tensors.data()),
+                                    static_cast<uint32_t>(r.chunk - r.stored->chunks.data()),
+                                    r.region});
+  }
+  return needs;
+}
+
+// Every rank's needs (the stored-chunk regions of its requests), indexed by rank, or the same
+// error on every rank.
+Result<std::vector<RankNeeds>> GatherNeeds(Communicator& comm, const Result<Prepared>& prepared,
+                                           const CheckpointMetadata& metadata,
+                                           const LoadOptions& options) {
+  Result<std::string> mine =
+      prepared.ok() ? Result<std::string>(EncodeNeeds(NeedsOf(*prepared, metadata, options)))
+                    : Result<std::string>(prepared.status());
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered, AllGatherOrFail(comm, std::move(mine)));
+  std::vector<RankNeeds> all;
+  for (int r = 0; r < comm.size(); ++r) {
+    // The same bytes fail the same everywhere.
+    SP_ASSIGN_OR_RETURN(RankNeeds needs, DecodeNeeds(gathered[r], metadata, r));
+    all.push_back(std::move(needs));
+    gathered[r].clear();
+  }
+  return all;
+}
+
+// Opens every data file this rank reads in any round of `plan`, for itself or for others.
+Status OpenFilesOfPlan(const ExchangePlan& plan, const Prepared& p,
+                       const CheckpointMetadata& metadata, std::string_view path,
+                       EngineContext& ctx, DataFiles* files) {
+  std::vector<bool> needed(metadata.files.size(), false);
+  for (const ExchangeRound& round : plan.rounds) {
+    for (size_t i : round.own) needed[p.requests[i].chunk->file] = true;
+    for (const std::vector<ChunkNeed>& send : round.send) {
+      for (const ChunkNeed& n : send) {
+        needed[metadata.tensors[n.tensor].chunks[n.chunk].file] = true;
+      }
+    }
+  }
+  SP_ASSIGN_OR_RETURN(*files, OpenDataFiles(ctx.store(), path, metadata, needed));
+  return OkStatus();
+}
+
+// The most a rank sends plus receives in one round of a load through shared memory.
+constexpr uint64_t kMachineRoundBytes = uint64_t{32} << 20;
+
+// Where a reader's payloads of one round lie in its slot: one entry per receiving rank.
+struct SlotEntry {
+  uint32_t rank = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+std::string EncodeSlotEntries(const std::vector<SlotEntry>& entries) {
+  std::string out;
+  ByteWriter writer(&out);
+  for (const SlotEntry& e : entries) {
+    writer.PutU32(e.rank);
+    writer.PutU64(e.offset);
+    writer.PutU64(e.bytes);
+  }
+  return out;
+}
+
+// Sender `sender`'s payload for rank `me` in its slot of `slot_bytes` bytes: an empty span when
+// it sends none, kDataLoss for a table that is malformed or points outside the slot.
+Result<std::span<const std::byte>> PayloadFor(std::string_view table, int sender, int me,
+                                              const std::byte* slot, uint64_t slot_bytes) {
+  constexpr size_t kEntryBytes = 4 + 8 + 8;
+  if (table.size() % kEntryBytes != 0) {
+    return DataLossError("rank " + std::to_string(sender) + " published a slot table of " +
+                         std::to_string(table.size()) + " bytes, not a multiple of " +
+                         std::to_string(kEntryBytes));
+  }
+  for (size_t at = 0; at < table.size(); at += kEntryBytes) {
+    const uint32_t rank = DecodeFixed32(table.data() + at);
+    if (rank != static_cast<uint32_t>(me)) continue;
+    const uint64_t offset = DecodeFixed64(table.data() + at + 4);
+    const uint64_t bytes = DecodeFixed64(table.data() + at + 12);
+    if (offset > slot_bytes || bytes > slot_bytes - offset) {
+      return DataLossError("rank " + std::to_string(sender) + " placed " + std::to_string(bytes) +
+                           " bytes for rank " + std::to_string(me) + " at " +
+                           std::to_string(offset) + " of its slot of " +
+                           std::to_string(slot_bytes) + " bytes");
+    }
+    return std::span<const std::byte>(slot + offset, bytes);
+  }
+  return std::span<const std::byte>();
+}
+
+// The shared-memory object of a load on one machine: every rank's two slots, rank after rank.
+struct MachineSlots {
+  SharedMemory memory;
+  std::vector<uint64_t> slot_bytes;  // per rank: one slot's size
+  std::vector<uint64_t> base;        // per rank: where its two slots begin
+
+  std::byte* slot(int rank, size_t round) const {
+    return memory.data() + base[rank] + (round % 2) * slot_bytes[rank];
+  }
+};
+
+// Makes (on rank 0) and maps (everywhere) the object for slots of `my_slot_bytes` on this rank.
+// nullopt on every rank when no rank sends anything (*nothing_shared set) or some rank could not
+// map it; an error (the same on every rank) when the communicator fails.
+Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::string_view nonce,
+                                                    uint64_t my_slot_bytes, bool* nothing_shared) {
+  std::string mine;
+  ByteWriter(&mine).PutU64(my_slot_bytes);
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> sizes, AllGatherOrFail(comm, std::move(mine)));
+  std::vector<uint64_t> slot_bytes, base;
+  uint64_t total = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (sizes[r].size() != 8) {
+      return DataLossError("rank " + std::to_string(r) + " published a slot size of " +
+                           std::to_string(sizes[r].size()) + " bytes, expected 8");
+    }
+    slot_bytes.push_back(DecodeFixed64(sizes[r].data()));
+    base.push_back(total);
+    if (slot_bytes.back() > (uint64_t{1} << 50) - total / 2) {
+      return DataLossError("rank " + std::to_string(r) + " asked for a slot of " +
+                           std::to_string(slot_bytes.back()) + " bytes");
+    }
+    total += 2 * slot_bytes.back();
+  }
+  *nothing_shared = total == 0;
+  if (total == 0) return std::optional<MachineSlots>();
+  const std::string name = "/shardpoint-xchg-" + std::string(nonce) + "-0";
+  std::optional<SharedMemory> memory;
+  if (comm.rank() == 0) {
+    Result<SharedMemory> created = SharedMemory::Create(name, total);
+    if (created.ok()) memory = std::move(created).value();
+  }
+  Result<std::vector<std::string>> made =
+      AllGatherOrFail(comm, std::string(comm.rank() == 0 && !memory ? "0" : "1"));
+  if (made.ok() && (*made)[0] == "1" && comm.rank() != 0) {
+    Result<SharedMemory> opened = SharedMemory::Open(name, total);
+    if (opened.ok()) memory = std::move(opened).value();
+  }
+  Result<std::vector<std::string>> mapped =
+      made.ok() ? AllGatherOrFail(comm, std::string(memory ? "1" : "0")) : made;
+  // Every rank has it mapped, or never will: the name goes.
+  if (comm.rank() == 0 && memory) SharedMemory::Unlink(name);
+  SP_RETURN_IF_ERROR(mapped.status());
+  for (const std::string& flag : *mapped) {
+    if (flag != "1") return std::optional<MachineSlots>();
+  }
+  return std::optional<MachineSlots>(
+      MachineSlots{std::move(memory).value(), std::move(slot_bytes), std::move(base)});
+}
+
+}  // namespace
+
+// Ranks that share an address space (Communicator::shares_memory): every stored chunk that some
+// rank needs is read once, by the rank whose stretch of the files it lies in
+// (AssignInMemoryReads), which copies each rank's regions straight into that rank's destinations,
+// so nothing is packed or exchanged and each byte is copied once. Each rank publishes with its
+// needs the address of its read requests (whose destinations the readers use) and keeps them
+// until every rank has finished reading: the status is agreed here.
+SharedOutcome LoadSharedInMemory(const LoadState& state, const CheckpointMetadata& metadata,
+                                 std::string_view path, const LoadOptions& options,
+                                 EngineContext& ctx, IoGate* gate) {
+  Communicator& comm = ctx.comm();
+  Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
+  Result<std::string> mine = [&]() -> Result<std::string> {
+    if (!prepared.ok()) return prepared.status();
+    const ReadRequest* requests = prepared->requests.data();
+    std::string out(sizeof(requests), '\0');
+    std::memcpy(out.data(), &requests, sizeof(requests));
+    return out + EncodeNeeds(NeedsOf(*prepared, metadata, options));
+  }();
+  Result<std::vector<std::string>> gathered = AllGatherOrFail(comm, std::move(mine));
+  if (!gathered.ok()) return {gathered.status(), true};
+  std::vector<RankNeeds> all;
+  std::vector<const ReadRequest*> published;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::string& bytes = (*gathered)[r];
+    const ReadRequest* requests = nullptr;
+    if (bytes.size() >= sizeof(requests)) std::memcpy(&requests, bytes.data(), sizeof(requests));
+    Result<RankNeeds> needs =
+        bytes.size() >= sizeof(requests)
+            ? DecodeNeeds(std::string_view(bytes).substr(sizeof(requests)), metadata, r)
+            : Result<RankNeeds>(DataLossError("rank " + std::to_string(r) + " published " +
+                                              std::to_string(bytes.size()) + " bytes of reads"));
+    if (!needs.ok()) return {needs.status(), true};  // the same bytes fail the same everywhere
+    all.push_back(std::move(needs).value());
+    published.push_back(requests);
+  }
+  gathered->clear();
+  // This rank's share of the reads, into the destinations of the ranks that need them (with the
+  // stored chunks of this rank's copy of the metadata, so that the requests of one chunk are
+  // recognised as one and it is read once).
+  std::vector<ReadRequest> requests;
+  std::vector<bool> needed(metadata.files.size(), false);
+  for (const auto& [q, i] : AssignInMemoryReads(all, comm.rank(), metadata)) {
+    const ChunkNeed& n = all[q].needs[i];
+    requests.push_back(
+        MakeReadRequest(metadata.tensors[n.tensor], n.chunk, published[q][i].dest, n.region));
+  }
+  for (const ReadRequest& r : requests) needed[r.chunk->file] = true;
+  Result<uint64_t> read = [&]() -> Result<uint64_t> {
+    SP_ASSIGN_OR_RETURN(DataFiles files, OpenDataFiles(ctx.store(), path, metadata, needed));
+    return ExecuteReads(requests, metadata, files, ctx.pool(),
+                        ReadOptionsFor(metadata, options, ctx, gate));
+  }();
+  // No rank leaves (taking its requests with it) before every rank has written its destinations.
+  const Status agreed = AgreeOnStatus(comm, read.status());
+  if (!agreed.ok()) return {agreed, true};
+  prepared->result.bytes_read = *read;
+  return {std::move(prepared->result), true};
+}
+
+// Every rank publishes its needs; each stored chunk that several ranks need is read by one of
+// them, which sends the others their regions (engine/read_exchange.h).
+SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metadata,
+                         std::string_view path, const LoadOptions& options, EngineContext& ctx,
+                         IoGate* gate) {
+  Communicator& comm = ctx.comm();
+  Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
+  Result<std::vector<RankNeeds>> all = GatherNeeds(comm, prepared, metadata, options);
+  if (!all.ok()) return {all.status(), true};
+  // Up to three rounds hold memory at once (one unpacked, one exchanged, one read), each at most
+  // round_bytes sent plus received: together within the budget.
+  const ExchangePlan plan = PlanExchange(*all, comm.rank(), metadata,
+                                         std::max<uint64_t>(1, options.memory_budget_bytes / 3));
+  all->clear();
+  Prepared& p = *prepared;
+  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
+  read_options.max_gap_bytes = 0;
+
+  // Every data file this rank reads in any round, opened once.
+  DataFiles files;
+  Status local = OpenFilesOfPlan(plan, p, metadata, path, ctx, &files);
+
+  // One round's reads: this rank's own regions, and the payloads it sends.
+  struct RoundReads {
+    Status status;
+    uint64_t bytes = 0;
+    std::vector<std::string> payloads;
+  };
+  auto read_round = [&](const ExchangeRound& round) {
+    RoundReads out;
+    Outgoing outgoing(metadata, comm.size());
+    std::vector<ReadRequest> requests;
+    for (size_t i : round.own) requests.push_back(p.requests[i]);
+    for (int q = 0; q < comm.size(); ++q) {
+      if (!round.send[q].empty()) outgoing.Add(q, round.send[q], requests);
+    }
+    Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
+    if (read.ok()) {
+      out.bytes = *read;
+    } else {
+      out.status = read.status();
+    }
+    out.payloads = outgoing.Take();
+    return out;
+  };
+  uint64_t bytes_read = 0;
+  // Round k+1 reads on a helper thread while round k's payloads are exchanged on this one (the
+  // only thread that calls the communicator), and round k's regions are copied out of what
+  // arrived while round k+2 reads: the storage is kept busy across the exchanges.
+  std::unique_ptr<Unpacker> unpacking;
+  auto finish_unpacking = [&] {
+    if (unpacking == nullptr) return;
+    Status status = unpacking->Wait();
+    if (local.ok()) local = status;
+    unpacking.reset();
+  };
+  // Declared after everything the reads use: on any return its destructor waits for them.
+  std::future<RoundReads> reading;
+  auto start_reading = [&](size_t k) {
+    if (local.ok() && k < plan.rounds.size()) {
+      reading = std::async(std::launch::async, read_round, std::cref(plan.rounds[k]));
+    }
+  };
+  start_reading(0);
+  for (size_t k = 0; k < plan.rounds.size(); ++k) {
+    const ExchangeRound& round = plan.rounds[k];
+    RoundReads done;
+    if (reading.valid()) done = reading.get();
+    if (local.ok()) local = done.status;
+    bytes_read += done.bytes;
+    start_reading(k + 1);
+    Result<std::vector<std::string>> payloads =
+        local.ok() ? Result<std::vector<std::string>>(std::move(done.payloads))
+                   : Result<std::vector<std::string>>(local);
+    Result<std::vector<std::string>> received = AllToAllOrFail(comm, std::move(payloads));
+    if (!received.ok()) return {received.status(), true};
+    finish_unpacking();
+    if (local.ok()) {
+      unpacking = std::make_unique<Unpacker>(ctx.pool());
+      unpacking->Start(std::move(received).value(), round, p.requests);
+    }
+  }
+  finish_unpacking();
+  if (!local.ok()) return {local, false};
+  p.result.bytes_read = bytes_read;
+  return {std::move(p.result), false};
+}
+
+SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetadata& metadata,
+                                  std::string_view path, const LoadOptions& options,
+                                  EngineContext& ctx, IoGate* gate, std::string_view nonce) {
+  Communicator& comm = ctx.comm();
+  const int me = comm.rank();
+  Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
+  Result<std::vector<RankNeeds>> all = GatherNeeds(comm, prepared, metadata, options);
+  if (!all.ok()) return {all.status(), true};
+  // A rank's two slots hold what it sends in two rounds, so a round sends at most half the
+  // budget, and at most kMachineRoundBytes: the object's pages are allocated (and zeroed) by the
+  // kernel for each load and faulted into every process, which costs more than the copies when
+  // the slots are large; small ones are reused round after round.
+  const ExchangePlan plan = PlanExchange(
+      *all, me, metadata,
+      std::clamp<uint64_t>(options.memory_budget_bytes / 2, 1, kMachineRoundBytes));
+  all->clear();
+  uint64_t my_slot_bytes = 0;
+  for (const ExchangeRound& round : plan.rounds) {
+    uint64_t sent = 0;
+    for (const std::vector<ChunkNeed>& send : round.send) sent += PackedBytesOf(metadata, send);
+    my_slot_bytes = std::max(my_slot_bytes, sent);
+  }
+  my_slot_bytes = (my_slot_bytes + 4095) / 4096 * 4096;  // each slot on a page of its own
+  bool nothing_shared = false;
+  Result<std::optional<MachineSlots>> mapped =
+      MapMachineSlots(comm, nonce, my_slot_bytes, &nothing_shared);
+  if (!mapped.ok()) return {mapped.status(), true};
+  if (!mapped->has_value()) {
+    // The same on every rank: nothing to share, or no shared memory for it.
+    if (!nothing_shared && options.share_reads.value_or(false)) {
+      return LoadShared(state, metadata, path, options, ctx, gate);
+    }
+    return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
+  }
+  const MachineSlots& slots = **mapped;
+  Prepared& p = *prepared;
+  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
+  read_options.max_gap_bytes = 0;
+  DataFiles files;
+  Status local = OpenFilesOfPlan(plan, p, metadata, path, ctx, &files);
+
+  // One round's reads: this rank's own regions, and the ones it packs into its slot for others.
+  struct RoundReads {
+    Status status;
+    uint64_t bytes = 0;
+    std::string table;  // EncodeSlotEntries
+  };
+  auto read_round = [&](size_t k) {
+    RoundReads out;
+    const ExchangeRound& round = plan.rounds[k];
+    std::vector<ReadRequest> requests;
+    for (size_t i : round.own) requests.push_back(p.requests[i]);
+    std::vector<SlotEntry> entries;
+    uint64_t at = 0;
+    for (int q = 0; q < comm.size(); ++q) {
+      if (round.send[q].empty()) continue;
+      const uint64_t bytes = PackedBytesOf(metadata, round.send[q]);
+      PackRegionReads(metadata, round.send[q], slots.slot(me, k) + at, requests);
+      entries.push_back(SlotEntry{static_cast<uint32_t>(q), at, bytes});
+      at += bytes;
+    }
+    Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
+    if (read.ok()) {
+      out.bytes = *read;
+    } else {
+      out.status = read.status();
+    }
+    out.table = EncodeSlotEntries(entries);
+    return out;
+  };
+  uint64_t bytes_read = 0;
+  std::unique_ptr<Unpacker> unpacking;
+  auto finish_unpacking = [&] {
+    if (unpacking == nullptr) return;
+    Status status = unpacking->Wait();
+    if (local.ok()) local = status;
+    unpacking.reset();
+  };
+  // Declared after everything the reads use: on any return its destructor waits for them.
+  std::future<RoundReads> reading;
+  auto start_reading = [&](size_t k) {
+    if (local.ok() && k < plan.rounds.size()) {
+      reading = std::async(std::launch::async, read_round, k);
+    }
+  };
+  // Round k+1 is read into the other slot while round k's regions are copied out: a slot is
+  // refilled only after every rank has said (in the round's collective) that it copied out what
+  // that slot held two rounds before.
+  start_reading(0);
+  for (size_t k = 0; k < plan.rounds.size(); ++k) {
+    RoundReads done;
+    if (reading.valid()) done = reading.get();
+    if (local.ok()) local = done.status;
+    bytes_read += done.bytes;
+    finish_unpacking();
+    Result<std::vector<std::string>> tables = AllGatherOrFail(
+        comm, local.ok() ? Result<std::string>(std::move(done.table)) : Result<std::string>(local));
+    if (!tables.ok()) return {tables.status(), true};
+    start_reading(k + 1);
+    const ExchangeRound& round = plan.rounds[k];
+    std::vector<std::span<const std::byte>> views(static_cast<size_t>(comm.size()));
+    for (int s = 0; s < comm.size() && local.ok(); ++s) {
+      if (round.receive[s].empty()) continue;
+      Result<std::span<const std::byte>> view =
+          PayloadFor((*tables)[s], s, me, slots.slot(s, k), slots.slot_bytes[s]);
+      if (view.ok()) {
+        views[s] = *view;
+      } else {
+        local = view.status();
+      }
+    }
+    if (local.ok()) {
+      unpacking = std::make_unique<Unpacker>(ctx.pool());
+      unpacking->StartViews(views, round, p.requests);
+    }
+  }
+  finish_unpacking();
+  if (!local.ok()) return {local, false};
+  p.result.bytes_read = bytes_read;
+  return {std::move(p.result), false};
+}
+
+}  // namespace sp

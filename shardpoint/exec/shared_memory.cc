@@ -1,0 +1,140 @@
+#include "shardpoint/exec/shared_memory.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#ifdef __linux__
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+namespace sp {
+
+#ifdef __linux__
+
+namespace {
+
+bool ValidName(const std::string& name) {
+  if (name.size() < 2 || name.size() > 201 || name[0] != '/') return false;
+  return std::all_of(name.begin() + 1, name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+}
+
+Status CheckArguments(const std::string& name, uint64_t bytes) {
+  if (!ValidName(name)) {
+    return InvalidArgumentError("shared memory name '" + name +
+                                "' is not '/' followed by 1 to 200 of [A-Za-z0-9._-]");
+  }
+  if (bytes == 0 || bytes > static_cast<uint64_t>(INT64_MAX)) {
+    return InvalidArgumentError("shared memory '" + name + "': size " + std::to_string(bytes) +
+                                " is out of range");
+  }
+  return OkStatus();
+}
+
+Status Errno(const std::string& call, const std::string& name, int err) {
+  return InternalError(call + " of shared memory '" + name + "' failed: " + std::strerror(err));
+}
+
+}  // namespace
+
+Result<SharedMemory> SharedMemory::Create(const std::string& name, uint64_t bytes) {
+  SP_RETURN_IF_ERROR(CheckArguments(name, bytes));
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) return AlreadyExistsError("shared memory '" + name + "' already exists");
+    return Errno("shm_open", name, errno);
+  }
+  int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  if (err == 0) {
+    err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    while (err == EINTR) err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  }
+  if (err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    if (err == ENOSPC || err == EFBIG || err == ENOMEM) {
+      return ResourceExhaustedError("reserving " + std::to_string(bytes) +
+                                    " bytes of shared memory '" + name +
+                                    "' failed: " + std::strerror(err));
+    }
+    return Errno("reserving", name, err);
+  }
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  err = errno;
+  close(fd);
+  if (at == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return Errno("mmap", name, err);
+  }
+  return SharedMemory(static_cast<std::byte*>(at), bytes);
+}
+
+Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t bytes) {
+  SP_RETURN_IF_ERROR(CheckArguments(name, bytes));
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFoundError("shared memory '" + name + "' does not exist");
+    return Errno("shm_open", name, errno);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return Errno("fstat", name, err);
+  }
+  if (static_cast<uint64_t>(st.st_size) != bytes ||
+      static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
+    close(fd);
+    return FailedPreconditionError(
+        "shared memory '" + name + "' holds " + std::to_string(st.st_size) + " bytes (" +
+        std::to_string(static_cast<uint64_t>(st.st_blocks) * 512) + " reserved), expected " +
+        std::to_string(bytes) + " reserved");
+  }
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (at == MAP_FAILED) return Errno("mmap", name, err);
+  return SharedMemory(static_cast<std::byte*>(at), bytes);
+}
+
+void SharedMemory::Unlink(const std::string& name) {
+  if (ValidName(name)) shm_unlink(name.c_str());
+}
+
+SharedMemory::~SharedMemory() {
+  if (data_ != nullptr) munmap(data_, size_);
+}
+
+#else  // !__linux__
+
+Result<SharedMemory> SharedMemory::Create(const std::string& name, uint64_t) {
+  return UnimplementedError("shared memory '" + name + "': needs Linux (shm_open)");
+}
+Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t) {
+  return UnimplementedError("shared memory '" + name + "': needs Linux (shm_open)");
+}
+void SharedMemory::Unlink(const std::string&) {}
+SharedMemory::~SharedMemory() = default;
+
+#endif  // __linux__
+
+SharedMemory::SharedMemory(SharedMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
+  if (this != &other) {
+    SharedMemory gone(std::move(*this));
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+}  // namespace sp
