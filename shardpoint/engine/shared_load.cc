@@ -172,7 +172,9 @@ Status OpenFilesOfPlan(const ExchangePlan& plan, const Prepared& p,
   return OkStatus();
 }
 
-// The most a rank sends plus receives in one round of a load through shared memory.
+// The most a rank sends plus receives in one round of a load through shared memory. (1 GiB
+// loaded by 4 processes as columns of row chunks, warm, on 2 cores: 8 MiB rounds 1.3-1.4 s, 16
+// MiB 1.0-1.2 s, 32 MiB 0.9-1.2 s, 64 MiB 1.0-1.3 s.)
 constexpr uint64_t kMachineRoundBytes = uint64_t{32} << 20;
 
 // Where a reader's payloads of one round lie in its slot: one entry per receiving rank.

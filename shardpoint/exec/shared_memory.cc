@@ -66,7 +66,7 @@ Result<SharedMemory> SharedMemory::Create(const std::string& name, uint64_t byte
     }
     return Errno("reserving", name, err);
   }
-  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   err = errno;
   close(fd);
   if (at == MAP_FAILED) {
@@ -97,7 +97,7 @@ Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t bytes)
         std::to_string(static_cast<uint64_t>(st.st_blocks) * 512) + " reserved), expected " +
         std::to_string(bytes) + " reserved");
   }
-  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   close(fd);
   if (at == MAP_FAILED) return Errno("mmap", name, err);
