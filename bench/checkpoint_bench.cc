@@ -419,8 +419,10 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     // The pool's tuner, shared by every load of this process: where it stands now, and what it
     // measured at each depth (smoothed GB/s with the gate full).
     IoTuner& tuner = pool.io_tuner();
-    std::printf("  %-20s tuned: %d of %d threads after %lld intervals; GB/s by depth:", "read depth",
-                tuner.depth(), pool.size(), static_cast<long long>(tuner.intervals()));
+    std::printf("  %-20s tuned: %d of %d threads after %lld intervals", "read depth",
+                tuner.home_depth(), pool.size(), static_cast<long long>(tuner.intervals()));
+    if (tuner.depth() != tuner.home_depth()) std::printf(" (probing %d)", tuner.depth());
+    std::printf("; GB/s by depth:");
     for (int d = 1; d <= tuner.max_depth(); ++d) {
       if (tuner.throughput(d) > 0) std::printf(" %d:%.2f", d, tuner.throughput(d) / 1e9);
     }

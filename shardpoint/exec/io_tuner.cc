@@ -146,6 +146,11 @@ int IoTuner::depth() const {
   return core_.depth();
 }
 
+int IoTuner::home_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return core_.home_depth();
+}
+
 double IoTuner::throughput(int depth) const {
   std::lock_guard<std::mutex> lock(mu_);
   return core_.throughput(depth);

@@ -44,6 +44,8 @@ class DepthController {
   DepthController(int max_depth, int start_depth, double tolerance = 0.05, int probe_every = 6);
 
   int depth() const { return depth_; }
+  // The best depth found so far: depth() is another one only while a neighbour is probed.
+  int home_depth() const { return home_; }
   // The throughput measured over one interval at depth(); returns the depth for the next one.
   int Observe(double bytes_per_second);
   // The smoothed throughput measured at `depth`, 0 where never measured.
@@ -106,6 +108,7 @@ class TunerCore {
   void Reclaim(uint64_t begun, uint64_t waiting);
 
   int depth() const { return controller_.depth(); }
+  int home_depth() const { return controller_.home_depth(); }
   double throughput(int depth) const { return controller_.throughput(depth); }
   int64_t intervals() const { return intervals_; }
   uint64_t waiting() const { return taken_ - begun_; }
@@ -146,6 +149,8 @@ class IoTuner final : public IoGate {
   void Release(uint64_t bytes) override;
 
   int depth() const override;
+  // The best depth found so far (depth() differs from it while a neighbour is probed).
+  int home_depth() const;
   int max_depth() const { return core_.max_depth(); }
   bool fixed() const { return core_.fixed(); }
   // The smoothed throughput (bytes/s) measured at `depth`, 0 where never measured.

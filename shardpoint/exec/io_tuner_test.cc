@@ -54,6 +54,8 @@ TEST(DepthControllerTest, ClimbsToThePeakFromAnyStart) {
       for (size_t i = 200; i < depths.size(); ++i) {
         EXPECT_LE(std::abs(depths[i] - peak), 1) << "interval " << i;
       }
+      // Settled, the home depth is the peak whether or not a neighbour is being probed.
+      EXPECT_EQ(c.home_depth(), peak) << "peak " << peak << " start " << start;
     }
   }
 }
