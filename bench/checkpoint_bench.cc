@@ -292,15 +292,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
 void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool) {
   testing::GlobalModel model = testing::MakeGlobalModel(testing::ConfigForBytes(mib << 20), 11);
   auto train = testing::ShardModel(model, testing::Which::kTrain, true);
-  auto same = testing::ShardModel(model, testing::Which::kTrain, false);
-  auto serve = testing::ShardModel(model, testing::Which::kServe, false);
-  auto transposed = testing::ShardModel(model, testing::Which::kTransposed, false);
-  auto whole = testing::ShardModel(model, testing::Which::kWhole, false);
   Check(train.status(), "shard");
-  Check(whole.status(), "shard");
-  Check(same.status(), "shard");
-  Check(serve.status(), "shard");
-  Check(transposed.status(), "shard");
   std::vector<RawPiece> raw = RawLayout(model);
   std::vector<AlignedBuffer> sink;
   for (int i = 0; i < pool.size(); ++i) sink.emplace_back(kPiece);
@@ -311,12 +303,25 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
       load_transposed;
   std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
   uint64_t read_same = 0, read_reshard = 0, read_alone = 0, read_whole = 0, read_transposed = 0;
+  // Each load fills destinations of its own layout, allocated (zeroed) before it is timed and
+  // freed after it, so that a 4 GiB state needs room for two copies of it, not six. The last run
+  // checks every byte each load put there.
+  int64_t bad = 0;
+  std::string first;
+  auto timed_load = [&](testing::Which which, std::vector<double>& times, uint64_t* bytes_read,
+                        bool share_reads, bool check) {
+    Result<std::vector<testing::RankShards>> dest = testing::ShardModel(model, which, false);
+    Check(dest.status(), "shard");
+    times.push_back(TimedLoad(model, *dest, ckpt_dir, pool, bytes_read, share_reads));
+    if (check) bad += testing::CountMismatches(model, *dest, &first);
+  };
   // Each run times every step once. The disk's speed depends on what it did just before (it
   // throttles after long transfers), so each run rotates the order of the writes and, after them,
   // of the reads: every step takes every position equally often.
   std::vector<double> raw_w_plain, raw_w_prealloc, raw_r_file, raw_r_robin, raw_r_direct;
   for (int run = 0; run < runs; ++run) {
     SaveStats stats;
+    const bool last = run == runs - 1;
     std::vector<std::function<void()>> writes = {
         [&] { raw_w_plain.push_back(RawWrite(raw_dir, raw, pool, false)); },
         [&] { raw_w_prealloc.push_back(RawWrite(raw_dir, raw, pool, true)); },
@@ -331,15 +336,12 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
         [&] { raw_r_file.push_back(RawRead(raw_dir, raw, sink, pool, true)); },
         [&] { raw_r_robin.push_back(RawRead(raw_dir, raw, sink, pool, false)); },
         [&] { raw_r_direct.push_back(RawReadDirect(raw_dir, sink, pool)); },
-        [&] { load_same.push_back(TimedLoad(model, *same, ckpt_dir, pool, &read_same)); },
-        [&] { load_reshard.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_reshard)); },
+        [&] { timed_load(testing::Which::kTrain, load_same, &read_same, true, last); },
+        [&] { timed_load(testing::Which::kServe, load_reshard, &read_reshard, true, last); },
+        [&] { timed_load(testing::Which::kServe, load_alone, &read_alone, false, last); },
+        [&] { timed_load(testing::Which::kWhole, load_whole, &read_whole, true, last); },
         [&] {
-          load_alone.push_back(TimedLoad(model, *serve, ckpt_dir, pool, &read_alone, false));
-        },
-        [&] { load_whole.push_back(TimedLoad(model, *whole, ckpt_dir, pool, &read_whole)); },
-        [&] {
-          load_transposed.push_back(
-              TimedLoad(model, *transposed, ckpt_dir, pool, &read_transposed));
+          timed_load(testing::Which::kTransposed, load_transposed, &read_transposed, true, last);
         }};
     for (size_t i = 0; i < writes.size(); ++i) writes[(run + i) % writes.size()]();
     const char* names[] = {"raw-file", "raw-robin", "raw-direct", "same",
@@ -358,14 +360,6 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   for (const std::vector<double>* way : {&raw_r_file, &raw_r_robin, &raw_r_direct}) {
     if (!way->empty() && (raw_r.empty() || Median(*way) < Median(raw_r))) raw_r = *way;
   }
-  std::string first;
-  // Each layout that some load filled (with --only, some may not have run).
-  int64_t bad = (load_same.empty() ? 0 : testing::CountMismatches(model, *same, &first)) +
-                (load_reshard.empty() && load_alone.empty()
-                     ? 0
-                     : testing::CountMismatches(model, *serve, &first)) +
-                (load_whole.empty() ? 0 : testing::CountMismatches(model, *whole, &first)) +
-                (load_transposed.empty() ? 0 : testing::CountMismatches(model, *transposed, &first));
   std::filesystem::remove_all(ckpt_dir);
 
   auto line = [&](const char* name, const std::vector<double>& t, double base, const char* vs,
