@@ -40,6 +40,8 @@ runs of a size, or skips it, when the estimate from the previous size does not f
 
 --steps picks the groups (raw, async, dcp-async, sp-save, dcp-save; save is both of the last two),
 e.g. to time a large size's saves and loads in a run of their own: --gib 32 --steps raw,save.
+--compare-one-lane adds, after each sp.load, the same cold load with its batches one after the other
+(the load before two batches were read at once), as a baseline of the same run.
 
 --sweep RATIOS replaces the steps above by the over-budget sweep: at each size, raw D2H and the raw
 durable write, then sp.async_save with staging_budget = state / ratio for each ratio, in
@@ -82,18 +84,20 @@ SP_HALF_WAIT, SP_HALF_WAIT_DURABLE = ("sp.async_save blocking, 1/2 budget, over_
                                       "sp.async_save durable, 1/2 budget, over_budget=block")
 DCP_BLOCK, DCP_DURABLE = "dcp.async_save blocking", "dcp.async_save durable"
 SP_SAVE, DCP_SAVE, SP_LOAD, DCP_LOAD = "sp.save", "dcp.save", "sp.load (cold)", "dcp.load (cold)"
+SP_LOAD_ONE = "sp.load (cold), one batch at a time"
 SAVE_FLOOR, LOAD_FLOOR = "floor: save = max(D2H, write)", "floor: load = max(read, H2D)"
 # What each step's ratio column is taken against (raw steps have none).
 BASELINE = {SP_BLOCK: RAW_D2H, SP_HALF_BLOCK: RAW_D2H, SP_HALF_WAIT: RAW_D2H, DCP_BLOCK: RAW_D2H,
             SP_DURABLE: SAVE_FLOOR, SP_HALF_DURABLE: SAVE_FLOOR, SP_HALF_WAIT_DURABLE: SAVE_FLOOR,
             DCP_DURABLE: SAVE_FLOOR,
-            SP_SAVE: SAVE_FLOOR, DCP_SAVE: SAVE_FLOOR, SP_LOAD: LOAD_FLOOR, DCP_LOAD: LOAD_FLOOR}
+            SP_SAVE: SAVE_FLOOR, DCP_SAVE: SAVE_FLOOR, SP_LOAD: LOAD_FLOOR, SP_LOAD_ONE: LOAD_FLOOR,
+            DCP_LOAD: LOAD_FLOOR}
 ORDER = [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ, SAVE_FLOOR, LOAD_FLOOR, SP_BLOCK, DCP_BLOCK, SP_HALF_BLOCK,
          SP_HALF_WAIT, SP_DURABLE, DCP_DURABLE, SP_HALF_DURABLE, SP_HALF_WAIT_DURABLE, SP_SAVE, DCP_SAVE, SP_LOAD,
-         DCP_LOAD]
+         SP_LOAD_ONE, DCP_LOAD]
 # The steps whose times add up to one run (blocking times are part of the durable ones).
 RUN_COST = [RAW_D2H, RAW_H2D, RAW_WRITE, RAW_READ, SP_DURABLE, SP_HALF_DURABLE, SP_HALF_WAIT_DURABLE, DCP_DURABLE,
-            SP_SAVE, SP_LOAD, DCP_SAVE, DCP_LOAD]
+            SP_SAVE, SP_LOAD, SP_LOAD_ONE, DCP_SAVE, DCP_LOAD]
 
 
 class Mismatch(RuntimeError):
@@ -511,8 +515,28 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
             if bad:
                 raise Mismatch(f"sp.load of {gib:g} GiB: {len(bad)} tensors differ from the source, "
                                f"first {bad[:3]}")
+            times = {SP_SAVE: saved, SP_LOAD: loaded}
+            if args.compare_one_lane:
+                # The same load with the batches run one after the other (shardpoint._cuda.LOAD_LANES).
+                from shardpoint import _cuda
+
+                lanes, _cuda.LOAD_LANES = _cuda.LOAD_LANES, 1
+                try:
+                    poison(dest)
+                    evict(sp_dir)
+                    sync(device)
+                    start = time.perf_counter()
+                    sp.load(dest, sp_dir)
+                    sync(device)
+                    times[SP_LOAD_ONE] = time.perf_counter() - start
+                finally:
+                    _cuda.LOAD_LANES = lanes
+                bad = differing(dest, state)
+                if bad:
+                    raise Mismatch(f"sp.load one batch at a time of {gib:g} GiB: {len(bad)} tensors differ, "
+                                   f"first {bad[:3]}")
             rm(sp_dir)
-            return {SP_SAVE: saved, SP_LOAD: loaded}
+            return times
 
         def dcp_save_load(i: int) -> dict[str, float]:
             rm(dcp_dir)
@@ -534,7 +558,8 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
             return {DCP_SAVE: saved, DCP_LOAD: loaded}
 
         if "sp-save" in args.steps:
-            repeat(clock, result, "sp.save + sp.load", [SP_SAVE, SP_LOAD], runs, warm, sp_save_load)
+            repeat(clock, result, "sp.save + sp.load", [SP_SAVE, SP_LOAD] + ([SP_LOAD_ONE] if args.compare_one_lane
+                                                                           else []), runs, warm, sp_save_load)
             rm(sp_dir)
         if "dcp-save" in args.steps:
             repeat(clock, result, "dcp.save + dcp.load", [DCP_SAVE, DCP_LOAD], runs, warm, dcp_save_load,
@@ -757,6 +782,9 @@ def main() -> None:
                         help="time budget of the whole run (default 540; 0: none): a size whose estimate "
                              "from the previous one does not fit gets fewer runs or is skipped, and runs "
                              "after the first are left out once it is spent")
+    parser.add_argument("--compare-one-lane", action="store_true",
+                        help="after each sp.load, the same cold load with its batches one after the other "
+                             "(shardpoint._cuda.LOAD_LANES = 1) as a baseline of the same run")
     parser.add_argument("--json", default=None, help="also write every timing and the tables as JSON here")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help="groups to run, comma-separated: raw (copies and disk floors), async "

@@ -6,30 +6,70 @@
 #   scripts/gpu_check.sh                      # tests, then the benchmark at 1, 8 and 32 GiB
 #   scripts/gpu_check.sh --gib 1,8 --runs 3   # benchmark arguments
 #   GPU_CHECK_TESTS_ONLY=1 scripts/gpu_check.sh   # no benchmark; GPU_CHECK_API=0: no API tests
-# The build needs libzstd's header and library; where they are not installed, point
-# CMAKE_INCLUDE_PATH / CMAKE_LIBRARY_PATH (and LD_LIBRARY_PATH) at a copy.
+#   GPU_CHECK_BENCH_ONLY=1 scripts/gpu_check.sh --gib 32 --steps raw,sp-save   # no tests
+# The build needs the headers and libraries of libzstd and libcurl. Where they are not installed,
+# GPU_CHECK_DEPS=DIR names a root holding them as Debian's packages unpack (usr/include,
+# usr/include/x86_64-linux-gnu/curl, usr/lib/x86_64-linux-gnu: e.g. `dpkg -x` of libzstd-dev,
+# libzstd1, libcurl4-openssl-dev and libcurl4 with its libraries); the machine's own libraries are
+# taken where it has them. GPU_CHECK_SITE=DIR installs the package there (default: a new temporary
+# folder), so that a later run on the same machine can reuse the build (GPU_CHECK_NO_BUILD=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT="${OUT:-build/gpu_check}"
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 export PYTHONUNBUFFERED=1 SHARDPOINT_QUIET=1
-SITE="$(mktemp -d)"
+SITE="${GPU_CHECK_SITE:-$(mktemp -d)}"
+mkdir -p "$SITE"
+defines=()
+if [ -n "${GPU_CHECK_DEPS:-}" ]; then
+  deps="$(cd "$GPU_CHECK_DEPS" && pwd)"
+  lib=/usr/lib/x86_64-linux-gnu
+  have_header() { echo "#include <$1>" | ${CC:-cc} -E -x c - > /dev/null 2>&1; }
+  if ! have_header zstd.h; then
+    defines+=(--config-settings=cmake.define.ZSTD_INCLUDE_DIR="$deps/usr/include")
+    if [ -e "$lib/libzstd.so.1" ]; then
+      defines+=(--config-settings=cmake.define.ZSTD_LIBRARY="$lib/libzstd.so.1")
+    else
+      defines+=(--config-settings=cmake.define.ZSTD_LIBRARY="$deps$lib/libzstd.so.1")
+      export LD_LIBRARY_PATH="$deps$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    echo "zstd: headers from $deps"
+  fi
+  if ! have_header curl/curl.h; then
+    defines+=(--config-settings=cmake.define.CURL_INCLUDE_DIR="$deps/usr/include/x86_64-linux-gnu")
+    if [ -e "$lib/libcurl.so.4" ]; then
+      defines+=(--config-settings=cmake.define.CURL_LIBRARY="$lib/libcurl.so.4")
+    else
+      defines+=(--config-settings=cmake.define.CURL_LIBRARY="$deps$lib/libcurl.so.4")
+      case ":${LD_LIBRARY_PATH:-}:" in *":$deps$lib:"*) ;; *)
+        export LD_LIBRARY_PATH="$deps$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}";; esac
+    fi
+    echo "curl: headers from $deps"
+  fi
+fi
 echo "== build ($($PY -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
 start=$(date +%s)
-if ! $PY -m pip install -q --no-build-isolation --no-deps --target "$SITE" \
+if [ -n "${GPU_CHECK_NO_BUILD:-}" ] && [ -d "$SITE/shardpoint" ]; then
+  echo "reusing the package in $SITE"
+elif ! $PY -m pip install -q --no-build-isolation --no-deps --target "$SITE" --upgrade "${defines[@]}" \
     --config-settings=build-dir="${GPU_CHECK_BUILD_DIR:-build/gpu_python}" . > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "build failed"; exit 1
+else
+  echo "built in $(( $(date +%s) - start )) s"
 fi
-echo "built in $(( $(date +%s) - start )) s"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-echo "== pytest: CUDA tests"
-$PY -m pytest -q -p no:cacheprovider python/tests/test_cuda.py python/tests/test_fill.py \
-    python/tests/test_pinned_pool.py -rs 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
-cuda_rc=${PIPESTATUS[0]}
+cuda_rc=0
 api_rc=0
-if [ "${GPU_CHECK_API:-1}" != 0 ]; then
+if [ -z "${GPU_CHECK_BENCH_ONLY:-}" ]; then
+  echo "== pytest: CUDA tests"
+  $PY -m pytest -q -p no:cacheprovider python/tests/test_cuda.py python/tests/test_fill.py \
+      python/tests/test_pinned_pool.py python/tests/test_batch_lanes.py python/tests/test_pipeline.py -rs 2>&1 \
+      | tee "$OUT/pytest_cuda.log" | tail -25
+  cuda_rc=${PIPESTATUS[0]}
+fi
+if [ "${GPU_CHECK_API:-1}" != 0 ] && [ -z "${GPU_CHECK_BENCH_ONLY:-}" ]; then
   echo "== pytest: API tests with CUDA present"
   $PY -m pytest -q -p no:cacheprovider python/tests/test_api.py python/tests/test_async.py \
       python/tests/test_dtensor.py python/tests/test_stateful.py python/tests/test_dcp_storage.py 2>&1 \

@@ -18,6 +18,7 @@ from ._errors import CheckpointArgumentError, CheckpointError, CheckpointNotFoun
 from ._mapping import KeyMapping
 from ._flatten import encode_paths, flatten, set_by_path, unflatten
 from ._pieces import TensorPlan, numpy_dtype
+from ._pipeline import pipelined
 from ._progress import Progress
 from ._values import decode_object, decode_paths_attribute, encode_object, is_tensor_leaf, tensor_plan
 
@@ -303,9 +304,10 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     reads in flight rather than the sum of competing ones. ``False``: each process tunes its own.
 
     Tensors on CUDA devices are loaded through pinned host memory, in batches of at most half of
-    ``staging_budget`` bytes (default 2 GiB; a larger tensor is a batch of its own): the reads of
-    one batch land in one pinned half while the host-to-device copies of the previous batch run on
-    a copy stream, and the caller's current streams wait for the copies (docs/GPU.md).
+    ``staging_budget`` bytes (default 2 GiB; a larger tensor is a batch of its own): two batches
+    are read at once, each into one pinned half, each batch's host-to-device copies run on a copy
+    stream as soon as its reads are done, and the caller's current streams wait for the copies
+    (docs/GPU.md).
     """
     comm = _dist.resolve(process_group)
     path = os.fspath(path)
@@ -315,15 +317,18 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     # a shardpoint checkpoint stores it as {} (so not reading it changes nothing).
     empty_dicts = {k for k, v in flat.items() if isinstance(v, Mapping) and not v}
     object_names = [k for k, v in flat.items() if not is_tensor_leaf(v) and k not in empty_dicts]
-    with translated():
-        options = _core.LoadOptions(comm=comm, strict=strict, allow_cast=cast,
-                                    allow_external_links=allow_external_links,
-                                    threads=threads or _dist.default_threads(comm),
-                                    share_reads=None if share_reads is None else bool(share_reads),
-                                    direct_io=None if direct_io is None else bool(direct_io),
-                                    io_depth=int(io_depth or 0),
-                                    machine_read_gate=bool(machine_read_gate))
-    loader = _BatchLoad(path, flat, comm, options, staging_budget)
+
+    def options_for(lane_comm: Optional[_dist.TorchComm]) -> Any:
+        with translated():
+            return _core.LoadOptions(comm=lane_comm, strict=strict, allow_cast=cast,
+                                     allow_external_links=allow_external_links,
+                                     threads=threads or _dist.default_threads(comm),
+                                     share_reads=None if share_reads is None else bool(share_reads),
+                                     direct_io=None if direct_io is None else bool(direct_io),
+                                     io_depth=int(io_depth or 0),
+                                     machine_read_gate=bool(machine_read_gate))
+
+    loader = _BatchLoad(path, flat, comm, options_for, staging_budget)
     missing, unexpected, objects, bytes_read, gate_ranks = loader.run(
         object_names, lambda values, plans: _mapped_load.map_load(path, values, plans, mapping, strict, cast,
                                                                   allow_external_links))
@@ -377,14 +382,16 @@ class _BatchLoad:
     (on every rank) that is one batch of every key, as it always was. With them, host destinations
     come first and the device ones follow in batches of at most half of ``staging_budget`` bytes (a
     larger tensor alone; tensors sharing storage, tied weights, together), each read into one
-    pinned half of shardpoint._cuda.LoadBatches while the previous batch goes to the device. Every
-    rank runs as many batches as the rank with the most (the others' trailing ones are empty), as
-    each is one collective load. Missing keys are those of any batch; unexpected keys those that
+    pinned half of shardpoint._cuda.LoadBatches; two batches are read at once (one per half, on
+    lane threads of shardpoint._pipeline, the second with a communicator of its own), and a batch
+    goes to the device as soon as its reads are done. Every rank runs as many batches as the rank
+    with the most (the others' trailing ones are empty), as each is one collective load. Missing keys are those of any batch; unexpected keys those that
     no batch wanted."""
 
-    def __init__(self, path: str, flat: Mapping[str, Any], comm: Optional[_dist.TorchComm], options: Any,
-                 staging_budget: Optional[int]) -> None:
-        self.path, self.flat, self.comm, self.options = path, flat, comm, options
+    def __init__(self, path: str, flat: Mapping[str, Any], comm: Optional[_dist.TorchComm],
+                 options_for: Callable[[Optional[_dist.TorchComm]], Any], staging_budget: Optional[int]) -> None:
+        self.path, self.flat, self.comm = path, flat, comm
+        self.options = options_for(comm)
         self.rank = comm.rank if comm else 0
         self.keys = [k for k, v in flat.items() if is_tensor_leaf(v)]
         self.staging = None
@@ -397,12 +404,19 @@ class _BatchLoad:
             # Ranks without CUDA (a CPU-only group) have no count to agree on: all_gather is only
             # made when this process could hold device tensors, as on its peers.
             count = max(int(c) for c in comm.all_gather(str(count).encode()))
+        self.lanes = [(comm, self.options)]
         if count == 0:
             self.batches = [self.keys]
             return
         self.batches = (batches or [[]]) + [[] for _ in range(count - len(batches or [[]]))]
         self.needs = [sum(self.region_bytes.get(k, 0) for k in keys) for keys in self.batches]
         self.staging = cuda.load_batches(int(staging_budget or cuda.DEFAULT_LOAD_STAGING))
+        # Batches in flight at once, each lane with its own communicator (the collectives of two
+        # core loads must not interleave): the first lane is the load's own, the second a gloo
+        # group of the same ranks, made once (every rank gets here with the same count).
+        if cuda.LOAD_LANES > 1 and count > 1:
+            lane_comm = _dist.lane_comm(comm, "load-lane") if comm is not None else None
+            self.lanes.append((lane_comm, options_for(lane_comm)))
 
     def _batches(self, devices: dict[str, Optional[int]], budget: int) -> Optional[list[list[str]]]:
         if not any(d is not None for d in devices.values()):
@@ -449,14 +463,21 @@ class _BatchLoad:
                 if self.staging is not None:
                     self.staging.start({d for d in (_device_of(self.flat[k]) for k in self.keys) if d is not None},
                                        self.needs)
-                for i, keys in enumerate(self.batches):
-                    batch = self._one(i, keys, object_names if i == 0 else [], map_load)
+
+                def complete(i: int, prepared: tuple, loaded: tuple) -> None:
+                    nonlocal unexpected, objects, bytes_read, gate_ranks
+                    batch = self._complete(i, prepared, loaded)
                     missing.update(dict.fromkeys(batch[0]))
                     unexpected = list(batch[1]) if unexpected is None else [k for k in unexpected if k in set(batch[1])]
                     objects += batch[2]
                     bytes_read += batch[3]
                     gate_ranks = max(gate_ranks, batch[4])
                     progress.advance(batch[5])
+
+                pipelined(len(self.batches), len(self.lanes),
+                          lambda i, lane: self._prepare(i, self.batches[i], object_names if i == 0 else [], map_load,
+                                                        self.lanes[lane][0]),
+                          lambda lane, prepared: self._core_load(prepared, self.lanes[lane][1]), complete)
             finally:
                 if self.staging is not None:
                     from . import _torch
@@ -466,7 +487,10 @@ class _BatchLoad:
         progress.finish()
         return list(missing), list(unexpected or []), objects, bytes_read, gate_ranks
 
-    def _one(self, batch: int, keys: list[str], object_names: list[str], map_load: Any) -> tuple:
+    def _prepare(self, batch: int, keys: list[str], object_names: list[str], map_load: Any,
+                 comm: Optional[_dist.TorchComm]) -> tuple:
+        """A batch's plans (their host regions taken from the batch's pinned half), agreed on
+        every rank of ``comm`` (the batch's lane): (plans, mapped, core entries, object names)."""
         plans, mapped, error = [], None, None
         if self.staging is not None:
             from . import _torch
@@ -478,10 +502,19 @@ class _BatchLoad:
             mapped = map_load(values, plans)
         except Exception as e:  # forwarded to every rank by _agree
             error = e
-        _agree(self.comm, error)
+        _agree(comm, error)
+        return plans, mapped, [p.entry() for p in (mapped.plans if mapped else plans)], object_names
+
+    def _core_load(self, prepared: tuple, options: Any) -> tuple:
+        """The core load of a prepared batch (on its lane's thread when batches overlap)."""
         with translated():
-            missing, unexpected, objects, bytes_read, gate_ranks = _core.load(
-                self.path, [p.entry() for p in (mapped.plans if mapped else plans)], object_names, self.options)
+            return _core.load(self.path, prepared[2], prepared[3], options)
+
+    def _complete(self, batch: int, prepared: tuple, loaded: tuple) -> tuple:
+        """After a batch's core load: its copies to the destinations (to the device on the copy
+        streams, the half's events recorded for its reuse)."""
+        plans, mapped = prepared[0], prepared[1]
+        missing, unexpected, objects, bytes_read, gate_ranks = loaded
         copies = mapped.after_load if mapped else [c for p in plans for c in p.after_load]
         if self.staging is not None:
             self.staging.to_device(batch, copies)

@@ -8,8 +8,9 @@ the three ways device bytes reach the core (docs/GPU.md).
   each thread on a copy stream of its own); an async save first snapshots them on the device (a
   device-to-device copy, while free device memory allows) or blocks until they are copied (see
   :class:`Stager`, which copies each tensor while the next ones are planned).
-* Load: the destination tensors are loaded in batches through two pinned halves; the host-to-device
-  copies of one batch run on a copy stream while the next batch is read (:class:`LoadBatches`).
+* Load: the destination tensors are loaded in batches through two pinned halves, two batches read
+  at once (one per half), and the host-to-device copies of a batch run on a copy stream as soon as
+  its reads are done, while the next batch is read (:class:`LoadBatches`).
 
 Ordering with the caller's work: before any copy reads a tensor, its copy stream waits on an event
 recorded on the caller's current stream of that device; after a load, the caller's current streams
@@ -42,6 +43,10 @@ _DEVICE_MARGIN_MIN = 1 << 30
 # Default pinned host memory of a load (two halves, one being read into while the other is copied
 # to the device); a tensor larger than a half makes a batch of its own, and its half grows to it.
 DEFAULT_LOAD_STAGING = 2 << 30
+# Core loads in flight at once for the batches of a load to the device, one per pinned half: the
+# reads of batch i + 1 run while batch i finishes, so the storage does not idle between batches
+# (1: one batch after the other).
+LOAD_LANES = 2
 # Default pinned staging of a synchronous save (what does not fit is copied as it is written).
 DEFAULT_SAVE_STAGING = 4 << 30
 
@@ -463,9 +468,10 @@ class _Background:
 
 class LoadBatches:
     """Two pinned halves for the batches of loads to the device, kept from one load to the next:
-    batch i is read into half i % 2 while the host-to-device copies of batch i - 1 run on the copy
-    streams. A half is reused only once the copies out of it are done (their events, waited for
-    on the host when the half comes round again, in this load or the next).
+    batch i is read into half i % 2, while batch i - 1 is still read into the other half or its
+    host-to-device copies run on the copy streams (``LOAD_LANES`` core loads in flight). A half is
+    reused only once the copies out of it are done (their events, waited for on the host when the
+    half comes round again, in this load or the next).
 
     Each half is one pinned block, reserved at the start of a load for the largest batch it will
     hold (``half_size``), so that the batches of a load, whatever their tensors' sizes, take their

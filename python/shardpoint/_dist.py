@@ -121,6 +121,13 @@ def _gloo_group(group: Any, purpose: str) -> Any:
         return _GROUPS[key]
 
 
+def lane_comm(comm: TorchComm, purpose: str) -> TorchComm:
+    """A communicator over ``comm``'s ranks through a gloo group of their own, made once per
+    (ranks, ``purpose``) by those ranks together: for collectives that run while ``comm``'s own
+    run on another thread (the second batch in flight of a load to the device)."""
+    return TorchComm(_gloo_group(comm.group, purpose))
+
+
 def plan_cache(comm: Optional[TorchComm], cache: Any, purpose: str) -> Any:
     """The SavePlanCache a save hands to the core: ``cache`` itself when it is one, None for False
     or None, and for True this process's cache for the group's ranks and ``purpose`` (``"sync"``,

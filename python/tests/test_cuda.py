@@ -123,7 +123,11 @@ def test_dcp_load_through_the_storage_reader_goes_to_the_device_in_pinned_batche
     assert all(p.capacity > 0 for p in _cuda._LOADS.pools)  # both pinned halves took batches
 
 
-def test_loads_in_batches_keep_tied_weights_and_report_keys(tmp_path):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_loads_in_batches_keep_tied_weights_and_report_keys(tmp_path, monkeypatch, lanes):
+    from shardpoint import _cuda
+
+    monkeypatch.setattr(_cuda, "LOAD_LANES", lanes)
     g = torch.Generator(device="cuda").manual_seed(3)
     source = {f"l{i}": torch.randn(128, 64, device="cuda", generator=g) for i in range(12)}
     source["host"] = torch.arange(10.0)
@@ -253,6 +257,52 @@ def _cuda_mesh_ranks(rank: int, world: int, path: str) -> bool:
         sp.load(dst, p, staging_budget=4096)
         ok &= torch.equal(dst["w"].to_local().cpu(), full[:, rank * cols:(rank + 1) * cols]) and dst["step"] == 3
     return ok
+
+
+def _lanes_ranks(rank: int, world: int, path: str) -> list:
+    """Two processes on one GPU whose loads run two batches at once (the second on a gloo group of
+    its own) and a different number of batches on each rank; then an error in a late batch of one
+    rank, which every rank must raise, and a load after it."""
+    import shardpoint as sp
+
+    torch.cuda.set_device(0)
+    g = torch.Generator(device="cuda").manual_seed(100 + rank)
+    mine = {f"r{rank}.{k}": torch.randn(128, 64, device="cuda", generator=g) for k in range(6 + 5 * rank)}
+    shared = torch.arange(4096.0, device="cuda").reshape(64, 64)
+    sp.save({**mine, "shared": shared}, path)
+    counts = [6 + 5 * r for r in range(world)]
+    other = (rank + 1) % world
+    regen = torch.Generator(device="cuda").manual_seed(100 + other)
+    expect = {f"r{other}.{k}": torch.randn(128, 64, device="cuda", generator=regen) for k in range(counts[other])}
+    target = {k: torch.full_like(v, float("nan")) for k, v in expect.items()}
+    target["shared"] = torch.zeros(64, 64, device="cuda")
+    half = 2 * 128 * 64 * 4
+    out = []
+    for _ in range(2):  # the second load reuses the halves and the lane's group
+        sp.load(target, path, staging_budget=2 * half)
+        out.append(all(torch.equal(target[k], expect[k]) for k in expect) and torch.equal(target["shared"], shared))
+    # A late batch of rank 1 asks for a dtype the checkpoint does not hold (no cast allowed).
+    bad = dict(target)
+    if rank == 1:
+        key = f"r{other}.{counts[other] - 1}"
+        bad[key] = torch.zeros(128, 64, dtype=torch.float16, device="cuda")
+    try:
+        sp.load(bad, path, staging_budget=2 * half)
+        out.append("no error")
+    except sp.CheckpointError as e:
+        out.append(str(e))
+    sp.load(target, path, staging_budget=2 * half)
+    out.append(all(torch.equal(target[k], expect[k]) for k in expect))
+    return out
+
+
+def test_two_batches_in_flight_on_two_processes(tmp_path):
+    from distributed import run_ranks
+
+    results = run_ranks(2, _lanes_ranks, str(tmp_path / "c"))
+    for rank, out in enumerate(results):
+        assert out[0] and out[1] and out[3], (rank, out)
+        assert "float16" in out[2] and "r0.5" in out[2], (rank, out[2])
 
 
 def test_dtensors_on_a_cuda_mesh_reshard_between_layouts(tmp_path):
