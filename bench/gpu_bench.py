@@ -40,8 +40,9 @@ runs of a size, or skips it, when the estimate from the previous size does not f
 
 --steps picks the groups (raw, async, dcp-async, sp-save, dcp-save; save is both of the last two),
 e.g. to time a large size's saves and loads in a run of their own: --gib 32 --steps raw,save.
---compare-one-lane adds, after each sp.load, the same cold load with its batches one after the other
-(the load before two batches were read at once), as a baseline of the same run.
+--compare-one-lane adds to each sp.load the same cold load with its batches one after the other
+(the load before two batches were read at once), as a baseline of the same run; the two take
+turns going first.
 
 --sweep RATIOS replaces the steps above by the over-budget sweep: at each size, raw D2H and the raw
 durable write, then sp.async_save with staging_budget = state / ratio for each ratio, in
@@ -498,45 +499,43 @@ def bench_size(args: argparse.Namespace, clock: Clock, root: str, device: torch.
     warm = result.saves_warmed = first or args.full_warmup
     dest = make_dest()
     try:
+        from shardpoint import _cuda
+
+        default_lanes = _cuda.LOAD_LANES
+
+        def sp_cold_load(what: str, lanes: int) -> float:
+            """One cold sp.load into ``dest`` with ``lanes`` batches in flight, its bytes checked."""
+            previous, _cuda.LOAD_LANES = _cuda.LOAD_LANES, lanes
+            try:
+                poison(dest)
+                evict(sp_dir)
+                sync(device)
+                start = time.perf_counter()
+                sp.load(dest, sp_dir)
+                sync(device)
+                seconds = time.perf_counter() - start
+            finally:
+                _cuda.LOAD_LANES = previous
+            bad = differing(dest, state)
+            if bad:
+                raise Mismatch(f"{what} of {gib:g} GiB: {len(bad)} tensors differ from the source, first {bad[:3]}")
+            return seconds
+
         def sp_save_load(i: int) -> dict[str, float]:
             rm(sp_dir)
             sync(device)
             start = time.perf_counter()
             sp.save(state, sp_dir, overwrite=True)
-            saved = time.perf_counter() - start
-            poison(dest)
-            evict(sp_dir)
-            sync(device)
-            start = time.perf_counter()
-            sp.load(dest, sp_dir)
-            sync(device)
-            loaded = time.perf_counter() - start
-            bad = differing(dest, state)
-            if bad:
-                raise Mismatch(f"sp.load of {gib:g} GiB: {len(bad)} tensors differ from the source, "
-                               f"first {bad[:3]}")
-            times = {SP_SAVE: saved, SP_LOAD: loaded}
+            times = {SP_SAVE: time.perf_counter() - start}
+            loads = [(SP_LOAD, "sp.load", default_lanes)]
             if args.compare_one_lane:
-                # The same load with the batches run one after the other (shardpoint._cuda.LOAD_LANES).
-                from shardpoint import _cuda
-
-                lanes, _cuda.LOAD_LANES = _cuda.LOAD_LANES, 1
-                try:
-                    poison(dest)
-                    evict(sp_dir)
-                    sync(device)
-                    start = time.perf_counter()
-                    sp.load(dest, sp_dir)
-                    sync(device)
-                    times[SP_LOAD_ONE] = time.perf_counter() - start
-                finally:
-                    _cuda.LOAD_LANES = lanes
-                bad = differing(dest, state)
-                if bad:
-                    raise Mismatch(f"sp.load one batch at a time of {gib:g} GiB: {len(bad)} tensors differ, "
-                                   f"first {bad[:3]}")
+                # The same load with the batches one after the other (shardpoint._cuda.LOAD_LANES),
+                # first in every other run: the first load after a save tends to be the slower one.
+                loads.insert(i % 2, (SP_LOAD_ONE, "sp.load one batch at a time", 1))
+            for label, what, lanes in loads:
+                times[label] = sp_cold_load(what, lanes)
             rm(sp_dir)
-            return times
+            return {label: times[label] for label in (SP_SAVE, SP_LOAD, SP_LOAD_ONE) if label in times}
 
         def dcp_save_load(i: int) -> dict[str, float]:
             rm(dcp_dir)
@@ -783,8 +782,9 @@ def main() -> None:
                              "from the previous one does not fit gets fewer runs or is skipped, and runs "
                              "after the first are left out once it is spent")
     parser.add_argument("--compare-one-lane", action="store_true",
-                        help="after each sp.load, the same cold load with its batches one after the other "
-                             "(shardpoint._cuda.LOAD_LANES = 1) as a baseline of the same run")
+                        help="beside each sp.load, the same cold load with its batches one after the other "
+                             "(shardpoint._cuda.LOAD_LANES = 1) as a baseline of the same run; the two "
+                             "take turns going first")
     parser.add_argument("--json", default=None, help="also write every timing and the tables as JSON here")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help="groups to run, comma-separated: raw (copies and disk floors), async "
