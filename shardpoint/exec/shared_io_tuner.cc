@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <thread>
 #include <type_traits>
 
@@ -16,7 +17,6 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -88,25 +88,12 @@ size_t ObjectBytes(int members) {
   return sizeof(SharedGateState) + sizeof(Member) * static_cast<size_t>(members);
 }
 
-Status Errno(const std::string& call, const std::string& name, int err) {
-  return InternalError(call + " of the shared read gate '" + name + "' failed: " +
-                       std::strerror(err));
-}
-
 // This process's PID namespace (the inode of /proc/self/ns/pid), 0 where it cannot be read.
 // Members must share one, or their liveness checks (kill, /proc/<pid>) would look at the wrong
 // processes: containers of one pod share the host name and /dev/shm but not their PIDs.
 uint64_t PidNamespace() {
   struct stat st;
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-}
-
-bool ValidName(const std::string& name) {
-  if (name.size() < 2 || name.size() > 201 || name[0] != '/') return false;
-  return std::all_of(name.begin() + 1, name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
-  });
 }
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, double seconds) {
@@ -152,37 +139,15 @@ bool ProcessGone(const Member& m) {
   return m.started != 0 && ProcessStartTime(m.pid) != m.started;
 }
 
-// Creates and initializes the object, or returns kAlreadyExists when it is there.
-Result<SharedGateState*> Create(const std::string& name, int members,
-                                const IoTunerConfig& config) {
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    if (errno == EEXIST) return AlreadyExistsError(name);
-    return Errno("shm_open", name, errno);
-  }
+// Creates and initializes the object, or returns kAlreadyExists when it is there. Its pages are
+// reserved before anything touches them (exec/shared_memory.h): on a full /dev/shm that is an
+// error, and the load reads through its own gate.
+Result<SharedMemory> Create(const std::string& name, int members, const IoTunerConfig& config) {
   const size_t bytes = ObjectBytes(members);
-  // Pages are reserved now: on a full /dev/shm (a container's 64 MiB, filled by data loaders) a
-  // sparse object would raise SIGBUS when first touched; this way it is an error, and the load
-  // reads through its own gate.
-  int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
-  if (err == 0) {
-    err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    while (err == EINTR) err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  }
-  if (err != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
-    return Errno("reserving", name, err);
-  }
-  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  err = errno;
-  close(fd);
-  if (at == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return Errno("mmap", name, err);
-  }
-  // ftruncate zero-filled the object: magic is 0 until the end.
-  auto* state = static_cast<SharedGateState*>(at);
+  Result<SharedMemory> memory = SharedMemory::Create(name, bytes);
+  if (!memory.ok()) return memory.status();
+  // Created zero-filled: magic is 0 until the end.
+  auto* state = reinterpret_cast<SharedGateState*>(memory->data());
   state->layout = kLayout;
   state->members = members;
   state->bytes = bytes;
@@ -198,53 +163,18 @@ Result<SharedGateState*> Create(const std::string& name, int members,
   new (&state->core) TunerCore(config, SteadySeconds());
   for (int i = 0; i < members; ++i) new (state->member(i)) Member();
   state->magic.store(kMagic, std::memory_order_release);
-  return state;
+  return memory;
 }
 
-// Opens an object another member created, once it is initialized.
-Result<SharedGateState*> Open(const std::string& name, int members, double wait_seconds) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) {
-    if (errno == ENOENT) return NotFoundError(name);
-    return Errno("shm_open", name, errno);
-  }
+// Opens an object another member created, once it is sized, reserved and initialized.
+Result<SharedMemory> Open(const std::string& name, int members, double wait_seconds) {
   const size_t bytes = ObjectBytes(members);
   const double deadline = SteadySeconds() + wait_seconds;
-  // The creator sizes the object right after creating it, then reserves its pages; it is not
-  // touched before they are (on a full /dev/shm, touching a page that is not there is SIGBUS).
-  for (;;) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-      const int err = errno;
-      close(fd);
-      return Errno("fstat", name, err);
-    }
-    if (static_cast<uint64_t>(st.st_size) == bytes &&
-        static_cast<uint64_t>(st.st_blocks) * 512 >= bytes) {
-      break;
-    }
-    const bool foreign = st.st_size != 0 && static_cast<uint64_t>(st.st_size) != bytes;
-    if (foreign || SteadySeconds() > deadline) {
-      close(fd);
-      if (foreign) {
-        return FailedPreconditionError("the shared read gate '" + name + "' holds " +
-                                       std::to_string(st.st_size) + " bytes, expected " +
-                                       std::to_string(bytes) + " for " + std::to_string(members) +
-                                       " members");
-      }
-      return DeadlineExceededError("the shared read gate '" + name + "' was not sized within " +
-                                   std::to_string(wait_seconds) + " s");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (at == MAP_FAILED) return Errno("mmap", name, err);
-  auto* state = static_cast<SharedGateState*>(at);
+  Result<SharedMemory> memory = SharedMemory::Open(name, bytes, wait_seconds);
+  if (!memory.ok()) return memory.status();
+  auto* state = reinterpret_cast<SharedGateState*>(memory->data());
   while (state->magic.load(std::memory_order_acquire) != kMagic) {
     if (SteadySeconds() > deadline) {
-      munmap(at, bytes);
       return DeadlineExceededError("the shared read gate '" + name +
                                    "' was not initialized within " +
                                    std::to_string(wait_seconds) + " s");
@@ -252,18 +182,16 @@ Result<SharedGateState*> Open(const std::string& name, int members, double wait_
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (state->pid_namespace != PidNamespace()) {
-    munmap(at, bytes);
     return FailedPreconditionError("the shared read gate '" + name +
                                    "' belongs to processes of another PID namespace");
   }
   if (state->layout != kLayout || state->members != members || state->bytes != bytes) {
-    munmap(at, bytes);
     return FailedPreconditionError("the shared read gate '" + name + "' has layout " +
                                    std::to_string(state->layout) + " for " +
                                    std::to_string(state->members) + " members, expected layout " +
                                    std::to_string(kLayout) + " for " + std::to_string(members));
   }
-  return state;
+  return memory;
 }
 
 }  // namespace
@@ -272,7 +200,7 @@ Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& 
                                                              int member,
                                                              const IoTunerConfig& config,
                                                              double wait_seconds) {
-  if (!ValidName(name)) {
+  if (!SharedMemory::ValidName(name)) {
     return InvalidArgumentError("shared read gate name '" + name +
                                 "': expected '/' then 1 to 200 of [A-Za-z0-9._-]");
   }
@@ -282,22 +210,23 @@ Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& 
   }
   // Either side of a race may lose: the object appears between our create and open, or its last
   // member removes the name between them. A few rounds settle it.
-  SharedGateState* state = nullptr;
-  for (int attempt = 0; state == nullptr; ++attempt) {
-    Result<SharedGateState*> created = Create(name, members, config);
+  std::optional<SharedMemory> memory;
+  for (int attempt = 0; !memory.has_value(); ++attempt) {
+    Result<SharedMemory> created = Create(name, members, config);
     if (created.ok()) {
-      state = *created;
+      memory = std::move(created).value();
       break;
     }
     if (created.status().code() != StatusCode::kAlreadyExists) return created.status();
-    Result<SharedGateState*> opened = Open(name, members, wait_seconds);
+    Result<SharedMemory> opened = Open(name, members, wait_seconds);
     if (opened.ok()) {
-      state = *opened;
+      memory = std::move(opened).value();
       break;
     }
     if (opened.status().code() != StatusCode::kNotFound || attempt >= 8) return opened.status();
   }
-  auto tuner = std::unique_ptr<SharedIoTuner>(new SharedIoTuner(state, state->bytes, member));
+  auto tuner = std::unique_ptr<SharedIoTuner>(new SharedIoTuner(std::move(*memory), member));
+  SharedGateState* state = tuner->state_;
   tuner->Lock();
   Member* me = state->member(member);
   if (me->state != kFree) {
@@ -313,15 +242,17 @@ Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& 
   ++state->joined;
   if (state->joined == state->members && !state->unlinked) {
     // Everyone has it mapped: the name is no longer needed.
-    shm_unlink(state->name);
+    SharedMemory::Unlink(state->name);
     state->unlinked = 1;
   }
   tuner->Unlock();
   return tuner;
 }
 
-SharedIoTuner::SharedIoTuner(SharedGateState* state, size_t bytes, int member)
-    : state_(state), bytes_(bytes), member_(member) {}
+SharedIoTuner::SharedIoTuner(SharedMemory memory, int member)
+    : memory_(std::move(memory)),
+      state_(reinterpret_cast<SharedGateState*>(memory_.data())),
+      member_(member) {}
 
 SharedIoTuner::~SharedIoTuner() {
   if (member_ >= 0) {
@@ -338,14 +269,13 @@ SharedIoTuner::~SharedIoTuner() {
       --state_->attached;
     }
     if (state_->attached == 0 && !state_->unlinked) {
-      shm_unlink(state_->name);
+      SharedMemory::Unlink(state_->name);
       state_->unlinked = 1;
     }
     const std::pair<uint64_t, uint64_t> granted = NewlyGranted(limit);
     Unlock();
     WakeTurns(granted);
   }
-  munmap(state_, bytes_);
 }
 
 void SharedIoTuner::Lock() const {
@@ -462,8 +392,10 @@ Result<std::unique_ptr<SharedIoTuner>> SharedIoTuner::Attach(const std::string& 
   return UnimplementedError("shared read gate '" + name + "': needs Linux (shm_open, futex)");
 }
 
-SharedIoTuner::SharedIoTuner(SharedGateState* state, size_t bytes, int member)
-    : state_(state), bytes_(bytes), member_(member) {}
+SharedIoTuner::SharedIoTuner(SharedMemory memory, int member)
+    : memory_(std::move(memory)),
+      state_(reinterpret_cast<SharedGateState*>(memory_.data())),
+      member_(member) {}
 SharedIoTuner::~SharedIoTuner() = default;
 void SharedIoTuner::Acquire() {}
 void SharedIoTuner::Release(uint64_t) {}

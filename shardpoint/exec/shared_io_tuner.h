@@ -40,6 +40,7 @@
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/exec/io_tuner.h"
+#include "shardpoint/exec/shared_memory.h"
 
 namespace sp {
 
@@ -88,7 +89,7 @@ class SharedIoTuner final : public IoGate {
   uint64_t futile_wakeups() const;
 
  private:
-  SharedIoTuner(SharedGateState* state, size_t bytes, int member);
+  SharedIoTuner(SharedMemory memory, int member);
 
   // Takes the gate's robust mutex (making it consistent if its owner died).
   void Lock() const;
@@ -110,8 +111,8 @@ class SharedIoTuner final : public IoGate {
   // futex words, which sleep again).
   void WakeTurns(std::pair<uint64_t, uint64_t> tickets);
 
-  SharedGateState* state_;
-  size_t bytes_;
+  SharedMemory memory_;      // the gate's object, mapped
+  SharedGateState* state_;  // at memory_.data()
   int member_;
 };
 

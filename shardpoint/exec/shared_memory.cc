@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #ifdef __linux__
@@ -14,11 +16,7 @@
 
 namespace sp {
 
-#ifdef __linux__
-
-namespace {
-
-bool ValidName(const std::string& name) {
+bool SharedMemory::ValidName(const std::string& name) {
   if (name.size() < 2 || name.size() > 201 || name[0] != '/') return false;
   return std::all_of(name.begin() + 1, name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -26,8 +24,12 @@ bool ValidName(const std::string& name) {
   });
 }
 
+#ifdef __linux__
+
+namespace {
+
 Status CheckArguments(const std::string& name, uint64_t bytes) {
-  if (!ValidName(name)) {
+  if (!SharedMemory::ValidName(name)) {
     return InvalidArgumentError("shared memory name '" + name +
                                 "' is not '/' followed by 1 to 200 of [A-Za-z0-9._-]");
   }
@@ -76,26 +78,41 @@ Result<SharedMemory> SharedMemory::Create(const std::string& name, uint64_t byte
   return SharedMemory(static_cast<std::byte*>(at), bytes);
 }
 
-Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t bytes) {
+Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t bytes,
+                                        double wait_seconds) {
   SP_RETURN_IF_ERROR(CheckArguments(name, bytes));
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == ENOENT) return NotFoundError("shared memory '" + name + "' does not exist");
     return Errno("shm_open", name, errno);
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return Errno("fstat", name, err);
-  }
-  if (static_cast<uint64_t>(st.st_size) != bytes ||
-      static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
-    close(fd);
-    return FailedPreconditionError(
-        "shared memory '" + name + "' holds " + std::to_string(st.st_size) + " bytes (" +
-        std::to_string(static_cast<uint64_t>(st.st_blocks) * 512) + " reserved), expected " +
-        std::to_string(bytes) + " reserved");
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      close(fd);
+      return Errno("fstat", name, err);
+    }
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    const uint64_t reserved = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (size == bytes && reserved >= bytes) break;
+    const std::string holds = "holds " + std::to_string(size) + " bytes (" +
+                              std::to_string(reserved) + " reserved)";
+    // Another size than the creator's first (empty) one is another object, at once.
+    if ((size != 0 && size != bytes) || wait_seconds <= 0) {
+      close(fd);
+      return FailedPreconditionError("shared memory '" + name + "' " + holds + ", expected " +
+                                     std::to_string(bytes) + " reserved");
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        wait_seconds) {
+      close(fd);
+      return DeadlineExceededError("shared memory '" + name + "' was not sized within " +
+                                   std::to_string(wait_seconds) + " s (it " + holds +
+                                   ", expected " + std::to_string(bytes) + " reserved)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
@@ -105,7 +122,7 @@ Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t bytes)
 }
 
 void SharedMemory::Unlink(const std::string& name) {
-  if (ValidName(name)) shm_unlink(name.c_str());
+  if (SharedMemory::ValidName(name)) shm_unlink(name.c_str());
 }
 
 SharedMemory::~SharedMemory() {
@@ -117,7 +134,7 @@ SharedMemory::~SharedMemory() {
 Result<SharedMemory> SharedMemory::Create(const std::string& name, uint64_t) {
   return UnimplementedError("shared memory '" + name + "': needs Linux (shm_open)");
 }
-Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t) {
+Result<SharedMemory> SharedMemory::Open(const std::string& name, uint64_t, double) {
   return UnimplementedError("shared memory '" + name + "': needs Linux (shm_open)");
 }
 void SharedMemory::Unlink(const std::string&) {}

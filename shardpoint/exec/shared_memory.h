@@ -34,8 +34,15 @@ class SharedMemory {
 
   // Opens and maps the object `name` that another process created with `bytes` bytes. Errors:
   // kNotFound when there is none, kFailedPrecondition when it holds another size or not every
-  // page is reserved (naming both), kInternal as above.
-  static Result<SharedMemory> Open(const std::string& name, uint64_t bytes);
+  // page is reserved (naming both), kInternal as above. With `wait_seconds` > 0, an object that is
+  // still empty or not wholly reserved (its creator between shm_open and posix_fallocate, for
+  // processes that race to create it rather than being told it exists) is waited for that long,
+  // and then refused with kDeadlineExceeded; its pages are never touched before they are there.
+  static Result<SharedMemory> Open(const std::string& name, uint64_t bytes,
+                                   double wait_seconds = 0);
+
+  // Whether `name` is a name Create and Open take.
+  static bool ValidName(const std::string& name);
 
   // Removes the name (the mappings stay valid); no error when it is already gone.
   static void Unlink(const std::string& name);

@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "shardpoint/base/random_id.h"
 
@@ -85,6 +87,47 @@ TEST(SharedMemoryTest, AnObjectWhosePagesAreNotReservedIsRefused) {
   Result<SharedMemory> opened = SharedMemory::Open(name, 1 << 20);
   EXPECT_EQ(opened.status().code(), StatusCode::kFailedPrecondition) << opened.status();
   EXPECT_NE(opened.status().message().find("reserved"), std::string::npos) << opened.status();
+  SharedMemory::Unlink(name);
+}
+
+TEST(SharedMemoryTest, OpenWaitsForACreatorStillSizingTheObject) {
+  // A creator between shm_open and posix_fallocate: the object is there but empty. Open with a
+  // wait maps it once it is sized and reserved, and never before.
+  const std::string name = FreshName();
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  std::thread creator([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(ftruncate(fd, 8192), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // sized, not yet reserved
+    ASSERT_EQ(posix_fallocate(fd, 0, 8192), 0);
+    const char hello[] = "sized";
+    ASSERT_EQ(pwrite(fd, hello, sizeof(hello), 100), static_cast<ssize_t>(sizeof(hello)));
+  });
+  Result<SharedMemory> opened = SharedMemory::Open(name, 8192, 10.0);
+  creator.join();
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_STREQ(reinterpret_cast<const char*>(opened->data() + 100), "sized");
+  close(fd);
+
+  // Without a wait, or once the wait is over, an empty object is refused; one of another size
+  // is refused at once, however long the wait.
+  SharedMemory::Unlink(name);
+  const int empty = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(empty, 0);
+  EXPECT_EQ(SharedMemory::Open(name, 8192).status().code(), StatusCode::kFailedPrecondition);
+  Result<SharedMemory> late = SharedMemory::Open(name, 8192, 0.05);
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_NE(late.status().message().find("was not sized within"), std::string::npos)
+      << late.status();
+  ASSERT_EQ(ftruncate(empty, 100), 0);
+  const auto start = std::chrono::steady_clock::now();
+  Result<SharedMemory> other = SharedMemory::Open(name, 8192, 10.0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition) << other.status();
+  EXPECT_NE(other.status().message().find("holds 100 bytes"), std::string::npos)
+      << other.status();
+  close(empty);
   SharedMemory::Unlink(name);
 }
 
