@@ -385,8 +385,8 @@ class _BatchLoad:
     pinned half of shardpoint._cuda.LoadBatches; two batches are read at once (one per half, on
     lane threads of shardpoint._pipeline, the second with a communicator of its own), and a batch
     goes to the device as soon as its reads are done. Every rank runs as many batches as the rank
-    with the most (the others' trailing ones are empty), as each is one collective load. Missing keys are those of any batch; unexpected keys those that
-    no batch wanted."""
+    with the most (the others' trailing ones are empty), as each is one collective load. Missing
+    keys are those of any batch; unexpected keys those that no batch wanted."""
 
     def __init__(self, path: str, flat: Mapping[str, Any], comm: Optional[_dist.TorchComm],
                  options_for: Callable[[Optional[_dist.TorchComm]], Any], staging_budget: Optional[int]) -> None:
