@@ -25,28 +25,22 @@ defines=()
 if [ -n "${GPU_CHECK_DEPS:-}" ]; then
   deps="$(cd "$GPU_CHECK_DEPS" && pwd)"
   lib=/usr/lib/x86_64-linux-gnu
-  have_header() { echo "#include <$1>" | ${CC:-cc} -E -x c - > /dev/null 2>&1; }
-  if ! have_header zstd.h; then
-    defines+=(--config-settings=cmake.define.ZSTD_INCLUDE_DIR="$deps/usr/include")
-    if [ -e "$lib/libzstd.so.1" ]; then
-      defines+=(--config-settings=cmake.define.ZSTD_LIBRARY="$lib/libzstd.so.1")
+  # use_dep HEADER INCLUDE_DIR NAME SONAME: where HEADER is missing, CMake's NAME_INCLUDE_DIR and
+  # NAME_LIBRARY point into $deps (the machine's own SONAME where it has one).
+  use_dep() {
+    echo "#include <$1>" | ${CC:-cc} -E -x c - > /dev/null 2>&1 && return
+    defines+=(--config-settings=cmake.define.$3_INCLUDE_DIR="$2")
+    if [ -e "$lib/$4" ]; then
+      defines+=(--config-settings=cmake.define.$3_LIBRARY="$lib/$4")
     else
-      defines+=(--config-settings=cmake.define.ZSTD_LIBRARY="$deps$lib/libzstd.so.1")
-      export LD_LIBRARY_PATH="$deps$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
-    echo "zstd: headers from $deps"
-  fi
-  if ! have_header curl/curl.h; then
-    defines+=(--config-settings=cmake.define.CURL_INCLUDE_DIR="$deps/usr/include/x86_64-linux-gnu")
-    if [ -e "$lib/libcurl.so.4" ]; then
-      defines+=(--config-settings=cmake.define.CURL_LIBRARY="$lib/libcurl.so.4")
-    else
-      defines+=(--config-settings=cmake.define.CURL_LIBRARY="$deps$lib/libcurl.so.4")
+      defines+=(--config-settings=cmake.define.$3_LIBRARY="$deps$lib/$4")
       case ":${LD_LIBRARY_PATH:-}:" in *":$deps$lib:"*) ;; *)
         export LD_LIBRARY_PATH="$deps$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}";; esac
     fi
-    echo "curl: headers from $deps"
-  fi
+    echo "$1: from $deps"
+  }
+  use_dep zstd.h "$deps/usr/include" ZSTD libzstd.so.1
+  use_dep curl/curl.h "$deps/usr/include/x86_64-linux-gnu" CURL libcurl.so.4
 fi
 echo "== build ($($PY -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
 start=$(date +%s)

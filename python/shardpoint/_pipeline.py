@@ -12,60 +12,8 @@ process group whose collectives must not interleave with another load's).
 from __future__ import annotations
 
 import collections
-import threading
-from typing import Any, Callable, Optional
-
-
-class _Lane:
-    """One worker thread that runs one call at a time, handed to it by ``submit``."""
-
-    def __init__(self, name: str) -> None:
-        self._ready = threading.Condition()
-        self._call: Optional[Callable[[], Any]] = None
-        self._done = True
-        self._result: Any = None
-        self._error: Optional[BaseException] = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while self._call is None and not self._closed:
-                    self._ready.wait()
-                if self._call is None:
-                    return
-                call = self._call
-            result, error = None, None
-            try:
-                result = call()
-            except BaseException as e:  # handed to the caller by wait()
-                error = e
-            with self._ready:
-                self._call, self._result, self._error, self._done = None, result, error, True
-                self._ready.notify_all()
-
-    def submit(self, call: Callable[[], Any]) -> None:
-        with self._ready:
-            assert self._done, "a lane runs one call at a time"
-            self._call, self._done, self._result, self._error = call, False, None, None
-            self._ready.notify_all()
-
-    def wait(self) -> Any:
-        """The result of the call submitted last, or its error raised."""
-        with self._ready:
-            while not self._done:
-                self._ready.wait()
-            if self._error is not None:
-                raise self._error
-            return self._result
-
-    def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-        self._thread.join()
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 
 def pipelined(count: int, lanes: int, prepare: Callable[[int, int], Any], run: Callable[[int, Any], Any],
@@ -88,27 +36,23 @@ def pipelined(count: int, lanes: int, prepare: Callable[[int, int], Any], run: C
             prepared = prepare(i, 0)
             complete(i, prepared, run(0, prepared))
         return
-    workers = [_Lane(f"shardpoint-load-{k}") for k in range(min(lanes, count))]
-    inflight: collections.deque = collections.deque()
+    # One thread per lane, so that a lane's runs never overlap.
+    workers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shardpoint-load-{k}")
+               for k in range(min(lanes, count))]
+    inflight: collections.deque = collections.deque()  # (step, prepared, future), oldest first
     try:
         for i in range(count):
             if len(inflight) == len(workers):
-                j, prepared = inflight.popleft()
-                complete(j, prepared, workers[j % len(workers)].wait())
+                j, prepared, future = inflight.popleft()
+                complete(j, prepared, future.result())
             lane = i % len(workers)
             prepared = prepare(i, lane)
-            workers[lane].submit(lambda lane=lane, prepared=prepared: run(lane, prepared))
-            inflight.append((i, prepared))
+            inflight.append((i, prepared, workers[lane].submit(run, lane, prepared)))
         while inflight:
-            j, prepared = inflight.popleft()
-            complete(j, prepared, workers[j % len(workers)].wait())
+            j, prepared, future = inflight.popleft()
+            complete(j, prepared, future.result())
     finally:
-        # After an error: the runs still in flight return before it is raised (their results and
-        # errors are dropped: the first error is the one that counts).
-        for j, _ in inflight:
-            try:
-                workers[j % len(workers)].wait()
-            except BaseException:
-                pass
+        # After an error the runs still in flight return before it is raised (their results and
+        # errors are dropped: the first error is the one that counts), and no thread stays.
         for worker in workers:
-            worker.close()
+            worker.shutdown(wait=True)
