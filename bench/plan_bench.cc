@@ -7,7 +7,8 @@
 // (names and every file's safetensors header: the coordinator's work that remains in a save whose
 // plan comes from a SavePlanCache), and of PlanLoad for one rank reading every tensor whole (the
 // consolidation case: every stored chunk intersects the target), of PlanLoad for one rank loading
-// its own boxes, and the size of the metadata with the time to decode it.
+// its own boxes (with the grids the metadata carries, and without), and the size of the metadata
+// with the time to decode it (format 2, format 1, and the broadcast a load sends its ranks).
 //
 // Usage: plan_bench [ranks] [tensors]   (ranks must be a multiple of 128)
 #include <algorithm>
@@ -156,10 +157,17 @@ int main(int argc, char** argv) {
       Median([&] { return sp::PlanLoad(targets, plan->metadata, sp::LoadPlanOptions{}); });
 
   // One rank loading its own boxes of the layout it saved (the restart case), planned against the
-  // whole checkpoint's metadata.
+  // whole checkpoint's metadata, whose tensors carry their grids (as PlanSave, the native decoder
+  // and the load broadcast deliver them); and against the same metadata without them, each grid
+  // found again from the chunks by the plan (as before grids were carried).
   const std::vector<sp::LocalTensor>& own = locals[ranks / 2 + 3].tensors;
   const Timing own_load =
       Median([&] { return sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{}); });
+  sp::CheckpointMetadata no_grids = plan->metadata;
+  size_t grids = 0;
+  for (sp::TensorMetadata& t : no_grids.tensors) grids += t.grid.has_value(), t.grid.reset();
+  const Timing own_found = Median([&] { return sp::PlanLoad(own, no_grids, sp::LoadPlanOptions{}); });
+  no_grids = {};
   // The same plans with every tensor swept (plan/box_set.h), as before chunk grids.
   const sp::LoadPlanOptions swept{.chunk_grids = false};
   const Timing own_swept = Median([&] { return sp::PlanLoad(own, plan->metadata, swept); });
@@ -177,13 +185,17 @@ int main(int argc, char** argv) {
     }
   }
   const std::string native = sp::EncodeMetadata(committed);
-  if (sp::Result<sp::CheckpointMetadata> decoded = sp::DecodeMetadata(native, "/bench/.metadata");
-      !decoded.ok()) {
-    std::fprintf(stderr, "DecodeMetadata failed: %s\n", decoded.status().ToString().c_str());
-    return 1;
+  const std::string native_v1 = sp::EncodeMetadata(committed, 1);
+  for (const std::string* bytes : {&native, &native_v1}) {
+    if (sp::Result<sp::CheckpointMetadata> decoded = sp::DecodeMetadata(*bytes, "/bench/.metadata");
+        !decoded.ok()) {
+      std::fprintf(stderr, "DecodeMetadata failed: %s\n", decoded.status().ToString().c_str());
+      return 1;
+    }
   }
   const Timing open_native =
       Median([&] { return sp::DecodeMetadata(native, "/bench/.metadata"); });
+  const Timing open_v1 = Median([&] { return sp::DecodeMetadata(native_v1, "/bench/.metadata"); });
   const std::string wire = sp::EncodeMetadataForWire(committed);
   const Timing open_wire = Median([&] { return sp::DecodeMetadataFromWire(wire); });
 
@@ -209,14 +221,19 @@ int main(int argc, char** argv) {
       load.wall_s, load.cpu_s, load_plan->items.size());
   std::printf(
       "  PlanLoad of one rank median of 5: %.4f s wall, %.4f s cpu  (rank %lld's own boxes of "
-      "the saved layout: %zu items)\n",
-      own_load.wall_s, own_load.cpu_s, static_cast<long long>(ranks / 2 + 3), own_items);
+      "the saved layout: %zu items; %zu of %zu tensors carry their grid)\n",
+      own_load.wall_s, own_load.cpu_s, static_cast<long long>(ranks / 2 + 3), own_items, grids,
+      plan->metadata.tensors.size());
+  std::printf("    the same without carried grids (each found again from the chunks): %.4f s cpu\n",
+              own_found.cpu_s);
   std::printf("  without chunk grids (every tensor swept): PlanLoad %.4f s cpu, of one rank %.4f s "
               "cpu\n",
               load_swept.cpu_s, own_swept.cpu_s);
-  std::printf("  metadata: %.1f MiB native, opened in %.4f s (median of 5); %.1f MiB broadcast to "
-              "a load's ranks, decoded in %.4f s\n",
+  std::printf("  metadata: %.1f MiB native (format 2), opened in %.4f s (median of 5); format 1 "
+              "(every chunk listed) %.1f MiB, opened in %.4f s; %.1f MiB broadcast to a load's "
+              "ranks, decoded in %.4f s\n",
               static_cast<double>(native.size()) / (1 << 20), open_native.wall_s,
+              static_cast<double>(native_v1.size()) / (1 << 20), open_v1.wall_s,
               static_cast<double>(wire.size()) / (1 << 20), open_wire.wall_s);
   return 0;
 }

@@ -793,12 +793,40 @@ TEST_F(EngineCorruptionTest, TruncatedMetadataFile) {
 
 TEST_F(EngineCorruptionTest, MetadataOfAFutureMajorVersionIsRefusedByVersion) {
   std::string bytes = metadata_bytes_;
-  EncodeFixed32(bytes.data() + 8, 2);
+  EncodeFixed32(bytes.data() + 8, 3);
   ResealHeader(bytes);
   Put(base_, kMetadataPath, bytes);
   ExpectUnreadableMetadata(StatusCode::kFailedPrecondition,
                            "metadata file /ckpt/shardpoint.metadata: checkpoint format version "
-                           "2.0 is newer than this reader (1.x)");
+                           "3.0 is newer than this reader (2.x)");
+}
+
+// What a version-1 writer left (every chunk listed in the metadata, data files saying 1.0) still
+// opens, loads and verifies, with its grids found when it is opened.
+TEST_F(EngineCorruptionTest, VersionOneCheckpointsStillLoadAndVerify) {
+  ASSERT_EQ(md_.version_major, 2u);
+  size_t grids = 0;
+  for (const TensorMetadata& t : md_.tensors) grids += t.grid.has_value();
+  ASSERT_GT(grids, 0u);
+  Put(base_, kMetadataPath, EncodeMetadata(md_, 1));
+  for (const DataFile& f : md_.files) {
+    std::string bytes = base_.ReadFile(JoinPath(kPath, f.name)).value();
+    const size_t at = bytes.find("\"format_version\":\"2.0\"");
+    ASSERT_LT(at, f.data_start) << f.name;
+    bytes[at + 18] = '1';
+    Put(base_, JoinPath(kPath, f.name), bytes);
+  }
+  CheckpointMetadata md = ReadCheckpointMetadata(kPath, &base_).value();
+  EXPECT_EQ(md.version_major, 1u);
+  md.version_major = 2;
+  EXPECT_EQ(md, md_);
+  size_t found = 0;
+  for (const TensorMetadata& t : md.tensors) found += t.grid.has_value();
+  EXPECT_EQ(found, grids);
+  EXPECT_EQ(Identify(&base_).value(), 'A');
+  Result<VerifyReport> report = Verify(kPath, &base_, &pool_);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->defects.empty()) << report->defects.front();
 }
 
 // Also shows that the resealed header above is valid: only the major version made it fail.

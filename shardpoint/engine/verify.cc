@@ -5,6 +5,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string_view>
+#include <utility>
 
 #include "shardpoint/engine/verify.h"
 #include "shardpoint/engine/chunk_reader.h"
@@ -68,25 +70,37 @@ std::string MetadataBlockToString(const std::map<std::string, std::string>& bloc
   return out + "}";
 }
 
+// A version "MAJOR.MINOR" as written in data file headers: decimal numbers of at most 9 digits
+// without leading zeros; nullopt for anything else.
+std::optional<std::pair<uint32_t, uint32_t>> ParseVersion(std::string_view text) {
+  const size_t dot = text.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  uint32_t parts[2];
+  const std::string_view pieces[2] = {text.substr(0, dot), text.substr(dot + 1)};
+  for (int i = 0; i < 2; ++i) {
+    const std::string_view p = pieces[i];
+    if (p.empty() || p.size() > 9 || (p[0] == '0' && p.size() > 1)) return std::nullopt;
+    parts[i] = 0;
+    for (char c : p) {
+      if (c < '0' || c > '9') return std::nullopt;
+      parts[i] = parts[i] * 10 + static_cast<uint32_t>(c - '0');
+    }
+  }
+  return std::make_pair(parts[0], parts[1]);
+}
+
 // Whether a data file's "__metadata__" block `found` is the one its writer puts there
 // (format/native/data_file.cc): `built` holds what this reader would write. The format version is
-// "MAJOR.MINOR": the major must be the metadata's, and the minor at most the metadata's (the files
-// of a checkpoint are written before its metadata, by the same or an older writer of that major).
+// "MAJOR.MINOR", at least 1.0 and at most the metadata's: the files of a checkpoint are written
+// before its metadata, by the same or an older writer (a prune of a version-1 checkpoint keeps
+// its untouched version-1 files under version-2 metadata; data files are the same in both).
 bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, std::string> found,
                           std::map<std::string, std::string> built) {
   auto version = found.find("format_version");
   if (version == found.end()) return false;
-  const std::string major = std::to_string(md.version_major) + ".";
-  const std::string& text = version->second;
-  if (!text.starts_with(major) || text.size() == major.size() || text.size() > major.size() + 9) {
-    return false;
-  }
-  uint64_t minor = 0;
-  for (char c : std::string_view(text).substr(major.size())) {
-    if (c < '0' || c > '9') return false;
-    minor = minor * 10 + static_cast<uint64_t>(c - '0');
-  }
-  if (minor > md.version_minor || (text[major.size()] == '0' && text.size() > major.size() + 1)) {
+  const std::optional<std::pair<uint32_t, uint32_t>> parsed = ParseVersion(version->second);
+  if (!parsed || parsed->first < 1 ||
+      *parsed > std::make_pair(md.version_major, md.version_minor)) {
     return false;
   }
   found.erase(version);

@@ -129,9 +129,11 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
   const std::vector<std::pair<std::string, std::string>> edits = {
       {"\"shardpoint\"", "\"shardpoinu\""},
       {"\"format_version\"", "\"format_versioo\""},
-      {"\"1.0\"", "\"1.1\""},  // a minor newer than the metadata's
-      {"\"1.0\"", "\"2.0\""},  // another major
-      {"\"1.0\"", "\"1.x\""},
+      {"\"2.0\"", "\"2.1\""},  // a minor newer than the metadata's
+      {"\"2.0\"", "\"3.0\""},  // a newer major
+      {"\"2.0\"", "\"0.9\""},  // no such version
+      {"\"2.0\"", "\"2.x\""},
+      {"\"2.0\"", "\"02.\""},
       {"\"" + md.save_id + "\"", "\"" + std::string(md.save_id.size(), 'z') + "\""},
   };
   for (const auto& [from, to] : edits) {
@@ -147,10 +149,16 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
               std::string::npos)
         << report.defects[0];
     EXPECT_NE(report.defects[0].find("does not match the metadata (expected {format=shardpoint, "
-                                     "format_version=1.0, save_id=" + md.save_id + "})"),
+                                     "format_version=2.0, save_id=" + md.save_id + "})"),
               std::string::npos)
         << report.defects[0];
   }
+  // A data file of version 1 under version-2 metadata (a prune of a version-1 checkpoint keeps
+  // its untouched files): the data file format did not change.
+  std::string older = original;
+  older.replace(older.find("\"2.0\""), 5, "\"1.0\"");
+  WriteFile(store, path, older);
+  EXPECT_TRUE(VerifyOk(store, "/ckpt").defects.empty());
   WriteFile(store, path, original);
   EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
 }

@@ -73,14 +73,36 @@ struct StoredChunk {
   friend bool operator==(const StoredChunk&, const StoredChunk&) = default;
 };
 
+// Stored chunks that are the cells of a regular grid (format/chunk_grid.h): per dimension the
+// shape is cut into consecutive intervals, every combination of intervals is one chunk, and the
+// chunks are listed in row-major cell order (the last dimension fastest).
+struct ChunkGrid {
+  // Per dimension d: the n_d + 1 increasing cut points 0 = bounds[d][0] < ... < bounds[d][n_d] =
+  // shape[d]; interval k is [bounds[d][k], bounds[d][k + 1]).
+  std::vector<std::vector<int64_t>> bounds;
+  // Per dimension: the chunk number of cell (k_0, ..., k_{D-1}) is the sum of k_d * strides[d].
+  std::vector<uint64_t> strides;
+
+  uint64_t cell_count() const { return strides.empty() ? 1 : strides[0] * (bounds[0].size() - 1); }
+  friend bool operator==(const ChunkGrid&, const ChunkGrid&) = default;
+};
+
 struct TensorMetadata {
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
   std::vector<StoredChunk> chunks;  // non-empty boxes, no overlaps, covering the shape
+  // Set when `chunks` are the cells of this grid, in its order: an index over them that a load
+  // plan searches by arithmetic instead of scanning the chunks. Set only by whoever proved it
+  // (the save planner, the native decoder of a grid record, IndexChunkGrids); code that changes
+  // `chunks` of a tensor that has one must reset it. Not part of equality: it says nothing the
+  // chunks do not.
+  std::optional<ChunkGrid> grid;
 
   uint64_t total_bytes() const { return static_cast<uint64_t>(ShapeVolume(shape)) * DTypeSize(dtype); }
-  friend bool operator==(const TensorMetadata&, const TensorMetadata&) = default;
+  friend bool operator==(const TensorMetadata& a, const TensorMetadata& b) {
+    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.chunks == b.chunks;
+  }
 };
 
 enum class ObjectEncoding : uint8_t {
@@ -148,7 +170,7 @@ struct ObjectEntry {
 };
 
 struct CheckpointMetadata {
-  uint32_t version_major = 1;
+  uint32_t version_major = 2;  // the native format's (format/native/metadata_codec.h)
   uint32_t version_minor = 0;
   std::string save_id;  // unique per save; data file names carry it
   int32_t world_size = 1;

@@ -1,6 +1,7 @@
 #include "shardpoint/format/metadata_wire.h"
 
 #include "shardpoint/base/coding.h"
+#include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
 namespace {
@@ -23,12 +24,10 @@ Status GetShape(ByteReader& r, std::vector<int64_t>* v) {
   return OkStatus();
 }
 
-void PutChunk(ByteWriter& w, const StoredChunk& c) {
-  PutShape(w, c.box.offsets);
-  PutShape(w, c.box.sizes);
+// Everything of a chunk but its box and byte length (which a grid cell implies).
+void PutChunkPlacement(ByteWriter& w, const StoredChunk& c) {
   w.PutU32(c.file);
   w.PutU64(c.data_offset);
-  w.PutU64(c.byte_length);
   w.PutU8(static_cast<uint8_t>(c.encoding));
   w.PutU64(c.stored_length);
   w.PutU32(c.driver_tag);
@@ -36,13 +35,17 @@ void PutChunk(ByteWriter& w, const StoredChunk& c) {
   for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
 }
 
-Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
-  SP_RETURN_IF_ERROR(GetShape(r, &c->box.offsets));
-  SP_RETURN_IF_ERROR(GetShape(r, &c->box.sizes));
+void PutChunk(ByteWriter& w, const StoredChunk& c) {
+  PutShape(w, c.box.offsets);
+  PutShape(w, c.box.sizes);
+  w.PutU64(c.byte_length);
+  PutChunkPlacement(w, c);
+}
+
+Status GetChunkPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
   SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
   if (c->file >= file_count) return DataLossError(r.what() + ": file index out of range");
   SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(c->byte_length, r.ReadU64());
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
   if (encoding > static_cast<uint8_t>(ChunkEncoding::kDriverDecoded)) {
     return DataLossError(r.what() + ": unknown chunk encoding " + std::to_string(encoding));
@@ -58,13 +61,146 @@ Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
   return OkStatus();
 }
 
+Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
+  SP_RETURN_IF_ERROR(GetShape(r, &c->box.offsets));
+  SP_RETURN_IF_ERROR(GetShape(r, &c->box.sizes));
+  SP_ASSIGN_OR_RETURN(c->byte_length, r.ReadU64());
+  return GetChunkPlacement(r, file_count, c);
+}
+
+constexpr size_t kPlacementBytes = 4 + 8 + 1 + 8 + 4 + 4;
+
+// Whether the chunks of `t` can travel as its grid: they are its cells, with the byte lengths
+// their boxes imply.
+bool SendsGrid(const TensorMetadata& t) {
+  if (!t.grid || t.grid->bounds.size() != t.shape.size() || !GridMatches(*t.grid, t.chunks)) {
+    return false;
+  }
+  const uint64_t item = DTypeSize(t.dtype);
+  for (size_t c = 0; c < t.chunks.size(); ++c) {
+    if (t.chunks[c].byte_length != static_cast<uint64_t>(t.chunks[c].box.volume()) * item) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Tensor layouts on the wire.
+enum WireLayout : uint8_t {
+  kWireChunks = 0,    // every chunk whole
+  kWireGrid = 1,      // the grid, then every cell's placement
+  kWireRawGrid = 2,   // the grid, then every cell's file, offset and checksums (all cells raw,
+                      // with no stored length or driver tag)
+};
+
+// Whether every chunk is raw with no stored length or driver tag (a native checkpoint's).
+bool AllRaw(const TensorMetadata& t) {
+  for (const StoredChunk& c : t.chunks) {
+    if (c.encoding != ChunkEncoding::kRaw || c.stored_length != 0 || c.driver_tag != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One dimension's cut points: their count, then a step (cut k at k * step but the last, at the
+// dimension) when they have that form, else every point.
+void PutBounds(ByteWriter& w, const std::vector<int64_t>& bounds) {
+  const size_t n = bounds.size() - 1;
+  bool even = n >= 2 && bounds[n] - bounds[n - 1] <= bounds[1];
+  for (size_t k = 2; even && k < n; ++k) even = bounds[k] - bounds[k - 1] == bounds[1];
+  w.PutU32(static_cast<uint32_t>(bounds.size()));
+  w.PutU8(even ? 1 : 0);
+  if (even) {
+    w.PutI64(bounds[1]);
+  } else {
+    for (int64_t x : bounds) w.PutI64(x);
+  }
+}
+
+Status GetBounds(ByteReader& r, int64_t dim, std::vector<int64_t>* b) {
+  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(uint8_t even, r.ReadU8());
+  if (even == 1) {
+    SP_ASSIGN_OR_RETURN(int64_t step, r.ReadI64());
+    // n - 1 intervals of `step` but the last, the last cut before the dimension (no overflow).
+    if (n < 3 || step <= 0 || step > dim || static_cast<int64_t>(n) - 2 > (dim - 1) / step) {
+      return DataLossError(r.what() + ": bad grid step");
+    }
+    b->resize(n);
+    for (uint32_t k = 0; k + 1 < n; ++k) (*b)[k] = static_cast<int64_t>(k) * step;
+    (*b)[n - 1] = dim;
+    return OkStatus();
+  }
+  if (even != 0 || n > r.remaining() / 8) return DataLossError(r.what() + ": bad grid bounds");
+  b->resize(n);
+  for (int64_t& x : *b) {
+    SP_ASSIGN_OR_RETURN(x, r.ReadI64());
+  }
+  return OkStatus();
+}
+
+Status GetRawPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
+  SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
+  if (c->file >= file_count) return DataLossError(r.what() + ": file index out of range");
+  SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
+  c->block_crc32c.resize(crcs);
+  for (uint32_t& crc : c->block_crc32c) {
+    SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
+  }
+  return OkStatus();
+}
+
+// A grid: per dimension its cut points (0 first, the dimension last, increasing), then every
+// cell's placement in row-major order.
+Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadata* t) {
+  ChunkGrid grid;
+  grid.bounds.resize(t->shape.size());
+  grid.strides.resize(t->shape.size());
+  for (size_t d = 0; d < t->shape.size(); ++d) {
+    std::vector<int64_t>& b = grid.bounds[d];
+    SP_RETURN_IF_ERROR(GetBounds(r, t->shape[d], &b));
+    if (b.size() < 2 || b.front() != 0 || b.back() != t->shape[d]) {
+      return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
+    }
+    for (size_t k = 1; k < b.size(); ++k) {
+      if (b[k] <= b[k - 1]) return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
+    }
+  }
+  uint64_t cells = 1;
+  for (size_t d = t->shape.size(); d-- > 0;) {
+    grid.strides[d] = cells;
+    if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) ||
+        cells > r.remaining() / (raw ? 4 + 8 + 4 : kPlacementBytes)) {
+      return DataLossError(r.what() + ": too many grid cells for tensor " + t->name);
+    }
+  }
+  t->chunks.resize(cells);
+  const uint64_t item = DTypeSize(t->dtype);
+  for (uint64_t c = 0; c < cells; ++c) {
+    StoredChunk& chunk = t->chunks[c];
+    chunk.box = GridCellBox(grid, c);
+    chunk.byte_length = static_cast<uint64_t>(chunk.box.volume()) * item;
+    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, file_count, &chunk)
+                           : GetChunkPlacement(r, file_count, &chunk));
+  }
+  t->grid = std::move(grid);
+  return OkStatus();
+}
+
 Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   t->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
   SP_ASSIGN_OR_RETURN(t->dtype, DTypeFromCode(code));
   SP_RETURN_IF_ERROR(GetShape(r, &t->shape));
-  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 4 + 8 + 8 + 1 + 8 + 4 + 4));
+  SP_ASSIGN_OR_RETURN(uint8_t layout, r.ReadU8());
+  if (layout == kWireGrid || layout == kWireRawGrid) {
+    return GetGridTensor(r, file_count, layout == kWireRawGrid, t);
+  }
+  if (layout != kWireChunks) return DataLossError(r.what() + ": unknown tensor layout");
+  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 8 + kPlacementBytes));
   t->chunks.resize(chunks);
   for (StoredChunk& c : t->chunks) SP_RETURN_IF_ERROR(GetChunk(r, file_count, &c));
   return OkStatus();
@@ -155,8 +291,25 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
     w.PutString(t.name);
     w.PutU8(DTypeCode(t.dtype));
     PutShape(w, t.shape);
-    w.PutU32(static_cast<uint32_t>(t.chunks.size()));
-    for (const StoredChunk& c : t.chunks) PutChunk(w, c);
+    if (SendsGrid(t)) {
+      const bool raw = AllRaw(t);
+      w.PutU8(raw ? kWireRawGrid : kWireGrid);
+      for (const std::vector<int64_t>& bounds : t.grid->bounds) PutBounds(w, bounds);
+      for (const StoredChunk& c : t.chunks) {
+        if (raw) {
+          w.PutU32(c.file);
+          w.PutU64(c.data_offset);
+          w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+          for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
+        } else {
+          PutChunkPlacement(w, c);
+        }
+      }
+    } else {
+      w.PutU8(kWireChunks);
+      w.PutU32(static_cast<uint32_t>(t.chunks.size()));
+      for (const StoredChunk& c : t.chunks) PutChunk(w, c);
+    }
   }
   w.PutU32(static_cast<uint32_t>(m.objects.size()));
   for (const ObjectEntry& o : m.objects) {
@@ -179,7 +332,7 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes) {
   CheckpointMetadata m;
   SP_RETURN_IF_ERROR(GetHead(r, &m));
   const uint32_t file_count = static_cast<uint32_t>(m.files.size());
-  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(4 + 1 + 4 + 4));
+  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(4 + 1 + 4 + 1));
   m.tensors.resize(tensors);
   for (TensorMetadata& t : m.tensors) SP_RETURN_IF_ERROR(GetTensor(r, file_count, &t));
   SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));

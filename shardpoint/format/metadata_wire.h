@@ -1,7 +1,9 @@
 // The wire encoding of a CheckpointMetadata, for sending a decoded checkpoint from one rank to the
 // others (the coordinator opens the checkpoint once, whatever its format, and every rank gets the
 // same model). Not an on-disk format: both ends run the same build. Every field of the model is
-// carried, so Decode(Encode(m)) == m. Decoding is bounds-checked and refuses trailing bytes.
+// carried, so Decode(Encode(m)) == m, grids included (TensorMetadata::grid); a tensor with a grid
+// travels as its cut points and one placement per cell, without boxes. Decoding is bounds-checked
+// and refuses trailing bytes.
 #ifndef SHARDPOINT_FORMAT_METADATA_WIRE_H_
 #define SHARDPOINT_FORMAT_METADATA_WIRE_H_
 

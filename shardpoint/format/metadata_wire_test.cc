@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "shardpoint/format/chunk_grid.h"
+
 namespace sp {
 namespace {
 
@@ -20,7 +22,11 @@ CheckpointMetadata Sample() {
   StoredChunk c1{Box{{2, 0}, {2, 6}}, 1, 0, 24, {1, 2}, ChunkEncoding::kDriverDecoded, 90, 1};
   a.chunks = {c0, c1};
   TensorMetadata scalar{"step", DType::kInt64, {}, {{Box{{}, {}}, 0, 8, 8, {}, {}, 0}}};
-  m.tensors = {a, scalar};
+  TensorMetadata list{"listed", DType::kInt8, {4}, {}};
+  list.chunks = {StoredChunk{Box{{2}, {2}}, 0, 0, 2, {}, {}, 0},
+                 StoredChunk{Box{{0}, {2}}, 0, 2, 2, {}, {}, 0}};  // not in grid order
+  m.tensors = {a, scalar, list};
+  IndexChunkGrids(&m);
   m.objects = {{"cfg", ObjectEncoding::kJson, "{\"lr\": 0.1}"},
                {"rng", ObjectEncoding::kPickle, std::string("\x80\x02N.", 4)},
                {"sched", ObjectEncoding::kTorchSave, "PK\x03\x04"},
@@ -36,6 +42,47 @@ TEST(MetadataWireTest, RoundTripsEveryField) {
   EXPECT_EQ(back->tensors[0].chunks[1].encoding, ChunkEncoding::kDriverDecoded);
   EXPECT_EQ(back->tensors[0].chunks[1].stored_length, 90u);
   EXPECT_EQ(back->format, CheckpointFormat::kTorchDcp);
+  for (size_t t = 0; t < m.tensors.size(); ++t) EXPECT_EQ(back->tensors[t].grid, m.tensors[t].grid);
+  EXPECT_TRUE(back->tensors[0].grid.has_value());
+  EXPECT_TRUE(back->tensors[1].grid.has_value());
+  EXPECT_FALSE(back->tensors[2].grid.has_value());
+}
+
+TEST(MetadataWireTest, AGridThatNoLongerFitsItsChunksTravelsAsAList) {
+  CheckpointMetadata m = Sample();
+  const size_t with_grid = EncodeMetadataForWire(m).size();
+  // Chunks changed after the grid was proved (same count, other boxes): the list is sent, and
+  // the receiver gets no grid.
+  std::swap(m.tensors[0].chunks[0].box, m.tensors[0].chunks[1].box);
+  const std::string bytes = EncodeMetadataForWire(m);
+  EXPECT_GT(bytes.size(), with_grid);
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == m);
+  EXPECT_FALSE(back->tensors[0].grid.has_value());
+}
+
+TEST(MetadataWireTest, GridsOfManyCellsTravelWithoutBoxes) {
+  CheckpointMetadata m;
+  m.save_id = "g";
+  m.files = {{"f", 0, uint64_t{1} << 40, 0}};
+  TensorMetadata t{"w", DType::kFloat32, {4096, 64}, {}};
+  for (int64_t row = 0; row < 4096; row += 4) {
+    for (int64_t col = 0; col < 64; col += 32) {
+      t.chunks.push_back(StoredChunk{Box{{row, col}, {4, 32}}, 0,
+                                     static_cast<uint64_t>(row * 64 + col) * 4, 512, {7}, {}, 0});
+    }
+  }
+  m.tensors = {t};
+  IndexChunkGrids(&m);
+  ASSERT_TRUE(m.tensors[0].grid.has_value());
+  const std::string bytes = EncodeMetadataForWire(m);
+  // 2,048 raw cells of file, offset and one checksum each; even cuts are a step.
+  EXPECT_LT(bytes.size(), 2048u * (4 + 8 + 4 + 4) + 200);
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == m);
+  EXPECT_EQ(back->tensors[0].grid, m.tensors[0].grid);
 }
 
 TEST(MetadataWireTest, EveryTruncationIsAnError) {

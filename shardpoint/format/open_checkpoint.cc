@@ -1,5 +1,7 @@
 #include "shardpoint/format/open_checkpoint.h"
 
+#include "shardpoint/format/chunk_grid.h"
+
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/torch_dcp/dcp_checkpoint.h"
 #include "shardpoint/format/torch_dcp/dcp_metadata.h"
@@ -86,6 +88,8 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, DecodeWithDriver(store, path, format, pool));
   // Whatever the driver, no size derived from the files reaches a buffer unchecked.
   SP_RETURN_IF_ERROR(ValidateCheckpointSizes(md, path));
+  // Grids proved once here serve every load plan of this metadata (and travel with it).
+  IndexChunkGrids(&md);
   return md;
 }
 

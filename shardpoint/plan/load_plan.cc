@@ -1,10 +1,11 @@
 #include "shardpoint/plan/load_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <string_view>
 
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/plan/box_set.h"
-#include "shardpoint/plan/chunk_grid.h"
 
 namespace sp {
 namespace {
@@ -80,26 +81,57 @@ Status CheckBoxCovered(const LocalTensor& target, const Box& box,
 }
 
 // Appends the reads that fill every box of one target from a tensor whose chunks form a grid:
-// the grid proves that they tile the shape, so each box is covered exactly once.
-void PlanTargetOnGrid(uint32_t target_index, const LocalTensor& target,
+// the grid proves that they tile the shape, so each box is covered exactly once. A grid the
+// metadata carried (TensorMetadata::grid) is checked against every chunk it yields: false, with
+// nothing appended, when one of them is not its cell (a grid left stale by a change of chunks).
+bool PlanTargetOnGrid(uint32_t target_index, const LocalTensor& target,
                       const TensorMetadata& stored, const ChunkGrid& grid,
                       std::vector<ReadItem>* items) {
+  const size_t first_item = items->size();
   std::vector<uint32_t> hits;
   for (uint32_t b = 0; b < target.boxes.size(); ++b) {
     const Box& box = target.boxes[b];
     hits.clear();
     GridChunksIntersecting(grid, box, &hits);
     for (uint32_t chunk : hits) {
-      std::optional<Box> region = Intersect(box, stored.chunks[chunk].box);
+      const Box& stored_box = stored.chunks[chunk].box;
+      if (stored_box != GridCellBox(grid, chunk)) {
+        items->resize(first_item);
+        return false;
+      }
+      std::optional<Box> region = Intersect(box, stored_box);
       items->push_back(ReadItem{target_index, b, chunk, std::move(*region)});
     }
   }
+  return true;
+}
+
+// Whether `grid` can index `stored`: its rank, its cut points (increasing from 0 to the shape),
+// its strides, and as many cells as chunks.
+bool GridFits(const ChunkGrid& grid, const TensorMetadata& stored) {
+  const size_t rank = stored.shape.size();
+  if (grid.bounds.size() != rank || grid.strides.size() != rank) return false;
+  uint64_t stride = 1;
+  for (size_t d = rank; d-- > 0;) {
+    const std::vector<int64_t>& bounds = grid.bounds[d];
+    if (bounds.size() < 2 || bounds.front() != 0 || bounds.back() != stored.shape[d] ||
+        !std::is_sorted(bounds.begin(), bounds.end(), std::less_equal<>()) ||
+        grid.strides[d] != stride) {
+      return false;
+    }
+    if (__builtin_mul_overflow(stride, bounds.size() - 1, &stride)) return false;
+  }
+  return stride == stored.chunks.size();
 }
 
 // Appends the reads that fill every box of one target, checking each box is covered.
 Status PlanTarget(uint32_t target_index, const LocalTensor& target, const TensorMetadata& stored,
                   const LoadPlanOptions& options, std::vector<ReadItem>* items) {
   if (options.chunk_grids) {
+    if (stored.grid && GridFits(*stored.grid, stored) &&
+        PlanTargetOnGrid(target_index, target, stored, *stored.grid, items)) {
+      return OkStatus();
+    }
     if (std::optional<ChunkGrid> grid = FindChunkGrid(stored.chunks, stored.shape)) {
       PlanTargetOnGrid(target_index, target, stored, *grid, items);
       return OkStatus();

@@ -71,6 +71,34 @@ TEST(LoadPlanTest, WorkedReshardingExampleFromTheDcpReference) {
   }
 }
 
+TEST(LoadPlanTest, SavePlansCarryGridsAndAStaleGridIsNotTrusted) {
+  const CheckpointMetadata md = RowShardedCheckpoint();
+  const TensorMetadata& w = *md.FindTensor("w");
+  ASSERT_TRUE(w.grid.has_value());  // proved by PlanSave
+  const std::vector<LocalTensor> targets = {
+      Tensor("w", DType::kFloat32, {10, 4}, {Box({2, 1}, {6, 2}), Box({9, 0}, {1, 4})})};
+  Result<LoadPlan> with_grid = PlanLoad(targets, md, LoadPlanOptions{});
+  Result<LoadPlan> swept = PlanLoad(targets, md, LoadPlanOptions{.chunk_grids = false});
+  ASSERT_TRUE(with_grid.ok() && swept.ok());
+  EXPECT_EQ(with_grid->items, swept->items);
+  // The chunks change under the grid the tensor carries (rows 0:3 and 3:6 swap places): the
+  // plan follows the chunks, not the grid.
+  CheckpointMetadata changed = md;
+  TensorMetadata& t = changed.tensors[std::distance(md.tensors.data(), &w)];
+  std::swap(t.chunks[0], t.chunks[1]);
+  ASSERT_TRUE(t.grid.has_value());
+  Result<LoadPlan> stale = PlanLoad(targets, changed, LoadPlanOptions{});
+  Result<LoadPlan> fresh = PlanLoad(targets, changed, LoadPlanOptions{.chunk_grids = false});
+  ASSERT_TRUE(stale.ok() && fresh.ok());
+  EXPECT_EQ(stale->items, fresh->items);
+  EXPECT_NE(stale->items, with_grid->items);
+  // A grid of another shape is not used at all.
+  t.grid->bounds[0].back() = 11;
+  Result<LoadPlan> misfit = PlanLoad(targets, changed, LoadPlanOptions{});
+  ASSERT_TRUE(misfit.ok());
+  EXPECT_EQ(misfit->items, fresh->items);
+}
+
 TEST(LoadPlanTest, ItemsAreSortedByFileOffsetAndRegion) {
   const CheckpointMetadata md = RowShardedCheckpoint();
   std::vector<LocalTensor> targets;

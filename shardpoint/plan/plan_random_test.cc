@@ -6,7 +6,7 @@
 #include <map>
 #include <random>
 
-#include "shardpoint/plan/chunk_grid.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/plan_test_util.h"

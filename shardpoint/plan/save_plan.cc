@@ -13,7 +13,7 @@
 
 
 #include "shardpoint/plan/box_set.h"
-#include "shardpoint/plan/chunk_grid.h"
+#include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
 namespace {
@@ -240,10 +240,12 @@ std::span<const Holding> HoldersOf(const TensorEntry& entry, size_t chunk) {
 }
 
 // Proves the distinct chunks of a tensor tile its shape: no overlap, no hole. Chunks sorted by box
-// that form a grid (the usual layouts) are proved in one pass; the others by the sweeps.
-Status ValidateTiling(const TensorEntry& entry, const TensorMetadata& md) {
+// that form a grid (the usual layouts) are proved in one pass, and the grid is kept as the
+// tensor's index (TensorMetadata::grid); the others are proved by the sweeps.
+Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
   const LocalTensor& tensor = *entry.first;
-  if (FindChunkGrid(md.chunks, tensor.shape)) return OkStatus();
+  md.grid = FindChunkGrid(md.chunks, tensor.shape);
+  if (md.grid) return OkStatus();
   std::vector<const Box*> boxes(md.chunks.size());
   for (size_t c = 0; c < boxes.size(); ++c) boxes[c] = &md.chunks[c].box;
   if (auto pair = FindOverlappingPair(boxes)) {

@@ -62,11 +62,15 @@ Result<std::string> ReadBytes(const ReadableFile& file, uint64_t offset, uint64_
 
 }  // namespace
 
-std::string EncodeMetadata(const CheckpointMetadata& metadata) {
+std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
   std::string sections[native_metadata::kSectionCount];
   sections[kSummary] = native_metadata::EncodeSummary(metadata);
-  EncodeNamed(metadata.tensors, native_metadata::EncodeTensorRecord, &sections[kTensorIndex],
-              &sections[kTensorRecords]);
+  EncodeNamed(
+      metadata.tensors,
+      [&](const TensorMetadata& tensor) {
+        return native_metadata::EncodeTensorRecord(tensor, metadata.checksum_block_bytes, major);
+      },
+      &sections[kTensorIndex], &sections[kTensorRecords]);
   EncodeNamed(metadata.objects, native_metadata::EncodeObjectRecord, &sections[kObjectIndex],
               &sections[kObjectRecords]);
   const uint32_t counts[] = {0, static_cast<uint32_t>(metadata.tensors.size()),
@@ -82,8 +86,8 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata) {
   out.reserve(file_size);
   ByteWriter w(&out);
   w.PutRaw(std::string_view(native_metadata::kMagic, sizeof(native_metadata::kMagic)));
-  w.PutU32(kNativeFormatMajor);
-  w.PutU32(kNativeFormatMinor);
+  w.PutU32(major);
+  w.PutU32(0);
   w.PutU32(header_length);
   w.PutU32(native_metadata::kSectionCount);
   w.PutU64(file_size);

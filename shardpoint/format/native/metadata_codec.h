@@ -30,14 +30,19 @@
 namespace sp {
 
 inline constexpr char kMetadataFileName[] = "shardpoint.metadata";
-// The format version this code writes; it reads every 1.x.
-inline constexpr uint32_t kNativeFormatMajor = 1;
+// The format version this code writes; it reads every 1.x and 2.x (docs/FORMAT.md §3.2).
+inline constexpr uint32_t kNativeFormatMajor = 2;
 inline constexpr uint32_t kNativeFormatMinor = 0;
+inline constexpr uint32_t kOldestNativeFormatMajor = 1;
 
-// Encodes `metadata` as a version 1.0 metadata file (the version fields of `metadata` are not
-// used). Tensors and objects are written sorted by name; the caller guarantees unique names and
-// consistent chunks (a file that breaks the rules of docs/FORMAT.md is refused by the decoder).
-std::string EncodeMetadata(const CheckpointMetadata& metadata);
+// Encodes `metadata` as a metadata file of version `major`.0 (2, or 1 for readers that predate
+// version 2; the version fields of `metadata` are not used). Version 2 stores a tensor whose
+// chunks form a grid (format/chunk_grid.h) as the grid's cut points and a file, an offset and
+// checksums per cell; version 1 lists every chunk's box. Tensors and objects are written sorted
+// by name; the caller guarantees unique names and consistent chunks (a file that breaks the rules
+// of docs/FORMAT.md is refused by the decoder).
+std::string EncodeMetadata(const CheckpointMetadata& metadata,
+                           uint32_t major = kNativeFormatMajor);
 
 // Decodes and validates a whole metadata file held in memory. `path` names it in messages.
 // The result's version fields are those of the file.
@@ -60,7 +65,7 @@ class MetadataReader {
   const std::string& path() const { return file_->path(); }
 
   // kNotFound naming the tensor and the file when there is no such tensor; kDataLoss when its
-  // record is corrupt.
+  // record is corrupt. A tensor stored as a grid comes with its grid (TensorMetadata::grid).
   Result<TensorMetadata> ReadTensor(std::string_view name) const;
   Result<ObjectEntry> ReadObject(std::string_view name) const;
   // Everything, reading the two record sections whole and checking their section CRCs.

@@ -7,6 +7,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_test_util.h"
 
 namespace sp {
@@ -50,6 +51,58 @@ TEST(MetadataCodecTest, RandomRoundTripsAreExact) {
   }
 }
 
+TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionOneStillReads) {
+  size_t grids = 0, lists = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    const std::string v2 = EncodeMetadata(m);
+    Result<CheckpointMetadata> decoded = DecodeMetadata(v2, "/ckpt/shardpoint.metadata");
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    size_t seed_grids = 0;
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      const TensorMetadata& t = decoded->tensors[i];
+      // A grid record exactly where the chunks are a grid in row-major order, and it comes back
+      // as the tensor's index.
+      const std::optional<ChunkGrid> grid = FindChunkGrid(m.tensors[i].chunks, m.tensors[i].shape);
+      ASSERT_EQ(t.grid.has_value(), grid.has_value()) << t.name;
+      if (grid) EXPECT_EQ(*t.grid, *grid) << t.name;
+      (grid ? seed_grids : lists) += 1;
+    }
+    grids += seed_grids;
+    // The same checkpoint as version 1: every chunk listed, read back the same.
+    const std::string v1 = EncodeMetadata(m, 1);
+    EXPECT_EQ(DecodeFixed32(v1.data() + 8), 1u);
+    Result<CheckpointMetadata> old = DecodeMetadata(v1, "/ckpt/shardpoint.metadata");
+    ASSERT_TRUE(old.ok()) << old.status();
+    m.version_major = 1;
+    ExpectMetadataEq(m, *old);
+    for (const TensorMetadata& t : old->tensors) EXPECT_FALSE(t.grid.has_value()) << t.name;
+    // A grid cell costs its file, offset and checksums; a listed chunk also its box, length and
+    // count.
+    if (seed_grids > 0) EXPECT_LT(v2.size(), v1.size());
+  }
+  EXPECT_GT(grids, 200u);
+  EXPECT_GT(lists, 50u);
+}
+
+TEST(MetadataReaderTest, ReadTensorOfAGridRecordCarriesItsGrid) {
+  CheckpointMetadata m = RandomMetadata(12, 40);
+  std::atomic<uint64_t> bytes_read{0};
+  Result<std::unique_ptr<MetadataReader>> reader = MetadataReader::Open(
+      std::make_unique<CountingFile>(EncodeMetadata(m), "/c/shardpoint.metadata", &bytes_read));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  size_t grids = 0;
+  for (const TensorMetadata& expected : m.tensors) {
+    Result<TensorMetadata> t = (*reader)->ReadTensor(expected.name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ExpectTensorEq(expected, *t);
+    EXPECT_EQ(t->grid, FindChunkGrid(expected.chunks, expected.shape)) << expected.name;
+    grids += t->grid.has_value();
+  }
+  EXPECT_GT(grids, 10u);
+}
+
 TEST(MetadataCodecTest, CoversEveryDTypeRankAndEncoding) {
   std::set<DType> dtypes;
   std::set<size_t> ranks;
@@ -89,7 +142,7 @@ TEST(MetadataCodecTest, EncoderSortsTensorsAndObjects) {
 TEST(MetadataCodecTest, FileStartsWithMagicAndVersion) {
   std::string bytes = EncodeMetadata(RandomMetadata(3));
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x89SPMD\r\n\x1a", 8));
-  EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 1u);
+  EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 2u);
   EXPECT_EQ(DecodeFixed32(bytes.data() + 12), 0u);
   EXPECT_EQ(DecodeFixed32(bytes.data() + 16), 156u);
   EXPECT_EQ(DecodeFixed64(bytes.data() + 24), bytes.size());
@@ -114,9 +167,21 @@ TEST(MetadataReaderTest, PartialReadsTouchOnlyTheRecordsAskedFor) {
   Result<TensorMetadata> tensor = (*reader)->ReadTensor(wanted.name);
   ASSERT_TRUE(tensor.ok()) << tensor.status();
   ExpectTensorEq(wanted, *tensor);
-  uint64_t record_length = 2 + 8 * wanted.shape.size() + 4;
-  for (const StoredChunk& c : wanted.chunks) {
-    record_length += 4 + 8 + 8 + 16 * wanted.shape.size() + 4 + 4 * c.block_crc32c.size();
+  // dtype, rank, shape, layout; then a grid's interval counts, cut points and cells, or a list.
+  uint64_t record_length = 2 + 8 * wanted.shape.size() + 1;
+  if (tensor->grid) {
+    for (const std::vector<int64_t>& bounds : tensor->grid->bounds) {
+      const size_t n = bounds.size() - 1;
+      bool even = n >= 3 && bounds[n] - bounds[n - 1] <= bounds[1];
+      for (size_t k = 2; k < n; ++k) even = even && bounds[k] - bounds[k - 1] == bounds[1];
+      record_length += 4 + 1 + (even ? 8 : 8 * (n - 1));
+    }
+    for (const StoredChunk& c : wanted.chunks) record_length += 4 + 8 + 4 * c.block_crc32c.size();
+  } else {
+    record_length += 4;
+    for (const StoredChunk& c : wanted.chunks) {
+      record_length += 4 + 8 + 8 + 16 * wanted.shape.size() + 4 + 4 * c.block_crc32c.size();
+    }
   }
   EXPECT_EQ(bytes_read.load() - before, record_length);
 }

@@ -34,15 +34,16 @@ std::vector<SectionBytes> SplitSections(const std::string& file) {
   return out;
 }
 
-// Lays out `sections` behind a correct header of version 1.<minor>.
-std::string Assemble(const std::vector<SectionBytes>& sections, uint32_t minor) {
+// Lays out `sections` behind a correct header of version <major>.<minor>.
+std::string Assemble(const std::vector<SectionBytes>& sections, uint32_t minor,
+                     uint32_t major = kNativeFormatMajor) {
   std::string out;
   ByteWriter w(&out);
   const uint32_t header_length = 32 + 24 * sections.size() + 4;
   uint64_t size = header_length;
   for (const SectionBytes& s : sections) size += s.bytes.size();
   w.PutRaw(std::string_view("\x89SPMD\r\n\x1a", 8));
-  w.PutU32(1);
+  w.PutU32(major);
   w.PutU32(minor);
   w.PutU32(header_length);
   w.PutU32(static_cast<uint32_t>(sections.size()));
@@ -86,9 +87,10 @@ TEST(MetadataHostileTest, EverySingleBitFlipIsDetected) {
       flipped[i] ^= static_cast<char>(1 << bit);
       Result<CheckpointMetadata> r = DecodeMetadata(flipped, kPath);
       ASSERT_FALSE(r.ok()) << "byte " << i << " bit " << bit;
+      // Major 2 with one bit flipped is 3 or more (newer), or 0 (corrupt).
       bool in_major = i >= 8 && i < 12;
-      StatusCode expected = in_major && (i > 8 || bit > 0) ? StatusCode::kFailedPrecondition
-                                                           : StatusCode::kDataLoss;
+      StatusCode expected = in_major && !(i == 8 && bit == 1) ? StatusCode::kFailedPrecondition
+                                                              : StatusCode::kDataLoss;
       ASSERT_EQ(r.status().code(), expected) << "byte " << i << " bit " << bit << ": " << r.status();
     }
   }
@@ -116,26 +118,36 @@ TEST(MetadataHostileTest, RandomCorruptionWithFixedChecksumsNeverCrashes) {
 
 TEST(MetadataHostileTest, NewerMajorIsFailedPrecondition) {
   std::string bytes = EncodeMetadata(RandomMetadata(34, 3));
-  EncodeFixed32(bytes.data() + 8, 2);
+  EncodeFixed32(bytes.data() + 8, 3);
   EncodeFixed32(bytes.data() + 152, Crc32c(bytes.data(), 152));
   Result<CheckpointMetadata> r = DecodeMetadata(bytes, kPath);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(), std::string("metadata file ") + kPath +
-                                      ": checkpoint format version 2.0 is newer than this reader (1.x)");
+                                      ": checkpoint format version 3.0 is newer than this reader (2.x)");
   EncodeFixed32(bytes.data() + 8, 0);
+  EncodeFixed32(bytes.data() + 152, Crc32c(bytes.data(), 152));
   ExpectDataLoss(DecodeMetadata(bytes, kPath), "unknown format version 0.0");
+}
+
+TEST(MetadataHostileTest, VersionTwoRecordsReadAsVersionOneAreCorrupt) {
+  // A version-2 file relabelled 1.0: its records' layout bytes are read as chunk counts.
+  CheckpointMetadata m = RandomMetadata(39, 6);
+  const std::vector<SectionBytes> sections = SplitSections(EncodeMetadata(m));
+  Result<CheckpointMetadata> r = DecodeMetadata(Assemble(sections, 0, 1), kPath);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
 }
 
 TEST(MetadataHostileTest, NewerMinorMayAppendSectionsAndSummaryBytes) {
   CheckpointMetadata m = RandomMetadata(35, 5);
   std::vector<SectionBytes> sections = SplitSections(EncodeMetadata(m));
   sections[0].bytes += "future summary fields";
-  sections.push_back({"a section from version 1.3", 7});
+  sections.push_back({"a section from version 2.3", 7});
   Result<CheckpointMetadata> r = DecodeMetadata(Assemble(sections, 3), kPath);
   ASSERT_TRUE(r.ok()) << r.status();
   m.version_minor = 3;
   ExpectMetadataEq(m, *r);
-  // The same bytes claiming version 1.0 are corrupt.
+  // The same bytes claiming version 2.0 are corrupt.
   ExpectDataLoss(DecodeMetadata(Assemble(sections, 0), kPath), "unexpected bytes after the summary");
   sections[0].bytes.resize(sections[0].bytes.size() - 21);
   ASSERT_TRUE(DecodeMetadata(Assemble(sections, 0), kPath).ok());  // an extra section alone is fine
@@ -143,7 +155,8 @@ TEST(MetadataHostileTest, NewerMinorMayAppendSectionsAndSummaryBytes) {
 
 TEST(MetadataHostileTest, NewerMinorMayAppendRecordBytes) {
   CheckpointMetadata m = RandomMetadata(36, 2);
-  std::string record = native_metadata::EncodeTensorRecord(m.tensors[0]) + "extension";
+  std::string record =
+      native_metadata::EncodeTensorRecord(m.tensors[0], m.checksum_block_bytes, 2) + "extension";
   EXPECT_TRUE(native_metadata::DecodeTensorRecord(record, m.tensors[0].name, m, true, kPath).ok());
   Result<TensorMetadata> strict =
       native_metadata::DecodeTensorRecord(record, m.tensors[0].name, m, false, kPath);
@@ -171,20 +184,121 @@ TEST(MetadataHostileTest, AbsurdCountsAreRejectedBeforeAllocation) {
   size_t at = 4 + DecodeFixed32(s[0].bytes.data()) + 4 + 8;
   EncodeFixed32(s[0].bytes.data() + at, 0xFFFFFFFF);
   ExpectDataLoss(DecodeMetadata(Assemble(s, 0), kPath), "cannot fit in the");
-  // A tensor record's chunk count, right after the dtype, rank and shape.
+  // A chunk list's count, right after the dtype, rank, shape (and, in version 2, the layout).
   CheckpointMetadata m = RandomMetadata(37, 3);
-  std::string record = native_metadata::EncodeTensorRecord(m.tensors[0]);
-  EncodeFixed32(record.data() + 2 + 8 * m.tensors[0].shape.size(), 0x7FFFFFFF);
-  Result<TensorMetadata> t = native_metadata::DecodeTensorRecord(record, "t", m, false, kPath);
-  EXPECT_EQ(t.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(t.status().message().find("cannot fit"), std::string::npos) << t.status();
+  for (uint32_t major : {1u, 2u}) {
+    SCOPED_TRACE(major);
+    TensorMetadata tensor = m.tensors[0];
+    tensor.chunks.push_back(tensor.chunks.front());  // not a grid: stored as a list
+    std::string record = native_metadata::EncodeTensorRecord(tensor, m.checksum_block_bytes, major);
+    const size_t at = 2 + 8 * tensor.shape.size() + (major >= 2 ? 1 : 0);
+    if (major >= 2) ASSERT_EQ(record[at - 1], native_metadata::kChunkList);
+    EncodeFixed32(record.data() + at, 0x7FFFFFFF);
+    CheckpointMetadata summary = m;
+    summary.version_major = major;
+    Result<TensorMetadata> t = native_metadata::DecodeTensorRecord(record, "t", summary, false, kPath);
+    EXPECT_EQ(t.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(t.status().message().find("cannot fit"), std::string::npos) << t.status();
+  }
+}
+
+// A version-2 grid record of an int8 tensor [12, 10] with listed cut points (an even step where
+// `steps` has one) and `cells` cells, each at offset 0 of file 0 with one checksum.
+std::string GridRecord(const std::vector<std::vector<int64_t>>& cuts, uint32_t cells,
+                       std::vector<uint32_t> intervals = {}, std::vector<int64_t> steps = {}) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU8(DTypeCode(DType::kInt8));
+  w.PutU8(2);
+  w.PutI64(12);
+  w.PutI64(10);
+  w.PutU8(native_metadata::kGrid);
+  for (size_t d = 0; d < cuts.size(); ++d) {
+    w.PutU32(d < intervals.size() ? intervals[d] : static_cast<uint32_t>(cuts[d].size() + 1));
+    if (d < steps.size() && steps[d] != 0) {
+      w.PutU8(native_metadata::kEvenCuts);
+      w.PutI64(steps[d]);
+      continue;
+    }
+    w.PutU8(native_metadata::kListedCuts);
+    for (int64_t cut : cuts[d]) w.PutI64(cut);
+  }
+  for (uint32_t c = 0; c < cells; ++c) {
+    w.PutU32(0);
+    w.PutU64(0);
+  }
+  for (uint32_t c = 0; c < cells; ++c) w.PutU32(7);  // one block per cell (blocks of 64 bytes)
+  return out;
+}
+
+TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
+  CheckpointMetadata summary;
+  summary.save_id = "s";
+  summary.checksum_block_bytes = 64;
+  summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + 120, 0}};
+  auto decode = [&](const std::string& record) {
+    return native_metadata::DecodeTensorRecord(record, "g", summary, false, kPath);
+  };
+  // The valid grid: rows cut at 4 and 8, columns at 5.
+  Result<TensorMetadata> good = decode(GridRecord({{4, 8}, {5}}, 6));
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE(good->grid.has_value());
+  EXPECT_EQ(good->chunks.size(), 6u);
+  EXPECT_EQ(good->chunks[3].box, Box({4, 5}, {4, 5}));
+  EXPECT_EQ(good->chunks[3].byte_length, 20u);
+  // The same rows as an even step of 4 (three intervals), and torch.chunk's split of 10 columns
+  // in three: 4, 4, 2.
+  Result<TensorMetadata> even = decode(GridRecord({{}, {}}, 9, {3, 3}, {4, 4}));
+  ASSERT_TRUE(even.ok()) << even.status();
+  EXPECT_EQ(even->grid->bounds, (std::vector<std::vector<int64_t>>{{0, 4, 8, 12}, {0, 4, 8, 10}}));
+  EXPECT_EQ(even->chunks[8].box, Box({8, 8}, {4, 2}));
+  const std::vector<std::pair<std::string, std::string>> forged = {
+      {GridRecord({{8, 4}, {5}}, 6), "cut point 2 at 4 is not between 8 and 12"},
+      {GridRecord({{4, 4}, {5}}, 6), "cut point 2 at 4 is not between 4 and 12"},
+      {GridRecord({{0}, {5}}, 4), "cut point 1 at 0 is not between 0 and 12"},
+      {GridRecord({{12}, {5}}, 4), "cut point 1 at 12 is not between 0 and 12"},
+      {GridRecord({{}, {5}}, 2, {0}), "dimension 0 of size 12 cut into 0 intervals"},
+      {GridRecord({{}, {5}}, 2, {13}), "dimension 0 of size 12 cut into 13 intervals"},
+      {GridRecord({{}, {5}}, 2, {0xFFFFFFFF}), "cut into 4294967295 intervals"},
+      {GridRecord({{4, 8}, {5}}, 3), "6 grid cells cannot fit"},
+      {GridRecord({{4, 8}, {5}}, 6) + "x", "1 unexpected bytes"},
+      {GridRecord({{}, {}}, 9, {3, 3}, {6, 4}), "dimension 0 of size 12 cut into 3 intervals of 6"},
+      {GridRecord({{}, {}}, 9, {3, 3}, {3, 4}), "dimension 0 of size 12 cut into 3 intervals of 3"},
+      {GridRecord({{}, {}}, 9, {3, 3}, {-4, 4}), "cut into 3 intervals of -4"},
+      {GridRecord({{}, {}}, 9, {3, 3}, {13, 4}), "cut into 3 intervals of 13"},
+      {GridRecord({{}, {}}, 9, {3, 3}, {int64_t{1} << 62, 4}), "intervals of 4611686018427387904"},
+  };
+  for (const auto& [record, message] : forged) {
+    SCOPED_TRACE(message);
+    Result<TensorMetadata> r = decode(record);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("tensor \"g\""), std::string::npos) << r.status();
+  }
+  // A cell outside its file, and an unknown layout byte.
+  std::string far = GridRecord({{4, 8}, {5}}, 6);
+  EncodeFixed64(far.data() + 2 + 16 + 1 + (4 + 1 + 16) + (4 + 1 + 8) + 12 * 2 + 4, 200);
+  Result<TensorMetadata> outside = decode(far);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("chunk 2: bytes [200, +20) lie outside the 120 data"),
+            std::string::npos)
+      << outside.status();
+  std::string unknown = GridRecord({{4, 8}, {5}}, 6);
+  unknown[2 + 16] = 7;
+  EXPECT_NE(decode(unknown).status().message().find("unknown layout 7"), std::string::npos);
+  std::string kind = GridRecord({{4, 8}, {5}}, 6);
+  kind[2 + 16 + 1 + 4] = 2;
+  EXPECT_NE(decode(kind).status().message().find("dimension 0: unknown cut kind 2"),
+            std::string::npos);
 }
 
 TEST(MetadataHostileTest, EveryTruncatedOrFlippedRecordFailsCleanly) {
   CheckpointMetadata m = RandomMetadata(38, 12);
   std::mt19937_64 rng(38);
   for (const TensorMetadata& tensor : m.tensors) {
-    std::string record = native_metadata::EncodeTensorRecord(tensor);
+    std::string record =
+        native_metadata::EncodeTensorRecord(tensor, m.checksum_block_bytes, kNativeFormatMajor);
     for (size_t length = 0; length < record.size(); ++length) {
       Result<TensorMetadata> r = native_metadata::DecodeTensorRecord(
           std::string_view(record).substr(0, length), tensor.name, m, false, kPath);

@@ -1,5 +1,8 @@
 // Tensor and object records of the native metadata file (docs/FORMAT.md §3.5-3.6).
+#include <optional>
+
 #include "shardpoint/base/coding.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_sections.h"
 
 namespace sp::native_metadata {
@@ -98,14 +101,21 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
   return OkStatus();
 }
 
-}  // namespace
+// The grid a version-2 record stores `tensor` as, or nullopt for a chunk list: every chunk raw
+// with the block checksums of `checksum_block_bytes`, and the chunks the cells of a grid.
+std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor, uint64_t checksum_block_bytes) {
+  if (checksum_block_bytes == 0) return std::nullopt;  // invalid; the list shows the decoder why
+  for (const StoredChunk& chunk : tensor.chunks) {
+    if (chunk.encoding != ChunkEncoding::kRaw ||
+        chunk.block_crc32c.size() !=
+            ExpectedBlockCount(chunk.byte_length, checksum_block_bytes)) {
+      return std::nullopt;
+    }
+  }
+  return FindChunkGrid(tensor.chunks, tensor.shape);
+}
 
-std::string EncodeTensorRecord(const TensorMetadata& tensor) {
-  std::string out;
-  ByteWriter w(&out);
-  w.PutU8(DTypeCode(tensor.dtype));
-  w.PutU8(static_cast<uint8_t>(tensor.shape.size()));
-  for (int64_t dim : tensor.shape) w.PutI64(dim);
+void EncodeChunkList(const TensorMetadata& tensor, ByteWriter& w) {
   w.PutU32(static_cast<uint32_t>(tensor.chunks.size()));
   for (const StoredChunk& chunk : tensor.chunks) {
     w.PutU32(chunk.file);
@@ -115,6 +125,184 @@ std::string EncodeTensorRecord(const TensorMetadata& tensor) {
     for (int64_t v : chunk.box.sizes) w.PutI64(v);
     w.PutU32(static_cast<uint32_t>(chunk.block_crc32c.size()));
     for (uint32_t crc : chunk.block_crc32c) w.PutU32(crc);
+  }
+}
+
+// The step of `bounds` when its intervals are all `step` long but the last, which is at most that
+// (an even split, or torch.chunk's), and there are more than two; else 0 (listed cut points are
+// as short).
+int64_t EvenStep(const std::vector<int64_t>& bounds) {
+  const size_t n = bounds.size() - 1;
+  if (n < 3) return 0;
+  const int64_t step = bounds[1];
+  for (size_t k = 2; k < n; ++k) {
+    if (bounds[k] - bounds[k - 1] != step) return 0;
+  }
+  return bounds[n] - bounds[n - 1] <= step ? step : 0;
+}
+
+// Per dimension the interval count and its cut points (an even step, or the interior points);
+// then file and offset of every cell, row-major; then every cell's block checksums, in the same
+// order.
+void EncodeGrid(const TensorMetadata& tensor, const ChunkGrid& grid, ByteWriter& w) {
+  for (const std::vector<int64_t>& bounds : grid.bounds) {
+    w.PutU32(static_cast<uint32_t>(bounds.size() - 1));
+    if (const int64_t step = EvenStep(bounds)) {
+      w.PutU8(kEvenCuts);
+      w.PutI64(step);
+    } else {
+      w.PutU8(kListedCuts);
+      for (size_t k = 1; k + 1 < bounds.size(); ++k) w.PutI64(bounds[k]);
+    }
+  }
+  for (const StoredChunk& chunk : tensor.chunks) {
+    w.PutU32(chunk.file);
+    w.PutU64(chunk.data_offset);
+  }
+  for (const StoredChunk& chunk : tensor.chunks) {
+    for (uint32_t crc : chunk.block_crc32c) w.PutU32(crc);
+  }
+}
+
+// The cut points of a grid record (after the layout byte): per dimension an interval count n in
+// [1, shape[d]], then either an even step s (cut k at k * s, with (n - 1) * s < shape[d] <= n * s)
+// or n - 1 interior cut points, strictly increasing inside (0, shape[d]). The cell count is at
+// most kMaxChunks.
+Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std::string& where,
+                                   std::string_view path) {
+  const size_t rank = shape.size();
+  ChunkGrid grid;
+  grid.bounds.resize(rank);
+  grid.strides.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const std::string dimension = where + ": dimension " + std::to_string(d);
+    SP_ASSIGN_OR_RETURN(uint32_t intervals, r.ReadU32());
+    if (intervals == 0 || static_cast<int64_t>(intervals) > shape[d] || intervals > kMaxChunks) {
+      return Corrupt(path, dimension + " of size " + std::to_string(shape[d]) + " cut into " +
+                               std::to_string(intervals) + " intervals");
+    }
+    SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
+    std::vector<int64_t>& bounds = grid.bounds[d];
+    if (kind == kEvenCuts) {
+      SP_ASSIGN_OR_RETURN(int64_t step, r.ReadI64());
+      // (n - 1) * step < shape <= n * step, without overflow: step <= shape here.
+      if (step <= 0 || step > shape[d] || (intervals - 1) > (shape[d] - 1) / step ||
+          shape[d] > static_cast<int64_t>(intervals) * step) {
+        return Corrupt(path, dimension + " of size " + std::to_string(shape[d]) + " cut into " +
+                                 std::to_string(intervals) + " intervals of " +
+                                 std::to_string(step));
+      }
+      bounds.resize(intervals + 1);
+      for (uint32_t k = 0; k < intervals; ++k) bounds[k] = static_cast<int64_t>(k) * step;
+      bounds[intervals] = shape[d];
+      continue;
+    }
+    if (kind != kListedCuts) {
+      return Corrupt(path, dimension + ": unknown cut kind " + std::to_string(kind));
+    }
+    if (intervals - 1 > r.remaining() / 8) {
+      return Corrupt(path, dimension + ": " + std::to_string(intervals - 1) +
+                               " cut points cannot fit in the " + std::to_string(r.remaining()) +
+                               " remaining bytes");
+    }
+    bounds.reserve(intervals + 1);
+    bounds.push_back(0);
+    for (uint32_t k = 1; k < intervals; ++k) {
+      SP_ASSIGN_OR_RETURN(int64_t cut, r.ReadI64());
+      if (cut <= bounds.back() || cut >= shape[d]) {
+        return Corrupt(path, dimension + " cut point " + std::to_string(k) + " at " +
+                                 std::to_string(cut) + " is not between " +
+                                 std::to_string(bounds.back()) + " and " +
+                                 std::to_string(shape[d]) + " (exclusive)");
+      }
+      bounds.push_back(cut);
+    }
+    bounds.push_back(shape[d]);
+  }
+  uint64_t cells = 1;
+  for (size_t d = rank; d-- > 0;) {
+    grid.strides[d] = cells;
+    if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) || cells > kMaxChunks) {
+      return Corrupt(path, where + ": too many chunks");
+    }
+  }
+  return grid;
+}
+
+Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
+                       std::string_view path, TensorMetadata* tensor) {
+  const ChunkGrid& grid = *tensor->grid;
+  const uint64_t cells = grid.cell_count();
+  if (cells > r.remaining() / 12) {
+    return Corrupt(path, where + ": " + std::to_string(cells) + " grid cells cannot fit in the " +
+                             std::to_string(r.remaining()) + " remaining bytes");
+  }
+  tensor->chunks.resize(cells);
+  const uint64_t item = DTypeSize(tensor->dtype);
+  for (uint64_t c = 0; c < cells; ++c) {
+    StoredChunk& chunk = tensor->chunks[c];
+    chunk.box = GridCellBox(grid, c);
+    chunk.byte_length = static_cast<uint64_t>(chunk.box.volume()) * item;  // within the shape
+    SP_ASSIGN_OR_RETURN(chunk.file, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(chunk.data_offset, r.ReadU64());
+    SP_RETURN_IF_ERROR(CheckChunkBytes(chunk, chunk.byte_length, summary,
+                                       where + " chunk " + std::to_string(c), path));
+  }
+  for (uint64_t c = 0; c < cells; ++c) {
+    StoredChunk& chunk = tensor->chunks[c];
+    const uint64_t blocks = ExpectedBlockCount(chunk.byte_length, summary.checksum_block_bytes);
+    if (blocks > r.remaining() / 4) {
+      return Corrupt(path, where + " chunk " + std::to_string(c) + ": " + std::to_string(blocks) +
+                               " block checksums cannot fit in the " +
+                               std::to_string(r.remaining()) + " remaining bytes");
+    }
+    chunk.block_crc32c.resize(blocks);
+    for (uint32_t& crc : chunk.block_crc32c) {
+      SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
+    }
+  }
+  return OkStatus();
+}
+
+Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
+                       std::string_view path, TensorMetadata* tensor) {
+  const size_t rank = tensor->shape.size();
+  SP_ASSIGN_OR_RETURN(uint32_t chunk_count, r.ReadCount(4 + 8 + 8 + 16 * rank + 4));
+  if (chunk_count > kMaxChunks) return Corrupt(path, where + ": too many chunks");
+  tensor->chunks.resize(chunk_count);
+  const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor->shape));
+  uint64_t covered = 0;
+  for (uint32_t i = 0; i < chunk_count && covered <= shape_volume; ++i) {
+    uint64_t volume = 0;
+    SP_RETURN_IF_ERROR(DecodeChunk(r, *tensor, summary, where + " chunk " + std::to_string(i),
+                                   path, &tensor->chunks[i], &volume));
+    covered += volume;  // both terms <= 2^62 here: no overflow
+  }
+  if (covered != shape_volume) {
+    return Corrupt(path, where + ": chunks hold " + std::to_string(covered) +
+                             " elements, the shape " + ShapeToString(tensor->shape) + " has " +
+                             std::to_string(ShapeVolume(tensor->shape)));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
+                               uint32_t major) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU8(DTypeCode(tensor.dtype));
+  w.PutU8(static_cast<uint8_t>(tensor.shape.size()));
+  for (int64_t dim : tensor.shape) w.PutI64(dim);
+  if (major < 2) {
+    EncodeChunkList(tensor, w);
+  } else if (std::optional<ChunkGrid> grid = StoredGrid(tensor, checksum_block_bytes)) {
+    w.PutU8(kGrid);
+    EncodeGrid(tensor, *grid, w);
+  } else {
+    w.PutU8(kChunkList);
+    EncodeChunkList(tensor, w);
   }
   return out;
 }
@@ -133,21 +321,17 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
   SP_ASSIGN_OR_RETURN(uint8_t rank, r.ReadU8());
   if (rank > kMaxRank) return Corrupt(path, where + ": rank " + std::to_string(rank) + " > 64");
   SP_RETURN_IF_ERROR(DecodeShape(r, tensor.dtype, rank, where, path, &tensor.shape).status());
-  SP_ASSIGN_OR_RETURN(uint32_t chunk_count, r.ReadCount(4 + 8 + 8 + 16 * rank + 4));
-  if (chunk_count > kMaxChunks) return Corrupt(path, where + ": too many chunks");
-  tensor.chunks.resize(chunk_count);
-  const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor.shape));
-  uint64_t covered = 0;
-  for (uint32_t i = 0; i < chunk_count && covered <= shape_volume; ++i) {
-    uint64_t volume = 0;
-    SP_RETURN_IF_ERROR(DecodeChunk(r, tensor, summary, where + " chunk " + std::to_string(i),
-                                   path, &tensor.chunks[i], &volume));
-    covered += volume;  // both terms <= 2^62 here: no overflow
+  uint8_t layout = kChunkList;
+  if (summary.version_major >= 2) {
+    SP_ASSIGN_OR_RETURN(layout, r.ReadU8());
   }
-  if (covered != shape_volume) {
-    return Corrupt(path, where + ": chunks hold " + std::to_string(covered) +
-                             " elements, the shape " + ShapeToString(tensor.shape) + " has " +
-                             std::to_string(ShapeVolume(tensor.shape)));
+  if (layout == kChunkList) {
+    SP_RETURN_IF_ERROR(DecodeChunkList(r, summary, where, path, &tensor));
+  } else if (layout == kGrid) {
+    SP_ASSIGN_OR_RETURN(tensor.grid, DecodeGridBounds(r, tensor.shape, where, path));
+    SP_RETURN_IF_ERROR(DecodeGridCells(r, summary, where, path, &tensor));
+  } else {
+    return Corrupt(path, where + ": unknown layout " + std::to_string(layout));
   }
   if (!r.done() && !newer_minor) {
     return Corrupt(path, where + ": " + std::to_string(r.remaining()) + " unexpected bytes");

@@ -103,7 +103,7 @@ Result<uint32_t> DecodePrefix(std::string_view prefix, uint64_t file_size, std::
                                    " is newer than this reader (" +
                                    std::to_string(kNativeFormatMajor) + ".x)");
   }
-  if (major != kNativeFormatMajor) return Corrupt(path, "unknown format version " + version);
+  if (major < kOldestNativeFormatMajor) return Corrupt(path, "unknown format version " + version);
   summary->version_major = major;
   summary->version_minor = minor;
   uint32_t header_length = DecodeFixed32(prefix.data() + 16);

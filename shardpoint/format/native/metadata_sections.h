@@ -76,8 +76,23 @@ Status DecodeIndex(std::string_view bytes, uint32_t count, uint64_t records_leng
                    std::string_view what, std::string_view path, std::vector<std::string>* names,
                    std::vector<RecordSlot>* slots);
 
-std::string EncodeTensorRecord(const TensorMetadata& tensor);
-// `summary` supplies the files and the checksum block size the chunks are checked against.
+// Tensor record layouts of version 2 (docs/FORMAT.md §3.5): a list of chunks, as in version 1,
+// or a grid.
+enum TensorLayout : uint8_t {
+  kChunkList = 0,
+  kGrid = 1,
+};
+// How a grid record gives one dimension's cut points.
+enum GridCuts : uint8_t {
+  kListedCuts = 0,  // the interior cut points
+  kEvenCuts = 1,    // a step: cut k at k * step, the last interval at most a step
+};
+
+// A record of format version `major` (1 or 2).
+std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
+                               uint32_t major);
+// `summary` supplies the files, the checksum block size the chunks are checked against and the
+// version of the record.
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
                                           const CheckpointMetadata& summary, bool newer_minor,
                                           std::string_view path);

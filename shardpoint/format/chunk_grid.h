@@ -16,8 +16,8 @@
 // other rules), are not grids; their callers fall back to the sweeps.
 //
 // Pure and thread-safe.
-#ifndef SHARDPOINT_PLAN_CHUNK_GRID_H_
-#define SHARDPOINT_PLAN_CHUNK_GRID_H_
+#ifndef SHARDPOINT_FORMAT_CHUNK_GRID_H_
+#define SHARDPOINT_FORMAT_CHUNK_GRID_H_
 
 #include <cstdint>
 #include <optional>
@@ -29,18 +29,8 @@
 
 namespace sp {
 
-struct ChunkGrid {
-  // Per dimension d: the n_d + 1 increasing cut points 0 = bounds[d][0] < ... < bounds[d][n_d] =
-  // shape[d]; interval k is [bounds[d][k], bounds[d][k + 1]).
-  std::vector<std::vector<int64_t>> bounds;
-  // Per dimension: the chunk number of cell (k_0, ..., k_{D-1}) is the sum of k_d * strides[d].
-  std::vector<uint64_t> strides;
-
-  friend bool operator==(const ChunkGrid&, const ChunkGrid&) = default;
-};
-
 // The grid of `chunks` over `shape` when they are one in row-major order (see above), else
-// nullopt. A rank-0 shape is a grid of its one chunk of rank 0. No chunk at all (a shape with
+// nullopt (ChunkGrid is declared in format/metadata.h, where TensorMetadata keeps one). A rank-0 shape is a grid of its one chunk of rank 0. No chunk at all (a shape with
 // a zero dimension) is not a grid.
 std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, const Shape& shape);
 
@@ -49,6 +39,17 @@ std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, cons
 // intersects nothing.
 void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<uint32_t>* out);
 
+// Whether `chunks` are exactly the cells of `grid` in its order (what FindChunkGrid proves), for
+// a grid carried beside chunks that may have changed since.
+bool GridMatches(const ChunkGrid& grid, std::span<const StoredChunk> chunks);
+
+// The box of chunk number `index` of `grid` (index < the grid's cell count).
+Box GridCellBox(const ChunkGrid& grid, uint64_t index);
+
+// Sets the grid of every tensor of `metadata` whose chunks form one and that has none yet
+// (formats whose files do not store grids: their tensors are indexed when they are opened).
+void IndexChunkGrids(CheckpointMetadata* metadata);
+
 }  // namespace sp
 
-#endif  // SHARDPOINT_PLAN_CHUNK_GRID_H_
+#endif  // SHARDPOINT_FORMAT_CHUNK_GRID_H_

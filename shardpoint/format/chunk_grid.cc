@@ -1,4 +1,4 @@
-#include "shardpoint/plan/chunk_grid.h"
+#include "shardpoint/format/chunk_grid.h"
 
 #include <algorithm>
 #include <limits>
@@ -37,15 +37,34 @@ std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, cons
   }
   if (stride != count) return std::nullopt;
   // Every chunk must be its cell: then they are within the shape, disjoint and cover it.
+  if (!GridMatches(grid, chunks)) return std::nullopt;
+  return grid;
+}
+
+bool GridMatches(const ChunkGrid& grid, std::span<const StoredChunk> chunks) {
+  const size_t rank = grid.bounds.size();
+  if (grid.strides.size() != rank) return false;
+  uint64_t cells = 1;
+  for (size_t d = rank; d-- > 0;) {
+    const std::vector<int64_t>& bounds = grid.bounds[d];
+    if (bounds.size() < 2 || bounds.front() != 0 || grid.strides[d] != cells ||
+        __builtin_mul_overflow(cells, bounds.size() - 1, &cells)) {
+      return false;
+    }
+    for (size_t k = 1; k < bounds.size(); ++k) {
+      if (bounds[k] <= bounds[k - 1]) return false;
+    }
+  }
+  if (cells != chunks.size()) return false;
   std::vector<size_t> cell(rank, 0);
   for (const StoredChunk& chunk : chunks) {
     const Box& box = chunk.box;
-    if (box.offsets.size() != rank || box.sizes.size() != rank) return std::nullopt;
+    if (box.offsets.size() != rank || box.sizes.size() != rank) return false;
     for (size_t d = 0; d < rank; ++d) {
       const std::vector<int64_t>& bounds = grid.bounds[d];
       if (box.offsets[d] != bounds[cell[d]] ||
           box.sizes[d] != bounds[cell[d] + 1] - bounds[cell[d]]) {
-        return std::nullopt;
+        return false;
       }
     }
     for (size_t d = rank; d-- > 0;) {  // the next cell, the last dimension fastest
@@ -53,7 +72,7 @@ std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, cons
       cell[d] = 0;
     }
   }
-  return grid;
+  return true;
 }
 
 void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<uint32_t>* out) {
@@ -81,6 +100,26 @@ void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<u
       cell[d] = first[d];
     }
     if (d == static_cast<size_t>(-1)) return;
+  }
+}
+
+Box GridCellBox(const ChunkGrid& grid, uint64_t index) {
+  const size_t rank = grid.bounds.size();
+  Box box;
+  box.offsets.resize(rank);
+  box.sizes.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const uint64_t k = index / grid.strides[d];
+    index %= grid.strides[d];
+    box.offsets[d] = grid.bounds[d][k];
+    box.sizes[d] = grid.bounds[d][k + 1] - grid.bounds[d][k];
+  }
+  return box;
+}
+
+void IndexChunkGrids(CheckpointMetadata* metadata) {
+  for (TensorMetadata& tensor : metadata->tensors) {
+    if (!tensor.grid) tensor.grid = FindChunkGrid(tensor.chunks, tensor.shape);
   }
 }
 

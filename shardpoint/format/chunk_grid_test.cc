@@ -1,4 +1,4 @@
-#include "shardpoint/plan/chunk_grid.h"
+#include "shardpoint/format/chunk_grid.h"
 
 #include <gtest/gtest.h>
 
@@ -55,6 +55,61 @@ TEST(ChunkGridTest, RowMajorCellsAreAGrid) {
   std::vector<uint32_t> hits;
   GridChunksIntersecting(*grid, Box({3, 4}, {2, 2}), &hits);  // rows 3:5 x columns 4:6
   EXPECT_EQ(hits, (std::vector<uint32_t>{2, 3, 4, 5}));
+}
+
+TEST(ChunkGridTest, GridMatchesOnlyTheChunksItWasFoundIn) {
+  const Shape shape = {10, 7, 3};
+  const std::vector<StoredChunk> chunks = GridChunks(shape, {{3, 4, 9}, {5}, {1}});
+  const std::optional<ChunkGrid> grid = FindChunkGrid(chunks, shape);
+  ASSERT_TRUE(grid.has_value());
+  EXPECT_EQ(grid->cell_count(), chunks.size());
+  EXPECT_TRUE(GridMatches(*grid, chunks));
+  for (size_t c = 0; c < chunks.size(); ++c) EXPECT_EQ(GridCellBox(*grid, c), chunks[c].box);
+  std::vector<StoredChunk> swapped = chunks;
+  std::swap(swapped[1].box, swapped[2].box);
+  EXPECT_FALSE(GridMatches(*grid, swapped));
+  std::vector<StoredChunk> shorter(chunks.begin(), chunks.end() - 1);
+  EXPECT_FALSE(GridMatches(*grid, shorter));
+  std::vector<StoredChunk> resized = chunks;
+  resized.back().box.sizes[2] = 1;
+  EXPECT_FALSE(GridMatches(*grid, resized));
+  ChunkGrid bad_strides = *grid;
+  bad_strides.strides[0] = 1;
+  EXPECT_FALSE(GridMatches(bad_strides, chunks));
+  ChunkGrid bad_bounds = *grid;
+  bad_bounds.bounds[0][2] = bad_bounds.bounds[0][1];
+  EXPECT_FALSE(GridMatches(bad_bounds, chunks));
+  // A scalar's grid has one cell.
+  const std::vector<StoredChunk> scalar = {Chunk({}, {})};
+  const std::optional<ChunkGrid> point = FindChunkGrid(scalar, {});
+  ASSERT_TRUE(point.has_value());
+  EXPECT_EQ(point->cell_count(), 1u);
+  EXPECT_TRUE(GridMatches(*point, scalar));
+  EXPECT_EQ(GridCellBox(*point, 0), Box({}, {}));
+}
+
+TEST(ChunkGridTest, IndexChunkGridsSetsTheGridsOfGridsOnly) {
+  CheckpointMetadata md;
+  md.tensors.push_back(TensorMetadata{"grid", DType::kInt8, {10, 7}, GridChunks({10, 7}, {{4}, {}})});
+  std::vector<StoredChunk> reversed = GridChunks({10, 7}, {{4}, {}});
+  std::reverse(reversed.begin(), reversed.end());
+  md.tensors.push_back(TensorMetadata{"list", DType::kInt8, {10, 7}, reversed});
+  md.tensors.push_back(TensorMetadata{"empty", DType::kInt8, {0, 7}, {}});
+  ChunkGrid kept;  // an existing grid is left alone
+  kept.bounds = {{0, 5, 10}};
+  kept.strides = {1};
+  md.tensors.push_back(TensorMetadata{"kept", DType::kInt8, {10}, GridChunks({10}, {{5}})});
+  md.tensors.back().grid = kept;
+  IndexChunkGrids(&md);
+  ASSERT_TRUE(md.tensors[0].grid.has_value());
+  EXPECT_EQ(md.tensors[0].grid->bounds, (std::vector<std::vector<int64_t>>{{0, 4, 10}, {0, 7}}));
+  EXPECT_FALSE(md.tensors[1].grid.has_value());
+  EXPECT_FALSE(md.tensors[2].grid.has_value());
+  EXPECT_EQ(md.tensors[3].grid, kept);
+  // The grid is an index, not part of what a tensor is.
+  TensorMetadata without = md.tensors[0];
+  without.grid.reset();
+  EXPECT_TRUE(without == md.tensors[0]);
 }
 
 TEST(ChunkGridTest, OneChunkScalarsAndFlatRangesAreGrids) {
