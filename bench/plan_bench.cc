@@ -2,7 +2,8 @@
 //
 // The tensors cycle through the layouts of a 3-D parallel job on 1,024 ranks (mesh 8 x 16 x 8
 // by default: data-parallel replicas, FSDP shards, tensor-parallel shards): row-sharded over
-// all ranks, column-sharded over TP with replicas, a 2-D grid, and fully replicated. Reports
+// all ranks, column-sharded over TP with replicas, a 2-D grid, and fully replicated; one tensor
+// in ten is cut irregularly instead (row bands split at a column that varies by band). Reports
 // the median of 5 runs of PlanSave, of the native writer laying out the data files of that plan
 // (names and every file's safetensors header: the coordinator's work that remains in a save whose
 // plan comes from a SavePlanCache), and of PlanLoad for one rank reading every tensor whole (the
@@ -40,11 +41,22 @@ std::pair<int64_t, int64_t> Piece(int64_t length, int64_t parts, int64_t index) 
   return {size * index, size};
 }
 
-// The box rank `rank` holds of tensor number `t` (layout chosen by t % 4).
+// The box rank `rank` holds of tensor number `t`: one tensor in ten is irregular (t % 10 == 9),
+// the others take the layout chosen by t % 4.
 Box LayoutBox(int t, int64_t rank, int64_t ranks, const Shape& shape) {
   const int64_t tp = 8, fsdp = ranks / 128 * 16;  // dp = ranks / (tp * fsdp) = 8
   const int64_t tp_rank = rank % tp, fsdp_rank = (rank / tp) % fsdp;
   Box box = Box::Whole(shape);
+  if (t % 10 == 9) {
+    // Irregular: ranks 2k and 2k + 1 split the k-th band of 8 rows at a column that differs from
+    // band to band, as flat optimizer shards cut rows (not a grid: the sweeps plan it).
+    const int64_t band = rank / 2, cut = 256 + (band * 37 + t) % 512;
+    box.offsets[0] = band * 8;
+    box.sizes[0] = 8;
+    box.offsets[1] = rank % 2 == 0 ? 0 : cut;
+    box.sizes[1] = rank % 2 == 0 ? cut : shape[1] - cut;
+    return box;
+  }
   switch (t % 4) {
     case 0:  // row-sharded over all ranks
       std::tie(box.offsets[0], box.sizes[0]) = Piece(shape[0], ranks, rank);

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
@@ -30,16 +31,22 @@ sp::CheckpointMetadata Seed(int variant) {
   uint64_t cursor[2] = {0, 0};
   const sp::DType dtypes[] = {sp::DType::kFloat32, sp::DType::kBFloat16, sp::DType::kInt64,
                               sp::DType::kBool};
+  // Tensors of 2 row chunks (a grid with listed cuts), of 4 (an even step), and in variant 2 one
+  // whose chunks are listed out of grid order (a chunk list).
   for (int t = 0; t < 2 + variant; ++t) {
+    const int pieces = t % 2 == 0 ? 2 : 4;
     sp::TensorMetadata tensor{"model.layer" + std::to_string(t) + ".w", dtypes[(t + variant) % 4],
-                              {4, 2 + t}, {}};
-    for (int half = 0; half < 2; ++half) {
-      sp::StoredChunk c{sp::Box({2 * half, 0}, {2, 2 + t}), static_cast<uint32_t>(half), cursor[half], 0, {}};
+                              {8, 2 + t}, {}};
+    for (int piece = 0; piece < pieces; ++piece) {
+      const int half = piece % 2;
+      const int64_t rows = 8 / pieces;
+      sp::StoredChunk c{sp::Box({rows * piece, 0}, {rows, 2 + t}), static_cast<uint32_t>(half), cursor[half], 0, {}};
       c.byte_length = static_cast<uint64_t>(c.box.volume()) * sp::DTypeSize(tensor.dtype);
       cursor[half] += c.byte_length;
       for (uint64_t b = 0; b < (c.byte_length + 15) / 16; ++b) c.block_crc32c.push_back(0x1234567u * (b + 1));
       tensor.chunks.push_back(c);
     }
+    if (variant == 2 && t == 3) std::swap(tensor.chunks[0], tensor.chunks[1]);
     m.tensors.push_back(tensor);
   }
   m.tensors.push_back({"step", sp::DType::kInt64, {}, {{sp::Box(), 0, cursor[0], 8, {7}}}});
@@ -169,6 +176,7 @@ int main(int argc, char** argv) {
   for (int variant = 0; variant < 3; ++variant) {
     sp::CheckpointMetadata m = Seed(variant);
     Write(corpus + "/metadata/seed" + std::to_string(variant), sp::EncodeMetadata(m));
+    Write(corpus + "/metadata/seed" + std::to_string(variant) + "-v1", sp::EncodeMetadata(m, 1));
     for (uint32_t f = 0; f < m.files.size(); ++f) {
       std::string file = sp::BuildDataFileHeader(m, f);
       file.resize(m.files[f].size, '\0');

@@ -27,6 +27,9 @@ TEST(DcpCheckpointTest, AStride0ItemIsDecodedIntoRowMajorBytes) {
   const StoredChunk& c = t.chunks.at(0);
   ASSERT_EQ(c.encoding, ChunkEncoding::kDriverDecoded);
   EXPECT_EQ(c.byte_length, 48u);
+  // Opening indexed its one chunk as a grid of one cell.
+  ASSERT_TRUE(t.grid.has_value());
+  EXPECT_EQ(t.grid->bounds, (std::vector<std::vector<int64_t>>{{0, 3}, {0, 4}}));
   std::string stored = store.ReadFile("/dcp/__0_0.distcp").value();
   float out[12];
   ASSERT_TRUE(DecodeStoredChunk(*md, t, c, AsBytes(stored), reinterpret_cast<std::byte*>(out)).ok());
