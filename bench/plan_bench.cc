@@ -168,23 +168,13 @@ int main(int argc, char** argv) {
   const Timing load =
       Median([&] { return sp::PlanLoad(targets, plan->metadata, sp::LoadPlanOptions{}); });
 
-  // One rank loading its own boxes of the layout it saved (the restart case), planned against the
-  // whole checkpoint's metadata, whose tensors carry their grids (as PlanSave, the native decoder
-  // and the load broadcast deliver them); and against the same metadata without them, each grid
-  // found again from the chunks by the plan (as before grids were carried).
-  const std::vector<sp::LocalTensor>& own = locals[ranks / 2 + 3].tensors;
-  const Timing own_load =
-      Median([&] { return sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{}); });
-  sp::CheckpointMetadata no_grids = plan->metadata;
-  size_t grids = 0;
-  for (sp::TensorMetadata& t : no_grids.tensors) grids += t.grid.has_value(), t.grid.reset();
-  const Timing own_found = Median([&] { return sp::PlanLoad(own, no_grids, sp::LoadPlanOptions{}); });
-  no_grids = {};
   // The same plans with every tensor swept (plan/box_set.h), as before chunk grids.
   const sp::LoadPlanOptions swept{.chunk_grids = false};
-  const Timing own_swept = Median([&] { return sp::PlanLoad(own, plan->metadata, swept); });
+  const std::vector<sp::LocalTensor>& own_boxes = locals[ranks / 2 + 3].tensors;
+  const Timing own_swept = Median([&] { return sp::PlanLoad(own_boxes, plan->metadata, swept); });
   const Timing load_swept = Median([&] { return sp::PlanLoad(targets, plan->metadata, swept); });
-  const size_t own_items = sp::PlanLoad(own, plan->metadata, sp::LoadPlanOptions{})->items.size();
+  const size_t own_items =
+      sp::PlanLoad(own_boxes, plan->metadata, sp::LoadPlanOptions{})->items.size();
 
   // The committed metadata (the native .metadata file of the laid-out plan) and the broadcast
   // every rank of a load decodes: bytes, and the time to decode them.
@@ -211,6 +201,25 @@ int main(int argc, char** argv) {
   const std::string wire = sp::EncodeMetadataForWire(committed);
   const Timing open_wire = Median([&] { return sp::DecodeMetadataFromWire(wire); });
 
+  // One rank loading its own boxes of the layout it saved (the restart case), planned against the
+  // whole checkpoint's metadata as a load's ranks receive it (the broadcast, decoded: grids
+  // carried, the other tensors indexed on arrival); and against the same metadata without grids
+  // or indexes, each grid found again from the chunks by the plan and the rest swept (as before
+  // grids and indexes were carried).
+  const std::vector<sp::LocalTensor>& own = locals[ranks / 2 + 3].tensors;
+  const sp::CheckpointMetadata received = sp::DecodeMetadataFromWire(wire).value();
+  const Timing own_load =
+      Median([&] { return sp::PlanLoad(own, received, sp::LoadPlanOptions{}); });
+  size_t grids = 0, indexes = 0;
+  for (const sp::TensorMetadata& t : received.tensors) {
+    grids += t.grid.has_value();
+    indexes += t.index.has_value();
+  }
+  sp::CheckpointMetadata bare = received;
+  for (sp::TensorMetadata& t : bare.tensors) t.grid.reset(), t.index.reset();
+  const Timing own_found = Median([&] { return sp::PlanLoad(own, bare, sp::LoadPlanOptions{}); });
+  bare = {};
+
   std::printf("plan_bench: ranks=%lld tensors=%d chunks=%zu\n", static_cast<long long>(ranks),
               tensors, chunks);
   const bool target_size = ranks == 1024 && tensors == 500;
@@ -233,10 +242,12 @@ int main(int argc, char** argv) {
       load.wall_s, load.cpu_s, load_plan->items.size());
   std::printf(
       "  PlanLoad of one rank median of 5: %.4f s wall, %.4f s cpu  (rank %lld's own boxes of "
-      "the saved layout: %zu items; %zu of %zu tensors carry their grid)\n",
+      "the saved layout: %zu items; on the metadata a load receives, %zu tensors with their "
+      "grid and %zu with an index)\n",
       own_load.wall_s, own_load.cpu_s, static_cast<long long>(ranks / 2 + 3), own_items, grids,
-      plan->metadata.tensors.size());
-  std::printf("    the same without carried grids (each found again from the chunks): %.4f s cpu\n",
+      indexes);
+  std::printf("    the same without grids or indexes (grids found again from the chunks, the "
+              "rest swept): %.4f s cpu\n",
               own_found.cpu_s);
   std::printf("  without chunk grids (every tensor swept): PlanLoad %.4f s cpu, of one rank %.4f s "
               "cpu\n",

@@ -117,9 +117,80 @@ Box GridCellBox(const ChunkGrid& grid, uint64_t index) {
   return box;
 }
 
+std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, const Shape& shape) {
+  const size_t rank = shape.size();
+  if (rank == 0 || chunks.size() > std::numeric_limits<uint32_t>::max()) return std::nullopt;
+  std::vector<int64_t> longest(rank, 0);
+  for (const StoredChunk& chunk : chunks) {
+    if (chunk.box.offsets.size() != rank || chunk.box.sizes.size() != rank) return std::nullopt;
+    if (chunk.box.empty()) continue;
+    for (size_t d = 0; d < rank; ++d) longest[d] = std::max(longest[d], chunk.box.sizes[d]);
+  }
+  // The dimension in which chunks are shortest relative to the shape: longest[d] / shape[d]
+  // smallest (compared by cross-multiplying in long double: the values reach 2^62).
+  size_t dim = 0;
+  for (size_t d = 1; d < rank; ++d) {
+    if (static_cast<long double>(longest[d]) * shape[dim] <
+        static_cast<long double>(longest[dim]) * shape[d]) {
+      dim = d;
+    }
+  }
+  ChunkIndex index;
+  index.dim = static_cast<uint32_t>(dim);
+  index.max_extent = longest[dim];
+  index.chunk_count = chunks.size();
+  for (uint32_t c = 0; c < chunks.size(); ++c) {
+    if (!chunks[c].box.empty()) index.chunks.push_back(c);
+  }
+  std::stable_sort(index.chunks.begin(), index.chunks.end(), [&](uint32_t a, uint32_t b) {
+    return chunks[a].box.offsets[dim] < chunks[b].box.offsets[dim];
+  });
+  index.starts.reserve(index.chunks.size());
+  for (uint32_t c : index.chunks) index.starts.push_back(chunks[c].box.offsets[dim]);
+  return index;
+}
+
+bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredChunk> chunks,
+                               const Box& box, std::vector<uint32_t>* out) {
+  if (index.chunk_count != chunks.size() || index.starts.size() != index.chunks.size()) {
+    return false;
+  }
+  const size_t rank = box.rank();
+  if (index.dim >= rank || box.empty()) return true;
+  const size_t first_out = out->size();
+  const int64_t begin = box.offsets[index.dim], end = box.exclusive_max(index.dim);
+  // Chunks starting in (begin - max_extent, end) are the only ones that can reach the box.
+  const int64_t from = begin - index.max_extent;  // offsets and extents are at most 2^62
+  auto it = std::upper_bound(index.starts.begin(), index.starts.end(), from);
+  for (size_t i = static_cast<size_t>(it - index.starts.begin());
+       i < index.starts.size() && index.starts[i] < end; ++i) {
+    const uint32_t c = index.chunks[i];
+    if (c >= chunks.size()) {
+      out->resize(first_out);
+      return false;
+    }
+    const Box& chunk = chunks[c].box;
+    if (chunk.offsets.size() != rank || chunk.sizes.size() != rank ||
+        chunk.offsets[index.dim] != index.starts[i] || chunk.sizes[index.dim] > index.max_extent) {
+      out->resize(first_out);
+      return false;
+    }
+    bool overlaps = true;
+    for (size_t d = 0; d < rank && overlaps; ++d) {
+      overlaps = chunk.sizes[d] > 0 && chunk.offsets[d] < box.offsets[d] + box.sizes[d] &&
+                 box.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
+    }
+    if (overlaps) out->push_back(c);
+  }
+  std::sort(out->begin() + static_cast<std::ptrdiff_t>(first_out), out->end());
+  return true;
+}
+
 void IndexChunkGrids(CheckpointMetadata* metadata) {
   for (TensorMetadata& tensor : metadata->tensors) {
-    if (!tensor.grid) tensor.grid = FindChunkGrid(tensor.chunks, tensor.shape);
+    if (tensor.grid || tensor.index) continue;
+    tensor.grid = FindChunkGrid(tensor.chunks, tensor.shape);
+    if (!tensor.grid) tensor.index = BuildChunkIndex(tensor.chunks, tensor.shape);
   }
 }
 

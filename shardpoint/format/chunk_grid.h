@@ -13,7 +13,13 @@
 // finds the chunks that intersect a destination box by a binary search per dimension
 // (GridChunksIntersecting): its cost is that of its own reads, not of the tensor's chunk count.
 // Lists in another order, or not of this form (flat ranges of uneven length per row, chunks of
-// other rules), are not grids; their callers fall back to the sweeps.
+// other rules), are not grids. For them BuildChunkIndex sorts the chunks by their offset along
+// one dimension once, and IndexedChunksIntersecting finds those under a box by a binary search;
+// the load planner sweeps only those (plan/box_set.h).
+//
+// Both are kept with the metadata (TensorMetadata::grid and ::index): the save plan keeps the
+// grid it proved, the native format stores grids (docs/FORMAT.md §3.5), and IndexChunkGrids
+// indexes what is opened or received, so each is built once per process, not once per plan.
 //
 // Pure and thread-safe.
 #ifndef SHARDPOINT_FORMAT_CHUNK_GRID_H_
@@ -46,8 +52,22 @@ bool GridMatches(const ChunkGrid& grid, std::span<const StoredChunk> chunks);
 // The box of chunk number `index` of `grid` (index < the grid's cell count).
 Box GridCellBox(const ChunkGrid& grid, uint64_t index);
 
-// Sets the grid of every tensor of `metadata` whose chunks form one and that has none yet
-// (formats whose files do not store grids: their tensors are indexed when they are opened).
+// An index over `chunks` (of a tensor of `shape`) along the dimension in which they are shortest
+// relative to the shape, or nullopt for a rank-0 shape or a chunk whose box does not have its
+// rank. O(chunks log chunks).
+std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, const Shape& shape);
+
+// Appends to `out` the number of every chunk of `index` that shares a point with `box` (of the
+// index's rank), in increasing order. Cost: a binary search, then the chunks whose offset along
+// the index's dimension lies within its longest extent before the box's end. False, with `out`
+// as it was, when the index does not describe `chunks` (another chunk count, or a chunk whose
+// offset is not the one indexed): the caller then looks at every chunk.
+bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredChunk> chunks,
+                               const Box& box, std::vector<uint32_t>* out);
+
+// Indexes every tensor of `metadata` that has neither a grid nor an index yet: its grid when its
+// chunks form one, else a ChunkIndex. Called where metadata is opened or received (formats whose
+// files store no grid, chunk lists, the load broadcast).
 void IndexChunkGrids(CheckpointMetadata* metadata);
 
 }  // namespace sp

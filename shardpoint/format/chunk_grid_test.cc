@@ -112,6 +112,81 @@ TEST(ChunkGridTest, IndexChunkGridsSetsTheGridsOfGridsOnly) {
   EXPECT_TRUE(without == md.tensors[0]);
 }
 
+// A random tiling of `shape` that is not a grid: the shape cut along dimension 0 into bands,
+// each band cut along dimension 1 at its own points (flat-range and brick layouts look so).
+std::vector<StoredChunk> RandomBricks(std::mt19937_64& rng, const Shape& shape) {
+  std::vector<StoredChunk> chunks;
+  for (int64_t row = 0; row < shape[0];) {
+    const int64_t rows = std::min<int64_t>(shape[0] - row, 1 + rng() % 4);
+    for (int64_t col = 0; col < shape[1];) {
+      const int64_t cols = std::min<int64_t>(shape[1] - col, 1 + rng() % 5);
+      std::vector<int64_t> offsets = {row, col}, sizes = {rows, cols};
+      for (size_t d = 2; d < shape.size(); ++d) {
+        offsets.push_back(0);
+        sizes.push_back(shape[d]);
+      }
+      chunks.push_back(Chunk(offsets, sizes));
+      col += cols;
+    }
+    row += rows;
+  }
+  std::shuffle(chunks.begin(), chunks.end(), rng);
+  return chunks;
+}
+
+TEST(ChunkGridTest, IndexedChunksAreThoseOfTheBruteForce) {
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 300; ++trial) {
+    Shape shape = {1 + static_cast<int64_t>(rng() % 20), 1 + static_cast<int64_t>(rng() % 20)};
+    if (trial % 3 == 0) shape.push_back(1 + static_cast<int64_t>(rng() % 3));
+    std::vector<StoredChunk> chunks = RandomBricks(rng, shape);
+    if (trial % 4 == 0) chunks.push_back(Chunk(std::vector<int64_t>(shape.size(), 0),
+                                               std::vector<int64_t>(shape.size(), 0)));  // empty
+    const std::optional<ChunkIndex> index = BuildChunkIndex(chunks, shape);
+    ASSERT_TRUE(index.has_value());
+    EXPECT_EQ(index->chunk_count, chunks.size());
+    EXPECT_TRUE(std::is_sorted(index->starts.begin(), index->starts.end()));
+    for (int q = 0; q < 20; ++q) {
+      Box box;
+      for (int64_t dim : shape) {
+        const int64_t a = rng() % dim, b = a + rng() % (dim - a + 1);
+        box.offsets.push_back(a);
+        box.sizes.push_back(b - a);
+      }
+      std::vector<uint32_t> found, expected;
+      ASSERT_TRUE(IndexedChunksIntersecting(*index, chunks, box, &found));
+      for (uint32_t c = 0; c < chunks.size(); ++c) {
+        if (BoxesOverlap(chunks[c].box, box)) expected.push_back(c);
+      }
+      ASSERT_EQ(found, expected) << box.ToString();
+    }
+  }
+}
+
+TEST(ChunkGridTest, AStaleIndexSaysSo) {
+  std::mt19937_64 rng(18);
+  std::vector<StoredChunk> chunks = RandomBricks(rng, {12, 9});
+  const ChunkIndex index = BuildChunkIndex(chunks, {12, 9}).value();
+  const Box all({0, 0}, {12, 9});
+  std::vector<uint32_t> found = {99};
+  std::vector<StoredChunk> fewer(chunks.begin(), chunks.end() - 1);
+  EXPECT_FALSE(IndexedChunksIntersecting(index, fewer, all, &found));
+  std::vector<StoredChunk> moved = chunks;
+  moved[index.chunks[0]].box.offsets[index.dim] += 1;
+  EXPECT_FALSE(IndexedChunksIntersecting(index, moved, all, &found));
+  EXPECT_EQ(found, std::vector<uint32_t>{99});  // left as it was
+  // Rank 0 has no index; IndexChunkGrids gives the bricks an index and a grid no index.
+  EXPECT_FALSE(BuildChunkIndex(std::vector<StoredChunk>{Chunk({}, {})}, {}).has_value());
+  CheckpointMetadata md;
+  md.tensors.push_back(TensorMetadata{"bricks", DType::kInt8, {12, 9}, chunks});
+  md.tensors.push_back(TensorMetadata{"grid", DType::kInt8, {10, 7}, GridChunks({10, 7}, {{4}, {}})});
+  IndexChunkGrids(&md);
+  EXPECT_FALSE(md.tensors[0].grid.has_value());
+  EXPECT_EQ(md.tensors[0].index, index);
+  EXPECT_TRUE(md.tensors[1].grid.has_value());
+  EXPECT_FALSE(md.tensors[1].index.has_value());
+}
+
 TEST(ChunkGridTest, OneChunkScalarsAndFlatRangesAreGrids) {
   std::optional<ChunkGrid> scalar = FindChunkGrid(std::vector<StoredChunk>{Chunk({}, {})}, Shape{});
   ASSERT_TRUE(scalar.has_value());

@@ -87,6 +87,19 @@ struct ChunkGrid {
   friend bool operator==(const ChunkGrid&, const ChunkGrid&) = default;
 };
 
+// An index over stored chunks that are not a grid: the non-empty chunks' numbers sorted by their
+// offset along one dimension, with the longest extent of any of them along it, so that the chunks
+// under a box are found by a binary search (format/chunk_grid.h: IndexedChunksIntersecting).
+struct ChunkIndex {
+  uint32_t dim = 0;             // the dimension whose offsets are sorted
+  int64_t max_extent = 0;       // the largest size of a chunk along it
+  uint64_t chunk_count = 0;     // the tensor's chunks when the index was built (empty ones too)
+  std::vector<int64_t> starts;  // sorted offsets along `dim`
+  std::vector<uint32_t> chunks; // chunk numbers, in the order of `starts`
+
+  friend bool operator==(const ChunkIndex&, const ChunkIndex&) = default;
+};
+
 struct TensorMetadata {
   std::string name;
   DType dtype = DType::kFloat32;
@@ -98,6 +111,8 @@ struct TensorMetadata {
   // `chunks` of a tensor that has one must reset it. Not part of equality: it says nothing the
   // chunks do not.
   std::optional<ChunkGrid> grid;
+  // Set instead of `grid` for chunks that are not one (IndexChunkGrids), with the same rules.
+  std::optional<ChunkIndex> index;
 
   uint64_t total_bytes() const { return static_cast<uint64_t>(ShapeVolume(shape)) * DTypeSize(dtype); }
   friend bool operator==(const TensorMetadata& a, const TensorMetadata& b) {

@@ -335,6 +335,7 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes) {
   SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(4 + 1 + 4 + 1));
   m.tensors.resize(tensors);
   for (TensorMetadata& t : m.tensors) SP_RETURN_IF_ERROR(GetTensor(r, file_count, &t));
+  IndexChunkGrids(&m);  // grids travel; the other tensors are indexed here
   SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));
   m.objects.resize(objects);
   for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, file_count, &o));

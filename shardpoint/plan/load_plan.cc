@@ -132,22 +132,39 @@ Status PlanTarget(uint32_t target_index, const LocalTensor& target, const Tensor
         PlanTargetOnGrid(target_index, target, stored, *stored.grid, items)) {
       return OkStatus();
     }
-    if (std::optional<ChunkGrid> grid = FindChunkGrid(stored.chunks, stored.shape)) {
-      PlanTargetOnGrid(target_index, target, stored, *grid, items);
-      return OkStatus();
+    // A tensor that was indexed was found not to be a grid: no need to look again.
+    if (!stored.index) {
+      if (std::optional<ChunkGrid> grid = FindChunkGrid(stored.chunks, stored.shape)) {
+        PlanTargetOnGrid(target_index, target, stored, *grid, items);
+        return OkStatus();
+      }
     }
   }
   std::vector<const Box*> wanted(target.boxes.size());
   for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = &target.boxes[i];
-  std::vector<const Box*> chunks(stored.chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
+  // The chunks to pair with the boxes: those an index finds under them, else all of them.
+  std::vector<uint32_t> numbers;
+  bool indexed = options.chunk_grids && stored.index;
+  for (size_t b = 0; indexed && b < target.boxes.size(); ++b) {
+    indexed = IndexedChunksIntersecting(*stored.index, stored.chunks, target.boxes[b], &numbers);
+  }
+  if (indexed) {
+    std::sort(numbers.begin(), numbers.end());
+    numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
+  } else {
+    numbers.resize(stored.chunks.size());
+    for (uint32_t i = 0; i < numbers.size(); ++i) numbers[i] = i;
+  }
+  std::vector<const Box*> chunks(numbers.size());
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const size_t i = numbers[k];
     const Box& chunk = stored.chunks[i].box;
     if (chunk.offsets.size() != chunk.sizes.size() || !WithinShape(chunk, stored.shape)) {
       return DataLossError("tensor " + Quote(stored.name) + ": stored chunk " + std::to_string(i) +
                            " is not a box within shape " + ShapeToString(stored.shape) +
                            "; the checkpoint metadata is corrupt");
     }
-    chunks[i] = &chunk;
+    chunks[k] = &chunk;
   }
   std::vector<std::pair<uint32_t, uint32_t>> pairs = IntersectingPairs(wanted, chunks);
   std::sort(pairs.begin(), pairs.end());  // group by target box
@@ -157,8 +174,9 @@ Status PlanTarget(uint32_t target_index, const LocalTensor& target, const Tensor
     if (box.empty()) continue;
     const size_t first_item = items->size();
     for (; next < pairs.size() && pairs[next].first == b; ++next) {
-      std::optional<Box> region = Intersect(box, stored.chunks[pairs[next].second].box);
-      items->push_back(ReadItem{target_index, b, pairs[next].second, std::move(*region)});
+      const uint32_t chunk = numbers[pairs[next].second];
+      std::optional<Box> region = Intersect(box, stored.chunks[chunk].box);
+      items->push_back(ReadItem{target_index, b, chunk, std::move(*region)});
     }
     SP_RETURN_IF_ERROR(CheckBoxCovered(target, box, *items, first_item, stored));
   }

@@ -134,6 +134,17 @@ void LoadAndCheck(std::mt19937_64& rng, const std::vector<GlobalTensor>& ts,
     }
     Result<LoadPlan> reordered = PlanLoad(targets, shuffled, LoadPlanOptions{});
     ASSERT_TRUE(reordered.ok()) << reordered.status();
+    // Indexed as a received or opened checkpoint is (a grid where the order still is one, a
+    // ChunkIndex otherwise), the same chunks give the same plan, item for item.
+    CheckpointMetadata indexed = shuffled;
+    for (TensorMetadata& tm : indexed.tensors) {
+      tm.grid.reset();
+      tm.index.reset();
+    }
+    IndexChunkGrids(&indexed);
+    Result<LoadPlan> by_index = PlanLoad(targets, indexed, LoadPlanOptions{});
+    ASSERT_TRUE(by_index.ok()) << by_index.status();
+    ASSERT_EQ(by_index->items, reordered->items);
     auto where = [](const LoadPlan& p) {
       std::vector<std::tuple<uint32_t, uint64_t, Box, uint32_t, uint32_t>> out;
       for (const ReadItem& item : p.items) {
