@@ -118,9 +118,11 @@ void PutBounds(ByteWriter& w, const std::vector<int64_t>& bounds) {
   }
 }
 
-Status GetBounds(ByteReader& r, int64_t dim, std::vector<int64_t>* b) {
+// At most `max_count` cut points (what the cells behind them can pay for).
+Status GetBounds(ByteReader& r, int64_t dim, uint64_t max_count, std::vector<int64_t>* b) {
   SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadU32());
   SP_ASSIGN_OR_RETURN(uint8_t even, r.ReadU8());
+  if (n > max_count) return DataLossError(r.what() + ": too many grid cells");
   if (even == 1) {
     SP_ASSIGN_OR_RETURN(int64_t step, r.ReadI64());
     // n - 1 intervals of `step` but the last, the last cut before the dimension (no overflow).
@@ -158,9 +160,12 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
   ChunkGrid grid;
   grid.bounds.resize(t->shape.size());
   grid.strides.resize(t->shape.size());
+  const uint64_t min_cell = raw ? 4 + 8 + 4 : kPlacementBytes;
+  uint64_t so_far = 1;  // cells of the dimensions before
   for (size_t d = 0; d < t->shape.size(); ++d) {
     std::vector<int64_t>& b = grid.bounds[d];
-    SP_RETURN_IF_ERROR(GetBounds(r, t->shape[d], &b));
+    SP_RETURN_IF_ERROR(GetBounds(r, t->shape[d], r.remaining() / min_cell / so_far + 1, &b));
+    if (b.size() >= 2) so_far *= b.size() - 1;  // at most the remaining bytes: no overflow
     if (b.size() < 2 || b.front() != 0 || b.back() != t->shape[d]) {
       return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
     }
@@ -172,7 +177,7 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
   for (size_t d = t->shape.size(); d-- > 0;) {
     grid.strides[d] = cells;
     if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) ||
-        cells > r.remaining() / (raw ? 4 + 8 + 4 : kPlacementBytes)) {
+        cells > r.remaining() / min_cell) {
       return DataLossError(r.what() + ": too many grid cells for tensor " + t->name);
     }
   }

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "shardpoint/base/coding.h"
+
 #include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
@@ -105,6 +107,39 @@ TEST(MetadataWireTest, RandomByteFlipsNeverCrash) {
     damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
     (void)DecodeMetadataFromWire(damaged);  // must return, whatever it returns
   }
+}
+
+TEST(MetadataWireTest, AForgedGridCannotAllocateMoreThanItsBytesPayFor) {
+  CheckpointMetadata m;
+  m.save_id = "g";
+  m.files = {{"f", 0, uint64_t{1} << 62, 0}};
+  const int64_t quarter = int64_t{1} << 38;
+  TensorMetadata t{"w", DType::kInt8, {4 * quarter}, {}};
+  for (int64_t k = 0; k < 4; ++k) {
+    t.chunks.push_back(StoredChunk{Box{{k * quarter}, {quarter}}, 0,
+                                   static_cast<uint64_t>(k * quarter), static_cast<uint64_t>(quarter),
+                                   {}, {}, 0});
+  }
+  m.tensors = {t};
+  IndexChunkGrids(&m);
+  std::string bytes = EncodeMetadataForWire(m);
+  // The cut points as sent: 5 bounds, an even step of 2^38.
+  std::string sent(13, '\0'), forged(13, '\0');
+  EncodeFixed32(sent.data(), 5);
+  sent[4] = 1;
+  EncodeFixed64(sent.data() + 5, static_cast<uint64_t>(quarter));
+  const size_t at = bytes.find(sent);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_TRUE(DecodeMetadataFromWire(bytes).ok());
+  // 2^30 bounds 1,024 apart fit the dimension, and would take 8 GiB: refused before allocating.
+  EncodeFixed32(forged.data(), uint32_t{1} << 30);
+  forged[4] = 1;
+  EncodeFixed64(forged.data() + 5, 1024);
+  bytes.replace(at, 13, forged);
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("too many grid cells"), std::string::npos)
+      << back.status();
 }
 
 }  // namespace

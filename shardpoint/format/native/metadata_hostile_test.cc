@@ -287,6 +287,22 @@ TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
   std::string unknown = GridRecord({{4, 8}, {5}}, 6);
   unknown[2 + 16] = 7;
   EXPECT_NE(decode(unknown).status().message().find("unknown layout 7"), std::string::npos);
+  // 2^24 intervals of one element each: the step is valid for the shape, but the record holds no
+  // cells to pay for them, and nothing is allocated for its bounds.
+  std::string huge;
+  ByteWriter w(&huge);
+  w.PutU8(DTypeCode(DType::kInt8));
+  w.PutU8(1);
+  w.PutI64(int64_t{1} << 24);
+  w.PutU8(native_metadata::kGrid);
+  w.PutU32(uint32_t{1} << 24);
+  w.PutU8(native_metadata::kEvenCuts);
+  w.PutI64(1);
+  Result<TensorMetadata> unpaid = decode(huge);
+  ASSERT_FALSE(unpaid.ok());
+  EXPECT_NE(unpaid.status().message().find("16777216 grid cells cannot fit in the 9 remaining"),
+            std::string::npos)
+      << unpaid.status();
   std::string kind = GridRecord({{4, 8}, {5}}, 6);
   kind[2 + 16 + 1 + 4] = 2;
   EXPECT_NE(decode(kind).status().message().find("dimension 0: unknown cut kind 2"),

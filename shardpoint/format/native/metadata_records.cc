@@ -174,12 +174,21 @@ Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std:
   ChunkGrid grid;
   grid.bounds.resize(rank);
   grid.strides.resize(rank);
+  uint64_t cells = 1;  // of the dimensions so far
   for (size_t d = 0; d < rank; ++d) {
     const std::string dimension = where + ": dimension " + std::to_string(d);
     SP_ASSIGN_OR_RETURN(uint32_t intervals, r.ReadU32());
     if (intervals == 0 || static_cast<int64_t>(intervals) > shape[d] || intervals > kMaxChunks) {
       return Corrupt(path, dimension + " of size " + std::to_string(shape[d]) + " cut into " +
                                std::to_string(intervals) + " intervals");
+    }
+    // Every cell takes 12 bytes of the record: its count bounds what the cut points may allocate.
+    cells *= intervals;  // both at most 2^24
+    if (cells > kMaxChunks) return Corrupt(path, where + ": too many chunks");
+    if (cells > r.remaining() / 12) {
+      return Corrupt(path, where + ": " + std::to_string(cells) +
+                               " grid cells cannot fit in the " + std::to_string(r.remaining()) +
+                               " remaining bytes");
     }
     SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
     std::vector<int64_t>& bounds = grid.bounds[d];
@@ -219,12 +228,10 @@ Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std:
     }
     bounds.push_back(shape[d]);
   }
-  uint64_t cells = 1;
+  uint64_t stride = 1;
   for (size_t d = rank; d-- > 0;) {
-    grid.strides[d] = cells;
-    if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) || cells > kMaxChunks) {
-      return Corrupt(path, where + ": too many chunks");
-    }
+    grid.strides[d] = stride;
+    stride *= grid.bounds[d].size() - 1;  // the product is `cells`, checked above
   }
   return grid;
 }
