@@ -120,11 +120,23 @@ Box GridCellBox(const ChunkGrid& grid, uint64_t index) {
 std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, const Shape& shape) {
   const size_t rank = shape.size();
   if (rank == 0 || chunks.size() > std::numeric_limits<uint32_t>::max()) return std::nullopt;
+  // Offsets and sizes in [0, 2^62] (what every reader accepts), so no sum below can wrap;
+  // emptiness by a zero size, not by a volume that could.
+  constexpr int64_t kMax = int64_t{1} << 62;
+  auto empty = [](const Box& box) {
+    return std::find(box.sizes.begin(), box.sizes.end(), 0) != box.sizes.end();
+  };
   std::vector<int64_t> longest(rank, 0);
   for (const StoredChunk& chunk : chunks) {
-    if (chunk.box.offsets.size() != rank || chunk.box.sizes.size() != rank) return std::nullopt;
-    if (chunk.box.empty()) continue;
-    for (size_t d = 0; d < rank; ++d) longest[d] = std::max(longest[d], chunk.box.sizes[d]);
+    const Box& box = chunk.box;
+    if (box.offsets.size() != rank || box.sizes.size() != rank) return std::nullopt;
+    for (size_t d = 0; d < rank; ++d) {
+      if (box.offsets[d] < 0 || box.offsets[d] > kMax || box.sizes[d] < 0 || box.sizes[d] > kMax) {
+        return std::nullopt;
+      }
+    }
+    if (empty(box)) continue;
+    for (size_t d = 0; d < rank; ++d) longest[d] = std::max(longest[d], box.sizes[d]);
   }
   // The dimension in which chunks are shortest relative to the shape: longest[d] / shape[d]
   // smallest (compared by cross-multiplying in long double: the values reach 2^62).
@@ -140,7 +152,7 @@ std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, c
   index.max_extent = longest[dim];
   index.chunk_count = chunks.size();
   for (uint32_t c = 0; c < chunks.size(); ++c) {
-    if (!chunks[c].box.empty()) index.chunks.push_back(c);
+    if (!empty(chunks[c].box)) index.chunks.push_back(c);
   }
   std::stable_sort(index.chunks.begin(), index.chunks.end(), [&](uint32_t a, uint32_t b) {
     return chunks[a].box.offsets[dim] < chunks[b].box.offsets[dim];

@@ -77,10 +77,15 @@ bool SendsGrid(const TensorMetadata& t) {
     return false;
   }
   const uint64_t item = DTypeSize(t.dtype);
-  for (size_t c = 0; c < t.chunks.size(); ++c) {
-    if (t.chunks[c].byte_length != static_cast<uint64_t>(t.chunks[c].box.volume()) * item) {
-      return false;
+  for (const StoredChunk& chunk : t.chunks) {
+    uint64_t bytes = item;  // checked: the receiver computes it so
+    for (int64_t size : chunk.box.sizes) {
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(size), &bytes) ||
+          bytes > (uint64_t{1} << 62)) {
+        return false;
+      }
     }
+    if (chunk.byte_length != bytes) return false;
   }
   return true;
 }
@@ -186,7 +191,16 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
   for (uint64_t c = 0; c < cells; ++c) {
     StoredChunk& chunk = t->chunks[c];
     chunk.box = GridCellBox(grid, c);
-    chunk.byte_length = static_cast<uint64_t>(chunk.box.volume()) * item;
+    // The cell's bytes, computed without wrapping (the sender's shapes were checked; these bytes
+    // are still checked before they are trusted).
+    chunk.byte_length = item;
+    for (int64_t size : chunk.box.sizes) {
+      if (__builtin_mul_overflow(chunk.byte_length, static_cast<uint64_t>(size),
+                                 &chunk.byte_length) ||
+          chunk.byte_length > (uint64_t{1} << 62)) {
+        return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
+      }
+    }
     SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, file_count, &chunk)
                            : GetChunkPlacement(r, file_count, &chunk));
   }
