@@ -103,6 +103,16 @@ void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<u
   }
 }
 
+int64_t GridEvenStep(const std::vector<int64_t>& bounds) {
+  if (bounds.size() < 4) return 0;
+  const size_t n = bounds.size() - 1;
+  const int64_t step = bounds[1];
+  for (size_t k = 2; k < n; ++k) {
+    if (bounds[k] - bounds[k - 1] != step) return 0;
+  }
+  return bounds[n] - bounds[n - 1] <= step ? step : 0;
+}
+
 Box GridCellBox(const ChunkGrid& grid, uint64_t index) {
   const size_t rank = grid.bounds.size();
   Box box;

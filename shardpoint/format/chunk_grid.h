@@ -49,6 +49,11 @@ void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<u
 // a grid carried beside chunks that may have changed since.
 bool GridMatches(const ChunkGrid& grid, std::span<const StoredChunk> chunks);
 
+// The step of one dimension's cut points `bounds` (0 first, increasing) when there are three
+// intervals or more and all are `step` long but the last, which is at most that (an even split,
+// or torch.chunk's); else 0. Encoders store such cuts as the step.
+int64_t GridEvenStep(const std::vector<int64_t>& bounds);
+
 // The box of chunk number `index` of `grid` (index < the grid's cell count).
 Box GridCellBox(const ChunkGrid& grid, uint64_t index);
 

@@ -1,5 +1,7 @@
 #include "shardpoint/format/metadata_wire.h"
 
+#include <optional>
+
 #include "shardpoint/base/coding.h"
 #include "shardpoint/format/chunk_grid.h"
 
@@ -70,6 +72,19 @@ Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
 
 constexpr size_t kPlacementBytes = 4 + 8 + 1 + 8 + 4 + 4;
 
+// The bytes of a cell of `item`-byte elements, computed without wrapping: nullopt past 2^62 (a
+// receiver computes them from bytes it does not trust).
+std::optional<uint64_t> CellBytes(const Box& box, uint64_t item) {
+  uint64_t bytes = item;
+  for (int64_t size : box.sizes) {
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(size), &bytes) ||
+        bytes > (uint64_t{1} << 62)) {
+      return std::nullopt;
+    }
+  }
+  return bytes;
+}
+
 // Whether the chunks of `t` can travel as its grid: they are its cells, with the byte lengths
 // their boxes imply.
 bool SendsGrid(const TensorMetadata& t) {
@@ -78,14 +93,7 @@ bool SendsGrid(const TensorMetadata& t) {
   }
   const uint64_t item = DTypeSize(t.dtype);
   for (const StoredChunk& chunk : t.chunks) {
-    uint64_t bytes = item;  // checked: the receiver computes it so
-    for (int64_t size : chunk.box.sizes) {
-      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(size), &bytes) ||
-          bytes > (uint64_t{1} << 62)) {
-        return false;
-      }
-    }
-    if (chunk.byte_length != bytes) return false;
+    if (CellBytes(chunk.box, item) != chunk.byte_length) return false;
   }
   return true;
 }
@@ -111,13 +119,11 @@ bool AllRaw(const TensorMetadata& t) {
 // One dimension's cut points: their count, then a step (cut k at k * step but the last, at the
 // dimension) when they have that form, else every point.
 void PutBounds(ByteWriter& w, const std::vector<int64_t>& bounds) {
-  const size_t n = bounds.size() - 1;
-  bool even = n >= 2 && bounds[n] - bounds[n - 1] <= bounds[1];
-  for (size_t k = 2; even && k < n; ++k) even = bounds[k] - bounds[k - 1] == bounds[1];
+  const int64_t step = GridEvenStep(bounds);
   w.PutU32(static_cast<uint32_t>(bounds.size()));
-  w.PutU8(even ? 1 : 0);
-  if (even) {
-    w.PutI64(bounds[1]);
+  w.PutU8(step != 0 ? 1 : 0);
+  if (step != 0) {
+    w.PutI64(step);
   } else {
     for (int64_t x : bounds) w.PutI64(x);
   }
@@ -191,16 +197,11 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
   for (uint64_t c = 0; c < cells; ++c) {
     StoredChunk& chunk = t->chunks[c];
     chunk.box = GridCellBox(grid, c);
-    // The cell's bytes, computed without wrapping (the sender's shapes were checked; these bytes
-    // are still checked before they are trusted).
-    chunk.byte_length = item;
-    for (int64_t size : chunk.box.sizes) {
-      if (__builtin_mul_overflow(chunk.byte_length, static_cast<uint64_t>(size),
-                                 &chunk.byte_length) ||
-          chunk.byte_length > (uint64_t{1} << 62)) {
-        return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
-      }
+    const std::optional<uint64_t> bytes = CellBytes(chunk.box, item);
+    if (!bytes) {
+      return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
     }
+    chunk.byte_length = *bytes;
     SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, file_count, &chunk)
                            : GetChunkPlacement(r, file_count, &chunk));
   }

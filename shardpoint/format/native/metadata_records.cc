@@ -128,26 +128,13 @@ void EncodeChunkList(const TensorMetadata& tensor, ByteWriter& w) {
   }
 }
 
-// The step of `bounds` when its intervals are all `step` long but the last, which is at most that
-// (an even split, or torch.chunk's), and there are more than two; else 0 (listed cut points are
-// as short).
-int64_t EvenStep(const std::vector<int64_t>& bounds) {
-  const size_t n = bounds.size() - 1;
-  if (n < 3) return 0;
-  const int64_t step = bounds[1];
-  for (size_t k = 2; k < n; ++k) {
-    if (bounds[k] - bounds[k - 1] != step) return 0;
-  }
-  return bounds[n] - bounds[n - 1] <= step ? step : 0;
-}
-
 // Per dimension the interval count and its cut points (an even step, or the interior points);
 // then file and offset of every cell, row-major; then every cell's block checksums, in the same
 // order.
 void EncodeGrid(const TensorMetadata& tensor, const ChunkGrid& grid, ByteWriter& w) {
   for (const std::vector<int64_t>& bounds : grid.bounds) {
     w.PutU32(static_cast<uint32_t>(bounds.size() - 1));
-    if (const int64_t step = EvenStep(bounds)) {
+    if (const int64_t step = GridEvenStep(bounds)) {
       w.PutU8(kEvenCuts);
       w.PutI64(step);
     } else {
