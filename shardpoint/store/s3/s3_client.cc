@@ -3,6 +3,9 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <future>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -29,13 +32,6 @@ struct S3Client::Response {
   std::string body;
   std::map<std::string, std::string> headers;  // names lowercased
   uint64_t written = 0;                        // bytes written into Request::out's pieces
-};
-
-struct S3Client::Handle {
-  CURL* curl = nullptr;
-  ~Handle() {
-    if (curl != nullptr) curl_easy_cleanup(curl);
-  }
 };
 
 namespace {
@@ -311,169 +307,353 @@ std::string Base64(ByteView bytes) {
   return out;
 }
 
+// One request, from its first attempt to its outcome.
+struct S3Client::Call {
+  Request request;
+  Response response;
+  Transfer transfer{&request, &response};
+  Done done;
+  std::string what;  // "GET s3://bucket/key", for messages
+  int attempt = 0;
+  std::chrono::milliseconds backoff{0};
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::steady_clock::time_point due;  // of the next attempt, while backing off
+  // What the attempt on the loop hands to curl, kept alive until it ends.
+  std::string url, range, sigv4, token;
+  curl_slist* headers = nullptr;
+  char error[CURL_ERROR_SIZE] = {0};
+
+  ~Call() { FreeHeaders(); }
+  void FreeHeaders() {
+    if (headers != nullptr) curl_slist_free_all(headers);
+    headers = nullptr;
+  }
+  // Ready for another attempt: nothing received, the body to be sent from its start.
+  void Reset() {
+    FreeHeaders();
+    response = Response();
+    transfer = Transfer{&request, &response};
+    error[0] = '\0';
+  }
+};
+
+// A thread driving a curl multi handle: it starts the calls handed to it (up to max_active at
+// once, the rest in order after), collects their ends, retries after a backoff timer, and calls
+// each call's `done` with its outcome.
+class S3Client::Loop {
+ public:
+  Loop(S3Client& client, int max_active) : client_(client), max_active_(max_active) {
+    multi_ = curl_multi_init();
+    if (multi_ != nullptr) {
+      curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, static_cast<long>(max_active));
+    }
+    if (multi_ != nullptr) thread_ = std::thread([this] { Run(); });
+  }
+
+  ~Loop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    if (multi_ != nullptr) curl_multi_wakeup(multi_);
+    if (thread_.joinable()) thread_.join();
+    for (CURL* easy : idle_) curl_easy_cleanup(easy);
+    if (multi_ != nullptr) curl_multi_cleanup(multi_);
+  }
+
+  void Submit(std::unique_ptr<Call> call) {
+    if (multi_ == nullptr) {
+      call->done(InternalError(call->what + ": curl_multi_init failed"));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      submitted_.push_back(std::move(call));
+    }
+    if (multi_ != nullptr) curl_multi_wakeup(multi_);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void Run() {
+    for (;;) {
+      bool stop = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        while (!submitted_.empty()) {
+          waiting_.push_back(std::move(submitted_.front()));
+          submitted_.pop_front();
+        }
+        stop = stop_;
+      }
+      if (stop) {
+        FailAll("the S3 client was shut down");
+        return;
+      }
+      // Calls whose backoff has passed go back in line.
+      const Clock::time_point now = Clock::now();
+      for (size_t i = 0; i < backing_off_.size();) {
+        if (backing_off_[i]->due <= now) {
+          waiting_.push_back(std::move(backing_off_[i]));
+          backing_off_[i] = std::move(backing_off_.back());
+          backing_off_.pop_back();
+        } else {
+          ++i;
+        }
+      }
+      while (static_cast<int>(active_.size()) < max_active_ && !waiting_.empty()) {
+        std::unique_ptr<Call> call = std::move(waiting_.front());
+        waiting_.pop_front();
+        Start(std::move(call));
+      }
+      int running = 0;
+      curl_multi_perform(multi_, &running);
+      int left = 0;
+      while (CURLMsg* message = curl_multi_info_read(multi_, &left)) {
+        if (message->msg == CURLMSG_DONE) End(message->easy_handle, message->data.result);
+      }
+      // Sleep until curl has work, a call is handed over, or the next backoff ends.
+      int timeout_ms = 1000;
+      if (!waiting_.empty() && static_cast<int>(active_.size()) < max_active_) timeout_ms = 0;
+      for (const std::unique_ptr<Call>& call : backing_off_) {
+        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(call->due - Clock::now());
+        timeout_ms = std::clamp<int>(static_cast<int>(wait.count()), 0, timeout_ms);
+      }
+      curl_multi_poll(multi_, nullptr, 0, timeout_ms, nullptr);
+    }
+  }
+
+  // Fails every call not yet ended (the client is going away).
+  void FailAll(const std::string& why) {
+    std::vector<std::unique_ptr<Call>> calls;
+    for (auto& [easy, call] : active_) {
+      curl_multi_remove_handle(multi_, easy);
+      idle_.push_back(easy);
+      calls.push_back(std::move(call));
+    }
+    active_.clear();
+    for (auto& call : waiting_) calls.push_back(std::move(call));
+    waiting_.clear();
+    for (auto& call : backing_off_) calls.push_back(std::move(call));
+    backing_off_.clear();
+    for (std::unique_ptr<Call>& call : calls) {
+      call->done(UnavailableError(call->what + ": " + why));
+    }
+  }
+
+  void Start(std::unique_ptr<Call> call) {
+    CURL* easy = nullptr;
+    if (!idle_.empty()) {
+      easy = idle_.back();
+      idle_.pop_back();
+      curl_easy_reset(easy);
+    } else {
+      easy = curl_easy_init();
+    }
+    if (easy == nullptr) {
+      call->done(InternalError(call->what + ": curl_easy_init failed"));
+      return;
+    }
+    ++call->attempt;
+    client_.requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    Prepare(*call, easy);
+    if (curl_multi_add_handle(multi_, easy) != CURLM_OK) {
+      idle_.push_back(easy);
+      call->done(InternalError(call->what + ": curl_multi_add_handle failed"));
+      return;
+    }
+    active_[easy] = std::move(call);
+  }
+
+  // Sets the easy handle up for the call's next attempt.
+  void Prepare(Call& call, CURL* curl) {
+    const S3Config& config = client_.config_;
+    const S3ClientOptions& options = client_.options_;
+    const Request& request = call.request;
+    call.Reset();
+    // The URL: path-style or virtual-hosted.
+    const size_t host_at = config.endpoint.find("://") + 3;
+    const std::string path = request.key.empty() ? "" : "/" + UriEncode(request.key, false);
+    if (config.path_style || request.bucket.empty()) {
+      call.url = config.endpoint + (request.bucket.empty() ? "" : "/" + request.bucket) + path;
+    } else {
+      call.url = config.endpoint.substr(0, host_at) + request.bucket + "." +
+                 config.endpoint.substr(host_at) + path;
+    }
+    if (call.url.size() == config.endpoint.size()) call.url += "/";
+    if (!request.query.empty()) call.url += "?" + QueryString(request.query);
+
+    for (const std::string& h : request.headers) {
+      call.headers = curl_slist_append(call.headers, h.c_str());
+    }
+    // The body follows "Expect: 100-continue" after 1 ms instead of waiting for the 100 (a header
+    // removed with "Expect:" would still be signed by curl). 0 would mean the same to a blocking
+    // transfer, but a multi handle sets no timer for it and waits for the 100.
+    curl_easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 1L);
+    if (request.range) {
+      call.range = "Range: bytes=" + std::to_string(request.range->first) + "-" +
+                   std::to_string(request.range->second);
+      call.headers = curl_slist_append(call.headers, call.range.c_str());
+    }
+    if (!config.credentials.empty()) {
+      call.sigv4 = "aws:amz:" + config.region + ":s3";
+      curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, call.sigv4.c_str());
+      curl_easy_setopt(curl, CURLOPT_USERNAME, config.credentials.access_key_id.c_str());
+      curl_easy_setopt(curl, CURLOPT_PASSWORD, config.credentials.secret_access_key.c_str());
+      call.headers = curl_slist_append(call.headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+      if (!config.credentials.session_token.empty()) {
+        call.token = "x-amz-security-token: " + config.credentials.session_token;
+        call.headers = curl_slist_append(call.headers, call.token.c_str());
+      }
+    }
+    curl_easy_setopt(curl, CURLOPT_PRIVATE, &call);
+    curl_easy_setopt(curl, CURLOPT_URL, call.url.c_str());
+    if (!config.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, config.ca_bundle.c_str());
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, call.headers);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, kReceiveBufferBytes);
+    curl_easy_setopt(curl, CURLOPT_UPLOAD_BUFFERSIZE, kSendBufferBytes);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(options.connect_timeout.count() * 1000));
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, options.low_speed_bytes);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                     static_cast<long>(options.low_speed_time.count()));
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnWrite);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &call.transfer);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &call.transfer);
+    if (request.method == "HEAD") {
+      curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+    } else if (request.method == "PUT") {
+      curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(curl, CURLOPT_READFUNCTION, OnRead);
+      curl_easy_setopt(curl, CURLOPT_READDATA, &call.transfer);
+      curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, OnSeek);
+      curl_easy_setopt(curl, CURLOPT_SEEKDATA, &call.transfer);
+      curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE,
+                       static_cast<curl_off_t>(request.body ? request.body->size() : 0));
+    } else if (request.method == "POST") {
+      curl_easy_setopt(curl, CURLOPT_POST, 1L);
+      curl_easy_setopt(curl, CURLOPT_POSTFIELDS,
+                       request.body ? reinterpret_cast<const char*>(request.body->data()) : "");
+      curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                       static_cast<curl_off_t>(request.body ? request.body->size() : 0));
+    } else if (request.method != "GET") {
+      curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+    }
+    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, call.error);
+  }
+
+  // An attempt ended: its outcome, or another attempt after a backoff.
+  void End(CURL* easy, CURLcode code) {
+    auto it = active_.find(easy);
+    if (it == active_.end()) return;
+    std::unique_ptr<Call> call = std::move(it->second);
+    active_.erase(it);
+    curl_multi_remove_handle(multi_, easy);
+    long status = 0;
+    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    idle_.push_back(easy);
+    call->response.status = status;
+    call->FreeHeaders();
+
+    const S3ClientOptions& options = client_.options_;
+    bool retry = false;
+    Status failure;
+    if (call->transfer.overflow) {
+      uint64_t asked = 0;
+      for (const MutableByteView& piece : call->request.out) asked += piece.size();
+      failure = DataLossError(call->what + ": the server sent more than the " +
+                              std::to_string(asked) + " bytes asked for");
+    } else if (code != CURLE_OK) {
+      const std::string message =
+          call->what + ": " + (call->error[0] ? call->error : curl_easy_strerror(code));
+      retry = RetryableTransport(code);
+      failure = retry ? UnavailableError(message) : UnknownError(message);
+    } else if (status / 100 != 2) {
+      failure = HttpError(call->what, status, call->response.body);
+      retry = Retryable(status);
+    } else {
+      Response response = std::move(call->response);
+      call->done(std::move(response));
+      return;
+    }
+    const auto wait = std::chrono::milliseconds(
+        std::uniform_int_distribution<int64_t>(0, call->backoff.count())(rng_));
+    const Clock::time_point now = Clock::now();
+    if (!retry || call->attempt >= options.max_attempts || now + wait >= call->deadline) {
+      if (retry) {
+        failure = Status(failure.code(), std::string(failure.message()) + " (after " +
+                                             std::to_string(call->attempt) + " attempts)");
+      }
+      call->done(std::move(failure));
+      return;
+    }
+    call->backoff = std::min(call->backoff * 2, options.max_backoff);
+    call->due = now + wait;
+    backing_off_.push_back(std::move(call));
+  }
+
+  static constexpr long kReceiveBufferBytes = 256 << 10;
+  static constexpr long kSendBufferBytes = 256 << 10;
+
+  S3Client& client_;
+  const int max_active_;
+  CURLM* multi_ = nullptr;
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Call>> submitted_;  // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
+  // The loop thread's own:
+  std::deque<std::unique_ptr<Call>> waiting_;
+  std::vector<std::unique_ptr<Call>> backing_off_;
+  std::map<CURL*, std::unique_ptr<Call>> active_;
+  std::vector<CURL*> idle_;
+  std::mt19937_64 rng_{std::random_device{}()};
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 S3Client::S3Client(S3Config config, S3ClientOptions options)
     : config_(std::move(config)), options_(options) {
   if (config_.max_attempts > 0) options_.max_attempts = config_.max_attempts;
   std::call_once(g_curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  int loops = options_.event_loops;
+  if (loops <= 0) {
+    loops = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 8);
+  }
+  const int connections = std::max(options_.max_connections, loops);
+  for (int i = 0; i < loops; ++i) {
+    // The connections split between the loops, the first ones taking the remainder.
+    const int share = connections / loops + (i < connections % loops ? 1 : 0);
+    loops_.push_back(std::make_unique<Loop>(*this, share));
+  }
 }
 
-S3Client::~S3Client() = default;
+S3Client::~S3Client() { loops_.clear(); }
 
 uint64_t S3Client::requests_sent() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return requests_sent_;
+  return requests_sent_.load(std::memory_order_relaxed);
 }
 
-std::unique_ptr<S3Client::Handle> S3Client::TakeHandle() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++requests_sent_;
-    if (!idle_.empty()) {
-      std::unique_ptr<Handle> handle = std::move(idle_.back());
-      idle_.pop_back();
-      return handle;
-    }
-  }
-  auto handle = std::make_unique<Handle>();
-  handle->curl = curl_easy_init();
-  return handle;
+void S3Client::SendAsync(Request request, Done done) {
+  auto call = std::make_unique<Call>();
+  call->what = request.method + " " + ObjectUrl(request.bucket, request.key);
+  call->request = std::move(request);
+  call->done = std::move(done);
+  call->backoff = options_.first_backoff;
+  call->deadline = std::chrono::steady_clock::now() + options_.deadline;
+  const uint64_t loop = next_loop_.fetch_add(1, std::memory_order_relaxed) % loops_.size();
+  loops_[loop]->Submit(std::move(call));
 }
 
-void S3Client::ReturnHandle(std::unique_ptr<Handle> handle) {
-  std::lock_guard<std::mutex> lock(mu_);
-  idle_.push_back(std::move(handle));
-}
-
-Result<S3Client::Response> S3Client::SendOnce(const Request& request, Handle& handle) {
-  CURL* curl = handle.curl;
-  if (curl == nullptr) return InternalError("curl_easy_init failed");
-  curl_easy_reset(curl);  // keeps the connection and session caches
-  const std::string what = request.method + " " + ObjectUrl(request.bucket, request.key);
-
-  // The URL: path-style or virtual-hosted.
-  const size_t host_at = config_.endpoint.find("://") + 3;
-  std::string url;
-  const std::string path = request.key.empty() ? "" : "/" + UriEncode(request.key, false);
-  if (config_.path_style || request.bucket.empty()) {
-    url = config_.endpoint + (request.bucket.empty() ? "" : "/" + request.bucket) + path;
-  } else {
-    url = config_.endpoint.substr(0, host_at) + request.bucket + "." +
-          config_.endpoint.substr(host_at) + path;
-  }
-  if (url.size() == config_.endpoint.size()) url += "/";
-  if (!request.query.empty()) url += "?" + QueryString(request.query);
-
-  Response response;
-  Transfer transfer{&request, &response};
-  curl_slist* headers = nullptr;
-  for (const std::string& h : request.headers) headers = curl_slist_append(headers, h.c_str());
-  // (No "Expect:" header to skip 100-continue: curl would sign the removed header.)
-  curl_easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
-  std::string range;
-  if (request.range) {
-    range = "Range: bytes=" + std::to_string(request.range->first) + "-" +
-            std::to_string(request.range->second);
-    headers = curl_slist_append(headers, range.c_str());
-  }
-  std::string sigv4;
-  std::string token;
-  if (!config_.credentials.empty()) {
-    sigv4 = "aws:amz:" + config_.region + ":s3";
-    curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(curl, CURLOPT_USERNAME, config_.credentials.access_key_id.c_str());
-    curl_easy_setopt(curl, CURLOPT_PASSWORD, config_.credentials.secret_access_key.c_str());
-    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    if (!config_.credentials.session_token.empty()) {
-      token = "x-amz-security-token: " + config_.credentials.session_token;
-      headers = curl_slist_append(headers, token.c_str());
-    }
-  }
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  if (!config_.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, config_.ca_bundle.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                   static_cast<long>(options_.connect_timeout.count() * 1000));
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, options_.low_speed_bytes);
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                   static_cast<long>(options_.low_speed_time.count()));
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnWrite);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &transfer);
-  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &transfer);
-  if (request.method == "HEAD") {
-    curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-  } else if (request.method == "PUT") {
-    curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(curl, CURLOPT_READFUNCTION, OnRead);
-    curl_easy_setopt(curl, CURLOPT_READDATA, &transfer);
-    curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, OnSeek);
-    curl_easy_setopt(curl, CURLOPT_SEEKDATA, &transfer);
-    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE,
-                     static_cast<curl_off_t>(request.body ? request.body->size() : 0));
-  } else if (request.method == "POST") {
-    curl_easy_setopt(curl, CURLOPT_POST, 1L);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS,
-                     request.body ? reinterpret_cast<const char*>(request.body->data()) : "");
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
-                     static_cast<curl_off_t>(request.body ? request.body->size() : 0));
-  } else if (request.method != "GET") {
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
-  }
-  char error[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-  const CURLcode code = curl_easy_perform(curl);
-  curl_slist_free_all(headers);
-  long status = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  response.status = status;
-  if (transfer.overflow) {
-    uint64_t asked = 0;
-    for (const MutableByteView& piece : request.out) asked += piece.size();
-    return DataLossError(what + ": the server sent more than the " + std::to_string(asked) +
-                         " bytes asked for");
-  }
-  if (code != CURLE_OK) {
-    const std::string message = what + ": " + (error[0] ? error : curl_easy_strerror(code));
-    if (RetryableTransport(code)) return UnavailableError(message);
-    return UnknownError(message);
-  }
-  return response;
-}
-
-Result<S3Client::Response> S3Client::Send(const Request& request) {
-  const auto deadline = std::chrono::steady_clock::now() + options_.deadline;
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::chrono::milliseconds backoff = options_.first_backoff;
-  const std::string what = request.method + " " + ObjectUrl(request.bucket, request.key);
-  for (int attempt = 1;; ++attempt) {
-    std::unique_ptr<Handle> handle = TakeHandle();
-    Result<Response> response = SendOnce(request, *handle);
-    ReturnHandle(std::move(handle));
-    bool retry = false;
-    Status failure;
-    if (!response.ok()) {
-      failure = response.status();
-      retry = failure.code() == StatusCode::kUnavailable;
-    } else if (response->status / 100 != 2) {
-      failure = HttpError(what, response->status, response->body);
-      retry = Retryable(response->status);
-    } else {
-      return response;
-    }
-    const auto wait = std::chrono::milliseconds(
-        std::uniform_int_distribution<int64_t>(0, backoff.count())(rng));
-    if (!retry || attempt >= options_.max_attempts ||
-        std::chrono::steady_clock::now() + wait >= deadline) {
-      if (retry) {
-        return Status(failure.code(), std::string(failure.message()) + " (after " +
-                                          std::to_string(attempt) + " attempts)");
-      }
-      return failure;
-    }
-    std::this_thread::sleep_for(wait);
-    backoff = std::min(backoff * 2, options_.max_backoff);
-  }
+Result<S3Client::Response> S3Client::Send(Request request) {
+  // Shared with the loop's callback: the caller may return (and drop its reference) while the
+  // loop thread is still inside set_value.
+  auto promise = std::make_shared<std::promise<Result<Response>>>();
+  std::future<Result<Response>> outcome = promise->get_future();
+  SendAsync(std::move(request),
+            [promise](Result<Response> response) { promise->set_value(std::move(response)); });
+  return outcome.get();
 }
 
 Result<uint64_t> S3Client::HeadObject(std::string_view bucket, std::string_view key) {
@@ -483,7 +663,7 @@ Result<uint64_t> S3Client::HeadObject(std::string_view bucket, std::string_view 
 
 Result<S3ObjectInfo> S3Client::StatObject(std::string_view bucket, std::string_view key) {
   Request r = MakeRequest("HEAD", bucket, key);
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
+  SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
   auto it = response.headers.find("content-length");
   if (it == response.headers.end()) {
     return DataLossError("HEAD " + ObjectUrl(bucket, key) + ": no Content-Length in the answer");
@@ -502,26 +682,60 @@ Status S3Client::GetRange(std::string_view bucket, std::string_view key, uint64_
 
 Status S3Client::GetRangeV(std::string_view bucket, std::string_view key, uint64_t offset,
                            std::span<const MutableByteView> pieces) {
-  uint64_t total = 0;
-  for (const MutableByteView& piece : pieces) total += piece.size();
-  if (total == 0) return OkStatus();
-  Request r = MakeRequest("GET", bucket, key);
-  r.range = {offset, offset + total - 1};
-  for (const MutableByteView& piece : pieces) {
-    if (!piece.empty()) r.out.push_back(piece);
+  S3RangeRead read;
+  read.offset = offset;
+  read.pieces.assign(pieces.begin(), pieces.end());
+  return GetRanges(bucket, key, std::span<const S3RangeRead>(&read, 1));
+}
+
+Status S3Client::GetRanges(std::string_view bucket, std::string_view key,
+                           std::span<const S3RangeRead> reads) {
+  struct Outcomes {
+    std::mutex mu;
+    std::condition_variable ended;
+    size_t left = 0;
+    std::vector<Status> status;
+  };
+  auto outcomes = std::make_shared<Outcomes>();
+  outcomes->status.resize(reads.size());
+  std::vector<std::pair<size_t, Request>> requests;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    uint64_t total = 0;
+    for (const MutableByteView& piece : reads[i].pieces) total += piece.size();
+    if (total == 0) continue;
+    Request r = MakeRequest("GET", bucket, key);
+    r.range = {reads[i].offset, reads[i].offset + total - 1};
+    for (const MutableByteView& piece : reads[i].pieces) {
+      if (!piece.empty()) r.out.push_back(piece);
+    }
+    requests.emplace_back(i, std::move(r));
   }
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
-  if (response.written != total) {
-    return DataLossError("GET " + ObjectUrl(bucket, key) + " bytes " + std::to_string(offset) +
-                         ".." + std::to_string(offset + total) + ": got " +
-                         std::to_string(response.written) + " bytes");
+  outcomes->left = requests.size();
+  for (auto& [i, r] : requests) {
+    const uint64_t offset = r.range->first;
+    const uint64_t total = r.range->second + 1 - offset;
+    SendAsync(std::move(r), [outcomes, i = i, offset, total, url = ObjectUrl(bucket, key)](
+                                Result<Response> response) {
+      Status status = response.status();
+      if (status.ok() && response->written != total) {
+        status = DataLossError("GET " + url + " bytes " + std::to_string(offset) + ".." +
+                               std::to_string(offset + total) + ": got " +
+                               std::to_string(response->written) + " bytes");
+      }
+      std::lock_guard<std::mutex> lock(outcomes->mu);
+      outcomes->status[i] = std::move(status);
+      if (--outcomes->left == 0) outcomes->ended.notify_all();
+    });
   }
+  std::unique_lock<std::mutex> lock(outcomes->mu);
+  outcomes->ended.wait(lock, [&] { return outcomes->left == 0; });
+  for (const Status& status : outcomes->status) SP_RETURN_IF_ERROR(status);
   return OkStatus();
 }
 
 Result<std::string> S3Client::GetObject(std::string_view bucket, std::string_view key) {
   Request r = MakeRequest("GET", bucket, key);
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
+  SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
   return std::move(response.body);
 }
 
@@ -531,7 +745,7 @@ Status S3Client::PutObject(std::string_view bucket, std::string_view key, ByteVi
   r.body = body;
   r.headers.push_back(Crc32cHeader(body));
   AddCondition(condition, &r.headers);
-  return Send(r).status();
+  return Send(std::move(r)).status();
 }
 
 Status S3Client::CopyObject(std::string_view bucket, std::string_view from_key,
@@ -540,7 +754,7 @@ Status S3Client::CopyObject(std::string_view bucket, std::string_view from_key,
   r.body = ByteView();
   r.headers.push_back("x-amz-copy-source: /" + std::string(bucket) + "/" +
                       UriEncode(from_key, false));
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
+  SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
   // A copy can fail after its 200 has been sent: the error is then in the body.
   if (!XmlElements(response.body, "Code").empty()) {
     return HttpError("PUT " + ObjectUrl(bucket, to_key) + " (copy of " + std::string(from_key) +
@@ -552,7 +766,7 @@ Status S3Client::CopyObject(std::string_view bucket, std::string_view from_key,
 
 Status S3Client::DeleteObject(std::string_view bucket, std::string_view key) {
   Request r = MakeRequest("DELETE", bucket, key);
-  Result<Response> response = Send(r);
+  Result<Response> response = Send(std::move(r));
   if (!response.ok() && response.status().code() == StatusCode::kNotFound) return OkStatus();
   return response.status();
 }
@@ -566,7 +780,7 @@ Result<S3Listing> S3Client::ListObjects(std::string_view bucket, std::string_vie
   if (!continuation_token.empty()) {
     r.query.emplace_back("continuation-token", std::string(continuation_token));
   }
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
+  SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
   S3Listing listing;
   for (const std::string& contents : XmlElements(response.body, "Contents")) {
     std::vector<std::string> keys = XmlElements(contents, "Key");
@@ -603,7 +817,7 @@ Result<std::vector<S3Upload>> S3Client::ListMultipartUploads(std::string_view bu
       r.query.emplace_back("key-marker", key_marker);
       r.query.emplace_back("upload-id-marker", upload_id_marker);
     }
-    SP_ASSIGN_OR_RETURN(Response response, Send(r));
+    SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
     for (const std::string& upload : XmlElements(response.body, "Upload")) {
       std::vector<std::string> keys = XmlElements(upload, "Key");
       std::vector<std::string> ids = XmlElements(upload, "UploadId");
@@ -632,14 +846,14 @@ Result<std::vector<S3Upload>> S3Client::ListMultipartUploads(std::string_view bu
 Status S3Client::CreateBucket(std::string_view bucket) {
   Request r = MakeRequest("PUT", bucket, "");
   r.body = ByteView();
-  return Send(r).status();
+  return Send(std::move(r)).status();
 }
 
 Result<std::string> S3Client::CreateMultipartUpload(std::string_view bucket,
                                                     std::string_view key) {
   Request r = MakeRequest("POST", bucket, key);
   r.query = {{"uploads", ""}};
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
+  SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
   std::vector<std::string> id = XmlElements(response.body, "UploadId");
   if (id.size() != 1 || id[0].empty()) {
     return DataLossError("POST " + ObjectUrl(bucket, key) + "?uploads: no UploadId in the answer");
@@ -647,20 +861,46 @@ Result<std::string> S3Client::CreateMultipartUpload(std::string_view bucket,
   return id[0];
 }
 
-Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_view key,
-                                         std::string_view upload_id, int part_number,
-                                         ByteView body) {
-  Request r = MakeRequest("PUT", bucket, key);
-  r.query = {{"partNumber", std::to_string(part_number)}, {"uploadId", std::string(upload_id)}};
-  r.body = body;
-  r.headers.push_back(Crc32cHeader(body));
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
-  auto it = response.headers.find("etag");
-  if (it == response.headers.end() || it->second.empty()) {
-    return DataLossError("PUT " + ObjectUrl(bucket, key) + " part " + std::to_string(part_number) +
+namespace {
+
+// The ETag of an answered part upload.
+Result<std::string> PartETag(const std::string& url, int part_number,
+                             const Result<S3Client::Response>& response) {
+  if (!response.ok()) return response.status();
+  auto it = response->headers.find("etag");
+  if (it == response->headers.end() || it->second.empty()) {
+    return DataLossError("PUT " + url + " part " + std::to_string(part_number) +
                          ": no ETag in the answer");
   }
   return it->second;
+}
+
+S3Client::Request PartRequest(std::string_view bucket, std::string_view key,
+                              std::string_view upload_id, int part_number, ByteView body) {
+  S3Client::Request r = MakeRequest("PUT", bucket, key);
+  r.query = {{"partNumber", std::to_string(part_number)}, {"uploadId", std::string(upload_id)}};
+  r.body = body;
+  r.headers.push_back(Crc32cHeader(body));
+  return r;
+}
+
+}  // namespace
+
+Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_view key,
+                                         std::string_view upload_id, int part_number,
+                                         ByteView body) {
+  return PartETag(ObjectUrl(bucket, key), part_number,
+                  Send(PartRequest(bucket, key, upload_id, part_number, body)));
+}
+
+void S3Client::UploadPartAsync(std::string_view bucket, std::string_view key,
+                               std::string_view upload_id, int part_number, ByteView body,
+                               std::function<void(Result<std::string>)> done) {
+  SendAsync(PartRequest(bucket, key, upload_id, part_number, body),
+            [done = std::move(done), url = ObjectUrl(bucket, key),
+             part_number](Result<Response> response) {
+              done(PartETag(url, part_number, response));
+            });
 }
 
 Status S3Client::CompleteMultipartUpload(std::string_view bucket, std::string_view key,
@@ -679,7 +919,7 @@ Status S3Client::CompleteMultipartUpload(std::string_view bucket, std::string_vi
   r.body = AsBytes(xml);
   r.headers.push_back("Content-Type: application/xml");
   AddCondition(condition, &r.headers);
-  SP_ASSIGN_OR_RETURN(Response response, Send(r));
+  SP_ASSIGN_OR_RETURN(Response response, Send(std::move(r)));
   if (!XmlElements(response.body, "Code").empty()) {  // an error after the 200
     return HttpError("POST " + ObjectUrl(bucket, key) + "?uploadId", 500, response.body);
   }
@@ -690,7 +930,7 @@ Status S3Client::AbortMultipartUpload(std::string_view bucket, std::string_view 
                                       std::string_view upload_id) {
   Request r = MakeRequest("DELETE", bucket, key);
   r.query = {{"uploadId", std::string(upload_id)}};
-  Result<Response> response = Send(r);
+  Result<Response> response = Send(std::move(r));
   if (!response.ok() && response.status().code() == StatusCode::kNotFound) return OkStatus();
   return response.status();
 }

@@ -7,9 +7,12 @@
 // `x-amz-checksum-crc32c`, which the server checks (a mismatch is its BadDigest, 400). A session
 // token goes in `x-amz-security-token`.
 //
-// Connections. Each request takes a curl handle from the client's pool and returns it after, so a
-// handle's connection (and TLS session) is reused by the next request on it; requests from many
-// threads run at once, each on its own handle.
+// Transfers. Every request runs on one of the client's event loops: a thread driving a curl multi
+// handle, with the transfers of every caller in flight on it at once (at most
+// S3ClientOptions::max_connections over all loops; more wait their turn in order). A loop keeps
+// its connections (and TLS sessions) open for the next requests to the same host. A blocking call
+// hands its request to a loop and waits for its answer; GetRanges and UploadPartAsync put many
+// requests in flight from one calling thread. Retries wait on the loop (a timer), not on a thread.
 //
 // Failures. 5xx, 429, connection failures, resets and timeouts are retried with exponential
 // backoff and full jitter (the first wait S3ClientOptions::first_backoff, doubling to
@@ -23,8 +26,10 @@
 #ifndef SHARDPOINT_STORE_S3_S3_CLIENT_H_
 #define SHARDPOINT_STORE_S3_S3_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +56,18 @@ struct S3ClientOptions {
   // no request hangs on a server that went away.
   long low_speed_bytes = 1024;
   std::chrono::seconds low_speed_time{30};
+  // Transfers in flight at once over all loops; more wait in order for one to end.
+  int max_connections = 64;
+  // Event-loop threads (each a curl multi handle); 0: one per four hardware threads, 1 to 8. One
+  // loop receives or sends a few GB/s over plain HTTP; TLS costs more CPU per byte.
+  int event_loops = 0;
+};
+
+// One ranged GET of GetRanges: bytes [offset, offset + the pieces' total) of the object, scattered
+// into `pieces` in order.
+struct S3RangeRead {
+  uint64_t offset = 0;
+  std::vector<MutableByteView> pieces;
 };
 
 struct S3Object {
@@ -110,6 +127,10 @@ class S3Client {
   // fewer.
   Status GetRangeV(std::string_view bucket, std::string_view key, uint64_t offset,
                    std::span<const MutableByteView> pieces);
+  // The ranged GETs of `reads`, all in flight at once, each as GetRangeV; returns when every one
+  // has ended, with the failure of the first (in the order of `reads`) that failed.
+  Status GetRanges(std::string_view bucket, std::string_view key,
+                   std::span<const S3RangeRead> reads);
   // The whole object.
   Result<std::string> GetObject(std::string_view bucket, std::string_view key);
   // Writes the object whole, where `condition` holds (kAlreadyExists when it does not).
@@ -130,6 +151,12 @@ class S3Client {
   Result<std::string> CreateMultipartUpload(std::string_view bucket, std::string_view key);
   Result<std::string> UploadPart(std::string_view bucket, std::string_view key,
                                  std::string_view upload_id, int part_number, ByteView body);
+  // UploadPart without waiting: `done` is called once with the part's ETag or the failure, on a
+  // loop thread, where it must not wait for another request of this client. `body` must stay
+  // valid until then.
+  void UploadPartAsync(std::string_view bucket, std::string_view key, std::string_view upload_id,
+                       int part_number, ByteView body,
+                       std::function<void(Result<std::string>)> done);
   Status CompleteMultipartUpload(std::string_view bucket, std::string_view key,
                                  std::string_view upload_id, const S3Parts& parts,
                                  const S3Condition& condition = {});
@@ -146,17 +173,19 @@ class S3Client {
   struct Response;
 
  private:
-  struct Handle;
-  Result<Response> Send(const Request& request);
-  Result<Response> SendOnce(const Request& request, Handle& handle);
-  std::unique_ptr<Handle> TakeHandle();
-  void ReturnHandle(std::unique_ptr<Handle> handle);
+  struct Call;
+  class Loop;
+  using Done = std::function<void(Result<Response>)>;
+  // Hands `request` to a loop; `done` gets its outcome (retries included) on that loop's thread.
+  void SendAsync(Request request, Done done);
+  // SendAsync, waiting for the outcome.
+  Result<Response> Send(Request request);
 
   S3Config config_;
   S3ClientOptions options_;
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Handle>> idle_;
-  uint64_t requests_sent_ = 0;
+  std::vector<std::unique_ptr<Loop>> loops_;
+  std::atomic<uint64_t> next_loop_{0};
+  std::atomic<uint64_t> requests_sent_{0};
 };
 
 // The text of every element <tag>...</tag> of `xml` in order, with the five XML entities and

@@ -5,9 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
+#include "shardpoint/store/s3/s3_fault_proxy.h"
 #include "shardpoint/store/s3/s3_store.h"
 #include "shardpoint/store/s3/s3_test_server.h"
 
@@ -189,6 +193,91 @@ TEST_F(S3ClientTest, MultipartUploadsCompleteOrAbort) {
   ASSERT_TRUE(client_->UploadPart(bucket_, "never", *aborted, 1, AsBytes(b)).ok());
   ASSERT_TRUE(client_->AbortMultipartUpload(bucket_, "never", *aborted).ok());
   EXPECT_EQ(client_->HeadObject(bucket_, "never").status().code(), StatusCode::kNotFound);
+}
+
+// The requests of one caller run at once on one event loop, and a connection outlives its
+// request. Counted by a proxy in front of the server: sequential GETs reuse one connection, so a
+// second connection opened by GetRanges means two of its GETs were in flight together.
+TEST_F(S3ClientTest, RangesOfOneCallRunAtOnceOnOneLoopAndConnectionsAreReused) {
+  const std::string bytes = RandomBytes(16 << 20, 21);
+  ASSERT_TRUE(client_->PutObject(bucket_, "ranges", AsBytes(bytes)).ok());
+  Result<std::unique_ptr<testing::S3FaultProxy>> proxy =
+      testing::S3FaultProxy::Start(server_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  S3Config via = server_->config();
+  via.endpoint = (*proxy)->endpoint();
+  S3ClientOptions one_loop;
+  one_loop.event_loops = 1;
+  S3Client client(via, one_loop);
+
+  std::string got(bytes.size(), '\0');
+  auto view = [&](uint64_t at, uint64_t n) {
+    return MutableByteView(reinterpret_cast<std::byte*>(got.data()) + at, n);
+  };
+  constexpr uint64_t kPiece = 1 << 20;
+  for (uint64_t at = 0; at < 4 * kPiece; at += kPiece) {
+    ASSERT_TRUE(client.GetRange(bucket_, "ranges", at, view(at, kPiece)).ok());
+  }
+  EXPECT_EQ((*proxy)->connections(), 1u) << "one caller's GETs one after the other share one";
+
+  // Sixteen GETs from this one thread, each split over two pieces at an odd point.
+  std::vector<S3RangeRead> reads;
+  for (uint64_t at = 0; at < bytes.size(); at += kPiece) {
+    reads.push_back(S3RangeRead{at, {view(at, 1001), view(at + 1001, kPiece - 1001)}});
+  }
+  std::fill(got.begin(), got.end(), '\0');
+  Status read = client.GetRanges(bucket_, "ranges", reads);
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_TRUE(got == bytes);
+  EXPECT_GT((*proxy)->connections(), 1u) << "the GETs of one call did not overlap";
+  EXPECT_LE((*proxy)->connections(), 1u + reads.size());
+
+  // A read past the end fails, named, and the others' bytes still arrive.
+  reads = {S3RangeRead{0, {view(0, kPiece)}},
+           S3RangeRead{bytes.size() - 10, {view(kPiece, 20)}}};
+  Status past = client.GetRanges(bucket_, "ranges", reads);
+  EXPECT_FALSE(past.ok());
+  EXPECT_THAT(past.message(), HasSubstr("s3://" + bucket_ + "/ranges"));
+}
+
+// Parts sent without waiting, from one thread, complete an object; a part of an upload that does
+// not exist reaches its callback as an error naming the object.
+TEST_F(S3ClientTest, PartsSentWithoutWaitingCompleteAnObject) {
+  const std::string a = RandomBytes(5 << 20, 4), b = RandomBytes(5 << 20, 5),
+                    c = RandomBytes(777, 6);
+  Result<std::string> id = client_->CreateMultipartUpload(bucket_, "async");
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::mutex mu;
+  std::condition_variable ended;
+  std::map<int, Result<std::string>> etags;
+  const std::string* parts[] = {&a, &b, &c};
+  for (int n = 3; n >= 1; --n) {  // out of order
+    client_->UploadPartAsync(bucket_, "async", *id, n, AsBytes(*parts[n - 1]),
+                             [&, n](Result<std::string> etag) {
+                               std::lock_guard<std::mutex> lock(mu);
+                               etags.emplace(n, std::move(etag));
+                               ended.notify_all();
+                             });
+  }
+  client_->UploadPartAsync(bucket_, "async", "no-such-upload", 1, AsBytes(c),
+                           [&](Result<std::string> etag) {
+                             std::lock_guard<std::mutex> lock(mu);
+                             etags.emplace(0, std::move(etag));
+                             ended.notify_all();
+                           });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ended.wait(lock, [&] { return etags.size() == 4; });
+  }
+  S3Parts list;
+  for (int n = 1; n <= 3; ++n) {
+    ASSERT_TRUE(etags.at(n).ok()) << etags.at(n).status();
+    list.emplace_back(n, *etags.at(n));
+  }
+  EXPECT_FALSE(etags.at(0).ok());
+  EXPECT_THAT(etags.at(0).status().message(), HasSubstr("PUT s3://" + bucket_ + "/async"));
+  ASSERT_TRUE(client_->CompleteMultipartUpload(bucket_, "async", *id, list).ok());
+  EXPECT_TRUE(client_->GetObject(bucket_, "async").value() == a + b + c);
 }
 
 // An https:// endpoint: its certificate is checked against the CA bundle (AWS_CA_BUNDLE, the

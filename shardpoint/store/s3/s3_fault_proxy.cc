@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 namespace sp::testing {
 namespace {
@@ -142,7 +143,9 @@ void S3FaultProxy::Accept() {
 
 // Each request meets the dice when its first bytes arrive: a client sends its next request on a
 // connection only once the answer to the previous one has come (HTTP/1.1 without pipelining, as
-// curl sends), so new bytes from the client after bytes from the server start a new request.
+// curl sends), so new bytes from the client after bytes from the server start a new request,
+// unless those were an interim "HTTP/1.1 1xx" answer (100 Continue, after which the client sends
+// the body of the same request).
 void S3FaultProxy::Serve(int client) {
   const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
@@ -184,7 +187,10 @@ void S3FaultProxy::Serve(int client) {
         continue;
       }
       size_t n = static_cast<size_t>(got);
-      if (side == 1) new_request = true;
+      // An interim answer (100 Continue) comes before the body of the same request.
+      if (side == 1 && std::string_view(buffer, n).rfind("HTTP/1.1 1", 0) != 0) {
+        new_request = true;
+      }
       if (side == 0 && new_request) {
         new_request = false;
         ProxyFaults faults;

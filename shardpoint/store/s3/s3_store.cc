@@ -1,13 +1,50 @@
 #include "shardpoint/store/s3/s3_store.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 #include <vector>
 
 namespace sp {
+
+// The bytes of parts in flight over every file of a store (S3StoreOptions::part_budget_bytes):
+// Acquire waits while taking `bytes` would go over the limit, unless nothing is held (a part
+// larger than the limit still goes, alone). Parts in flight end on their own, so a wait always
+// ends.
+class S3PartBudget {
+ public:
+  explicit S3PartBudget(uint64_t limit) : limit_(limit) {}
+
+  void Acquire(uint64_t bytes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    freed_.wait(lock, [&] { return held_ == 0 || held_ + bytes <= limit_; });
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+  }
+  void Release(uint64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ -= bytes;
+    }
+    freed_.notify_all();
+  }
+  uint64_t peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+
+ private:
+  const uint64_t limit_;
+  std::mutex mu_;
+  std::condition_variable freed_;
+  uint64_t held_ = 0;
+  uint64_t peak_ = 0;
+};
+
 namespace {
 
 constexpr uint64_t kMinPartBytes = uint64_t{5} << 20;
@@ -48,21 +85,30 @@ class S3WritableFile : public WritableFile {
  public:
   // `condition`: the object is made (the PUT, or the multipart upload's completion) only where it
   // holds.
-  S3WritableFile(S3Client& client, std::string bucket, std::string key, std::string path,
-                 uint64_t part_bytes, S3Condition condition = {})
-      : client_(client), bucket_(std::move(bucket)), key_(std::move(key)), path_(std::move(path)),
-        part_bytes_(part_bytes), condition_(std::move(condition)) {}
+  S3WritableFile(S3Client& client, std::shared_ptr<S3PartBudget> budget, std::string bucket,
+                 std::string key, std::string path, uint64_t part_bytes,
+                 S3Condition condition = {})
+      : client_(client), budget_(std::move(budget)), bucket_(std::move(bucket)),
+        key_(std::move(key)), path_(std::move(path)), part_bytes_(part_bytes),
+        condition_(std::move(condition)) {}
 
+  // Waits for the parts in flight (they write into this file's state), then aborts an upload
+  // that was never completed.
   ~S3WritableFile() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    part_ended_.wait(lock, [&] { return in_flight_ == 0; });
+    lock.unlock();
     if (!closed_ && !upload_id_.empty()) {
       client_.AbortMultipartUpload(bucket_, key_, upload_id_).IgnoreError();
     }
   }
 
-  // Each part is sent as soon as its last byte is written, by the thread that wrote it, before
-  // that thread copies anything more: a file holds at most one unfinished part per writer and
-  // one part in flight per writer, however large the writes. A write that covers a whole part
-  // nothing was written to yet is sent straight from the caller's bytes.
+  // A part is sent as soon as its last byte is written, while the writer goes on. A part
+  // assembled in the file's memory is sent once the store's part budget has room for it (the
+  // writer waits for that room), so a file holds at most one unfinished part per writer, and the
+  // store's parts in flight stay within the budget (docs/DESIGN.md, object storage). A write that
+  // covers whole parts nothing was written to yet sends them straight from the caller's bytes,
+  // all at once, and returns when they have been sent.
   Status WriteAt(uint64_t offset, ByteView data) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (closed_) {
@@ -72,46 +118,43 @@ class S3WritableFile : public WritableFile {
     size_ = std::max(size_, offset + data.size());
     uint64_t at = offset;
     size_t from = 0;
+    int borrowed = 0;  // parts of this call sent from the caller's bytes, not yet ended
     while (from < data.size()) {
       const uint64_t index = at / part_bytes_;
       const uint64_t in_part = at - index * part_bytes_;
       const size_t n = static_cast<size_t>(std::min<uint64_t>(data.size() - from,
                                                               part_bytes_ - in_part));
-      Part& part = parts_[index];
-      if (part.sent) {
+      if (sent_.count(index) > 0) {
+        lock.unlock();
+        Wait(borrowed);
         return FailedPreconditionError(OpAt("write", path_, at) +
                                        ": that part of the object was already sent");
       }
-      std::vector<std::byte> full;  // a part whose last byte this write brought
-      ByteView send;
+      Part& part = parts_[index];
       if (n == part_bytes_ && part.written.covered == 0) {
-        part.sent = true;
-        send = ByteView(data.data() + from, n);
+        parts_.erase(index);
+        sent_.insert(index);
+        StartPart(lock, index, ByteView(data.data() + from, n), nullptr, &borrowed);
       } else {
         if (part.bytes.size() < in_part + n) part.bytes.resize(in_part + n, std::byte{0});
         std::memcpy(part.bytes.data() + in_part, data.data() + from, n);
         part.written.Add(in_part, in_part + n);
         if (part.written.covered == part_bytes_) {
-          part.sent = true;
-          part.bytes.resize(part_bytes_);
-          full = std::move(part.bytes);
-          part.bytes = {};
-          send = ByteView(full.data(), full.size());
-        }
-      }
-      if (!send.empty()) {
-        lock.unlock();
-        Status sent = SendPart(index, send);
-        lock.lock();
-        if (!sent.ok()) {
-          if (failure_.ok()) failure_ = sent;
-          return sent;
+          auto full = std::make_shared<std::vector<std::byte>>(std::move(part.bytes));
+          full->resize(part_bytes_);
+          parts_.erase(index);
+          sent_.insert(index);
+          const ByteView bytes(full->data(), full->size());
+          StartPart(lock, index, bytes, std::move(full), nullptr);
         }
       }
       at += n;
       from += n;
     }
-    return OkStatus();
+    lock.unlock();
+    Wait(borrowed);
+    lock.lock();
+    return failure_;
   }
 
   Status Sync() override {
@@ -131,10 +174,14 @@ class S3WritableFile : public WritableFile {
     std::unique_lock<std::mutex> lock(mu_);
     if (closed_) return FailedPreconditionError(OpOn("close", path_) + ": file is closed");
     closed_ = true;
-    Status status = failure_;
-    if (status.ok()) status = Finish(lock);
-    if (!status.ok() && !upload_id_.empty()) {
-      client_.AbortMultipartUpload(bucket_, key_, upload_id_).IgnoreError();
+    Status status = Finish(lock);
+    if (!status.ok()) {
+      if (!lock.owns_lock()) lock.lock();
+      part_ended_.wait(lock, [&] { return in_flight_ == 0; });
+      lock.unlock();
+      if (!upload_id_.empty()) {
+        client_.AbortMultipartUpload(bucket_, key_, upload_id_).IgnoreError();
+      }
     }
     return status;
   }
@@ -143,20 +190,46 @@ class S3WritableFile : public WritableFile {
 
  private:
   struct Part {
-    std::vector<std::byte> bytes;  // part_bytes_ long while held
+    std::vector<std::byte> bytes;  // as long as the part's bytes written so far reach
     Ranges written;
-    bool sent = false;
   };
 
-  // Sends part `index` (part number index + 1), starting the upload on the first.
-  Status SendPart(uint64_t index, ByteView bytes) {
-    SP_ASSIGN_OR_RETURN(std::string upload_id, UploadId());
-    Result<std::string> etag =
-        client_.UploadPart(bucket_, key_, upload_id, static_cast<int>(index + 1), bytes);
-    if (!etag.ok()) return Failed("write", path_, etag.status());
-    std::lock_guard<std::mutex> lock(mu_);
-    etags_[static_cast<int>(index + 1)] = *etag;
-    return OkStatus();
+  // With `lock` held (released meanwhile): starts sending part `index` (part number index + 1)
+  // from `bytes`, which `owned` holds (counted against the store's budget), or else the caller's
+  // memory (counted in *borrowed until the part has ended). Starts the upload on the first part.
+  void StartPart(std::unique_lock<std::mutex>& lock, uint64_t index, ByteView bytes,
+                 std::shared_ptr<std::vector<std::byte>> owned, int* borrowed) {
+    ++in_flight_;
+    if (borrowed != nullptr) ++*borrowed;
+    lock.unlock();
+    const uint64_t counted = owned != nullptr ? bytes.size() : 0;
+    if (counted > 0) budget_->Acquire(counted);
+    Result<std::string> upload_id = UploadId();
+    auto ended = [this, index, counted, borrowed, owned](Result<std::string> etag) {
+      if (counted > 0) budget_->Release(counted);
+      std::lock_guard<std::mutex> guard(mu_);
+      if (etag.ok()) {
+        etags_[static_cast<int>(index + 1)] = *etag;
+      } else if (failure_.ok()) {
+        failure_ = Failed("write", path_, etag.status());
+      }
+      --in_flight_;
+      if (borrowed != nullptr) --*borrowed;
+      part_ended_.notify_all();
+    };
+    if (!upload_id.ok()) {
+      ended(upload_id.status());
+    } else {
+      client_.UploadPartAsync(bucket_, key_, *upload_id, static_cast<int>(index + 1), bytes,
+                              std::move(ended));
+    }
+    lock.lock();
+  }
+
+  // Until the parts counted in `borrowed` have ended.
+  void Wait(int& borrowed) {
+    std::unique_lock<std::mutex> lock(mu_);
+    part_ended_.wait(lock, [&] { return borrowed == 0; });
   }
 
   Result<std::string> UploadId() {
@@ -169,10 +242,13 @@ class S3WritableFile : public WritableFile {
     return upload_id_;
   }
 
-  // With mu_ held: sends what is left and makes the object.
+  // With mu_ held: sends what is left and makes the object. Returns with the lock released or
+  // held.
   Status Finish(std::unique_lock<std::mutex>& lock) {
+    part_ended_.wait(lock, [&] { return in_flight_ == 0; });
+    SP_RETURN_IF_ERROR(failure_);
     const uint64_t parts = (size_ + part_bytes_ - 1) / part_bytes_;
-    const bool any_sent = !etags_.empty() || !upload_id_.empty();
+    const bool any_sent = !sent_.empty() || !upload_id_.empty();
     if (!any_sent && parts <= 1) {  // one PUT of the whole object
       auto it = parts_.find(0);
       std::vector<std::byte> whole =
@@ -184,30 +260,26 @@ class S3WritableFile : public WritableFile {
           client_.PutObject(bucket_, key_, ByteView(whole.data(), whole.size()), condition_);
       return put.ok() ? put : Failed("close", path_, put);
     }
-    // The parts not sent yet: every one up to the end, the last cut to the size.
-    std::vector<std::pair<uint64_t, std::vector<std::byte>>> rest;
+    // The parts not sent yet, all at once: every one up to the end, the last cut to the size.
     for (uint64_t index = 0; index < parts; ++index) {
-      Part& part = parts_[index];
-      if (part.sent) continue;
-      std::vector<std::byte> bytes = std::move(part.bytes);
+      if (!sent_.insert(index).second) continue;
+      auto it = parts_.find(index);
+      auto bytes = std::make_shared<std::vector<std::byte>>(
+          it != parts_.end() ? std::move(it->second.bytes) : std::vector<std::byte>());
+      if (it != parts_.end()) parts_.erase(it);
       const uint64_t length = std::min(part_bytes_, size_ - index * part_bytes_);
-      bytes.resize(length, std::byte{0});
-      rest.emplace_back(index, std::move(bytes));
-      part.sent = true;
+      bytes->resize(length, std::byte{0});
+      StartPart(lock, index, ByteView(bytes->data(), bytes->size()), bytes, nullptr);
     }
-    parts_.clear();
-    lock.unlock();
-    for (auto& [index, bytes] : rest) {
-      SP_RETURN_IF_ERROR(SendPart(index, ByteView(bytes.data(), bytes.size())));
-    }
-    lock.lock();
+    part_ended_.wait(lock, [&] { return in_flight_ == 0; });
+    SP_RETURN_IF_ERROR(failure_);
     S3Parts list(etags_.begin(), etags_.end());
     if (list.size() != parts) {
       return InternalError(OpOn("close", path_) + ": " + std::to_string(list.size()) +
                            " parts sent for an object of " + std::to_string(parts));
     }
-    const std::string upload_id = upload_id_;
     lock.unlock();
+    const std::string upload_id = upload_id_;
     Status completed = client_.CompleteMultipartUpload(bucket_, key_, upload_id, list, condition_);
     if (!completed.ok() && !CompletedBefore(completed)) return Failed("close", path_, completed);
     std::lock_guard<std::mutex> upload_lock(upload_mu_);
@@ -229,14 +301,18 @@ class S3WritableFile : public WritableFile {
   }
 
   S3Client& client_;
+  const std::shared_ptr<S3PartBudget> budget_;
   const std::string bucket_;
   const std::string key_;
   const std::string path_;
   const uint64_t part_bytes_;
   const S3Condition condition_;
   std::mutex mu_;
-  std::map<uint64_t, Part> parts_;
+  std::condition_variable part_ended_;
+  std::map<uint64_t, Part> parts_;   // parts written to and not sent
+  std::set<uint64_t> sent_;          // parts sent or being sent
   std::map<int, std::string> etags_;
+  int in_flight_ = 0;                // parts being sent
   uint64_t size_ = 0;
   bool closed_ = false;
   Status failure_;
@@ -244,34 +320,48 @@ class S3WritableFile : public WritableFile {
   std::string upload_id_;
 };
 
+// The ranged GETs of `held` bytes from `offset` scattered into `pieces`, cut into GETs of at most
+// `most` bytes (the pieces cut where a GET ends).
+std::vector<S3RangeRead> CutRange(uint64_t offset, uint64_t held,
+                                  std::span<const MutableByteView> pieces, uint64_t most) {
+  std::vector<S3RangeRead> reads;
+  uint64_t at = 0;  // bytes placed so far
+  for (const MutableByteView& p : pieces) {
+    uint64_t used = 0;
+    while (used < p.size() && at < held) {
+      if (reads.empty() || at % most == 0) reads.push_back(S3RangeRead{offset + at, {}});
+      const uint64_t room = most - at % most;
+      const uint64_t n = std::min({p.size() - used, room, held - at});
+      reads.back().pieces.push_back(MutableByteView(p.data() + used, n));
+      used += n;
+      at += n;
+    }
+    if (at >= held) break;
+  }
+  return reads;
+}
+
 class S3ReadableFile : public ReadableFile {
  public:
   S3ReadableFile(S3Client& client, std::string bucket, std::string key, std::string path,
-                 uint64_t size)
+                 uint64_t size, uint64_t read_part_bytes)
       : client_(client), bucket_(std::move(bucket)), key_(std::move(key)), path_(std::move(path)),
-        size_(size) {}
+        size_(size), read_part_bytes_(read_part_bytes) {}
 
   Status ReadAt(uint64_t offset, MutableByteView out) const override {
-    if (offset > size_ || out.size() > size_ - offset) return ShortRead(offset, out.size());
-    Status read = client_.GetRange(bucket_, key_, offset, out);
-    return read.ok() ? read : Failed("read", path_, read);
+    return ReadVAt(offset, std::span<const MutableByteView>(&out, 1));
   }
-  // One ranged GET for all the pieces, each byte written into its piece as it arrives.
+  // Ranged GETs of at most S3StoreOptions::read_part_bytes, all in flight at once, each byte
+  // written into its piece as it arrives.
   Status ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const override {
     uint64_t total = 0;
     for (const MutableByteView& p : pieces) total += p.size();
     // What the file holds of the range is read and delivered even when the range runs past its
-    // end (then kDataLoss, as ReadAt reports it).
+    // end (then kDataLoss).
     const uint64_t held = offset >= size_ ? 0 : std::min(total, size_ - offset);
-    std::vector<MutableByteView> within;
-    uint64_t at = 0;
-    for (const MutableByteView& p : pieces) {
-      if (at >= held) break;
-      within.push_back(MutableByteView(p.data(), std::min<uint64_t>(p.size(), held - at)));
-      at += p.size();
-    }
     if (held > 0) {
-      Status read = client_.GetRangeV(bucket_, key_, offset, within);
+      const std::vector<S3RangeRead> reads = CutRange(offset, held, pieces, read_part_bytes_);
+      Status read = client_.GetRanges(bucket_, key_, reads);
       if (!read.ok()) return Failed("read", path_, read);
     }
     if (held < total) return ShortRead(offset, total);
@@ -291,6 +381,7 @@ class S3ReadableFile : public ReadableFile {
   const std::string key_;
   const std::string path_;
   const uint64_t size_;
+  const uint64_t read_part_bytes_;
 };
 
 }  // namespace
@@ -321,7 +412,11 @@ std::string S3KeyOf(std::string_view path) {
 S3Store::S3Store(std::shared_ptr<S3Client> client, std::string bucket, S3StoreOptions options)
     : client_(std::move(client)), bucket_(std::move(bucket)), options_(options) {
   options_.part_bytes = std::max(options_.part_bytes, kMinPartBytes);
+  options_.read_part_bytes = std::max<uint64_t>(options_.read_part_bytes, 1);
+  budget_ = std::make_shared<S3PartBudget>(options_.part_budget_bytes);
 }
+
+uint64_t S3Store::peak_part_bytes_in_flight() const { return budget_->peak(); }
 
 Result<S3Store::Kind> S3Store::What(std::string_view path) {
   const std::string key = S3KeyOf(path);
@@ -360,7 +455,7 @@ Result<std::unique_ptr<WritableFile>> S3Store::NewWritableFile(std::string_view 
     return InvalidArgumentError(OpOn("create", path) + ": it is a directory");
   }
   return std::unique_ptr<WritableFile>(std::make_unique<S3WritableFile>(
-      *client_, bucket_, key, std::string(path), options_.part_bytes));
+      *client_, budget_, bucket_, key, std::string(path), options_.part_bytes));
 }
 
 Result<std::string> S3Store::FileVersion(std::string_view path) {
@@ -391,7 +486,8 @@ Status S3Store::WriteFileIf(std::string_view path, std::string_view bytes,
     c.if_match = condition.version;
   }
   Status written = [&] {
-    S3WritableFile file(*client_, bucket_, key, std::string(path), options_.part_bytes, c);
+    S3WritableFile file(*client_, budget_, bucket_, key, std::string(path), options_.part_bytes,
+                        c);
     SP_RETURN_IF_ERROR(file.WriteAt(0, AsBytes(bytes)));
     return file.Close();
   }();
@@ -438,7 +534,8 @@ Result<std::unique_ptr<ReadableFile>> S3Store::OpenReadable(std::string_view pat
     return Failed("open", path, size.status());
   }
   return std::unique_ptr<ReadableFile>(
-      std::make_unique<S3ReadableFile>(*client_, bucket_, key, std::string(path), *size));
+      std::make_unique<S3ReadableFile>(*client_, bucket_, key, std::string(path), *size,
+                                       options_.read_part_bytes));
 }
 
 Status S3Store::CreateDirs(std::string_view path) {

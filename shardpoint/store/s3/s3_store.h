@@ -8,8 +8,12 @@
 //
 // Writing. A WritableFile buffers what is written in parts of S3StoreOptions::part_bytes (at
 // least 5 MiB, the S3 minimum). A part whose bytes have all been written is sent at once as a part
-// of a multipart upload (from the writing thread), so a file written front to back, or by many
-// threads in disjoint pieces, holds at most about one part per writer in memory. Close is the
+// of a multipart upload, in the background (the client's event loops, s3_client.h), while the
+// writer goes on; the parts in flight over all the store's files hold at most
+// S3StoreOptions::part_budget_bytes (a writer whose part would go over waits for room), and a
+// file written front to back, or by many threads in disjoint pieces, holds at most about one
+// unfinished part per writer besides. A write covering whole parts sends them straight from the
+// caller's bytes, all at once, and returns once they are sent. Close is the
 // commit point: a file of one part or less is sent with one PUT; otherwise the remaining parts
 // (bytes never written read as zeros, as in a sparse file) are sent and the upload completed. Until
 // then the object does not exist (or keeps its previous content): S3 makes an object appear whole
@@ -19,6 +23,9 @@
 // Conditional writes (WriteFileIf, what a save's commit uses) send If-None-Match: * or If-Match:
 // the ETag (FileVersion), which S3 checks atomically with the write (AWS since 2024, SeaweedFS,
 // MinIO); a server that ignores them makes the commit unconditional.
+//
+// Reading. A read is cut into ranged GETs of at most S3StoreOptions::read_part_bytes, all in
+// flight at once, each written into the caller's buffers as it arrives.
 //
 // Renames copy on the server and delete the source: the destination appears whole at once (which
 // is what a commit needs); a directory is renamed object by object. Open readers of a renamed or
@@ -40,7 +47,15 @@ namespace sp {
 
 struct S3StoreOptions {
   uint64_t part_bytes = uint64_t{16} << 20;  // raised to 5 MiB when smaller
+  // The bytes of parts in flight from the files' own buffers, over every file of the store: the
+  // default memory budget of a call (docs/DESIGN.md decision 8). A part larger than this still
+  // goes, alone.
+  uint64_t part_budget_bytes = uint64_t{256} << 20;
+  // The most bytes one ranged GET asks for; a longer read is cut into GETs sent at once.
+  uint64_t read_part_bytes = uint64_t{8} << 20;
 };
+
+class S3PartBudget;
 
 class S3Store : public Store {
  public:
@@ -69,6 +84,8 @@ class S3Store : public Store {
 
   const std::string& bucket() const { return bucket_; }
   S3Client& client() { return *client_; }
+  // The most bytes the store's files have had in flight from their own buffers at once.
+  uint64_t peak_part_bytes_in_flight() const;
 
  private:
   // What is at a path: a file (an object of that key), a directory, or nothing.
@@ -80,6 +97,7 @@ class S3Store : public Store {
   std::shared_ptr<S3Client> client_;
   std::string bucket_;
   S3StoreOptions options_;
+  std::shared_ptr<S3PartBudget> budget_;
 };
 
 // The key of a store path: without leading '/' and with "." and empty components removed. A URL
