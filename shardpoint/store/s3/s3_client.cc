@@ -3,12 +3,15 @@
 #include <curl/curl.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <future>
 #include <cctype>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
