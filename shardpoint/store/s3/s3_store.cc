@@ -119,7 +119,7 @@ class S3WritableFile : public WritableFile {
     uint64_t at = offset;
     size_t from = 0;
     int borrowed = 0;  // parts of this call sent from the caller's bytes, not yet ended
-    while (from < data.size()) {
+    while (from < data.size() && failure_.ok()) {  // a part that failed fails the file
       const uint64_t index = at / part_bytes_;
       const uint64_t in_part = at - index * part_bytes_;
       const size_t n = static_cast<size_t>(std::min<uint64_t>(data.size() - from,
@@ -205,23 +205,31 @@ class S3WritableFile : public WritableFile {
     const uint64_t counted = owned != nullptr ? bytes.size() : 0;
     if (counted > 0) budget_->Acquire(counted);
     Result<std::string> upload_id = UploadId();
-    auto ended = [this, index, counted, borrowed, owned](Result<std::string> etag) {
+    // `phrased`: the failure already names the file's operation.
+    auto ended = [this, index, counted, borrowed, owned](Result<std::string> etag, bool phrased) {
       if (counted > 0) budget_->Release(counted);
       std::lock_guard<std::mutex> guard(mu_);
       if (etag.ok()) {
         etags_[static_cast<int>(index + 1)] = *etag;
       } else if (failure_.ok()) {
-        failure_ = Failed("write", path_, etag.status());
+        failure_ = phrased ? etag.status() : Failed("write", path_, etag.status());
       }
       --in_flight_;
       if (borrowed != nullptr) --*borrowed;
       part_ended_.notify_all();
     };
+    bool failed = false;  // an earlier part failed: the file fails with that, nothing more is sent
+    {
+      std::lock_guard<std::mutex> guard(mu_);
+      failed = !failure_.ok();
+    }
     if (!upload_id.ok()) {
-      ended(upload_id.status());
+      ended(upload_id.status(), true);
+    } else if (failed) {
+      ended(AbortedError(OpOn("write", path_) + ": an earlier part failed"), true);
     } else {
       client_.UploadPartAsync(bucket_, key_, *upload_id, static_cast<int>(index + 1), bytes,
-                              std::move(ended));
+                              [ended](Result<std::string> etag) { ended(std::move(etag), false); });
     }
     lock.lock();
   }

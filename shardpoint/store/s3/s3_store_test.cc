@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "shardpoint/store/s3/s3_fault_proxy.h"
 #include "shardpoint/store/s3/s3_test_server.h"
 #include "shardpoint/store/store_conformance.h"
 
@@ -158,6 +160,53 @@ TEST(S3StoreTest, PartsInFlightStayWithinTheStoreBudgetAndReadsAreCut) {
     EXPECT_EQ(past.code(), StatusCode::kDataLoss) << past;
     EXPECT_TRUE(tail.substr(0, 1000) == want.substr(want.size() - 1000));
   }
+}
+
+// A part that fails in the background fails the file: its next write returns that failure
+// without sending anything, Close fails, and no object appears.
+TEST(S3StoreTest, APartThatFailsInTheBackgroundFailsTheFile) {
+  Status why;
+  testing::S3TestServer* server = Server(&why);
+  if (server == nullptr && why.code() == StatusCode::kNotFound) GTEST_SKIP() << why.message();
+  ASSERT_NE(server, nullptr) << why;
+  Result<std::unique_ptr<testing::S3FaultProxy>> proxy =
+      testing::S3FaultProxy::Start(server->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  S3Config via = server->config();
+  via.endpoint = (*proxy)->endpoint();
+  S3ClientOptions once;
+  once.max_attempts = 1;
+  auto client = std::make_shared<S3Client>(via, once);
+  S3StoreOptions options;
+  options.part_bytes = uint64_t{5} << 20;
+  S3Store store(client, kBucket, options);
+  ASSERT_TRUE(store.CreateDirs("/failing").ok());
+  const std::string part(options.part_bytes, 'p');
+  Result<std::unique_ptr<WritableFile>> file = store.NewWritableFile("/failing/f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->WriteAt(0, AsBytes(part)).ok());  // part 1, sent before returning
+
+  (*proxy)->SetFaults({.throttle = 1.0});
+  // Part 2 assembled in the file's memory (two writes), sent in the background, throttled.
+  ASSERT_TRUE((*file)->WriteAt(options.part_bytes, AsBytes(part.substr(0, 1000))).ok());
+  Status second = (*file)->WriteAt(options.part_bytes + 1000, AsBytes(part.substr(1000)));
+  Status failed = second.ok() ? (*file)->Sync() : second;
+  for (int i = 0; i < 100 && failed.ok(); ++i) {  // the part's answer may still be on its way
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    failed = (*file)->Sync();
+  }
+  EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed;
+  EXPECT_NE(failed.message().find("/failing/f"), std::string_view::npos) << failed;
+  EXPECT_NE(failed.message().find("SlowDown"), std::string_view::npos) << failed;
+  const uint64_t sent = client->requests_sent();
+  Status third = (*file)->WriteAt(2 * options.part_bytes, AsBytes(part));
+  EXPECT_EQ(third.message(), failed.message());
+  EXPECT_EQ(client->requests_sent(), sent) << "a write after the failure sent a part";
+  EXPECT_FALSE((*file)->Close().ok());
+  (*proxy)->SetFaults({});
+  Result<bool> exists = store.Exists("/failing/f");
+  ASSERT_TRUE(exists.ok()) << exists.status();
+  EXPECT_FALSE(*exists);
 }
 
 INSTANTIATE_TEST_SUITE_P(S3, StoreConformanceTest, ::testing::Values(S3Param()),
