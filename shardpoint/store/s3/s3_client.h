@@ -55,8 +55,7 @@ struct S3ClientOptions {
   std::chrono::seconds low_speed_time{30};
   // Transfers in flight at once over all loops; more wait in order for one to end.
   int max_connections = 64;
-  // Event-loop threads (each a curl multi handle); 0: one per four hardware threads, 1 to 8. One
-  // loop receives or sends a few GB/s over plain HTTP; TLS costs more CPU per byte.
+  // Event-loop threads (each a curl multi handle); 0: one per four hardware threads, 1 to 8.
   int event_loops = 0;
 };
 
