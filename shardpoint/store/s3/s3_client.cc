@@ -349,8 +349,8 @@ class S3Client::Loop {
     multi_ = curl_multi_init();
     if (multi_ != nullptr) {
       curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, static_cast<long>(max_active));
+      thread_ = std::thread([this] { Run(); });
     }
-    if (multi_ != nullptr) thread_ = std::thread([this] { Run(); });
   }
 
   ~Loop() {
@@ -373,7 +373,7 @@ class S3Client::Loop {
       std::lock_guard<std::mutex> lock(mu_);
       submitted_.push_back(std::move(call));
     }
-    if (multi_ != nullptr) curl_multi_wakeup(multi_);
+    curl_multi_wakeup(multi_);
   }
 
  private:
