@@ -12,6 +12,11 @@ namespace sp {
 // streaming save's filled pieces, a consolidation's tensor data in flight.
 inline constexpr uint64_t kDefaultMemoryBudgetBytes = uint64_t{256} << 20;
 
+// The shortest run of a stored chunk that a load's scattered read puts straight in its
+// destination (engine/read_executor.h); a chunk with shorter runs is staged: many tiny pieces
+// cost a scatter read more than one copy of the rows.
+inline constexpr uint64_t kMinScatterRunBytes = 512;
+
 }  // namespace sp
 
 #endif  // SHARDPOINT_ENGINE_BUDGET_H_

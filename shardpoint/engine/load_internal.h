@@ -58,8 +58,9 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
 
 // Processes of one machine (every rank of the communicator on it, none sharing this one's
 // address space): the plan of LoadShared, but each reader packs the regions it reads for the
-// others into its own part of one shared-memory object (two slots, for alternate rounds), and
-// each rank copies its regions out of the readers' slots; the communicator carries only where
+// others into its own part of one shared-memory object (three slots: two rounds are read at
+// once while the one before them is copied out), and each rank copies its regions out of the
+// readers' slots; the communicator carries only where
 // each payload lies and every rank's status. The lowest rank creates the object, named after
 // `nonce`, and removes the name once every rank has it mapped. When the object cannot be made
 // or mapped on some rank (no /dev/shm, too small a /dev/shm, a container of its own), every rank

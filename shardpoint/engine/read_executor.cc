@@ -200,6 +200,25 @@ struct Direct {
   uint64_t file_end;
 };
 
+// One piece of a scattered read: file bytes [begin, end) land at `dest`.
+struct Piece {
+  uint64_t begin;
+  uint64_t end;
+  std::byte* dest;
+};
+
+// A scattered read: file bytes [file_begin, file_end) of one chunk (chunk bytes [lo, hi),
+// whole checksum blocks when verifying), its pieces in file order, the rest into staging.
+// `request` is one of the chunk's requests (for its chunk).
+struct Scattered {
+  const ReadRequest* request;
+  uint64_t lo;
+  uint64_t hi;
+  uint64_t file_begin;
+  uint64_t file_end;
+  std::vector<Piece> pieces;
+};
+
 // A part of an extent: file bytes [begin, end) land at `dest`, or in staging at `staging`.
 struct Segment {
   uint64_t begin;
@@ -219,6 +238,7 @@ struct Extent {
   std::vector<Segment> segments;  // in file order, covering [begin, end)
   std::vector<Staged*> staged;
   std::vector<const Direct*> direct;
+  std::vector<const Scattered*> scattered;
 
   void AddStaging(uint64_t from, uint64_t to) {
     if (from >= to) return;
@@ -247,7 +267,7 @@ struct ExtentLimits {
 // Groups reads of one file, sorted by file offset, into extents. A read may join the open extent
 // when it starts where the extent ends and the extent stays within the limits; a staged read may
 // also read through a gap of up to max_gap bytes after staged bytes (rows of one chunk a few
-// rows apart), and one overlapping the extent's staged tail (checksum blocks shared with the
+// rows apart), a scattered read after any bytes, and one overlapping the extent's staged tail (checksum blocks shared with the
 // previous rows) reuses those bytes. A direct read never reads through a gap: the bytes between
 // two destinations are usually another rank's.
 class ExtentBuilder {
@@ -285,6 +305,25 @@ class ExtentBuilder {
     e->AddDest(dest_begin, dest_end, d.out);
     e->AddStaging(dest_end, d.file_end);      // the tail of a partial last block
     e->direct.push_back(&d);
+  }
+
+  void Add(uint32_t file, const Scattered& s) {
+    uint64_t in_place = 0;
+    for (const Piece& p : s.pieces) in_place += p.end - p.begin;
+    const uint64_t staged = (s.file_end - s.file_begin) - in_place;
+    // Like a staged read (which it is, with its runs landing in place), it reads through a gap
+    // of up to max_gap bytes after the open extent.
+    Extent* e = Joinable(file, s.file_begin, s.file_end,
+                         StagingAdded(file, s.file_begin, s.file_begin) + staged, limits_.max_gap);
+    if (e != nullptr && s.file_begin < e->end) e = nullptr;
+    if (e == nullptr) e = Open(file, s.file_begin);
+    e->AddStaging(e->end, s.file_begin);  // a gap, read through
+    for (const Piece& p : s.pieces) {
+      e->AddStaging(e->end, p.begin);  // between runs: other columns, block edges
+      e->AddDest(p.begin, p.end, p.dest);
+    }
+    e->AddStaging(e->end, s.file_end);
+    e->scattered.push_back(&s);
   }
 
   std::vector<Extent> Take() { return std::move(extents_); }
@@ -459,6 +498,7 @@ Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
         SP_RETURN_IF_ERROR(verify(*s->request, s->rows.begin, s->rows.end));
       }
       for (const Direct* d : e.direct) SP_RETURN_IF_ERROR(verify(*d->request, d->lo, d->hi));
+      for (const Scattered* s : e.scattered) SP_RETURN_IF_ERROR(verify(*s->request, s->lo, s->hi));
     }
     if (a > 0) {
       for (const Segment& s : e.segments) {
@@ -508,6 +548,70 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
     out.push_back(Direct{&r, lo, hi, dest, offset, offset + length});
     lo = hi;
   }
+}
+
+// The scattered reads of the requests of one chunk (see read_executor.h), cut like direct reads
+// at the file offsets that are multiples of job.span (at whole checksum blocks); false when the
+// chunk's requests do not qualify (a cast, a run shorter than scatter_min_run_bytes, overlapping
+// regions), and nothing is added.
+bool AddScattered(Job& job, const std::vector<const ReadRequest*>& requests,
+                  std::deque<Scattered>& out) {
+  const ReadRequest& first = *requests.front();
+  const StoredChunk& chunk = *first.chunk;
+  const size_t es = DTypeSize(first.stored->dtype);
+  if (chunk.encoding == ChunkEncoding::kDriverDecoded || chunk.box.rank() == 0) return false;
+  uint64_t count = 0;
+  for (const ReadRequest* r : requests) {
+    if (r->dest.dtype != r->stored->dtype) return false;
+    const CopyRuns runs = SummarizeCopyRuns(chunk.box, r->dest.box, r->region, es);
+    if (runs.count == 0 || runs.run_bytes < job.options.scatter_min_run_bytes) return false;
+    count += runs.count;
+  }
+  // Chunk-relative pieces, in chunk order.
+  std::vector<Piece> pieces;
+  pieces.reserve(count);
+  for (const ReadRequest* r : requests) {
+    const uint64_t run = SummarizeCopyRuns(chunk.box, r->dest.box, r->region, es).run_bytes;
+    std::byte* base = r->dest.data;
+    ForEachCopyRun(chunk.box, r->dest.box, r->region, es, [&](uint64_t src, uint64_t dst) {
+      pieces.push_back(Piece{src, src + run, base + dst});
+    });
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < pieces.size(); ++i) {
+    if (pieces[i].begin < pieces[i - 1].end) return false;  // two requests want the same bytes
+  }
+  const StoredChunkRef ref = RefFor(job, first);
+  const uint64_t bs = std::max<uint64_t>(1, job.metadata.checksum_block_bytes);
+  uint64_t lo = pieces.front().begin, hi = pieces.back().end;
+  if (job.options.verify) {
+    lo = lo / bs * bs;
+    hi = std::min(chunk.byte_length, (hi + bs - 1) / bs * bs);
+  }
+  size_t next = 0;  // the first piece not wholly placed yet
+  uint64_t split = 0;  // how much of pieces[next] an earlier band took
+  for (uint64_t at = lo; at < hi;) {
+    uint64_t cut = ((ref.file_offset + at) / job.span + 1) * job.span - ref.file_offset;
+    cut = cut / bs * bs;
+    if (cut <= at) cut = (at / bs + 1) * bs;
+    const uint64_t end = std::min(hi, cut);
+    Scattered& band = out.emplace_back(
+        Scattered{&first, at, end, ref.file_offset + at, ref.file_offset + end, {}});
+    while (next < pieces.size() && pieces[next].begin + split < end) {
+      const Piece& p = pieces[next];
+      const uint64_t from = p.begin + split, to = std::min(p.end, end);
+      band.pieces.push_back(Piece{ref.file_offset + from, ref.file_offset + to, p.dest + split});
+      if (to < p.end) {
+        split = to - p.begin;
+        break;
+      }
+      split = 0;
+      ++next;
+    }
+    at = end;
+  }
+  return true;
 }
 
 // Reads a driver-decoded chunk whole, decodes it, and serves every request that needs it.
@@ -625,27 +729,35 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   std::map<const StoredChunk*, std::vector<const ReadRequest*>> decoded;
   // A chunk that several requests need is read through staging, so that the checksum blocks they
   // share are read once.
-  std::map<const StoredChunk*, int> users;
+  std::map<const StoredChunk*, std::vector<const ReadRequest*>> users;
   for (const ReadRequest& r : requests) {
     if (r.dest.empty()) {
       return InvalidArgumentError("read of tensor '" + r.stored->name + "' chunk " +
                                   r.chunk->box.ToString() + " has no destination");
     }
-    ++users[r.chunk];
+    users[r.chunk].push_back(&r);
   }
+  std::deque<Scattered> scattered;
+  std::set<const StoredChunk*> in_place;  // chunks read scattered
   for (const ReadRequest& r : requests) {
     if (r.chunk->encoding == ChunkEncoding::kDriverDecoded) {
       decoded[r.chunk].push_back(&r);
       continue;
     }
+    if (in_place.count(r.chunk) != 0) continue;
     const size_t es = DTypeSize(r.stored->dtype);
-    if (r.stored->dtype == r.dest.dtype && users[r.chunk] == 1) {
+    const std::vector<const ReadRequest*>& of_chunk = users[r.chunk];
+    if (r.stored->dtype == r.dest.dtype && of_chunk.size() == 1) {
       RunSummary src = SummarizeByteRuns(r.chunk->box, r.region, es);
       RunSummary dst = SummarizeByteRuns(r.dest.box, r.region, es);
       if (src.runs == 1 && dst.runs == 1 && src.bytes > 0) {
         AddDirect(job, r, src, dst, direct);
         continue;
       }
+    }
+    if (AddScattered(job, of_chunk, scattered)) {
+      in_place.insert(r.chunk);
+      continue;
     }
     Slab rows = RowCover(r.chunk->box, r.region, es);
     if (rows.end - rows.begin > options.window) {
@@ -670,14 +782,18 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     uint64_t end;
     Staged* staged;
     const Direct* direct;
+    const Scattered* scattered;
   };
   std::vector<Item> items;
-  items.reserve(staged.size() + direct.size());
+  items.reserve(staged.size() + direct.size() + scattered.size());
   for (Staged& s : staged) {
-    items.push_back(Item{s.request->chunk->file, s.file_begin, s.file_end, &s, nullptr});
+    items.push_back(Item{s.request->chunk->file, s.file_begin, s.file_end, &s, nullptr, nullptr});
   }
   for (const Direct& d : direct) {
-    items.push_back(Item{d.request->chunk->file, d.file_begin, d.file_end, nullptr, &d});
+    items.push_back(Item{d.request->chunk->file, d.file_begin, d.file_end, nullptr, &d, nullptr});
+  }
+  for (const Scattered& s : scattered) {
+    items.push_back(Item{s.request->chunk->file, s.file_begin, s.file_end, nullptr, nullptr, &s});
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.file, a.begin, a.end) < std::tie(b.file, b.begin, b.end);
@@ -687,6 +803,8 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   for (const Item& item : items) {
     if (item.staged != nullptr) {
       builder.Add(item.file, *item.staged);
+    } else if (item.scattered != nullptr) {
+      builder.Add(item.file, *item.scattered);
     } else {
       const Direct& d = *item.direct;
       const uint64_t chunk_at = RefFor(job, *d.request).file_offset;

@@ -7,6 +7,13 @@
 //  - staged: every other read is widened to whole rows of its stored chunk and whole checksum
 //    blocks and lands in a staging buffer, from which its region is copied (and cast if asked)
 //    once its blocks are verified; reads of one chunk share the blocks they overlap;
+//  - scattered: the reads of a chunk whose regions are runs of at least scatter_min_run_bytes in
+//    both the chunk and their destinations, none overlapping another, all of the stored dtype
+//    (columns of rows: a resharded load's own region and what it reads for other ranks), land
+//    run by run in their destinations, each run one piece of a scatter read; what lies between
+//    the runs (other columns, the edges of checksum blocks) lands in staging, so every block is
+//    still verified in the same pass, and nothing is copied afterwards. Cut at the same file
+//    offsets as direct reads;
 //  - sliced: a staged read whose rows alone exceed `window` is cut into slabs read one at a time.
 // Direct and staged reads of one file are grouped, in file order, into extents of consecutive
 // bytes of at most kMaxSpanBytes, each read with one scatter read (ReadableFile::ReadVAt) into
@@ -101,6 +108,9 @@ struct ReadExecutorOptions {
   // directly.
   std::optional<bool> direct_io = false;
   uint64_t direct_io_min_bytes = uint64_t{1} << 20;
+  // A chunk whose requests' runs are all at least this long is read scattered (see above; the
+  // default is in engine/budget.h).
+  uint64_t scatter_min_run_bytes = kMinScatterRunBytes;
   // Reads running at once. 0: as many as the pool's IoTuner allows, which it learns from the
   // throughput of the reads as they run (ThreadPool::io_tuner); N > 0: at most N, fixed (never
   // more than the pool's threads).

@@ -759,6 +759,9 @@ TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
     c->load_as_processes = i % 16 >= 12;  // shared reads through shared memory
     ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
     if (i % 7 == 5) c->load_options.io_depth = 1 + static_cast<int>(i % 3);  // else tuned
+    // Scattered reads for runs of any length in a fifth of the cases (by default only runs of
+    // kMinScatterRunBytes, which few of these small tensors have).
+    if (i % 5 == 2) c->load_options.scatter_min_run_bytes = 1;
     if (i % 50 == 49) {
       if (i % 100 == 49) {  // half the cases on disk read every extent with direct I/O
         c->load_options.direct_io = true;
@@ -1242,6 +1245,72 @@ TEST_F(ReshardTest, CorruptChunkInALaterRoundFailsEveryRankWhileTheNextRoundRead
   ASSERT_NO_FATAL_FAILURE(
       ExpectCorruptChunkFailsEveryRank(c, md, "rows", md.tensors[0].chunks[13], 101, 0x40));
   ExpectNoSharedMemoryLeft();
+}
+
+// Columns of rows read scattered: a 16.8 MB chunk (more than one extent, so it is cut at 16 MiB
+// inside a run and inside a checksum block) loaded as columns by 3 ranks, each run of 1.3 KiB
+// landing in place, in every way of reading; and a flipped byte, between the runs a rank keeps
+// (read through staging) or inside one (read in place), is still caught.
+TEST_F(ReshardTest, ColumnsOfRowsLandInPlaceAndEveryBlockIsStillVerified) {
+  TensorCase t = MakeTensor("cols", DType::kFloat32, {4100, 1024}, 17);
+  t.save = MeshOf(t.shape, Mesh({1}, {Placement::Shard(0)}));
+  t.load = MeshOf(t.shape, Mesh({3}, {Placement::Shard(1)}));
+  TensorCase narrow = MakeTensor("narrow", DType::kBFloat16, {64, 96}, 18);  // runs of 64 bytes
+  narrow.save = MeshOf(narrow.shape, Mesh({1}, {Placement::Shard(0)}));
+  narrow.load = MeshOf(narrow.shape, Mesh({3}, {Placement::Shard(1)}));
+  Case c = MakeCase({t, narrow}, 1, 3);
+  c.save_options.checksum_block_bytes = 1000;  // blocks that neither rows nor runs line up with
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c));
+  const CheckpointMetadata md = Metadata();
+  const uint64_t stored = StoredBytes(md);
+  for (RankKind kind : kRankKinds) {
+    for (bool share : {true, false}) {
+      for (uint64_t min_run : {kMinScatterRunBytes, std::numeric_limits<uint64_t>::max()}) {
+        SCOPED_TRACE(std::string(RankKindName(kind)) + (share ? ", shared" : ", alone") +
+                     (min_run == kMinScatterRunBytes ? ", scattered" : ", staged"));
+        SetRankKind(c, kind);
+        c.load_options.share_reads = share;
+        c.load_options.scatter_min_run_bytes = min_run;
+        ASSERT_NO_FATAL_FAILURE(LoadOk(c));
+        ExpectLoaded(c, initial_, loaded_);
+        uint64_t read = 0;
+        for (const LoadResult& r : results_) read += r.bytes_read;
+        if (!share) {
+          // Every rank reads the rows whole, from its first run to its last (a scattered read
+          // leaves out the head of the first row and the tail of the last, up to a block).
+          EXPECT_LE(read, 3 * stored);
+          EXPECT_GE(read, 3 * stored - 3 * 1024 * 4);
+        } else if (min_run == kMinScatterRunBytes) {
+          EXPECT_EQ(read, stored);  // one read of the chunk serves the three ranks
+        }
+      }
+    }
+  }
+  c.load_options.scatter_min_run_bytes = kMinScatterRunBytes;
+  const TensorMetadata* cols = md.FindTensor("cols");
+  ASSERT_NE(cols, nullptr);
+  ASSERT_EQ(cols->chunks.size(), 1u);
+  // Row 10, column 700: rank 2's column, which rank 0 reads through when it reads alone.
+  const uint64_t between = (10 * 1024 + 700) * 4;
+  c.load_options.share_reads = false;
+  SetRankKind(c, RankKind::kThreads);
+  c.lists_on_load[1][0] = c.lists_on_load[2][0] = false;  // only rank 0 reads `cols`
+  c.load_options.strict = false;
+  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, cols->chunks[0], between, 0x08));
+  for (const Status& s : LoadAll(c)) {
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+    EXPECT_TRUE(HasText(s.message(), "rank 0: ")) << s;
+    EXPECT_TRUE(HasText(s.message(), "checksum mismatch in tensor 'cols' chunk " +
+                                         cols->chunks[0].box.ToString() + " (file ")) << s;
+    EXPECT_TRUE(HasText(s.message(), "chunk bytes 43000..44000)")) << s;
+  }
+  ASSERT_NO_FATAL_FAILURE(FlipStoredByte(md, cols->chunks[0], between, 0x08));  // mended
+  c.lists_on_load[1][0] = c.lists_on_load[2][0] = true;
+  c.load_options.strict = true;
+  c.load_options.share_reads = true;  // one rank reads the rows, into every rank's destination
+  // Row 4099, column 5: in rank 0's run, past the first 16 MiB of the file.
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCorruptChunkFailsEveryRank(c, md, "cols", cols->chunks[0], (4099 * 1024 + 5) * 4, 0x02));
 }
 
 TEST_F(ReshardTest, DirectReadsCompleteTheirPartialBlocksAndCatchCorruptionThere) {

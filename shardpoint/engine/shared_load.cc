@@ -221,14 +221,18 @@ Result<std::span<const std::byte>> PayloadFor(std::string_view table, int sender
   return std::span<const std::byte>();
 }
 
-// The shared-memory object of a load on one machine: every rank's two slots, rank after rank.
+// Slots per rank in a load through shared memory: round k is read into slot k % kMachineSlots
+// while the two rounds before it may still be read (k - 1) and copied out (k - 2).
+constexpr size_t kMachineSlots = 3;
+
+// The shared-memory object of a load on one machine: every rank's slots, rank after rank.
 struct MachineSlots {
   SharedMemory memory;
   std::vector<uint64_t> slot_bytes;  // per rank: one slot's size
-  std::vector<uint64_t> base;        // per rank: where its two slots begin
+  std::vector<uint64_t> base;        // per rank: where its slots begin
 
   std::byte* slot(int rank, size_t round) const {
-    return memory.data() + base[rank] + (round % 2) * slot_bytes[rank];
+    return memory.data() + base[rank] + (round % kMachineSlots) * slot_bytes[rank];
   }
 };
 
@@ -253,7 +257,7 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
       return DataLossError("rank " + std::to_string(r) + " asked for a slot of " +
                            std::to_string(slot_bytes.back()) + " bytes");
     }
-    total += 2 * slot_bytes.back();
+    total += kMachineSlots * slot_bytes.back();
   }
   *nothing_shared = total == 0;
   if (total == 0) return std::optional<MachineSlots>();
@@ -438,13 +442,13 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
   Result<std::vector<RankNeeds>> all = GatherNeeds(comm, prepared, metadata, options);
   if (!all.ok()) return {all.status(), true};
-  // A rank's two slots hold what it sends in two rounds, so a round sends at most half the
-  // budget, and at most kMachineRoundBytes: the object's pages are allocated (and zeroed) by the
-  // kernel for each load and faulted into every process, which costs more than the copies when
-  // the slots are large; small ones are reused round after round.
+  // A rank's slots hold what it sends in kMachineSlots rounds, so a round sends at most that
+  // share of the budget, and at most kMachineRoundBytes: the object's pages are allocated (and
+  // zeroed) by the kernel for each load and faulted into every process, which costs more than the
+  // copies when the slots are large; small ones are reused round after round.
   const ExchangePlan plan = PlanExchange(
       *all, me, metadata,
-      std::clamp<uint64_t>(options.memory_budget_bytes / 2, 1, kMachineRoundBytes));
+      std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes));
   all->clear();
   uint64_t my_slot_bytes = 0;
   for (const ExchangeRound& round : plan.rounds) {
@@ -508,27 +512,31 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     if (local.ok()) local = status;
     unpacking.reset();
   };
-  // Declared after everything the reads use: on any return its destructor waits for them.
-  std::future<RoundReads> reading;
+  // Declared after everything the reads use: on any return their destructors wait for them.
+  // reading[k % 2] reads round k.
+  std::future<RoundReads> reading[2];
   auto start_reading = [&](size_t k) {
     if (local.ok() && k < plan.rounds.size()) {
-      reading = std::async(std::launch::async, read_round, k);
+      reading[k % 2] = std::async(std::launch::async, read_round, k);
     }
   };
-  // Round k+1 is read into the other slot while round k's regions are copied out: a slot is
-  // refilled only after every rank has said (in the round's collective) that it copied out what
-  // that slot held two rounds before.
+  // Two rounds are read at once, each into a slot of its own, while the round before them is
+  // copied out of the third: the storage sees the requests of the next round while one round's
+  // last reads finish and its slot table is exchanged. Round k+2 goes into the slot of round
+  // k-1, which every rank has said (in round k's collective, after copying round k-1 out) it no
+  // longer needs.
   start_reading(0);
+  start_reading(1);
   for (size_t k = 0; k < plan.rounds.size(); ++k) {
     RoundReads done;
-    if (reading.valid()) done = reading.get();
+    if (reading[k % 2].valid()) done = reading[k % 2].get();
     if (local.ok()) local = done.status;
     bytes_read += done.bytes;
     finish_unpacking();
     Result<std::vector<std::string>> tables = AllGatherOrFail(
         comm, local.ok() ? Result<std::string>(std::move(done.table)) : Result<std::string>(local));
     if (!tables.ok()) return {tables.status(), true};
-    start_reading(k + 1);
+    start_reading(k + 2);
     const ExchangeRound& round = plan.rounds[k];
     std::vector<std::span<const std::byte>> views(static_cast<size_t>(comm.size()));
     for (int s = 0; s < comm.size() && local.ok(); ++s) {

@@ -61,6 +61,20 @@ struct RunSummary {
 };
 RunSummary SummarizeByteRuns(const Box& chunk, const Box& region, size_t element_size);
 
+// The runs CopyRegion(src, dst, region) would copy, without copying: each run's byte length (the
+// same for all of them) and their number. Both zero when the region is empty or does not lie
+// inside both boxes.
+struct CopyRuns {
+  uint64_t run_bytes;
+  uint64_t count;
+};
+CopyRuns SummarizeCopyRuns(const Box& src, const Box& dst, const Box& region, size_t element_size);
+
+// Calls fn(src_offset, dst_offset) for each of those runs, in row-major order of the region:
+// the byte offsets of the run in a row-major chunk `src` and in one `dst`.
+void ForEachCopyRun(const Box& src, const Box& dst, const Box& region, size_t element_size,
+                    const std::function<void(uint64_t, uint64_t)>& fn);
+
 }  // namespace sp
 
 #endif  // SHARDPOINT_GEOMETRY_STRIDED_COPY_H_

@@ -219,5 +219,48 @@ TEST(ByteRunTest, KnownLayouts) {
   EXPECT_EQ(column.bytes, 12u);
 }
 
+// Copying run by run as ForEachCopyRun lists them gives what CopyRegion gives, and
+// SummarizeCopyRuns counts those runs.
+TEST(CopyRunTest, RunByRunCopyEqualsCopyRegion) {
+  std::mt19937_64 rng(7);
+  static constexpr size_t kElementSizes[] = {1, 2, 4, 8, 16};
+  for (int i = 0; i < 2000; ++i) {
+    const size_t rank = 1 + rng() % 4;
+    const size_t es = kElementSizes[rng() % 5];
+    auto [unused, region] = RandomBoxAndSubBox(rng, rank);
+    const Box src_box = GrowAround(rng, region);
+    const Box dst_box = GrowAround(rng, region);
+    const auto src = RandomBytes(rng, src_box.volume() * es);
+    const auto before = RandomBytes(rng, dst_box.volume() * es);
+    auto expected = before;
+    ASSERT_TRUE(CopyRegion(ConstChunkView{src.data(), src_box, es},
+                           ChunkView{expected.data(), dst_box, es}, region).ok());
+    const CopyRuns runs = SummarizeCopyRuns(src_box, dst_box, region, es);
+    auto dst = before;
+    uint64_t count = 0;
+    ForEachCopyRun(src_box, dst_box, region, es, [&](uint64_t s, uint64_t d) {
+      ASSERT_LE(s + runs.run_bytes, src.size());
+      ASSERT_LE(d + runs.run_bytes, dst.size());
+      std::memcpy(&dst[d], &src[s], runs.run_bytes);
+      ++count;
+    });
+    EXPECT_EQ(count, runs.count);
+    EXPECT_EQ(runs.run_bytes * runs.count, region.volume() * es);
+    ASSERT_EQ(dst, expected) << "src " << src_box.ToString() << " dst " << dst_box.ToString()
+                             << " region " << region.ToString();
+  }
+  // Half the columns of a 4x8 float chunk into a 4x4 one: a run of 16 bytes per row.
+  const CopyRuns half = SummarizeCopyRuns(Box({0, 0}, {4, 8}), Box({0, 4}, {4, 4}),
+                                          Box({0, 4}, {4, 4}), 4);
+  EXPECT_EQ(half.run_bytes, 16u);
+  EXPECT_EQ(half.count, 4u);
+  // A region outside the destination: nothing.
+  const CopyRuns outside = SummarizeCopyRuns(Box({0}, {8}), Box({0}, {2}), Box({1}, {4}), 4);
+  EXPECT_EQ(outside.count, 0u);
+  int calls = 0;
+  ForEachCopyRun(Box({0}, {8}), Box({0}, {2}), Box({1}, {4}), 4, [&](uint64_t, uint64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
+}
+
 }  // namespace
 }  // namespace sp
