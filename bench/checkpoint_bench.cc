@@ -15,6 +15,8 @@
 // (SaveOptions::direct_io).
 // The loads' read depth is tuned as they run (the pool's IoTuner, shared by all of them, learning
 // across runs; its depth and measurements are printed); --io-depth N fixes it at N instead.
+// --scatter-min-run N reads runs of N bytes and more in place (LoadOptions::scatter_min_run_bytes;
+// by default 64 KiB from local files), "off" none, to compare the two.
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
 // (tensor parallel 3, the same tensor dims split) with shared reads (a chunk several ranks need is
 // read by one and its regions sent to the others: the default across machines) and without (each
@@ -28,6 +30,7 @@
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
 //                         [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N]
+//                         [--scatter-min-run BYTES|off]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -38,6 +41,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +64,9 @@ std::optional<bool> g_direct;
 bool g_direct_write = false;  // --direct-write: saves write with O_DIRECT
 uint64_t g_block = kDefaultChecksumBlockBytes;  // --block-kib N: checksum block of the saves
 int g_io_depth = 0;  // --io-depth N: loads run at most N reads at once (0: tuned, the default)
+// --scatter-min-run N: the shortest run a load reads in place (LoadOptions::scatter_min_run_bytes;
+// "off": every column read is staged and copied; unset: the default for local files).
+std::optional<uint64_t> g_scatter_min_run;
 // --only a,b: run only these read steps (raw-file, raw-robin, raw-direct, same, reshard, alone,
 // whole, transposed),
 // e.g. to profile one of them; the writes always run. Empty: every step.
@@ -277,6 +284,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           options.verify_checksums = g_verify;
           options.direct_io = g_direct;
           options.io_depth = g_io_depth;
+          options.scatter_min_run_bytes = g_scatter_min_run;
           options.share_reads = share_reads;
           SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
           read[comm.rank()] = r.bytes_read;
@@ -465,6 +473,10 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(v);
     else if (a == "--block-kib") sp::g_block = std::stoull(v) << 10;
     else if (a == "--io-depth") sp::g_io_depth = std::stoi(v);
+    else if (a == "--scatter-min-run") {
+      sp::g_scatter_min_run =
+          v == "off" ? std::numeric_limits<uint64_t>::max() : std::stoull(v);
+    }
     else if (a == "--only") {
       for (size_t p = 0; p < v.size();) {
         size_t c = v.find(',', p);
@@ -480,7 +492,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N] [--scatter-min-run BYTES|off]\n");
       return 2;
     }
   }

@@ -13,9 +13,15 @@ namespace sp {
 inline constexpr uint64_t kDefaultMemoryBudgetBytes = uint64_t{256} << 20;
 
 // The shortest run of a stored chunk that a load's scattered read puts straight in its
-// destination (engine/read_executor.h); a chunk with shorter runs is staged: many tiny pieces
-// cost a scatter read more than one copy of the rows.
+// destination (engine/read_executor.h) by default; a chunk with shorter runs is staged. From a
+// store whose reads cross the network (object storage: the client copies every byte it receives
+// anyway, into pieces or into staging), runs of 512 bytes and more; from local files, where
+// each piece is an iovec of preadv (and, with direct I/O, a run that is not aligned lands in
+// staging regardless), only runs of 64 KiB and more. On the 2-core test machine a resharded 1 GiB
+// load from S3 took 1.15 s instead of 1.40 s with runs of 1-2 KiB in place, and one from a local
+// disk 0.76 s instead of 0.55 s (docs/PERFORMANCE.md, "Object storage").
 inline constexpr uint64_t kMinScatterRunBytes = 512;
+inline constexpr uint64_t kMinScatterRunBytesLocal = uint64_t{64} << 10;
 
 }  // namespace sp
 

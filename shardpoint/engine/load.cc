@@ -84,7 +84,8 @@ ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const Loa
   read_options.verify = options.verify_checksums;
   read_options.direct_io = options.direct_io;
   read_options.direct_io_min_bytes = options.direct_io_min_bytes;
-  read_options.scatter_min_run_bytes = options.scatter_min_run_bytes;
+  read_options.scatter_min_run_bytes = options.scatter_min_run_bytes.value_or(
+      ctx.store().reads_cross_the_network() ? kMinScatterRunBytes : kMinScatterRunBytesLocal);
   read_options.io_depth = options.io_depth;
   // Staging per task; a cast needs up to twice more for the packed and converted copies.
   const uint64_t tasks = static_cast<uint64_t>(std::max(1, ctx.pool().size()));

@@ -87,9 +87,10 @@ struct LoadOptions {
   // A stored chunk whose wanted regions are runs of at least this many bytes in both the chunk
   // and their destinations (columns of rows, as a resharded load reads them) is read with each
   // run landing in place, without a copy through staging (engine/read_executor.h, scattered
-  // reads); shorter runs are read as whole rows into staging and copied out.
-  // std::numeric_limits<uint64_t>::max() turns it off.
-  uint64_t scatter_min_run_bytes = kMinScatterRunBytes;
+  // reads); shorter runs are read as whole rows into staging and copied out. Unset: 512 bytes
+  // from object storage (Store::reads_cross_the_network), 64 KiB from local files (engine/
+  // budget.h). std::numeric_limits<uint64_t>::max() turns it off.
+  std::optional<uint64_t> scatter_min_run_bytes;
   // Reads in flight at once. 0 (the default): tuned as the load runs, from the throughput the
   // storage delivers, between 1 and the pool's threads (ThreadPool::io_tuner, shared by the ranks
   // of the pool and carried from one load to the next). N > 0: at most N per rank, fixed.
