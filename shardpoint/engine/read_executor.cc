@@ -551,7 +551,8 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
 }
 
 // The scattered reads of the requests of one chunk (see read_executor.h), cut like direct reads
-// at the file offsets that are multiples of job.span (at whole checksum blocks); false when the
+// at the file offsets that are multiples of job.span, or of the window when it is smaller (at
+// whole checksum blocks); false when the
 // chunk's requests do not qualify (a cast, a run shorter than scatter_min_run_bytes, overlapping
 // regions), and nothing is added.
 bool AddScattered(Job& job, const std::vector<const ReadRequest*>& requests,
@@ -589,10 +590,13 @@ bool AddScattered(Job& job, const std::vector<const ReadRequest*>& requests,
     lo = lo / bs * bs;
     hi = std::min(chunk.byte_length, (hi + bs - 1) / bs * bs);
   }
+  // Bands of at most the window too: what lies between the runs is staged, and a task stages at
+  // most one window (at least one checksum block), as a staged read's slabs do.
+  const uint64_t step = std::max(bs, std::min(job.span, job.options.window));
   size_t next = 0;  // the first piece not wholly placed yet
   uint64_t split = 0;  // how much of pieces[next] an earlier band took
   for (uint64_t at = lo; at < hi;) {
-    uint64_t cut = ((ref.file_offset + at) / job.span + 1) * job.span - ref.file_offset;
+    uint64_t cut = ((ref.file_offset + at) / step + 1) * step - ref.file_offset;
     cut = cut / bs * bs;
     if (cut <= at) cut = (at / bs + 1) * bs;
     const uint64_t end = std::min(hi, cut);

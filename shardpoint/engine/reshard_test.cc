@@ -1287,6 +1287,21 @@ TEST_F(ReshardTest, ColumnsOfRowsLandInPlaceAndEveryBlockIsStillVerified) {
     }
   }
   c.load_options.scatter_min_run_bytes = kMinScatterRunBytes;
+  // Within the memory budget: a rank reading alone stages the other ranks' columns between its
+  // runs, and a band of the chunk stages at most one window (budget / (3 x the pool's threads)).
+  {
+    SetRankKind(c, RankKind::kThreads);
+    c.load_options.share_reads = false;
+    c.load_options.memory_budget_bytes = 3 * 2 * (256 << 10);  // a window of 256 KiB
+    ThreadPool pool(2);
+    initial_ = MakeBuffers(c, false, rng_).value();
+    loaded_ = initial_;
+    ASSERT_TRUE(FirstError(LoadEveryRank(c, loaded_, store_, &pool, "/ckpt", &results_)).ok());
+    ExpectLoaded(c, initial_, loaded_);
+    EXPECT_GT(pool.staging().largest_asked(), 0u);
+    EXPECT_LE(pool.staging().largest_asked(), uint64_t{256} << 10);
+    c.load_options.memory_budget_bytes = kDefaultMemoryBudgetBytes;
+  }
   const TensorMetadata* cols = md.FindTensor("cols");
   ASSERT_NE(cols, nullptr);
   ASSERT_EQ(cols->chunks.size(), 1u);

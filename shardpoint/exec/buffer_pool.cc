@@ -11,6 +11,7 @@ BufferPool::BufferPool(size_t capacity, size_t max_keep_bytes)
 AlignedBuffer BufferPool::Acquire(size_t size, size_t alignment) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    largest_asked_ = std::max<uint64_t>(largest_asked_, size);
     size_t best = free_.size();
     for (size_t i = 0; i < free_.size(); ++i) {
       const bool fits = free_[i].size() >= size &&
@@ -68,6 +69,11 @@ size_t BufferPool::kept() const {
 uint64_t BufferPool::allocated() const {
   std::lock_guard<std::mutex> lock(mu_);
   return allocated_;
+}
+
+uint64_t BufferPool::largest_asked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return largest_asked_;
 }
 
 }  // namespace sp

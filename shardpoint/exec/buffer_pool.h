@@ -49,6 +49,7 @@ class BufferPool {
 
   size_t kept() const;        // free buffers held now
   uint64_t allocated() const;  // buffers allocated since construction
+  uint64_t largest_asked() const;  // the largest size asked of Acquire since construction
 
  private:
   const size_t capacity_;
@@ -57,6 +58,7 @@ class BufferPool {
   std::vector<AlignedBuffer> free_;
   int callers_ = 0;
   uint64_t allocated_ = 0;
+  uint64_t largest_asked_ = 0;
 };
 
 }  // namespace sp
