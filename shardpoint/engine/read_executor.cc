@@ -267,9 +267,9 @@ struct ExtentLimits {
 // Groups reads of one file, sorted by file offset, into extents. A read may join the open extent
 // when it starts where the extent ends and the extent stays within the limits; a staged read may
 // also read through a gap of up to max_gap bytes after staged bytes (rows of one chunk a few
-// rows apart), a scattered read after any bytes, and one overlapping the extent's staged tail (checksum blocks shared with the
-// previous rows) reuses those bytes. A direct read never reads through a gap: the bytes between
-// two destinations are usually another rank's.
+// rows apart), a scattered read after any bytes, and a staged read overlapping the extent's
+// staged tail (checksum blocks shared with the previous rows) reuses those bytes. A direct read
+// never reads through a gap: the bytes between two destinations are usually another rank's.
 class ExtentBuilder {
  public:
   explicit ExtentBuilder(ExtentLimits limits) : limits_(limits) {}
@@ -498,7 +498,9 @@ Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
         SP_RETURN_IF_ERROR(verify(*s->request, s->rows.begin, s->rows.end));
       }
       for (const Direct* d : e.direct) SP_RETURN_IF_ERROR(verify(*d->request, d->lo, d->hi));
-      for (const Scattered* s : e.scattered) SP_RETURN_IF_ERROR(verify(*s->request, s->lo, s->hi));
+      for (const Scattered* s : e.scattered) {
+        SP_RETURN_IF_ERROR(verify(*s->request, s->lo, s->hi));
+      }
     }
     if (a > 0) {
       for (const Segment& s : e.segments) {
@@ -552,9 +554,8 @@ void AddDirect(Job& job, const ReadRequest& r, const RunSummary& src, const RunS
 
 // The scattered reads of the requests of one chunk (see read_executor.h), cut like direct reads
 // at the file offsets that are multiples of job.span, or of the window when it is smaller (at
-// whole checksum blocks); false when the
-// chunk's requests do not qualify (a cast, a run shorter than scatter_min_run_bytes, overlapping
-// regions), and nothing is added.
+// whole checksum blocks); false when the chunk's requests do not qualify (a cast, a run shorter
+// than scatter_min_run_bytes, overlapping regions), and nothing is added.
 bool AddScattered(Job& job, const std::vector<const ReadRequest*>& requests,
                   std::deque<Scattered>& out) {
   const ReadRequest& first = *requests.front();
@@ -731,8 +732,8 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   std::deque<Direct> direct;
   std::vector<Task> tasks;
   std::map<const StoredChunk*, std::vector<const ReadRequest*>> decoded;
-  // A chunk that several requests need is read through staging, so that the checksum blocks they
-  // share are read once.
+  // A chunk that several requests need is read once, scattered or through staging, so that the
+  // checksum blocks they share are read once.
   std::map<const StoredChunk*, std::vector<const ReadRequest*>> users;
   for (const ReadRequest& r : requests) {
     if (r.dest.empty()) {

@@ -1325,7 +1325,8 @@ TEST_F(ReshardTest, ColumnsOfRowsLandInPlaceAndEveryBlockIsStillVerified) {
   c.load_options.share_reads = true;  // one rank reads the rows, into every rank's destination
   // Row 4099, column 5: in rank 0's run, past the first 16 MiB of the file.
   ASSERT_NO_FATAL_FAILURE(
-      ExpectCorruptChunkFailsEveryRank(c, md, "cols", cols->chunks[0], (4099 * 1024 + 5) * 4, 0x02));
+      ExpectCorruptChunkFailsEveryRank(c, md, "cols", cols->chunks[0],
+                                       (4099 * 1024 + 5) * 4, 0x02));
 }
 
 TEST_F(ReshardTest, DirectReadsCompleteTheirPartialBlocksAndCatchCorruptionThere) {

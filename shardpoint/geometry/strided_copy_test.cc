@@ -258,7 +258,8 @@ TEST(CopyRunTest, RunByRunCopyEqualsCopyRegion) {
   const CopyRuns outside = SummarizeCopyRuns(Box({0}, {8}), Box({0}, {2}), Box({1}, {4}), 4);
   EXPECT_EQ(outside.count, 0u);
   int calls = 0;
-  ForEachCopyRun(Box({0}, {8}), Box({0}, {2}), Box({1}, {4}), 4, [&](uint64_t, uint64_t) { ++calls; });
+  ForEachCopyRun(Box({0}, {8}), Box({0}, {2}), Box({1}, {4}), 4,
+                 [&](uint64_t, uint64_t) { ++calls; });
   EXPECT_EQ(calls, 0);
 }
 
