@@ -562,18 +562,21 @@ bool AddScattered(Job& job, const std::vector<const ReadRequest*>& requests,
   const StoredChunk& chunk = *first.chunk;
   const size_t es = DTypeSize(first.stored->dtype);
   if (chunk.encoding == ChunkEncoding::kDriverDecoded || chunk.box.rank() == 0) return false;
+  std::vector<uint64_t> run_bytes;  // per request
   uint64_t count = 0;
   for (const ReadRequest* r : requests) {
     if (r->dest.dtype != r->stored->dtype) return false;
     const CopyRuns runs = SummarizeCopyRuns(chunk.box, r->dest.box, r->region, es);
     if (runs.count == 0 || runs.run_bytes < job.options.scatter_min_run_bytes) return false;
+    run_bytes.push_back(runs.run_bytes);
     count += runs.count;
   }
   // Chunk-relative pieces, in chunk order.
   std::vector<Piece> pieces;
   pieces.reserve(count);
-  for (const ReadRequest* r : requests) {
-    const uint64_t run = SummarizeCopyRuns(chunk.box, r->dest.box, r->region, es).run_bytes;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ReadRequest* r = requests[i];
+    const uint64_t run = run_bytes[i];
     std::byte* base = r->dest.data;
     ForEachCopyRun(chunk.box, r->dest.box, r->region, es, [&](uint64_t src, uint64_t dst) {
       pieces.push_back(Piece{src, src + run, base + dst});

@@ -180,22 +180,26 @@ RunSummary SummarizeByteRuns(const Box& chunk, const Box& region, size_t element
   return summary;
 }
 
+namespace {
+
+// Whether `region` is non-empty and lies inside both boxes, all three of one rank.
+bool CopyFits(const Box& src, const Box& dst, const Box& region) {
+  return src.rank() == region.rank() && dst.rank() == region.rank() && !region.empty() &&
+         Contains(src, region) && Contains(dst, region);
+}
+
+}  // namespace
+
 CopyRuns SummarizeCopyRuns(const Box& src, const Box& dst, const Box& region,
                            size_t element_size) {
-  if (src.rank() != region.rank() || dst.rank() != region.rank() || region.empty() ||
-      !Contains(src, region) || !Contains(dst, region)) {
-    return CopyRuns{0, 0};
-  }
+  if (!CopyFits(src, dst, region)) return CopyRuns{0, 0};
   const RunPlan plan = MakeRunPlan(src, dst, region, element_size);
   return CopyRuns{plan.run_bytes, plan.run_count};
 }
 
 void ForEachCopyRun(const Box& src, const Box& dst, const Box& region, size_t element_size,
                     const std::function<void(uint64_t, uint64_t)>& fn) {
-  if (src.rank() != region.rank() || dst.rank() != region.rank() || region.empty() ||
-      !Contains(src, region) || !Contains(dst, region)) {
-    return;
-  }
+  if (!CopyFits(src, dst, region)) return;
   const RunPlan plan = MakeRunPlan(src, dst, region, element_size);
   WalkRuns(plan, 0, plan.run_count, fn);
 }
