@@ -11,12 +11,19 @@
 // its own boxes (with the grids the metadata carries, and without), and the size of the metadata
 // with the time to decode it (format 2, format 1, and the broadcast a load sends its ranks).
 //
-// Usage: plan_bench [ranks] [tensors]   (ranks must be a multiple of 128)
+// First, once, the coordinator's peak memory: the ranks' local plans arrive as the messages a
+// save gathers (plan/plan_codec.h), and the coordinator decodes them, plans, lays out the files,
+// encodes every rank's reply and the committed metadata, as engine/save.cc does. Its peak
+// resident set (VmHWM, reset after the messages are built) is printed with the bytes gathered.
+//
+// Usage: plan_bench [ranks] [tensors] [--coordinator-only]   (ranks must be a multiple of 128)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +32,7 @@
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/writer.h"
 #include "shardpoint/plan/load_plan.h"
+#include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/save_plan.h"
 #include "shardpoint/store/memory_store.h"
 
@@ -74,20 +82,101 @@ Box LayoutBox(int t, int64_t rank, int64_t ranks, const Shape& shape) {
   return box;
 }
 
+sp::LocalSavePlan MakeLocal(int64_t rank, int64_t ranks, int tensors) {
+  sp::LocalSavePlan local;
+  local.tensors.reserve(tensors);
+  for (int t = 0; t < tensors; ++t) {
+    const Shape shape = {ranks * 4, 1024};
+    local.tensors.push_back(
+        sp::LocalTensor{"model.layers." + std::to_string(t / 8) + ".w" + std::to_string(t % 8),
+                        sp::DType::kBFloat16,
+                        shape,
+                        {LayoutBox(t, rank, ranks, shape)}});
+  }
+  return local;
+}
+
 std::vector<sp::LocalSavePlan> MakeLocals(int64_t ranks, int tensors) {
   std::vector<sp::LocalSavePlan> locals(ranks);
-  for (int64_t r = 0; r < ranks; ++r) {
-    locals[r].tensors.reserve(tensors);
-    for (int t = 0; t < tensors; ++t) {
-      const Shape shape = {ranks * 4, 1024};
-      locals[r].tensors.push_back(
-          sp::LocalTensor{"model.layers." + std::to_string(t / 8) + ".w" + std::to_string(t % 8),
-                          sp::DType::kBFloat16,
-                          shape,
-                          {LayoutBox(t, r, ranks, shape)}});
+  for (int64_t r = 0; r < ranks; ++r) locals[r] = MakeLocal(r, ranks, tensors);
+  return locals;
+}
+
+// A field of /proc/self/status in MiB ("VmHWM", "VmRSS"), or -1.
+double StatusMiB(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(status, line)) {
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') {
+      return std::atof(line.c_str() + n + 1) / 1024.0;  // the kernel prints kB
     }
   }
-  return locals;
+  return -1;
+}
+
+// The coordinator of a save of this layout, from the gathered messages to the encoded replies
+// and metadata; prints its peak resident set. Returns false on a failure (printed).
+bool MeasureCoordinator(int64_t ranks, int tensors) {
+  std::vector<std::string> gathered(ranks);
+  size_t gathered_bytes = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    gathered[r] = sp::EncodeLocalSavePlan(MakeLocal(r, ranks, tensors));
+    gathered_bytes += gathered[r].size();
+  }
+  const double before = StatusMiB("VmRSS");
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";  // resets VmHWM to the current resident set
+  }
+  const auto start = std::chrono::steady_clock::now();
+  size_t reply_bytes = 0, metadata_bytes = 0;
+  {
+    std::vector<sp::LocalSavePlan> locals;
+    locals.reserve(ranks);
+    for (const std::string& message : gathered) {
+      sp::Result<sp::LocalSavePlan> local = sp::DecodeLocalSavePlan(message);
+      if (!local.ok()) {
+        std::fprintf(stderr, "DecodeLocalSavePlan failed: %s\n", local.status().ToString().c_str());
+        return false;
+      }
+      locals.push_back(std::move(*local));
+    }
+    sp::SavePlanOptions options;
+    options.save_id = "bench";
+    sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(locals, options);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());
+      return false;
+    }
+    locals = {};
+    sp::MemoryStore store;
+    std::unique_ptr<sp::CheckpointWriter> writer =
+        sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
+    if (!writer->LayOutFiles(store, "/bench", &plan->metadata).ok()) return false;
+    for (const sp::RankSavePlan& rank : plan->ranks) {
+      reply_bytes += sp::EncodeRankSavePlan(rank).size();
+    }
+    for (sp::TensorMetadata& t : plan->metadata.tensors) {
+      for (sp::StoredChunk& c : t.chunks) {
+        const uint64_t bs = plan->metadata.checksum_block_bytes;
+        c.block_crc32c.assign((c.byte_length + bs - 1) / bs, 0x12345678u);
+      }
+    }
+    metadata_bytes = sp::EncodeMetadata(plan->metadata).size();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double peak = StatusMiB("VmHWM");
+  std::printf(
+      "plan_bench: ranks=%lld tensors=%d\n  coordinator: peak RSS %.0f MiB (%.0f MiB before "
+      "decoding, holding the %.1f MiB of gathered plans), %.2f s from the gathered messages to "
+      "%.1f MiB of replies and %.1f MiB of metadata\n",
+      static_cast<long long>(ranks), tensors, peak, before,
+      static_cast<double>(gathered_bytes) / (1 << 20), seconds,
+      static_cast<double>(reply_bytes) / (1 << 20), static_cast<double>(metadata_bytes) / (1 << 20));
+  std::fflush(stdout);
+  return true;
 }
 
 struct Timing {
@@ -115,12 +204,17 @@ Timing Median(Fn&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool coordinator_only = argc > 3 && std::strcmp(argv[3], "--coordinator-only") == 0;
   const int64_t ranks = argc > 1 ? std::atoll(argv[1]) : 1024;
   const int tensors = argc > 2 ? std::atoi(argv[2]) : 500;
-  if (ranks < 128 || ranks % 128 != 0 || tensors < 1) {
-    std::fprintf(stderr, "usage: plan_bench [ranks: multiple of 128] [tensors >= 1]\n");
+  if (ranks < 128 || ranks % 128 != 0 || tensors < 1 || (argc > 3 && !coordinator_only) ||
+      argc > 4) {
+    std::fprintf(stderr,
+                 "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] [--coordinator-only]\n");
     return 2;
   }
+  if (!MeasureCoordinator(ranks, tensors)) return 1;
+  if (coordinator_only) return 0;
   const std::vector<sp::LocalSavePlan> locals = MakeLocals(ranks, tensors);
   sp::SavePlanOptions options;
   options.save_id = "bench";
@@ -220,8 +314,7 @@ int main(int argc, char** argv) {
   const Timing own_found = Median([&] { return sp::PlanLoad(own, bare, sp::LoadPlanOptions{}); });
   bare = {};
 
-  std::printf("plan_bench: ranks=%lld tensors=%d chunks=%zu\n", static_cast<long long>(ranks),
-              tensors, chunks);
+  std::printf("  chunks=%zu\n", chunks);
   const bool target_size = ranks == 1024 && tensors == 500;
   std::printf(
       "  PlanSave median of 5: %.4f s wall, %.4f s cpu  (target: < %.1f s wall for 1024 x 500",
