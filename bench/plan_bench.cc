@@ -11,8 +11,9 @@
 // its own boxes (with the grids the metadata carries, and without), and the size of the metadata
 // with the time to decode it (format 2, format 1, and the broadcast a load sends its ranks).
 //
-// First, once, the coordinator's peak memory: the ranks' local plans arrive as the messages a
-// save gathers (plan/plan_codec.h), and the coordinator decodes them, plans, lays out the files,
+// First, once and in a process of its own (so that its heap does not weigh on the timings after
+// it), the coordinator's peak memory: the ranks' local plans arrive as the messages a save
+// gathers (plan/plan_codec.h), and the coordinator decodes them, plans, lays out the files,
 // encodes every rank's reply and the committed metadata, as engine/save.cc does. Its peak
 // resident set (VmHWM, reset after the messages are built) is printed with the bytes gathered.
 //
@@ -27,6 +28,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
@@ -213,8 +217,21 @@ int main(int argc, char** argv) {
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] [--coordinator-only]\n");
     return 2;
   }
-  if (!MeasureCoordinator(ranks, tensors)) return 1;
-  if (coordinator_only) return 0;
+  if (coordinator_only) return MeasureCoordinator(ranks, tensors) ? 0 : 1;
+  std::fflush(stdout);
+  const std::string ranks_arg = std::to_string(ranks), tensors_arg = std::to_string(tensors);
+  const pid_t child = fork();
+  if (child == 0) {
+    execl("/proc/self/exe", argv[0], ranks_arg.c_str(), tensors_arg.c_str(), "--coordinator-only",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int child_status = 0;
+  if (child < 0 || waitpid(child, &child_status, 0) != child || !WIFEXITED(child_status) ||
+      WEXITSTATUS(child_status) != 0) {
+    std::fprintf(stderr, "the coordinator's measurement failed\n");
+    return 1;
+  }
   const std::vector<sp::LocalSavePlan> locals = MakeLocals(ranks, tensors);
   sp::SavePlanOptions options;
   options.save_id = "bench";

@@ -33,7 +33,7 @@ std::string EncodingName(ObjectEncoding e) {
   return "unknown";
 }
 
-std::string JsonIntList(const std::vector<int64_t>& v) {
+std::string JsonIntList(std::span<const int64_t> v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
   return out + "]";

@@ -28,7 +28,7 @@ namespace {
 
 using TensorMap = std::vector<std::vector<int>>;
 
-nb::tuple IntsToTuple(const std::vector<int64_t>& values) {
+nb::tuple IntsToTuple(std::span<const int64_t> values) {
   nb::list list;
   for (int64_t v : values) list.append(v);
   return nb::tuple(list);

@@ -19,7 +19,7 @@ using namespace nb::literals;
 namespace sp::python {
 namespace {
 
-nb::tuple IntTuple(const std::vector<int64_t>& values) {
+nb::tuple IntTuple(std::span<const int64_t> values) {
   nb::list list;
   for (int64_t v : values) list.append(v);
   return nb::tuple(list);

@@ -22,7 +22,7 @@ namespace sp {
 namespace {
 
 // The product of `sizes`, saturating at UINT64_MAX.
-uint64_t SaturatingVolume(const std::vector<int64_t>& sizes) {
+uint64_t SaturatingVolume(std::span<const int64_t> sizes) {
   uint64_t volume = 1;
   for (int64_t s : sizes) {
     if (s <= 0) return 0;

@@ -11,12 +11,13 @@ namespace {
 constexpr uint32_t kWireMagic = 0x57505053;  // "SPPW"
 constexpr uint32_t kMaxRank = 64;
 
-void PutShape(ByteWriter& w, const std::vector<int64_t>& v) {
+void PutShape(ByteWriter& w, std::span<const int64_t> v) {
   w.PutU32(static_cast<uint32_t>(v.size()));
   for (int64_t x : v) w.PutI64(x);
 }
 
-Status GetShape(ByteReader& r, std::vector<int64_t>* v) {
+template <typename Values>  // Shape or Dims
+Status GetShape(ByteReader& r, Values* v) {
   SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadCount(8));
   if (n > kMaxRank) return DataLossError(r.what() + ": rank " + std::to_string(n));
   v->resize(n);

@@ -1,25 +1,36 @@
 #include "shardpoint/geometry/box.h"
 
 #include <algorithm>
+#include <span>
 
 namespace sp {
 
-int64_t ShapeVolume(const Shape& shape) {
+namespace {
+
+int64_t Volume(std::span<const int64_t> sizes) {
   int64_t v = 1;
-  for (int64_t d : shape) v *= d;
+  for (int64_t d : sizes) v *= d;
   return v;
 }
 
-std::string ShapeToString(const Shape& shape) {
+std::string ValuesToString(std::span<const int64_t> values) {
   std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     if (i) out += ", ";
-    out += std::to_string(shape[i]);
+    out += std::to_string(values[i]);
   }
   return out + "]";
 }
 
-Box Box::Whole(const Shape& shape) { return Box(std::vector<int64_t>(shape.size(), 0), shape); }
+}  // namespace
+
+int64_t ShapeVolume(const Shape& shape) { return Volume(shape); }
+int64_t ShapeVolume(const Dims& sizes) { return Volume(sizes); }
+
+std::string ShapeToString(const Shape& shape) { return ValuesToString(shape); }
+std::string ShapeToString(const Dims& values) { return ValuesToString(values); }
+
+Box Box::Whole(const Shape& shape) { return Box(Dims(shape.size(), 0), Dims(shape)); }
 
 std::string Box::ToString() const {
   std::string out = "[";

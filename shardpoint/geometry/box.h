@@ -12,23 +12,27 @@
 #include <string>
 #include <vector>
 
+#include "shardpoint/geometry/dims.h"
+
 namespace sp {
 
 using Shape = std::vector<int64_t>;
 
 // Product of the dimensions; 1 for rank 0. Callers validate sizes are non-negative.
 int64_t ShapeVolume(const Shape& shape);
+int64_t ShapeVolume(const Dims& sizes);
 
 // "[4, 8]"
 std::string ShapeToString(const Shape& shape);
+std::string ShapeToString(const Dims& values);
 
+// Offsets and sizes are Dims: inline up to rank 4, so most boxes own no heap memory.
 struct Box {
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> sizes;
+  Dims offsets;
+  Dims sizes;
 
   Box() = default;
-  Box(std::vector<int64_t> offsets_in, std::vector<int64_t> sizes_in)
-      : offsets(std::move(offsets_in)), sizes(std::move(sizes_in)) {}
+  Box(Dims offsets_in, Dims sizes_in) : offsets(std::move(offsets_in)), sizes(std::move(sizes_in)) {}
 
   // The box [0, shape) covering a whole tensor.
   static Box Whole(const Shape& shape);

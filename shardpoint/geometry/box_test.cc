@@ -12,11 +12,14 @@ namespace sp {
 namespace {
 
 TEST(ShapeTest, VolumeAndToString) {
-  EXPECT_EQ(ShapeVolume({}), 1);
-  EXPECT_EQ(ShapeVolume({3, 4, 5}), 60);
-  EXPECT_EQ(ShapeVolume({3, 0, 5}), 0);
-  EXPECT_EQ(ShapeToString({}), "[]");
-  EXPECT_EQ(ShapeToString({4, 8}), "[4, 8]");
+  EXPECT_EQ(ShapeVolume(Shape{}), 1);
+  EXPECT_EQ(ShapeVolume(Shape{3, 4, 5}), 60);
+  EXPECT_EQ(ShapeVolume(Shape{3, 0, 5}), 0);
+  EXPECT_EQ(ShapeVolume(Dims{3, 0, 5}), 0);
+  EXPECT_EQ(ShapeVolume(Dims{2, 3, 4, 5, 6}), 720);  // past the inline values
+  EXPECT_EQ(ShapeToString(Shape{}), "[]");
+  EXPECT_EQ(ShapeToString(Shape{4, 8}), "[4, 8]");
+  EXPECT_EQ(ShapeToString(Dims{4, 8}), "[4, 8]");
 }
 
 TEST(BoxTest, BasicsAndToString) {

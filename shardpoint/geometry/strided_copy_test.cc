@@ -21,7 +21,7 @@ int64_t IndexIn(const Box& box, const std::vector<int64_t>& p) {
 template <typename Fn>
 void ForEachPoint(const Box& region, Fn&& fn) {
   if (region.empty()) return;
-  std::vector<int64_t> p = region.offsets;
+  std::vector<int64_t> p(region.offsets);
   while (true) {
     fn(p);
     size_t d = region.rank();

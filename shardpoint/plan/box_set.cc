@@ -158,7 +158,7 @@ std::optional<std::vector<int64_t>> FindUncoveredPoint(std::span<const Box* cons
     if (box->empty()) continue;
     for (size_t d = 0; d < shape.size() && !over_budget; ++d) {
       if (box->exclusive_max(d) >= shape[d]) continue;
-      point = box->offsets;
+      point.assign(box->offsets.begin(), box->offsets.end());
       point[d] = box->exclusive_max(d);
       if (uncovered(point)) return point;
     }

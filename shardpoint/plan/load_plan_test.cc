@@ -34,8 +34,8 @@ struct Row {  // one row of the worked example table, relative offsets as DCP st
 };
 
 Row ToRow(const ReadItem& item, const Box& target_box, const Box& stored_box) {
-  return Row{RelativeTo(item.region, stored_box).offsets,
-             RelativeTo(item.region, target_box).offsets, item.region.sizes};
+  return Row{Shape(RelativeTo(item.region, stored_box).offsets),
+             Shape(RelativeTo(item.region, target_box).offsets), Shape(item.region.sizes)};
 }
 
 TEST(LoadPlanTest, WorkedReshardingExampleFromTheDcpReference) {

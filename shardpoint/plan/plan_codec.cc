@@ -20,18 +20,19 @@ constexpr size_t kMinBoxBytes = 4 + 4;
 constexpr size_t kMinObjectBytes = 4 + 1 + 4;
 constexpr size_t kWriteBytes = 5 * 4 + 2 * 8;
 
-void PutI64List(ByteWriter& w, const std::vector<int64_t>& values) {
+void PutI64List(ByteWriter& w, std::span<const int64_t> values) {
   w.PutU32(static_cast<uint32_t>(values.size()));
   for (int64_t v : values) w.PutI64(v);
 }
 
-Result<std::vector<int64_t>> ReadI64List(ByteReader& r) {
+template <typename Values>  // Shape or Dims
+Status ReadI64List(ByteReader& r, Values* values) {
   SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(8));
-  std::vector<int64_t> values(count);
-  for (int64_t& v : values) {
+  values->resize(count);
+  for (int64_t& v : *values) {
     SP_ASSIGN_OR_RETURN(v, r.ReadI64());
   }
-  return values;
+  return OkStatus();
 }
 
 // Appends the CRC32C of everything written so far.
@@ -80,12 +81,12 @@ Result<LocalTensor> ReadTensor(ByteReader& r) {
                          std::to_string(code));
   }
   tensor.dtype = *dtype;
-  SP_ASSIGN_OR_RETURN(tensor.shape, ReadI64List(r));
+  SP_RETURN_IF_ERROR(ReadI64List(r, &tensor.shape));
   SP_ASSIGN_OR_RETURN(uint32_t num_boxes, r.ReadCount(kMinBoxBytes));
   tensor.boxes.resize(num_boxes);
   for (Box& box : tensor.boxes) {
-    SP_ASSIGN_OR_RETURN(box.offsets, ReadI64List(r));
-    SP_ASSIGN_OR_RETURN(box.sizes, ReadI64List(r));
+    SP_RETURN_IF_ERROR(ReadI64List(r, &box.offsets));
+    SP_RETURN_IF_ERROR(ReadI64List(r, &box.sizes));
   }
   return tensor;
 }

@@ -74,7 +74,7 @@ inline Mesh RandomMesh(std::mt19937_64& rng, size_t tensor_rank, int64_t max_wor
 inline void ForEachElement(const Box& box,
                            const std::function<void(const std::vector<int64_t>&, int64_t)>& fn) {
   if (box.empty()) return;
-  std::vector<int64_t> point = box.offsets;
+  std::vector<int64_t> point(box.offsets);
   for (int64_t position = 0;; ++position) {
     fn(point, position);
     size_t d = box.rank();
@@ -89,8 +89,8 @@ inline void ForEachElement(const Box& box,
 }
 
 // Row-major index of `point` inside a region with the given origin and sizes.
-inline int64_t LinearIndex(const std::vector<int64_t>& point, const std::vector<int64_t>& origin,
-                           const std::vector<int64_t>& sizes) {
+inline int64_t LinearIndex(std::span<const int64_t> point, std::span<const int64_t> origin,
+                           std::span<const int64_t> sizes) {
   int64_t index = 0;
   for (size_t d = 0; d < point.size(); ++d) index = index * sizes[d] + (point[d] - origin[d]);
   return index;

@@ -50,8 +50,7 @@ const int64_t* KeyOf(const TensorEntry& entry, const Holding& holding) {
 Box BoxOf(const TensorEntry& entry, const Holding& holding) {
   const int64_t* key = KeyOf(entry, holding);
   const size_t rank = entry.first->shape.size();
-  return Box(std::vector<int64_t>(key, key + rank),
-             std::vector<int64_t>(key + rank, key + 2 * rank));
+  return Box(Dims(key, key + rank), Dims(key + rank, key + 2 * rank));
 }
 
 struct OwnedChunk {

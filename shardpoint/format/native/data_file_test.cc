@@ -71,7 +71,7 @@ TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
       for (const TensorMetadata& t : m.tensors) {
         for (const StoredChunk& c : t.chunks) {
           if (c.file != f) continue;
-          entries.push_back({ChunkEntryName(t.name, c.box), t.dtype, c.box.sizes, c.data_offset,
+          entries.push_back({ChunkEntryName(t.name, c.box), t.dtype, Shape(c.box.sizes), c.data_offset,
                              c.data_offset + c.byte_length});
         }
       }

@@ -110,7 +110,7 @@ Status CheckView(const TorchSaveTensorInfo& info, const TensorMetadata& t, const
 // the item's shape must be the box's sizes up to dims of size 1.
 Status CheckDecodedView(const TorchSaveTensorInfo& info, const TensorMetadata& t, const Box& box,
                         std::string_view what) {
-  auto squeezed = [](const Shape& shape) {
+  auto squeezed = [](std::span<const int64_t> shape) {
     Shape out;
     for (int64_t s : shape) {
       if (s != 1) out.push_back(s);
@@ -245,7 +245,7 @@ Result<CheckpointMetadata> ReadDcpCheckpoint(Store& store, std::string_view path
     }
     TensorMetadata t{e.fqn, e.properties.dtype, e.size, {}};
     for (size_t c = 0; c < e.chunks.size(); ++c) {
-      auto it = chunk_items.find({e.fqn, e.chunks[c].offsets});
+      auto it = chunk_items.find({e.fqn, Shape(e.chunks[c].offsets)});
       if (it == chunk_items.end()) {
         return DataLossError(JoinPath(path, kDcpMetadataFileName) + ": tensor '" + e.fqn +
                              "' chunk " + e.chunks[c].ToString() + " has no storage entry");

@@ -63,7 +63,7 @@ Status Validator::CheckEntry(const DcpEntry& e) {
         return Err(e.fqn, "chunk " + c.ToString() + " is not inside size " + ShapeToString(e.size));
       }
     }
-    if (!chunks_.insert({e.fqn, c.offsets}).second) {
+    if (!chunks_.insert({e.fqn, Shape(c.offsets)}).second) {
       return Err(e.fqn, "two chunks at offsets " + ShapeToString(c.offsets));
     }
   }
@@ -128,7 +128,7 @@ Status Validator::Run() {
 }
 
 // Pushes torch.Size((d0, ...)).
-void WriteSize(PickleWriter& w, const std::vector<int64_t>& dims) {
+void WriteSize(PickleWriter& w, std::span<const int64_t> dims) {
   w.Global("torch", "Size");
   if (PickleWriter::TupleNeedsMark(dims.size())) w.Mark();
   for (int64_t d : dims) w.Int(d);

@@ -157,7 +157,7 @@ Result<std::vector<DcpPlannerPath>> PlannerPaths(const CheckpointMetadata& md,
 }  // namespace
 
 Result<TorchSaveLayout> ChunkItemLayout(DType dtype, const Box& box) {
-  return TorchSaveLayout::ForTensor(dtype, box.sizes);
+  return TorchSaveLayout::ForTensor(dtype, Shape(box.sizes));
 }
 
 Status LayoutDcpFiles(CheckpointMetadata* md, std::string_view name_suffix) {
@@ -216,7 +216,7 @@ Result<std::string> BuildDcpMetadataFile(const CheckpointMetadata& md, const Dcp
       SP_ASSIGN_OR_RETURN(TorchSaveLayout layout, ChunkItemLayout(t.dtype, chunk.box));
       entry.chunks.push_back(chunk.box);
       dcp.storage_data.push_back(DcpStorageEntry{
-          t.name, chunk.box.offsets, static_cast<int64_t>(c), md.files.at(chunk.file).name,
+          t.name, Shape(chunk.box.offsets), static_cast<int64_t>(c), md.files.at(chunk.file).name,
           chunk.data_offset - layout.data_offset(0), layout.total_size(), {}});
     }
     dcp.state_dict_metadata.push_back(std::move(entry));
