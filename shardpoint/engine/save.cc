@@ -23,6 +23,7 @@
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/writer.h"
+#include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/plan_codec.h"
 #include "shardpoint/plan/save_plan.h"
 
@@ -270,11 +271,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan.metadata.save_id = save_id;
     plan.metadata.objects = std::move(objects);
   } else {
-    std::vector<LocalSavePlan> locals;
-    locals.reserve(world);
+    // Decoded into one compact table (plan/gathered_plans.h), not one LocalSavePlan per rank.
+    GatheredPlans gathered(requests.size());
     for (const PlanRequest& request : requests) {
-      SP_ASSIGN_OR_RETURN(LocalSavePlan local, DecodeLocalSavePlan(request.plan));
-      locals.push_back(std::move(local));
+      SP_RETURN_IF_ERROR(DecodeLocalSavePlanInto(request.plan, &gathered));
     }
     SavePlanOptions plan_options;
     plan_options.files_per_rank = std::max(1, options.files_per_rank);
@@ -282,7 +282,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_options.save_id = RandomHexId(12);
     plan_options.checksum_block_bytes = options.checksum_block_bytes;
     plan_options.separate_key_prefixes = options.separate_key_prefixes;
-    SP_ASSIGN_OR_RETURN(plan, PlanSave(locals, plan_options));
+    SP_ASSIGN_OR_RETURN(plan, PlanSave(gathered, plan_options));
     if (cached != nullptr) {
       plan_id = NewPlanId();
       cached->plan_id = plan_id;

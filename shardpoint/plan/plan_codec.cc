@@ -70,25 +70,26 @@ Status ExpectDone(const ByteReader& r) {
                        " unexpected trailing bytes at byte " + std::to_string(r.position()));
 }
 
-Result<LocalTensor> ReadTensor(ByteReader& r) {
-  LocalTensor tensor;
-  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString(kMaxNameBytes));
-  tensor.name = std::string(name);
+// Reads one tensor into `tensor`, except its name, which `name` views in the message. The
+// vectors are reused: a decoder that reads many tensors into one LocalTensor allocates only
+// for the largest.
+Status ReadTensor(ByteReader& r, LocalTensor* tensor, std::string_view* name) {
+  SP_ASSIGN_OR_RETURN(*name, r.ReadString(kMaxNameBytes));
   SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
   Result<DType> dtype = DTypeFromCode(code);
   if (!dtype.ok()) {
-    return DataLossError(r.what() + ": tensor '" + tensor.name + "' has unknown dtype code " +
-                         std::to_string(code));
+    return DataLossError(r.what() + ": tensor '" + std::string(*name) +
+                         "' has unknown dtype code " + std::to_string(code));
   }
-  tensor.dtype = *dtype;
-  SP_RETURN_IF_ERROR(ReadI64List(r, &tensor.shape));
+  tensor->dtype = *dtype;
+  SP_RETURN_IF_ERROR(ReadI64List(r, &tensor->shape));
   SP_ASSIGN_OR_RETURN(uint32_t num_boxes, r.ReadCount(kMinBoxBytes));
-  tensor.boxes.resize(num_boxes);
-  for (Box& box : tensor.boxes) {
+  tensor->boxes.resize(num_boxes);
+  for (Box& box : tensor->boxes) {
     SP_RETURN_IF_ERROR(ReadI64List(r, &box.offsets));
     SP_RETURN_IF_ERROR(ReadI64List(r, &box.sizes));
   }
-  return tensor;
+  return OkStatus();
 }
 
 Result<ObjectEntry> ReadObject(ByteReader& r) {
@@ -140,8 +141,10 @@ Result<LocalSavePlan> DecodeLocalSavePlan(std::string_view bytes) {
   SP_ASSIGN_OR_RETURN(uint32_t num_tensors, r.ReadCount(kMinTensorBytes));
   plan.tensors.reserve(num_tensors);
   for (uint32_t i = 0; i < num_tensors; ++i) {
-    SP_ASSIGN_OR_RETURN(LocalTensor tensor, ReadTensor(r));
-    plan.tensors.push_back(std::move(tensor));
+    LocalTensor& tensor = plan.tensors.emplace_back();
+    std::string_view name;
+    SP_RETURN_IF_ERROR(ReadTensor(r, &tensor, &name));
+    tensor.name = std::string(name);
   }
   SP_ASSIGN_OR_RETURN(uint32_t num_objects, r.ReadCount(kMinObjectBytes));
   plan.objects.reserve(num_objects);
@@ -151,6 +154,26 @@ Result<LocalSavePlan> DecodeLocalSavePlan(std::string_view bytes) {
   }
   SP_RETURN_IF_ERROR(ExpectDone(r));
   return plan;
+}
+
+Status DecodeLocalSavePlanInto(std::string_view bytes, GatheredPlans* plans) {
+  SP_ASSIGN_OR_RETURN(ByteReader r,
+                      Open(bytes, kLocalSavePlanMagic,
+                           "local save plan of " + std::to_string(bytes.size()) + " bytes"));
+  plans->BeginRank();
+  SP_ASSIGN_OR_RETURN(uint32_t num_tensors, r.ReadCount(kMinTensorBytes));
+  LocalTensor tensor;
+  for (uint32_t i = 0; i < num_tensors; ++i) {
+    std::string_view name;
+    SP_RETURN_IF_ERROR(ReadTensor(r, &tensor, &name));
+    plans->AddTensor(name, tensor.dtype, tensor.shape, tensor.boxes);
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t num_objects, r.ReadCount(kMinObjectBytes));
+  for (uint32_t i = 0; i < num_objects; ++i) {
+    SP_ASSIGN_OR_RETURN(ObjectEntry object, ReadObject(r));
+    plans->AddObject(std::move(object));
+  }
+  return ExpectDone(r);
 }
 
 std::string EncodeRankSavePlan(const RankSavePlan& plan) {

@@ -27,12 +27,17 @@
 #include <string_view>
 
 #include "shardpoint/base/result.h"
+#include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/save_plan.h"
 
 namespace sp {
 
 std::string EncodeLocalSavePlan(const LocalSavePlan& plan);
 Result<LocalSavePlan> DecodeLocalSavePlan(std::string_view bytes);
+// Decodes a local plan as the next rank of `plans` (the coordinator's way: no LocalSavePlan is
+// built). The same checks and errors as DecodeLocalSavePlan; on an error `plans` is left with a
+// partial rank and must not be planned.
+Status DecodeLocalSavePlanInto(std::string_view bytes, GatheredPlans* plans);
 
 std::string EncodeRankSavePlan(const RankSavePlan& plan);
 Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes);

@@ -215,6 +215,15 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
     Result<GlobalSavePlan> again = PlanSave(locals, options);
     ASSERT_TRUE(again.ok());
     ASSERT_EQ(again->ranks, plan->ranks) << "planning is not deterministic";
+    // The coordinator's way: every rank's message decoded into one GatheredPlans.
+    GatheredPlans gathered;
+    for (const LocalSavePlan& local : locals) {
+      ASSERT_TRUE(DecodeLocalSavePlanInto(EncodeLocalSavePlan(local), &gathered).ok());
+    }
+    Result<GlobalSavePlan> from_messages = PlanSave(gathered, options);
+    ASSERT_TRUE(from_messages.ok()) << from_messages.status();
+    ASSERT_EQ(from_messages->metadata, plan->metadata);
+    ASSERT_EQ(from_messages->ranks, plan->ranks);
   }
   // Device meshes cut every tensor into a grid (the shuffled copies in LoadAndCheck are not).
   EXPECT_GT(grids, 200);

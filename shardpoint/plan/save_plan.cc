@@ -12,8 +12,9 @@
 #include <utility>
 
 
-#include "shardpoint/plan/box_set.h"
 #include "shardpoint/format/chunk_grid.h"
+#include "shardpoint/plan/box_set.h"
+#include "shardpoint/plan/gathered_plans.h"
 
 namespace sp {
 namespace {
@@ -22,7 +23,7 @@ constexpr size_t kMaxListedRanks = 8;
 
 // A rank's claim to one non-empty box of a tensor.
 struct Holding {
-  uint32_t key;  // position of the box's key in TensorEntry::keys
+  uint64_t key;  // where the box's offsets, then sizes, are in GatheredPlans::values()
   uint32_t rank;
   uint32_t local_tensor;
   uint32_t local_box;
@@ -30,26 +31,27 @@ struct Holding {
 
 // One global tensor while it is being planned.
 struct TensorEntry {
-  const LocalTensor* first = nullptr;  // as listed by the lowest rank that has it
-  uint32_t first_rank = 0;
+  const std::string* name = nullptr;
+  const Shape* shape = nullptr;
+  DType dtype = DType::kFloat32;
+  uint32_t shape_id = 0;
+  uint32_t first_rank = 0;        // the lowest rank that lists it
   uint32_t last_rank = 0;         // latest rank seen listing it (detects duplicates)
+  const int64_t* values = nullptr;  // GatheredPlans::values()
   std::vector<Holding> holdings;  // after grouping: sorted by (box, rank, local_box)
-  // Compact copies of the held boxes, 2 * rank values each (offsets, then sizes): every later
-  // step compares boxes, and the originals are scattered over all the ranks' plans.
-  std::vector<int64_t> keys;
   std::vector<uint32_t> chunk_begin;  // chunk c's holders: holdings[chunk_begin[c], [c+1])
   std::vector<uint32_t> owner;        // per chunk: the index into holdings of its writer
 };
 
-size_t KeyWidth(const TensorEntry& entry) { return 2 * entry.first->shape.size(); }
+size_t KeyWidth(const TensorEntry& entry) { return 2 * entry.shape->size(); }
 
 const int64_t* KeyOf(const TensorEntry& entry, const Holding& holding) {
-  return entry.keys.data() + holding.key * KeyWidth(entry);
+  return entry.values + holding.key;
 }
 
 Box BoxOf(const TensorEntry& entry, const Holding& holding) {
   const int64_t* key = KeyOf(entry, holding);
-  const size_t rank = entry.first->shape.size();
+  const size_t rank = entry.shape->size();
   return Box(Dims(key, key + rank), Dims(key + rank, key + 2 * rank));
 }
 
@@ -99,112 +101,95 @@ Status ValidateOptions(size_t world_size, const SavePlanOptions& options) {
 }
 
 // Checks that the shape is non-negative and that its byte size fits in an int64.
-Status ValidateShape(uint32_t rank, const LocalTensor& tensor) {
+Status ValidateShape(uint32_t rank, std::string_view name, DType dtype, const Shape& shape) {
   int64_t elements = 1;
   bool overflow = false;
-  for (int64_t d : tensor.shape) {
+  for (int64_t d : shape) {
     if (d < 0) {
-      return InvalidArgumentError("tensor " + Quote(tensor.name) + ": rank " +
-                                  std::to_string(rank) + " has invalid shape " +
-                                  ShapeToString(tensor.shape) + " (negative dimension)");
+      return InvalidArgumentError("tensor " + Quote(name) + ": rank " + std::to_string(rank) +
+                                  " has invalid shape " + ShapeToString(shape) +
+                                  " (negative dimension)");
     }
     overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
   }
   int64_t bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(
-                             elements, static_cast<int64_t>(DTypeSize(tensor.dtype)), &bytes);
+  overflow = overflow ||
+             __builtin_mul_overflow(elements, static_cast<int64_t>(DTypeSize(dtype)), &bytes);
   if (overflow) {
-    return InvalidArgumentError("tensor " + Quote(tensor.name) + ": rank " + std::to_string(rank) +
-                                " has shape " + ShapeToString(tensor.shape) +
-                                ", whose byte size overflows");
+    return InvalidArgumentError("tensor " + Quote(name) + ": rank " + std::to_string(rank) +
+                                " has shape " + ShapeToString(shape) + ", whose byte size overflows");
   }
   return OkStatus();
 }
 
-Status ValidateBox(uint32_t rank, const LocalTensor& tensor, const Box& box) {
-  const bool ranks_agree = box.offsets.size() == box.sizes.size();
-  if (ranks_agree && WithinShape(box, tensor.shape)) return OkStatus();
-  std::string where = "tensor " + Quote(tensor.name) + ": rank " + std::to_string(rank);
-  if (!ranks_agree) {
-    return InvalidArgumentError(where + " holds a box with " + std::to_string(box.offsets.size()) +
-                                " offsets and " + std::to_string(box.sizes.size()) + " sizes");
-  }
-  return InvalidArgumentError(where + " holds box " + box.ToString() +
-                              ", which is not within shape " + ShapeToString(tensor.shape));
-}
-
-Status CheckAgreement(const TensorEntry& entry, uint32_t rank, const LocalTensor& tensor) {
-  const bool same_dtype = entry.first->dtype == tensor.dtype;
-  if (same_dtype && entry.first->shape == tensor.shape) return OkStatus();
+Status CheckAgreement(const TensorEntry& entry, uint32_t rank, const GatheredPlans& plans,
+                      const GatheredPlans::Tensor& tensor) {
+  const bool same_dtype = entry.dtype == tensor.dtype;
+  if (same_dtype && entry.shape_id == tensor.shape) return OkStatus();
   std::string prefix =
-      "tensor " + Quote(tensor.name) + ": rank " + std::to_string(entry.first_rank) + " has ";
+      "tensor " + Quote(*entry.name) + ": rank " + std::to_string(entry.first_rank) + " has ";
   std::string other = " but rank " + std::to_string(rank) + " has ";
   if (!same_dtype) {
-    return InvalidArgumentError(prefix + "dtype " + std::string(DTypeName(entry.first->dtype)) +
-                                other + std::string(DTypeName(tensor.dtype)));
+    return InvalidArgumentError(prefix + "dtype " + std::string(DTypeName(entry.dtype)) + other +
+                                std::string(DTypeName(tensor.dtype)));
   }
-  return InvalidArgumentError(prefix + "shape " + ShapeToString(entry.first->shape) + other +
-                              ShapeToString(tensor.shape));
+  return InvalidArgumentError(prefix + "shape " + ShapeToString(*entry.shape) + other +
+                              ShapeToString(plans.shape(tensor.shape)));
 }
 
-Status AddHoldings(uint32_t rank, uint32_t local_tensor, const LocalTensor& tensor,
-                   TensorEntry* entry) {
-  for (uint32_t b = 0; b < tensor.boxes.size(); ++b) {
-    SP_RETURN_IF_ERROR(ValidateBox(rank, tensor, tensor.boxes[b]));
-    const Box& box = tensor.boxes[b];
-    if (box.empty()) continue;
-    entry->holdings.push_back(
-        {static_cast<uint32_t>(entry->holdings.size()), rank, local_tensor, b});
-    entry->keys.insert(entry->keys.end(), box.offsets.begin(), box.offsets.end());
-    entry->keys.insert(entry->keys.end(), box.sizes.begin(), box.sizes.end());
+void AddHoldings(uint32_t rank, uint32_t local_tensor, const GatheredPlans& plans,
+                 const GatheredPlans::Tensor& tensor, TensorEntry* entry) {
+  const size_t dims = entry->shape->size();
+  for (uint32_t b = 0; b < tensor.box_count; ++b) {
+    const int64_t* values = plans.box_values(tensor, b);
+    if (std::any_of(values + dims, values + 2 * dims, [](int64_t size) { return size == 0; })) {
+      continue;  // empty
+    }
+    entry->holdings.push_back({static_cast<uint64_t>(values - plans.values()), rank, local_tensor, b});
   }
-  return OkStatus();
 }
 
 // A later rank lists a known tensor: it must do so once and agree on dtype and shape.
-Status Revisit(uint32_t rank, const LocalTensor& tensor, TensorEntry* entry) {
+Status Revisit(uint32_t rank, const GatheredPlans& plans, const GatheredPlans::Tensor& tensor,
+               TensorEntry* entry) {
   if (entry->last_rank == rank) {
-    return InvalidArgumentError("tensor " + Quote(tensor.name) + ": rank " + std::to_string(rank) +
-                                " lists it twice");
+    return InvalidArgumentError("tensor " + Quote(*entry->name) + ": rank " +
+                                std::to_string(rank) + " lists it twice");
   }
   entry->last_rank = rank;
-  return CheckAgreement(*entry, rank, tensor);
+  return CheckAgreement(*entry, rank, plans, tensor);
 }
 
-// Gathers every tensor named by any rank, validated, sorted by name. Ranks usually list the
-// same tensors in the same order, so the entry found at a list position on the previous rank is
-// tried before the hash table.
-Result<std::vector<TensorEntry>> CollectTensors(std::span<const LocalSavePlan> locals) {
+// Gathers every tensor named by any rank, validated, sorted by name.
+Result<std::vector<TensorEntry>> CollectTensors(const GatheredPlans& plans) {
   constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
-  std::unordered_map<std::string_view, uint32_t> index;
+  std::vector<uint32_t> entry_of_name(plans.name_count(), kNone);
   std::vector<TensorEntry> entries;
-  std::vector<uint32_t> previous;  // per list position: the entry it named on the last rank
-  for (uint32_t rank = 0; rank < locals.size(); ++rank) {
-    const auto& tensors = locals[rank].tensors;
-    if (previous.size() < tensors.size()) previous.resize(tensors.size(), kNone);
+  for (uint32_t rank = 0; rank < plans.world_size(); ++rank) {
+    const std::span<const GatheredPlans::Tensor> tensors = plans.tensors(rank);
     for (uint32_t t = 0; t < tensors.size(); ++t) {
-      const LocalTensor& tensor = tensors[t];
-      uint32_t e = previous[t];
-      if (e == kNone || entries[e].first->name != tensor.name) {
-        auto [it, inserted] = index.try_emplace(tensor.name, static_cast<uint32_t>(entries.size()));
-        e = it->second;
-        if (inserted) {
-          SP_RETURN_IF_ERROR(ValidateShape(rank, tensor));
-          entries.emplace_back();
-          entries.back().first = &tensor;
-          entries.back().first_rank = entries.back().last_rank = rank;
-        } else {
-          SP_RETURN_IF_ERROR(Revisit(rank, tensor, &entries[e]));
-        }
+      const GatheredPlans::Tensor& tensor = tensors[t];
+      uint32_t& e = entry_of_name[tensor.name];
+      if (e == kNone) {
+        const std::string& name = plans.name(tensor.name);
+        SP_RETURN_IF_ERROR(ValidateShape(rank, name, tensor.dtype, plans.shape(tensor.shape)));
+        e = static_cast<uint32_t>(entries.size());
+        TensorEntry& entry = entries.emplace_back();
+        entry.name = &name;
+        entry.shape = &plans.shape(tensor.shape);
+        entry.shape_id = tensor.shape;
+        entry.dtype = tensor.dtype;
+        entry.first_rank = entry.last_rank = rank;
+        entry.values = plans.values();
       } else {
-        SP_RETURN_IF_ERROR(Revisit(rank, tensor, &entries[e]));
+        SP_RETURN_IF_ERROR(Revisit(rank, plans, tensor, &entries[e]));
       }
-      previous[t] = e;
-      SP_RETURN_IF_ERROR(AddHoldings(rank, t, tensor, &entries[e]));
+      if (tensor.error != GatheredPlans::kNoError) return plans.error(tensor.error);
+      AddHoldings(rank, t, plans, tensor, &entries[e]);
     }
   }
   std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.first->name < b.first->name;
+    return *a.name < *b.name;
   });
   return entries;
 }
@@ -242,13 +227,13 @@ std::span<const Holding> HoldersOf(const TensorEntry& entry, size_t chunk) {
 // that form a grid (the usual layouts) are proved in one pass, and the grid is kept as the
 // tensor's index (TensorMetadata::grid); the others are proved by the sweeps.
 Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
-  const LocalTensor& tensor = *entry.first;
-  md.grid = FindChunkGrid(md.chunks, tensor.shape);
+  const Shape& shape = *entry.shape;
+  md.grid = FindChunkGrid(md.chunks, shape);
   if (md.grid) return OkStatus();
   std::vector<const Box*> boxes(md.chunks.size());
   for (size_t c = 0; c < boxes.size(); ++c) boxes[c] = &md.chunks[c].box;
   if (auto pair = FindOverlappingPair(boxes)) {
-    return InvalidArgumentError("tensor " + Quote(tensor.name) + ": chunk " +
+    return InvalidArgumentError("tensor " + Quote(*entry.name) + ": chunk " +
                                 boxes[pair->first]->ToString() + " held by " +
                                 DescribeHolders(HoldersOf(entry, pair->first)) +
                                 " overlaps chunk " + boxes[pair->second]->ToString() + " held by " +
@@ -256,13 +241,13 @@ Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
   }
   int64_t covered = 0;  // disjoint boxes within the shape: the sum cannot overflow
   for (const Box* box : boxes) covered += box->volume();
-  const int64_t volume = ShapeVolume(tensor.shape);
+  const int64_t volume = ShapeVolume(shape);
   if (covered == volume) return OkStatus();
-  std::string message = "tensor " + Quote(tensor.name) + " of shape " +
-                        ShapeToString(tensor.shape) + ": no rank holds " +
+  std::string message = "tensor " + Quote(*entry.name) + " of shape " +
+                        ShapeToString(shape) + ": no rank holds " +
                         std::to_string(volume - covered) + " of its " + std::to_string(volume) +
                         " elements";
-  if (auto point = FindUncoveredPoint(boxes, tensor.shape)) {
+  if (auto point = FindUncoveredPoint(boxes, shape)) {
     message += " (for example the element at " + PointToString(*point) + ")";
   }
   return InvalidArgumentError(message);
@@ -270,9 +255,9 @@ Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
 
 TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
   TensorMetadata md;
-  md.name = entry.first->name;
-  md.dtype = entry.first->dtype;
-  md.shape = entry.first->shape;
+  md.name = *entry.name;
+  md.dtype = entry.dtype;
+  md.shape = *entry.shape;
   const size_t num_chunks = entry.chunk_begin.size() - 1;
   md.chunks.resize(num_chunks);
   const uint64_t element_bytes = DTypeSize(md.dtype);
@@ -442,21 +427,21 @@ Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOption
 }
 
 // One entry per object name, from the lowest rank that has it, sorted by name.
-Result<std::vector<ObjectEntry>> MergeObjects(std::span<const LocalSavePlan> locals,
+Result<std::vector<ObjectEntry>> MergeObjects(const GatheredPlans& plans,
                                               const std::vector<TensorEntry>& tensors) {
   std::map<std::string_view, const ObjectEntry*> merged;
   std::unordered_set<std::string_view> on_rank;
-  for (uint32_t rank = 0; rank < locals.size(); ++rank) {
+  for (uint32_t rank = 0; rank < plans.world_size(); ++rank) {
     on_rank.clear();
-    for (const ObjectEntry& object : locals[rank].objects) {
+    for (const ObjectEntry& object : plans.objects(rank)) {
       if (!on_rank.insert(object.name).second) {
         return InvalidArgumentError("object " + Quote(object.name) + ": rank " +
                                     std::to_string(rank) + " lists it twice");
       }
       auto it = std::lower_bound(
           tensors.begin(), tensors.end(), object.name,
-          [](const TensorEntry& t, std::string_view name) { return t.first->name < name; });
-      if (it != tensors.end() && it->first->name == object.name) {
+          [](const TensorEntry& t, std::string_view name) { return *t.name < name; });
+      if (it != tensors.end() && *it->name == object.name) {
         return InvalidArgumentError("name " + Quote(object.name) + " is a tensor on rank " +
                                     std::to_string(it->first_rank) + " and an object on rank " +
                                     std::to_string(rank));
@@ -475,10 +460,18 @@ Result<std::vector<ObjectEntry>> MergeObjects(std::span<const LocalSavePlan> loc
 Result<GlobalSavePlan> PlanSave(std::span<const LocalSavePlan> locals,
                                 const SavePlanOptions& options) {
   SP_RETURN_IF_ERROR(ValidateOptions(locals.size(), options));
-  SP_ASSIGN_OR_RETURN(std::vector<TensorEntry> entries, CollectTensors(locals));
+  GatheredPlans plans(locals.size());
+  for (const LocalSavePlan& local : locals) plans.AddRank(local);
+  return PlanSave(plans, options);
+}
+
+Result<GlobalSavePlan> PlanSave(const GatheredPlans& plans, const SavePlanOptions& options) {
+  const size_t world_size = plans.world_size();
+  SP_RETURN_IF_ERROR(ValidateOptions(world_size, options));
+  SP_ASSIGN_OR_RETURN(std::vector<TensorEntry> entries, CollectTensors(plans));
   GlobalSavePlan plan;
   plan.metadata.save_id = options.save_id;
-  plan.metadata.world_size = static_cast<int32_t>(locals.size());
+  plan.metadata.world_size = static_cast<int32_t>(world_size);
   plan.metadata.checksum_block_bytes = options.checksum_block_bytes;
   plan.metadata.tensors.reserve(entries.size());
   for (TensorEntry& entry : entries) {
@@ -486,9 +479,9 @@ Result<GlobalSavePlan> PlanSave(std::span<const LocalSavePlan> locals,
     plan.metadata.tensors.push_back(MakeTensorMetadata(entry));
     SP_RETURN_IF_ERROR(ValidateTiling(entry, plan.metadata.tensors.back()));
   }
-  SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(locals, entries));
-  AssignOwners(plan.metadata.tensors, locals.size(), options.dedup_to_lowest_rank, &entries);
-  plan.ranks.resize(locals.size());
+  SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(plans, entries));
+  AssignOwners(plan.metadata.tensors, world_size, options.dedup_to_lowest_rank, &entries);
+  plan.ranks.resize(world_size);
   SP_RETURN_IF_ERROR(AssignFiles(entries, options, &plan));
   return plan;
 }
