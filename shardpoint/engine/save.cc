@@ -555,6 +555,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   auto plan_on_coordinator = [&]() -> Result<std::vector<std::string>> {
     for (size_t r = 0; r < gathered.size(); ++r) {
       SP_ASSIGN_OR_RETURN(PlanRequest decoded, DecodePlanRequest(gathered[r]));
+      std::string().swap(gathered[r]);  // its plan is in `decoded` now: do not hold it twice
       if (decoded.kind == PlanRequest::Kind::kNothing) {
         if (requests.size() != gathered.size()) {
           return InternalError("rank " + std::to_string(r) + " sent no plan");
