@@ -446,7 +446,8 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
         return InternalError("rank " + std::to_string(r) + " reported an unknown chunk");
       }
       reported[c.tensor][c.chunk] = true;
-      metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c = std::move(c.block_crc32c);
+      metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c.assign(c.block_crc32c.begin(),
+                                                                     c.block_crc32c.end());
     }
   }
   for (size_t t = 0; t < metadata->tensors.size(); ++t) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
+#include "shardpoint/base/inline_vector.h"
 #include "shardpoint/base/result.h"
 #include "shardpoint/geometry/box.h"
 
@@ -64,8 +65,9 @@ struct StoredChunk {
   uint64_t data_offset = 0; // relative to the file's data_start
   uint64_t byte_length = 0; // box.volume() * DTypeSize(dtype)
   // One per checksum block of this chunk's bytes; empty when the checkpoint has no checksums
-  // (CheckpointMetadata::checksum_block_bytes == 0).
-  std::vector<uint32_t> block_crc32c;
+  // (CheckpointMetadata::checksum_block_bytes == 0). Most chunks have one or two blocks, kept
+  // inline: a checkpoint's metadata holds millions of chunks.
+  InlineVector<uint32_t, 2> block_crc32c;
   ChunkEncoding encoding = ChunkEncoding::kRaw;
   uint64_t stored_length = 0;  // kDriverDecoded only: the bytes to read and decode
   uint32_t driver_tag = 0;     // kDriverDecoded only: how the driver decodes them (its own codes)
