@@ -34,14 +34,14 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
                               std::span<const Box> boxes) {
   const size_t position = tensors_.size() - rank_begin_[rank_begin_.size() - 2];
   if (previous_name_.size() <= position) {
-    previous_name_.resize(position + 1, kNoError);
-    previous_shape_.resize(position + 1, kNoError);
+    previous_name_.resize(position + 1, kUnset);
+    previous_shape_.resize(position + 1, kUnset);
   }
   Tensor tensor;
   uint32_t& name_id = previous_name_[position];
-  if (name_id == kNoError || names_[name_id] != name) name_id = NameId(name);
+  if (name_id == kUnset || names_[name_id] != name) name_id = NameId(name);
   uint32_t& shape_id = previous_shape_[position];
-  if (shape_id == kNoError || !std::ranges::equal(shapes_[shape_id], shape)) {
+  if (shape_id == kUnset || !std::ranges::equal(shapes_[shape_id], shape)) {
     shape_id = ShapeId(shape);
   }
   tensor.name = name_id;
@@ -50,7 +50,7 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
   tensor.first_value = values_.size();
   for (const Box& box : boxes) {
     if (box.offsets.size() == box.sizes.size() && WithinShape(box, shapes_[shape_id])) continue;
-    // As PlanSave reports it for a LocalSavePlan (save_plan.cc, ValidateBox).
+    // The error PlanSave returns (save_plan.h) when it reaches this tensor of this rank.
     const std::string where = "tensor '" + std::string(name) + "': rank " +
                               std::to_string(world_size() - 1);
     tensor.error = static_cast<uint32_t>(errors_.size());

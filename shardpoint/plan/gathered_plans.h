@@ -76,6 +76,8 @@ class GatheredPlans {
   const int64_t* values() const { return values_.data(); }
 
  private:
+  static constexpr uint32_t kUnset = UINT32_MAX;
+
   uint32_t NameId(std::string_view name);
   uint32_t ShapeId(std::span<const int64_t> shape);
 
