@@ -121,17 +121,15 @@ class InlineVector {
   }
   template <std::input_iterator It>
   void assign(It first, It last) {
-    if constexpr (std::contiguous_iterator<It>) {
-      const size_t n = static_cast<size_t>(last - first);
-      size_ = 0;
-      reserve(n);
-      CopyValues(std::to_address(first), n, data());
-      size_ = static_cast<uint32_t>(n);
-    } else if constexpr (std::forward_iterator<It>) {
+    if constexpr (std::forward_iterator<It>) {
       const size_t n = static_cast<size_t>(std::distance(first, last));
       size_ = 0;
       reserve(n);
-      std::copy(first, last, data());
+      if constexpr (std::contiguous_iterator<It>) {
+        CopyValues(std::to_address(first), n, data());
+      } else {
+        std::copy(first, last, data());
+      }
       size_ = static_cast<uint32_t>(n);
     } else {
       size_ = 0;

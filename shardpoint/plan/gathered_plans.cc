@@ -17,7 +17,7 @@ uint32_t GatheredPlans::NameId(std::string_view name) {
 uint32_t GatheredPlans::ShapeId(std::span<const int64_t> shape) {
   Shape key(shape.begin(), shape.end());
   auto [it, inserted] = shape_ids_.try_emplace(std::move(key), static_cast<uint32_t>(shapes_.size()));
-  if (inserted) shapes_.push_back(it->first);
+  if (inserted) shapes_.push_back(&it->first);
   return it->second;
 }
 
@@ -41,15 +41,16 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
   uint32_t& name_id = previous_name_[position];
   if (name_id == kUnset || names_[name_id] != name) name_id = NameId(name);
   uint32_t& shape_id = previous_shape_[position];
-  if (shape_id == kUnset || !std::ranges::equal(shapes_[shape_id], shape)) {
+  if (shape_id == kUnset || !std::ranges::equal(*shapes_[shape_id], shape)) {
     shape_id = ShapeId(shape);
   }
   tensor.name = name_id;
   tensor.shape = shape_id;
   tensor.dtype = dtype;
   tensor.first_value = values_.size();
+  const Shape& tensor_shape = *shapes_[shape_id];
   for (const Box& box : boxes) {
-    if (box.offsets.size() == box.sizes.size() && WithinShape(box, shapes_[shape_id])) continue;
+    if (box.offsets.size() == box.sizes.size() && WithinShape(box, tensor_shape)) continue;
     // The error PlanSave returns (save_plan.h) when it reaches this tensor of this rank.
     const std::string where = "tensor '" + std::string(name) + "': rank " +
                               std::to_string(world_size() - 1);
@@ -61,7 +62,7 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
     } else {
       errors_.push_back(InvalidArgumentError(where + " holds box " + box.ToString() +
                                              ", which is not within shape " +
-                                             ShapeToString(shapes_[shape_id])));
+                                             ShapeToString(tensor_shape)));
     }
     tensors_.push_back(tensor);
     rank_begin_.back() = tensors_.size();

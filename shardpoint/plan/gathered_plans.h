@@ -39,6 +39,11 @@ class GatheredPlans {
   // `expected_ranks`: how many ranks will be added. Once the first is in, room is made for that
   // many ranks like it, so that the tables are not copied over and over as they grow.
   explicit GatheredPlans(size_t expected_ranks) : expected_ranks_(expected_ranks) {}
+  // Moves keep the tables' nodes (so the views into them stay valid); a copy would not.
+  GatheredPlans(GatheredPlans&&) = default;
+  GatheredPlans& operator=(GatheredPlans&&) = default;
+  GatheredPlans(const GatheredPlans&) = delete;
+  GatheredPlans& operator=(const GatheredPlans&) = delete;
 
   // One tensor as one rank lists it.
   struct Tensor {
@@ -67,11 +72,11 @@ class GatheredPlans {
   std::span<const ObjectEntry> objects(size_t rank) const { return objects_[rank]; }
   const std::string& name(uint32_t id) const { return names_[id]; }
   size_t name_count() const { return names_.size(); }
-  const Shape& shape(uint32_t id) const { return shapes_[id]; }
+  const Shape& shape(uint32_t id) const { return *shapes_[id]; }
   const Status& error(uint32_t id) const { return errors_[id]; }
   // Offsets then sizes of box `b` of `tensor`: 2 * shape(tensor.shape).size() values.
   const int64_t* box_values(const Tensor& tensor, uint32_t b) const {
-    return values_.data() + tensor.first_value + uint64_t{b} * 2 * shapes_[tensor.shape].size();
+    return values_.data() + tensor.first_value + uint64_t{b} * 2 * shapes_[tensor.shape]->size();
   }
   const int64_t* values() const { return values_.data(); }
 
@@ -88,8 +93,8 @@ class GatheredPlans {
   std::vector<int64_t> values_;
   std::deque<std::string> names_;  // stable addresses: name_ids_ keys view them
   std::unordered_map<std::string_view, uint32_t> name_ids_;
-  std::vector<Shape> shapes_;
   std::map<Shape, uint32_t> shape_ids_;
+  std::vector<const Shape*> shapes_;  // by id: the keys of shape_ids_
   std::vector<Status> errors_;
   // Per list position, the name and shape ids the previous rank had there: ranks usually list
   // the same tensors in the same order, so most lookups are one comparison.

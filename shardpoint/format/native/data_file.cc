@@ -1,12 +1,14 @@
 // Native data files: names, chunk entry keys and the safetensors header (docs/FORMAT.md §1-2).
 #include <algorithm>
-#include <atomic>
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "shardpoint/exec/task_group.h"
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 
@@ -86,26 +88,19 @@ std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata
     }
   }
   std::vector<std::string> headers(metadata.files.size());
+  auto build = [&](int64_t f) {
+    headers[f] = HeaderOf(metadata, std::move(chunks[f]));
+    return OkStatus();
+  };
   // Each header depends only on its own file's chunks. A save of thousands of ranks has
   // thousands of files and millions of entries (2 s on one core at 8,192 ranks x 1,000 tensors),
-  // so they are built on several threads, each taking the next kFilesPerTask files.
-  constexpr size_t kFilesPerTask = 16;
-  const size_t tasks = (headers.size() + kFilesPerTask - 1) / kFilesPerTask;
-  const size_t threads =
-      std::min<size_t>({tasks, std::max(1u, std::thread::hardware_concurrency()), 16});
-  std::atomic<size_t> next_task{0};
-  auto work = [&] {
-    for (size_t task; (task = next_task.fetch_add(1)) < tasks;) {
-      const size_t end = std::min(headers.size(), (task + 1) * kFilesPerTask);
-      for (size_t f = task * kFilesPerTask; f < end; ++f) {
-        headers[f] = HeaderOf(metadata, std::move(chunks[f]));
-      }
-    }
-  };
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& helper : helpers) helper.join();
+  // so many files are built on several threads.
+  constexpr size_t kFilesPerThread = 16;
+  const int threads = static_cast<int>(std::min<size_t>(
+      {headers.size() / kFilesPerThread, std::max(1u, std::thread::hardware_concurrency()), 16}));
+  std::optional<ThreadPool> pool;
+  if (threads > 1) pool.emplace(threads);
+  (void)ParallelFor(pool ? &*pool : nullptr, static_cast<int64_t>(headers.size()), build);
   return headers;
 }
 
