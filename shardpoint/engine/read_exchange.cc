@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "shardpoint/base/coding.h"
+#include "shardpoint/geometry/strided_copy.h"
 
 namespace sp {
 namespace {
@@ -43,7 +44,42 @@ struct ChunkUsers {
   std::vector<uint64_t> packed;               // per entry of `ranks`: bytes that rank receives
   std::vector<uint64_t> alone;                // per entry of `ranks`: bytes it reads by itself
   bool shared = false;
+  bool whole = false;  // shared as whole rows (read_exchange.h)
+  Box rows;            // with `whole`: the rows its users cover
+  uint64_t rows_bytes = 0;
 };
+
+// Whether the users of shared chunk `u` get whole rows (read_exchange.h), and which: sets u.whole,
+// u.rows and u.rows_bytes.
+void ChooseWholeRows(ChunkUsers& u, const std::vector<RankNeeds>& all,
+                     const TensorMetadata& tensor, const StoredChunk& chunk, uint64_t round_bytes,
+                     uint64_t whole_rows_below) {
+  if (whole_rows_below == 0 || chunk.encoding == ChunkEncoding::kDriverDecoded ||
+      chunk.box.rank() < 2) {
+    return;
+  }
+  const size_t es = DTypeSize(tensor.dtype);
+  int64_t first = chunk.box.exclusive_max(0), end = chunk.box.offsets[0];
+  bool cut_short = false;
+  for (const auto& [r, i] : u.users) {
+    const Box& region = all[r].needs[i].region;
+    first = std::min(first, region.offsets[0]);
+    end = std::max(end, region.exclusive_max(0));
+    const RunSummary runs = SummarizeByteRuns(chunk.box, region, es);
+    cut_short = cut_short || (runs.runs > 1 && runs.bytes / runs.runs < whole_rows_below);
+  }
+  if (!cut_short) return;
+  Box rows = chunk.box;
+  rows.offsets[0] = first;
+  rows.sizes[0] = end - first;
+  const uint64_t bytes = static_cast<uint64_t>(rows.volume()) * es;
+  uint64_t needed = 0;
+  for (uint64_t p : u.packed) needed += p;
+  if (bytes > 2 * needed || bytes > round_bytes) return;
+  u.whole = true;
+  u.rows = std::move(rows);
+  u.rows_bytes = bytes;
+}
 
 }  // namespace
 
@@ -61,6 +97,10 @@ Interval ReadSpan(const TensorMetadata& tensor, const StoredChunk& chunk, const 
     end = std::min(chunk.byte_length, (end + block_bytes - 1) / block_bytes * block_bytes);
   }
   return {begin, end};
+}
+
+uint64_t WholeRowsBytes(const WholeRows& rows, const CheckpointMetadata& metadata) {
+  return static_cast<uint64_t>(rows.rows.volume()) * DTypeSize(metadata.tensors[rows.tensor].dtype);
 }
 
 uint64_t PackedBytes(const Box& region, DType dtype) {
@@ -128,7 +168,8 @@ Result<RankNeeds> DecodeNeeds(std::string_view bytes, const CheckpointMetadata& 
 }
 
 ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
-                          const CheckpointMetadata& metadata, uint64_t round_bytes) {
+                          const CheckpointMetadata& metadata, uint64_t round_bytes,
+                          uint64_t whole_rows_below) {
   const int n = static_cast<int>(all.size());
   const uint64_t bs = metadata.checksum_block_bytes;
 
@@ -192,6 +233,7 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
       }
       const uint64_t duplicate = separate - u->union_bytes;
       u->shared = kExchangeCostFactor * duplicate >= total - largest && total <= round_bytes;
+      if (u->shared) ChooseWholeRows(*u, all, tensor, chunk, round_bytes, whole_rows_below);
     }
     if (!u->shared) {
       for (size_t k = 0; k < u->ranks.size(); ++k) load[u->ranks[k]] += u->alone[k];
@@ -205,6 +247,7 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
     ExchangeRound round;
     round.send.resize(n);
     round.receive.resize(n);
+    round.from_rows.resize(n);
     return round;
   };
   plan.rounds.back() = fresh_round();
@@ -234,7 +277,8 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
     load[reader] += u->union_bytes;
     previous_reader[file] = reader;
 
-    // This chunk's traffic: each other rank receives its regions, the reader sends them all.
+    // This chunk's traffic: each other rank receives its regions, the reader sends them all (or
+    // the whole rows).
     std::vector<uint64_t> traffic(u->ranks.size());
     uint64_t sent = 0;
     size_t reader_k = 0;
@@ -246,7 +290,7 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
         sent += u->packed[k];
       }
     }
-    traffic[reader_k] = sent;
+    traffic[reader_k] = u->whole ? u->rows_bytes : sent;
     bool fits = true;
     for (size_t k = 0; k < u->ranks.size(); ++k) {
       fits = fits && used[u->ranks[k]] + traffic[k] <= round_bytes;
@@ -259,6 +303,13 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
     for (size_t k = 0; k < u->ranks.size(); ++k) used[u->ranks[k]] += traffic[k];
     round_has_shared = true;
     ExchangeRound& round = plan.rounds.back();
+    if (u->whole) {
+      if (reader == me) round.rows.push_back(WholeRows{u->tensor, u->chunk, u->rows});
+      for (const auto& [r, i] : u->users) {
+        if (r == me) round.from_rows[reader].push_back(i);
+      }
+      continue;
+    }
     for (const auto& [r, i] : u->users) {
       if (r == reader) {
         if (r == me) round.own.push_back(i);

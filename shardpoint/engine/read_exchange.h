@@ -15,6 +15,15 @@
 // already reads over 32 MiB more than the least loaded candidate, which is then chosen. A round
 // closes when its exchange would exceed `round_bytes` sent plus received for some rank; every
 // chunk, shared or not, is read in the round it falls in.
+//
+// Whole rows (for processes of one machine, which exchange through shared memory): packing a
+// region that is not one run of its chunk costs the reader a copy out of staging, and the
+// receiver a second one. Where every rank can read the reader's memory, the reader can instead
+// read the rows its users cover straight into the shared memory, and every user (itself
+// included) copies its region out of them: one copy per byte instead of two, and none by the
+// reader for the others. A shared chunk is read as whole rows when some region on it is cut into
+// runs shorter than `whole_rows_below` (it would be staged, not read in place), and the rows take
+// at most twice the bytes its users need.
 #ifndef SHARDPOINT_ENGINE_READ_EXCHANGE_H_
 #define SHARDPOINT_ENGINE_READ_EXCHANGE_H_
 
@@ -50,11 +59,25 @@ std::string EncodeNeeds(const RankNeeds& needs);
 Result<RankNeeds> DecodeNeeds(std::string_view bytes, const CheckpointMetadata& metadata,
                               int from_rank);
 
+// Rows of a stored chunk that its reader reads whole for every rank that needs them.
+struct WholeRows {
+  uint32_t tensor = 0;
+  uint32_t chunk = 0;
+  Box rows;  // global coordinates: the rows of the chunk its users' regions cover, every column
+
+  friend bool operator==(const WholeRows&, const WholeRows&) = default;
+};
+
 // One rank's part of one exchange round.
 struct ExchangeRound {
   std::vector<size_t> own;                   // indices of this rank's needs it reads itself
   std::vector<std::vector<ChunkNeed>> send;  // send[q]: rank q's needs this rank reads for it
   std::vector<std::vector<size_t>> receive;  // receive[s]: indices of this rank's needs s sends
+  // Whole rows (see above): the rows this rank reads for the ranks that need them, and
+  // from_rows[s]: indices of this rank's needs it copies out of rows that rank s reads (s may be
+  // this rank).
+  std::vector<WholeRows> rows;
+  std::vector<std::vector<size_t>> from_rows;
 };
 
 struct ExchangePlan {
@@ -66,9 +89,14 @@ struct ExchangePlan {
 // every region starts aligned for any dtype.
 uint64_t PackedBytes(const Box& region, DType dtype);
 
-// The plan for rank `me`, from every rank's needs (indexed by rank).
+// Bytes whole rows take in an exchange (WholeRows::rows, packed in the stored dtype).
+uint64_t WholeRowsBytes(const WholeRows& rows, const CheckpointMetadata& metadata);
+
+// The plan for rank `me`, from every rank's needs (indexed by rank). `whole_rows_below` 0: no
+// chunk is read as whole rows.
 ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
-                          const CheckpointMetadata& metadata, uint64_t round_bytes);
+                          const CheckpointMetadata& metadata, uint64_t round_bytes,
+                          uint64_t whole_rows_below = 0);
 
 // Bytes [begin, end) of a stored chunk.
 using Interval = std::pair<uint64_t, uint64_t>;

@@ -86,10 +86,63 @@ TEST(ReadExchangeTest, ColumnSplitIsSharedAndRowSplitOfLargeChunksIsNot) {
   EXPECT_EQ(tight.rounds[0].own, (std::vector<size_t>{0, 1}));
 }
 
+TEST(ReadExchangeTest, ColumnsCutShortAreReadAsWholeRowsThatEveryUserCopiesFrom) {
+  // t0: 32 rows of 256 bytes whose columns two ranks split (runs of 128 bytes); t1: one 4 MiB
+  // chunk that three ranks need, rows 0-8191 by ranks 0 and 1 (one run each) and one column
+  // (runs of 4 bytes) by rank 2; t2: 512 rows of which ranks 0 and 1 need one column each
+  // (8 bytes of every 256: the rows would take far more than twice what they need).
+  CheckpointMetadata md = RowChunks({32, 16384, 512}, 16384, 1, 1 << 20);
+  std::vector<RankNeeds> all(3);
+  all[0].needs = {ChunkNeed{0, 0, Box({0, 0}, {32, 32})}, ChunkNeed{1, 0, Box({0, 0}, {8192, 64})},
+                  ChunkNeed{2, 0, Box({0, 0}, {512, 1})}};
+  all[1].needs = {ChunkNeed{0, 0, Box({0, 32}, {32, 32})},
+                  ChunkNeed{1, 0, Box({0, 0}, {8192, 64})}, ChunkNeed{2, 0, Box({0, 1}, {512, 1})}};
+  all[2].needs = {ChunkNeed{1, 0, Box({0, 5}, {16384, 1})}};
+  std::vector<ExchangePlan> plans;
+  for (int r = 0; r < 3; ++r) plans.push_back(PlanExchange(all, r, md, 64 << 20, 64 << 10));
+  for (const ExchangePlan& plan : plans) ASSERT_EQ(plan.rounds.size(), 1u);
+  const ExchangeRound& r0 = plans[0].rounds[0];
+  const ExchangeRound& r1 = plans[1].rounds[0];
+  const ExchangeRound& r2 = plans[2].rounds[0];
+  // Rank 0 reads t0 and t1 whole (rows 0-16383 of t1, the rows its three users cover), and every
+  // user, rank 0 included, copies its region out of them.
+  EXPECT_EQ(r0.rows, (std::vector<WholeRows>{WholeRows{0, 0, Box({0, 0}, {32, 64})},
+                                              WholeRows{1, 0, Box({0, 0}, {16384, 64})}}));
+  EXPECT_EQ(WholeRowsBytes(r0.rows[1], md), uint64_t{4} << 20);
+  EXPECT_EQ(r0.from_rows[0], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(r1.from_rows[0], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(r2.from_rows[0], (std::vector<size_t>{0}));
+  EXPECT_TRUE(r1.rows.empty());
+  EXPECT_TRUE(r2.rows.empty());
+  // t2's columns are packed: rank 0 reads them, keeps its own and sends rank 1 its column.
+  EXPECT_EQ(r0.own, (std::vector<size_t>{2}));
+  EXPECT_EQ(r0.send[1], (std::vector<ChunkNeed>{all[1].needs[2]}));
+  EXPECT_EQ(r1.receive[0], (std::vector<size_t>{2}));
+  EXPECT_TRUE(r1.own.empty());
+  // Without whole rows (a store whose reads scatter runs this short, or the communicator's
+  // exchange), the same needs are packed.
+  const ExchangePlan packed = PlanExchange(all, 0, md, 64 << 20, 0);
+  EXPECT_TRUE(packed.rounds[0].rows.empty());
+  EXPECT_EQ(packed.rounds[0].own, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(packed.rounds[0].send[1].size(), 3u);
+  // Runs of 128 bytes are long enough when reads scatter runs of 128 bytes: t0 is packed, and
+  // t1 is still read whole for rank 2's column.
+  const ExchangePlan scattered = PlanExchange(all, 0, md, 64 << 20, 128);
+  EXPECT_EQ(scattered.rounds[0].rows,
+            (std::vector<WholeRows>{WholeRows{1, 0, Box({0, 0}, {16384, 64})}}));
+  // Rows larger than a round are packed too.
+  const ExchangePlan small = PlanExchange(all, 0, md, 1 << 20, 64 << 10);
+  ASSERT_FALSE(small.rounds.empty());
+  for (const ExchangeRound& round : small.rounds) {
+    for (const WholeRows& w : round.rows) EXPECT_LE(WholeRowsBytes(w, md), uint64_t{1} << 20);
+  }
+}
+
 // Every rank's plan, from random needs: what s sends q is what q expects from s, in order; every
 // need is served exactly once; readers need the chunk; rounds respect the byte limit.
 TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
   std::mt19937_64 rng(5);
+  int whole_rows_read = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int ranks = 2 + static_cast<int>(rng() % 5);
@@ -115,8 +168,11 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
       }
     }
     const uint64_t round_bytes = uint64_t{1} << (10 + rng() % 12);
+    const uint64_t whole_below = rng() % 2 == 0 ? 0 : uint64_t{1} << (rng() % 12);
     std::vector<ExchangePlan> plans;
-    for (int r = 0; r < ranks; ++r) plans.push_back(PlanExchange(all, r, md, round_bytes));
+    for (int r = 0; r < ranks; ++r) {
+      plans.push_back(PlanExchange(all, r, md, round_bytes, whole_below));
+    }
     for (int r = 0; r < ranks; ++r) {
       ASSERT_EQ(plans[r].rounds.size(), plans[0].rounds.size());
       EXPECT_EQ(plans[r].shared_chunks, plans[0].shared_chunks);
@@ -127,6 +183,29 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
       std::vector<uint64_t> traffic(ranks, 0);
       for (int s = 0; s < ranks; ++s) {
         for (size_t i : plans[s].rounds[k].own) ++served[s][i];
+        // Whole rows: s reads them (counted as its traffic) and every user copies its region
+        // out of them.
+        for (const WholeRows& w : plans[s].rounds[k].rows) {
+          EXPECT_NE(whole_below, 0u);
+          ++whole_rows_read;
+          traffic[s] += WholeRowsBytes(w, md);
+          const Box& chunk = md.tensors[w.tensor].chunks[w.chunk].box;
+          EXPECT_TRUE(Contains(chunk, w.rows));
+          EXPECT_EQ(w.rows.offsets[1], 0);
+          EXPECT_EQ(w.rows.sizes[1], 64);
+        }
+        for (int q = 0; q < ranks; ++q) {
+          for (size_t i : plans[q].rounds[k].from_rows[s]) {
+            ++served[q][i];
+            const ChunkNeed& need = all[q].needs[i];
+            bool held = false;
+            for (const WholeRows& w : plans[s].rounds[k].rows) {
+              held = held || (w.tensor == need.tensor && w.chunk == need.chunk &&
+                              Contains(w.rows, need.region));
+            }
+            EXPECT_TRUE(held) << "rank " << q << " need " << i << " from rank " << s;
+          }
+        }
         for (int q = 0; q < ranks; ++q) {
           const std::vector<size_t>& expected = plans[q].rounds[k].receive[s];
           const std::vector<ChunkNeed>& sent = plans[s].rounds[k].send[q];
@@ -153,6 +232,7 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
       for (int count : served[r]) EXPECT_EQ(count, 1);
     }
   }
+  EXPECT_GT(whole_rows_read, 100);
 }
 
 TEST(ReadExchangeTest, InMemoryReadsGiveEachRankOneStretchOfTheFiles) {

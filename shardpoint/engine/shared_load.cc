@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -109,6 +110,20 @@ class Unpacker {
     }
   }
 
+  // Copies the region of request `r` out of whole rows (`rows`, packed in the stored dtype at
+  // `src`) that stay where they are until Wait().
+  void StartFromRows(const std::byte* src, const Box& rows, const ReadRequest* r) {
+    group_.Run([src, rows, r] {
+      return CopyToDestination(ConstChunkView{src, rows, DTypeSize(r->stored->dtype)}, r->region,
+                               *r);
+    });
+  }
+
+  // Fails the copies with `status` (Wait() returns it).
+  void Fail(Status status) {
+    group_.Run([status = std::move(status)] { return status; });
+  }
+
   Status Wait() {
     Status status = group_.Wait();
     payloads_.clear();
@@ -167,6 +182,7 @@ Status OpenFilesOfPlan(const ExchangePlan& plan, const Prepared& p,
         needed[metadata.tensors[n.tensor].chunks[n.chunk].file] = true;
       }
     }
+    for (const WholeRows& w : round.rows) needed[metadata.tensors[w.tensor].chunks[w.chunk].file] = true;
   }
   SP_ASSIGN_OR_RETURN(*files, OpenDataFiles(ctx.store(), path, metadata, needed));
   return OkStatus();
@@ -177,6 +193,11 @@ Status OpenFilesOfPlan(const ExchangePlan& plan, const Prepared& p,
 // MiB 1.0-1.2 s, 32 MiB 0.9-1.2 s, 64 MiB 1.0-1.3 s.)
 constexpr uint64_t kMachineRoundBytes = uint64_t{32} << 20;
 
+// Whole rows lie in a slot at an offset that agrees with their file offset modulo this (a page,
+// and the largest direct I/O alignment of common file systems), so that direct reads land in
+// place.
+constexpr uint64_t kSlotAlignment = 4096;
+
 // Where a reader's payloads of one round lie in its slot: one entry per receiving rank.
 struct SlotEntry {
   uint32_t rank = 0;
@@ -184,41 +205,111 @@ struct SlotEntry {
   uint64_t bytes = 0;
 };
 
-std::string EncodeSlotEntries(const std::vector<SlotEntry>& entries) {
+// Where whole rows of a stored chunk lie in a reader's slot.
+struct RowsEntry {
+  uint32_t tensor = 0;
+  uint32_t chunk = 0;
+  uint64_t offset = 0;
+  int64_t first_row = 0;
+  int64_t row_count = 0;
+};
+
+// What a reader publishes of its slot for one round.
+struct SlotTable {
+  std::vector<SlotEntry> packed;
+  std::vector<RowsEntry> rows;
+};
+
+constexpr size_t kSlotEntryBytes = 4 + 8 + 8;
+constexpr size_t kRowsEntryBytes = 4 + 4 + 8 + 8 + 8;
+
+std::string EncodeSlotTable(const SlotTable& table) {
   std::string out;
   ByteWriter writer(&out);
-  for (const SlotEntry& e : entries) {
+  writer.PutU32(static_cast<uint32_t>(table.packed.size()));
+  for (const SlotEntry& e : table.packed) {
     writer.PutU32(e.rank);
     writer.PutU64(e.offset);
     writer.PutU64(e.bytes);
   }
+  for (const RowsEntry& e : table.rows) {
+    writer.PutU32(e.tensor);
+    writer.PutU32(e.chunk);
+    writer.PutU64(e.offset);
+    writer.PutI64(e.first_row);
+    writer.PutI64(e.row_count);
+  }
   return out;
 }
 
-// Sender `sender`'s payload for rank `me` in its slot of `slot_bytes` bytes: an empty span when
-// it sends none, kDataLoss for a table that is malformed or points outside the slot.
-Result<std::span<const std::byte>> PayloadFor(std::string_view table, int sender, int me,
-                                              const std::byte* slot, uint64_t slot_bytes) {
-  constexpr size_t kEntryBytes = 4 + 8 + 8;
-  if (table.size() % kEntryBytes != 0) {
-    return DataLossError("rank " + std::to_string(sender) + " published a slot table of " +
-                         std::to_string(table.size()) + " bytes, not a multiple of " +
-                         std::to_string(kEntryBytes));
+// What rank `me` copies out of sender `sender`'s slot of `slot_bytes` bytes at `slot`, from the
+// table it published: its packed payload (an empty span when it sends none) and the whole rows by
+// (tensor, chunk) with the box they cover. kDataLoss for a table that is malformed or points
+// outside the slot or the checkpoint's chunks.
+struct SenderView {
+  std::span<const std::byte> packed;
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<const std::byte*, Box>> rows;
+};
+
+Result<SenderView> ViewOfSender(std::string_view table, int sender, int me,
+                                const std::byte* slot, uint64_t slot_bytes,
+                                const CheckpointMetadata& metadata) {
+  const std::string who = "rank " + std::to_string(sender);
+  if (table.size() < 4) {
+    return DataLossError(who + " published a slot table of " + std::to_string(table.size()) +
+                         " bytes");
   }
-  for (size_t at = 0; at < table.size(); at += kEntryBytes) {
-    const uint32_t rank = DecodeFixed32(table.data() + at);
-    if (rank != static_cast<uint32_t>(me)) continue;
-    const uint64_t offset = DecodeFixed64(table.data() + at + 4);
-    const uint64_t bytes = DecodeFixed64(table.data() + at + 12);
+  const uint64_t packed_count = DecodeFixed32(table.data());
+  const uint64_t rest = table.size() - 4;
+  if (packed_count > rest / kSlotEntryBytes ||
+      (rest - packed_count * kSlotEntryBytes) % kRowsEntryBytes != 0) {
+    return DataLossError(who + " published a slot table of " + std::to_string(table.size()) +
+                         " bytes for " + std::to_string(packed_count) + " payloads");
+  }
+  auto inside = [&](uint64_t offset, uint64_t bytes) -> Status {
     if (offset > slot_bytes || bytes > slot_bytes - offset) {
-      return DataLossError("rank " + std::to_string(sender) + " placed " + std::to_string(bytes) +
-                           " bytes for rank " + std::to_string(me) + " at " +
+      return DataLossError(who + " placed " + std::to_string(bytes) + " bytes at " +
                            std::to_string(offset) + " of its slot of " +
                            std::to_string(slot_bytes) + " bytes");
     }
-    return std::span<const std::byte>(slot + offset, bytes);
+    return OkStatus();
+  };
+  SenderView view;
+  const char* at = table.data() + 4;
+  for (uint64_t k = 0; k < packed_count; ++k, at += kSlotEntryBytes) {
+    if (DecodeFixed32(at) != static_cast<uint32_t>(me)) continue;
+    const uint64_t offset = DecodeFixed64(at + 4);
+    const uint64_t bytes = DecodeFixed64(at + 12);
+    SP_RETURN_IF_ERROR(inside(offset, bytes));
+    view.packed = std::span<const std::byte>(slot + offset, bytes);
   }
-  return std::span<const std::byte>();
+  for (; at < table.data() + table.size(); at += kRowsEntryBytes) {
+    const uint32_t tensor = DecodeFixed32(at);
+    const uint32_t chunk = DecodeFixed32(at + 4);
+    const uint64_t offset = DecodeFixed64(at + 8);
+    const int64_t first = static_cast<int64_t>(DecodeFixed64(at + 16));
+    const int64_t count = static_cast<int64_t>(DecodeFixed64(at + 24));
+    if (tensor >= metadata.tensors.size() || chunk >= metadata.tensors[tensor].chunks.size() ||
+        metadata.tensors[tensor].chunks[chunk].box.rank() < 1) {
+      return DataLossError(who + " published rows of tensor " + std::to_string(tensor) +
+                           " chunk " + std::to_string(chunk) +
+                           ", which the checkpoint does not have");
+    }
+    const TensorMetadata& stored = metadata.tensors[tensor];
+    Box rows = stored.chunks[chunk].box;
+    const int64_t begin = rows.offsets[0], end = rows.exclusive_max(0);
+    if (count <= 0 || first < begin || first > end || count > end - first) {
+      return DataLossError(who + " published rows " + std::to_string(first) + " + " +
+                           std::to_string(count) + " of chunk " + rows.ToString() +
+                           " of tensor '" + stored.name + "'");
+    }
+    rows.offsets[0] = first;
+    rows.sizes[0] = count;
+    SP_RETURN_IF_ERROR(
+        inside(offset, static_cast<uint64_t>(rows.volume()) * DTypeSize(stored.dtype)));
+    view.rows[{tensor, chunk}] = {slot + offset, std::move(rows)};
+  }
+  return view;
 }
 
 // Slots per rank in a load through shared memory: round k is read into slot k % kMachineSlots
@@ -446,13 +537,40 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   // share of the budget, and at most kMachineRoundBytes: the object's pages are allocated (and
   // zeroed) by the kernel for each load and faulted into every process, which costs more than the
   // copies when the slots are large; small ones are reused round after round.
+  // Every rank can read every other's slots, so chunks whose regions would be staged (runs
+  // shorter than a scattered read takes) are read as whole rows into the slots, and every rank
+  // copies its regions out of them (engine/read_exchange.h).
+  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
+  read_options.max_gap_bytes = 0;
   const ExchangePlan plan = PlanExchange(
       *all, me, metadata,
-      std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes));
+      std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes),
+      read_options.scatter_min_run_bytes);
   all->clear();
+  // Round k's slot: whole rows first, each placed at an offset that agrees with its file offset
+  // modulo a page (so that direct reads land in place), then the packed payloads.
+  auto lay_out_rows = [&](const ExchangeRound& round, std::vector<RowsEntry>* entries) {
+    uint64_t at = 0;
+    for (const WholeRows& w : round.rows) {
+      const TensorMetadata& stored = metadata.tensors[w.tensor];
+      const StoredChunk& chunk = stored.chunks[w.chunk];
+      const uint64_t row_bytes =
+          static_cast<uint64_t>(chunk.box.volume() / std::max<int64_t>(1, chunk.box.sizes[0])) *
+          DTypeSize(stored.dtype);
+      const uint64_t file_offset =
+          metadata.files[chunk.file].data_start + chunk.data_offset +
+          static_cast<uint64_t>(w.rows.offsets[0] - chunk.box.offsets[0]) * row_bytes;
+      at += (file_offset - at) % kSlotAlignment;
+      if (entries != nullptr) {
+        entries->push_back(RowsEntry{w.tensor, w.chunk, at, w.rows.offsets[0], w.rows.sizes[0]});
+      }
+      at += WholeRowsBytes(w, metadata);
+    }
+    return (at + 15) / 16 * 16;
+  };
   uint64_t my_slot_bytes = 0;
   for (const ExchangeRound& round : plan.rounds) {
-    uint64_t sent = 0;
+    uint64_t sent = lay_out_rows(round, nullptr);
     for (const std::vector<ChunkNeed>& send : round.send) sent += PackedBytesOf(metadata, send);
     my_slot_bytes = std::max(my_slot_bytes, sent);
   }
@@ -470,8 +588,6 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   }
   const MachineSlots& slots = **mapped;
   Prepared& p = *prepared;
-  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
-  read_options.max_gap_bytes = 0;
   DataFiles files;
   Status local = OpenFilesOfPlan(plan, p, metadata, path, ctx, &files);
 
@@ -479,20 +595,28 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   struct RoundReads {
     Status status;
     uint64_t bytes = 0;
-    std::string table;  // EncodeSlotEntries
+    std::string table;  // EncodeSlotTable
   };
   auto read_round = [&](size_t k) {
     RoundReads out;
     const ExchangeRound& round = plan.rounds[k];
     std::vector<ReadRequest> requests;
     for (size_t i : round.own) requests.push_back(p.requests[i]);
-    std::vector<SlotEntry> entries;
-    uint64_t at = 0;
+    SlotTable table;
+    uint64_t at = lay_out_rows(round, &table.rows);
+    std::byte* slot = slots.slot(me, k);
+    for (size_t j = 0; j < round.rows.size(); ++j) {
+      const WholeRows& w = round.rows[j];
+      const TensorMetadata& stored = metadata.tensors[w.tensor];
+      requests.push_back(MakeReadRequest(
+          stored, w.chunk, ReadDestination{slot + table.rows[j].offset, w.rows, stored.dtype},
+          w.rows));
+    }
     for (int q = 0; q < comm.size(); ++q) {
       if (round.send[q].empty()) continue;
       const uint64_t bytes = PackedBytesOf(metadata, round.send[q]);
-      PackRegionReads(metadata, round.send[q], slots.slot(me, k) + at, requests);
-      entries.push_back(SlotEntry{static_cast<uint32_t>(q), at, bytes});
+      PackRegionReads(metadata, round.send[q], slot + at, requests);
+      table.packed.push_back(SlotEntry{static_cast<uint32_t>(q), at, bytes});
       at += bytes;
     }
     Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
@@ -501,7 +625,7 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     } else {
       out.status = read.status();
     }
-    out.table = EncodeSlotEntries(entries);
+    out.table = EncodeSlotTable(table);
     return out;
   };
   uint64_t bytes_read = 0;
@@ -539,12 +663,14 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     start_reading(k + 2);
     const ExchangeRound& round = plan.rounds[k];
     std::vector<std::span<const std::byte>> views(static_cast<size_t>(comm.size()));
+    std::vector<SenderView> senders(static_cast<size_t>(comm.size()));
     for (int s = 0; s < comm.size() && local.ok(); ++s) {
-      if (round.receive[s].empty()) continue;
-      Result<std::span<const std::byte>> view =
-          PayloadFor((*tables)[s], s, me, slots.slot(s, k), slots.slot_bytes[s]);
+      if (round.receive[s].empty() && round.from_rows[s].empty()) continue;
+      Result<SenderView> view =
+          ViewOfSender((*tables)[s], s, me, slots.slot(s, k), slots.slot_bytes[s], metadata);
       if (view.ok()) {
-        views[s] = *view;
+        senders[s] = std::move(view).value();
+        views[s] = senders[s].packed;
       } else {
         local = view.status();
       }
@@ -552,6 +678,22 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     if (local.ok()) {
       unpacking = std::make_unique<Unpacker>(ctx.pool());
       unpacking->StartViews(views, round, p.requests);
+      for (int s = 0; s < comm.size(); ++s) {
+        for (size_t i : round.from_rows[s]) {
+          const ReadRequest& r = p.requests[i];
+          const uint32_t tensor = static_cast<uint32_t>(r.stored - metadata.tensors.data());
+          const uint32_t chunk = static_cast<uint32_t>(r.chunk - r.stored->chunks.data());
+          auto found = senders[s].rows.find({tensor, chunk});
+          if (found == senders[s].rows.end() || !Contains(found->second.second, r.region)) {
+            unpacking->Fail(DataLossError(
+                "rank " + std::to_string(s) + " published no rows of tensor '" +
+                r.stored->name + "' chunk " + r.chunk->box.ToString() + " holding " +
+                r.region.ToString()));
+            break;
+          }
+          unpacking->StartFromRows(found->second.first, found->second.second, &r);
+        }
+      }
     }
   }
   finish_unpacking();
