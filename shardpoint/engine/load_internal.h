@@ -57,11 +57,16 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
                          IoGate* gate);
 
 // Processes of one machine (every rank of the communicator on it, none sharing this one's
-// address space): the plan of LoadShared, but each reader packs the regions it reads for the
-// others into its own part of one shared-memory object (three slots: two rounds are read at
-// once while the one before them is copied out), and each rank copies its regions out of the
-// readers' slots; the communicator carries only where
-// each payload lies and every rank's status. The lowest rank creates the object, named after
+// address space): the plan of LoadShared, but each reader puts what it reads for the others into
+// its own part of one shared-memory object (three slots: two rounds are read at once while the
+// one before them is copied out): the packed regions, or the whole rows of chunks whose regions
+// would otherwise be staged, which every rank that needs them (the reader too) copies from
+// (engine/read_exchange.h). Each slot begins with the table of what lies where in it. Rounds go
+// through a RoundBoard in the same object (exec/round_board.h), not through the communicator: a
+// reader posts each round as soon as it has read it, and reads round k+2 into the slot of round
+// k-1 once every rank has copied that one out. The communicator carries the needs, the slot
+// sizes, and at the end every rank's status (the outcome is agreed: a rank that stopped because
+// another did gives way to that one's error). The lowest rank creates the object, named after
 // `nonce`, and removes the name once every rank has it mapped. When the object cannot be made
 // or mapped on some rank (no /dev/shm, too small a /dev/shm, a container of its own), every rank
 // falls back: to LoadShared when the caller asked for shared reads, else to reading its own.

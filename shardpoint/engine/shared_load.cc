@@ -18,6 +18,7 @@
 #include "shardpoint/engine/load_internal.h"
 #include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/engine/read_exchange.h"
+#include "shardpoint/exec/round_board.h"
 #include "shardpoint/exec/shared_memory.h"
 #include "shardpoint/exec/task_group.h"
 
@@ -81,32 +82,36 @@ class Unpacker {
     StartViews(views, round, requests);
   }
 
-  // Copies out of payloads that stay where they are until Wait() (the senders' slots of a
-  // shared-memory object); views[s] is sender s's payload for this rank.
+  // Copies out of payloads that stay where they are until Wait(); views[s] is sender s's payload
+  // for this rank.
   void StartViews(const std::vector<std::span<const std::byte>>& views, const ExchangeRound& round,
                   const std::vector<ReadRequest>& requests) {
-    for (size_t s = 0; s < views.size(); ++s) {
-      const std::span<const std::byte> payload = views[s];
-      uint64_t at = 0;
-      for (size_t i : round.receive[s]) {
-        const ReadRequest* r = &requests[i];
-        const uint64_t bytes = PackedBytes(r->region, r->stored->dtype);
-        if (at + bytes > payload.size()) {
-          group_.Run([=, size = payload.size()] {
-            return DataLossError("shared read from rank " + std::to_string(s) + " holds " +
-                                 std::to_string(size) + " bytes, expected at least " +
-                                 std::to_string(at + bytes) + " for tensor '" + r->stored->name +
-                                 "'");
-          });
-          break;
-        }
-        const std::byte* src = payload.data() + at;
-        group_.Run([r, src] {
-          return CopyToDestination(ConstChunkView{src, r->region, DTypeSize(r->stored->dtype)},
-                                   r->region, *r);
+    for (size_t s = 0; s < views.size(); ++s) StartView(s, views[s], round, requests);
+  }
+
+  // Copies out of sender s's payload for this rank, which stays where it is until Wait() (its
+  // slot of a shared-memory object).
+  void StartView(size_t s, std::span<const std::byte> payload, const ExchangeRound& round,
+                 const std::vector<ReadRequest>& requests) {
+    uint64_t at = 0;
+    for (size_t i : round.receive[s]) {
+      const ReadRequest* r = &requests[i];
+      const uint64_t bytes = PackedBytes(r->region, r->stored->dtype);
+      if (at + bytes > payload.size()) {
+        group_.Run([=, size = payload.size()] {
+          return DataLossError("shared read from rank " + std::to_string(s) + " holds " +
+                               std::to_string(size) + " bytes, expected at least " +
+                               std::to_string(at + bytes) + " for tensor '" + r->stored->name +
+                               "'");
         });
-        at += bytes;
+        break;
       }
+      const std::byte* src = payload.data() + at;
+      group_.Run([r, src] {
+        return CopyToDestination(ConstChunkView{src, r->region, DTypeSize(r->stored->dtype)},
+                                 r->region, *r);
+      });
+      at += bytes;
     }
   }
 
@@ -117,11 +122,6 @@ class Unpacker {
       return CopyToDestination(ConstChunkView{src, rows, DTypeSize(r->stored->dtype)}, r->region,
                                *r);
     });
-  }
-
-  // Fails the copies with `status` (Wait() returns it).
-  void Fail(Status status) {
-    group_.Run([status = std::move(status)] { return status; });
   }
 
   Status Wait() {
@@ -316,7 +316,8 @@ Result<SenderView> ViewOfSender(std::string_view table, int sender, int me,
 // while the two rounds before it may still be read (k - 1) and copied out (k - 2).
 constexpr size_t kMachineSlots = 3;
 
-// The shared-memory object of a load on one machine: every rank's slots, rank after rank.
+// The shared-memory object of a load on one machine: the ranks' RoundBoard, then every rank's
+// slots, rank after rank.
 struct MachineSlots {
   SharedMemory memory;
   std::vector<uint64_t> slot_bytes;  // per rank: one slot's size
@@ -336,7 +337,9 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
   ByteWriter(&mine).PutU64(my_slot_bytes);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> sizes, AllGatherOrFail(comm, std::move(mine)));
   std::vector<uint64_t> slot_bytes, base;
-  uint64_t total = 0;
+  // The board first, on pages of its own.
+  const uint64_t board = (RoundBoard::BytesFor(comm.size()) + 4095) / 4096 * 4096;
+  uint64_t total = board;
   for (int r = 0; r < comm.size(); ++r) {
     if (sizes[r].size() != 8) {
       return DataLossError("rank " + std::to_string(r) + " published a slot size of " +
@@ -350,8 +353,8 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
     }
     total += kMachineSlots * slot_bytes.back();
   }
-  *nothing_shared = total == 0;
-  if (total == 0) return std::optional<MachineSlots>();
+  *nothing_shared = total == board;
+  if (*nothing_shared) return std::optional<MachineSlots>();
   const std::string name = "/shardpoint-xchg-" + std::string(nonce) + "-0";
   std::optional<SharedMemory> memory;
   if (comm.rank() == 0) {
@@ -547,10 +550,21 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
       std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes),
       read_options.scatter_min_run_bytes);
   all->clear();
-  // Round k's slot: whole rows first, each placed at an offset that agrees with its file offset
-  // modulo a page (so that direct reads land in place), then the packed payloads.
+  // Round k's slot: the table of what lies where (its length, then EncodeSlotTable), whole rows
+  // after it, each placed at an offset that agrees with its file offset modulo a page (so that
+  // direct reads land in place), then the packed payloads.
+  // A round in which this rank reads nothing for others has no slot (nor table): 0.
+  auto sends = [](const ExchangeRound& round) {
+    if (!round.rows.empty()) return true;
+    for (const std::vector<ChunkNeed>& send : round.send) {
+      if (!send.empty()) return true;
+    }
+    return false;
+  };
   auto lay_out_rows = [&](const ExchangeRound& round, std::vector<RowsEntry>* entries) {
-    uint64_t at = 0;
+    if (!sends(round)) return uint64_t{0};
+    uint64_t at = 8 + 4 + kSlotEntryBytes * static_cast<uint64_t>(comm.size()) +
+                  kRowsEntryBytes * round.rows.size();
     for (const WholeRows& w : round.rows) {
       const TensorMetadata& stored = metadata.tensors[w.tensor];
       const StoredChunk& chunk = stored.chunks[w.chunk];
@@ -587,15 +601,16 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
   }
   const MachineSlots& slots = **mapped;
+  RoundBoard board(slots.memory.data(), comm.size(), me);
   Prepared& p = *prepared;
   DataFiles files;
   Status local = OpenFilesOfPlan(plan, p, metadata, path, ctx, &files);
 
-  // One round's reads: this rank's own regions, and the ones it packs into its slot for others.
+  // One round's reads: this rank's own regions, and what it reads into its slot for others,
+  // with the slot's table written ahead of them once they are in.
   struct RoundReads {
     Status status;
     uint64_t bytes = 0;
-    std::string table;  // EncodeSlotTable
   };
   auto read_round = [&](size_t k) {
     RoundReads out;
@@ -620,86 +635,121 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
       at += bytes;
     }
     Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
-    if (read.ok()) {
-      out.bytes = *read;
-    } else {
+    if (!read.ok()) {
       out.status = read.status();
+      return out;
     }
-    out.table = EncodeSlotTable(table);
+    out.bytes = *read;
+    if (!sends(round)) return out;
+    const std::string encoded = EncodeSlotTable(table);
+    EncodeFixed64(reinterpret_cast<char*>(slot), encoded.size());
+    std::memcpy(slot + 8, encoded.data(), encoded.size());
     return out;
   };
-  uint64_t bytes_read = 0;
-  std::unique_ptr<Unpacker> unpacking;
-  auto finish_unpacking = [&] {
-    if (unpacking == nullptr) return;
-    Status status = unpacking->Wait();
-    if (local.ok()) local = status;
-    unpacking.reset();
-  };
-  // Declared after everything the reads use: on any return their destructors wait for them.
+  // Declared after everything the reads use: their destructors wait for them on any path.
   // reading[k % 2] reads round k.
   std::future<RoundReads> reading[2];
   auto start_reading = [&](size_t k) {
-    if (local.ok() && k < plan.rounds.size()) {
-      reading[k % 2] = std::async(std::launch::async, read_round, k);
-    }
+    reading[k % 2] = std::async(std::launch::async, read_round, k);
   };
-  // Two rounds are read at once, each into a slot of its own, while the round before them is
-  // copied out of the third: the storage sees the requests of the next round while one round's
-  // last reads finish and its slot table is exchanged. Round k+2 goes into the slot of round
-  // k-1, which every rank has said (in round k's collective, after copying round k-1 out) it no
-  // longer needs.
-  start_reading(0);
-  start_reading(1);
-  for (size_t k = 0; k < plan.rounds.size(); ++k) {
-    RoundReads done;
-    if (reading[k % 2].valid()) done = reading[k % 2].get();
-    if (local.ok()) local = done.status;
-    bytes_read += done.bytes;
-    finish_unpacking();
-    Result<std::vector<std::string>> tables = AllGatherOrFail(
-        comm, local.ok() ? Result<std::string>(std::move(done.table)) : Result<std::string>(local));
-    if (!tables.ok()) return {tables.status(), true};
-    start_reading(k + 2);
+  // Copies this rank's regions of round k out of the slots of the ranks that read them, once
+  // each of them has published the round, on the pool; Wait() returns the first error.
+  auto start_copying = [&](size_t k, Unpacker& unpacking) -> Status {
     const ExchangeRound& round = plan.rounds[k];
-    std::vector<std::span<const std::byte>> views(static_cast<size_t>(comm.size()));
-    std::vector<SenderView> senders(static_cast<size_t>(comm.size()));
-    for (int s = 0; s < comm.size() && local.ok(); ++s) {
+    for (int s = 0; s < comm.size(); ++s) {
       if (round.receive[s].empty() && round.from_rows[s].empty()) continue;
-      Result<SenderView> view =
-          ViewOfSender((*tables)[s], s, me, slots.slot(s, k), slots.slot_bytes[s], metadata);
-      if (view.ok()) {
-        senders[s] = std::move(view).value();
-        views[s] = senders[s].packed;
-      } else {
-        local = view.status();
+      SP_RETURN_IF_ERROR(board.WaitPublished(s, static_cast<uint32_t>(k + 1)));
+      const std::byte* slot = slots.slot(s, k);
+      const uint64_t table_bytes = DecodeFixed64(reinterpret_cast<const char*>(slot));
+      if (slots.slot_bytes[s] < 8 || table_bytes > slots.slot_bytes[s] - 8) {
+        return DataLossError("rank " + std::to_string(s) + " published a slot table of " +
+                             std::to_string(table_bytes) + " bytes in a slot of " +
+                             std::to_string(slots.slot_bytes[s]));
       }
-    }
-    if (local.ok()) {
-      unpacking = std::make_unique<Unpacker>(ctx.pool());
-      unpacking->StartViews(views, round, p.requests);
-      for (int s = 0; s < comm.size(); ++s) {
-        for (size_t i : round.from_rows[s]) {
-          const ReadRequest& r = p.requests[i];
-          const uint32_t tensor = static_cast<uint32_t>(r.stored - metadata.tensors.data());
-          const uint32_t chunk = static_cast<uint32_t>(r.chunk - r.stored->chunks.data());
-          auto found = senders[s].rows.find({tensor, chunk});
-          if (found == senders[s].rows.end() || !Contains(found->second.second, r.region)) {
-            unpacking->Fail(DataLossError(
-                "rank " + std::to_string(s) + " published no rows of tensor '" +
-                r.stored->name + "' chunk " + r.chunk->box.ToString() + " holding " +
-                r.region.ToString()));
-            break;
-          }
-          unpacking->StartFromRows(found->second.first, found->second.second, &r);
+      SP_ASSIGN_OR_RETURN(
+          SenderView view,
+          ViewOfSender(std::string_view(reinterpret_cast<const char*>(slot) + 8, table_bytes), s,
+                       me, slot, slots.slot_bytes[s], metadata));
+      unpacking.StartView(static_cast<size_t>(s), view.packed, round, p.requests);
+      for (size_t i : round.from_rows[s]) {
+        const ReadRequest& r = p.requests[i];
+        const uint32_t tensor = static_cast<uint32_t>(r.stored - metadata.tensors.data());
+        const uint32_t chunk = static_cast<uint32_t>(r.chunk - r.stored->chunks.data());
+        auto found = view.rows.find({tensor, chunk});
+        if (found == view.rows.end() || !Contains(found->second.second, r.region)) {
+          return DataLossError("rank " + std::to_string(s) + " published no rows of tensor '" +
+                               r.stored->name + "' chunk " + r.chunk->box.ToString() +
+                               " holding " + r.region.ToString());
         }
+        unpacking.StartFromRows(found->second.first, found->second.second, &r);
       }
     }
+    return OkStatus();
+  };
+  // Rounds go through the board (exec/round_board.h), not the communicator: round k is published
+  // as soon as this rank has read it; round k+2 is read into the slot of round k-1 once every
+  // rank has copied that one out; round k is copied out while round k+1 reads.
+  uint64_t bytes_read = 0;
+  bool peer_stopped = false;  // this rank stopped because another did
+  std::unique_ptr<Unpacker> unpacking;
+  auto finish_copying = [&](size_t k) {
+    if (unpacking == nullptr) return;
+    Status status = unpacking->Wait();
+    unpacking.reset();
+    if (local.ok()) local = status;
+    if (local.ok()) board.Copied(static_cast<uint32_t>(k + 1));
+  };
+  const size_t rounds = plan.rounds.size();
+  if (local.ok()) start_reading(0);
+  if (local.ok() && rounds > 1) start_reading(1);
+  for (size_t k = 0; k < rounds && local.ok(); ++k) {
+    RoundReads done = reading[k % 2].get();
+    local = done.status;
+    bytes_read += done.bytes;
+    if (!local.ok()) break;
+    board.Published(static_cast<uint32_t>(k + 1));
+    if (k > 0) finish_copying(k - 1);
+    if (!local.ok()) break;
+    if (k + 2 < rounds) {
+      local = board.WaitAllCopied(static_cast<uint32_t>(k));
+      if (!local.ok()) break;
+      start_reading(k + 2);
+    }
+    unpacking = std::make_unique<Unpacker>(ctx.pool());
+    local = start_copying(k, *unpacking);
   }
-  finish_unpacking();
-  if (!local.ok()) return {local, false};
+  if (local.ok()) finish_copying(rounds - 1);
+  peer_stopped = !local.ok() && board.stopped() && local.code() == StatusCode::kAborted;
+  // No rank waits for this one any more; then its reads and copies in flight end.
+  if (!local.ok()) board.Stop();
+  for (std::future<RoundReads>& f : reading) {
+    if (f.valid()) f.wait();
+  }
+  if (unpacking != nullptr) (void)unpacking->Wait();
+
+  // The outcome, the same on every rank: the first error of a rank that did not stop because
+  // another did (that one's error says why), else the first error.
+  std::string mine(1, peer_stopped ? '\1' : '\0');
+  mine += EncodeStatus(local);
+  Result<std::vector<std::string>> outcomes = comm.AllGather(std::move(mine));
+  if (!outcomes.ok()) return {outcomes.status(), true};
+  Status first, cause;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::string& bytes = (*outcomes)[r];
+    Status status;
+    Status decoded = bytes.empty() ? DataLossError("rank " + std::to_string(r) +
+                                                   " published an empty outcome")
+                                   : DecodeStatus(std::string_view(bytes).substr(1), &status);
+    if (!decoded.ok()) status = decoded;
+    if (status.ok()) continue;
+    status = status.WithContext("rank " + std::to_string(r));
+    if (first.ok()) first = status;
+    if (cause.ok() && (bytes.empty() || bytes[0] == '\0')) cause = status;
+  }
+  if (!cause.ok()) return {cause, true};
+  if (!first.ok()) return {first, true};
   p.result.bytes_read = bytes_read;
-  return {std::move(p.result), false};
+  return {std::move(p.result), true};
 }
 
 }  // namespace sp

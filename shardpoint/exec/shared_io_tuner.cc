@@ -14,11 +14,8 @@
 
 #ifdef __linux__
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #endif
@@ -78,8 +75,6 @@ struct SharedGateState {
 };
 
 static_assert(std::is_trivially_copyable_v<TunerCore>, "TunerCore lives in shared memory");
-static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
-              "the futex word must be a plain 32-bit word");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the magic word must be lock-free");
 
 namespace {
@@ -88,56 +83,8 @@ size_t ObjectBytes(int members) {
   return sizeof(SharedGateState) + sizeof(Member) * static_cast<size_t>(members);
 }
 
-// This process's PID namespace (the inode of /proc/self/ns/pid), 0 where it cannot be read.
-// Members must share one, or their liveness checks (kill, /proc/<pid>) would look at the wrong
-// processes: containers of one pod share the host name and /dev/shm but not their PIDs.
-uint64_t PidNamespace() {
-  struct stat st;
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-}
-
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, double seconds) {
-  timespec timeout;
-  timeout.tv_sec = static_cast<time_t>(seconds);
-  timeout.tv_nsec = static_cast<long>((seconds - static_cast<double>(timeout.tv_sec)) * 1e9);
-  // Not FUTEX_PRIVATE: the word is in memory mapped by several processes.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout, nullptr,
-          0);
-}
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
-          0);
-}
-
-}  // namespace
-
-uint64_t ProcessStartTime(int pid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buffer[1024];
-  const ssize_t n = ::read(fd, buffer, sizeof(buffer) - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  buffer[n] = '\0';
-  // The command name (field 2) is in parentheses and may hold spaces: count from the last ')'.
-  const char* at = std::strrchr(buffer, ')');
-  if (at == nullptr) return 0;
-  for (int field = 2; field < 22 && at != nullptr; ++field) at = std::strchr(at + 1, ' ');
-  return at == nullptr ? 0 : std::strtoull(at + 1, nullptr, 10);
-}
-
-namespace {
-
-// Whether the member's process has exited: no process with its pid, or one that started at
-// another time (the pid was reused). A zombie not yet reaped still counts as alive.
-bool ProcessGone(const Member& m) {
-  if (m.pid <= 0) return false;
-  if (kill(m.pid, 0) != 0) return errno == ESRCH;
-  return m.started != 0 && ProcessStartTime(m.pid) != m.started;
-}
+// Whether the member's process has exited (ProcessExited).
+bool ProcessGone(const Member& m) { return ProcessExited(m.pid, m.started); }
 
 // Creates and initializes the object, or returns kAlreadyExists when it is there. Its pages are
 // reserved before anything touches them (exec/shared_memory.h): on a full /dev/shm that is an
@@ -382,8 +329,6 @@ uint64_t SharedIoTuner::futile_wakeups() const {
 }
 
 #else  // !__linux__
-
-uint64_t ProcessStartTime(int) { return 0; }
 
 struct SharedGateState {};
 

@@ -40,16 +40,12 @@
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/exec/io_tuner.h"
+#include "shardpoint/exec/process_sync.h"
 #include "shardpoint/exec/shared_memory.h"
 
 namespace sp {
 
 struct SharedGateState;
-
-// When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); 0 when it
-// cannot be read (no such process, no /proc). With the pid it names one process even after the
-// pid is reused.
-uint64_t ProcessStartTime(int pid);
 
 class SharedIoTuner final : public IoGate {
  public:
