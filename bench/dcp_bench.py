@@ -7,7 +7,8 @@ Spawns N gloo ranks (default 4) holding a DTensor state dict of about --gib GiB 
   load resharded dcp.load             vs sp.load         (loaded as Shard(1) on the same ranks)
   async blocking dcp.async_save(...)  vs sp.async_save   vs a plain copy of the same bytes into
                  preallocated host memory (the floor for any async save)
-Times are wall clock on rank 0 between barriers; GB/s are global bytes over that time. Targets:
+Times are wall clock on rank 0 between barriers; GB/s are global bytes over that time; CPU s is the
+CPU time (user and system, all threads) the ranks' processes spent on the step, summed. Targets:
 save and load >= 3x faster than DCP; async blocking <= 1.2x the plain copy. Loads are read back
 right after the saves, so both libraries read from the page cache when the files fit in it.
 
@@ -70,17 +71,23 @@ def local_bytes(state: dict) -> int:
 
 
 class Timer:
-    """Times a collective step on every rank between barriers; rank 0 keeps the figures."""
+    """Times a collective step on every rank between barriers, and the CPU time the ranks' processes
+    spent on it (user and system, every thread, summed over the ranks: what the step costs the
+    machine besides its wall time); rank 0 keeps the figures."""
 
     def __init__(self) -> None:
         self.results: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
 
     def run(self, label: str, fn) -> None:
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
         dist.barrier()
         self.results.setdefault(label, []).append(time.perf_counter() - start)
+        spent = torch.tensor([time.process_time() - cpu], dtype=torch.float64)
+        dist.all_reduce(spent)
+        self.cpu.setdefault(label, []).append(float(spent.item()))
 
 
 def start_rank(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> tuple[dict, dict, dict]:
@@ -192,19 +199,21 @@ def bench(rank: int, world: int, rendezvous: str, args: argparse.Namespace) -> N
     total = torch.tensor([local_bytes(state)], dtype=torch.int64)
     dist.all_reduce(total)
     if rank == 0:
-        report(timer.results, int(total.item()), world, args)
+        report(timer.results, timer.cpu, int(total.item()), world, args)
         print(f"read_gate_ranks of rank 0's same-layout loads: {sorted(set(gates))}")
     dist.destroy_process_group()
 
 
-def report(results: dict[str, list[float]], total_bytes: int, world: int, args: argparse.Namespace) -> None:
+def report(results: dict[str, list[float]], cpu: dict[str, list[float]], total_bytes: int, world: int,
+           args: argparse.Namespace) -> None:
     median = {k: statistics.median(v) for k, v in results.items()}
     print(f"state: {total_bytes / (1 << 30):.2f} GiB in {args.tensors} tensors over {world} gloo ranks; "
           f"median of {args.runs} runs; shardpoint threads per rank: {args.threads or 'default'}; "
           f"sp.load direct_io: {args.direct_io}; dir {args.dir}")
-    print(f"{'':30}{'seconds':>10}{'GB/s':>9}")
+    print(f"{'':30}{'seconds':>10}{'GB/s':>9}{'CPU s':>9}  (CPU: seconds of all ranks' processes, median)")
     for label, seconds in median.items():
-        print(f"{label:30}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}")
+        spent = f"{statistics.median(cpu[label]):9.2f}" if label in cpu else f"{'-':>9}"
+        print(f"{label:30}{seconds:10.3f}{total_bytes / seconds / 1e9:9.2f}{spent}")
     print("ratios:")
     for what in ("save", "load", "load resharded"):
         ratio = median[f"{what} dcp"] / median[f"{what} sp"]

@@ -299,9 +299,11 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
     the throughput the storage delivers (between 1 and ``threads``); a number fixes it, per rank.
 
     ``machine_read_gate``: with ``io_depth`` None, the ranks that run as separate processes on one
-    machine (torchrun, mpirun) put their reads through one gate in shared memory, whose depth is
-    tuned from the throughput of all of them, so that the disk sees one well-chosen number of
-    reads in flight rather than the sum of competing ones. ``False``: each process tunes its own.
+    machine (torchrun, mpirun) and read their own files put their reads through one gate in shared
+    memory, whose depth is tuned from the throughput of all of them, so that the disk sees one
+    well-chosen number of reads in flight rather than the sum of competing ones (a resharded load
+    that shares its reads through shared memory gives each byte one reader already, and each
+    process tunes its own). ``False``: each process tunes its own.
 
     Tensors on CUDA devices are loaded through pinned host memory, in batches of at most half of
     ``staging_budget`` bytes (default 2 GiB; a larger tensor is a batch of its own): two batches

@@ -266,7 +266,8 @@ def test_shared_reads_read_each_stored_byte_once_between_processes(tmp_path):
 def _gate_rank(rank, world, path):
     sp.save(state_for((world,), [("S", 0)], zeros=False), path)
     gates, exact = [], []
-    for options in ({}, {"machine_read_gate": False}, {"io_depth": 2}):
+    for options in ({"share_reads": False}, {"share_reads": False, "machine_read_gate": False},
+                    {"share_reads": False, "io_depth": 2}, {}):
         state = state_for((world,), [("S", 0)], zeros=True)
         result = sp.load(state, path, **options)
         gates.append(result.read_gate_ranks)
@@ -277,10 +278,12 @@ def _gate_rank(rank, world, path):
 
 
 def test_processes_of_one_machine_read_through_one_gate(tmp_path):
-    """Three gloo ranks on one host: by default their loads put every read through one gate in
-    shared memory (read_gate_ranks 3); with machine_read_gate=False or a fixed io_depth, each
-    process has its own (1). The loads are bit-exact either way, and nothing stays in /dev/shm."""
+    """Three gloo ranks on one host, each reading its own: their loads put every read through one
+    gate in shared memory (read_gate_ranks 3); with machine_read_gate=False or a fixed io_depth,
+    each process has its own (1). Sharing their reads through shared memory (the default here:
+    some tensors are replicated), each byte has one reader and each process tunes its own gate
+    (1). The loads are bit-exact either way, and nothing stays in /dev/shm."""
     per_rank = run_ranks(3, _gate_rank, str(tmp_path / "ckpt"))
-    assert [gates for gates, _ in per_rank] == [[3, 1, 1]] * 3
-    assert [exact for _, exact in per_rank] == [[True, True, True]] * 3
+    assert [gates for gates, _ in per_rank] == [[3, 1, 1, 1]] * 3
+    assert [exact for _, exact in per_rank] == [[True] * 4] * 3
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("shardpoint-io-")]

@@ -329,10 +329,13 @@ def _gate_ranks_on_two_ranks(path, full, answer, **load_options):
 
 def test_machine_ranks_puts_the_reads_of_a_machine_through_one_gate(one_chunk, monkeypatch):
     path, full = one_chunk
-    assert _gate_ranks_on_two_ranks(path, full, [0, 1]) == [2, 2]
-    assert _gate_ranks_on_two_ranks(path, full, [0, 1], machine_read_gate=False) == [1, 1]
-    assert _gate_ranks_on_two_ranks(path, full, [0, 1], io_depth=1) == [1, 1]
-    assert _gate_ranks_on_two_ranks(path, full, lambda rank: [rank]) == [1, 1]  # two machines
+    # Each reading its own: one gate for the machine.
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], share_reads=False) == [2, 2]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], share_reads=False, machine_read_gate=False) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1], share_reads=False, io_depth=1) == [1, 1]
+    assert _gate_ranks_on_two_ranks(path, full, lambda rank: [rank], share_reads=False) == [1, 1]  # two machines
+    # Sharing the chunk both need through shared memory (the default): one reader, own gates.
+    assert _gate_ranks_on_two_ranks(path, full, [0, 1]) == [1, 1]
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", lambda report: reported.append(str(report.exc_value)))
     # An answer that cannot be right is reported and taken as "this rank alone".

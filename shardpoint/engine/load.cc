@@ -232,7 +232,9 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
             ? LoadSharedOnMachine(state, *metadata, path, options, *ctx, gate.get(), nonce)
             : LoadShared(state, *metadata, path, options, *ctx, gate.get());
     if (!outcome.agreed) SP_RETURN_IF_ERROR(AgreeOnStatus(comm, outcome.result.status()));
-    if (gate != nullptr && outcome.result.ok()) outcome.result->read_gate_ranks = gate->joined();
+    if (gate != nullptr && outcome.result.ok() && !outcome.own_gates) {
+      outcome.result->read_gate_ranks = gate->joined();
+    }
     return outcome.result;
   }
   Result<LoadResult> result = LoadLocal(state, *metadata, path, options, *ctx, gate.get());

@@ -96,9 +96,11 @@ struct LoadOptions {
   // of the pool and carried from one load to the next). N > 0: at most N per rank, fixed.
   int io_depth = 0;
   // With io_depth 0: ranks that run as separate processes on one machine
-  // (comm->machine_ranks(): torchrun, mpirun) put their reads through one gate in shared memory,
-  // tuned from the throughput of all of them (exec/shared_io_tuner.h), so that the device sees
-  // one depth instead of the sum of competing ones. false: each process tunes its own.
+  // (comm->machine_ranks(): torchrun, mpirun) and read their own (share_reads false, or nothing
+  // shared) put their reads through one gate in shared memory, tuned from the throughput of all of
+  // them (exec/shared_io_tuner.h), so that the device sees one depth instead of the sum of
+  // competing ones. When they share their reads through shared memory each byte has one reader
+  // already, and each process tunes its own. false: each process tunes its own.
   bool machine_read_gate = true;
 };
 

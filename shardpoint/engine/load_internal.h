@@ -42,6 +42,7 @@ Result<LoadResult> ReadOwn(Prepared p, const CheckpointMetadata& metadata, std::
 struct SharedOutcome {
   Result<LoadResult> result;
   bool agreed = false;
+  bool own_gates = false;  // each rank read through its pool's gate, not the one it was given
 };
 
 // Ranks that share an address space (Communicator::shares_memory): each reads one stretch of the
@@ -66,7 +67,11 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
 // reader posts each round as soon as it has read it, and reads round k+2 into the slot of round
 // k-1 once every rank has copied that one out. The communicator carries the needs, the slot
 // sizes, and at the end every rank's status (the outcome is agreed: a rank that stopped because
-// another did gives way to that one's error). The lowest rank creates the object, named after
+// another did gives way to that one's error). The rounds read through each rank's pool's gate,
+// not `gate` (the machine's, which the fallbacks use): each stored byte has one reader already,
+// and ranks do not move in step (a rank reads its next rounds while another copies out), so a
+// first-come gate for the machine would make a rank's next round wait behind another's reads of
+// later rounds (docs/PERFORMANCE.md). The lowest rank creates the object, named after
 // `nonce`, and removes the name once every rank has it mapped. When the object cannot be made
 // or mapped on some rank (no /dev/shm, too small a /dev/shm, a container of its own), every rank
 // falls back: to LoadShared when the caller asked for shared reads, else to reading its own.

@@ -543,7 +543,7 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   // Every rank can read every other's slots, so chunks whose regions would be staged (runs
   // shorter than a scattered read takes) are read as whole rows into the slots, and every rank
   // copies its regions out of them (engine/read_exchange.h).
-  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
+  ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, nullptr);
   read_options.max_gap_bytes = 0;
   const ExchangePlan plan = PlanExchange(
       *all, me, metadata,
@@ -746,10 +746,10 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     if (first.ok()) first = status;
     if (cause.ok() && (bytes.empty() || bytes[0] == '\0')) cause = status;
   }
-  if (!cause.ok()) return {cause, true};
-  if (!first.ok()) return {first, true};
+  if (!cause.ok()) return {cause, true, true};
+  if (!first.ok()) return {first, true, true};
   p.result.bytes_read = bytes_read;
-  return {std::move(p.result), true};
+  return {std::move(p.result), true, true};
 }
 
 }  // namespace sp
