@@ -1,7 +1,8 @@
 // Saves and loads a checkpoint over MpiComm under mpirun (ctest runs it with 4 ranks, all on this
 // machine): the same layout and a resharded one load bit-exact, and the ranks, separate
-// processes of one machine, read through one shared gate (LoadResult::read_gate_ranks), or each
-// through its own with machine_read_gate off. Rank 0 prints one line per failed check and then
+// processes of one machine, read through one shared gate (LoadResult::read_gate_ranks) when each
+// reads its own, or each through its own with machine_read_gate off or when they share their
+// reads through shared memory (each stored byte has one reader then). Rank 0 prints one line per failed check and then
 // "N passed, M failed"; the exit status is non-zero when any check failed on any rank.
 //
 // Usage: mpirun -np 4 mpi_load_test
@@ -10,6 +11,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,8 +63,9 @@ void Run(Communicator& comm, MpiChecks& checks) {
   const Status saved = Save(save_state, path, save_options);
   checks.Expect("save", saved.ok(), saved.ToString());
 
-  // Loads `box` of the tensor with `gate` on; returns what read_gate_ranks said, -1 on error.
-  auto load = [&](const Box& box, bool gate, const std::string& name) {
+  // Loads `box` of the tensor with `gate` on and `share` reads; returns what read_gate_ranks
+  // said, -1 on error.
+  auto load = [&](const Box& box, bool gate, std::optional<bool> share, const std::string& name) {
     std::vector<float> out(static_cast<size_t>(box.sizes[0] * box.sizes[1]), -1.0f);
     LoadState state;
     state.tensors.push_back(LoadTensor{
@@ -71,6 +74,7 @@ void Run(Communicator& comm, MpiChecks& checks) {
     LoadOptions options;
     options.comm = &comm;
     options.machine_read_gate = gate;
+    options.share_reads = share;
     Result<LoadResult> loaded = Load(state, path, options);
     checks.Expect(name, loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
     checks.Expect(name + " is bit-exact",
@@ -79,9 +83,14 @@ void Run(Communicator& comm, MpiChecks& checks) {
   };
   const Box same{{rank * rows, 0}, {rows, kCols}};
   const Box columns{{0, rank * (kCols / n)}, {kRows, kCols / n}};
-  checks.Expect("same layout: one gate for the machine", load(same, true, "same layout") == n);
-  checks.Expect("resharded: one gate for the machine", load(columns, true, "resharded") == n);
-  checks.Expect("machine_read_gate off: a gate each", load(columns, false, "gates off") == 1);
+  checks.Expect("same layout: one gate for the machine",
+                load(same, true, std::nullopt, "same layout") == n);
+  checks.Expect("resharded, each reading its own: one gate for the machine",
+                load(columns, true, false, "resharded alone") == n);
+  checks.Expect("resharded through shared memory: a gate each",
+                load(columns, true, std::nullopt, "resharded") == 1);
+  checks.Expect("machine_read_gate off: a gate each",
+                load(columns, false, false, "gates off") == 1);
 
   MPI_Barrier(MPI_COMM_WORLD);
   bool clean = true;
