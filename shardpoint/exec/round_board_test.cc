@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "shardpoint/exec/process_test_util.h"
+
 namespace sp {
 namespace {
 
@@ -35,19 +37,6 @@ class SharedBytes {
 
 bool HasText(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-int ExitCode(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Runs `f` on a thread, at most `seconds`; a wait that never returns would otherwise hang.
-template <typename F>
-bool Within(double seconds, F f) {
-  auto done = std::async(std::launch::async, f);
-  return done.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
 }
 
 // Two processes hand rounds back and forth through the board: the child (rank 1) writes round k's

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardpoint/base/random_id.h"
+#include "shardpoint/exec/process_test_util.h"
 
 namespace sp {
 namespace {
@@ -49,31 +50,6 @@ Shared* MapShared() {
   void* at = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                   -1, 0);
   return new (at) Shared();
-}
-
-// Runs `body` in a forked child; returns its pid. The child exits 0 when body returns true.
-template <typename F>
-pid_t Fork(F body) {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(body() ? 0 : 1);
-  return pid;
-}
-
-int ExitCode(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Waits for `f` at most `seconds`; a gate that never lets a read in would otherwise hang the test.
-template <typename F>
-bool Within(double seconds, F f) {
-  auto done = std::async(std::launch::async, f);
-  if (done.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready) {
-    return true;
-  }
-  ADD_FAILURE() << "still blocked after " << seconds << " s";
-  std::_Exit(3);  // the blocked thread cannot be joined
 }
 
 TEST(SharedIoTunerTest, ProcessesReadThroughOneGate) {
