@@ -263,6 +263,67 @@ def test_shared_reads_read_each_stored_byte_once_between_processes(tmp_path):
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("shardpoint-")]
 
 
+def _corrupt_shared_load_rank(rank: int, world: int, path: str) -> list:
+    import glob
+    import struct
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(96 * 256, dtype=torch.float32).reshape(96, 256)
+    sp.save({"w": distribute_tensor(full, mesh, [Shard(0)])}, path)
+    # Rank 1's rows go to every rank as whole rows through shared memory; one byte of them flips.
+    [data] = glob.glob(os.path.join(path, "*-r00001-*.safetensors"))
+    with open(data, "rb") as f:
+        header = struct.unpack("<Q", f.read(8))[0]
+    at = 8 + header + 4000
+    if rank == 0:
+        with open(data, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x40]))
+    dist.barrier()
+    out = []
+    dest = {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(1)])}
+    try:
+        sp.load(dest, path)
+        out.append(None)
+    except sp.CheckpointError as e:
+        out.append((type(e).__name__, str(e)))
+    dist.barrier()
+    if rank == 0:  # the byte back: the same load succeeds
+        with open(data, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x40]))
+    dist.barrier()
+    dest = {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(1)])}
+    sp.load(dest, path)
+    out.append(torch.equal(dest["w"].full_tensor(), full))
+    return out
+
+
+def test_a_corrupt_chunk_fails_every_process_of_a_shared_load(tmp_path):
+    """Three gloo processes load row chunks as columns, sharing their reads through shared memory
+    (each chunk read once, as whole rows that every rank copies its columns from): a flipped byte
+    fails every rank with the same error, the reader's checksum mismatch naming the file, and
+    nobody waits for the rank that stopped. With the byte back, the same load is bit-exact, and
+    nothing stays in /dev/shm."""
+    per_rank = run_ranks(3, _corrupt_shared_load_rank, str(tmp_path / "ckpt"))
+    failures = [r[0] for r in per_rank]
+    assert all(f is not None and f[0] == "CheckpointCorruptError" for f in failures), failures
+    assert len({f[1] for f in failures}) == 1, failures
+    message = failures[0][1]
+    assert message.startswith("rank ") and "checksum mismatch in tensor 'w'" in message, message
+    assert "-r00001-" in message, message
+    assert [r[1] for r in per_rank] == [True, True, True]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("shardpoint-")]
+
+
 def _gate_rank(rank, world, path):
     sp.save(state_for((world,), [("S", 0)], zeros=False), path)
     gates, exact = [], []

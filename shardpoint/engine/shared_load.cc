@@ -182,15 +182,18 @@ Status OpenFilesOfPlan(const ExchangePlan& plan, const Prepared& p,
         needed[metadata.tensors[n.tensor].chunks[n.chunk].file] = true;
       }
     }
-    for (const WholeRows& w : round.rows) needed[metadata.tensors[w.tensor].chunks[w.chunk].file] = true;
+    for (const WholeRows& w : round.rows) {
+      needed[metadata.tensors[w.tensor].chunks[w.chunk].file] = true;
+    }
   }
   SP_ASSIGN_OR_RETURN(*files, OpenDataFiles(ctx.store(), path, metadata, needed));
   return OkStatus();
 }
 
 // The most a rank sends plus receives in one round of a load through shared memory. (1 GiB
-// loaded by 4 processes as columns of row chunks, warm, on 2 cores: 8 MiB rounds 1.3-1.4 s, 16
-// MiB 1.0-1.2 s, 32 MiB 0.9-1.2 s, 64 MiB 1.0-1.3 s.)
+// loaded by 4 processes as columns of row chunks, warm, on 2 cores, with a collective per round:
+// 8 MiB rounds 1.3-1.4 s, 16 MiB 1.0-1.2 s, 32 MiB 0.9-1.2 s, 64 MiB 1.0-1.3 s. Through the round
+// board, 8, 16 and 32 MiB were within the noise of a cold load: docs/PERFORMANCE.md.)
 constexpr uint64_t kMachineRoundBytes = uint64_t{32} << 20;
 
 // Whole rows lie in a slot at an offset that agrees with their file offset modulo this (a page,

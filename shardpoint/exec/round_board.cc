@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <new>
 #include <string>
 
 #include <unistd.h>
