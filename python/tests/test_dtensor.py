@@ -279,13 +279,17 @@ def _corrupt_shared_load_rank(rank: int, world: int, path: str) -> list:
     with open(data, "rb") as f:
         header = struct.unpack("<Q", f.read(8))[0]
     at = 8 + header + 4000
-    if rank == 0:
-        with open(data, "r+b") as f:
-            f.seek(at)
-            byte = f.read(1)
-            f.seek(at)
-            f.write(bytes([byte[0] ^ 0x40]))
-    dist.barrier()
+
+    def flip() -> None:
+        if rank == 0:
+            with open(data, "r+b") as f:
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0x40]))
+        dist.barrier()
+
+    flip()
     out = []
     dest = {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(1)])}
     try:
@@ -294,13 +298,7 @@ def _corrupt_shared_load_rank(rank: int, world: int, path: str) -> list:
     except sp.CheckpointError as e:
         out.append((type(e).__name__, str(e)))
     dist.barrier()
-    if rank == 0:  # the byte back: the same load succeeds
-        with open(data, "r+b") as f:
-            f.seek(at)
-            byte = f.read(1)
-            f.seek(at)
-            f.write(bytes([byte[0] ^ 0x40]))
-    dist.barrier()
+    flip()  # the byte back: the same load succeeds
     dest = {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(1)])}
     sp.load(dest, path)
     out.append(torch.equal(dest["w"].full_tensor(), full))
