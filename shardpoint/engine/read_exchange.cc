@@ -1,7 +1,9 @@
 #include "shardpoint/engine/read_exchange.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
+#include <numeric>
 #include <tuple>
 #include <utility>
 
@@ -13,6 +15,9 @@ namespace {
 
 constexpr uint64_t kBalanceSlackBytes = uint64_t{32} << 20;
 constexpr uint64_t kExchangeCostFactor = 4;  // reading a byte costs about this many copies
+// Row bands whose edges cannot lie on checksum blocks are cut only when each spans at least this
+// many blocks: the two readers of the block at an edge both read it.
+constexpr uint64_t kBandBlocks = 8;
 
 // Total length of the union of `intervals` (sorted in place).
 uint64_t UnionLength(std::vector<Interval>& intervals) {
@@ -38,6 +43,7 @@ uint64_t UnionLength(std::vector<Interval>& intervals) {
 struct ChunkUsers {
   uint32_t tensor = 0;
   uint32_t chunk = 0;
+  uint64_t first_byte = 0;  // of the chunk's bytes these users cover: 0, or where its band begins
   std::vector<std::pair<int, size_t>> users;  // (rank, need index), sorted
   std::vector<int> ranks;                     // distinct ranks, ascending
   uint64_t union_bytes = 0;                   // read once
@@ -49,11 +55,114 @@ struct ChunkUsers {
   uint64_t rows_bytes = 0;
 };
 
+// Every rank's needs, and the parts of them that fall in the row bands of a chunk cut into bands
+// (read_exchange.h): need index i of rank r is all[r].needs[i] below all[r].needs.size(), else
+// parts[r][i - all[r].needs.size()].
+struct Needs {
+  const std::vector<RankNeeds>& all;
+  std::vector<std::vector<ChunkNeed>> parts;
+  std::vector<size_t> part_of;  // of rank `me`'s parts: the need each is a part of
+
+  const ChunkNeed& operator()(int r, size_t i) const {
+    const size_t whole = all[r].needs.size();
+    return i < whole ? all[r].needs[i] : parts[r][i - whole];
+  }
+};
+
+// Fills the users' measures of `u` (ranks, packed, alone, union_bytes) and decides whether it is
+// worth sharing (read_exchange.h) and whether it fits a round; returns whether it is worth it.
+bool Measure(ChunkUsers& u, const Needs& need, const TensorMetadata& tensor,
+             const StoredChunk& chunk, uint64_t block_bytes, uint64_t round_bytes) {
+  std::vector<Interval> every;
+  uint64_t separate = 0;  // bytes read when each rank reads for itself
+  for (size_t k = 0; k < u.users.size();) {
+    const int r = u.users[k].first;
+    std::vector<Interval> mine;
+    uint64_t packed = 0;
+    for (; k < u.users.size() && u.users[k].first == r; ++k) {
+      const ChunkNeed& n = need(r, u.users[k].second);
+      mine.push_back(ReadSpan(tensor, chunk, n.region, need.all[r].verify, block_bytes));
+      packed += PackedBytes(n.region, tensor.dtype);
+    }
+    every.insert(every.end(), mine.begin(), mine.end());
+    u.ranks.push_back(r);
+    u.packed.push_back(packed);
+    u.alone.push_back(UnionLength(mine));
+    separate += u.alone.back();
+  }
+  u.union_bytes = UnionLength(every);
+  if (u.ranks.size() < 2) return false;
+  uint64_t total = 0, largest = 0;
+  for (uint64_t p : u.packed) {
+    total += p;
+    largest = std::max(largest, p);
+  }
+  const bool worth = kExchangeCostFactor * (separate - u.union_bytes) >= total - largest;
+  u.shared = worth && total <= round_bytes;
+  return worth;
+}
+
+// The users of each row band of chunk `u` (read_exchange.h), whose exchange exceeds a round:
+// bands of about half a round's exchange, their edges on checksum block boundaries where the rows
+// allow (else at least kBandBlocks blocks each); each band's users are the parts of the needs it cuts (added to `need`) and the needs
+// that lie inside it. Empty when the chunk cannot be cut.
+std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need, int me,
+                                     const TensorMetadata& tensor, const StoredChunk& chunk,
+                                     uint64_t block_bytes, uint64_t round_bytes) {
+  std::vector<ChunkUsers> bands;
+  if (chunk.encoding == ChunkEncoding::kDriverDecoded || chunk.box.rank() == 0 ||
+      chunk.box.sizes[0] < 2) {
+    return bands;
+  }
+  const int64_t rows = chunk.box.sizes[0];
+  const uint64_t row_bytes = chunk.byte_length / static_cast<uint64_t>(rows);
+  uint64_t total = 0;
+  for (uint64_t p : u.packed) total += p;
+  const uint64_t count = std::max<uint64_t>(2, (2 * total + round_bytes - 1) / round_bytes);
+  int64_t band_rows = (rows + static_cast<int64_t>(count) - 1) / static_cast<int64_t>(count);
+  if (block_bytes > 0 && row_bytes > 0) {
+    // Rows per step whose bytes are a whole number of blocks.
+    const uint64_t unit = block_bytes / std::gcd(block_bytes, row_bytes);
+    if (unit <= static_cast<uint64_t>(band_rows)) {
+      band_rows = band_rows / static_cast<int64_t>(unit) * static_cast<int64_t>(unit);
+    } else if (static_cast<uint64_t>(band_rows) * row_bytes < kBandBlocks * block_bytes) {
+      return bands;  // each band would read most of its blocks again for its neighbours
+    }
+  }
+  band_rows = std::max<int64_t>(1, band_rows);
+  if (band_rows >= rows) return bands;
+  const int64_t begin = chunk.box.offsets[0];
+  for (int64_t first = begin; first < begin + rows; first += band_rows) {
+    const int64_t end = std::min(begin + rows, first + band_rows);
+    ChunkUsers band;
+    band.tensor = u.tensor;
+    band.chunk = u.chunk;
+    band.first_byte = static_cast<uint64_t>(first - begin) * row_bytes;
+    for (const auto& [r, i] : u.users) {
+      const Box& region = need(r, i).region;
+      const int64_t lo = std::max(first, region.offsets[0]);
+      const int64_t hi = std::min(end, region.exclusive_max(0));
+      if (lo >= hi) continue;
+      if (lo == region.offsets[0] && hi == region.exclusive_max(0)) {
+        band.users.emplace_back(r, i);
+        continue;
+      }
+      ChunkNeed part = need(r, i);
+      part.region.offsets[0] = lo;
+      part.region.sizes[0] = hi - lo;
+      if (r == me) need.part_of.push_back(i);
+      need.parts[r].push_back(std::move(part));
+      band.users.emplace_back(r, need.all[r].needs.size() + need.parts[r].size() - 1);
+    }
+    if (!band.users.empty()) bands.push_back(std::move(band));
+  }
+  return bands;
+}
+
 // Whether the users of shared chunk `u` get whole rows (read_exchange.h), and which: sets u.whole,
 // u.rows and u.rows_bytes.
-void ChooseWholeRows(ChunkUsers& u, const std::vector<RankNeeds>& all,
-                     const TensorMetadata& tensor, const StoredChunk& chunk, uint64_t round_bytes,
-                     uint64_t whole_rows_below) {
+void ChooseWholeRows(ChunkUsers& u, const Needs& need, const TensorMetadata& tensor,
+                     const StoredChunk& chunk, uint64_t round_bytes, uint64_t whole_rows_below) {
   if (whole_rows_below == 0 || chunk.encoding == ChunkEncoding::kDriverDecoded ||
       chunk.box.rank() < 2) {
     return;
@@ -62,7 +171,7 @@ void ChooseWholeRows(ChunkUsers& u, const std::vector<RankNeeds>& all,
   int64_t first = chunk.box.exclusive_max(0), end = chunk.box.offsets[0];
   bool cut_short = false;
   for (const auto& [r, i] : u.users) {
-    const Box& region = all[r].needs[i].region;
+    const Box& region = need(r, i).region;
     first = std::min(first, region.offsets[0]);
     end = std::max(end, region.exclusive_max(0));
     const RunSummary runs = SummarizeByteRuns(chunk.box, region, es);
@@ -173,72 +282,59 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
   const int n = static_cast<int>(all.size());
   const uint64_t bs = metadata.checksum_block_bytes;
 
-  // Group the needs by stored chunk, in file order (the order readers go through the files).
+  // Group the needs by stored chunk; a chunk worth sharing whose exchange exceeds a round is cut
+  // into row bands, each a unit of its own.
+  Needs need{all, std::vector<std::vector<ChunkNeed>>(n), {}};
   std::map<std::pair<uint32_t, uint32_t>, ChunkUsers> by_chunk;
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < all[r].needs.size(); ++i) {
-      const ChunkNeed& need = all[r].needs[i];
-      ChunkUsers& u = by_chunk[{need.tensor, need.chunk}];
-      u.tensor = need.tensor;
-      u.chunk = need.chunk;
+      const ChunkNeed& each = all[r].needs[i];
+      ChunkUsers& u = by_chunk[{each.tensor, each.chunk}];
+      u.tensor = each.tensor;
+      u.chunk = each.chunk;
       u.users.emplace_back(r, i);
     }
   }
-  std::vector<ChunkUsers*> chunks;
-  for (auto& [key, u] : by_chunk) chunks.push_back(&u);
   auto stored = [&](const ChunkUsers& u) -> const StoredChunk& {
     return metadata.tensors[u.tensor].chunks[u.chunk];
   };
-  // Chunks in order of their relative position in their file, so that each round reads about the
-  // same share of every file (and so of every rank's work), and each file front to back.
-  auto position = [&](const StoredChunk& c) -> uint64_t {
-    const uint64_t size = std::max<uint64_t>(1, metadata.files[c.file].size);
-    return static_cast<uint64_t>(static_cast<unsigned __int128>(c.data_offset) * (1u << 20) / size);
-  };
-  std::sort(chunks.begin(), chunks.end(), [&](const ChunkUsers* a, const ChunkUsers* b) {
-    const StoredChunk& ca = stored(*a);
-    const StoredChunk& cb = stored(*b);
-    return std::make_tuple(position(ca), ca.file, ca.data_offset, a->tensor, a->chunk) <
-           std::make_tuple(position(cb), cb.file, cb.data_offset, b->tensor, b->chunk);
-  });
-
-  // Which chunks are shared, and what every rank reads of the others.
+  std::deque<ChunkUsers> units;  // stable addresses
   std::vector<uint64_t> load(n, 0);
-  for (ChunkUsers* u : chunks) {
-    const TensorMetadata& tensor = metadata.tensors[u->tensor];
-    const StoredChunk& chunk = stored(*u);
-    std::vector<Interval> every;
-    uint64_t separate = 0;  // bytes read when each rank reads for itself
-    for (size_t k = 0; k < u->users.size();) {
-      const int r = u->users[k].first;
-      std::vector<Interval> mine;
-      uint64_t packed = 0;
-      for (; k < u->users.size() && u->users[k].first == r; ++k) {
-        const ChunkNeed& need = all[r].needs[u->users[k].second];
-        mine.push_back(ReadSpan(tensor, chunk, need.region, all[r].verify, bs));
-        packed += PackedBytes(need.region, tensor.dtype);
-      }
-      every.insert(every.end(), mine.begin(), mine.end());
-      u->ranks.push_back(r);
-      u->packed.push_back(packed);
-      u->alone.push_back(UnionLength(mine));
-      separate += u->alone.back();
+  auto add_unit = [&](ChunkUsers u, bool may_cut) {
+    const TensorMetadata& tensor = metadata.tensors[u.tensor];
+    const StoredChunk& chunk = stored(u);
+    const bool worth = Measure(u, need, tensor, chunk, bs, round_bytes);
+    if (worth && !u.shared && may_cut) {
+      std::vector<ChunkUsers> bands = CutIntoBands(u, need, me, tensor, chunk, bs, round_bytes);
+      if (!bands.empty()) return bands;
     }
-    u->union_bytes = UnionLength(every);
-    if (u->ranks.size() >= 2) {
-      uint64_t total = 0, largest = 0;
-      for (uint64_t p : u->packed) {
-        total += p;
-        largest = std::max(largest, p);
-      }
-      const uint64_t duplicate = separate - u->union_bytes;
-      u->shared = kExchangeCostFactor * duplicate >= total - largest && total <= round_bytes;
-      if (u->shared) ChooseWholeRows(*u, all, tensor, chunk, round_bytes, whole_rows_below);
+    if (u.shared) ChooseWholeRows(u, need, tensor, chunk, round_bytes, whole_rows_below);
+    if (!u.shared) {
+      for (size_t k = 0; k < u.ranks.size(); ++k) load[u.ranks[k]] += u.alone[k];
     }
-    if (!u->shared) {
-      for (size_t k = 0; k < u->ranks.size(); ++k) load[u->ranks[k]] += u->alone[k];
-    }
+    units.push_back(std::move(u));
+    return std::vector<ChunkUsers>();
+  };
+  for (auto& [key, u] : by_chunk) {
+    for (ChunkUsers& band : add_unit(std::move(u), true)) add_unit(std::move(band), false);
   }
+  by_chunk.clear();
+  std::vector<ChunkUsers*> chunks;
+  for (ChunkUsers& u : units) chunks.push_back(&u);
+  // Units in order of their relative position in their file, so that each round reads about the
+  // same share of every file (and so of every rank's work), and each file front to back.
+  auto position = [&](const ChunkUsers& u) -> uint64_t {
+    const StoredChunk& c = stored(u);
+    const uint64_t size = std::max<uint64_t>(1, metadata.files[c.file].size);
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(c.data_offset + u.first_byte) *
+                                 (1u << 20) / size);
+  };
+  auto order = [&](const ChunkUsers* u) {
+    const StoredChunk& c = stored(*u);
+    return std::make_tuple(position(*u), c.file, c.data_offset + u->first_byte, u->tensor, u->chunk);
+  };
+  std::sort(chunks.begin(), chunks.end(),
+            [&](const ChunkUsers* a, const ChunkUsers* b) { return order(a) < order(b); });
 
   // Readers, then rounds, in file order.
   ExchangePlan plan;
@@ -314,12 +410,14 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
       if (r == reader) {
         if (r == me) round.own.push_back(i);
       } else if (reader == me) {
-        round.send[r].push_back(all[r].needs[i]);
+        round.send[r].push_back(need(r, i));
       } else if (r == me) {
         round.receive[reader].push_back(i);
       }
     }
   }
+  plan.parts = std::move(need.parts[me]);
+  plan.part_of = std::move(need.part_of);
   return plan;
 }
 

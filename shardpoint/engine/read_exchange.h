@@ -8,13 +8,19 @@
 // every rank reads whole rows and whole checksum blocks, so ranks that split a chunk's columns,
 // or split rows inside a checksum block, would each read most of it. A chunk is shared when
 //   4 x (bytes the ranks would read beyond the union of their reads) >= the bytes exchanged,
-// and when its exchange fits in one round. Chunks are taken in order of their relative position
-// in their file (so every round covers about the same share of every file, and so of every
-// rank's work). Each shared chunk's reader is one of the ranks that need it: the one that read
+// and when its exchange fits in one round (else it is cut into row bands: below). Chunks are
+// taken in order of their relative position in their file (so every round covers about the same
+// share of every file, and so of every rank's work). Each shared chunk's reader is one of the ranks that need it: the one that read
 // the previous shared chunk of the same file (so that readers read long runs) unless that rank
 // already reads over 32 MiB more than the least loaded candidate, which is then chosen. A round
 // closes when its exchange would exceed `round_bytes` sent plus received for some rank; every
 // chunk, shared or not, is read in the round it falls in.
+//
+// Row bands: a chunk worth sharing whose exchange exceeds a round (a large chunk that several
+// ranks need columns of) is cut into bands of whole rows, each about half a round of exchange
+// and, where the rows allow, beginning on a checksum block, so that no block is read by two
+// readers. Each band is planned as a chunk of its own; a need that crosses bands is cut into
+// parts, one per band (ExchangePlan::parts).
 //
 // Whole rows (for processes of one machine, which exchange through shared memory): packing a
 // region that is not one run of its chunk costs the reader a copy out of staging, and the
@@ -82,7 +88,11 @@ struct ExchangeRound {
 
 struct ExchangePlan {
   std::vector<ExchangeRound> rounds;  // the same count on every rank; at least one
-  uint64_t shared_chunks = 0;         // chunks read by one rank for others (all ranks)
+  uint64_t shared_chunks = 0;         // chunks (or row bands) read by one rank for others
+  // This rank's needs cut at row bands: in the rounds, need index needs.size() + j is parts[j],
+  // a part of need part_of[j] (the same chunk, a band of its rows).
+  std::vector<ChunkNeed> parts;
+  std::vector<size_t> part_of;
 };
 
 // Bytes a region of `dtype` takes in an exchange payload: packed, padded to 16 bytes so that

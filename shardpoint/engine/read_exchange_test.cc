@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -35,6 +36,12 @@ CheckpointMetadata RowChunks(const std::vector<int64_t>& rows, int64_t chunk_row
     md.tensors.push_back(std::move(tensor));
   }
   return md;
+}
+
+// Need index i of a rank whose needs are `needs` and plan `plan`: a need, or a part of one cut at a
+// row band.
+const ChunkNeed& NeedOf(const RankNeeds& needs, const ExchangePlan& plan, size_t i) {
+  return i < needs.needs.size() ? needs.needs[i] : plan.parts.at(i - needs.needs.size());
 }
 
 TEST(ReadExchangeTest, NeedsRoundTripAndHostileBytesAreRefusedByName) {
@@ -138,11 +145,68 @@ TEST(ReadExchangeTest, ColumnsCutShortAreReadAsWholeRowsThatEveryUserCopiesFrom)
   }
 }
 
+TEST(ReadExchangeTest, AChunkLargerThanARoundIsSharedInRowBands) {
+  // One 64 MiB chunk (262144 rows of 256 bytes, 1 MiB checksum blocks) of which four ranks each
+  // need 16 columns: 64 MiB of exchange, twice a 32 MiB round. Without bands every rank would
+  // read all of it.
+  constexpr int64_t kRows = 262144;
+  const CheckpointMetadata md = RowChunks({kRows}, kRows, 1, 1 << 20);
+  std::vector<RankNeeds> all(4);
+  for (int r = 0; r < 4; ++r) all[r].needs = {ChunkNeed{0, 0, Box({0, 16 * r}, {kRows, 16})}};
+  constexpr uint64_t kRound = uint64_t{32} << 20;
+  for (const uint64_t whole_below : {uint64_t{64} << 10, uint64_t{0}}) {
+    SCOPED_TRACE("whole rows below " + std::to_string(whole_below));
+    std::vector<ExchangePlan> plans;
+    for (int r = 0; r < 4; ++r) plans.push_back(PlanExchange(all, r, md, kRound, whole_below));
+    // Four bands of 65536 rows (16 MiB, on block edges), each read once, by one rank.
+    EXPECT_EQ(plans[0].shared_chunks, 4u);
+    std::vector<int64_t> band_starts;
+    uint64_t read_for_all = 0;
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_EQ(plans[r].parts.size(), 4u);
+      for (size_t j = 0; j < 4; ++j) {
+        EXPECT_EQ(plans[r].part_of[j], 0u);
+        EXPECT_EQ(plans[r].parts[j].region.sizes[0], kRows / 4);
+        EXPECT_EQ(plans[r].parts[j].region.offsets[1], 16 * r);
+      }
+      for (const ExchangeRound& round : plans[r].rounds) {
+        for (const WholeRows& w : round.rows) {
+          band_starts.push_back(w.rows.offsets[0]);
+          EXPECT_EQ(w.rows.sizes[0], kRows / 4);
+          read_for_all += WholeRowsBytes(w, md);
+        }
+        for (size_t i : round.own) read_for_all += plans[r].parts[i - 1].region.volume() * 4;
+        for (const std::vector<ChunkNeed>& send : round.send) {
+          for (const ChunkNeed& n : send) read_for_all += n.region.volume() * 4;
+        }
+        // No rank copies its whole need out of anything: only its parts.
+        for (const std::vector<size_t>& from : round.from_rows) {
+          for (size_t i : from) EXPECT_GE(i, 1u);
+        }
+      }
+    }
+    EXPECT_EQ(read_for_all, uint64_t{64} << 20);  // every byte once
+    if (whole_below > 0) {
+      std::sort(band_starts.begin(), band_starts.end());
+      EXPECT_EQ(band_starts, (std::vector<int64_t>{0, kRows / 4, kRows / 2, 3 * kRows / 4}));
+    } else {
+      EXPECT_TRUE(band_starts.empty());
+    }
+  }
+  // Blocks that no band edge can begin on: bands of 16 MiB span over 8 blocks of 1 MiB + 1 and
+  // are cut anyway; with blocks of 3 MiB + 1 they would span fewer, and the chunk is not shared.
+  const CheckpointMetadata odd = RowChunks({kRows}, kRows, 1, (1 << 20) + 1);
+  EXPECT_EQ(PlanExchange(all, 0, odd, kRound, 64 << 10).shared_chunks, 4u);
+  const CheckpointMetadata large_odd = RowChunks({kRows}, kRows, 1, (3 << 20) + 1);
+  EXPECT_EQ(PlanExchange(all, 0, large_odd, kRound, 64 << 10).shared_chunks, 0u);
+}
+
 // Every rank's plan, from random needs: what s sends q is what q expects from s, in order; every
 // need is served exactly once; readers need the chunk; rounds respect the byte limit.
 TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
   std::mt19937_64 rng(5);
   int whole_rows_read = 0;
+  int cut_needs = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int ranks = 2 + static_cast<int>(rng() % 5);
@@ -177,8 +241,12 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
       ASSERT_EQ(plans[r].rounds.size(), plans[0].rounds.size());
       EXPECT_EQ(plans[r].shared_chunks, plans[0].shared_chunks);
     }
+    // Per rank, per need index (needs, then parts): how often it is served.
     std::vector<std::vector<int>> served(ranks);
-    for (int r = 0; r < ranks; ++r) served[r].assign(all[r].needs.size(), 0);
+    for (int r = 0; r < ranks; ++r) {
+      served[r].assign(all[r].needs.size() + plans[r].parts.size(), 0);
+      ASSERT_EQ(plans[r].part_of.size(), plans[r].parts.size());
+    }
     for (size_t k = 0; k < plans[0].rounds.size(); ++k) {
       std::vector<uint64_t> traffic(ranks, 0);
       for (int s = 0; s < ranks; ++s) {
@@ -197,7 +265,7 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
         for (int q = 0; q < ranks; ++q) {
           for (size_t i : plans[q].rounds[k].from_rows[s]) {
             ++served[q][i];
-            const ChunkNeed& need = all[q].needs[i];
+            const ChunkNeed& need = NeedOf(all[q], plans[q], i);
             bool held = false;
             for (const WholeRows& w : plans[s].rounds[k].rows) {
               held = held || (w.tensor == need.tensor && w.chunk == need.chunk &&
@@ -211,7 +279,7 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
           const std::vector<ChunkNeed>& sent = plans[s].rounds[k].send[q];
           ASSERT_EQ(sent.size(), expected.size()) << s << " -> " << q;
           for (size_t j = 0; j < sent.size(); ++j) {
-            EXPECT_EQ(sent[j], all[q].needs[expected[j]]);
+            EXPECT_EQ(sent[j], NeedOf(all[q], plans[q], expected[j]));
             ++served[q][expected[j]];
             const uint64_t bytes = PackedBytes(sent[j].region, DType::kFloat32);
             traffic[s] += bytes;
@@ -219,8 +287,9 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
             // The reader needs the same chunk itself.
             bool reader_needs = false;
             for (size_t i : plans[s].rounds[k].own) {
-              reader_needs = reader_needs || (all[s].needs[i].tensor == sent[j].tensor &&
-                                              all[s].needs[i].chunk == sent[j].chunk);
+              const ChunkNeed& own = NeedOf(all[s], plans[s], i);
+              reader_needs = reader_needs || (own.tensor == sent[j].tensor &&
+                                              own.chunk == sent[j].chunk);
             }
             EXPECT_TRUE(reader_needs);
           }
@@ -228,11 +297,39 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
       }
       for (int r = 0; r < ranks; ++r) EXPECT_LE(traffic[r], round_bytes) << "round " << k;
     }
+    // Each need is served once, whole or as its parts: parts of one need lie in it, apart, and
+    // together cover it.
     for (int r = 0; r < ranks; ++r) {
-      for (int count : served[r]) EXPECT_EQ(count, 1);
+      const size_t whole = all[r].needs.size();
+      std::vector<int64_t> covered(whole, 0);
+      for (size_t j = 0; j < plans[r].parts.size(); ++j) {
+        ++cut_needs;
+        const size_t i = plans[r].part_of[j];
+        ASSERT_LT(i, whole);
+        const ChunkNeed& part = plans[r].parts[j];
+        EXPECT_EQ(part.tensor, all[r].needs[i].tensor);
+        EXPECT_EQ(part.chunk, all[r].needs[i].chunk);
+        EXPECT_TRUE(Contains(all[r].needs[i].region, part.region));
+        for (size_t j2 = 0; j2 < j; ++j2) {
+          if (plans[r].part_of[j2] == i) {
+            EXPECT_FALSE(Intersect(plans[r].parts[j2].region, part.region).has_value());
+          }
+        }
+        EXPECT_EQ(served[r][whole + j], 1) << "rank " << r << " part " << j;
+        covered[i] += part.region.volume();
+      }
+      for (size_t i = 0; i < whole; ++i) {
+        if (covered[i] > 0) {
+          EXPECT_EQ(served[r][i], 0) << "rank " << r << " need " << i << " also served whole";
+          EXPECT_EQ(covered[i], all[r].needs[i].region.volume());
+        } else {
+          EXPECT_EQ(served[r][i], 1) << "rank " << r << " need " << i;
+        }
+      }
     }
   }
   EXPECT_GT(whole_rows_read, 100);
+  EXPECT_GT(cut_needs, 100);
 }
 
 TEST(ReadExchangeTest, InMemoryReadsGiveEachRankOneStretchOfTheFiles) {

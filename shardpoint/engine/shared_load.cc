@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -170,13 +171,26 @@ Result<std::vector<RankNeeds>> GatherNeeds(Communicator& comm, const Result<Prep
   return all;
 }
 
-// Opens every data file this rank reads in any round of `plan`, for itself or for others.
-Status OpenFilesOfPlan(const ExchangePlan& plan, const Prepared& p,
+// The requests the rounds of `plan` index: this rank's, then one per part of them cut at a row
+// band (ExchangePlan::parts), into the same destination.
+std::vector<ReadRequest> RequestsOfPlan(const Prepared& p, const ExchangePlan& plan) {
+  std::vector<ReadRequest> requests = p.requests;
+  requests.reserve(requests.size() + plan.parts.size());
+  for (size_t j = 0; j < plan.parts.size(); ++j) {
+    const ReadRequest& whole = p.requests[plan.part_of[j]];
+    requests.push_back(ReadRequest{whole.stored, whole.chunk, whole.dest, plan.parts[j].region});
+  }
+  return requests;
+}
+
+// Opens every data file this rank reads in any round of `plan` (whose requests are `planned`:
+// RequestsOfPlan), for itself or for others.
+Status OpenFilesOfPlan(const ExchangePlan& plan, const std::vector<ReadRequest>& planned,
                        const CheckpointMetadata& metadata, std::string_view path,
                        EngineContext& ctx, DataFiles* files) {
   std::vector<bool> needed(metadata.files.size(), false);
   for (const ExchangeRound& round : plan.rounds) {
-    for (size_t i : round.own) needed[p.requests[i].chunk->file] = true;
+    for (size_t i : round.own) needed[planned[i].chunk->file] = true;
     for (const std::vector<ChunkNeed>& send : round.send) {
       for (const ChunkNeed& n : send) {
         needed[metadata.tensors[n.tensor].chunks[n.chunk].file] = true;
@@ -247,11 +261,12 @@ std::string EncodeSlotTable(const SlotTable& table) {
 
 // What rank `me` copies out of sender `sender`'s slot of `slot_bytes` bytes at `slot`, from the
 // table it published: its packed payload (an empty span when it sends none) and the whole rows by
-// (tensor, chunk) with the box they cover. kDataLoss for a table that is malformed or points
-// outside the slot or the checkpoint's chunks.
+// (tensor, chunk, first row) with the box they cover. kDataLoss for a table that is malformed or
+// points outside the slot or the checkpoint's chunks.
 struct SenderView {
   std::span<const std::byte> packed;
-  std::map<std::pair<uint32_t, uint32_t>, std::pair<const std::byte*, Box>> rows;
+  // By (tensor, chunk, first row): a chunk cut into row bands may have several in one round.
+  std::map<std::tuple<uint32_t, uint32_t, int64_t>, std::pair<const std::byte*, Box>> rows;
 };
 
 Result<SenderView> ViewOfSender(std::string_view table, int sender, int me,
@@ -310,7 +325,7 @@ Result<SenderView> ViewOfSender(std::string_view table, int sender, int me,
     rows.sizes[0] = count;
     SP_RETURN_IF_ERROR(
         inside(offset, static_cast<uint64_t>(rows.volume()) * DTypeSize(stored.dtype)));
-    view.rows[{tensor, chunk}] = {slot + offset, std::move(rows)};
+    view.rows[{tensor, chunk, first}] = {slot + offset, std::move(rows)};
   }
   return view;
 }
@@ -458,12 +473,13 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
                                          std::max<uint64_t>(1, options.memory_budget_bytes / 3));
   all->clear();
   Prepared& p = *prepared;
+  const std::vector<ReadRequest> planned = RequestsOfPlan(p, plan);
   ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
   read_options.max_gap_bytes = 0;
 
   // Every data file this rank reads in any round, opened once.
   DataFiles files;
-  Status local = OpenFilesOfPlan(plan, p, metadata, path, ctx, &files);
+  Status local = OpenFilesOfPlan(plan, planned, metadata, path, ctx, &files);
 
   // One round's reads: this rank's own regions, and the payloads it sends.
   struct RoundReads {
@@ -475,7 +491,7 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     RoundReads out;
     Outgoing outgoing(metadata, comm.size());
     std::vector<ReadRequest> requests;
-    for (size_t i : round.own) requests.push_back(p.requests[i]);
+    for (size_t i : round.own) requests.push_back(planned[i]);
     for (int q = 0; q < comm.size(); ++q) {
       if (!round.send[q].empty()) outgoing.Add(q, round.send[q], requests);
     }
@@ -522,7 +538,7 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     finish_unpacking();
     if (local.ok()) {
       unpacking = std::make_unique<Unpacker>(ctx.pool());
-      unpacking->Start(std::move(received).value(), round, p.requests);
+      unpacking->Start(std::move(received).value(), round, planned);
     }
   }
   finish_unpacking();
@@ -606,8 +622,9 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   const MachineSlots& slots = **mapped;
   RoundBoard board(slots.memory.data(), comm.size(), me);
   Prepared& p = *prepared;
+  const std::vector<ReadRequest> planned = RequestsOfPlan(p, plan);
   DataFiles files;
-  Status local = OpenFilesOfPlan(plan, p, metadata, path, ctx, &files);
+  Status local = OpenFilesOfPlan(plan, planned, metadata, path, ctx, &files);
 
   // One round's reads: this rank's own regions, and what it reads into its slot for others,
   // with the slot's table written ahead of them once they are in.
@@ -619,7 +636,7 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     RoundReads out;
     const ExchangeRound& round = plan.rounds[k];
     std::vector<ReadRequest> requests;
-    for (size_t i : round.own) requests.push_back(p.requests[i]);
+    for (size_t i : round.own) requests.push_back(planned[i]);
     SlotTable table;
     uint64_t at = lay_out_rows(round, &table.rows);
     std::byte* slot = slots.slot(me, k);
@@ -673,13 +690,16 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
           SenderView view,
           ViewOfSender(std::string_view(reinterpret_cast<const char*>(slot) + 8, table_bytes), s,
                        me, slot, slots.slot_bytes[s], metadata));
-      unpacking.StartView(static_cast<size_t>(s), view.packed, round, p.requests);
+      unpacking.StartView(static_cast<size_t>(s), view.packed, round, planned);
       for (size_t i : round.from_rows[s]) {
-        const ReadRequest& r = p.requests[i];
+        const ReadRequest& r = planned[i];
         const uint32_t tensor = static_cast<uint32_t>(r.stored - metadata.tensors.data());
         const uint32_t chunk = static_cast<uint32_t>(r.chunk - r.stored->chunks.data());
-        auto found = view.rows.find({tensor, chunk});
-        if (found == view.rows.end() || !Contains(found->second.second, r.region)) {
+        // The rows that begin last at or before the region's first row.
+        auto found = view.rows.upper_bound({tensor, chunk, r.region.offsets[0]});
+        if (found != view.rows.begin()) --found;
+        if (found == view.rows.end() || std::get<0>(found->first) != tensor ||
+            std::get<1>(found->first) != chunk || !Contains(found->second.second, r.region)) {
           return DataLossError("rank " + std::to_string(s) + " published no rows of tensor '" +
                                r.stored->name + "' chunk " + r.chunk->box.ToString() +
                                " holding " + r.region.ToString());
