@@ -3,6 +3,7 @@
 // one process), through the communicator (anywhere), or through one shared-memory object
 // (processes of one machine).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <future>
 #include <map>
@@ -341,8 +342,11 @@ struct MachineSlots {
   std::vector<uint64_t> slot_bytes;  // per rank: one slot's size
   std::vector<uint64_t> base;        // per rank: where its slots begin
 
+  uint64_t slot_offset(int rank, size_t round) const {
+    return base[rank] + (round % kMachineSlots) * slot_bytes[rank];
+  }
   std::byte* slot(int rank, size_t round) const {
-    return memory.data() + base[rank] + (round % kMachineSlots) * slot_bytes[rank];
+    return memory.data() + slot_offset(rank, round);
   }
 };
 
@@ -374,15 +378,25 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
   *nothing_shared = total == board;
   if (*nothing_shared) return std::optional<MachineSlots>();
   const std::string name = "/shardpoint-xchg-" + std::string(nonce) + "-0";
+  // Only the board's pages are reserved here; each rank reserves its own slots as it first reads
+  // into them (SharedMemory::Reserve), so that the kernel zeroes them in every process at once
+  // and while the first rounds read. Made only when /dev/shm has room for all of them.
   std::optional<SharedMemory> memory;
   if (comm.rank() == 0) {
-    Result<SharedMemory> created = SharedMemory::Create(name, total);
-    if (created.ok()) memory = std::move(created).value();
+    Result<SharedMemory> created = SharedMemory::Create(name, total, board);
+    if (created.ok()) {
+      Result<uint64_t> available = created->AvailableBytes();
+      if (available.ok() && *available >= total - board) {
+        memory = std::move(created).value();
+      } else {
+        SharedMemory::Unlink(name);
+      }
+    }
   }
   Result<std::vector<std::string>> made =
       AllGatherOrFail(comm, std::string(comm.rank() == 0 && !memory ? "0" : "1"));
   if (made.ok() && (*made)[0] == "1" && comm.rank() != 0) {
-    Result<SharedMemory> opened = SharedMemory::Open(name, total);
+    Result<SharedMemory> opened = SharedMemory::Open(name, total, 0, board);
     if (opened.ok()) memory = std::move(opened).value();
   }
   Result<std::vector<std::string>> mapped =
@@ -632,9 +646,17 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     Status status;
     uint64_t bytes = 0;
   };
+  // Which of this rank's slots it has reserved: each before it is first read into (by the thread
+  // that reads round k, which is never running with the one that reads round k + kMachineSlots).
+  std::array<bool, kMachineSlots> reserved{};
   auto read_round = [&](size_t k) {
     RoundReads out;
     const ExchangeRound& round = plan.rounds[k];
+    if (sends(round) && !reserved[k % kMachineSlots]) {
+      out.status = slots.memory.Reserve(slots.slot_offset(me, k), slots.slot_bytes[me]);
+      if (!out.status.ok()) return out;
+      reserved[k % kMachineSlots] = true;
+    }
     std::vector<ReadRequest> requests;
     for (size_t i : round.own) requests.push_back(planned[i]);
     SlotTable table;

@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -129,6 +131,58 @@ TEST(SharedMemoryTest, OpenWaitsForACreatorStillSizingTheObject) {
       << other.status();
   close(empty);
   SharedMemory::Unlink(name);
+}
+
+TEST(SharedMemoryTest, APartlyReservedObjectIsReservedPieceByPieceBeforeItIsWritten) {
+  // The creator reserves the first page; Open is told so, and each piece is reserved before it
+  // is written. A process that expects every page reserved refuses the object.
+  const std::string name = FreshName();
+  constexpr uint64_t kBytes = (uint64_t{1} << 20) + 8192;
+  Result<SharedMemory> created = SharedMemory::Create(name, kBytes, 4096);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto reserved = [&] {
+    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    struct stat st;
+    const bool ok = fd >= 0 && fstat(fd, &st) == 0;
+    if (fd >= 0) close(fd);
+    return ok ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+  };
+  EXPECT_GE(reserved(), 4096u);
+  EXPECT_LT(reserved(), uint64_t{1} << 20);
+  Result<SharedMemory> whole = SharedMemory::Open(name, kBytes);
+  EXPECT_EQ(whole.status().code(), StatusCode::kFailedPrecondition) << whole.status();
+  EXPECT_NE(whole.status().message().find("with " + std::to_string(kBytes) + " reserved"),
+            std::string::npos)
+      << whole.status();
+  Result<SharedMemory> opened = SharedMemory::Open(name, kBytes, 0, 4096);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_TRUE(opened->Reserve(8192, uint64_t{1} << 20).ok());
+  EXPECT_GE(reserved(), (uint64_t{1} << 20) + 4096);
+  std::memcpy(opened->data() + kBytes - 6, "opener", 6);
+  EXPECT_EQ(std::memcmp(created->data() + kBytes - 6, "opener", 6), 0);
+  const Status outside = created->Reserve(4096, kBytes);
+  EXPECT_EQ(outside.code(), StatusCode::kInvalidArgument) << outside;
+  EXPECT_NE(outside.message().find(name), std::string::npos) << outside;
+  Result<uint64_t> available = created->AvailableBytes();
+  ASSERT_TRUE(available.ok()) << available.status();
+  EXPECT_GT(*available, 0u);
+  SharedMemory::Unlink(name);
+
+  // More than the file system holds: refused by name, nothing left reserved. (A /dev/shm without
+  // a size limit reports no blocks, and is not asked.)
+  struct statvfs fs;
+  ASSERT_EQ(statvfs("/dev/shm", &fs), 0);
+  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  if (total == 0) return;
+  const std::string big_name = FreshName();
+  Result<SharedMemory> big = SharedMemory::Create(big_name, total + (uint64_t{1} << 20), 4096);
+  ASSERT_TRUE(big.ok()) << big.status();
+  SharedMemory::Unlink(big_name);
+  const Status full = big->Reserve(0, big->size());
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find(big_name), std::string::npos) << full;
+  EXPECT_EQ(SharedMemory::Create(FreshName(), total + (uint64_t{1} << 20)).status().code(),
+            StatusCode::kResourceExhausted);
 }
 
 }  // namespace
