@@ -3,9 +3,9 @@
 // processes of one machine, read through one shared gate (LoadResult::read_gate_ranks) when each
 // reads its own, or each through its own with machine_read_gate off or when they share their
 // reads through shared memory (each stored byte has one reader then); chunks larger than a round
-// of the exchange are shared in bands of rows, each process reading its share. Rank 0 prints one line
-// per failed check and then "N passed, M failed"; the exit status is non-zero when any check
-// failed on any rank.
+// of the exchange are shared in bands of rows, each process reading its share. Rank 0 prints one
+// line per failed check and then "N passed, M failed"; the exit status is non-zero when any
+// check failed on any rank.
 //
 // Usage: mpirun -np 4 mpi_load_test
 #include <mpi.h>

@@ -104,8 +104,8 @@ bool Measure(ChunkUsers& u, const Needs& need, const TensorMetadata& tensor,
 
 // The users of each row band of chunk `u` (read_exchange.h), whose exchange exceeds a round:
 // bands of about half a round's exchange, their edges on checksum block boundaries where the rows
-// allow (else at least kBandBlocks blocks each); each band's users are the parts of the needs it cuts (added to `need`) and the needs
-// that lie inside it. Empty when the chunk cannot be cut.
+// allow (else at least kBandBlocks blocks each). Each band's users are the needs that lie inside
+// it and the parts of those it cuts (added to `need`). Empty when the chunk cannot be cut.
 std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need, int me,
                                      const TensorMetadata& tensor, const StoredChunk& chunk,
                                      uint64_t block_bytes, uint64_t round_bytes) {
@@ -331,7 +331,8 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
   };
   auto order = [&](const ChunkUsers* u) {
     const StoredChunk& c = stored(*u);
-    return std::make_tuple(position(*u), c.file, c.data_offset + u->first_byte, u->tensor, u->chunk);
+    return std::make_tuple(position(*u), c.file, c.data_offset + u->first_byte, u->tensor,
+                           u->chunk);
   };
   std::sort(chunks.begin(), chunks.end(),
             [&](const ChunkUsers* a, const ChunkUsers* b) { return order(a) < order(b); });

@@ -10,11 +10,12 @@
 //   4 x (bytes the ranks would read beyond the union of their reads) >= the bytes exchanged,
 // and when its exchange fits in one round (else it is cut into row bands: below). Chunks are
 // taken in order of their relative position in their file (so every round covers about the same
-// share of every file, and so of every rank's work). Each shared chunk's reader is one of the ranks that need it: the one that read
-// the previous shared chunk of the same file (so that readers read long runs) unless that rank
-// already reads over 32 MiB more than the least loaded candidate, which is then chosen. A round
-// closes when its exchange would exceed `round_bytes` sent plus received for some rank; every
-// chunk, shared or not, is read in the round it falls in.
+// share of every file, and so of every rank's work). Each shared chunk's reader is one of the
+// ranks that need it: the one that read the previous shared chunk of the same file (so that
+// readers read long runs) unless that rank already reads over 32 MiB more than the least loaded
+// candidate, which is then chosen. A round closes when its exchange would exceed `round_bytes`
+// sent plus received for some rank; every chunk, shared or not, is read in the round it falls
+// in.
 //
 // Row bands: a chunk worth sharing whose exchange exceeds a round (a large chunk that several
 // ranks need columns of) is cut into bands of whole rows, each about half a round of exchange
