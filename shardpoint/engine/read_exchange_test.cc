@@ -211,10 +211,12 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int ranks = 2 + static_cast<int>(rng() % 5);
     std::vector<int64_t> rows;
-    for (int t = 0, n = 1 + static_cast<int>(rng() % 6); t < n; ++t) rows.push_back(1 + rng() % 300);
+    for (int t = 0, n = 1 + static_cast<int>(rng() % 6); t < n; ++t) {
+      rows.push_back(1 + rng() % 300);
+    }
     const uint64_t block = uint64_t{1} << (8 + rng() % 10);
-    const CheckpointMetadata md =
-        RowChunks(rows, 1 + static_cast<int64_t>(rng() % 64), 1 + static_cast<int>(rng() % 4), block);
+    const CheckpointMetadata md = RowChunks(rows, 1 + static_cast<int64_t>(rng() % 64),
+                                            1 + static_cast<int>(rng() % 4), block);
     std::vector<RankNeeds> all(ranks);
     for (int r = 0; r < ranks; ++r) {
       all[r].verify = rng() % 4 != 0;

@@ -14,8 +14,9 @@
 // zeroing of the pages runs in all of them at once and when each piece is first needed rather
 // than all of it up front in one process (about 0.5 ms per MiB).
 //
-// Linux only; elsewhere Create and Open return kUnimplemented. A SharedMemory is move-only and
-// unmaps on destruction; the bytes may be used from any thread.
+// Linux only; elsewhere every call that can fail returns kUnimplemented. A SharedMemory is
+// move-only and unmaps (and closes its descriptor) on destruction; the bytes may be used from any
+// thread.
 #ifndef SHARDPOINT_EXEC_SHARED_MEMORY_H_
 #define SHARDPOINT_EXEC_SHARED_MEMORY_H_
 
@@ -39,13 +40,13 @@ class SharedMemory {
   static Result<SharedMemory> Create(const std::string& name, uint64_t bytes,
                                      std::optional<uint64_t> reserved = std::nullopt);
 
-  // Opens and maps the object `name` that another process created with `bytes` bytes. Errors:
-  // kNotFound when there is none, kFailedPrecondition when it holds another size or not every
-  // page is reserved (naming both), kInternal as above. With `wait_seconds` > 0, an object that is
-  // still empty or not wholly reserved (its creator between shm_open and posix_fallocate, for
-  // processes that race to create it rather than being told it exists) is waited for that long,
-  // and then refused with kDeadlineExceeded; its pages are never touched before they are there.
-  // `reserved`: the bytes the creator reserved (Create's), when not every byte.
+  // Opens and maps the object `name` that another process created with `bytes` bytes, of which
+  // the creator reserved the first `reserved` (every byte when unset). Errors: kNotFound when
+  // there is none, kFailedPrecondition when it holds another size or fewer reserved bytes
+  // (naming both), kInternal as above. With `wait_seconds` > 0, an object that is still empty
+  // or not yet reserved (its creator between shm_open and posix_fallocate, for processes that
+  // race to create it rather than being told it exists) is waited for that long, and then
+  // refused with kDeadlineExceeded; its pages are never touched before they are there.
   static Result<SharedMemory> Open(const std::string& name, uint64_t bytes,
                                    double wait_seconds = 0,
                                    std::optional<uint64_t> reserved = std::nullopt);

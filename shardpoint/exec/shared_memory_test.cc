@@ -168,8 +168,8 @@ TEST(SharedMemoryTest, APartlyReservedObjectIsReservedPieceByPieceBeforeItIsWrit
   EXPECT_GT(*available, 0u);
   SharedMemory::Unlink(name);
 
-  // More than the file system holds: refused by name, nothing left reserved. (A /dev/shm without
-  // a size limit reports no blocks, and is not asked.)
+  // More than the file system holds: refused by name; a creator that cannot reserve removes the
+  // object. (A /dev/shm without a size limit reports no blocks, and is not asked.)
   struct statvfs fs;
   ASSERT_EQ(statvfs("/dev/shm", &fs), 0);
   const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
@@ -181,8 +181,10 @@ TEST(SharedMemoryTest, APartlyReservedObjectIsReservedPieceByPieceBeforeItIsWrit
   const Status full = big->Reserve(0, big->size());
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full;
   EXPECT_NE(full.message().find(big_name), std::string::npos) << full;
-  EXPECT_EQ(SharedMemory::Create(FreshName(), total + (uint64_t{1} << 20)).status().code(),
+  const std::string too_big = FreshName();
+  EXPECT_EQ(SharedMemory::Create(too_big, total + (uint64_t{1} << 20)).status().code(),
             StatusCode::kResourceExhausted);
+  EXPECT_FALSE(Exists(too_big));
 }
 
 }  // namespace
