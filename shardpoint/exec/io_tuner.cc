@@ -2,36 +2,59 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace sp {
 
 DepthController::DepthController(int max_depth, int start_depth, double tolerance,
-                                 int probe_every)
+                                 int probe_every, double confidence)
     : max_depth_(std::clamp(max_depth, 1, kMaxIoDepth)),
       depth_(std::clamp(start_depth, 1, max_depth_)),
       home_(depth_),
       tolerance_(tolerance),
-      probe_every_(std::max(1, probe_every)) {}
+      probe_every_(std::max(1, probe_every)),
+      confidence_(std::max(0.0, confidence)) {}
 
 double DepthController::throughput(int depth) const {
-  return depth >= 1 && depth <= max_depth_ ? smoothed_[depth] : 0.0;
+  return depth >= 1 && depth <= max_depth_ ? mean_[depth] : 0.0;
+}
+
+double DepthController::scatter() const { return std::sqrt(rel_variance_); }
+
+double DepthController::Band(int probe) const {
+  // Both means carry the scatter of one reading over the square root of their readings; the
+  // scatter is relative, so the band is too.
+  const double error =
+      std::sqrt(rel_variance_ * (1.0 / readings_[home_] + 1.0 / readings_[probe]));
+  return std::max(tolerance_, confidence_ * error);
 }
 
 int DepthController::Observe(double bytes_per_second) {
-  // Home is measured again and again and smoothed; a probe's one fresh measurement replaces what
-  // was measured there before (that may be long ago, on a device that has changed since).
-  double& s = smoothed_[depth_];
-  s = depth_ != home_ || s == 0 ? bytes_per_second : (s + bytes_per_second) / 2;
+  // Every depth keeps the running mean of its last kMeanWindow readings (older ones fade out, so
+  // a drifting device is followed). A reading at home, against home's mean before it, also
+  // measures the scatter of one reading.
+  if (depth_ == home_ && readings_[home_] > 0 && mean_[home_] > 0) {
+    const double deviation = (bytes_per_second - mean_[home_]) / mean_[home_];
+    deviations_ = std::min(deviations_ + 1, kScatterWindow);
+    rel_variance_ += (deviation * deviation - rel_variance_) / deviations_;
+  }
+  readings_[depth_] = std::min(readings_[depth_] + 1, kMeanWindow);
+  mean_[depth_] += (bytes_per_second - mean_[depth_]) / readings_[depth_];
   auto in_range = [&](int d) { return d >= 1 && d <= max_depth_; };
   if (depth_ != home_) {
-    // A probe ends. A deeper neighbour must beat home by more than the noise; a shallower one
-    // (fewer threads and buffers busy) may be as good within the noise, unless that would drift
-    // more than the noise below the best measured anywhere. The climb goes on the same way at
-    // once; otherwise back home, and the other neighbour is probed next time.
-    const double home = smoothed_[home_];
-    const double best = *std::max_element(smoothed_ + 1, smoothed_ + max_depth_ + 1);
-    const bool better = depth_ > home_ ? s > home * (1 + tolerance_)
-                                       : s >= home * (1 - tolerance_) && s >= best * (1 - tolerance_);
+    // A probe ends. A deeper neighbour must beat home by more than the band of noise. A shallower
+    // one (fewer threads and buffers busy) may be up to the tolerance slower, once the noise
+    // beyond the tolerance is counted against it, unless that would drift more than the
+    // tolerance below the best measured anywhere. The climb goes on the same way at once;
+    // otherwise back home, and the other neighbour is probed next time.
+    const double s = mean_[depth_];
+    const double home = mean_[home_];
+    const double best = *std::max_element(mean_ + 1, mean_ + max_depth_ + 1);
+    const double band = Band(depth_);
+    const double excess = band - tolerance_;
+    const bool better = depth_ > home_ ? s > home * (1 + band)
+                                       : s >= home * (1 - tolerance_ + excess) &&
+                                             s >= best * (1 - tolerance_);
     if (better) {
       home_ = depth_;
       steady_ = 0;
@@ -43,7 +66,8 @@ int DepthController::Observe(double bytes_per_second) {
     steady_ = 0;
     return depth_;
   }
-  // At home: probe a neighbour never measured at once, the others every probe_every intervals.
+  // At home: probe a neighbour never measured as soon as the scatter is known, the others every
+  // probe_every intervals.
   ++steady_;
   int next = home_ + direction_;
   if (!in_range(next)) {
@@ -52,11 +76,12 @@ int DepthController::Observe(double bytes_per_second) {
   }
   if (!in_range(next)) return depth_;  // max_depth 1: nothing to try
   const int other = home_ - direction_;
-  if (smoothed_[next] != 0 && in_range(other) && smoothed_[other] == 0) {
+  if (mean_[next] != 0 && in_range(other) && mean_[other] == 0) {
     direction_ = -direction_;
     next = other;
   }
-  if (smoothed_[next] == 0 || steady_ >= probe_every_) {
+  const bool scatter_known = deviations_ >= kFirstProbeAfter - 1;
+  if ((mean_[next] == 0 && scatter_known) || steady_ >= probe_every_) {
     steady_ = 0;
     depth_ = next;
   }
@@ -83,7 +108,8 @@ double SteadySeconds() {
 
 TunerCore::TunerCore(IoTunerConfig config, double now)
     : config_(Normalized(config)),
-      controller_(config_.max_depth, config_.start_depth, config_.tolerance, config_.probe_every),
+      controller_(config_.max_depth, config_.start_depth, config_.tolerance, config_.probe_every,
+                  config_.confidence),
       last_event_(now) {}
 
 uint64_t TunerCore::Take(double now) {
@@ -91,14 +117,10 @@ uint64_t TunerCore::Take(double now) {
   return taken_++;
 }
 
-bool TunerCore::Full() const {
-  return settling_ == 0 && taken_ - ended_ >= static_cast<uint64_t>(controller_.depth());
-}
+bool TunerCore::Measuring() const { return settling_ == 0 && taken_ > ended_; }
 
 void TunerCore::Account(double now) {
-  if (Full()) {
-    interval_seconds_ += std::max(0.0, now - last_event_);
-  }
+  if (Measuring()) interval_seconds_ += std::max(0.0, now - last_event_);
   last_event_ = now;
 }
 
@@ -108,9 +130,9 @@ void TunerCore::Begin(double now) {
 }
 
 bool TunerCore::End(double now, uint64_t bytes) {
-  const bool full = Full();
+  const bool measuring = Measuring();
   Account(now);
-  if (full) interval_bytes_ += bytes;
+  if (measuring) interval_bytes_ += bytes;
   if (settling_ > 0) --settling_;
   ++ended_;
   if (config_.fixed || interval_bytes_ < config_.interval_bytes ||

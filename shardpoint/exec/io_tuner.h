@@ -5,18 +5,25 @@
 // fight over the page cache. Where that point lies depends on the device, the file system, the
 // size of the reads and whatever else runs, so no fixed number fits every machine. The tuner
 // gates the reads (Acquire before one, Release after it) and measures, over intervals of running
-// reads, the bytes per second delivered while the gate was full; a DepthController keeps a
-// smoothed throughput per depth and moves the depth one step at a time toward a neighbour that
-// delivers more, re-probing the neighbours now and then to follow a device whose speed drifts.
+// reads, the bytes per second delivered while reads were asked for; a DepthController keeps a
+// recent mean throughput per depth and moves the depth one step at a time toward a neighbour that
+// delivers more by more than the measured noise, re-probing the neighbours now and then to follow
+// a device whose speed drifts.
 // The depth stays in [1, max_depth]; max_depth bounds the memory in flight (each read stages at
 // most one window of the memory budget). A fixed tuner never changes its depth.
 //
-// The gate counts as full while as many reads as the depth are running or waiting to run: the
-// time a read that was let in takes to begin (a waiter woken, a thread scheduled) is time the
-// depth costs, so it is measured with the reads it delays. Time with fewer reads asking (the end
-// of a load, planning between loads, threads busy copying) is not measured: it says nothing
-// about the depth; nor are the reads begun before the depth last changed. The learned depth
-// persists: a pool's tuner (ThreadPool::io_tuner) carries it from one load to the next.
+// Time counts while at least one read runs or waits to: what a depth delivers is measured with
+// all it costs, the time a read that was let in takes to begin (a waiter woken, a thread
+// scheduled) and the moments the readers' threads are busy with bytes already read, when fewer
+// reads than the depth ask. Counting only the time with as many reads asking as the depth
+// (and the bytes of the reads that ended then) rated the depth that equals the readers' threads
+// too low: after each read its thread works on the bytes, so the gate is short of a read then,
+// and a read that ends in that moment (reads begun together end together) had its time counted
+// but not its bytes. Simulated with equal throughput at every depth, 4 threads and 2-5 ms of
+// work after each 16 MiB read, that rated depth 4 5-10% low and depth 3 up to 7% high. Time
+// with no read asking (planning between loads) is not measured, nor are the reads begun before
+// the depth last changed. The learned depth persists: a pool's tuner (ThreadPool::io_tuner)
+// carries it from one load to the next.
 //
 // Reads are let in in the order they asked. Thread-safe. SharedIoTuner (exec/shared_io_tuner.h)
 // is the same gate in memory shared by the processes of a machine. See docs/PERFORMANCE.md
@@ -36,22 +43,45 @@ inline constexpr int kMaxIoDepth = 256;
 
 // The hill climb behind IoTuner, without clocks or threads: fed one throughput per interval.
 // Plain data (no pointers), so that it can live in memory shared between processes.
+//
+// Each depth keeps the mean of its last few readings. How much one interval's reading scatters
+// is measured too, from the readings at the home depth (their relative deviation from its
+// mean), and a move needs more than that scatter explains: comparing a neighbour with home, the
+// band of noise is the larger of `tolerance` and `confidence` standard errors of the difference
+// of the two means. On a steady device the band is the tolerance; on one whose readings scatter
+// by tens of percent (a shared virtual disk), a neighbour must show a real difference over
+// several probes before the depth moves, and the start depth holds meanwhile. The first probe
+// waits for four readings at the start depth, so that the scatter is known.
 class DepthController {
  public:
-  // `tolerance`: a relative difference of throughput smaller than this is noise (a neighbour must
-  // beat the current depth by more to be taken). `probe_every`: intervals spent at the best
-  // depth between two probes of a neighbour. max_depth is clamped to [1, kMaxIoDepth].
-  DepthController(int max_depth, int start_depth, double tolerance = 0.05, int probe_every = 6);
+  // `tolerance`: a relative difference of throughput smaller than this is noise even on a steady
+  // device (a deeper neighbour must beat home by more; a shallower one may be this much slower).
+  // `probe_every`: intervals spent at the best depth between two probes of a neighbour.
+  // `confidence`: standard errors of the difference that a move must clear. max_depth is
+  // clamped to [1, kMaxIoDepth].
+  DepthController(int max_depth, int start_depth, double tolerance = 0.05, int probe_every = 6,
+                  double confidence = 2.0);
 
   int depth() const { return depth_; }
   // The best depth found so far: depth() is another one only while a neighbour is probed.
   int home_depth() const { return home_; }
   // The throughput measured over one interval at depth(); returns the depth for the next one.
   int Observe(double bytes_per_second);
-  // The smoothed throughput measured at `depth`, 0 where never measured.
+  // The mean throughput of the last readings at `depth`, 0 where never measured.
   double throughput(int depth) const;
+  // The measured relative standard deviation of one interval's reading (0 until measured).
+  double scatter() const;
+
+  // Readings a depth's mean and the scatter are taken over (the older ones fade out).
+  static constexpr int kMeanWindow = 4;
+  static constexpr int kScatterWindow = 8;
+  // Readings at the start depth before the first probe.
+  static constexpr int kFirstProbeAfter = 4;
 
  private:
+  // The relative band of noise when comparing `probe` with home.
+  double Band(int probe) const;
+
   int max_depth_;
   int depth_;
   int home_;           // the best depth found; depth_ != home_ while probing a neighbour
@@ -59,7 +89,11 @@ class DepthController {
   int steady_ = 0;     // intervals at home_ since the last probe
   double tolerance_;
   int probe_every_;
-  double smoothed_[kMaxIoDepth + 1] = {};  // by depth; 0: not measured
+  double confidence_;
+  double mean_[kMaxIoDepth + 1] = {};  // by depth; 0: not measured
+  int readings_[kMaxIoDepth + 1] = {};  // by depth, up to kMeanWindow
+  double rel_variance_ = 0;  // mean squared relative deviation of a reading at home
+  int deviations_ = 0;       // readings in rel_variance_, up to kScatterWindow
 };
 
 // What a read executor needs of a gate: Acquire before a read, Release after it.
@@ -79,17 +113,19 @@ struct IoTunerConfig {
   int max_depth = 4;
   int start_depth = 0;  // 0: min(max_depth, 4)
   bool fixed = false;   // true: the depth stays start_depth (or max_depth)
-  // An interval ends once both have passed with the gate full.
+  // An interval ends once both have passed in measured time (reads asked for).
   uint64_t interval_bytes = uint64_t{64} << 20;
   double interval_seconds = 0.05;
   double tolerance = 0.05;
   int probe_every = 6;
+  double confidence = 2.0;
 };
 
 // The bookkeeping of a tuned gate, as plain data that a caller guards with its own lock (a
 // std::mutex in IoTuner, a process-shared mutex in SharedIoTuner) and feeds its own clock.
 // Reads are let in first come, first served: each takes a ticket, and ticket t may begin once
 // t < ended + depth (the reads before it have begun, and at most depth - 1 of them still run).
+
 class TunerCore {
  public:
   TunerCore(IoTunerConfig config, double now);
@@ -116,9 +152,9 @@ class TunerCore {
   int max_depth() const { return config_.max_depth; }
 
  private:
-  // Whether as many reads as the depth run or wait to (and none began at an older depth).
-  bool Full() const;
-  // Adds the time since the last event to the interval when the gate was full.
+  // Whether a read runs or waits to (and none began at an older depth).
+  bool Measuring() const;
+  // Adds the time since the last event to the interval when it was measured.
   void Account(double now);
 
   IoTunerConfig config_;
@@ -128,8 +164,8 @@ class TunerCore {
   uint64_t ended_ = 0;  // reads ended (or reclaimed)
   uint64_t settling_ = 0;  // completions of reads begun before the last change of depth
   double last_event_ = 0;
-  double interval_seconds_ = 0;  // full-gate time in this interval
-  uint64_t interval_bytes_ = 0;  // bytes completed with the gate full in this interval
+  double interval_seconds_ = 0;  // measured time in this interval
+  uint64_t interval_bytes_ = 0;  // bytes completed in measured time in this interval
   int64_t intervals_ = 0;
 };
 
@@ -153,7 +189,7 @@ class IoTuner final : public IoGate {
   int home_depth() const;
   int max_depth() const { return core_.max_depth(); }
   bool fixed() const { return core_.fixed(); }
-  // The smoothed throughput (bytes/s) measured at `depth`, 0 where never measured.
+  // The mean throughput (bytes/s) of the last readings at `depth`, 0 where never measured.
   double throughput(int depth) const;
   // Intervals measured so far.
   int64_t intervals() const;

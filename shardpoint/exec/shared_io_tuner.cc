@@ -27,7 +27,7 @@ namespace sp {
 namespace {
 
 constexpr uint64_t kMagic = 0x7370696f67617465;  // "spiogate"
-constexpr uint32_t kLayout = 2;                   // bump when SharedGateState changes
+constexpr uint32_t kLayout = 3;                   // bump when SharedGateState changes
 // Futex words waiters sleep on, one per ticket modulo this: a grant wakes the threads waiting
 // for that ticket (and any other ticket of the same slot, which sleep again), not every waiter.
 constexpr uint64_t kTurnSlots = 1024;
