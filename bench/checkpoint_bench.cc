@@ -8,6 +8,10 @@
 //              cache, each file front to back by one thread, round robin across the files, and
 //              round robin with O_DIRECT (no page cache at all).
 // Each ratio is taken against the fastest of those ways (by median): the most demanding baseline.
+// The O_DIRECT read lands in 16 MiB buffers backed by transparent huge pages; the same read into
+// buffers of 4 KiB pages (MADV_NOHUGEPAGE) is printed beside it, not taken as a baseline: a load
+// reading in place lands in the caller's memory, whose pages are mostly 4 KiB, and a device that
+// takes few segments per request reads slower into those (see docs/PERFORMANCE.md).
 // The loads use LoadOptions::direct_io's default (unset: O_DIRECT for the files not in the page
 // cache, all of them here: every load starts cold); with --direct-io they read extents of 1 MiB
 // and more of every file with O_DIRECT, with --page-cache none (--direct-io-auto: the default);
@@ -16,7 +20,9 @@
 // The loads' read depth is tuned as they run (the pool's IoTuner, shared by all of them, learning
 // across runs; its depth and measurements are printed); --io-depth N fixes it at N instead.
 // --scatter-min-run N reads runs of N bytes and more in place (LoadOptions::scatter_min_run_bytes;
-// by default 64 KiB from local files), "off" none, to compare the two.
+// by default 64 KiB from local files), "off" none, to compare the two. The loads' destinations
+// are page-aligned buffers, those of 2 MiB and more in transparent huge pages; --small-pages
+// puts every destination in 4 KiB pages (as most callers' memory is).
 // shardpoint: Save (durable, committed), Load into the same layout, Load resharded into 3 ranks
 // (tensor parallel 3, the same tensor dims split) with shared reads (a chunk several ranks need is
 // read by one and its regions sent to the others: the default across machines) and without (each
@@ -30,8 +36,9 @@
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
 //                         [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N]
-//                         [--scatter-min-run BYTES|off]
+//                         [--scatter-min-run BYTES|off] [--small-pages]
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,8 +74,9 @@ int g_io_depth = 0;  // --io-depth N: loads run at most N reads at once (0: tune
 // --scatter-min-run N: the shortest run a load reads in place (LoadOptions::scatter_min_run_bytes;
 // "off": every column read is staged and copied; unset: the default for local files).
 std::optional<uint64_t> g_scatter_min_run;
-// --only a,b: run only these read steps (raw-file, raw-robin, raw-direct, same, reshard, alone,
-// whole, transposed),
+bool g_small_pages = false;  // --small-pages: the loads' destinations in 4 KiB pages
+// --only a,b: run only these read steps (raw-file, raw-robin, raw-direct, raw-direct-4k, same,
+// reshard, alone, whole, transposed),
 // e.g. to profile one of them; the writes always run. Empty: every step.
 std::vector<std::string> g_only;
 
@@ -302,8 +310,13 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   auto train = testing::ShardModel(model, testing::Which::kTrain, true);
   Check(train.status(), "shard");
   std::vector<RawPiece> raw = RawLayout(model);
-  std::vector<AlignedBuffer> sink;
-  for (int i = 0; i < pool.size(); ++i) sink.emplace_back(kPiece);
+  std::vector<AlignedBuffer> sink, small_page_sink;
+  for (int i = 0; i < pool.size(); ++i) {
+    sink.emplace_back(kPiece);
+    small_page_sink.emplace_back(kPiece);
+    // Before its first touch: no page of it is a huge page.
+    ::madvise(small_page_sink.back().data(), kPiece, MADV_NOHUGEPAGE);
+  }
   const double gb = model.total_bytes() / 1e9;
   const std::string raw_dir = dir + "/raw", ckpt_dir = dir + "/checkpoint";
 
@@ -320,13 +333,27 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
                         bool share_reads, bool check) {
     Result<std::vector<testing::RankShards>> dest = testing::ShardModel(model, which, false);
     Check(dest.status(), "shard");
+    if (g_small_pages) {
+      // Give back the pages of the large buffers (huge pages) and fault them in again, 4 KiB each.
+      for (testing::RankShards& rank : *dest) {
+        for (std::vector<AlignedBuffer>& pieces : rank.buffers) {
+          for (AlignedBuffer& b : pieces) {
+            if (b.size() < (size_t{2} << 20)) continue;
+            ::madvise(b.data(), b.size(), MADV_NOHUGEPAGE);
+            ::madvise(b.data(), b.size(), MADV_DONTNEED);
+            std::memset(b.data(), 0, b.size());
+          }
+        }
+      }
+    }
     times.push_back(TimedLoad(model, *dest, ckpt_dir, pool, bytes_read, share_reads));
     if (check) bad += testing::CountMismatches(model, *dest, &first);
   };
   // Each run times every step once. The disk's speed depends on what it did just before (it
   // throttles after long transfers), so each run rotates the order of the writes and, after them,
   // of the reads: every step takes every position equally often.
-  std::vector<double> raw_w_plain, raw_w_prealloc, raw_r_file, raw_r_robin, raw_r_direct;
+  std::vector<double> raw_w_plain, raw_w_prealloc, raw_r_file, raw_r_robin, raw_r_direct,
+      raw_r_direct_small;
   for (int run = 0; run < runs; ++run) {
     SaveStats stats;
     const bool last = run == runs - 1;
@@ -344,6 +371,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
         [&] { raw_r_file.push_back(RawRead(raw_dir, raw, sink, pool, true)); },
         [&] { raw_r_robin.push_back(RawRead(raw_dir, raw, sink, pool, false)); },
         [&] { raw_r_direct.push_back(RawReadDirect(raw_dir, sink, pool)); },
+        [&] { raw_r_direct_small.push_back(RawReadDirect(raw_dir, small_page_sink, pool)); },
         [&] { timed_load(testing::Which::kTrain, load_same, &read_same, true, last); },
         [&] { timed_load(testing::Which::kServe, load_reshard, &read_reshard, true, last); },
         [&] { timed_load(testing::Which::kServe, load_alone, &read_alone, false, last); },
@@ -352,7 +380,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
           timed_load(testing::Which::kTransposed, load_transposed, &read_transposed, true, last);
         }};
     for (size_t i = 0; i < writes.size(); ++i) writes[(run + i) % writes.size()]();
-    const char* names[] = {"raw-file", "raw-robin", "raw-direct", "same",
+    const char* names[] = {"raw-file", "raw-robin", "raw-direct", "raw-direct-4k", "same",
                            "reshard",  "alone",     "whole",      "transposed"};
     for (size_t i = 0; i < reads.size(); ++i) {
       const size_t step = (run + i) % reads.size();
@@ -390,16 +418,18 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
                 "", Median(r), *std::min_element(r.begin(), r.end()),
                 *std::max_element(r.begin(), r.end()));
   };
-  std::printf("state %s (%zu tensors), %d runs, %d I/O threads, loads %s\n",
+  std::printf("state %s (%zu tensors), %d runs, %d I/O threads, loads %s%s\n",
               HumanBytes(model.total_bytes()).c_str(), model.specs.size(), runs, pool.size(),
               !g_direct.has_value() ? "with direct I/O where the files are cold (auto)"
               : *g_direct           ? "with direct I/O"
-                                    : "through the page cache");
+                                    : "through the page cache",
+              g_small_pages ? ", into 4 KiB pages" : "");
   line("raw write plain", raw_w_plain, 0, "", "");
   line("raw write prealloc", raw_w_prealloc, 0, "", "");
   line("raw read per file", raw_r_file, 0, "", "");
   line("raw read round robin", raw_r_robin, 0, "", "");
   line("raw read direct", raw_r_direct, 0, "", "");
+  line("  into 4 KiB pages", raw_r_direct_small, 0, "", "");
   line("save (4 ranks)", save, Median(raw_w), "raw write", ">= 0.9x");
   std::printf("  %-20s plan %.3f s, write %.3f s, sync %.3f s, commit %.3f s (rank 0, medians)\n",
               "save phases", Median(phases[0]), Median(phases[1]), Median(phases[2]),
@@ -452,8 +482,8 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {256, 1024};
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--direct-write") {
-      sp::g_direct_write = true;
+    if (a == "--direct-write" || a == "--small-pages") {
+      (a == "--direct-write" ? sp::g_direct_write : sp::g_small_pages) = true;
       --i;
       continue;
     }
@@ -492,7 +522,7 @@ int main(int argc, char** argv) {
         p = c == std::string::npos ? v.size() : c + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N] [--scatter-min-run BYTES|off]\n");
+      std::fprintf(stderr, "usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify] [--block-kib N] [--only STEP,...] [--direct-io] [--direct-io-auto] [--page-cache] [--direct-write] [--io-depth N] [--scatter-min-run BYTES|off] [--small-pages]\n");
       return 2;
     }
   }

@@ -30,9 +30,9 @@ double DepthController::Band(int probe) const {
 }
 
 int DepthController::Observe(double bytes_per_second) {
-  // Every depth keeps the running mean of its last kMeanWindow readings (older ones fade out, so
-  // a drifting device is followed). A reading at home, against home's mean before it, also
-  // measures the scatter of one reading.
+  // Every depth keeps a running mean in which a new reading weighs 1/kMeanWindow once there are
+  // that many (older ones fade out, so a drifting device is followed). A reading at home, against
+  // home's mean before it, also measures the scatter of one reading.
   if (depth_ == home_ && readings_[home_] > 0 && mean_[home_] > 0) {
     const double deviation = (bytes_per_second - mean_[home_]) / mean_[home_];
     deviations_ = std::min(deviations_ + 1, kScatterWindow);

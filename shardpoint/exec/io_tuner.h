@@ -44,7 +44,8 @@ inline constexpr int kMaxIoDepth = 256;
 // The hill climb behind IoTuner, without clocks or threads: fed one throughput per interval.
 // Plain data (no pointers), so that it can live in memory shared between processes.
 //
-// Each depth keeps the mean of its last few readings. How much one interval's reading scatters
+// Each depth keeps a running mean of its readings in which each new one weighs 1/kMeanWindow
+// once there are that many (older readings fade out). How much one interval's reading scatters
 // is measured too, from the readings at the home depth (their relative deviation from its
 // mean), and a move needs more than that scatter explains: comparing a neighbour with home, the
 // band of noise is the larger of `tolerance` and `confidence` standard errors of the difference
@@ -67,12 +68,13 @@ class DepthController {
   int home_depth() const { return home_; }
   // The throughput measured over one interval at depth(); returns the depth for the next one.
   int Observe(double bytes_per_second);
-  // The mean throughput of the last readings at `depth`, 0 where never measured.
+  // The running mean of the readings at `depth`, 0 where never measured.
   double throughput(int depth) const;
   // The measured relative standard deviation of one interval's reading (0 until measured).
   double scatter() const;
 
-  // Readings a depth's mean and the scatter are taken over (the older ones fade out).
+  // Each new reading weighs at least 1/kMeanWindow in a depth's mean and each new deviation at
+  // least 1/kScatterWindow in the scatter (the older ones fade out).
   static constexpr int kMeanWindow = 4;
   static constexpr int kScatterWindow = 8;
   // Readings at the start depth before the first probe.
@@ -189,7 +191,7 @@ class IoTuner final : public IoGate {
   int home_depth() const;
   int max_depth() const { return core_.max_depth(); }
   bool fixed() const { return core_.fixed(); }
-  // The mean throughput (bytes/s) of the last readings at `depth`, 0 where never measured.
+  // The running mean throughput (bytes/s) measured at `depth`, 0 where never measured.
   double throughput(int depth) const;
   // Intervals measured so far.
   int64_t intervals() const;

@@ -3,9 +3,9 @@
 // Ranks that run as separate processes on one machine (torchrun, mpirun) read the same device.
 // With a gate each, every process tunes its depth against throughput the others disturb, and the
 // device sees the sum of their depths in competing orders. A SharedIoTuner puts the gate of an
-// IoTuner (exec/io_tuner.h: tickets served in order, intervals measured while the gate is full, a
-// hill climb over the depth) in a POSIX shared-memory object, so that every member's reads wait
-// in one line and one depth is tuned from the throughput of all of them together.
+// IoTuner (exec/io_tuner.h: tickets served in order, intervals measured while reads are asked
+// for, a hill climb over the depth) in a POSIX shared-memory object, so that every member's
+// reads wait in one line and one depth is tuned from the throughput of all of them together.
 //
 // The members of one load agree on a name (the load passes a nonce its coordinator broadcast
 // with the metadata) and on their count. The first to arrive creates the object; the others wait

@@ -242,8 +242,8 @@ TEST(SharedIoTunerTest, AttachRefusesBadArgumentsAndForeignObjects) {
 }
 
 TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
-  // Depth 2, intervals of 6 MiB: only the bytes of both members' reads, completed while the
-  // shared gate was full, add up to one interval. Each member's own 4 MiB would not.
+  // Depth 2, intervals of 6 MiB: only the bytes of both members' reads, completed while reads
+  // were asked for at the shared gate, add up to one interval. Each member's own 4 MiB would not.
   const std::string name = FreshName();
   IoTunerConfig config;
   config.max_depth = 4;
@@ -262,7 +262,7 @@ TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
     (*gate)->Acquire();
     if (write(to_parent[1], &c, 1) != 1 || read(to_child[0], &c, 1) != 1) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    (*gate)->Release(4 << 20);  // the gate was full: counted, and the interval closes
+    (*gate)->Release(4 << 20);  // reads were asked for: counted, and the interval closes
     return (*gate)->intervals() == 1;
   });
   char c = 0;
@@ -276,7 +276,7 @@ TEST(SharedIoTunerTest, MeasuresTheReadsOfEveryMemberTogether) {
   EXPECT_EQ(ExitCode(other), 0);
   (*mine)->Release(1 << 20);
   EXPECT_EQ((*mine)->intervals(), 1);
-  // 8 MiB over the >= 20 ms the gate was full.
+  // 8 MiB over the >= 20 ms reads were asked for.
   EXPECT_GT((*mine)->throughput(2), 0);
   EXPECT_LT((*mine)->throughput(2), 8.0 * (1 << 20) / 0.02);
   EXPECT_EQ((*mine)->depth(), 2);  // one reading: no probe before the scatter is known
