@@ -11,7 +11,7 @@
 // The O_DIRECT read lands in 16 MiB buffers backed by transparent huge pages; the same read into
 // buffers of 4 KiB pages (MADV_NOHUGEPAGE) is printed beside it, not taken as a baseline: a load
 // reading in place lands in the caller's memory, whose pages are mostly 4 KiB, and a device that
-// takes few segments per request reads slower into those (see docs/PERFORMANCE.md).
+// takes few segments per request can read slower into those (docs/PERFORMANCE.md has figures).
 // The loads use LoadOptions::direct_io's default (unset: O_DIRECT for the files not in the page
 // cache, all of them here: every load starts cold); with --direct-io they read extents of 1 MiB
 // and more of every file with O_DIRECT, with --page-cache none (--direct-io-auto: the default);
@@ -429,7 +429,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   line("raw read per file", raw_r_file, 0, "", "");
   line("raw read round robin", raw_r_robin, 0, "", "");
   line("raw read direct", raw_r_direct, 0, "", "");
-  line("  into 4 KiB pages", raw_r_direct_small, 0, "", "");
+  line("raw direct 4K pages", raw_r_direct_small, 0, "", "");
   line("save (4 ranks)", save, Median(raw_w), "raw write", ">= 0.9x");
   std::printf("  %-20s plan %.3f s, write %.3f s, sync %.3f s, commit %.3f s (rank 0, medians)\n",
               "save phases", Median(phases[0]), Median(phases[1]), Median(phases[2]),
