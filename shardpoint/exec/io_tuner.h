@@ -127,7 +127,6 @@ struct IoTunerConfig {
 // std::mutex in IoTuner, a process-shared mutex in SharedIoTuner) and feeds its own clock.
 // Reads are let in first come, first served: each takes a ticket, and ticket t may begin once
 // t < ended + depth (the reads before it have begun, and at most depth - 1 of them still run).
-
 class TunerCore {
  public:
   TunerCore(IoTunerConfig config, double now);
