@@ -106,7 +106,7 @@ TEST(DepthControllerTest, KeepsMeasurementsPerDepthAndStaysInRange) {
   c.Observe(90);  // 3 is worse: back to 2, then 1 (never measured) next
   EXPECT_EQ(c.depth(), 2);
   EXPECT_DOUBLE_EQ(c.throughput(3), 90);
-  c.Observe(300);  // the mean of the last four readings at 2: 100 + (300 - 100) / 4
+  c.Observe(300);  // the fifth reading at 2 weighs a quarter: 100 + (300 - 100) / 4
   EXPECT_DOUBLE_EQ(c.throughput(2), 150);
   // Deviations from the mean before each reading: 0, 0, 0 and 2 (of 100), so sqrt(4 / 4).
   EXPECT_DOUBLE_EQ(c.scatter(), 1.0);
@@ -152,8 +152,8 @@ TEST(DepthControllerTest, ScatteredReadingsDoNotWalkTheDepthAway) {
 }
 
 // Under the same scatter, a difference well beyond it is still found: a device three times as
-// fast at depth 1 as at 4 (a disk that seeks between its reads), and one that gains a third per
-// step of depth.
+// fast at depth 1 as at 4 (a disk that seeks between its reads), and one whose throughput grows
+// in proportion to the depth.
 TEST(DepthControllerTest, ScatteredReadingsStillShowALargeDifference) {
   int found_shallow = 0, found_deep = 0;
   for (uint32_t seed = 1; seed <= 40; ++seed) {
