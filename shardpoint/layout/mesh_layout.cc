@@ -14,15 +14,6 @@ std::string CoordinateToString(const std::vector<int64_t>& coordinate) {
   return ShapeToString(coordinate);
 }
 
-std::string LayoutToString(const MeshLayout& layout) {
-  std::string out = "mesh " + ShapeToString(layout.mesh_shape) + " placements (";
-  for (size_t i = 0; i < layout.placements.size(); ++i) {
-    if (i) out += ", ";
-    out += layout.placements[i].ToString();
-  }
-  return out + ")";
-}
-
 Status ValidateLayout(const Shape& global_shape, const MeshLayout& layout) {
   const std::string where = "tensor of shape " + ShapeToString(global_shape) + " on " +
                             LayoutToString(layout);
@@ -68,6 +59,15 @@ IndexSet StridedShard(const IndexSet& set, int64_t split_factor, int64_t n, int6
 }
 
 }  // namespace
+
+std::string LayoutToString(const MeshLayout& layout) {
+  std::string out = "mesh " + ShapeToString(layout.mesh_shape) + " placements (";
+  for (size_t i = 0; i < layout.placements.size(); ++i) {
+    if (i) out += ", ";
+    out += layout.placements[i].ToString();
+  }
+  return out + ")";
+}
 
 std::string Placement::ToString() const {
   switch (kind) {

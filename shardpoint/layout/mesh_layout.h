@@ -51,7 +51,12 @@ struct MeshLayout {
   std::vector<Placement> placements;  // one per mesh dim
   // Global rank at each mesh position (row-major); empty means position i is rank i.
   std::vector<int64_t> rank_list;
+
+  friend bool operator==(const MeshLayout&, const MeshLayout&) = default;
 };
+
+// "mesh [2, 4] placements (S(0), R)", for messages.
+std::string LayoutToString(const MeshLayout& layout);
 
 // Row-major coordinate of position `index` in a mesh of shape `mesh_shape` (index must be in
 // [0, volume)).

@@ -5,70 +5,27 @@
 #include <vector>
 
 #include "shardpoint/base/coding.h"
-#include "shardpoint/base/crc32c.h"
+#include "shardpoint/plan/plan_codec_internal.h"
 
 namespace sp {
 namespace {
 
+using plan_codec_internal::ExpectDone;
+using plan_codec_internal::kMaxNameBytes;
+using plan_codec_internal::kMinObjectBytes;
+using plan_codec_internal::Open;
+using plan_codec_internal::PutI64List;
+using plan_codec_internal::PutObject;
+using plan_codec_internal::ReadI64List;
+using plan_codec_internal::ReadObject;
+using plan_codec_internal::Seal;
+
 constexpr uint32_t kLocalSavePlanMagic = 0x31504C53;  // "SLP1"
 constexpr uint32_t kRankSavePlanMagic = 0x31505253;   // "SRP1"
-constexpr uint32_t kMaxNameBytes = 1u << 20;
-constexpr uint32_t kMaxPayloadBytes = std::numeric_limits<uint32_t>::max();
 // Smallest encodings, used to bound counts by the bytes that remain.
 constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4;
 constexpr size_t kMinBoxBytes = 4 + 4;
-constexpr size_t kMinObjectBytes = 4 + 1 + 4;
 constexpr size_t kWriteBytes = 5 * 4 + 2 * 8;
-
-void PutI64List(ByteWriter& w, std::span<const int64_t> values) {
-  w.PutU32(static_cast<uint32_t>(values.size()));
-  for (int64_t v : values) w.PutI64(v);
-}
-
-template <typename Values>  // Shape or Dims
-Status ReadI64List(ByteReader& r, Values* values) {
-  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(8));
-  values->resize(count);
-  for (int64_t& v : *values) {
-    SP_ASSIGN_OR_RETURN(v, r.ReadI64());
-  }
-  return OkStatus();
-}
-
-// Appends the CRC32C of everything written so far.
-std::string Seal(std::string out) {
-  const uint32_t crc = Crc32c(out);
-  ByteWriter(&out).PutU32(crc);
-  return out;
-}
-
-// Checks the trailing checksum and the magic; returns a reader over the body.
-Result<ByteReader> Open(std::string_view bytes, uint32_t magic, std::string what) {
-  if (bytes.size() < 8) {
-    return DataLossError(what + ": " + std::to_string(bytes.size()) +
-                         " bytes is too short (at least 8 expected)");
-  }
-  const std::string_view covered = bytes.substr(0, bytes.size() - 4);
-  const uint32_t stored = DecodeFixed32(bytes.data() + covered.size());
-  const uint32_t actual = Crc32c(covered);
-  if (stored != actual) {
-    return DataLossError(what + ": checksum mismatch (stored " + std::to_string(stored) +
-                         ", computed " + std::to_string(actual) + ")");
-  }
-  ByteReader reader(covered, std::move(what));
-  SP_ASSIGN_OR_RETURN(uint32_t found, reader.ReadU32());
-  if (found != magic) {
-    return DataLossError(reader.what() + ": bad magic " + std::to_string(found) + " (expected " +
-                         std::to_string(magic) + ")");
-  }
-  return reader;
-}
-
-Status ExpectDone(const ByteReader& r) {
-  if (r.done()) return OkStatus();
-  return DataLossError(r.what() + ": " + std::to_string(r.remaining()) +
-                       " unexpected trailing bytes at byte " + std::to_string(r.position()));
-}
 
 // Reads one tensor into `tensor`, except its name, which `name` views in the message. The
 // vectors are reused: a decoder that reads many tensors into one LocalTensor allocates only
@@ -92,21 +49,6 @@ Status ReadTensor(ByteReader& r, LocalTensor* tensor, std::string_view* name) {
   return OkStatus();
 }
 
-Result<ObjectEntry> ReadObject(ByteReader& r) {
-  ObjectEntry object;
-  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString(kMaxNameBytes));
-  object.name = std::string(name);
-  SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (!IsKnownObjectEncoding(encoding)) {
-    return DataLossError(r.what() + ": object '" + object.name + "' has unknown encoding " +
-                         std::to_string(encoding));
-  }
-  object.encoding = static_cast<ObjectEncoding>(encoding);
-  SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(kMaxPayloadBytes));
-  object.payload = std::string(payload);
-  return object;
-}
-
 }  // namespace
 
 std::string EncodeLocalSavePlan(const LocalSavePlan& plan) {
@@ -125,11 +67,7 @@ std::string EncodeLocalSavePlan(const LocalSavePlan& plan) {
     }
   }
   w.PutU32(static_cast<uint32_t>(plan.objects.size()));
-  for (const ObjectEntry& object : plan.objects) {
-    w.PutString(object.name);
-    w.PutU8(static_cast<uint8_t>(object.encoding));
-    w.PutString(object.payload);
-  }
+  for (const ObjectEntry& object : plan.objects) PutObject(w, object);
   return Seal(std::move(out));
 }
 

@@ -15,23 +15,34 @@
 #define SHARDPOINT_PLAN_SAVE_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
 #include "shardpoint/base/result.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/geometry/box.h"
+#include "shardpoint/layout/mesh_layout.h"
 
 namespace sp {
 
 // What one rank holds (save) or wants (load) of one tensor.
 struct LocalTensor {
+  LocalTensor() = default;
+  LocalTensor(std::string name, DType dtype, Shape shape, std::vector<Box> boxes = {})
+      : name(std::move(name)), dtype(dtype), shape(std::move(shape)), boxes(std::move(boxes)) {}
+
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
   std::vector<Box> boxes;  // global coordinates; may include empty boxes (ignored)
+  // Save only: the device-mesh rule the tensor is laid out by, when it has one. `boxes` is then
+  // exactly this rank's chunk under the rule (CheckRuledBoxes, plan/ruled_plan.h), and the plan
+  // travels to the coordinator as the rule instead of the box (EncodeRuledLocalPlan).
+  std::optional<MeshLayout> layout;
 };
 
 // Everything one rank contributes to a save.
