@@ -133,17 +133,45 @@ View ParsePiece(nb::handle piece, const std::string& tensor, const Shape& shape,
   return view;
 }
 
-// (name, dtype, shape, pieces) -> the parts, parsed; `pieces` stays a handle.
+// (name, dtype, shape, pieces[, layout]) -> the parts, parsed; `pieces` and `layout` stay
+// handles (a layout only where `with_layout`).
 struct EntryHead {
   std::string name;
   DType dtype;
   Shape shape;
   nb::handle pieces;
+  nb::handle layout;  // invalid when the entry has none
 };
 
-EntryHead ParseEntryHead(nb::handle entry) {
-  const std::vector<nb::handle> items = Items(entry, 4, "tensor entry");
+// (mesh shape, ((kind, dim, split_factor), ...), rank list) -> the rule (SaveTensor::layout);
+// kind 0 Replicate, 1 Shard, 2 _StridedShard; an empty rank list is 0..n-1.
+MeshLayout ParseLayout(nb::handle obj, const std::string& tensor) {
+  const std::string what = "layout of tensor '" + tensor + "'";
+  const std::vector<nb::handle> items = Items(obj, 3, what);
+  MeshLayout layout;
+  layout.mesh_shape = ToInts(items[0], "mesh shape of " + what);
+  if (!PySequence_Check(items[1].ptr())) {
+    TypeError("placements of " + what + " must be a sequence, found " + TypeNameOf(items[1]));
+  }
+  for (nb::handle item : items[1]) {
+    const std::vector<int64_t> p = ToInts(item, "a placement of " + what);
+    if (p.size() != 3 || p[0] < 0 || p[0] > 2 || p[1] < 0 || p[1] > INT32_MAX || p[2] < 1 ||
+        p[2] > INT32_MAX) {
+      ValueError("a placement of " + what + " must be (kind 0-2, dim >= 0, split factor >= 1)");
+    }
+    layout.placements.push_back(Placement{static_cast<Placement::Kind>(p[0]),
+                                          static_cast<int>(p[1]), static_cast<int>(p[2])});
+  }
+  layout.rank_list = ToInts(items[2], "ranks of " + what);
+  return layout;
+}
+
+EntryHead ParseEntryHead(nb::handle entry, bool with_layout = false) {
+  const bool has_layout = with_layout && PySequence_Check(entry.ptr()) &&
+                          !PyUnicode_Check(entry.ptr()) && nb::len(entry) == 5;
+  const std::vector<nb::handle> items = Items(entry, has_layout ? 5 : 4, "tensor entry");
   EntryHead head;
+  if (has_layout) head.layout = items[4];
   head.name = ToStr(items[0], "tensor name");
   head.dtype = ToDType(items[1], head.name);
   head.shape = ToInts(items[2], "shape of tensor '" + head.name + "'");
@@ -195,8 +223,11 @@ nb::tuple ObjectToPython(const ObjectEntry& object) {
 SaveState ParseSaveState(nb::handle tensors, nb::handle objects, HeldArrays* held) {
   SaveState state;
   for (nb::handle entry : tensors) {
-    EntryHead head = ParseEntryHead(entry);
-    SaveTensor tensor{head.name, head.dtype, head.shape, {}};
+    EntryHead head = ParseEntryHead(entry, /*with_layout=*/true);
+    SaveTensor tensor{head.name, head.dtype, head.shape};
+    if (head.layout.is_valid() && !head.layout.is_none()) {
+      tensor.layout = ParseLayout(head.layout, head.name);
+    }
     for (nb::handle piece : head.pieces) {
       tensor.pieces.push_back(ParsePiece<ConstPieceView>(piece, head.name, head.shape,
                                                          head.dtype, &held->read_only,

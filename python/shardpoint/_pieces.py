@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -42,9 +42,15 @@ class TensorPlan:
     shape: tuple[int, ...]
     pieces: list[Piece]
     after_load: list[Callable[[], None]] = field(default_factory=list)
+    # Save only: the device-mesh rule of a DTensor, (mesh shape, placements as (kind, dim,
+    # split_factor) with kind 0 Replicate / 1 Shard / 2 _StridedShard, the mesh's ranks in
+    # row-major order or () for 0..n-1). The core then sends the rule instead of the box.
+    layout: Optional[tuple] = None
 
     def entry(self) -> tuple:
         """The core's TensorEntry tuple."""
+        if self.layout is not None:
+            return (self.name, self.dtype, self.shape, self.pieces, self.layout)
         return (self.name, self.dtype, self.shape, self.pieces)
 
     @property

@@ -145,13 +145,38 @@ def dtensor_box(name: str, value: Any) -> Optional[Box]:
     return box
 
 
+@functools.lru_cache(maxsize=65536)
+def _mesh_layout(mesh: Any, placements: tuple, ndim: int) -> tuple:
+    """The core's layout tuple of a device mesh and its placements on a tensor of ``ndim`` dims
+    (TensorPlan.layout)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    rules = []
+    for p in placements:
+        if isinstance(p, _StridedShard):
+            rules.append((2, int(p.dim) % ndim, int(p.split_factor)))
+        elif isinstance(p, Shard):
+            rules.append((1, int(p.dim) % ndim, 1))
+        else:
+            rules.append((0, 0, 1))
+    ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+    if ranks == tuple(range(len(ranks))):
+        ranks = ()
+    return (tuple(int(n) for n in mesh.mesh.shape), tuple(rules), ranks)
+
+
 def dtensor_plan(name: str, value: Any, for_load: bool) -> TensorPlan:
-    """A DTensor: its local tensor as one chunk at the offsets DTensor reports."""
+    """A DTensor: its local tensor as one chunk at the offsets DTensor reports; on save, with its
+    mesh and placements, which the core sends instead of the box (TensorPlan.layout)."""
     shape = tuple(value.shape)
     box = dtensor_box(name, value)
     if box is None:
         return TensorPlan(name, dtype_name(value.dtype), shape, [], [])
-    return local_plan(name, value._local_tensor.detach(), shape, [(box, 0)], for_load)
+    plan = local_plan(name, value._local_tensor.detach(), shape, [(box, 0)], for_load)
+    if not for_load:
+        plan.layout = _mesh_layout(value.device_mesh, tuple(value.placements), len(shape))
+    return plan
 
 
 def empty_like_stored(dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

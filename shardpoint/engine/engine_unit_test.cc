@@ -87,10 +87,10 @@ TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
               StatusCode::kDataLoss) << n;
   }
   std::string unknown = EncodePlanRequest(request);
-  unknown[0] = 3;
+  unknown[0] = 4;
   Status status = DecodePlanRequest(unknown).status();
   EXPECT_EQ(status.code(), StatusCode::kDataLoss);
-  EXPECT_EQ(status.message(), "plan request: unknown kind 3");
+  EXPECT_EQ(status.message(), "plan request: unknown kind 4");
   unknown = encoded;
   unknown[0] = 7;
   status = DecodePlanReply(unknown).status();
@@ -99,7 +99,7 @@ TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {
   // The kind alone, as a rank reads it to tell a request for its plan from its order.
   EXPECT_EQ(PlanReplyKind(encoded), PlanReply::Kind::kFilesOnly);
   for (PlanReply::Kind kind : {PlanReply::Kind::kOrder, PlanReply::Kind::kResend,
-                               PlanReply::Kind::kRenamed}) {
+                               PlanReply::Kind::kRenamed, PlanReply::Kind::kResendShared}) {
     EXPECT_EQ(PlanReplyKind(EncodePlanReply(PlanReply{kind, 0, "", {}})), kind);
   }
   EXPECT_EQ(PlanReplyKind(unknown), std::nullopt);

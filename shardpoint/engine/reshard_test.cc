@@ -72,6 +72,7 @@ std::string Join(const std::vector<std::string>& items) {
 struct Layout {
   Holdings ranks;
   std::string description;
+  std::optional<MeshLayout> mesh;  // the rule the holdings follow, for a mesh layout
 };
 
 struct TensorCase {
@@ -100,12 +101,18 @@ struct Case {
   SaveOptions save_options;                      // comm, store and pool are filled in per rank
   LoadOptions load_options;
   uint64_t order_seed = 0;  // shuffles the order in which each rank lists its tensors
+  bool one_order = false;   // every rank lists its tensors in the case's order (no shuffle)
   // The load's communicator reports its in-process ranks as separate processes of one machine
   // (Communicator::machine_ranks), each on a pool of its own.
   bool load_as_processes = false;
   // The load's communicator says its ranks do not share an address space, so shared reads send
   // their regions as bytes (payloads in rounds) rather than copy them into the destinations.
   bool load_in_separate_memory = false;
+  // Every save rank of a tensor with a mesh layout saves it with its rule (SaveTensor::layout);
+  // otherwise the case's seed picks which ranks do and which send the box.
+  bool rules_everywhere = false;
+  // Where set, each save rank's SaveStats (one per save rank).
+  std::vector<SaveStats>* save_stats = nullptr;
 };
 
 // Forwards to a ThreadComm, but says its ranks are separate processes of one machine.
@@ -182,6 +189,7 @@ Result<Layout> MeshCase(Rng& rng, const Shape& shape, int n) {
     per_rank[layout.rank_list.empty() ? i : layout.rank_list[i]] = boxes[i];
   }
   Layout out = OneChunkPerRank(n, per_rank);
+  out.mesh = layout;
   out.description = "mesh " + ShapeToString(layout.mesh_shape) + " (" + Join(names) + ")" +
                     RankListText(layout.rank_list);
   return out;
@@ -556,6 +564,7 @@ void ExpectLoaded(const Case& c, const RankBuffers& initial, const RankBuffers& 
 std::vector<size_t> RankOrder(const Case& c, int rank) {
   std::vector<size_t> order(c.tensors.size());
   std::iota(order.begin(), order.end(), 0);
+  if (c.one_order) return order;
   Rng rng(c.order_seed + static_cast<uint64_t>(rank));
   std::shuffle(order.begin(), order.end(), rng);
   return order;
@@ -573,7 +582,12 @@ SaveState SaveStateOf(const Case& c, int r, const RankBuffers& buffers) {
   for (size_t i : RankOrder(c, r)) {
     if (!c.lists_on_save[r][i]) continue;
     const TensorCase& t = c.tensors[i];
-    SaveTensor tensor{t.name, t.dtype, t.shape, {}};
+    SaveTensor tensor{t.name, t.dtype, t.shape};
+    // A tensor of a mesh layout is saved with its rule by some ranks and with its box by the
+    // others (SaveTensor::layout), chosen by the case's seed.
+    if (t.save.mesh && (c.rules_everywhere || ((c.order_seed >> ((7 * i + r) % 64)) & 1))) {
+      tensor.layout = t.save.mesh;
+    }
     for (const Piece& p : t.save.ranks[r]) {
       tensor.pieces.push_back(ConstPieceView{
           p.box, buffers[r][i].data() + kGuard + p.element_offset * DTypeSize(t.dtype)});
@@ -594,6 +608,7 @@ Status SaveCase(const Case& c, const RankBuffers& buffers, Store& store, ThreadP
     options.store = &store;
     options.pool = pool;
     options.threads = pool == nullptr ? 1 + comm.rank() % 2 : 0;
+    if (c.save_stats != nullptr) options.stats = &(*c.save_stats)[comm.rank()];
     return Save(SaveStateOf(c, comm.rank(), buffers), path, options);
   }));
 }
@@ -795,8 +810,23 @@ Layout MeshOf(const Shape& shape, const MeshLayout& layout) {
   Result<std::vector<Box>> boxes = MeshChunksPerRank(shape, layout);
   EXPECT_TRUE(boxes.ok()) << boxes.status();
   if (!boxes.ok()) return Layout{};
-  return OneChunkPerRank(static_cast<int>(boxes->size()),
-                         std::vector<std::optional<Box>>(boxes->begin(), boxes->end()));
+  Layout out = OneChunkPerRank(static_cast<int>(boxes->size()),
+                               std::vector<std::optional<Box>>(boxes->begin(), boxes->end()));
+  out.mesh = layout;
+  return out;
+}
+
+// The holdings of `n` ranks under a mesh over some of them (layout.rank_list); the others hold
+// nothing.
+Layout SubmeshOf(const Shape& shape, const MeshLayout& layout, int n) {
+  Result<std::vector<Box>> boxes = MeshChunksPerRank(shape, layout);
+  EXPECT_TRUE(boxes.ok()) << boxes.status();
+  if (!boxes.ok()) return Layout{};
+  std::vector<std::optional<Box>> per_rank(n);
+  for (size_t i = 0; i < boxes->size(); ++i) per_rank[layout.rank_list.at(i)] = (*boxes)[i];
+  Layout out = OneChunkPerRank(n, per_rank);
+  out.mesh = layout;
+  return out;
 }
 
 MeshLayout Mesh(Shape mesh_shape, std::vector<Placement> placements) {
@@ -1799,6 +1829,110 @@ void ExpectSamePlan(CheckpointMetadata a, CheckpointMetadata b) {
   EXPECT_EQ(a.files, b.files);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) EXPECT_EQ(a.tensors[i], b.tensors[i]) << i;
+}
+
+
+// --- Layout rules in the save plan (plan/ruled_plan.h) ---
+
+// Two pipeline stages of four ranks, each stage's tensors on a 2 x 2 mesh of its own ranks
+// (rank lists 0-3 and 4-7), saved by every rank with its rule, then again with stage 1 sending
+// boxes instead (its group's shared part, sent by no rank, is asked for), and through a cache
+// where one rank changes: each loads bit-exactly, and the chunks are those of the rules.
+TEST_F(ReshardTest, PipelineStagesSaveTheirMeshRulesAndLoadExactly) {
+  std::vector<TensorCase> tensors;
+  for (int stage = 0; stage < 2; ++stage) {
+    MeshLayout mesh = Mesh({2, 2}, {Placement::Shard(0), Placement::Shard(1)});
+    for (int64_t i = 0; i < 4; ++i) mesh.rank_list.push_back(stage * 4 + i);
+    TensorCase w = MakeTensor("stage" + std::to_string(stage) + ".w", DType::kBFloat16, {10, 6},
+                              80 + stage);
+    w.save = SubmeshOf(w.shape, mesh, 8);
+    w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(1)}));
+    TensorCase norm = MakeTensor("stage" + std::to_string(stage) + ".norm", DType::kFloat32, {6},
+                                 90 + stage);
+    MeshLayout replicated = Mesh({2, 2}, {Placement::Replicate(), Placement::Replicate()});
+    replicated.rank_list = mesh.rank_list;
+    norm.save = SubmeshOf(norm.shape, replicated, 8);
+    norm.load = MeshOf(norm.shape, Mesh({3}, {Placement::Replicate()}));
+    tensors.push_back(std::move(w));
+    tensors.push_back(std::move(norm));
+  }
+  Case c = MakeCase(tensors, 8, 3);
+  for (int r = 0; r < 8; ++r) {
+    for (size_t t = 0; t < tensors.size(); ++t) c.lists_on_save[r][t] = (r / 4 == int(t) / 2);
+  }
+  c.rules_everywhere = true;
+  c.one_order = true;  // as a model's state dict lists them (ranks in other orders differ in part)
+  std::vector<SaveStats> stats(8);
+  c.save_stats = &stats;
+  // Ranks 0 and 4 (the lowest of each stage's mesh) send their stages' parts: one exchange.
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c, "/stages/rules"));
+  for (const SaveStats& s : stats) EXPECT_EQ(s.plan_exchanges, 1);
+  ASSERT_NO_FATAL_FAILURE(LoadOk(c, "/stages/rules"));
+  ExpectLoaded(c, initial_, loaded_);
+  const CheckpointMetadata md = Metadata("/stages/rules");
+  ExpectMetadata(c, md);
+  ASSERT_NE(md.FindTensor("stage1.w"), nullptr);
+  EXPECT_EQ(md.FindTensor("stage1.w")->chunks.size(), 4u);
+  EXPECT_EQ(md.FindTensor("stage1.norm")->chunks.size(), 1u);
+
+  Case boxes = c;  // stage 1 sends boxes: its ranks' part is the coordinator's to guess, not theirs
+  for (size_t t = 2; t < 4; ++t) boxes.tensors[t].save.mesh.reset();
+  // No rank of stage 1 sends its part (the coordinator guesses for ranks without a rule, and it
+  // is in stage 0): a second exchange asks rank 4 for it.
+  ASSERT_NO_FATAL_FAILURE(SaveOk(boxes, "/stages/boxes"));
+  for (const SaveStats& s : stats) EXPECT_EQ(s.plan_exchanges, 2);
+  ASSERT_NO_FATAL_FAILURE(LoadOk(boxes, "/stages/boxes"));
+  ExpectLoaded(boxes, initial_, loaded_);
+  ExpectSamePlan(Metadata("/stages/rules"), Metadata("/stages/boxes"));
+
+  // Through a cache: rank 5 stops using its rule (its layout key is the same: the boxes are), then
+  // stage 0 changes dtype and so plans afresh while stage 1 sent only the id.
+  SavePlanCache cache;
+  for (Case* each : {&c, &boxes}) {
+    each->save_options.plan_cache = &cache;
+    each->save_options.overwrite = true;
+  }
+  ASSERT_NO_FATAL_FAILURE(SaveOk(c, "/stages/cached"));
+  ASSERT_NO_FATAL_FAILURE(SaveOk(boxes, "/stages/cached"));
+  EXPECT_EQ(cache.hits(), 8u);
+  Case changed = c;
+  changed.tensors[1] = MakeTensor("stage0.norm", DType::kFloat64, {6}, 95);
+  changed.tensors[1].save = c.tensors[1].save;
+  changed.tensors[1].load = c.tensors[1].load;
+  ASSERT_NO_FATAL_FAILURE(SaveOk(changed, "/stages/cached"));
+  EXPECT_EQ(cache.misses(), 16u);
+  // Stage 1 sent ids, then its plans; rank 4, the lowest of its mesh, sent its part with them.
+  for (const SaveStats& s : stats) EXPECT_EQ(s.plan_exchanges, 2);
+  ASSERT_NO_FATAL_FAILURE(LoadOk(changed, "/stages/cached"));
+  ExpectLoaded(changed, initial_, loaded_);
+}
+
+// A rank whose piece is not the chunk its rule gives it fails the save on every rank, with an
+// error that names the tensor, the rank, the rule's chunk and the piece, and writes nothing.
+TEST_F(ReshardTest, APieceThatIsNotItsRulesChunkFailsEveryRank) {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {8, 4}, 99);
+  w.save = MeshOf(w.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Replicate()}));
+  w.save.mesh = Mesh({2, 2}, {Placement::Replicate(), Placement::Shard(0)});  // not the holdings
+  w.load = MeshOf(w.shape, Mesh({1}, {Placement::Replicate()}));
+  Case c = MakeCase({w}, 4, 1);
+  c.rules_everywhere = true;
+  Result<RankBuffers> buffers = MakeBuffers(c, true, rng_);
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  const std::vector<Status> statuses = RunRanks(4, [&](Communicator& comm) {
+    SaveOptions options = c.save_options;
+    options.comm = &comm;
+    options.store = &store_;
+    options.pool = &pool_;
+    return Save(SaveStateOf(c, comm.rank(), *buffers), "/wrong", options);
+  });
+  for (const Status& status : statuses) {
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(),
+              "rank 1: tensor 'w': rank 1 holds piece [0:4, 0:4], but its layout (mesh [2, 2] "
+              "placements (R, S(0))) gives it the chunk [4:8, 0:4]");
+  }
+  Result<std::vector<DirEntry>> left = store_.ListDir("/wrong");
+  EXPECT_TRUE(!left.ok() || left->empty());
 }
 
 class PlanCacheTest : public ReshardTest {

@@ -25,6 +25,7 @@
 #include "shardpoint/format/writer.h"
 #include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/plan_codec.h"
+#include "shardpoint/plan/ruled_plan.h"
 #include "shardpoint/plan/save_plan.h"
 
 namespace sp {
@@ -39,11 +40,13 @@ void Lap(Clock::time_point* since, double* into) {
   *since = now;
 }
 
-Result<LocalSavePlan> BuildLocalPlan(const SaveState& state, bool data_optional) {
+Result<LocalSavePlan> BuildLocalPlan(const SaveState& state, bool data_optional, int rank) {
   LocalSavePlan plan;
   std::set<std::string_view> names;
   for (const SaveTensor& t : state.tensors) {
     SP_ASSIGN_OR_RETURN(LocalTensor local, ToLocalTensor(t, names, data_optional));
+    local.layout = t.layout;
+    SP_RETURN_IF_ERROR(CheckRuledBoxes(rank, &local));
     plan.tensors.push_back(std::move(local));
   }
   for (const ObjectEntry& o : state.objects) {
@@ -179,12 +182,45 @@ bool MergeCachedObjects(const std::vector<PlanRequest>& requests,
   return true;
 }
 
+// Coordinator, when no cached plan serves: opens the ranks' ruled requests and registers their
+// shared parts. Where a plan cannot be made yet, returns the replies that ask for what is
+// missing: the local plans of the ranks that sent only the id of a cached one (kResend), and the
+// shared part of each digest that no rank sent, from the lowest rank with that digest
+// (kResendShared); every other rank is told its request stands (kResend, to which a rank that
+// sent a plan answers kNothing). Returns nullopt when every rank's plan is at hand.
+Result<std::optional<std::vector<std::string>>> AskForMissing(
+    const std::vector<PlanRequest>& requests, SharedPlans* shared,
+    std::vector<SharedPlans::Message>* opened) {
+  std::vector<PlanReply::Kind> kinds(requests.size(), PlanReply::Kind::kResend);
+  bool missing = false;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (requests[r].kind == PlanRequest::Kind::kCached) missing = true;
+    if (requests[r].kind != PlanRequest::Kind::kRuled) continue;
+    SP_ASSIGN_OR_RETURN((*opened)[r], SharedPlans::Open(requests[r].plan));
+    SP_RETURN_IF_ERROR(shared->Add((*opened)[r]));
+  }
+  std::set<Fingerprint128> asked;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (requests[r].kind != PlanRequest::Kind::kRuled) continue;
+    const Fingerprint128& digest = (*opened)[r].digest;
+    if (shared->Has(digest) || !asked.insert(digest).second) continue;
+    kinds[r] = PlanReply::Kind::kResendShared;
+    missing = true;
+  }
+  if (!missing) return std::optional<std::vector<std::string>>();
+  std::vector<std::string> replies;
+  replies.reserve(kinds.size());
+  for (PlanReply::Kind kind : kinds) replies.push_back(EncodePlanReply(PlanReply{kind, 0, "", {}}));
+  return std::optional<std::vector<std::string>>(std::move(replies));
+}
+
 // Coordinator: picks the format's writer, refuses to replace a committed checkpoint (of any
 // format) unless asked, sets `commit_condition` to what the commit must still find (no metadata,
 // or the version of the one it replaces) where the store can tell, plans (or, when every rank
 // sent the id of the plan `cache` holds, takes that plan), has the writer lay out the data
 // files, creates the directory, and returns one
-// reply per rank; or kResend replies when a plan is needed but some ranks sent only an id.
+// reply per rank; or, when a plan is needed but some ranks sent only an id or no rank sent a
+// shared part, the replies that ask for them (AskForMissing).
 // `requests` are the ranks' PlanRequests, decoded.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,
                                                    std::string_view path,
@@ -222,19 +258,18 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     lock = CacheAccess::Lock(*cache);
     cached = &CacheAccess::State(*cache);
   }
-  const auto all = [&](PlanRequest::Kind kind) {
-    return std::all_of(requests.begin(), requests.end(),
-                       [&](const PlanRequest& r) { return r.kind == kind; });
-  };
   bool use_cache = cached != nullptr && cached->plan_id != 0 && cached->plan.ranks.size() == world &&
                    std::all_of(requests.begin(), requests.end(), [&](const PlanRequest& r) {
                      return r.kind == PlanRequest::Kind::kCached && r.plan_id == cached->plan_id;
                    });
   std::vector<ObjectEntry> objects;  // of a save that takes the cached plan
   if (use_cache) use_cache = MergeCachedObjects(requests, cached->plan.metadata.tensors, &objects);
-  if (!use_cache && !all(PlanRequest::Kind::kFull)) {
-    return std::vector<std::string>(
-        world, EncodePlanReply(PlanReply{PlanReply::Kind::kResend, 0, "", {}}));
+  SharedPlans shared(world);
+  std::vector<SharedPlans::Message> opened(world);  // the ruled requests, opened
+  if (!use_cache) {
+    SP_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> ask,
+                        AskForMissing(requests, &shared, &opened));
+    if (ask) return std::move(*ask);
   }
   GlobalSavePlan plan;
   uint64_t plan_id = 0;
@@ -273,8 +308,12 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   } else {
     // Decoded into one compact table (plan/gathered_plans.h), not one LocalSavePlan per rank.
     GatheredPlans gathered(requests.size());
-    for (const PlanRequest& request : requests) {
-      SP_RETURN_IF_ERROR(DecodeLocalSavePlanInto(request.plan, &gathered));
+    for (size_t r = 0; r < requests.size(); ++r) {
+      if (requests[r].kind == PlanRequest::Kind::kRuled) {
+        SP_RETURN_IF_ERROR(shared.Expand(opened[r], static_cast<uint32_t>(r), &gathered));
+      } else {
+        SP_RETURN_IF_ERROR(DecodeLocalSavePlanInto(requests[r].plan, &gathered));
+      }
     }
     SavePlanOptions plan_options;
     plan_options.files_per_rank = std::max(1, options.files_per_rank);
@@ -528,7 +567,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   bool sent_cached = false;
   Result<std::string> request = [&]() -> Result<std::string> {
     SP_RETURN_IF_ERROR(local_failure);
-    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fills()));
+    SP_ASSIGN_OR_RETURN(LocalSavePlan plan, BuildLocalPlan(state, options.fills(), comm.rank()));
     local_plan = std::move(plan);
     PlanRequest out;
     if (cache != nullptr) {
@@ -544,7 +583,10 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
         sent_cached = true;
       }
     }
-    if (!sent_cached) out.plan = EncodeLocalSavePlan(*local_plan);
+    if (!sent_cached) {
+      out.kind = PlanRequest::Kind::kRuled;
+      out.plan = EncodeRuledLocalPlan(*local_plan, SendsSharedPart(*local_plan, comm.rank(), root));
+    }
     return EncodePlanRequest(out);
   }();
   SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
@@ -576,23 +618,36 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
       comm.rank() == root ? plan_on_coordinator() : Result<std::vector<std::string>>(
                                                         std::vector<std::string>());
   SP_ASSIGN_OR_RETURN(std::string my_payload, ScatterOrFail(comm, std::move(payloads), root));
-  // A plan is needed but some rank sent only the id of its cached one: every rank that did sends
-  // its local plan, and the coordinator plans from those and the full plans of the first exchange.
-  if (PlanReplyKind(my_payload) == PlanReply::Kind::kResend) {
+  stats.plan_exchanges = 1;
+  // A plan is needed but something is missing (AskForMissing): a rank that sent the id of its
+  // cached plan sends its plan, a rank asked for its shared part sends it, the others confirm
+  // their request. The first round can leave the shared part of a rank that sent an id missing,
+  // the second cannot.
+  for (int round = 0;; ++round) {
+    const std::optional<PlanReply::Kind> kind = PlanReplyKind(my_payload);
+    if (kind != PlanReply::Kind::kResend && kind != PlanReply::Kind::kResendShared) break;
     PlanRequest again;
-    if (sent_cached) {
-      again.plan = EncodeLocalSavePlan(*local_plan);
+    if (kind == PlanReply::Kind::kResendShared || sent_cached) {
+      again.kind = PlanRequest::Kind::kRuled;
+      again.plan = EncodeRuledLocalPlan(
+          *local_plan, kind == PlanReply::Kind::kResendShared ||
+                           SendsSharedPart(*local_plan, comm.rank(), root));
+      sent_cached = false;
     } else {
       again.kind = PlanRequest::Kind::kNothing;
     }
     SP_ASSIGN_OR_RETURN(gathered, GatherOrFail(comm, EncodePlanRequest(again), root));
     payloads = comm.rank() == root ? plan_on_coordinator()
                                    : Result<std::vector<std::string>>(std::vector<std::string>());
-    if (payloads.ok() && comm.rank() == root && !payloads->empty() &&
-        PlanReplyKind((*payloads)[0]) == PlanReply::Kind::kResend) {
-      payloads = InternalError("the coordinator asked twice for the ranks' local plans");
+    const auto asks = [](const std::string& reply) {
+      const std::optional<PlanReply::Kind> k = PlanReplyKind(reply);
+      return k == PlanReply::Kind::kResend || k == PlanReply::Kind::kResendShared;
+    };
+    if (payloads.ok() && round >= 1 && std::any_of(payloads->begin(), payloads->end(), asks)) {
+      payloads = InternalError("the coordinator asked three times for the ranks' local plans");
     }
     SP_ASSIGN_OR_RETURN(my_payload, ScatterOrFail(comm, std::move(payloads), root));
+    ++stats.plan_exchanges;
   }
   Lap(&clock, &stats.plan_seconds);
 

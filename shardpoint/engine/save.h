@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
@@ -28,6 +29,7 @@
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/geometry/box.h"
+#include "shardpoint/layout/mesh_layout.h"
 #include "shardpoint/store/store.h"
 #include "shardpoint/engine/budget.h"
 #include "shardpoint/engine/save_plan_cache.h"
@@ -41,10 +43,25 @@ struct ConstPieceView {
 };
 // What one rank holds of one tensor (save). Pieces of one tensor on one rank must not overlap.
 struct SaveTensor {
+  SaveTensor() = default;
+  SaveTensor(std::string name, DType dtype, Shape shape, std::vector<ConstPieceView> pieces = {},
+             std::optional<MeshLayout> layout = std::nullopt)
+      : name(std::move(name)),
+        dtype(dtype),
+        shape(std::move(shape)),
+        pieces(std::move(pieces)),
+        layout(std::move(layout)) {}
+
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;  // global
   std::vector<ConstPieceView> pieces;
+  // The device-mesh rule the tensor is laid out by (a torch DTensor's mesh and placements), when
+  // it has one: `pieces` must then be the one chunk the rule gives this rank (or none where that
+  // chunk is empty), and the save sends the rule instead of the box, so that the ranks of one
+  // layout send the coordinator their tensors' names, shapes and rules once between them
+  // (docs/DESIGN.md, save step 1). Optional: without it the boxes travel.
+  std::optional<MeshLayout> layout;
 };
 
 struct SaveState {
@@ -57,6 +74,8 @@ struct SaveStats {
   double plan_seconds = 0;    // local plan, gather, global plan (coordinator), scatter: from the
                               // call to the start of writing
   bool plan_cached = false;   // the writes came from options.plan_cache (no global plan computed)
+  int plan_exchanges = 0;     // gather + scatter rounds to the plan: 1, or 2-3 when the
+                              // coordinator asked for plans or shared parts (engine/save.cc)
   double write_seconds = 0;   // checksumming and writing this rank's data files
   double sync_seconds = 0;    // fsync, close and rename of this rank's data files
   double commit_seconds = 0;  // report, metadata write and commit (coordinator), agreement

@@ -77,7 +77,7 @@ std::string EncodePlanRequest(const PlanRequest& request) {
 Result<PlanRequest> DecodePlanRequest(std::string_view bytes) {
   ByteReader r(bytes, "plan request");
   PlanRequest request;
-  SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanRequest::Kind::kNothing, "plan request",
+  SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanRequest::Kind::kRuled, "plan request",
                                        &request.kind, &request.plan_id));
   SP_ASSIGN_OR_RETURN(std::string_view files_save_id, r.ReadString(4096));
   request.files_save_id = std::string(files_save_id);
@@ -99,14 +99,14 @@ std::string EncodePlanReply(const PlanReply& reply) {
 std::optional<PlanReply::Kind> PlanReplyKind(std::string_view bytes) {
   if (bytes.empty()) return std::nullopt;
   const uint8_t kind = static_cast<uint8_t>(bytes[0]);
-  if (kind > static_cast<uint8_t>(PlanReply::Kind::kRenamed)) return std::nullopt;
+  if (kind > static_cast<uint8_t>(PlanReply::Kind::kResendShared)) return std::nullopt;
   return static_cast<PlanReply::Kind>(kind);
 }
 
 Result<PlanReply> DecodePlanReply(std::string_view bytes) {
   ByteReader r(bytes, "plan reply");
   PlanReply reply;
-  SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanReply::Kind::kRenamed, "plan reply", &reply.kind,
+  SP_RETURN_IF_ERROR(ReadKindAndPlanId(r, PlanReply::Kind::kResendShared, "plan reply", &reply.kind,
                                        &reply.plan_id));
   SP_ASSIGN_OR_RETURN(std::string_view save_id, r.ReadString(4096));
   reply.save_id = std::string(save_id);

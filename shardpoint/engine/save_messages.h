@@ -1,8 +1,9 @@
 // The messages of a save that travel between ranks as bytes.
 //
-// PlanRequest: rank -> coordinator, its local plan, or the id of the cached plan it still has.
+// PlanRequest: rank -> coordinator, its local plan (ruled: plan/ruled_plan.h), or the id of the
+// cached plan it still has.
 // PlanReply: coordinator -> rank, a RankWriteOrder (whole, or its files only when the rank's
-// cached writes stand), or the request to send the local plan after all.
+// cached writes stand), or the request to send the local plan (or its shared part) after all.
 // RankWriteOrder: coordinator -> rank, what to write (the rank's plan and its files' headers).
 // WriteReport: rank -> coordinator, the block checksums of every chunk written.
 // Decoders are bounds-checked: hostile bytes give kDataLoss, never a crash.
@@ -39,7 +40,8 @@ struct PlanRequest {
   enum class Kind : uint8_t {
     kFull = 0,     // `plan` is the rank's LocalSavePlan
     kCached = 1,   // unchanged since plan `plan_id`; `plan` is a LocalSavePlan of its objects only
-    kNothing = 2,  // (in the second exchange) the rank's kFull request of the first stands
+    kNothing = 2,  // (in a later exchange) the rank's request of an earlier one stands
+    kRuled = 3,    // `plan` is the rank's plan as a ruled message (plan/ruled_plan.h)
   };
   Kind kind = Kind::kFull;
   uint64_t plan_id = 0;
@@ -51,9 +53,12 @@ struct PlanReply {
   enum class Kind : uint8_t {
     kOrder = 0,      // the whole order
     kFilesOnly = 1,  // order.format and order.files; the writes are those of plan `plan_id`
-    kResend = 2,     // some rank sent kCached but a plan is needed: send the full local plan
+    kResend = 2,     // a plan is needed and some request is missing: a rank that sent kCached
+                     // sends its local plan (kRuled), the others kNothing
     kRenamed = 3,    // order empty: the rank's cached files and writes of plan `plan_id`, renamed
                      // for save `save_id` (CheckpointWriter::RenameForSave)
+    kResendShared = 4,  // no rank sent the shared part of this rank's ruled plan: send the
+                        // plan again with it
   };
   Kind kind = Kind::kOrder;
   uint64_t plan_id = 0;  // the plan's id for the ranks' caches (0: none kept)
