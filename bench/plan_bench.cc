@@ -1,8 +1,8 @@
 // Planning benchmark: a global save plan for many ranks, each holding one box of every tensor.
 //
-// The tensors cycle through the layouts of a 3-D parallel job on 1,024 ranks (mesh 8 x 16 x 8
-// by default: data-parallel replicas, FSDP shards, tensor-parallel shards): row-sharded over
-// all ranks, column-sharded over TP with replicas, a 2-D grid, and fully replicated; one tensor
+// The tensors cycle through the layouts of a parallel job on a mesh of FSDP (ranks / 8) x tensor
+// parallel (8) (1,024 ranks by default): row-sharded over all ranks, column-sharded over TP and
+// replicated over FSDP, a 2-D grid (FSDP rows x TP columns), and fully replicated; one tensor
 // in ten is cut irregularly instead (row bands split at a column that varies by band). Reports
 // the median of 5 runs of PlanSave, of the native writer laying out the data files of that plan
 // (names and every file's safetensors header: the coordinator's work that remains in a save whose
@@ -16,8 +16,13 @@
 // gathers (plan/plan_codec.h), and the coordinator decodes them, plans, lays out the files,
 // encodes every rank's reply and the committed metadata, as engine/save.cc does. Its peak
 // resident set (VmHWM, reset after the messages are built) is printed with the bytes gathered.
+// It is measured twice, each in a process of its own: with the messages as whole local plans
+// (every rank's names, shapes and boxes; the baseline), and as the ruled plans a save sends
+// (plan/ruled_plan.h: the tensors carry the mesh rules of the layouts above, so each rank sends a
+// digest, the irregular tensors' boxes and its objects, and rank 0 the shared part).
 //
-// Usage: plan_bench [ranks] [tensors] [--coordinator-only]   (ranks must be a multiple of 128)
+// Usage: plan_bench [ranks] [tensors] [--coordinator-only | --coordinator-ruled]
+//        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +31,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +44,7 @@
 #include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/plan/plan_codec.h"
+#include "shardpoint/plan/ruled_plan.h"
 #include "shardpoint/plan/save_plan.h"
 #include "shardpoint/store/memory_store.h"
 
@@ -57,7 +64,7 @@ std::pair<int64_t, int64_t> Piece(int64_t length, int64_t parts, int64_t index) 
 // The box rank `rank` holds of tensor number `t`: one tensor in ten is irregular (t % 10 == 9),
 // the others take the layout chosen by t % 4.
 Box LayoutBox(int t, int64_t rank, int64_t ranks, const Shape& shape) {
-  const int64_t tp = 8, fsdp = ranks / 128 * 16;  // dp = ranks / (tp * fsdp) = 8
+  const int64_t tp = 8, fsdp = ranks / 128 * 16;  // = ranks / tp: no data-parallel dim
   const int64_t tp_rank = rank % tp, fsdp_rank = (rank / tp) % fsdp;
   Box box = Box::Whole(shape);
   if (t % 10 == 9) {
@@ -87,7 +94,26 @@ Box LayoutBox(int t, int64_t rank, int64_t ranks, const Shape& shape) {
   return box;
 }
 
-sp::LocalSavePlan MakeLocal(int64_t rank, int64_t ranks, int tensors) {
+// The same layouts as device-mesh rules on the (dp, fsdp, tp) mesh, whose row-major positions are
+// the ranks (SaveTensor::layout); nullopt for the irregular tensors.
+std::optional<sp::MeshLayout> LayoutRule(int t, int64_t ranks) {
+  if (t % 10 == 9) return std::nullopt;
+  using sp::Placement;
+  const Placement r = Placement::Replicate(), rows = Placement::Shard(0),
+                  cols = Placement::Shard(1);
+  const int64_t tp = 8, fsdp = ranks / 128 * 16;  // as LayoutBox
+  const Shape mesh = {ranks / (tp * fsdp), fsdp, tp};
+  switch (t % 4) {
+    case 0: return sp::MeshLayout{mesh, {rows, rows, rows}, {}};
+    case 1: return sp::MeshLayout{mesh, {r, r, cols}, {}};
+    case 2: return sp::MeshLayout{mesh, {r, rows, cols}, {}};
+    default: return sp::MeshLayout{mesh, {r, r, r}, {}};
+  }
+}
+
+// Rank `rank`'s plan; with `rules`, its tensors carry their layout rules (checked against the
+// boxes, as a save checks them).
+sp::LocalSavePlan MakeLocal(int64_t rank, int64_t ranks, int tensors, bool rules = false) {
   sp::LocalSavePlan local;
   local.tensors.reserve(tensors);
   for (int t = 0; t < tensors; ++t) {
@@ -97,6 +123,13 @@ sp::LocalSavePlan MakeLocal(int64_t rank, int64_t ranks, int tensors) {
                         sp::DType::kBFloat16,
                         shape,
                         {LayoutBox(t, rank, ranks, shape)}});
+    if (rules) {
+      local.tensors.back().layout = LayoutRule(t, ranks);
+      if (sp::Status s = sp::CheckRuledBoxes(rank, &local.tensors.back()); !s.ok()) {
+        std::fprintf(stderr, "layout rule of tensor %d: %s\n", t, s.ToString().c_str());
+        std::abort();
+      }
+    }
   }
   return local;
 }
@@ -121,12 +154,17 @@ double StatusMiB(const char* field) {
 }
 
 // The coordinator of a save of this layout, from the gathered messages to the encoded replies
-// and metadata; prints its peak resident set. Returns false on a failure (printed).
-bool MeasureCoordinator(int64_t ranks, int tensors) {
+// and metadata; prints its peak resident set. With `ruled`, the messages are ruled plans
+// (plan/ruled_plan.h) as a save sends them: every rank's digest and own part, the shared part
+// from rank 0 alone; otherwise every rank's whole local plan (as saves sent them before).
+// Returns false on a failure (printed).
+bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled) {
   std::vector<std::string> gathered(ranks);
   size_t gathered_bytes = 0;
   for (int64_t r = 0; r < ranks; ++r) {
-    gathered[r] = sp::EncodeLocalSavePlan(MakeLocal(r, ranks, tensors));
+    const sp::LocalSavePlan local = MakeLocal(r, ranks, tensors, ruled);
+    gathered[r] = ruled ? sp::EncodeRuledLocalPlan(local, sp::SendsSharedPart(local, r, 0))
+                        : sp::EncodeLocalSavePlan(local);
     gathered_bytes += gathered[r].size();
   }
   const double before = StatusMiB("VmRSS");
@@ -136,14 +174,36 @@ bool MeasureCoordinator(int64_t ranks, int tensors) {
   }
   const auto start = std::chrono::steady_clock::now();
   size_t reply_bytes = 0, metadata_bytes = 0;
+  double decoded_s = 0;
   {
     sp::GatheredPlans plans(gathered.size());
-    for (const std::string& message : gathered) {
-      if (sp::Status s = sp::DecodeLocalSavePlanInto(message, &plans); !s.ok()) {
-        std::fprintf(stderr, "DecodeLocalSavePlanInto failed: %s\n", s.ToString().c_str());
-        return false;
+    if (ruled) {
+      sp::SharedPlans shared(gathered.size());
+      std::vector<sp::SharedPlans::Message> opened(gathered.size());
+      for (size_t r = 0; r < gathered.size(); ++r) {
+        sp::Result<sp::SharedPlans::Message> message = sp::SharedPlans::Open(gathered[r]);
+        sp::Status s = message.ok() ? shared.Add(*message) : message.status();
+        if (!s.ok()) {
+          std::fprintf(stderr, "ruled plan of rank %zu: %s\n", r, s.ToString().c_str());
+          return false;
+        }
+        opened[r] = *message;
+      }
+      for (size_t r = 0; r < gathered.size(); ++r) {
+        if (sp::Status s = shared.Expand(opened[r], static_cast<uint32_t>(r), &plans); !s.ok()) {
+          std::fprintf(stderr, "Expand failed: %s\n", s.ToString().c_str());
+          return false;
+        }
+      }
+    } else {
+      for (const std::string& message : gathered) {
+        if (sp::Status s = sp::DecodeLocalSavePlanInto(message, &plans); !s.ok()) {
+          std::fprintf(stderr, "DecodeLocalSavePlanInto failed: %s\n", s.ToString().c_str());
+          return false;
+        }
       }
     }
+    decoded_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     sp::SavePlanOptions options;
     options.save_id = "bench";
     sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(plans, options);
@@ -170,15 +230,39 @@ bool MeasureCoordinator(int64_t ranks, int tensors) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double peak = StatusMiB("VmHWM");
+  if (ruled) {
+    std::printf("  coordinator, ruled plans (layout rules; a digest from each rank, the shared "
+                "part from rank 0):\n");
+  } else {
+    std::printf("plan_bench: ranks=%lld tensors=%d\n  coordinator, whole plans (every rank's "
+                "names, shapes and boxes; the baseline):\n",
+                static_cast<long long>(ranks), tensors);
+  }
   std::printf(
-      "plan_bench: ranks=%lld tensors=%d\n  coordinator: peak RSS %.0f MiB (%.0f MiB before "
-      "decoding, holding the %.1f MiB of gathered plans), %.2f s from the gathered messages to "
-      "%.1f MiB of replies and %.1f MiB of metadata\n",
-      static_cast<long long>(ranks), tensors, peak, before,
-      static_cast<double>(gathered_bytes) / (1 << 20), seconds,
-      static_cast<double>(reply_bytes) / (1 << 20), static_cast<double>(metadata_bytes) / (1 << 20));
+      "    peak RSS %.0f MiB (%.0f MiB before decoding, holding the %.1f MiB of gathered plans), "
+      "%.2f s from the gathered messages to %.1f MiB of replies and %.1f MiB of metadata, of "
+      "which %.2f s to decode them into the plans' table\n",
+      peak, before, static_cast<double>(gathered_bytes) / (1 << 20), seconds,
+      static_cast<double>(reply_bytes) / (1 << 20), static_cast<double>(metadata_bytes) / (1 << 20),
+      decoded_s);
   std::fflush(stdout);
   return true;
+}
+
+// Runs the coordinator's measurement in a child process (so that its heap neither counts in the
+// other's peak nor weighs on the timings after it). Returns false when it failed.
+bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool ruled) {
+  std::fflush(stdout);
+  const std::string ranks_arg = std::to_string(ranks), tensors_arg = std::to_string(tensors);
+  const pid_t child = fork();
+  if (child == 0) {
+    execl("/proc/self/exe", self, ranks_arg.c_str(), tensors_arg.c_str(),
+          ruled ? "--coordinator-ruled" : "--coordinator-only", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int child_status = 0;
+  return child > 0 && waitpid(child, &child_status, 0) == child && WIFEXITED(child_status) &&
+         WEXITSTATUS(child_status) == 0;
 }
 
 struct Timing {
@@ -207,28 +291,23 @@ Timing Median(Fn&& fn) {
 
 int main(int argc, char** argv) {
   const bool coordinator_only = argc > 3 && std::strcmp(argv[3], "--coordinator-only") == 0;
+  const bool coordinator_ruled = argc > 3 && std::strcmp(argv[3], "--coordinator-ruled") == 0;
   const int64_t ranks = argc > 1 ? std::atoll(argv[1]) : 1024;
   const int tensors = argc > 2 ? std::atoi(argv[2]) : 500;
-  if (ranks < 128 || ranks % 128 != 0 || tensors < 1 || (argc > 3 && !coordinator_only) ||
-      argc > 4) {
+  if (ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
+      (argc > 3 && !coordinator_only && !coordinator_ruled) || argc > 4) {
     std::fprintf(stderr,
-                 "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] [--coordinator-only]\n");
+                 "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
+                 "[--coordinator-only | --coordinator-ruled]\n");
     return 2;
   }
-  if (coordinator_only) return MeasureCoordinator(ranks, tensors) ? 0 : 1;
-  std::fflush(stdout);
-  const std::string ranks_arg = std::to_string(ranks), tensors_arg = std::to_string(tensors);
-  const pid_t child = fork();
-  if (child == 0) {
-    execl("/proc/self/exe", argv[0], ranks_arg.c_str(), tensors_arg.c_str(), "--coordinator-only",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int child_status = 0;
-  if (child < 0 || waitpid(child, &child_status, 0) != child || !WIFEXITED(child_status) ||
-      WEXITSTATUS(child_status) != 0) {
-    std::fprintf(stderr, "the coordinator's measurement failed\n");
-    return 1;
+  if (coordinator_ruled) return MeasureCoordinator(ranks, tensors, true) ? 0 : 1;
+  if (coordinator_only) return MeasureCoordinator(ranks, tensors, false) ? 0 : 1;
+  for (bool ruled : {false, true}) {
+    if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled)) {
+      std::fprintf(stderr, "the coordinator's measurement failed\n");
+      return 1;
+    }
   }
   const std::vector<sp::LocalSavePlan> locals = MakeLocals(ranks, tensors);
   sp::SavePlanOptions options;

@@ -177,6 +177,28 @@ def test_load_at_1_process_and_load_full(checkpoints):
     assert sp.inspect(os.path.join(checkpoints, "d_submesh")).tensors["w.a"].chunks.__len__() == 3
 
 
+def _layouts_rank(rank, world):
+    from shardpoint._torch import tensor_plan
+
+    out = {}
+    for name, mesh_spec, spec in SAVED_AT_4:
+        value = make_dtensor(reference()["w.c"], _mesh(mesh_spec), spec)
+        out[name] = (tensor_plan("w.c", value, for_load=False).layout,
+                     tensor_plan("w.c", value, for_load=True).layout)
+    return out
+
+
+def test_saves_send_the_mesh_and_placements_of_each_dtensor():
+    # (mesh shape, placements as (kind, dim, split factor), the mesh's ranks or () for 0..n-1):
+    # the core sends these instead of each rank's box (docs/DESIGN.md, save step 2).
+    layouts = run_ranks(4, _layouts_rank)
+    assert layouts[0]["a_1d"] == (((4,), ((1, 0, 1),), ()), None)
+    assert layouts[2]["b_two_dims_one_tensor_dim"] == (((2, 2), ((1, 0, 1), (1, 0, 1)), ()), None)
+    assert layouts[1]["d_submesh"] == (((3,), ((1, 0, 1),), (1, 2, 3)), None)
+    assert layouts[0]["d_submesh"] == (None, None)  # rank 0 is not in the mesh: it holds nothing
+    assert layouts[3]["e_strided"] == (((2, 2), ((2, 0, 2), (1, 0, 1)), ()), None)
+
+
 def strided_without_shard(rank, world, path):
     mesh = _mesh((2, 2))
     value = make_dtensor(reference()["w.a"], mesh, [("S", 1), ("SS", 0, 2)])
