@@ -24,14 +24,14 @@ uint32_t GatheredPlans::ShapeId(std::span<const int64_t> shape) {
 void GatheredPlans::BeginRank() {
   if (world_size() == 1 && expected_ranks_ > 1) {
     tensors_.reserve(tensors_.size() * expected_ranks_);
-    values_.reserve(values_.size() * expected_ranks_);
+    values_.reserve(values_.size() + own_values_ * (expected_ranks_ - 1));
   }
   rank_begin_.push_back(tensors_.size());
   objects_.emplace_back();
 }
 
-void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
-                              std::span<const Box> boxes) {
+GatheredPlans::Tensor GatheredPlans::NewEntry(std::string_view name, DType dtype,
+                                              std::span<const int64_t> shape) {
   const size_t position = tensors_.size() - rank_begin_[rank_begin_.size() - 2];
   if (previous_name_.size() <= position) {
     previous_name_.resize(position + 1, kUnset);
@@ -47,8 +47,37 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
   tensor.name = name_id;
   tensor.shape = shape_id;
   tensor.dtype = dtype;
+  return tensor;
+}
+
+void GatheredPlans::Append(const Tensor& tensor) {
+  tensors_.push_back(tensor);
+  rank_begin_.back() = tensors_.size();
+}
+
+uint64_t GatheredPlans::AddSharedBoxes(std::span<const Box> boxes) {
+  const uint64_t first = values_.size();
+  for (const Box& box : boxes) {
+    values_.insert(values_.end(), box.offsets.begin(), box.offsets.end());
+    values_.insert(values_.end(), box.sizes.begin(), box.sizes.end());
+  }
+  return first;
+}
+
+void GatheredPlans::AddTensorWithSharedBoxes(std::string_view name, DType dtype,
+                                             std::span<const int64_t> shape, uint64_t first_value,
+                                             uint32_t box_count) {
+  Tensor tensor = NewEntry(name, dtype, shape);
+  tensor.first_value = first_value;
+  tensor.box_count = box_count;
+  Append(tensor);
+}
+
+void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
+                              std::span<const Box> boxes) {
+  Tensor tensor = NewEntry(name, dtype, shape);
   tensor.first_value = values_.size();
-  const Shape& tensor_shape = *shapes_[shape_id];
+  const Shape& tensor_shape = *shapes_[tensor.shape];
   for (const Box& box : boxes) {
     if (box.offsets.size() == box.sizes.size() && WithinShape(box, tensor_shape)) continue;
     // The error PlanSave returns (save_plan.h) when it reaches this tensor of this rank.
@@ -64,17 +93,14 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
                                              ", which is not within shape " +
                                              ShapeToString(tensor_shape)));
     }
-    tensors_.push_back(tensor);
-    rank_begin_.back() = tensors_.size();
+    Append(tensor);
     return;
   }
-  for (const Box& box : boxes) {
-    values_.insert(values_.end(), box.offsets.begin(), box.offsets.end());
-    values_.insert(values_.end(), box.sizes.begin(), box.sizes.end());
-  }
+  const uint64_t before = values_.size();
+  AddSharedBoxes(boxes);
+  own_values_ += world_size() == 1 ? values_.size() - before : 0;
   tensor.box_count = static_cast<uint32_t>(boxes.size());
-  tensors_.push_back(tensor);
-  rank_begin_.back() = tensors_.size();
+  Append(tensor);
 }
 
 void GatheredPlans::AddObject(ObjectEntry object) { objects_.back().push_back(std::move(object)); }

@@ -62,6 +62,15 @@ class GatheredPlans {
   void BeginRank();
   void AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
                  std::span<const Box> boxes);
+  // Boxes that many entries share (a layout rule's chunk of every mesh position, plan/
+  // ruled_plan.h), stored once: appends them to the values and returns where the first begins
+  // (box i at that + i * 2 * its rank). They must be within the shape of the tensors that use
+  // them (not checked here).
+  uint64_t AddSharedBoxes(std::span<const Box> boxes);
+  // Appends a tensor of the current rank whose `box_count` boxes are at `first_value` in the
+  // values (from AddSharedBoxes): nothing is copied.
+  void AddTensorWithSharedBoxes(std::string_view name, DType dtype, std::span<const int64_t> shape,
+                                uint64_t first_value, uint32_t box_count);
   void AddObject(ObjectEntry object);
 
   size_t world_size() const { return objects_.size(); }
@@ -85,12 +94,16 @@ class GatheredPlans {
 
   uint32_t NameId(std::string_view name);
   uint32_t ShapeId(std::span<const int64_t> shape);
+  // An entry of the current rank with its name and shape ids set (not yet appended).
+  Tensor NewEntry(std::string_view name, DType dtype, std::span<const int64_t> shape);
+  void Append(const Tensor& tensor);
 
   size_t expected_ranks_ = 0;
   std::vector<Tensor> tensors_;
   std::vector<uint64_t> rank_begin_ = {0};  // rank r's tensors: [rank_begin_[r], rank_begin_[r+1])
   std::vector<std::vector<ObjectEntry>> objects_;
   std::vector<int64_t> values_;
+  uint64_t own_values_ = 0;  // values added by AddTensor (not shared): sizes the reservation
   std::deque<std::string> names_;  // stable addresses: name_ids_ keys view them
   std::unordered_map<std::string_view, uint32_t> name_ids_;
   std::map<Shape, uint32_t> shape_ids_;

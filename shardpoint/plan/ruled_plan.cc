@@ -252,13 +252,13 @@ struct SharedPlans::Part {
     DType dtype = DType::kFloat32;
     Shape shape;
     uint32_t rule = 0;  // 0: none; else rules[rule - 1]
-    // With a rule: the chunk of every mesh position, shared by the tensors of equal rule and
-    // shape (set on first use).
-    const std::vector<Box>* chunks = nullptr;
+    // With a rule: where the chunk of every mesh position is in the GatheredPlans' values,
+    // shared by the tensors of equal rule and shape (set on first use).
+    const uint64_t* chunks = nullptr;
   };
   std::vector<Rule> rules;
   std::vector<Tensor> tensors;
-  std::map<std::pair<uint32_t, Shape>, std::vector<Box>> chunks;
+  std::map<std::pair<uint32_t, Shape>, uint64_t> chunks;
 };
 
 SharedPlans::SharedPlans(size_t world_size) : world_size_(world_size) {}
@@ -337,6 +337,10 @@ Status SharedPlans::Add(const Message& message) {
 }
 
 Status SharedPlans::Expand(const Message& message, uint32_t rank, GatheredPlans* plans) {
+  if (into_ == nullptr) into_ = plans;
+  if (into_ != plans) {
+    return InternalError("ruled plans are expanded into one table, not several");
+  }
   auto found = parts_.find(message.digest);
   if (found == parts_.end()) {
     return InternalError("rank " + std::to_string(rank) + " sent shared part " +
@@ -375,15 +379,14 @@ Status SharedPlans::Expand(const Message& message, uint32_t rank, GatheredPlans*
     }
     const Part::Rule& rule = part.rules[t.rule - 1];
     if (t.chunks == nullptr) {
-      auto [it, inserted] = part.chunks.try_emplace({t.rule, t.shape});
-      if (inserted) {
+      auto it = part.chunks.find({t.rule, t.shape});
+      if (it == part.chunks.end()) {
         Result<std::vector<Box>> chunks = MeshChunksPerRank(t.shape, rule.layout);
         if (!chunks.ok()) {
-          part.chunks.erase(it);
           return InvalidArgumentError("tensor " + Quote(t.name) + ": " +
                                       std::string(chunks.status().message()));
         }
-        it->second = std::move(*chunks);
+        it = part.chunks.emplace(std::pair{t.rule, t.shape}, plans->AddSharedBoxes(*chunks)).first;
       }
       t.chunks = &it->second;
     }
@@ -393,7 +396,9 @@ Status SharedPlans::Expand(const Message& message, uint32_t rank, GatheredPlans*
                                   " is not in the mesh of its layout (" +
                                   LayoutToString(rule.layout) + ")");
     }
-    plans->AddTensor(t.name, t.dtype, t.shape, std::span<const Box>(&(*t.chunks)[p], 1));
+    const uint64_t box_values = 2 * t.shape.size();
+    plans->AddTensorWithSharedBoxes(t.name, t.dtype, t.shape,
+                                    *t.chunks + static_cast<uint64_t>(p) * box_values, 1);
   }
   SP_ASSIGN_OR_RETURN(uint32_t num_objects, r.ReadCount(kMinObjectBytes));
   for (uint32_t i = 0; i < num_objects; ++i) {

@@ -87,13 +87,16 @@ class SharedPlans {
 
   // Appends `rank`'s plan to `plans` as its next rank (plans->world_size() == rank before): the
   // shared part of its digest (which must have been added) with the boxes of its own part and
-  // its rules. kDataLoss for an own part that does not fit the shared part; kInvalidArgument for
-  // a rule that is malformed (naming the tensor) or does not hold `rank`.
+  // its rules. A rule's chunks are stored in `plans` once, for all the ranks that use them, so
+  // every call must pass the same `plans` (kInternal otherwise, and for a digest never added).
+  // kDataLoss for an own part that does not fit the shared part; kInvalidArgument for a rule
+  // that is malformed (naming the tensor) or does not hold `rank`.
   Status Expand(const Message& message, uint32_t rank, GatheredPlans* plans);
 
  private:
   struct Part;
   size_t world_size_;
+  const GatheredPlans* into_ = nullptr;  // the table every Expand fills
   std::map<Fingerprint128, std::unique_ptr<Part>> parts_;
 };
 
