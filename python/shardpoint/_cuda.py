@@ -342,10 +342,11 @@ class Stager:
         return True
 
     def add(self, entry: tuple) -> None:
-        """One tensor's core entry (name, dtype, shape, pieces), in the order of the save's entries."""
-        name, dtype, shape, pieces = entry
+        """One tensor's core entry (name, dtype, shape, pieces[, layout]), in the order of the save's
+        entries."""
+        name, dtype, shape, pieces = entry[:4]
         t = len(self.entries)
-        self.entries.append((name, dtype, shape, [[o, z, None] for o, z, _ in pieces]))
+        self.entries.append((name, dtype, shape, [[o, z, None] for o, z, _ in pieces], *entry[4:]))
         for p, (_, _, data) in enumerate(pieces):
             if isinstance(data, np.ndarray):
                 data = torch.from_numpy(data)
@@ -412,7 +413,7 @@ class Stager:
             fill.events = {i: STREAMS.get(torch.device("cuda", i)).record_event() for i in devices}
         for index in self.devices:
             STREAMS.get(torch.device("cuda", index)).synchronize()
-        entries = [(n, d, sh, [tuple(piece) for piece in pieces]) for n, d, sh, pieces in self.entries]
+        entries = [(n, d, sh, [tuple(piece) for piece in pieces], *rest) for n, d, sh, pieces, *rest in self.entries]
         return AsyncStaging(entries, fill, fill_budget, blocked_bytes > 0, self.staged, snapshot_bytes,
                             blocked_bytes)
 

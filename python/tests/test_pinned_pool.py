@@ -170,3 +170,15 @@ def test_a_half_that_fails_to_register_in_the_background_fails_the_batch_that_ne
     # A load that fails in its first batch while half 1 is still being registered finishes quietly.
     loads.start(set(), [4096, 4096])
     loads.finish()
+
+
+def test_the_stager_keeps_each_entrys_layout():
+    # A DTensor's save entry carries its mesh rule as a fifth item (TensorPlan.layout); staging its
+    # pieces must not drop it, nor break on it.
+    layout = ((2,), ((1, 0, 1),), ())
+    host = torch.arange(6, dtype=torch.uint8)
+    stager = _cuda.Stager(HostPool(), 0, "block")
+    stager.add(("w", "uint8", (12,), [((0,), (6,), host)], layout))
+    stager.add(("b", "uint8", (6,), [((0,), (6,), host)]))
+    assert stager.entries[0][4] == layout and len(stager.entries[1]) == 4
+    assert stager.finish() is None  # nothing on a device: the entries go to the core as they are
