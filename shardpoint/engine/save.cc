@@ -196,8 +196,10 @@ Result<std::optional<std::vector<std::string>>> AskForMissing(
   for (size_t r = 0; r < requests.size(); ++r) {
     if (requests[r].kind == PlanRequest::Kind::kCached) missing = true;
     if (requests[r].kind != PlanRequest::Kind::kRuled) continue;
-    SP_ASSIGN_OR_RETURN((*opened)[r], SharedPlans::Open(requests[r].plan));
-    SP_RETURN_IF_ERROR(shared->Add((*opened)[r]));
+    Result<SharedPlans::Message> message = SharedPlans::Open(requests[r].plan);
+    Status added = message.ok() ? shared->Add(*message) : message.status();
+    if (!added.ok()) return added.WithContext("the save plan of rank " + std::to_string(r));
+    (*opened)[r] = *message;
   }
   std::set<Fingerprint128> asked;
   for (size_t r = 0; r < requests.size(); ++r) {
