@@ -3,7 +3,9 @@
 //   mpi_scale_test save DIR   every rank saves its row block of "w" [3840, 8] and the replicated
 //                             "b" [1000] (stored once, by one of its holders), twice through a
 //                             SavePlanCache: the second save (which the loads read) must take the
-//                             cached plan on every rank
+//                             cached plan on every rank. The even ranks give their tensors' mesh
+//                             rules (SaveTensor::layout), the odd ones boxes: two shared parts,
+//                             the odd ranks' asked for in a second exchange
 //   mpi_scale_test load DIR   every rank loads a block of "w" on a (world / 8) x 8 grid and the
 //                             whole of "b", bit-exact; then a load in which the last rank asks
 //                             for a tensor the checkpoint lacks must fail on every rank, naming it
@@ -59,6 +61,10 @@ void SaveSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   state.tensors.push_back(SaveTensor{
       "b", DType::kInt64, {kReplicated},
       {ConstPieceView{Box{{0}, {kReplicated}}, reinterpret_cast<const std::byte*>(b.data())}}});
+  if (rank % 2 == 0) {
+    state.tensors[0].layout = MeshLayout{{n}, {Placement::Shard(0)}, {}};
+    state.tensors[1].layout = MeshLayout{{n}, {Placement::Replicate()}, {}};
+  }
   SavePlanCache cache;
   SaveStats stats;
   SaveOptions options;
@@ -69,6 +75,8 @@ void SaveSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   const Status saved = sp::Save(state, path, options);
   checks.Expect("save", saved.ok(), saved.ToString());
   checks.Expect("the first save plans", !stats.plan_cached);
+  checks.Expect("the first save asks for the odd ranks' shared part in a second exchange",
+                stats.plan_exchanges == 2, std::to_string(stats.plan_exchanges) + " exchanges");
   const Status again = sp::Save(state, path, options);
   checks.Expect("a second save over it", again.ok(), again.ToString());
   checks.Expect("the second save takes the cached plan", stats.plan_cached && cache.hits() == 1,

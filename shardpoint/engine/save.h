@@ -60,7 +60,7 @@ struct SaveTensor {
   // it has one: `pieces` must then be the one chunk the rule gives this rank (or none where that
   // chunk is empty), and the save sends the rule instead of the box, so that the ranks of one
   // layout send the coordinator their tensors' names, shapes and rules once between them
-  // (docs/DESIGN.md, save step 1). Optional: without it the boxes travel.
+  // (docs/DESIGN.md, save step 2). Optional: without it the boxes travel.
   std::optional<MeshLayout> layout;
 };
 

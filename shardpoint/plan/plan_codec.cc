@@ -14,8 +14,10 @@ using plan_codec_internal::ExpectDone;
 using plan_codec_internal::kMaxNameBytes;
 using plan_codec_internal::kMinObjectBytes;
 using plan_codec_internal::Open;
+using plan_codec_internal::PutBoxList;
 using plan_codec_internal::PutI64List;
 using plan_codec_internal::PutObject;
+using plan_codec_internal::ReadBoxList;
 using plan_codec_internal::ReadI64List;
 using plan_codec_internal::ReadObject;
 using plan_codec_internal::Seal;
@@ -24,7 +26,6 @@ constexpr uint32_t kLocalSavePlanMagic = 0x31504C53;  // "SLP1"
 constexpr uint32_t kRankSavePlanMagic = 0x31505253;   // "SRP1"
 // Smallest encodings, used to bound counts by the bytes that remain.
 constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4;
-constexpr size_t kMinBoxBytes = 4 + 4;
 constexpr size_t kWriteBytes = 5 * 4 + 2 * 8;
 
 // Reads one tensor into `tensor`, except its name, which `name` views in the message. The
@@ -40,13 +41,7 @@ Status ReadTensor(ByteReader& r, LocalTensor* tensor, std::string_view* name) {
   }
   tensor->dtype = *dtype;
   SP_RETURN_IF_ERROR(ReadI64List(r, &tensor->shape));
-  SP_ASSIGN_OR_RETURN(uint32_t num_boxes, r.ReadCount(kMinBoxBytes));
-  tensor->boxes.resize(num_boxes);
-  for (Box& box : tensor->boxes) {
-    SP_RETURN_IF_ERROR(ReadI64List(r, &box.offsets));
-    SP_RETURN_IF_ERROR(ReadI64List(r, &box.sizes));
-  }
-  return OkStatus();
+  return ReadBoxList(r, &tensor->boxes);
 }
 
 }  // namespace
@@ -60,11 +55,7 @@ std::string EncodeLocalSavePlan(const LocalSavePlan& plan) {
     w.PutString(tensor.name);
     w.PutU8(DTypeCode(tensor.dtype));
     PutI64List(w, tensor.shape);
-    w.PutU32(static_cast<uint32_t>(tensor.boxes.size()));
-    for (const Box& box : tensor.boxes) {
-      PutI64List(w, box.offsets);
-      PutI64List(w, box.sizes);
-    }
+    PutBoxList(w, tensor.boxes);
   }
   w.PutU32(static_cast<uint32_t>(plan.objects.size()));
   for (const ObjectEntry& object : plan.objects) PutObject(w, object);

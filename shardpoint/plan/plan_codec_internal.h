@@ -9,11 +9,13 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/base/result.h"
 #include "shardpoint/format/metadata.h"
+#include "shardpoint/geometry/box.h"
 
 namespace sp {
 namespace plan_codec_internal {
@@ -70,6 +72,27 @@ inline Status ExpectDone(const ByteReader& r) {
   if (r.done()) return OkStatus();
   return DataLossError(r.what() + ": " + std::to_string(r.remaining()) +
                        " unexpected trailing bytes at byte " + std::to_string(r.position()));
+}
+
+// A list of boxes: count, then each box's offsets and sizes as lists.
+inline void PutBoxList(ByteWriter& w, std::span<const Box> boxes) {
+  w.PutU32(static_cast<uint32_t>(boxes.size()));
+  for (const Box& box : boxes) {
+    PutI64List(w, box.offsets);
+    PutI64List(w, box.sizes);
+  }
+}
+
+// Reads a list written by PutBoxList into *boxes (reused: it allocates only to grow).
+inline Status ReadBoxList(ByteReader& r, std::vector<Box>* boxes) {
+  constexpr size_t kMinBoxBytes = 4 + 4;
+  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(kMinBoxBytes));
+  boxes->resize(count);
+  for (Box& box : *boxes) {
+    SP_RETURN_IF_ERROR(ReadI64List(r, &box.offsets));
+    SP_RETURN_IF_ERROR(ReadI64List(r, &box.sizes));
+  }
+  return OkStatus();
 }
 
 inline void PutObject(ByteWriter& w, const ObjectEntry& object) {

@@ -15,8 +15,10 @@ namespace {
 using plan_codec_internal::ExpectDone;
 using plan_codec_internal::kMaxNameBytes;
 using plan_codec_internal::kMinObjectBytes;
+using plan_codec_internal::PutBoxList;
 using plan_codec_internal::PutI64List;
 using plan_codec_internal::PutObject;
+using plan_codec_internal::ReadBoxList;
 using plan_codec_internal::ReadI64List;
 using plan_codec_internal::ReadObject;
 using plan_codec_internal::Seal;
@@ -27,7 +29,6 @@ constexpr size_t kMinRuleBytes = 3 * 4;
 constexpr size_t kPlacementBytes = 1 + 2 * 4;
 constexpr size_t kRunBytes = 2 * 8 + 4;
 constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4;
-constexpr size_t kMinBoxBytes = 4 + 4;
 constexpr uint32_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
@@ -219,12 +220,7 @@ std::string EncodeRuledLocalPlan(const LocalSavePlan& plan, bool with_shared) {
   for (const LocalTensor& t : plan.tensors) ruleless += t.layout ? 0 : 1;
   w.PutU32(ruleless);
   for (const LocalTensor& t : plan.tensors) {
-    if (t.layout) continue;
-    w.PutU32(static_cast<uint32_t>(t.boxes.size()));
-    for (const Box& box : t.boxes) {
-      PutI64List(w, box.offsets);
-      PutI64List(w, box.sizes);
-    }
+    if (!t.layout) PutBoxList(w, t.boxes);
   }
   w.PutU32(static_cast<uint32_t>(plan.objects.size()));
   for (const ObjectEntry& object : plan.objects) PutObject(w, object);
@@ -368,12 +364,7 @@ Status SharedPlans::Expand(const Message& message, uint32_t rank, GatheredPlans*
   std::vector<Box> boxes;
   for (Part::Tensor& t : part.tensors) {
     if (t.rule == 0) {
-      SP_ASSIGN_OR_RETURN(uint32_t num_boxes, r.ReadCount(kMinBoxBytes));
-      boxes.resize(num_boxes);
-      for (Box& box : boxes) {
-        SP_RETURN_IF_ERROR(ReadI64List(r, &box.offsets));
-        SP_RETURN_IF_ERROR(ReadI64List(r, &box.sizes));
-      }
+      SP_RETURN_IF_ERROR(ReadBoxList(r, &boxes));
       plans->AddTensor(t.name, t.dtype, t.shape, boxes);
       continue;
     }

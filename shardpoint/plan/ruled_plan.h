@@ -15,7 +15,7 @@
 // network once instead of once per rank.
 //
 // Encoding (little-endian; strings and lists are a u32 count then the items; docs/DESIGN.md,
-// "Save step 1"):
+// save step 2):
 //   message   := magic "SLR1", digest:u64 u64 (low, high), has_shared:u8, [shared:string],
 //                own:list<boxes>, objects:list<object>, crc32c:u32 (of everything before it)
 //   shared    := rules:list<rule>, tensors:list<tensor>

@@ -328,7 +328,8 @@ TEST(RuledPlanTest, BadMessagesGiveErrorsNotCrashes) {
     for (int k = 0; k < 4; ++k) {
       std::string changed = body;
       changed[i] = static_cast<char>(k == 0 ? 0xFF : rng());
-      Result<SharedPlans::Message> opened = SharedPlans::Open(Sealed(changed));
+      const std::string sealed = Sealed(changed);  // the opened message views it
+      Result<SharedPlans::Message> opened = SharedPlans::Open(sealed);
       if (!opened.ok()) {
         ++refused;
         continue;
