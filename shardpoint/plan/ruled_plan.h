@@ -77,7 +77,8 @@ class SharedPlans {
     std::optional<std::string_view> shared;  // views the message's bytes
     std::string_view own;                    // the own part and objects (views the message)
   };
-  // Opens a ruled message (checksum, magic, structure of the envelope). kDataLoss when bad.
+  // Opens a ruled message (checksum, magic, structure of the envelope). kDataLoss when bad. The
+  // Message views `bytes`, which must outlive it.
   static Result<Message> Open(std::string_view bytes);
 
   // Registers a message's shared part, when it has one and its digest is new: checks the digest
