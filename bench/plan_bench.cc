@@ -5,17 +5,19 @@
 // replicated over FSDP, a 2-D grid (FSDP rows x TP columns), and fully replicated; one tensor
 // in ten is cut irregularly instead (row bands split at a column that varies by band). Reports
 // the median of 5 runs of PlanSave, of the native writer laying out the data files of that plan
-// (names and every file's safetensors header: the coordinator's work that remains in a save whose
-// plan comes from a SavePlanCache), and of PlanLoad for one rank reading every tensor whole (the
-// consolidation case: every stored chunk intersects the target), of PlanLoad for one rank loading
-// its own boxes (with the grids the metadata carries, and without), and the size of the metadata
-// with the time to decode it (format 2, format 1, and the broadcast a load sends its ranks).
+// (names and every file's safetensors header, as consolidation and tools build them; a save's
+// ranks build the headers of their own files instead, timed for one rank), of PlanLoad for one
+// rank reading every tensor whole (the consolidation case: every stored chunk intersects the
+// target), of PlanLoad for one rank loading its own boxes (with the grids the metadata carries,
+// and without), and the size of the metadata with the time to decode it (format 2, format 1, and
+// the broadcast a load sends its ranks).
 //
 // First, once and in a process of its own (so that its heap does not weigh on the timings after
 // it), the coordinator's peak memory: the ranks' local plans arrive as the messages a save
-// gathers (plan/plan_codec.h), and the coordinator decodes them, plans, lays out the files,
-// encodes every rank's reply and the committed metadata, as engine/save.cc does. Its peak
-// resident set (VmHWM, reset after the messages are built) is printed with the bytes gathered.
+// gathers (plan/plan_codec.h), and the coordinator decodes them, plans, names the files (the ranks
+// build their headers), encodes every rank's reply and the committed metadata, as
+// engine/save.cc does. Its peak resident set (VmHWM, reset after the messages are built) is
+// printed with the bytes gathered.
 // It is measured twice, each in a process of its own: with the messages as whole local plans
 // (every rank's names, shapes and boxes; the baseline), and as the ruled plans a save sends
 // (plan/ruled_plan.h: the tensors carry the mesh rules of the layouts above, so each rank sends a
@@ -215,7 +217,17 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled) {
     sp::MemoryStore store;
     std::unique_ptr<sp::CheckpointWriter> writer =
         sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
-    if (!writer->LayOutFiles(store, "/bench", &plan->metadata).ok()) return false;
+    // As a save: the ranks build their files' headers and report where each file's data starts
+    // (CheckpointWriter::ranks_build_headers), so the coordinator only names the files.
+    if (!writer->NameFiles(store, "/bench", &plan->metadata).ok()) return false;
+    std::vector<uint64_t> data_bytes(plan->metadata.files.size(), 0);
+    for (const sp::TensorMetadata& t : plan->metadata.tensors) {
+      for (const sp::StoredChunk& c : t.chunks) data_bytes[c.file] += c.byte_length;
+    }
+    for (size_t f = 0; f < data_bytes.size(); ++f) {  // as the reports set them
+      plan->metadata.files[f].data_start = 4096;
+      plan->metadata.files[f].size = 4096 + data_bytes[f];
+    }
     for (const sp::RankSavePlan& rank : plan->ranks) {
       reply_bytes += sp::EncodeRankSavePlan(rank).size();
     }
@@ -333,6 +345,24 @@ int main(int argc, char** argv) {
     sp::CheckpointMetadata md = plan->metadata;
     return writer->LayOutFiles(store, "/bench", &md);
   });
+  // What a rank of a save does instead: the headers of its own files, from its own chunks.
+  const uint32_t header_rank = static_cast<uint32_t>(ranks / 2 + 3);
+  const Timing rank_headers = Median([&]() -> sp::Result<size_t> {
+    size_t bytes = 0;
+    for (uint32_t f = 0; f < plan->metadata.files.size(); ++f) {
+      if (plan->metadata.files[f].writer_rank != static_cast<int32_t>(header_rank)) continue;
+      std::vector<sp::DataFileChunk> chunks;
+      for (const sp::ChunkWrite& w : plan->ranks[header_rank].writes) {
+        if (w.file != f) continue;
+        const sp::TensorMetadata& t = plan->metadata.tensors[w.tensor];
+        const sp::StoredChunk& c = t.chunks[w.chunk];
+        chunks.push_back(sp::DataFileChunk{t.name, t.dtype, &c.box, c.data_offset, c.byte_length});
+      }
+      bytes += writer->BuildFileHeader(plan->metadata.save_id, std::move(chunks)).size();
+    }
+    return bytes;
+  });
+
   // A save whose plan comes from a SavePlanCache: the coordinator copies the laid-out metadata
   // of the cached plan and renames its files for the new save id (engine/save_plan_cache.h).
   sp::CheckpointMetadata laid_out = plan->metadata;
@@ -427,6 +457,10 @@ int main(int argc, char** argv) {
       "  native file layout median of 5: %.4f s wall, %.4f s cpu  (%zu files: names and "
       "headers, with a copy of the metadata)\n",
       layout.wall_s, layout.cpu_s, plan->metadata.files.size());
+  std::printf(
+      "  one rank's file headers median of 5: %.6f s wall  (what a save does instead of the "
+      "layout above: each rank builds the headers of its own files)\n",
+      rank_headers.wall_s);
   std::printf(
       "  cached plan median of 5: %.4f s wall, %.4f s cpu  (the coordinator's planning in a save "
       "through a SavePlanCache: the laid-out metadata copied, its files renamed)\n",

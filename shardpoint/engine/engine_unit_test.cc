@@ -39,12 +39,15 @@ TEST(SaveMessagesTest, WriteReportRoundTrips) {
   WriteReport report;
   report.chunks.push_back(ChunkReport{7, 1, {0xdeadbeef, 1, 2}});
   report.chunks.push_back(ChunkReport{0, 0, {}});
+  report.files.push_back(FileReport{3, 4096, (uint64_t{1} << 40) + 4096});
+  report.files.push_back(FileReport{0, 0, 0});
   Result<WriteReport> back = DecodeWriteReport(EncodeWriteReport(report));
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->chunks.size(), 2u);
   EXPECT_EQ(back->chunks[0].tensor, 7u);
   EXPECT_EQ(back->chunks[0].block_crc32c, (std::vector<uint32_t>{0xdeadbeef, 1, 2}));
   EXPECT_TRUE(back->chunks[1].block_crc32c.empty());
+  EXPECT_EQ(back->files, report.files);
 }
 
 TEST(SaveMessagesTest, EveryTruncationAndTrailingBytesAreDataLoss) {
@@ -55,10 +58,12 @@ TEST(SaveMessagesTest, EveryTruncationAndTrailingBytesAreDataLoss) {
   EXPECT_EQ(DecodeRankWriteOrder(order + "x").status().code(), StatusCode::kDataLoss);
   WriteReport report;
   report.chunks.push_back(ChunkReport{1, 2, {3, 4}});
+  report.files.push_back(FileReport{5, 4096, 8192});
   const std::string encoded = EncodeWriteReport(report);
   for (size_t n = 0; n < encoded.size(); ++n) {
     EXPECT_EQ(DecodeWriteReport(encoded.substr(0, n)).status().code(), StatusCode::kDataLoss) << n;
   }
+  EXPECT_EQ(DecodeWriteReport(encoded + "x").status().code(), StatusCode::kDataLoss);
 }
 
 TEST(SaveMessagesTest, PlanRequestsAndRepliesRoundTripAndRefuseUnknownKinds) {

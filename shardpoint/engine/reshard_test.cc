@@ -27,6 +27,7 @@
 #include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
 #include "shardpoint/engine/read_executor.h"
+#include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/geometry/convert.h"
 #include "shardpoint/layout/mesh_layout.h"
 #include "shardpoint/layout/pieces.h"
@@ -723,6 +724,23 @@ void ExpectMetadata(const Case& c, const CheckpointMetadata& md) {
   }
 }
 
+// The ranks built their native files' headers themselves (CheckpointWriter::ranks_build_headers):
+// each file holds, byte for byte, the header the committed metadata implies, and is as long as
+// the metadata says.
+void ExpectHeadersOfMetadata(Store& store, const std::string& path, const CheckpointMetadata& md) {
+  if (md.format != CheckpointFormat::kNative) return;
+  const std::vector<std::string> headers = BuildDataFileHeaders(md);
+  for (size_t f = 0; f < md.files.size(); ++f) {
+    Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(path + "/" + md.files[f].name);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->size(), md.files[f].size) << md.files[f].name;
+    ASSERT_EQ(md.files[f].data_start, headers[f].size()) << md.files[f].name;
+    std::string header(headers[f].size(), '\0');
+    ASSERT_TRUE((*file)->ReadAt(0, AsMutableBytes(header.data(), header.size())).ok());
+    EXPECT_EQ(header, headers[f]) << md.files[f].name;
+  }
+}
+
 void RunCase(const Case& c, Store& store, ThreadPool* pool, const std::string& path, bool verify,
              Rng& rng) {
   Result<RankBuffers> save_buffers = MakeBuffers(c, true, rng);
@@ -734,6 +752,7 @@ void RunCase(const Case& c, Store& store, ThreadPool* pool, const std::string& p
   Result<CheckpointMetadata> md = ReadCheckpointMetadata(path, &store);
   ASSERT_TRUE(md.ok()) << md.status();
   ExpectMetadata(c, *md);
+  ExpectHeadersOfMetadata(store, path, *md);
   if (verify) {
     Result<VerifyReport> report = Verify(path, &store, pool);
     ASSERT_TRUE(report.ok()) << report.status();
@@ -1968,6 +1987,8 @@ TEST_F(PlanCacheTest, RepeatedSavesOfRandomLayoutsTakeTheCachedPlanAndStayBitExa
     // Every file's name and header carry the new save's id (renamed from the cached layout).
     const CheckpointMetadata b = Metadata(dir + "/b");
     EXPECT_NE(b.save_id, Metadata(dir + "/a").save_id);
+    ExpectHeadersOfMetadata(store_, dir + "/a", Metadata(dir + "/a"));
+    ExpectHeadersOfMetadata(store_, dir + "/b", b);
     Result<VerifyReport> verified = Verify(dir + "/b", &store_);
     ASSERT_TRUE(verified.ok()) << verified.status();
     EXPECT_TRUE(verified->ok()) << (verified->defects.empty() ? "" : verified->defects[0]);

@@ -336,8 +336,13 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   plan.metadata.attributes = options.attributes;
 
   plan.metadata.format = writer->format();
-  SP_ASSIGN_OR_RETURN(const std::vector<std::string> headers,
-                      writer->LayOutFiles(store, path, &plan.metadata));
+  // Where the ranks build their files' headers, the coordinator only names the files.
+  std::vector<std::string> headers;
+  if (writer->ranks_build_headers()) {
+    SP_RETURN_IF_ERROR(writer->NameFiles(store, path, &plan.metadata));
+  } else {
+    SP_ASSIGN_OR_RETURN(headers, writer->LayOutFiles(store, path, &plan.metadata));
+  }
   // The writer may move chunks within their files (framing between them): writes follow.
   for (RankSavePlan& rank : plan.ranks) {
     for (ChunkWrite& w : rank.writes) {
@@ -363,7 +368,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     if (!files_only) reply.order.plan = plan.ranks[r];
     for (uint32_t f : plan.ranks[r].files) {
       const DataFile& file = plan.metadata.files[f];
-      reply.order.files.push_back({f, file.name, headers[f], file.size});
+      reply.order.files.push_back({f, file.name, headers.empty() ? "" : headers[f], file.size});
     }
     payloads[r] = EncodePlanReply(reply);
   }
@@ -387,8 +392,46 @@ void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
   }
 }
 
+// Every rank, where the order's format has the ranks build their files' headers
+// (CheckpointWriter::ranks_build_headers): builds the header and size of each file of `order`
+// from the chunks it writes there.
+Status BuildOwnHeaders(const SaveState& state, std::string_view save_id, RankWriteOrder* order) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                      MakeCheckpointWriter(order->format, /*megatron=*/false));
+  if (!writer->ranks_build_headers()) return OkStatus();
+  std::map<uint32_t, size_t> file_slot;  // checkpoint file index -> position in order->files
+  for (size_t i = 0; i < order->files.size(); ++i) file_slot[order->files[i].index] = i;
+  // Per file: its chunks keyed by their place in the metadata (tensor, chunk), and its data bytes.
+  std::vector<std::vector<std::pair<uint64_t, DataFileChunk>>> chunks(order->files.size());
+  std::vector<uint64_t> data_bytes(order->files.size(), 0);
+  for (const ChunkWrite& w : order->plan.writes) {
+    const auto slot = file_slot.find(w.file);
+    if (w.local_tensor >= state.tensors.size() ||
+        w.local_box >= state.tensors[w.local_tensor].pieces.size() || slot == file_slot.end()) {
+      return InternalError("save plan refers to a piece or file this rank does not have");
+    }
+    const SaveTensor& tensor = state.tensors[w.local_tensor];
+    chunks[slot->second].emplace_back(
+        (uint64_t{w.tensor} << 32) | w.chunk,
+        DataFileChunk{tensor.name, tensor.dtype, &tensor.pieces[w.local_box].box, w.data_offset,
+                      w.byte_length});
+    data_bytes[slot->second] += w.byte_length;
+  }
+  for (size_t i = 0; i < order->files.size(); ++i) {
+    std::sort(chunks[i].begin(), chunks[i].end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<DataFileChunk> entries;
+    entries.reserve(chunks[i].size());
+    for (auto& [key, chunk] : chunks[i]) entries.push_back(chunk);
+    FileOrder& file = order->files[i];
+    file.header = writer->BuildFileHeader(save_id, std::move(entries));
+    file.size = file.header.size() + data_bytes[i];
+  }
+  return OkStatus();
+}
+
 // Every rank: writes the files of its order through the format's chunk writer and returns the
-// checksum report.
+// report of checksums and file extents.
 Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState& state,
                                    std::string_view path, const SaveOptions& options, Store& store,
                                    ThreadPool& pool, std::vector<OpenFile>* files,
@@ -417,9 +460,12 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     SP_RETURN_IF_ERROR(file.Preallocate(f.size));
     SP_RETURN_IF_ERROR(file.WriteAt(0, AsBytes(f.header)));
   }
+  WriteReport report;
+  for (const FileOrder& f : order.files) {
+    report.files.push_back(FileReport{f.index, f.header.size(), f.size});
+  }
   // Direct writes stage through the pool's buffers, kept for reuse until the save is done.
   BufferPool::Stay stay(pool.staging());
-  WriteReport report;
   report.chunks.resize(order.plan.writes.size());
   const std::unique_ptr<ChunkWriter> writer =
       format_writer->NewChunkWriter(order.plan.writes.size(), options.checksum_block_bytes);
@@ -473,8 +519,10 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   return EncodeWriteReport(report);
 }
 
-// Checks that some rank reported every chunk, and takes the checksums of native chunks.
+// Checks that some rank reported every chunk and that the writer of every file reported it, and
+// takes the checksums of native chunks and the files' data starts and sizes.
 Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadata* metadata) {
+  std::vector<bool> file_reported(metadata->files.size(), false);
   std::vector<std::vector<bool>> reported(metadata->tensors.size());
   for (size_t t = 0; t < metadata->tensors.size(); ++t) {
     reported[t].resize(metadata->tensors[t].chunks.size());
@@ -489,6 +537,27 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
       reported[c.tensor][c.chunk] = true;
       metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c.assign(c.block_crc32c.begin(),
                                                                      c.block_crc32c.end());
+    }
+    for (const FileReport& f : report.files) {
+      if (f.index >= metadata->files.size()) {
+        return InternalError("rank " + std::to_string(r) + " reported an unknown file");
+      }
+      DataFile& file = metadata->files[f.index];
+      if (file.writer_rank != static_cast<int32_t>(r) || file_reported[f.index] ||
+          f.data_start > f.size) {
+        return InternalError("rank " + std::to_string(r) + " reported file " + file.name +
+                             " of rank " + std::to_string(file.writer_rank) + " (data from " +
+                             std::to_string(f.data_start) + " of " + std::to_string(f.size) +
+                             " bytes)" + (file_reported[f.index] ? " twice" : ""));
+      }
+      file_reported[f.index] = true;
+      file.data_start = f.data_start;
+      file.size = f.size;
+    }
+  }
+  for (size_t f = 0; f < file_reported.size(); ++f) {
+    if (!file_reported[f]) {
+      return InternalError("no rank reported writing file " + metadata->files[f].name);
     }
   }
   for (size_t t = 0; t < metadata->tensors.size(); ++t) {
@@ -686,6 +755,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
           mine.plan_id = reply.plan_id;
           mine.writes = order.plan;
         }
+        SP_RETURN_IF_ERROR(BuildOwnHeaders(state, reply.save_id, &order));
         if (reply.plan_id != 0) {
           mine.files = order.files;
           mine.save_id = reply.save_id;
@@ -695,6 +765,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
       CacheAccess::Count(*cache, from_cache);
     } else if (reply.kind != PlanReply::Kind::kOrder) {
       return InternalError("a cached save plan was used without a cache");
+    } else {
+      SP_RETURN_IF_ERROR(BuildOwnHeaders(state, reply.save_id, &order));
     }
     stats.plan_cached = from_cache;
     for (const ChunkWrite& w : order.plan.writes) stats.bytes_written += w.byte_length;

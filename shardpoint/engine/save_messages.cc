@@ -125,6 +125,12 @@ std::string EncodeWriteReport(const WriteReport& report) {
     w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
     for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
   }
+  w.PutU32(static_cast<uint32_t>(report.files.size()));
+  for (const FileReport& f : report.files) {
+    w.PutU32(f.index);
+    w.PutU64(f.data_start);
+    w.PutU64(f.size);
+  }
   return out;
 }
 
@@ -141,6 +147,13 @@ Result<WriteReport> DecodeWriteReport(std::string_view bytes) {
     for (uint32_t& crc : c.block_crc32c) {
       SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
     }
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadCount(20));
+  report.files.resize(files);
+  for (FileReport& f : report.files) {
+    SP_ASSIGN_OR_RETURN(f.index, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(f.data_start, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(f.size, r.ReadU64());
   }
   if (!r.done()) return DataLossError("write report: trailing bytes");
   return report;

@@ -5,7 +5,8 @@
 // PlanReply: coordinator -> rank, a RankWriteOrder (whole, or its files only when the rank's
 // cached writes stand), or the request to send the local plan (or its shared part) after all.
 // RankWriteOrder: coordinator -> rank, what to write (the rank's plan and its files' headers).
-// WriteReport: rank -> coordinator, the block checksums of every chunk written.
+// WriteReport: rank -> coordinator, the block checksums of every chunk written, and where the
+// data of each of its files starts and ends.
 // Decoders are bounds-checked: hostile bytes give kDataLoss, never a crash.
 #ifndef SHARDPOINT_ENGINE_SAVE_MESSAGES_H_
 #define SHARDPOINT_ENGINE_SAVE_MESSAGES_H_
@@ -24,9 +25,10 @@ namespace sp {
 struct FileOrder {
   uint32_t index = 0;   // into the checkpoint's file list
   std::string name;     // relative to the checkpoint directory
-  std::string header;   // bytes written at offset 0 (CheckpointWriter::LayOutFiles); its length
-                        // is the file's data_start
-  uint64_t size = 0;    // final file size
+  std::string header;   // bytes written at offset 0 (CheckpointWriter::LayOutFiles, or built by
+                        // the rank where the format's ranks_build_headers()); its length is the
+                        // file's data_start
+  uint64_t size = 0;    // final file size (0 until the rank has built the header)
 };
 
 struct RankWriteOrder {
@@ -72,8 +74,17 @@ struct ChunkReport {
   std::vector<uint32_t> block_crc32c;
 };
 
+struct FileReport {
+  uint32_t index = 0;       // into the checkpoint's file list
+  uint64_t data_start = 0;  // the length of its header
+  uint64_t size = 0;        // the file's size
+
+  friend bool operator==(const FileReport&, const FileReport&) = default;
+};
+
 struct WriteReport {
   std::vector<ChunkReport> chunks;
+  std::vector<FileReport> files;
 };
 
 std::string EncodeRankWriteOrder(const RankWriteOrder& order);

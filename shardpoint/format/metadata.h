@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,16 @@ struct StoredChunk {
   uint32_t driver_tag = 0;     // kDriverDecoded only: how the driver decodes them (its own codes)
 
   friend bool operator==(const StoredChunk&, const StoredChunk&) = default;
+};
+
+// One chunk of a data file as the file's header lists it: what the rank that writes the file
+// knows of the chunk, without the rest of the checkpoint's metadata.
+struct DataFileChunk {
+  std::string_view tensor;   // the tensor's name
+  DType dtype = DType::kFloat32;
+  const Box* box = nullptr;  // global coordinates
+  uint64_t data_offset = 0;  // relative to the file's data_start
+  uint64_t byte_length = 0;
 };
 
 // Stored chunks that are the cells of a regular grid (format/chunk_grid.h): per dimension the

@@ -11,6 +11,8 @@
 //
 // The save sequence, and which side calls what:
 //   coordinator  LayOutFiles        names the planned files, places each chunk, returns headers
+//                (NameFiles         instead, where ranks_build_headers(): names the files only)
+//   every rank   BuildFileHeader    where ranks_build_headers(): the header of each of its files
 //   every rank   NewChunkWriter     frames and writes the rank's chunks into its open files
 //   coordinator  PrepareCommit      writes side files, returns the metadata file's bytes
 //   coordinator  (engine)           writes metadata_file_name() durably: the commit point
@@ -141,6 +143,28 @@ class CheckpointWriter {
   // file (its length is the file's data_start). May look at what is already at `path`.
   virtual Result<std::vector<std::string>> LayOutFiles(Store& store, std::string_view path,
                                                        CheckpointMetadata* md) const = 0;
+
+  // Whether the rank that writes a data file builds its header (BuildFileHeader) from the chunks
+  // it writes there, and reports the file's data_start and size with its checksums. The
+  // coordinator of such a format calls NameFiles instead of LayOutFiles: a save of thousands of
+  // ranks then builds its headers on every rank at once, and the coordinator never holds them
+  // (millions of entries at 8,192 ranks x 1,000 tensors).
+  virtual bool ranks_build_headers() const { return false; }
+
+  // Coordinator, where ranks_build_headers(): what LayOutFiles does but the headers: names md's
+  // data files and places every chunk, leaving each file's data_start and size to the reports of
+  // its writing rank.
+  virtual Status NameFiles(Store& store, std::string_view path, CheckpointMetadata* md) const {
+    return InternalError(std::string(kind()) + " checkpoints have their files laid out whole");
+  }
+
+  // The rank writing a data file of save `save_id`, where ranks_build_headers(): the header to
+  // write at its offset 0 (its length is the file's data_start), from the file's chunks in the
+  // metadata's order (by tensor, then by chunk). The same bytes LayOutFiles returns for the file.
+  virtual std::string BuildFileHeader(std::string_view save_id,
+                                      std::vector<DataFileChunk> chunks) const {
+    return std::string();
+  }
 
   // For a save whose plan comes from a SavePlanCache (engine/save_plan_cache.h): turns the name
   // and, when `header` is not null, the header of a file laid out for save `old_id` into those of

@@ -32,42 +32,48 @@ std::string DataFileName(std::string_view save_id, int rank, int file_in_rank) {
 
 namespace {
 
-// A file's chunks, sorted as the header lists them: by data offsets, ties in the order given.
+// A file's chunks, in the metadata's order.
 using FileChunk = std::pair<const TensorMetadata*, const StoredChunk*>;
 
-std::map<std::string, std::string> HeaderMetadata(const CheckpointMetadata& metadata) {
-  return {
-      {"format", "shardpoint"},
-      {"format_version",
-       std::to_string(kNativeFormatMajor) + "." + std::to_string(kNativeFormatMinor)},
-      {"save_id", metadata.save_id},
-  };
-}
-
-std::string HeaderOf(const CheckpointMetadata& metadata, std::vector<FileChunk> chunks) {
-  std::stable_sort(chunks.begin(), chunks.end(), [](const FileChunk& a, const FileChunk& b) {
-    const StoredChunk& x = *a.second;
-    const StoredChunk& y = *b.second;
-    if (x.data_offset != y.data_offset) return x.data_offset < y.data_offset;
-    return x.data_offset + x.byte_length < y.data_offset + y.byte_length;
-  });
-  SafetensorsHeaderBuilder builder(HeaderMetadata(metadata));
-  std::string name;  // reused: ChunkEntryName without an allocation per entry
+std::string HeaderOf(const CheckpointMetadata& metadata, const std::vector<FileChunk>& chunks) {
+  std::vector<DataFileChunk> entries;
+  entries.reserve(chunks.size());
   for (const auto& [tensor, chunk] : chunks) {
-    name.assign(tensor->name);
-    name.push_back('@');
-    for (size_t i = 0; i < chunk->box.offsets.size(); ++i) {
-      if (i > 0) name.push_back(',');
-      char digits[24];
-      name.append(digits, std::to_chars(digits, digits + sizeof(digits), chunk->box.offsets[i]).ptr);
-    }
-    builder.Add(name, tensor->dtype, chunk->box.sizes, chunk->data_offset,
-                chunk->data_offset + chunk->byte_length);
+    entries.push_back(
+        DataFileChunk{tensor->name, tensor->dtype, &chunk->box, chunk->data_offset,
+                      chunk->byte_length});
   }
-  return std::move(builder).Finish(kDataAlignmentBytes);
+  return BuildDataFileHeader(metadata.save_id, std::move(entries));
 }
 
 }  // namespace
+
+std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks) {
+  // Listed by data offset; ties (empty chunks) keep the metadata's order.
+  std::stable_sort(chunks.begin(), chunks.end(), [](const DataFileChunk& x, const DataFileChunk& y) {
+    if (x.data_offset != y.data_offset) return x.data_offset < y.data_offset;
+    return x.data_offset + x.byte_length < y.data_offset + y.byte_length;
+  });
+  SafetensorsHeaderBuilder builder({
+      {"format", "shardpoint"},
+      {"format_version",
+       std::to_string(kNativeFormatMajor) + "." + std::to_string(kNativeFormatMinor)},
+      {"save_id", std::string(save_id)},
+  });
+  std::string name;  // reused: ChunkEntryName without an allocation per entry
+  for (const DataFileChunk& chunk : chunks) {
+    name.assign(chunk.tensor);
+    name.push_back('@');
+    for (size_t i = 0; i < chunk.box->offsets.size(); ++i) {
+      if (i > 0) name.push_back(',');
+      char digits[24];
+      name.append(digits, std::to_chars(digits, digits + sizeof(digits), chunk.box->offsets[i]).ptr);
+    }
+    builder.Add(name, chunk.dtype, chunk.box->sizes, chunk.data_offset,
+                chunk.data_offset + chunk.byte_length);
+  }
+  return std::move(builder).Finish(kDataAlignmentBytes);
+}
 
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index) {
   std::vector<FileChunk> chunks;
@@ -76,7 +82,7 @@ std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t fil
       if (chunk.file == file_index) chunks.emplace_back(&tensor, &chunk);
     }
   }
-  return HeaderOf(metadata, std::move(chunks));
+  return HeaderOf(metadata, chunks);
 }
 
 std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata) {
@@ -89,7 +95,7 @@ std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata
   }
   std::vector<std::string> headers(metadata.files.size());
   auto build = [&](int64_t f) {
-    headers[f] = HeaderOf(metadata, std::move(chunks[f]));
+    headers[f] = HeaderOf(metadata, chunks[f]);
     return OkStatus();
   };
   // Each header depends only on its own file's chunks. A save of thousands of ranks has

@@ -108,6 +108,10 @@ class MetadataReader {
 // in data_offset order, keyed by ChunkEntryName, and "__metadata__" holds format, format_version
 // and save_id. The engine writes it at offset 0; its size is the file's data_start.
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index);
+// The same header built by the rank that writes the file, from that file's chunks alone: the
+// header of save `save_id` listing `chunks`, which must be given in the metadata's order (by
+// tensor, then by chunk). Equal to BuildDataFileHeader of the metadata the save commits.
+std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks);
 // The headers of every data file of `metadata`, indexed by file: one pass over the chunks (a
 // header per file built by BuildDataFileHeader would scan every chunk once per file).
 std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata);

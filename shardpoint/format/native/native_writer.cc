@@ -69,27 +69,26 @@ class NativeWriter : public CheckpointWriter {
 
   Result<std::vector<std::string>> LayOutFiles(Store&, std::string_view,
                                                CheckpointMetadata* md) const override {
-    std::vector<uint64_t> data_bytes(md->files.size(), 0);
-    for (const TensorMetadata& t : md->tensors) {
-      for (const StoredChunk& c : t.chunks) {
-        if (c.file >= md->files.size()) {
-          return InternalError("tensor '" + t.name + "' has a chunk in file " +
-                               std::to_string(c.file) + " of " +
-                               std::to_string(md->files.size()));
-        }
-        data_bytes[c.file] += c.byte_length;
-      }
-    }
-    std::map<int32_t, int> next_k;  // writer rank -> files named so far
-    for (DataFile& file : md->files) {
-      file.name = DataFileName(md->save_id, file.writer_rank, next_k[file.writer_rank]++);
-    }
+    SP_ASSIGN_OR_RETURN(const std::vector<uint64_t> data_bytes, Name(md));
     std::vector<std::string> headers = BuildDataFileHeaders(*md);
     for (uint32_t f = 0; f < md->files.size(); ++f) {
       md->files[f].data_start = headers[f].size();
       md->files[f].size = headers[f].size() + data_bytes[f];
     }
     return headers;
+  }
+
+  bool ranks_build_headers() const override { return true; }
+
+  Status NameFiles(Store&, std::string_view, CheckpointMetadata* md) const override {
+    SP_RETURN_IF_ERROR(Name(md).status());
+    for (DataFile& file : md->files) file.data_start = file.size = 0;  // the writers report them
+    return OkStatus();
+  }
+
+  std::string BuildFileHeader(std::string_view save_id,
+                              std::vector<DataFileChunk> chunks) const override {
+    return BuildDataFileHeader(save_id, std::move(chunks));
   }
 
   // The save id is in the file's name once (d-<id>-r...) and in its header once, as the value of
@@ -139,6 +138,27 @@ class NativeWriter : public CheckpointWriter {
     return (name.starts_with("d-") &&
             (name.ends_with(".safetensors") || name.ends_with(".safetensors.tmp"))) ||
            name.starts_with(std::string(kMetadataFileName) + ".tmp-");
+  }
+
+ private:
+  // Names md's data files (d-<save_id>-r<rank>-f<k>) and returns the bytes of chunks each holds.
+  static Result<std::vector<uint64_t>> Name(CheckpointMetadata* md) {
+    std::vector<uint64_t> data_bytes(md->files.size(), 0);
+    for (const TensorMetadata& t : md->tensors) {
+      for (const StoredChunk& c : t.chunks) {
+        if (c.file >= md->files.size()) {
+          return InternalError("tensor '" + t.name + "' has a chunk in file " +
+                               std::to_string(c.file) + " of " +
+                               std::to_string(md->files.size()));
+        }
+        data_bytes[c.file] += c.byte_length;
+      }
+    }
+    std::map<int32_t, int> next_k;  // writer rank -> files named so far
+    for (DataFile& file : md->files) {
+      file.name = DataFileName(md->save_id, file.writer_rank, next_k[file.writer_rank]++);
+    }
+    return data_bytes;
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/native/metadata_test_util.h"
 #include "shardpoint/format/safetensors/safetensors.h"
 #include "shardpoint/format/writer_test_util.h"
 #include "shardpoint/store/memory_store.h"
@@ -87,6 +88,41 @@ TEST(NativeWriterTest, NamesFilesByRankAndNumberAndWritesHeaders) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
   }
   EXPECT_EQ(md.tensors[0].chunks[0].data_offset, 32u);  // the plan's placement stays
+}
+
+// Where the ranks build the headers, the coordinator names the files and places the chunks as
+// LayOutFiles does, and each file's header built from that file's chunks alone is LayOutFiles's.
+TEST(NativeWriterTest, HeadersBuiltFromEachFilesChunksAreTheLaidOutHeaders) {
+  MemoryStore store;
+  std::unique_ptr<CheckpointWriter> writer = MakeNativeWriter();
+  ASSERT_TRUE(writer->ranks_build_headers());
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    CheckpointMetadata laid_out = testing::RandomMetadata(seed, 15);
+    for (DataFile& f : laid_out.files) f.name.clear(), f.data_start = f.size = 0;
+    CheckpointMetadata named = laid_out;
+    Result<std::vector<std::string>> headers = writer->LayOutFiles(store, "ckpt", &laid_out);
+    ASSERT_TRUE(headers.ok()) << headers.status();
+    ASSERT_TRUE(writer->NameFiles(store, "ckpt", &named).ok());
+    ASSERT_EQ(named.files.size(), laid_out.files.size());
+    for (uint32_t f = 0; f < named.files.size(); ++f) {
+      EXPECT_EQ(named.files[f].name, laid_out.files[f].name);
+      EXPECT_EQ(named.files[f].data_start, 0u);  // reported by the writing rank
+      EXPECT_EQ(named.files[f].size, 0u);
+      std::vector<DataFileChunk> chunks;
+      uint64_t data_bytes = 0;
+      for (const TensorMetadata& t : named.tensors) {
+        for (const StoredChunk& c : t.chunks) {
+          if (c.file != f) continue;
+          chunks.push_back(DataFileChunk{t.name, t.dtype, &c.box, c.data_offset, c.byte_length});
+          data_bytes += c.byte_length;
+        }
+      }
+      const std::string header = writer->BuildFileHeader(named.save_id, std::move(chunks));
+      EXPECT_EQ(header, (*headers)[f]) << "seed " << seed << " file " << f;
+      EXPECT_EQ(header.size() + data_bytes, laid_out.files[f].size);
+    }
+    EXPECT_EQ(named.tensors, laid_out.tensors);  // the same placement
+  }
 }
 
 TEST(NativeWriterTest, ChunkWritesGoAfterTheHeaderWithBlockChecksums) {
