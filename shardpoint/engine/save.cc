@@ -339,14 +339,15 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_options.checksum_block_bytes = options.checksum_block_bytes;
     plan_options.separate_key_prefixes = options.separate_key_prefixes;
     SP_ASSIGN_OR_RETURN(plan, PlanSave(gathered, plan_options));
-    if (cached != nullptr) {
-      plan_id = NewPlanId();
-      cached->plan_id = plan_id;
-      cached->plan = plan;
-      cached->plan.metadata.objects.clear();
-      cached->moved_writes.reset();
-      cached->laid_out.reset();
-    }
+  }
+  if (!use_cache && cached != nullptr) {
+    // Copied once the ranks' table is gone (the end of the block above), not beside it.
+    plan_id = NewPlanId();
+    cached->plan_id = plan_id;
+    cached->plan = plan;
+    cached->plan.metadata.objects.clear();
+    cached->moved_writes.reset();
+    cached->laid_out.reset();
   }
   plan.metadata.world_size = static_cast<int32_t>(world);
   plan.metadata.attributes = options.attributes;
