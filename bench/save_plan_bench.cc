@@ -160,7 +160,8 @@ void Print(const char* name, const Way& way) {
               "total %.4f s, the first %.4f s\n",
               Median(later_plan), way.plan[0], way.plan[0] / std::max(Median(later_plan), 1e-9),
               Median(later_total), way.total[0]);
-  std::printf("  coordinator (rank 0) resident after the last save: %.1f MiB\n", way.coordinator_mib);
+  std::printf("  coordinator (rank 0) resident after the last save: %.1f MiB\n",
+              way.coordinator_mib);
 }
 
 }  // namespace

@@ -50,10 +50,11 @@ std::string HeaderOf(const CheckpointMetadata& metadata, const std::vector<FileC
 
 std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks) {
   // Listed by data offset; ties (empty chunks) keep the metadata's order.
-  std::stable_sort(chunks.begin(), chunks.end(), [](const DataFileChunk& x, const DataFileChunk& y) {
+  auto by_offset = [](const DataFileChunk& x, const DataFileChunk& y) {
     if (x.data_offset != y.data_offset) return x.data_offset < y.data_offset;
     return x.data_offset + x.byte_length < y.data_offset + y.byte_length;
-  });
+  };
+  std::stable_sort(chunks.begin(), chunks.end(), by_offset);
   SafetensorsHeaderBuilder builder({
       {"format", "shardpoint"},
       {"format_version",
@@ -67,7 +68,8 @@ std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileCh
     for (size_t i = 0; i < chunk.box->offsets.size(); ++i) {
       if (i > 0) name.push_back(',');
       char digits[24];
-      name.append(digits, std::to_chars(digits, digits + sizeof(digits), chunk.box->offsets[i]).ptr);
+      const int64_t offset = chunk.box->offsets[i];
+      name.append(digits, std::to_chars(digits, digits + sizeof(digits), offset).ptr);
     }
     builder.Add(name, chunk.dtype, chunk.box->sizes, chunk.data_offset,
                 chunk.data_offset + chunk.byte_length);
