@@ -28,10 +28,12 @@ void GatheredPlans::BeginRank() {
   }
   rank_begin_.push_back(tensors_.size());
   objects_.emplace_back();
+  part_of_rank_.push_back(kNoPart);
+  next_local_ = 0;
 }
 
 GatheredPlans::Tensor GatheredPlans::NewEntry(std::string_view name, DType dtype,
-                                              std::span<const int64_t> shape) {
+                                              std::span<const int64_t> shape, uint32_t local) {
   const size_t position = tensors_.size() - rank_begin_[rank_begin_.size() - 2];
   if (previous_name_.size() <= position) {
     previous_name_.resize(position + 1, kUnset);
@@ -47,6 +49,8 @@ GatheredPlans::Tensor GatheredPlans::NewEntry(std::string_view name, DType dtype
   tensor.name = name_id;
   tensor.shape = shape_id;
   tensor.dtype = dtype;
+  tensor.local = local == kUnset ? next_local_ : local;
+  next_local_ = tensor.local + 1;
   return tensor;
 }
 
@@ -66,16 +70,16 @@ uint64_t GatheredPlans::AddSharedBoxes(std::span<const Box> boxes) {
 
 void GatheredPlans::AddTensorWithSharedBoxes(std::string_view name, DType dtype,
                                              std::span<const int64_t> shape, uint64_t first_value,
-                                             uint32_t box_count) {
-  Tensor tensor = NewEntry(name, dtype, shape);
+                                             uint32_t box_count, uint32_t local) {
+  Tensor tensor = NewEntry(name, dtype, shape, local);
   tensor.first_value = first_value;
   tensor.box_count = box_count;
   Append(tensor);
 }
 
 void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
-                              std::span<const Box> boxes) {
-  Tensor tensor = NewEntry(name, dtype, shape);
+                              std::span<const Box> boxes, uint32_t local) {
+  Tensor tensor = NewEntry(name, dtype, shape, local);
   tensor.first_value = values_.size();
   const Shape& tensor_shape = *shapes_[tensor.shape];
   for (const Box& box : boxes) {
@@ -101,6 +105,41 @@ void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<cons
   own_values_ += world_size() == 1 ? values_.size() - before : 0;
   tensor.box_count = static_cast<uint32_t>(boxes.size());
   Append(tensor);
+}
+
+int64_t GatheredPlans::Rule::PositionOf(int64_t rank) const {
+  auto it = std::lower_bound(by_rank.begin(), by_rank.end(), std::pair<int64_t, int64_t>{rank, -1});
+  return it != by_rank.end() && it->first == rank ? it->second : -1;
+}
+
+uint32_t GatheredPlans::AddPart(std::vector<Rule> rules) {
+  for (Rule& rule : rules) {
+    rule.by_rank.resize(rule.rank_at.size());
+    for (size_t p = 0; p < rule.rank_at.size(); ++p) {
+      rule.by_rank[p] = {rule.rank_at[p], static_cast<int64_t>(p)};
+    }
+    std::sort(rule.by_rank.begin(), rule.by_rank.end());
+  }
+  parts_.push_back(Part{std::move(rules), {}, {}});
+  return static_cast<uint32_t>(parts_.size() - 1);
+}
+
+void GatheredPlans::AddRuledTensor(uint32_t part, std::string_view name, DType dtype,
+                                   std::span<const int64_t> shape, uint32_t local, uint32_t rule,
+                                   uint64_t chunks) {
+  RuledTensor tensor;
+  tensor.chunks = chunks;
+  tensor.name = NameId(name);
+  tensor.shape = ShapeId(shape);
+  tensor.local = local;
+  tensor.rule = rule;
+  tensor.dtype = dtype;
+  parts_[part].tensors.push_back(tensor);
+}
+
+void GatheredPlans::UsePart(uint32_t part) {
+  part_of_rank_.back() = part;
+  parts_[part].ranks.push_back(static_cast<uint32_t>(world_size() - 1));
 }
 
 void GatheredPlans::AddObject(ObjectEntry object) { objects_.back().push_back(std::move(object)); }

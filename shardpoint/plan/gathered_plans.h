@@ -7,6 +7,11 @@
 // integers in one array, and a (rank, tensor) entry is 32 bytes; plan_codec.h decodes the
 // ranks' messages straight into it (DecodeLocalSavePlanInto).
 //
+// Tensors laid out by a device-mesh rule (plan/ruled_plan.h) are not stored per rank at all: the
+// ranks that send the same shared part use one Part, which lists its ruled tensors once with the
+// chunk of every mesh position, and each rank records only which part it uses. PlanSave plans a
+// tensor that every rank of its mesh lists through one part from the rule's holders directly.
+//
 // Ranks are appended in order (rank 0 first). Nothing is checked against other ranks here;
 // PlanSave does that, and also reports a box that is not within its tensor's shape. Such a box
 // is not stored (its tensor records the error, which PlanSave returns when it reaches that
@@ -21,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/dtype.h"
@@ -34,6 +40,7 @@ namespace sp {
 class GatheredPlans {
  public:
   static constexpr uint32_t kNoError = UINT32_MAX;
+  static constexpr uint32_t kUnset = UINT32_MAX;
 
   GatheredPlans() = default;
   // `expected_ranks`: how many ranks will be added. Once the first is in, room is made for that
@@ -52,7 +59,34 @@ class GatheredPlans {
     uint32_t shape = 0;        // shape(shape): equal ids are equal shapes
     uint32_t box_count = 0;    // 0 when error != kNoError
     uint32_t error = kNoError; // error(error): a box of it is not within its shape
+    uint32_t local = 0;        // its index in the rank's list (LocalSavePlan::tensors)
     DType dtype = DType::kFloat32;
+  };
+
+  static constexpr uint32_t kNoPart = UINT32_MAX;
+
+  // The mesh of one layout rule: the rank at every position.
+  struct Rule {
+    std::vector<int64_t> rank_at;                        // by position
+    std::vector<std::pair<int64_t, int64_t>> by_rank;    // (rank, position), sorted
+    // The first position of `rank`, or -1 when the mesh does not hold it.
+    int64_t PositionOf(int64_t rank) const;
+  };
+  // A tensor of a part with a rule: every rank of the part lists it, with the chunk the rule gives
+  // at the rank's position (which may be empty).
+  struct RuledTensor {
+    uint64_t chunks = 0;  // position p's box at values()[chunks + p * 2 * rank, ...)
+    uint32_t name = 0;
+    uint32_t shape = 0;
+    uint32_t local = 0;   // its index in the lists of the part's ranks
+    uint32_t rule = 0;    // index into Part::rules
+    DType dtype = DType::kFloat32;
+  };
+  // What a group of ranks shares: its rules and ruled tensors, and the ranks that use it.
+  struct Part {
+    std::vector<Rule> rules;
+    std::vector<RuledTensor> tensors;
+    std::vector<uint32_t> ranks;  // ascending
   };
 
   // Appends the next rank's plan.
@@ -60,8 +94,10 @@ class GatheredPlans {
 
   // The same in parts, for decoders: BeginRank, then the rank's tensors and objects in order.
   void BeginRank();
+  // `local`: the tensor's index in the rank's list; by default, the number of tensors added to
+  // the rank before it.
   void AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
-                 std::span<const Box> boxes);
+                 std::span<const Box> boxes, uint32_t local = kUnset);
   // Boxes that many entries share (a layout rule's chunk of every mesh position, plan/
   // ruled_plan.h), stored once: appends them to the values and returns where the first begins
   // (box i at that + i * 2 * its rank). They must be within the shape of the tensors that use
@@ -70,8 +106,20 @@ class GatheredPlans {
   // Appends a tensor of the current rank whose `box_count` boxes are at `first_value` in the
   // values (from AddSharedBoxes): nothing is copied.
   void AddTensorWithSharedBoxes(std::string_view name, DType dtype, std::span<const int64_t> shape,
-                                uint64_t first_value, uint32_t box_count);
+                                uint64_t first_value, uint32_t box_count, uint32_t local = kUnset);
   void AddObject(ObjectEntry object);
+
+  // Parts: AddPart, then its tensors; each rank that lists them calls UsePart (between its
+  // BeginRank and the next). `rules[i].by_rank` need not be set: AddPart builds it.
+  uint32_t AddPart(std::vector<Rule> rules);
+  // `chunks` from AddSharedBoxes: the box of every position of the rule's mesh, in the shape.
+  void AddRuledTensor(uint32_t part, std::string_view name, DType dtype,
+                      std::span<const int64_t> shape, uint32_t local, uint32_t rule,
+                      uint64_t chunks);
+  void UsePart(uint32_t part);
+  uint32_t part_of(size_t rank) const { return part_of_rank_[rank]; }
+  const Part& part(uint32_t id) const { return parts_[id]; }
+  size_t part_count() const { return parts_.size(); }
 
   size_t world_size() const { return objects_.size(); }
   std::span<const Tensor> tensors(size_t rank) const {
@@ -90,18 +138,21 @@ class GatheredPlans {
   const int64_t* values() const { return values_.data(); }
 
  private:
-  static constexpr uint32_t kUnset = UINT32_MAX;
 
   uint32_t NameId(std::string_view name);
   uint32_t ShapeId(std::span<const int64_t> shape);
   // An entry of the current rank with its name and shape ids set (not yet appended).
-  Tensor NewEntry(std::string_view name, DType dtype, std::span<const int64_t> shape);
+  Tensor NewEntry(std::string_view name, DType dtype, std::span<const int64_t> shape,
+                  uint32_t local);
   void Append(const Tensor& tensor);
 
   size_t expected_ranks_ = 0;
   std::vector<Tensor> tensors_;
   std::vector<uint64_t> rank_begin_ = {0};  // rank r's tensors: [rank_begin_[r], rank_begin_[r+1])
   std::vector<std::vector<ObjectEntry>> objects_;
+  std::vector<uint32_t> part_of_rank_;
+  uint32_t next_local_ = 0;  // the current rank's next list index
+  std::vector<Part> parts_;
   std::vector<int64_t> values_;
   uint64_t own_values_ = 0;  // values added by AddTensor (not shared): sizes the reservation
   std::deque<std::string> names_;  // stable addresses: name_ids_ keys view them

@@ -237,7 +237,7 @@ bool SendsSharedPart(const LocalSavePlan& plan, int64_t rank, int64_t coordinato
   return rank == coordinator;
 }
 
-// One shared part, decoded, with the chunks its rules give (computed when first needed).
+// One shared part, decoded; once a rank of it is expanded, also a part of the GatheredPlans.
 struct SharedPlans::Part {
   struct Rule {
     MeshLayout layout;
@@ -248,13 +248,13 @@ struct SharedPlans::Part {
     DType dtype = DType::kFloat32;
     Shape shape;
     uint32_t rule = 0;  // 0: none; else rules[rule - 1]
-    // With a rule: where the chunk of every mesh position is in the GatheredPlans' values,
-    // shared by the tensors of equal rule and shape (set on first use).
-    const uint64_t* chunks = nullptr;
   };
   std::vector<Rule> rules;
   std::vector<Tensor> tensors;
-  std::map<std::pair<uint32_t, Shape>, uint64_t> chunks;
+  // Set by the first Expand: the part in the GatheredPlans, and for each rule the first tensor
+  // that follows it (kUnset: none), which a rank outside that rule's mesh is refused for.
+  uint32_t table_part = GatheredPlans::kUnset;
+  std::vector<uint32_t> first_tensor_of_rule;
 };
 
 SharedPlans::SharedPlans(size_t world_size) : world_size_(world_size) {}
@@ -332,6 +332,38 @@ Status SharedPlans::Add(const Message& message) {
   return OkStatus();
 }
 
+Status SharedPlans::AddToTable(Part& part, GatheredPlans* plans) {
+  std::vector<GatheredPlans::Rule> rules(part.rules.size());
+  for (size_t i = 0; i < rules.size(); ++i) {
+    rules[i].rank_at.resize(part.rules[i].positions.size());
+    for (const auto& [rank, position] : part.rules[i].positions) {
+      rules[i].rank_at[position] = rank;
+    }
+  }
+  const uint32_t id = plans->AddPart(std::move(rules));
+  part.first_tensor_of_rule.assign(part.rules.size(), GatheredPlans::kUnset);
+  // A rule's chunks are stored once for every tensor of its shape.
+  std::map<std::pair<uint32_t, Shape>, uint64_t> chunks_of;
+  for (uint32_t i = 0; i < part.tensors.size(); ++i) {
+    const Part::Tensor& t = part.tensors[i];
+    if (t.rule == 0) continue;
+    uint32_t& first = part.first_tensor_of_rule[t.rule - 1];
+    if (first == GatheredPlans::kUnset) first = i;
+    auto it = chunks_of.find({t.rule, t.shape});
+    if (it == chunks_of.end()) {
+      Result<std::vector<Box>> chunks = MeshChunksPerRank(t.shape, part.rules[t.rule - 1].layout);
+      if (!chunks.ok()) {
+        return InvalidArgumentError("tensor " + Quote(t.name) + ": " +
+                                    std::string(chunks.status().message()));
+      }
+      it = chunks_of.emplace(std::pair{t.rule, t.shape}, plans->AddSharedBoxes(*chunks)).first;
+    }
+    plans->AddRuledTensor(id, t.name, t.dtype, t.shape, i, t.rule - 1, it->second);
+  }
+  part.table_part = id;
+  return OkStatus();
+}
+
 Status SharedPlans::Expand(const Message& message, uint32_t rank, GatheredPlans* plans) {
   if (into_ == nullptr) into_ = plans;
   if (into_ != plans) {
@@ -360,36 +392,20 @@ Status SharedPlans::Expand(const Message& message, uint32_t rank, GatheredPlans*
                          " tensors without a rule, but its shared part has " +
                          std::to_string(expected));
   }
+  if (part.table_part == GatheredPlans::kUnset) SP_RETURN_IF_ERROR(AddToTable(part, plans));
   plans->BeginRank();
+  plans->UsePart(part.table_part);
   std::vector<Box> boxes;
-  for (Part::Tensor& t : part.tensors) {
+  for (uint32_t i = 0; i < part.tensors.size(); ++i) {
+    const Part::Tensor& t = part.tensors[i];
     if (t.rule == 0) {
       SP_RETURN_IF_ERROR(ReadBoxList(r, &boxes));
-      plans->AddTensor(t.name, t.dtype, t.shape, boxes);
-      continue;
-    }
-    const Part::Rule& rule = part.rules[t.rule - 1];
-    if (t.chunks == nullptr) {
-      auto it = part.chunks.find({t.rule, t.shape});
-      if (it == part.chunks.end()) {
-        Result<std::vector<Box>> chunks = MeshChunksPerRank(t.shape, rule.layout);
-        if (!chunks.ok()) {
-          return InvalidArgumentError("tensor " + Quote(t.name) + ": " +
-                                      std::string(chunks.status().message()));
-        }
-        it = part.chunks.emplace(std::pair{t.rule, t.shape}, plans->AddSharedBoxes(*chunks)).first;
-      }
-      t.chunks = &it->second;
-    }
-    const int64_t p = position[t.rule - 1];
-    if (p < 0) {
+      plans->AddTensor(t.name, t.dtype, t.shape, boxes, i);
+    } else if (part.first_tensor_of_rule[t.rule - 1] == i && position[t.rule - 1] < 0) {
       return InvalidArgumentError("tensor " + Quote(t.name) + ": rank " + std::to_string(rank) +
                                   " is not in the mesh of its layout (" +
-                                  LayoutToString(rule.layout) + ")");
+                                  LayoutToString(part.rules[t.rule - 1].layout) + ")");
     }
-    const uint64_t box_values = 2 * t.shape.size();
-    plans->AddTensorWithSharedBoxes(t.name, t.dtype, t.shape,
-                                    *t.chunks + static_cast<uint64_t>(p) * box_values, 1);
   }
   SP_ASSIGN_OR_RETURN(uint32_t num_objects, r.ReadCount(kMinObjectBytes));
   for (uint32_t i = 0; i < num_objects; ++i) {

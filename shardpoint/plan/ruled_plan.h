@@ -9,9 +9,10 @@
 //     group: see SendsSharedPart);
 //   - its own part: the boxes of its tensors without a rule, and its objects.
 // The coordinator keeps one shared part per digest (SharedPlans) and rebuilds each rank's plan
-// from it and the rank's own part, straight into GatheredPlans. The rebuilt plan is the one the
-// rank would have sent whole (EncodeLocalSavePlan), so planning, its checks and its errors are
-// unchanged; what changes is that the names, shapes and rules of a group of ranks cross the
+// from it and the rank's own part, straight into GatheredPlans: the part's ruled tensors once for
+// all its ranks (GatheredPlans::Part), each rank's tensors without a rule as it sent them. The
+// plan is the one the ranks would have sent whole (EncodeLocalSavePlan), so planning, its checks
+// and its errors are unchanged; what changes is that the names, shapes and rules of a group of ranks cross the
 // network once instead of once per rank.
 //
 // Encoding (little-endian; strings and lists are a u32 count then the items; docs/DESIGN.md,
@@ -96,6 +97,8 @@ class SharedPlans {
 
  private:
   struct Part;
+  // Adds `part` to the table (GatheredPlans::AddPart) with its ruled tensors and their chunks.
+  static Status AddToTable(Part& part, GatheredPlans* plans);
   size_t world_size_;
   const GatheredPlans* into_ = nullptr;  // the table every Expand fills
   std::map<Fingerprint128, std::unique_ptr<Part>> parts_;

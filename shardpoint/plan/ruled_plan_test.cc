@@ -31,6 +31,7 @@ struct JobTensor {
 };
 
 Placement RandomPlacement(std::mt19937_64& rng, size_t tensor_rank) {
+  if (tensor_rank == 0) return Placement::Replicate();  // a scalar is not split
   switch (rng() % 4) {
     case 0: return Placement::Replicate();
     case 1: return Placement::StridedShard(static_cast<int>(rng() % tensor_rank),
@@ -202,6 +203,195 @@ TEST(RuledPlanTest, RandomLayoutsPlanExactlyAsTheWholePlans) {
   // would not need to and were asked.
   EXPECT_LE(parts_sent + parts_asked, ranks);
   EXPECT_GT(parts_asked, 0);
+}
+
+// A mesh over exactly `ranks` (in random order), of one or two dimensions, with random
+// placements that give every position a box of `shape`.
+MeshLayout LayoutOver(std::mt19937_64& rng, const Shape& shape, std::vector<int64_t> ranks) {
+  const int64_t n = static_cast<int64_t>(ranks.size());
+  for (;;) {
+    MeshLayout layout;
+    int64_t first = 1 + static_cast<int64_t>(rng() % n);
+    while (n % first != 0) --first;
+    layout.mesh_shape = {first};
+    if (n / first > 1) layout.mesh_shape.push_back(n / first);
+    for (size_t d = 0; d < layout.mesh_shape.size(); ++d) {
+      layout.placements.push_back(RandomPlacement(rng, shape.size()));
+    }
+    if (rng() % 2 == 0) std::shuffle(ranks.begin(), ranks.end(), rng);
+    layout.rank_list = ranks;
+    if (MeshChunksPerRank(shape, layout).ok()) return layout;
+  }
+}
+
+// A tensor one rank lists in the staged job below: laid out by `layout`, or the rank's `boxes`.
+struct Listing {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::optional<MeshLayout> layout;
+  std::vector<Box> boxes;
+};
+
+// What every rank lists in a pipeline-like job: the ranks are cut into stages of consecutive
+// ranks, and every rank of a stage lists the same tensors (so each stage sends one shared part):
+// tensors laid out over the stage's ranks, and tensors cut irregularly along dim 0 whose pieces
+// one or two ranks of the stage hold (the others list an empty piece). Some tensors span the
+// stages: one laid out over every rank and listed by all (in every stage's part), and one
+// replicated over every rank but listed by the first stage only.
+std::vector<std::vector<Listing>> StagedJob(std::mt19937_64& rng, int64_t world) {
+  const int64_t stages = 1 + static_cast<int64_t>(rng() % std::min<int64_t>(3, world));
+  std::vector<std::vector<Listing>> lists(world);
+  std::vector<int64_t> everyone(world);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  auto random_shape = [&](size_t min_rank) {  // scalars too: their chunks take no values
+    Shape shape;
+    const size_t rank = min_rank + rng() % (4 - min_rank);
+    for (size_t d = 0; d < rank; ++d) shape.push_back(static_cast<int64_t>(rng() % 13));
+    return shape;
+  };
+  auto list_ruled = [&](const std::string& name, DType dtype, const Shape& shape,
+                        const MeshLayout& layout, const std::vector<int64_t>& listers) {
+    for (int64_t r : listers) {
+      Listing l{name, dtype, shape, layout, {}};
+      Result<std::optional<Box>> box = MeshChunkForRank(shape, layout, r);
+      EXPECT_TRUE(box.ok()) << box.status();
+      l.boxes = {box.ok() && box->has_value() ? **box : Box()};
+      lists[r].push_back(std::move(l));
+    }
+  };
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t begin = world * s / stages, end = world * (s + 1) / stages;
+    std::vector<int64_t> ranks(end - begin);
+    std::iota(ranks.begin(), ranks.end(), begin);
+    const int count = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < count; ++i) {
+      const std::string name = "stage" + std::to_string(s) + ".t" + std::to_string(i);
+      const DType dtype = rng() % 3 == 0 ? DType::kBFloat16 : DType::kFloat32;
+      const bool irregular = rng() % 4 == 0;
+      const Shape shape = random_shape(irregular ? 1 : 0);
+      if (!irregular) {
+        list_ruled(name, dtype, shape, LayoutOver(rng, shape, ranks), ranks);
+        continue;
+      }
+      std::map<int64_t, std::vector<Box>> held;
+      for (int64_t row = 0; row < shape[0];) {
+        const int64_t size = std::min<int64_t>(shape[0] - row, 1 + rng() % 4);
+        Box box;
+        box.offsets.push_back(row);
+        box.sizes.push_back(size);
+        for (size_t d = 1; d < shape.size(); ++d) {
+          box.offsets.push_back(0);
+          box.sizes.push_back(shape[d]);
+        }
+        const int64_t holder = begin + static_cast<int64_t>(rng() % ranks.size());
+        held[holder].push_back(box);
+        if (rng() % 3 == 0) held[begin + (holder - begin + 1) % ranks.size()].push_back(box);
+        row += size;
+      }
+      for (int64_t r : ranks) {
+        Listing l{name, dtype, shape, std::nullopt, held[r]};
+        if (l.boxes.empty()) l.boxes.push_back(Box(Dims(shape.size(), 0), Dims(shape.size(), 0)));
+        lists[r].push_back(std::move(l));
+      }
+    }
+  }
+  if (rng() % 2 == 0) {  // tied: laid out over every rank, listed in every stage's part
+    const Shape shape = random_shape(0);
+    list_ruled("tied", DType::kFloat32, shape, LayoutOver(rng, shape, everyone), everyone);
+    if (stages > 1 && rng() % 8 == 0) lists[world - 1].back().dtype = DType::kBFloat16;
+  }
+  if (rng() % 2 == 0) {  // replicated over every rank, listed by the first stage's ranks only
+    const Shape shape = random_shape(0);
+    MeshLayout replicated{{world}, {Placement::Replicate()}, everyone};
+    list_ruled("shared", DType::kFloat32, shape, replicated,
+               std::vector<int64_t>(everyone.begin(), everyone.begin() + world / stages));
+  }
+  return lists;
+}
+
+TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
+  std::mt19937_64 rng(20261129);
+  int ruled = 0, errors = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int64_t world = 1 + static_cast<int64_t>(rng() % 16);
+    const std::vector<std::vector<Listing>> lists = StagedJob(rng, world);
+    std::vector<LocalSavePlan> whole(world), with_rules(world);
+    std::vector<size_t> ruleless(world, 0);
+    for (int64_t r = 0; r < world; ++r) {
+      for (const Listing& l : lists[r]) {
+        whole[r].tensors.push_back(LocalTensor{l.name, l.dtype, l.shape, l.boxes});
+        LocalTensor t{l.name, l.dtype, l.shape, l.boxes};
+        t.layout = l.layout;
+        ASSERT_TRUE(CheckRuledBoxes(r, &t).ok());
+        with_rules[r].tensors.push_back(std::move(t));
+        ruleless[r] += l.layout ? 0 : 1;
+        ruled += l.layout ? 1 : 0;
+      }
+    }
+    SavePlanOptions options;
+    options.save_id = "s" + std::to_string(trial);
+    options.files_per_rank = 1 + static_cast<int>(rng() % 2);
+    options.dedup_to_lowest_rank = rng() % 4 == 0;
+    GatheredPlans from_whole;
+    for (const LocalSavePlan& local : whole) from_whole.AddRank(local);
+    GatheredPlans from_ruled;
+    int sent = 0, asked = 0;
+    Status gathered = GatherRuled(with_rules, &from_ruled, &sent, &asked);
+    ASSERT_TRUE(gathered.ok()) << gathered;
+    // The table keeps a rank's tensors without a rule, and its part for the others.
+    for (int64_t r = 0; r < world; ++r) {
+      EXPECT_EQ(from_ruled.tensors(r).size(), ruleless[r]);
+      EXPECT_NE(from_ruled.part_of(r), GatheredPlans::kNoPart);
+    }
+    Result<GlobalSavePlan> expected = PlanSave(from_whole, options);
+    Result<GlobalSavePlan> actual = PlanSave(from_ruled, options);
+    ASSERT_EQ(expected.ok(), actual.ok()) << (expected.ok() ? actual.status() : expected.status());
+    if (!expected.ok()) {  // a tied tensor of two dtypes, or a hole: the same error either way
+      EXPECT_EQ(expected.status().message(), actual.status().message());
+      ++errors;
+      continue;
+    }
+    ASSERT_EQ(actual->metadata, expected->metadata);
+    ASSERT_EQ(actual->ranks, expected->ranks);
+    for (size_t t = 0; t < actual->metadata.tensors.size(); ++t) {
+      EXPECT_EQ(actual->metadata.tensors[t].grid, expected->metadata.tensors[t].grid);
+    }
+  }
+  EXPECT_GT(ruled, 3000);
+  EXPECT_GT(errors, 0);
+}
+
+// A part that lists a tensor twice, or a tensor that two parts list with different dtypes: the
+// errors of the whole plans.
+TEST(RuledPlanTest, PartsThatDisagreeGiveTheErrorsOfWholePlans) {
+  const MeshLayout mesh{{2}, {Placement::Shard(0)}, {}};
+  auto ruled = [&](std::string name, DType dtype, int64_t rank) {
+    LocalTensor t{std::move(name), dtype, {8}, {}};
+    t.layout = mesh;
+    t.boxes = {**MeshChunkForRank(t.shape, mesh, rank)};
+    return t;
+  };
+  std::vector<LocalSavePlan> twice(2), dtypes(2);
+  for (int64_t r = 0; r < 2; ++r) {
+    twice[r].tensors = {ruled("w", DType::kFloat32, r), ruled("w", DType::kFloat32, r)};
+    dtypes[r].tensors = {ruled("w", r == 0 ? DType::kFloat32 : DType::kInt32, r)};
+  }
+  for (const auto& [locals, message] :
+       {std::pair{twice, "tensor 'w': rank 0 lists it twice"},
+        std::pair{dtypes, "tensor 'w': rank 0 has dtype float32 but rank 1 has int32"}}) {
+    GatheredPlans gathered;
+    int sent = 0, asked = 0;
+    ASSERT_TRUE(GatherRuled(locals, &gathered, &sent, &asked).ok());
+    Result<GlobalSavePlan> plan = PlanSave(gathered, SavePlanOptions{});
+    EXPECT_EQ(plan.status().message(), message);
+    std::vector<LocalSavePlan> whole = locals;
+    for (LocalSavePlan& local : whole) {
+      for (LocalTensor& t : local.tensors) t.layout.reset();
+    }
+    EXPECT_EQ(PlanSave(whole, SavePlanOptions{}).status().message(), message);
+  }
 }
 
 TEST(RuledPlanTest, RanksOfOneLayoutShareOnePartAndSendItOnce) {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <queue>
+#include <tuple>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -29,6 +30,19 @@ struct Holding {
   uint32_t local_box;
 };
 
+// The holders of every chunk of one rule over one shape, for the tensors that every rank of its
+// mesh lists through one part (GatheredPlans::Part): each mesh position's non-empty box as a
+// holding (local_tensor and local_box 0), grouped as GroupReplicas groups holdings. Found once
+// for all the tensors of that rule and shape, and so is their tiling.
+struct RulePattern {
+  std::vector<Holding> holdings;
+  std::vector<uint32_t> chunk_begin;
+  bool checked = false;  // the chunks tile the shape, as `grid` when they are one
+  std::optional<ChunkGrid> grid;
+};
+
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
 // One global tensor while it is being planned.
 struct TensorEntry {
   const std::string* name = nullptr;
@@ -38,6 +52,13 @@ struct TensorEntry {
   uint32_t first_rank = 0;        // the lowest rank that lists it
   uint32_t last_rank = 0;         // latest rank seen listing it (detects duplicates)
   const int64_t* values = nullptr;  // GatheredPlans::values()
+  // Listed through a part by its rule (GatheredPlans::RuledTensor `part_tensor` of part `part`)
+  // by every rank so far, and by no rank otherwise: its holders are the rule's, `pattern` once
+  // found, and `holdings` stay empty. kNone once a rank lists it otherwise.
+  uint32_t part = kNone;
+  uint32_t part_tensor = 0;
+  RulePattern* pattern = nullptr;
+  uint32_t pattern_local = 0;  // with a pattern: the tensor's index in its ranks' lists
   std::vector<Holding> holdings;  // after grouping: sorted by (box, rank, local_box)
   std::vector<uint32_t> chunk_begin;  // chunk c's holders: holdings[chunk_begin[c], [c+1])
   std::vector<uint32_t> owner;        // per chunk: the index into holdings of its writer
@@ -52,6 +73,13 @@ struct TensorEntry {
 };
 
 size_t KeyWidth(const TensorEntry& entry) { return 2 * entry.shape->size(); }
+
+const std::vector<Holding>& Holdings(const TensorEntry& entry) {
+  return entry.pattern ? entry.pattern->holdings : entry.holdings;
+}
+const std::vector<uint32_t>& ChunkBegin(const TensorEntry& entry) {
+  return entry.pattern ? entry.pattern->chunk_begin : entry.chunk_begin;
+}
 
 const int64_t* KeyOf(const TensorEntry& entry, const Holding& holding) {
   return entry.values + holding.key;
@@ -131,70 +159,195 @@ Status ValidateShape(uint32_t rank, std::string_view name, DType dtype, const Sh
 }
 
 Status CheckAgreement(const TensorEntry& entry, uint32_t rank, const GatheredPlans& plans,
-                      const GatheredPlans::Tensor& tensor) {
-  const bool same_dtype = entry.dtype == tensor.dtype;
-  if (same_dtype && entry.shape_id == tensor.shape) return OkStatus();
+                      DType dtype, uint32_t shape) {
+  const bool same_dtype = entry.dtype == dtype;
+  if (same_dtype && entry.shape_id == shape) return OkStatus();
   std::string prefix =
       "tensor " + Quote(*entry.name) + ": rank " + std::to_string(entry.first_rank) + " has ";
   std::string other = " but rank " + std::to_string(rank) + " has ";
   if (!same_dtype) {
     return InvalidArgumentError(prefix + "dtype " + std::string(DTypeName(entry.dtype)) + other +
-                                std::string(DTypeName(tensor.dtype)));
+                                std::string(DTypeName(dtype)));
   }
   return InvalidArgumentError(prefix + "shape " + ShapeToString(*entry.shape) + other +
-                              ShapeToString(plans.shape(tensor.shape)));
+                              ShapeToString(plans.shape(shape)));
 }
 
-void AddHoldings(uint32_t rank, uint32_t local_tensor, const GatheredPlans& plans,
-                 const GatheredPlans::Tensor& tensor, TensorEntry* entry) {
+void AddHoldings(uint32_t rank, const GatheredPlans& plans, const GatheredPlans::Tensor& tensor,
+                 TensorEntry* entry) {
   const size_t dims = entry->shape->size();
   for (uint32_t b = 0; b < tensor.box_count; ++b) {
     const int64_t* values = plans.box_values(tensor, b);
     if (std::any_of(values + dims, values + 2 * dims, [](int64_t size) { return size == 0; })) {
       continue;  // empty
     }
-    entry->holdings.push_back({static_cast<uint64_t>(values - plans.values()), rank, local_tensor, b});
+    entry->holdings.push_back(
+        {static_cast<uint64_t>(values - plans.values()), rank, tensor.local, b});
   }
 }
 
 // A later rank lists a known tensor: it must do so once and agree on dtype and shape.
-Status Revisit(uint32_t rank, const GatheredPlans& plans, const GatheredPlans::Tensor& tensor,
+Status Revisit(uint32_t rank, const GatheredPlans& plans, DType dtype, uint32_t shape,
                TensorEntry* entry) {
   if (entry->last_rank == rank) {
     return InvalidArgumentError("tensor " + Quote(*entry->name) + ": rank " +
                                 std::to_string(rank) + " lists it twice");
   }
   entry->last_rank = rank;
-  return CheckAgreement(*entry, rank, plans, tensor);
+  return CheckAgreement(*entry, rank, plans, dtype, shape);
 }
 
-// Gathers every tensor named by any rank, validated, sorted by name.
-Result<std::vector<TensorEntry>> CollectTensors(const GatheredPlans& plans) {
-  constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+// Adds `rank`'s chunk of a tensor it lists through its part by the rule, unless it is empty.
+Status AddRuledHolding(uint32_t rank, const GatheredPlans& plans, const GatheredPlans::Part& part,
+                       const GatheredPlans::RuledTensor& tensor, TensorEntry* entry) {
+  const int64_t position = part.rules[tensor.rule].PositionOf(rank);
+  if (position < 0) {  // SharedPlans::Expand refuses such a rank
+    return InternalError("tensor " + Quote(*entry->name) + ": rank " + std::to_string(rank) +
+                         " lists it by a rule whose mesh does not hold it");
+  }
+  const size_t width = KeyWidth(*entry);
+  const uint64_t key = tensor.chunks + static_cast<uint64_t>(position) * width;
+  const int64_t* sizes = plans.values() + key + width / 2;
+  if (std::any_of(sizes, sizes + width / 2, [](int64_t size) { return size == 0; })) {
+    return OkStatus();  // empty
+  }
+  entry->holdings.push_back({key, rank, tensor.local, 0});
+  return OkStatus();
+}
+
+// A tensor listed through a part by its rule so far is then listed otherwise: the part's ranks
+// that listed it (those up to last_rank) become holdings, as if each had listed its box.
+Status ExpandRuled(const GatheredPlans& plans, TensorEntry* entry) {
+  const GatheredPlans::Part& part = plans.part(entry->part);
+  const GatheredPlans::RuledTensor& tensor = part.tensors[entry->part_tensor];
+  entry->part = kNone;
+  for (uint32_t rank : part.ranks) {
+    if (rank > entry->last_rank) break;
+    SP_RETURN_IF_ERROR(AddRuledHolding(rank, plans, part, tensor, entry));
+  }
+  return OkStatus();
+}
+
+// Sorts holdings that arrive in (rank, local_box) order so that identical boxes (replicas) are
+// adjacent; each run is one chunk.
+void GroupByBox(const int64_t* values, size_t width, std::vector<Holding>* holdings,
+                std::vector<uint32_t>* chunk_begin) {
+  auto key = [&](const Holding& h) { return values + h.key; };
+  auto by_box = [&](const Holding& a, const Holding& b) {
+    return std::lexicographical_compare(key(a), key(a) + width, key(b), key(b) + width);
+  };
+  // A stable sort by box alone is enough; for row-sharded and replicated tensors they are
+  // already in box order.
+  if (!std::is_sorted(holdings->begin(), holdings->end(), by_box)) {
+    std::stable_sort(holdings->begin(), holdings->end(), by_box);
+  }
+  chunk_begin->clear();
+  for (uint32_t i = 0; i < holdings->size(); ++i) {
+    if (i == 0 || !std::equal(key((*holdings)[i]), key((*holdings)[i]) + width,
+                              key((*holdings)[i - 1]))) {
+      chunk_begin->push_back(i);
+    }
+  }
+  chunk_begin->push_back(static_cast<uint32_t>(holdings->size()));
+}
+
+// By part, rule and shape (not by where the chunks are: a rank-0 tensor's take no values, so the
+// next rule's chunks start at the same place).
+using RulePatterns = std::map<std::tuple<uint32_t, uint32_t, uint32_t>, RulePattern>;
+
+// The pattern of a tensor every rank of whose mesh lists it through its part.
+RulePattern* PatternOf(const GatheredPlans& plans, const TensorEntry& entry,
+                       RulePatterns* patterns) {
+  const GatheredPlans::Part& part = plans.part(entry.part);
+  const GatheredPlans::RuledTensor& tensor = part.tensors[entry.part_tensor];
+  auto [it, added] = patterns->try_emplace(std::tuple{entry.part, tensor.rule, tensor.shape});
+  RulePattern& pattern = it->second;
+  if (!added) return &pattern;
+  const size_t width = KeyWidth(entry);
+  for (const auto& [rank, position] : part.rules[tensor.rule].by_rank) {
+    const uint64_t key = tensor.chunks + static_cast<uint64_t>(position) * width;
+    const int64_t* sizes = plans.values() + key + width / 2;
+    if (std::any_of(sizes, sizes + width / 2, [](int64_t size) { return size == 0; })) continue;
+    pattern.holdings.push_back({key, static_cast<uint32_t>(rank), 0, 0});
+  }
+  GroupByBox(plans.values(), width, &pattern.holdings, &pattern.chunk_begin);
+  return &pattern;
+}
+
+// A new entry for a tensor first listed by `rank`.
+Result<TensorEntry> NewEntry(uint32_t rank, const GatheredPlans& plans, uint32_t name_id,
+                             DType dtype, uint32_t shape_id) {
+  const std::string& name = plans.name(name_id);
+  SP_RETURN_IF_ERROR(ValidateShape(rank, name, dtype, plans.shape(shape_id)));
+  TensorEntry entry;
+  entry.name = &name;
+  entry.shape = &plans.shape(shape_id);
+  entry.shape_id = shape_id;
+  entry.dtype = dtype;
+  entry.first_rank = entry.last_rank = rank;
+  entry.values = plans.values();
+  return entry;
+}
+
+// Gathers every tensor named by any rank, validated, sorted by name. A tensor that every rank of
+// its mesh lists through one part by its rule, and no other rank lists, is given the rule's
+// pattern (from `patterns`) instead of holdings.
+Result<std::vector<TensorEntry>> CollectTensors(const GatheredPlans& plans,
+                                                RulePatterns* patterns) {
   std::vector<uint32_t> entry_of_name(plans.name_count(), kNone);
   std::vector<TensorEntry> entries;
   for (uint32_t rank = 0; rank < plans.world_size(); ++rank) {
-    const std::span<const GatheredPlans::Tensor> tensors = plans.tensors(rank);
-    for (uint32_t t = 0; t < tensors.size(); ++t) {
-      const GatheredPlans::Tensor& tensor = tensors[t];
+    for (const GatheredPlans::Tensor& tensor : plans.tensors(rank)) {
       uint32_t& e = entry_of_name[tensor.name];
       if (e == kNone) {
-        const std::string& name = plans.name(tensor.name);
-        SP_RETURN_IF_ERROR(ValidateShape(rank, name, tensor.dtype, plans.shape(tensor.shape)));
+        SP_ASSIGN_OR_RETURN(TensorEntry entry,
+                            NewEntry(rank, plans, tensor.name, tensor.dtype, tensor.shape));
         e = static_cast<uint32_t>(entries.size());
-        TensorEntry& entry = entries.emplace_back();
-        entry.name = &name;
-        entry.shape = &plans.shape(tensor.shape);
-        entry.shape_id = tensor.shape;
-        entry.dtype = tensor.dtype;
-        entry.first_rank = entry.last_rank = rank;
-        entry.values = plans.values();
+        entries.push_back(std::move(entry));
       } else {
-        SP_RETURN_IF_ERROR(Revisit(rank, plans, tensor, &entries[e]));
+        if (entries[e].part != kNone) SP_RETURN_IF_ERROR(ExpandRuled(plans, &entries[e]));
+        SP_RETURN_IF_ERROR(Revisit(rank, plans, tensor.dtype, tensor.shape, &entries[e]));
       }
       if (tensor.error != GatheredPlans::kNoError) return plans.error(tensor.error);
-      AddHoldings(rank, t, plans, tensor, &entries[e]);
+      AddHoldings(rank, plans, tensor, &entries[e]);
     }
+    const uint32_t part_id = plans.part_of(rank);
+    if (part_id == GatheredPlans::kNoPart) continue;
+    const GatheredPlans::Part& part = plans.part(part_id);
+    for (uint32_t i = 0; i < part.tensors.size(); ++i) {
+      const GatheredPlans::RuledTensor& tensor = part.tensors[i];
+      uint32_t& e = entry_of_name[tensor.name];
+      if (e == kNone) {
+        SP_ASSIGN_OR_RETURN(TensorEntry entry,
+                            NewEntry(rank, plans, tensor.name, tensor.dtype, tensor.shape));
+        entry.part = part_id;
+        entry.part_tensor = i;
+        e = static_cast<uint32_t>(entries.size());
+        entries.push_back(std::move(entry));
+        continue;
+      }
+      TensorEntry& entry = entries[e];
+      if (entry.part == part_id && entry.part_tensor == i) {  // the next rank of the part
+        entry.last_rank = rank;
+        continue;
+      }
+      if (entry.part != kNone) SP_RETURN_IF_ERROR(ExpandRuled(plans, &entry));
+      SP_RETURN_IF_ERROR(Revisit(rank, plans, tensor.dtype, tensor.shape, &entry));
+      SP_RETURN_IF_ERROR(AddRuledHolding(rank, plans, part, tensor, &entry));
+    }
+  }
+  for (TensorEntry& entry : entries) {
+    if (entry.part == kNone) continue;
+    const GatheredPlans::Part& part = plans.part(entry.part);
+    const GatheredPlans::RuledTensor& tensor = part.tensors[entry.part_tensor];
+    // Every position of the mesh is a rank of the part (each of which is in the mesh), or the
+    // tensor is planned from its holdings.
+    if (part.ranks.size() != part.rules[tensor.rule].rank_at.size()) {
+      SP_RETURN_IF_ERROR(ExpandRuled(plans, &entry));
+      continue;
+    }
+    entry.pattern = PatternOf(plans, entry, patterns);
+    entry.pattern_local = tensor.local;
   }
   std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
     return *a.name < *b.name;
@@ -202,39 +355,23 @@ Result<std::vector<TensorEntry>> CollectTensors(const GatheredPlans& plans) {
   return entries;
 }
 
-// Sorts the holdings so that identical boxes (replicas) are adjacent; each run is one chunk.
+// Groups a tensor's holdings into chunks (one with a pattern is grouped already).
 void GroupReplicas(TensorEntry* entry) {
-  std::vector<Holding>& holdings = entry->holdings;
-  const size_t width = KeyWidth(*entry);
-  auto by_box = [&](const Holding& a, const Holding& b) {
-    const int64_t* x = KeyOf(*entry, a);
-    const int64_t* y = KeyOf(*entry, b);
-    return std::lexicographical_compare(x, x + width, y, y + width);
-  };
-  // Holdings arrive in (rank, local_box) order, so a stable sort by box alone is enough; for
-  // row-sharded and replicated tensors they are already in box order.
-  if (!std::is_sorted(holdings.begin(), holdings.end(), by_box)) {
-    std::stable_sort(holdings.begin(), holdings.end(), by_box);
+  if (entry->pattern == nullptr) {
+    GroupByBox(entry->values, KeyWidth(*entry), &entry->holdings, &entry->chunk_begin);
   }
-  entry->chunk_begin.clear();
-  for (uint32_t i = 0; i < holdings.size(); ++i) {
-    if (i == 0 || !std::equal(KeyOf(*entry, holdings[i]), KeyOf(*entry, holdings[i]) + width,
-                              KeyOf(*entry, holdings[i - 1]))) {
-      entry->chunk_begin.push_back(i);
-    }
-  }
-  entry->chunk_begin.push_back(static_cast<uint32_t>(holdings.size()));
 }
 
 std::span<const Holding> HoldersOf(const TensorEntry& entry, size_t chunk) {
-  return std::span<const Holding>(entry.holdings)
-      .subspan(entry.chunk_begin[chunk], entry.chunk_begin[chunk + 1] - entry.chunk_begin[chunk]);
+  const std::vector<uint32_t>& begin = ChunkBegin(entry);
+  return std::span<const Holding>(Holdings(entry)).subspan(begin[chunk],
+                                                           begin[chunk + 1] - begin[chunk]);
 }
 
 // Proves the distinct chunks of a tensor tile its shape: no overlap, no hole. Chunks sorted by box
 // that form a grid (the usual layouts) are proved in one pass, and the grid is kept as the
 // tensor's index (TensorMetadata::grid); the others are proved by the sweeps.
-Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
+Status ProveTiling(const TensorEntry& entry, TensorMetadata& md) {
   const Shape& shape = *entry.shape;
   md.grid = FindChunkGrid(md.chunks, shape);
   if (md.grid) return OkStatus();
@@ -261,16 +398,32 @@ Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
   return InvalidArgumentError(message);
 }
 
+// ProveTiling, once for all the tensors of a rule pattern (same chunks, same shape).
+Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
+  RulePattern* pattern = entry.pattern;
+  if (pattern != nullptr && pattern->checked) {
+    md.grid = pattern->grid;
+    return OkStatus();
+  }
+  SP_RETURN_IF_ERROR(ProveTiling(entry, md));
+  if (pattern != nullptr) {
+    pattern->checked = true;
+    pattern->grid = md.grid;
+  }
+  return OkStatus();
+}
+
 TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
   TensorMetadata md;
   md.name = *entry.name;
   md.dtype = entry.dtype;
   md.shape = *entry.shape;
-  const size_t num_chunks = entry.chunk_begin.size() - 1;
+  const std::vector<uint32_t>& chunk_begin = ChunkBegin(entry);
+  const size_t num_chunks = chunk_begin.size() - 1;
   md.chunks.resize(num_chunks);
   const uint64_t element_bytes = DTypeSize(md.dtype);
   for (size_t c = 0; c < num_chunks; ++c) {
-    md.chunks[c].box = BoxOf(entry, entry.holdings[entry.chunk_begin[c]]);
+    md.chunks[c].box = BoxOf(entry, Holdings(entry)[chunk_begin[c]]);
     md.chunks[c].byte_length = static_cast<uint64_t>(md.chunks[c].box.volume()) * element_bytes;
   }
   return md;
@@ -289,10 +442,11 @@ void AssignOwners(const std::vector<TensorMetadata>& tensors, size_t world_size,
   std::vector<Group> groups;
   for (uint32_t t = 0; t < entries->size(); ++t) {
     TensorEntry& entry = (*entries)[t];
-    entry.owner.resize(entry.chunk_begin.size() - 1);
+    const std::vector<uint32_t>& chunk_begin = ChunkBegin(entry);
+    entry.owner.resize(chunk_begin.size() - 1);
     for (uint32_t c = 0; c < entry.owner.size(); ++c) {
       std::span<const Holding> holders = HoldersOf(entry, c);
-      entry.owner[c] = entry.chunk_begin[c];  // the lowest holder
+      entry.owner[c] = chunk_begin[c];  // the lowest holder
       if (holders.front().rank == holders.back().rank) {
         assigned[holders.front().rank] += tensors[t].chunks[c].byte_length;
       } else if (!lowest_rank) {
@@ -306,12 +460,14 @@ void AssignOwners(const std::vector<TensorMetadata>& tensors, size_t world_size,
   });
   for (const Group& group : groups) {
     TensorEntry& entry = (*entries)[group.tensor];
-    uint32_t best = entry.chunk_begin[group.chunk];
-    for (uint32_t h = best + 1; h < entry.chunk_begin[group.chunk + 1]; ++h) {
-      if (assigned[entry.holdings[h].rank] < assigned[entry.holdings[best].rank]) best = h;
+    const std::vector<Holding>& holdings = Holdings(entry);
+    const std::vector<uint32_t>& chunk_begin = ChunkBegin(entry);
+    uint32_t best = chunk_begin[group.chunk];
+    for (uint32_t h = best + 1; h < chunk_begin[group.chunk + 1]; ++h) {
+      if (assigned[holdings[h].rank] < assigned[holdings[best].rank]) best = h;
     }
     entry.owner[group.chunk] = best;
-    assigned[entry.holdings[best].rank] += group.bytes;
+    assigned[holdings[best].rank] += group.bytes;
   }
 }
 
@@ -322,9 +478,11 @@ void KeepOnlyWriters(std::vector<TensorEntry>* entries) {
   for (TensorEntry& entry : *entries) {
     entry.writers.resize(entry.owner.size());
     for (size_t c = 0; c < entry.owner.size(); ++c) {
-      const Holding& h = entry.holdings[entry.owner[c]];
-      entry.writers[c] = {h.rank, h.local_tensor, h.local_box};
+      const Holding& h = Holdings(entry)[entry.owner[c]];
+      entry.writers[c] = {h.rank, entry.pattern ? entry.pattern_local : h.local_tensor,
+                          h.local_box};
     }
+    entry.pattern = nullptr;
     std::vector<Holding>().swap(entry.holdings);
     std::vector<uint32_t>().swap(entry.chunk_begin);
     std::vector<uint32_t>().swap(entry.owner);
@@ -491,7 +649,8 @@ Result<GlobalSavePlan> PlanSave(std::span<const LocalSavePlan> locals,
 Result<GlobalSavePlan> PlanSave(const GatheredPlans& plans, const SavePlanOptions& options) {
   const size_t world_size = plans.world_size();
   SP_RETURN_IF_ERROR(ValidateOptions(world_size, options));
-  SP_ASSIGN_OR_RETURN(std::vector<TensorEntry> entries, CollectTensors(plans));
+  RulePatterns patterns;
+  SP_ASSIGN_OR_RETURN(std::vector<TensorEntry> entries, CollectTensors(plans, &patterns));
   GlobalSavePlan plan;
   plan.metadata.save_id = options.save_id;
   plan.metadata.world_size = static_cast<int32_t>(world_size);
@@ -505,6 +664,7 @@ Result<GlobalSavePlan> PlanSave(const GatheredPlans& plans, const SavePlanOption
   SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(plans, entries));
   AssignOwners(plan.metadata.tensors, world_size, options.dedup_to_lowest_rank, &entries);
   KeepOnlyWriters(&entries);
+  patterns.clear();
   plan.ranks.resize(world_size);
   SP_RETURN_IF_ERROR(AssignFiles(entries, options, &plan));
   return plan;
