@@ -98,8 +98,10 @@ struct SavePlanCacheState {
   // what its last layout changed. That is one copy of the plan: at 8,192 ranks x 1,000 tensors
   // the plan is most of a gigabyte, and the layout of a format whose files are renamed for the
   // next save (the native one) leaves every chunk where the plan put it.
+  // Shared with the saves whose metadata is still to be built from it (PendingMetadata): a new
+  // plan replaces it, nothing changes it.
   uint64_t plan_id = 0;
-  GlobalSavePlan plan;
+  std::shared_ptr<const GlobalSavePlan> plan;
   // Every rank's writes as last sent, where that layout moved chunks (torch-dcp); nullopt when
   // they were plan.ranks.
   std::optional<std::vector<RankSavePlan>> moved_writes;
@@ -111,6 +113,30 @@ struct SavePlanCacheState {
     std::vector<DataFile> files;  // data_start and size as the ranks reported them, or 0
   };
   std::optional<LaidOutFiles> laid_out;
+};
+
+// The metadata of a save that takes its cached plan and renames its files, built only once the
+// coordinator has sent the replies and written its own files: the copy of the plan (most of a
+// gigabyte at 8,192 ranks x 1,000 tensors) then no longer holds back every rank's first write.
+struct PendingMetadata {
+  std::shared_ptr<const GlobalSavePlan> plan;  // the cached plan
+  int32_t world_size = 0;
+  CheckpointFormat format = CheckpointFormat::kNative;
+  std::vector<DataFile> files;  // renamed
+  std::string save_id;
+  std::vector<ObjectEntry> objects;
+  std::map<std::string, std::string> attributes;
+
+  CheckpointMetadata Build() && {
+    CheckpointMetadata md = plan->metadata;
+    md.world_size = world_size;
+    md.format = format;
+    md.files = std::move(files);
+    md.save_id = std::move(save_id);
+    md.objects = std::move(objects);
+    md.attributes = std::move(attributes);
+    return md;
+  }
 };
 
 class SavePlanCacheAccess {
@@ -234,13 +260,16 @@ Result<std::optional<std::vector<std::string>>> AskForMissing(
 // files, creates the directory, and returns one
 // reply per rank; or, when a plan is needed but some ranks sent only an id or no rank sent a
 // shared part, the replies that ask for them (AskForMissing).
-// `requests` are the ranks' PlanRequests, decoded.
+// `requests` are the ranks' PlanRequests, decoded. The save's metadata is `metadata`, or, for a
+// save that renames the files of its cached plan, what `pending` builds.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
                                                    SavePlanCache* cache,
                                                    CheckpointMetadata* metadata,
+                                                   std::optional<PendingMetadata>* pending,
                                                    std::optional<FileCondition>* commit_condition) {
+  pending->reset();
   SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                       MakeCheckpointWriter(options.format, options.megatron));
   std::set<std::string_view> committed_names;
@@ -271,12 +300,13 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     lock = CacheAccess::Lock(*cache);
     cached = &CacheAccess::State(*cache);
   }
-  bool use_cache = cached != nullptr && cached->plan_id != 0 && cached->plan.ranks.size() == world &&
+  bool use_cache = cached != nullptr && cached->plan_id != 0 && cached->plan != nullptr &&
+                   cached->plan->ranks.size() == world &&
                    std::all_of(requests.begin(), requests.end(), [&](const PlanRequest& r) {
                      return r.kind == PlanRequest::Kind::kCached && r.plan_id == cached->plan_id;
                    });
   std::vector<ObjectEntry> objects;  // of a save that takes the cached plan
-  if (use_cache) use_cache = MergeCachedObjects(requests, cached->plan.metadata.tensors, &objects);
+  if (use_cache) use_cache = MergeCachedObjects(requests, cached->plan->metadata.tensors, &objects);
   SharedPlans shared(world);
   std::vector<SharedPlans::Message> opened(world);  // the ruled requests, opened
   if (!use_cache) {
@@ -305,21 +335,17 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
         ok = ok && writer->RenameForSave(laid_out->save_id, save_id, &f.name, nullptr);
       }
       if (ok) {
-        CheckpointMetadata renamed = cached->plan.metadata;
-        renamed.world_size = static_cast<int32_t>(world);
-        renamed.format = laid_out->format;
-        renamed.files = std::move(files);
-        renamed.save_id = save_id;
-        renamed.objects = std::move(objects);
-        renamed.attributes = options.attributes;
         SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
-        *metadata = std::move(renamed);
+        *pending = PendingMetadata{cached->plan,         static_cast<int32_t>(world),
+                                   laid_out->format,     std::move(files),
+                                   save_id,              std::move(objects),
+                                   options.attributes};
         return std::vector<std::string>(
             world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id, save_id, {}}));
       }
     }
     // Laid out again (another format, or a writer that does not rename).
-    plan = cached->plan;
+    plan = *cached->plan;
     plan.metadata.save_id = save_id;
     plan.metadata.objects = std::move(objects);
   } else {
@@ -344,8 +370,9 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     // Copied once the ranks' table is gone (the end of the block above), not beside it.
     plan_id = NewPlanId();
     cached->plan_id = plan_id;
-    cached->plan = plan;
-    cached->plan.metadata.objects.clear();
+    auto copy = std::make_shared<GlobalSavePlan>(plan);
+    copy->metadata.objects.clear();
+    cached->plan = std::move(copy);
     cached->moved_writes.reset();
     cached->laid_out.reset();
   }
@@ -698,6 +725,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                       GatherOrFail(comm, std::move(request), root));
 
   CheckpointMetadata metadata;
+  std::optional<PendingMetadata> pending_metadata;  // the coordinator's, built after its writes
   std::optional<FileCondition> commit_condition;  // the coordinator's (PlanOnCoordinator)
   std::vector<PlanRequest> requests;  // the coordinator's, as decoded from the first exchange
   auto plan_on_coordinator = [&]() -> Result<std::vector<std::string>> {
@@ -717,7 +745,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
       }
     }
     return PlanOnCoordinator(requests, path, options, ctx->store(), cache, &metadata,
-                             &commit_condition);
+                             &pending_metadata, &commit_condition);
   };
   Result<std::vector<std::string>> payloads =
       comm.rank() == root ? plan_on_coordinator() : Result<std::vector<std::string>>(
@@ -808,6 +836,11 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     return WriteRankFiles(order, state, path, options, ctx->store(),
                           ctx->pool(), &files, &clock, &stats);
   }();
+  // While the other ranks write.
+  if (pending_metadata) {
+    metadata = std::move(*pending_metadata).Build();
+    pending_metadata.reset();
+  }
   Result<std::vector<std::string>> reports = GatherOrFail(comm, std::move(report), root);
   if (!reports.ok()) {
     RemoveFiles(ctx->store(), files);
