@@ -68,15 +68,6 @@ uint64_t GatheredPlans::AddSharedBoxes(std::span<const Box> boxes) {
   return first;
 }
 
-void GatheredPlans::AddTensorWithSharedBoxes(std::string_view name, DType dtype,
-                                             std::span<const int64_t> shape, uint64_t first_value,
-                                             uint32_t box_count, uint32_t local) {
-  Tensor tensor = NewEntry(name, dtype, shape, local);
-  tensor.first_value = first_value;
-  tensor.box_count = box_count;
-  Append(tensor);
-}
-
 void GatheredPlans::AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
                               std::span<const Box> boxes, uint32_t local) {
   Tensor tensor = NewEntry(name, dtype, shape, local);

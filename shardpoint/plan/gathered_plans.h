@@ -98,15 +98,11 @@ class GatheredPlans {
   // the rank before it.
   void AddTensor(std::string_view name, DType dtype, std::span<const int64_t> shape,
                  std::span<const Box> boxes, uint32_t local = kUnset);
-  // Boxes that many entries share (a layout rule's chunk of every mesh position, plan/
+  // Boxes that many tensors share (a layout rule's chunk of every mesh position, plan/
   // ruled_plan.h), stored once: appends them to the values and returns where the first begins
   // (box i at that + i * 2 * its rank). They must be within the shape of the tensors that use
   // them (not checked here).
   uint64_t AddSharedBoxes(std::span<const Box> boxes);
-  // Appends a tensor of the current rank whose `box_count` boxes are at `first_value` in the
-  // values (from AddSharedBoxes): nothing is copied.
-  void AddTensorWithSharedBoxes(std::string_view name, DType dtype, std::span<const int64_t> shape,
-                                uint64_t first_value, uint32_t box_count, uint32_t local = kUnset);
   void AddObject(ObjectEntry object);
 
   // Parts: AddPart, then its tensors; each rank that lists them calls UsePart (between its
@@ -119,7 +115,6 @@ class GatheredPlans {
   void UsePart(uint32_t part);
   uint32_t part_of(size_t rank) const { return part_of_rank_[rank]; }
   const Part& part(uint32_t id) const { return parts_[id]; }
-  size_t part_count() const { return parts_.size(); }
 
   size_t world_size() const { return objects_.size(); }
   std::span<const Tensor> tensors(size_t rank) const {
@@ -138,7 +133,6 @@ class GatheredPlans {
   const int64_t* values() const { return values_.data(); }
 
  private:
-
   uint32_t NameId(std::string_view name);
   uint32_t ShapeId(std::span<const int64_t> shape);
   // An entry of the current rank with its name and shape ids set (not yet appended).
