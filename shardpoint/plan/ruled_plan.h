@@ -12,8 +12,8 @@
 // from it and the rank's own part, straight into GatheredPlans: the part's ruled tensors once for
 // all its ranks (GatheredPlans::Part), each rank's tensors without a rule as it sent them. The
 // plan is the one the ranks would have sent whole (EncodeLocalSavePlan), so planning, its checks
-// and its errors are unchanged; what changes is that the names, shapes and rules of a group of ranks cross the
-// network once instead of once per rank.
+// and its errors are unchanged; what changes is that the names, shapes and rules of a group of
+// ranks cross the network once instead of once per rank.
 //
 // Encoding (little-endian; strings and lists are a u32 count then the items; docs/DESIGN.md,
 // save step 2):
