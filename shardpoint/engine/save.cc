@@ -94,12 +94,13 @@ struct SavePlanCacheState {
     CheckpointFormat format = CheckpointFormat::kNative;
   };
   std::map<int, RankPart> ranks;
-  // The coordinator's part: the plan as PlanSave made it (files not laid out, no objects), and
-  // what its last layout changed. That is one copy of the plan: at 8,192 ranks x 1,000 tensors
-  // the plan is most of a gigabyte, and the layout of a format whose files are renamed for the
-  // next save (the native one) leaves every chunk where the plan put it.
-  // Shared with the saves whose metadata is still to be built from it (PendingMetadata): a new
-  // plan replaces it, nothing changes it.
+  // The coordinator's part: the plan as PlanSave made it, without objects (with its files named,
+  // where the ranks build the headers: naming moves no chunk; otherwise not laid out), and what
+  // its last layout changed. That is one copy of the plan: at 8,192 ranks x 1,000 tensors the
+  // plan is most of a gigabyte, and the layout of a format whose files are renamed for the next
+  // save (the native one) leaves every chunk where the plan put it. Shared with the saves whose
+  // metadata is still to be built from it (PendingMetadata): a new plan replaces it, nothing
+  // changes it.
   uint64_t plan_id = 0;
   std::shared_ptr<const GlobalSavePlan> plan;
   // Every rank's writes as last sent, where that layout moved chunks (torch-dcp); nullopt when
@@ -115,9 +116,10 @@ struct SavePlanCacheState {
   std::optional<LaidOutFiles> laid_out;
 };
 
-// The metadata of a save that takes its cached plan and renames its files, built only once the
-// coordinator has sent the replies and written its own files: the copy of the plan (most of a
-// gigabyte at 8,192 ranks x 1,000 tensors) then no longer holds back every rank's first write.
+// The metadata of a save whose plan the cache holds (taken from it, its files renamed, or just
+// made and handed to it), built only once the coordinator has sent the replies and written its
+// own files: the copy of the plan (most of a gigabyte at 8,192 ranks x 1,000 tensors) then no
+// longer holds back every rank's first write.
 struct PendingMetadata {
   std::shared_ptr<const GlobalSavePlan> plan;  // the cached plan
   int32_t world_size = 0;
@@ -336,9 +338,8 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
       }
       if (ok) {
         SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
-        *pending = PendingMetadata{cached->plan,         static_cast<int32_t>(world),
-                                   laid_out->format,     std::move(files),
-                                   save_id,              std::move(objects),
+        *pending = PendingMetadata{cached->plan, static_cast<int32_t>(world), laid_out->format,
+                                   std::move(files), save_id, std::move(objects),
                                    options.attributes};
         return std::vector<std::string>(
             world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id, save_id, {}}));
@@ -366,13 +367,21 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_options.separate_key_prefixes = options.separate_key_prefixes;
     SP_ASSIGN_OR_RETURN(plan, PlanSave(gathered, plan_options));
   }
+  // A new plan for the cache. Where the ranks build their files' headers, the coordinator only
+  // names the files, which moves no chunk: the cache then takes the plan itself once the replies
+  // are built, and this save's metadata is copied from it after the coordinator's own writes
+  // (PendingMetadata). Otherwise the layout may move chunks, and the cache keeps a copy of the
+  // plan as planned, made once the ranks' table is gone (the end of the block above).
+  const bool share_plan = !use_cache && cached != nullptr && writer->ranks_build_headers();
   if (!use_cache && cached != nullptr) {
-    // Copied once the ranks' table is gone (the end of the block above), not beside it.
     plan_id = NewPlanId();
     cached->plan_id = plan_id;
-    auto copy = std::make_shared<GlobalSavePlan>(plan);
-    copy->metadata.objects.clear();
-    cached->plan = std::move(copy);
+    cached->plan.reset();
+    if (!share_plan) {
+      auto copy = std::make_shared<GlobalSavePlan>(plan);
+      copy->metadata.objects.clear();
+      cached->plan = std::move(copy);
+    }
     cached->moved_writes.reset();
     cached->laid_out.reset();
   }
@@ -433,6 +442,17 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     }
     payloads[r] = EncodePlanReply(reply);
   }
+  if (share_plan && !moved) {
+    std::vector<ObjectEntry> objects = std::move(plan.metadata.objects);
+    plan.metadata.objects.clear();
+    std::vector<DataFile> files = plan.metadata.files;
+    const std::string save_id = plan.metadata.save_id;
+    cached->plan = std::make_shared<const GlobalSavePlan>(std::move(plan));
+    *pending = PendingMetadata{cached->plan, static_cast<int32_t>(world), writer->format(),
+                               std::move(files), save_id, std::move(objects), options.attributes};
+    return payloads;
+  }
+  if (share_plan) cached->plan_id = 0;  // a layout that moved chunks: the plan is not kept
   *metadata = std::move(plan.metadata);
   return payloads;
 }
