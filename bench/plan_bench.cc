@@ -23,7 +23,11 @@
 // (plan/ruled_plan.h: the tensors carry the mesh rules of the layouts above, so each rank sends a
 // digest, the irregular tensors' boxes and its objects, and rank 0 the shared part).
 //
-// Usage: plan_bench [ranks] [tensors] [--coordinator-only | --coordinator-ruled]
+// PlanSave runs on a pool of `--threads` threads, as a save's coordinator plans on its pool
+// (default: the engine's default pool size, DefaultIoThreads()); `--threads 1` plans on the
+// calling thread alone, as saves did before planning used the pool.
+//
+// Usage: plan_bench [ranks] [tensors] [--coordinator-only | --coordinator-ruled] [--threads N]
 //        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
 #include <chrono>
@@ -40,6 +44,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/writer.h"
@@ -182,7 +187,7 @@ bool DecodeRuled(const std::vector<std::string>& gathered, sp::GatheredPlans* pl
 // (plan/ruled_plan.h) as a save sends them: every rank's digest and own part, the shared part
 // from rank 0 alone; otherwise every rank's whole local plan (as saves sent them before).
 // Returns false on a failure (printed).
-bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled) {
+bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, sp::ThreadPool* pool) {
   std::vector<std::string> gathered(ranks);
   size_t gathered_bytes = 0;
   for (int64_t r = 0; r < ranks; ++r) {
@@ -214,6 +219,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled) {
     decoded_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     sp::SavePlanOptions options;
     options.save_id = "bench";
+    options.pool = pool;
     sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(plans, options);
     if (!plan.ok()) {
       std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());
@@ -271,13 +277,16 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled) {
 
 // Runs the coordinator's measurement in a child process (so that its heap neither counts in the
 // other's peak nor weighs on the timings after it). Returns false when it failed.
-bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool ruled) {
+bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool ruled,
+                             int threads) {
   std::fflush(stdout);
   const std::string ranks_arg = std::to_string(ranks), tensors_arg = std::to_string(tensors);
+  const std::string threads_arg = std::to_string(threads);
   const pid_t child = fork();
   if (child == 0) {
     execl("/proc/self/exe", self, ranks_arg.c_str(), tensors_arg.c_str(),
-          ruled ? "--coordinator-ruled" : "--coordinator-only", static_cast<char*>(nullptr));
+          ruled ? "--coordinator-ruled" : "--coordinator-only", "--threads", threads_arg.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   int child_status = 0;
@@ -310,21 +319,40 @@ Timing Median(Fn&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool coordinator_only = argc > 3 && std::strcmp(argv[3], "--coordinator-only") == 0;
-  const bool coordinator_ruled = argc > 3 && std::strcmp(argv[3], "--coordinator-ruled") == 0;
-  const int64_t ranks = argc > 1 ? std::atoll(argv[1]) : 1024;
-  const int tensors = argc > 2 ? std::atoi(argv[2]) : 500;
-  if (ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
-      (argc > 3 && !coordinator_only && !coordinator_ruled) || argc > 4) {
+  bool coordinator_only = false, coordinator_ruled = false, usage = false;
+  int threads = sp::DefaultIoThreads();
+  std::vector<const char*> positional;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--coordinator-only") == 0) {
+      coordinator_only = true;
+    } else if (std::strcmp(argv[i], "--coordinator-ruled") == 0) {
+      coordinator_ruled = true;
+    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+      usage = usage || threads < 1;
+    } else if (argv[i][0] == '-') {
+      usage = true;
+    } else {
+      positional.push_back(argv[i]);
+    }
+  }
+  const int64_t ranks = positional.size() > 0 ? std::atoll(positional[0]) : 1024;
+  const int tensors = positional.size() > 1 ? std::atoi(positional[1]) : 500;
+  if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
+      (coordinator_only && coordinator_ruled)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
-                 "[--coordinator-only | --coordinator-ruled]\n");
+                 "[--coordinator-only | --coordinator-ruled] [--threads N >= 1]\n");
     return 2;
   }
-  if (coordinator_ruled) return MeasureCoordinator(ranks, tensors, true) ? 0 : 1;
-  if (coordinator_only) return MeasureCoordinator(ranks, tensors, false) ? 0 : 1;
+  // A pool of one thread plans as without one: on the calling thread.
+  std::unique_ptr<sp::ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<sp::ThreadPool>(threads);
+  if (coordinator_ruled) return MeasureCoordinator(ranks, tensors, true, pool.get()) ? 0 : 1;
+  if (coordinator_only) return MeasureCoordinator(ranks, tensors, false, pool.get()) ? 0 : 1;
+  std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
   for (bool ruled : {false, true}) {
-    if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled)) {
+    if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, threads)) {
       std::fprintf(stderr, "the coordinator's measurement failed\n");
       return 1;
     }
@@ -332,6 +360,7 @@ int main(int argc, char** argv) {
   const std::vector<sp::LocalSavePlan> locals = MakeLocals(ranks, tensors);
   sp::SavePlanOptions options;
   options.save_id = "bench";
+  options.pool = pool.get();
   sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(locals, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());

@@ -257,17 +257,16 @@ Result<std::optional<std::vector<std::string>>> AskForMissing(
 
 // Coordinator: picks the format's writer, refuses to replace a committed checkpoint (of any
 // format) unless asked, sets `commit_condition` to what the commit must still find (no metadata,
-// or the version of the one it replaces) where the store can tell, plans (or, when every rank
-// sent the id of the plan `cache` holds, takes that plan), has the writer lay out the data
-// files, creates the directory, and returns one
-// reply per rank; or, when a plan is needed but some ranks sent only an id or no rank sent a
-// shared part, the replies that ask for them (AskForMissing).
-// `requests` are the ranks' PlanRequests, decoded. The save's metadata is `metadata`, or, for a
-// save that renames the files of its cached plan, what `pending` builds.
+// or the version of the one it replaces) where the store can tell, plans on `pool` (or, when
+// every rank sent the id of the plan `cache` holds, takes that plan), has the writer lay out the
+// data files, creates the directory, and returns one reply per rank; or, when a plan is needed
+// but some ranks sent only an id or no rank sent a shared part, the replies that ask for them
+// (AskForMissing). `requests` are the ranks' PlanRequests, decoded. The save's metadata is
+// `metadata`, or, for a save that renames the files of its cached plan, what `pending` builds.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
-                                                   SavePlanCache* cache,
+                                                   ThreadPool& pool, SavePlanCache* cache,
                                                    CheckpointMetadata* metadata,
                                                    std::optional<PendingMetadata>* pending,
                                                    std::optional<FileCondition>* commit_condition) {
@@ -365,6 +364,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_options.save_id = RandomHexId(12);
     plan_options.checksum_block_bytes = options.checksum_block_bytes;
     plan_options.separate_key_prefixes = options.separate_key_prefixes;
+    plan_options.pool = &pool;
     SP_ASSIGN_OR_RETURN(plan, PlanSave(gathered, plan_options));
   }
   // A new plan for the cache. Where the ranks build their files' headers, the coordinator only
@@ -764,8 +764,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
         requests.push_back(std::move(decoded));
       }
     }
-    return PlanOnCoordinator(requests, path, options, ctx->store(), cache, &metadata,
-                             &pending_metadata, &commit_condition);
+    return PlanOnCoordinator(requests, path, options, ctx->store(), ctx->pool(), cache,
+                             &metadata, &pending_metadata, &commit_condition);
   };
   Result<std::vector<std::string>> payloads =
       comm.rank() == root ? plan_on_coordinator() : Result<std::vector<std::string>>(

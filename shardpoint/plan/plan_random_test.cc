@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/plan/load_plan.h"
 #include "shardpoint/plan/plan_codec.h"
@@ -183,6 +184,7 @@ void LoadAndCheck(std::mt19937_64& rng, const std::vector<GlobalTensor>& ts,
 
 TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   std::mt19937_64 rng(20240601);
+  ThreadPool pool(3);
   int grids = 0, other = 0;  // tensors of several chunks whose chunks form a grid, or not
   for (int trial = 0; trial < 400; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -212,9 +214,13 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
     }
     Files files = WriteAll(*plan, locals);
     LoadAndCheck(rng, tensors, *plan, files);
-    Result<GlobalSavePlan> again = PlanSave(locals, options);
+    // Again, on a pool: the same plan.
+    SavePlanOptions pooled = options;
+    pooled.pool = &pool;
+    Result<GlobalSavePlan> again = PlanSave(locals, pooled);
     ASSERT_TRUE(again.ok());
     ASSERT_EQ(again->ranks, plan->ranks) << "planning is not deterministic";
+    ASSERT_EQ(again->metadata, plan->metadata);
     // The coordinator's way: every rank's message decoded into one GatheredPlans.
     GatheredPlans gathered;
     for (const LocalSavePlan& local : locals) {

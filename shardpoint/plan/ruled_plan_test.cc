@@ -13,6 +13,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/plan_codec.h"
 
@@ -312,6 +313,7 @@ std::vector<std::vector<Listing>> StagedJob(std::mt19937_64& rng, int64_t world)
 
 TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
   std::mt19937_64 rng(20261129);
+  ThreadPool pool(3);
   int ruled = 0, errors = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -346,6 +348,8 @@ TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
       EXPECT_NE(from_ruled.part_of(r), GatheredPlans::kNoPart);
     }
     Result<GlobalSavePlan> expected = PlanSave(from_whole, options);
+    // On a pool in every other trial: the same plan and the same error.
+    if (trial % 2 == 1) options.pool = &pool;
     Result<GlobalSavePlan> actual = PlanSave(from_ruled, options);
     ASSERT_EQ(expected.ok(), actual.ok()) << (expected.ok() ? actual.status() : expected.status());
     if (!expected.ok()) {  // a tied tensor of two dtypes, or a hole: the same error either way

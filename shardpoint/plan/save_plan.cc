@@ -12,7 +12,8 @@
 #include <unordered_set>
 #include <utility>
 
-
+#include "shardpoint/exec/task_group.h"
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/plan/box_set.h"
 #include "shardpoint/plan/gathered_plans.h"
@@ -21,6 +22,7 @@ namespace sp {
 namespace {
 
 constexpr size_t kMaxListedRanks = 8;
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
 // A rank's claim to one non-empty box of a tensor.
 struct Holding {
@@ -37,11 +39,11 @@ struct Holding {
 struct RulePattern {
   std::vector<Holding> holdings;
   std::vector<uint32_t> chunk_begin;
-  bool checked = false;  // the chunks tile the shape, as `grid` when they are one
+  // The first of its tensors in name order, which proves that the chunks tile the shape (and
+  // finds `grid`, when they are one) for all of them; kNone until chosen.
+  uint32_t prover = kNone;
   std::optional<ChunkGrid> grid;
 };
-
-constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
 // One global tensor while it is being planned.
 struct TensorEntry {
@@ -398,21 +400,6 @@ Status ProveTiling(const TensorEntry& entry, TensorMetadata& md) {
   return InvalidArgumentError(message);
 }
 
-// ProveTiling, once for all the tensors of a rule pattern (same chunks, same shape).
-Status ValidateTiling(const TensorEntry& entry, TensorMetadata& md) {
-  RulePattern* pattern = entry.pattern;
-  if (pattern != nullptr && pattern->checked) {
-    md.grid = pattern->grid;
-    return OkStatus();
-  }
-  SP_RETURN_IF_ERROR(ProveTiling(entry, md));
-  if (pattern != nullptr) {
-    pattern->checked = true;
-    pattern->grid = md.grid;
-  }
-  return OkStatus();
-}
-
 TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
   TensorMetadata md;
   md.name = *entry.name;
@@ -427,6 +414,36 @@ TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
     md.chunks[c].byte_length = static_cast<uint64_t>(md.chunks[c].box.volume()) * element_bytes;
   }
   return md;
+}
+
+// The metadata of every tensor, in the entries' order: its chunks (GroupReplicas,
+// MakeTensorMetadata) and the proof that they tile its shape (ProveTiling), tensor by tensor on
+// `pool`. A rule pattern's tiling is proved by its first tensor and holds for the others. Returns
+// the error of the first tensor that has one, as planning them one after the other would.
+Status BuildTensors(std::vector<TensorEntry>* entries, ThreadPool* pool,
+                    std::vector<TensorMetadata>* tensors) {
+  for (uint32_t t = 0; t < entries->size(); ++t) {
+    RulePattern* pattern = (*entries)[t].pattern;
+    if (pattern != nullptr && pattern->prover == kNone) pattern->prover = t;
+  }
+  tensors->resize(entries->size());
+  std::vector<Status> errors(entries->size());
+  SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(entries->size()), [&](int64_t t) {
+    TensorEntry& entry = (*entries)[t];
+    GroupReplicas(&entry);
+    TensorMetadata& md = (*tensors)[t] = MakeTensorMetadata(entry);
+    if (entry.pattern == nullptr || entry.pattern->prover == t) {
+      errors[t] = ProveTiling(entry, md);
+      if (entry.pattern != nullptr) entry.pattern->grid = md.grid;  // read after the loop
+    }
+    return OkStatus();
+  }));
+  for (uint32_t t = 0; t < entries->size(); ++t) {
+    SP_RETURN_IF_ERROR(errors[t]);
+    const RulePattern* pattern = (*entries)[t].pattern;
+    if (pattern != nullptr && pattern->prover != t) (*tensors)[t].grid = pattern->grid;
+  }
+  return OkStatus();
 }
 
 // Picks the writer of every chunk: sole holders first, then replica groups largest first, each
@@ -512,21 +529,23 @@ std::vector<std::vector<OwnedChunk>> PackFiles(std::span<const OwnedChunk> owned
   return files;
 }
 
-// Creates files first_k, first_k + 1, ... of one rank for one group of its chunks and lays the
-// chunks out in them, recording the writes. Returns the number of files created.
-Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t first_k,
-                             const std::vector<TensorEntry>& entries,
+// How many files a group of `chunks` chunks of one rank is packed into.
+uint32_t FileCount(size_t chunks, const SavePlanOptions& options) {
+  return static_cast<uint32_t>(std::min<size_t>(options.files_per_rank, chunks));
+}
+
+// Lays out one group of a rank's chunks in the files from `first_file` on (metadata.files
+// indices; the rank's files first_k, first_k + 1, ...), recording the writes. Returns the number
+// of files used (FileCount).
+Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t first_file,
+                             uint32_t first_k, const std::vector<TensorEntry>& entries,
                              const SavePlanOptions& options, GlobalSavePlan* plan) {
-  if (owned.empty()) return uint32_t{0};
-  const size_t num_files = std::min<size_t>(options.files_per_rank, owned.size());
+  const uint32_t num_files = FileCount(owned.size(), options);
   std::vector<std::vector<OwnedChunk>> packed;
   if (num_files > 1) packed = PackFiles(owned, num_files);
   RankSavePlan& rank_plan = plan->ranks[rank];
   for (uint32_t k = 0; k < num_files; ++k) {
-    const uint32_t file = static_cast<uint32_t>(plan->metadata.files.size());
-    // Named by the format's writer (format/writer.h): the files of a rank are in order of k.
-    plan->metadata.files.push_back(DataFile{std::string(), 0, 0, static_cast<int32_t>(rank)});
-    rank_plan.files.push_back(file);
+    const uint32_t file = first_file + k;
     // Chunks whose length is a multiple of kDataAlignmentBytes first, then the others, each in
     // (tensor, chunk) order: the data section starts aligned (the native writer pads its
     // header), so the large chunks start aligned too, and the small ones do not cut the long runs
@@ -551,7 +570,7 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
       }
     }
   }
-  return static_cast<uint32_t>(num_files);
+  return num_files;
 }
 
 // The separation group of a tensor: the index of the first prefix its name starts with, plus
@@ -563,26 +582,54 @@ size_t GroupOf(std::string_view name, const std::vector<std::string>& prefixes) 
   return 0;
 }
 
-// Lays out one rank's chunks: one group without separation prefixes, else the others and then
-// one group per prefix, each in files of its own.
-Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned,
+// A rank's chunks by separation group: with separation prefixes, the others and then one group
+// per prefix, each laid out in files of its own.
+std::vector<std::vector<OwnedChunk>> SeparationGroups(std::span<const OwnedChunk> owned,
+                                                      const std::vector<std::string>& prefixes,
+                                                      const GlobalSavePlan& plan) {
+  std::vector<std::vector<OwnedChunk>> groups(prefixes.size() + 1);
+  for (const OwnedChunk& oc : owned) {
+    groups[GroupOf(plan.metadata.tensors[oc.tensor].name, prefixes)].push_back(oc);
+  }
+  return groups;
+}
+
+// How many files one rank's chunks are laid out in.
+uint32_t RankFileCount(std::span<const OwnedChunk> owned, const SavePlanOptions& options,
+                       const GlobalSavePlan& plan) {
+  const std::vector<std::string>& prefixes = options.separate_key_prefixes;
+  if (prefixes.empty()) return FileCount(owned.size(), options);
+  std::vector<size_t> sizes(prefixes.size() + 1, 0);
+  for (const OwnedChunk& oc : owned) {
+    ++sizes[GroupOf(plan.metadata.tensors[oc.tensor].name, prefixes)];
+  }
+  uint32_t files = 0;
+  for (size_t size : sizes) files += FileCount(size, options);
+  return files;
+}
+
+// Lays out one rank's chunks in its files, from `first_file` on: one group without separation
+// prefixes, else each separation group in files of its own.
+Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t first_file,
                   const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
                   GlobalSavePlan* plan) {
   plan->ranks[rank].writes.reserve(owned.size());
   const std::vector<std::string>& prefixes = options.separate_key_prefixes;
-  if (prefixes.empty()) return LayOutGroup(rank, owned, 0, entries, options, plan).status();
-  std::vector<std::vector<OwnedChunk>> groups(prefixes.size() + 1);
-  for (const OwnedChunk& oc : owned) {
-    groups[GroupOf(plan->metadata.tensors[oc.tensor].name, prefixes)].push_back(oc);
+  if (prefixes.empty()) {
+    return LayOutGroup(rank, owned, first_file, 0, entries, options, plan).status();
   }
   uint32_t next_k = 0;
-  for (const std::vector<OwnedChunk>& group : groups) {
-    SP_ASSIGN_OR_RETURN(uint32_t made, LayOutGroup(rank, group, next_k, entries, options, plan));
+  for (const std::vector<OwnedChunk>& group : SeparationGroups(owned, prefixes, *plan)) {
+    SP_ASSIGN_OR_RETURN(uint32_t made, LayOutGroup(rank, group, first_file + next_k, next_k,
+                                                   entries, options, plan));
     next_k += made;
   }
   return OkStatus();
 }
 
+// Creates every rank's files, in rank order, and lays out the ranks' chunks in them, rank by
+// rank on `options.pool` (each rank's writes and its chunks' places are its own). Returns the
+// error of the first rank that has one.
 Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
                    GlobalSavePlan* plan) {
   // Counting sort of the chunks by owner, keeping (tensor, chunk) order within each rank.
@@ -600,10 +647,28 @@ Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOption
       owned[next[rank]++] = {t, c, plan->metadata.tensors[t].chunks[c].byte_length};
     }
   }
+  auto mine = [&](uint32_t rank) {
+    return std::span<const OwnedChunk>(owned.data() + begin[rank], begin[rank + 1] - begin[rank]);
+  };
+  // Named by the format's writer (format/writer.h): the files of a rank are in order of k.
+  std::vector<uint32_t> first_file(world_size + 1, 0);
   for (uint32_t rank = 0; rank < world_size; ++rank) {
-    std::span<const OwnedChunk> mine(owned.data() + begin[rank], begin[rank + 1] - begin[rank]);
-    SP_RETURN_IF_ERROR(LayOutRank(rank, mine, entries, options, plan));
+    first_file[rank + 1] = first_file[rank] + RankFileCount(mine(rank), options, *plan);
   }
+  plan->metadata.files.resize(first_file[world_size]);
+  for (uint32_t rank = 0; rank < world_size; ++rank) {
+    for (uint32_t file = first_file[rank]; file < first_file[rank + 1]; ++file) {
+      plan->metadata.files[file].writer_rank = static_cast<int32_t>(rank);
+      plan->ranks[rank].files.push_back(file);
+    }
+  }
+  std::vector<Status> errors(world_size);
+  SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
+    const uint32_t rank = static_cast<uint32_t>(r);
+    errors[rank] = LayOutRank(rank, mine(rank), first_file[rank], entries, options, plan);
+    return OkStatus();
+  }));
+  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
   return OkStatus();
 }
 
@@ -655,12 +720,7 @@ Result<GlobalSavePlan> PlanSave(const GatheredPlans& plans, const SavePlanOption
   plan.metadata.save_id = options.save_id;
   plan.metadata.world_size = static_cast<int32_t>(world_size);
   plan.metadata.checksum_block_bytes = options.checksum_block_bytes;
-  plan.metadata.tensors.reserve(entries.size());
-  for (TensorEntry& entry : entries) {
-    GroupReplicas(&entry);
-    plan.metadata.tensors.push_back(MakeTensorMetadata(entry));
-    SP_RETURN_IF_ERROR(ValidateTiling(entry, plan.metadata.tensors.back()));
-  }
+  SP_RETURN_IF_ERROR(BuildTensors(&entries, options.pool, &plan.metadata.tensors));
   SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(plans, entries));
   AssignOwners(plan.metadata.tensors, world_size, options.dedup_to_lowest_rank, &entries);
   KeepOnlyWriters(&entries);

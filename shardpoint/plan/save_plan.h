@@ -10,7 +10,9 @@
 // the same layout reproduces it without a gather. Before any byte is written the plan proves
 // that the distinct chunks of every tensor tile its shape exactly (no overlap, no hole).
 //
-// Planning is pure: values in, values out, no I/O, no threads. All functions are thread-safe.
+// Planning is pure: values in, values out, no I/O. It starts no threads of its own; a caller may
+// lend it a pool (SavePlanOptions::pool), and the plan is the same with or without one. All
+// functions are thread-safe.
 #ifndef SHARDPOINT_PLAN_SAVE_PLAN_H_
 #define SHARDPOINT_PLAN_SAVE_PLAN_H_
 
@@ -28,6 +30,8 @@
 #include "shardpoint/layout/mesh_layout.h"
 
 namespace sp {
+
+class ThreadPool;  // exec/thread_pool.h
 
 // What one rank holds (save) or wants (load) of one tensor.
 struct LocalTensor {
@@ -62,6 +66,10 @@ struct SavePlanOptions {
   // wins), apart from the rank's other chunks. Each non-empty group of a rank gets
   // min(files_per_rank, its chunks) files. Prefixes must not be empty.
   std::vector<std::string> separate_key_prefixes;
+  // Where the planning of independent tensors and ranks runs (building each tensor's chunks and
+  // proving their tiling; laying out each rank's files), or inline when null. Not part of the
+  // plan: any pool gives the same plan and the same error.
+  ThreadPool* pool = nullptr;
 };
 
 // One write a rank performs: the bytes of one of its local boxes into one file.

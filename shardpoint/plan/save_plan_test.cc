@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/plan/plan_test_util.h"
 
 namespace sp {
@@ -408,6 +410,110 @@ TEST(SavePlanTest, EmptySeparationPrefixIsRefused) {
   options.separate_key_prefixes = {"optim.", ""};
   EXPECT_THAT(PlanError(locals, options).message(),
               HasSubstr("a separation prefix is empty (it would match every key)"));
+}
+
+// 12 ranks, 60 tensors of random layouts (row shards, replicas over pairs of ranks, whole on
+// every rank, scalars, irregular bands), some under separation prefixes, several files per rank.
+std::vector<LocalSavePlan> MixedLocals(std::mt19937_64& rng) {
+  constexpr int kRanks = 12;
+  std::vector<LocalSavePlan> locals(kRanks);
+  for (int t = 0; t < 60; ++t) {
+    const std::string name = std::string(t % 3 == 0 ? "optim." : t % 5 == 0 ? "ema." : "model.") +
+                             "t" + std::to_string(t);
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 40), cols = 1 + rng() % 9;
+    const DType dtype = rng() % 2 ? DType::kFloat32 : DType::kBFloat16;
+    for (int r = 0; r < kRanks; ++r) {
+      std::vector<Box> boxes;
+      switch (t % 5) {
+        case 0: {  // rows over every rank, torch.chunk style
+          const int64_t step = (rows + kRanks - 1) / kRanks;
+          const int64_t begin = std::min(rows, r * step);
+          boxes.push_back(Box({begin, 0}, {std::min(rows, begin + step) - begin, cols}));
+          break;
+        }
+        case 1: {  // rows over 6 pairs, each half held by both ranks of a pair
+          const int64_t step = (rows + 5) / 6;
+          const int64_t begin = std::min(rows, (r / 2) * step);
+          boxes.push_back(Box({begin, 0}, {std::min(rows, begin + step) - begin, cols}));
+          break;
+        }
+        case 2:  // whole on every rank
+          boxes.push_back(Box({0, 0}, {rows, cols}));
+          break;
+        case 3:  // bands of rows on the first ranks, split at a column that varies by band
+          if (r < 4 && rows >= 4) {
+            const int64_t begin = rows * r / 4, end = rows * (r + 1) / 4;
+            const int64_t cut = 1 + static_cast<int64_t>((r * 7 + t) % cols);
+            if (cut < cols) {
+              boxes.push_back(Box({begin, 0}, {end - begin, cut}));
+              boxes.push_back(Box({begin, cut}, {end - begin, cols - cut}));
+            } else {
+              boxes.push_back(Box({begin, 0}, {end - begin, cols}));
+            }
+          } else if (r == 0 && rows < 4) {
+            boxes.push_back(Box({0, 0}, {rows, cols}));
+          }
+          break;
+        default:  // a scalar on every rank
+          break;
+      }
+      if (t % 5 == 4) {
+        locals[r].tensors.push_back(Tensor(name, dtype, {}, {Box({}, {})}));
+      } else if (!boxes.empty()) {
+        locals[r].tensors.push_back(Tensor(name, dtype, {rows, cols}, std::move(boxes)));
+      }
+    }
+  }
+  for (LocalSavePlan& local : locals) {
+    std::shuffle(local.tensors.begin(), local.tensors.end(), rng);
+  }
+  return locals;
+}
+
+TEST(SavePlanTest, APoolGivesTheSamePlanAndTheSameFirstError) {
+  std::mt19937_64 rng(7301);
+  ThreadPool pool(4);
+  int plans = 0, errors = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    std::vector<LocalSavePlan> locals = MixedLocals(rng);
+    SavePlanOptions options = Options(1 + static_cast<int>(rng() % 3), rng() % 4 == 0);
+    if (trial % 2 == 1) options.separate_key_prefixes = {"optim.", "ema."};
+    if (trial % 4 == 3) {
+      // Leave holes in two tensors sharded over every rank (a rank drops its box of one): the
+      // first by name is reported.
+      for (int hole : {static_cast<int>(rng() % 12), static_cast<int>(rng() % 12)}) {
+        std::vector<LocalTensor>& tensors = locals[hole].tensors;
+        auto it = std::find_if(tensors.begin(), tensors.end(), [](const LocalTensor& t) {
+          const int number = std::stoi(t.name.substr(t.name.rfind('t') + 1));
+          return number % 5 == 0 && t.boxes[0].volume() > 0;
+        });
+        ASSERT_NE(it, tensors.end());
+        tensors.erase(it);
+      }
+    }
+    Result<GlobalSavePlan> inline_plan = PlanSave(locals, options);
+    options.pool = &pool;
+    Result<GlobalSavePlan> pooled = PlanSave(locals, options);
+    ASSERT_EQ(pooled.ok(), inline_plan.ok());
+    if (!inline_plan.ok()) {
+      EXPECT_EQ(pooled.status().message(), inline_plan.status().message());
+      EXPECT_THAT(std::string(inline_plan.status().message()), HasSubstr("no rank holds"));
+      ++errors;
+      continue;
+    }
+    ASSERT_EQ(pooled->metadata, inline_plan->metadata);
+    ASSERT_EQ(pooled->ranks, inline_plan->ranks);
+    for (size_t t = 0; t < pooled->metadata.tensors.size(); ++t) {
+      EXPECT_EQ(pooled->metadata.tensors[t].grid, inline_plan->metadata.tensors[t].grid);
+    }
+    if (options.files_per_rank > 1 || trial % 2 == 1) {
+      EXPECT_GT(pooled->metadata.files.size(), 12u);
+    }
+    ++plans;
+  }
+  EXPECT_GE(errors, 5);
+  EXPECT_GE(plans, 25);
 }
 
 }  // namespace
