@@ -199,7 +199,7 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
   const std::string_view nonce = std::string_view(bytes).substr(0, kNonceDigits);
   // Every rank decodes the same bytes, so a decoding error is the same everywhere.
   Result<CheckpointMetadata> metadata =
-      DecodeMetadataFromWire(std::string_view(bytes).substr(kNonceDigits));
+      DecodeMetadataFromWire(std::string_view(bytes).substr(kNonceDigits), &ctx->pool());
   if (!metadata.ok()) return metadata.status();
   // The ranks on this rank's machine, asked for once (asking may be a collective), by every rank
   // at the same points, since the options and the communicator are the same everywhere.

@@ -129,8 +129,19 @@ struct PendingMetadata {
   std::vector<ObjectEntry> objects;
   std::map<std::string, std::string> attributes;
 
-  CheckpointMetadata Build() && {
-    CheckpointMetadata md = plan->metadata;
+  // The tensors are copied on `pool`, tensor by tensor; the plan gives the version and the
+  // checksum block, and every other field is this save's.
+  Result<CheckpointMetadata> Build(ThreadPool* pool) && {
+    const CheckpointMetadata& planned = plan->metadata;
+    CheckpointMetadata md;
+    md.version_major = planned.version_major;
+    md.version_minor = planned.version_minor;
+    md.checksum_block_bytes = planned.checksum_block_bytes;
+    md.tensors.resize(planned.tensors.size());
+    SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(md.tensors.size()), [&](int64_t t) {
+      md.tensors[t] = planned.tensors[t];
+      return OkStatus();
+    }));
     md.world_size = world_size;
     md.format = format;
     md.files = std::move(files);
@@ -398,14 +409,16 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     SP_ASSIGN_OR_RETURN(headers, writer->LayOutFiles(store, path, &plan.metadata));
   }
   // The writer may move chunks within their files (framing between them): writes follow.
-  bool moved = false;
-  for (RankSavePlan& rank : plan.ranks) {
-    for (ChunkWrite& w : rank.writes) {
+  std::vector<char> rank_moved(plan.ranks.size(), 0);
+  SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(plan.ranks.size()), [&](int64_t r) {
+    for (ChunkWrite& w : plan.ranks[r].writes) {
       const uint64_t placed = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
-      moved = moved || placed != w.data_offset;
+      rank_moved[r] |= placed != w.data_offset;
       w.data_offset = placed;
     }
-  }
+    return OkStatus();
+  }));
+  const bool moved = std::find(rank_moved.begin(), rank_moved.end(), 1) != rank_moved.end();
   // Ranks write with their cached writes only where those are still exactly the plan's: the
   // writes they were last sent are the cached plan's own unless that layout moved chunks.
   const bool files_only =
@@ -429,7 +442,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
 
   std::vector<std::string> payloads(plan.ranks.size());
-  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+  SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(plan.ranks.size()), [&](int64_t r) {
     PlanReply reply;
     reply.kind = files_only ? PlanReply::Kind::kFilesOnly : PlanReply::Kind::kOrder;
     reply.plan_id = plan_id;
@@ -441,7 +454,8 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
       reply.order.files.push_back({f, file.name, headers.empty() ? "" : headers[f], file.size});
     }
     payloads[r] = EncodePlanReply(reply);
-  }
+    return OkStatus();
+  }));
   if (share_plan && !moved) {
     std::vector<ObjectEntry> objects = std::move(plan.metadata.objects);
     plan.metadata.objects.clear();
@@ -857,8 +871,14 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                           ctx->pool(), &files, &clock, &stats);
   }();
   // While the other ranks write.
+  Status built = OkStatus();
   if (pending_metadata) {
-    metadata = std::move(*pending_metadata).Build();
+    Result<CheckpointMetadata> md = std::move(*pending_metadata).Build(&ctx->pool());
+    if (md.ok()) {
+      metadata = std::move(*md);
+    } else {
+      built = md.status();
+    }
     pending_metadata.reset();
   }
   Result<std::vector<std::string>> reports = GatherOrFail(comm, std::move(report), root);
@@ -870,9 +890,10 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   if (comm.rank() == root) {
     Result<std::unique_ptr<CheckpointWriter>> writer =
         MakeCheckpointWriter(options.format, options.megatron);
-    committed = writer.ok() ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
-                                                  commit_condition, &metadata)
-                            : writer.status();
+    committed = !built.ok()   ? built
+                : writer.ok() ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
+                                                    commit_condition, &metadata)
+                              : writer.status();
   }
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "shardpoint/exec/task_group.h"
+
 namespace sp {
 
 std::optional<ChunkGrid> FindChunkGrid(std::span<const StoredChunk> chunks, const Shape& shape) {
@@ -208,12 +210,15 @@ bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredCh
   return true;
 }
 
-void IndexChunkGrids(CheckpointMetadata* metadata) {
-  for (TensorMetadata& tensor : metadata->tensors) {
-    if (tensor.grid || tensor.index) continue;
+void IndexChunkGrids(CheckpointMetadata* metadata, ThreadPool* pool) {
+  std::vector<TensorMetadata>& tensors = metadata->tensors;
+  (void)ParallelFor(pool, static_cast<int64_t>(tensors.size()), [&](int64_t t) {
+    TensorMetadata& tensor = tensors[t];
+    if (tensor.grid || tensor.index) return OkStatus();
     tensor.grid = FindChunkGrid(tensor.chunks, tensor.shape);
     if (!tensor.grid) tensor.index = BuildChunkIndex(tensor.chunks, tensor.shape);
-  }
+    return OkStatus();
+  });
 }
 
 }  // namespace sp

@@ -35,6 +35,8 @@
 
 namespace sp {
 
+class ThreadPool;  // exec/thread_pool.h
+
 // The grid of `chunks` over `shape` when they are one in row-major order (see above), else
 // nullopt (ChunkGrid is declared in format/metadata.h, where TensorMetadata keeps one). A rank-0 shape is a grid of its one chunk of rank 0. No chunk at all (a shape with
 // a zero dimension) is not a grid.
@@ -72,8 +74,9 @@ bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredCh
 
 // Indexes every tensor of `metadata` that has neither a grid nor an index yet: its grid when its
 // chunks form one, else a ChunkIndex. Called where metadata is opened or received (formats whose
-// files store no grid, chunk lists, the load broadcast).
-void IndexChunkGrids(CheckpointMetadata* metadata);
+// files store no grid, chunk lists, the load broadcast), tensor by tensor on `pool` (null: on the
+// calling thread).
+void IndexChunkGrids(CheckpointMetadata* metadata, ThreadPool* pool = nullptr);
 
 }  // namespace sp
 

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "shardpoint/base/coding.h"
+#include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
@@ -210,6 +211,32 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
   return OkStatus();
 }
 
+// One tensor's bytes on the wire (behind its length).
+void PutTensor(ByteWriter& w, const TensorMetadata& t) {
+  w.PutString(t.name);
+  w.PutU8(DTypeCode(t.dtype));
+  PutShape(w, t.shape);
+  if (SendsGrid(t)) {
+    const bool raw = AllRaw(t);
+    w.PutU8(raw ? kWireRawGrid : kWireGrid);
+    for (const std::vector<int64_t>& bounds : t.grid->bounds) PutBounds(w, bounds);
+    for (const StoredChunk& c : t.chunks) {
+      if (raw) {
+        w.PutU32(c.file);
+        w.PutU64(c.data_offset);
+        w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+        for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
+      } else {
+        PutChunkPlacement(w, c);
+      }
+    }
+  } else {
+    w.PutU8(kWireChunks);
+    w.PutU32(static_cast<uint32_t>(t.chunks.size()));
+    for (const StoredChunk& c : t.chunks) PutChunk(w, c);
+  }
+}
+
 Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   t->name = std::string(name);
@@ -308,29 +335,15 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
     w.PutString(value);
   }
   w.PutU32(static_cast<uint32_t>(m.tensors.size()));
+  // Each tensor behind its length, so that a receiver decodes them in parallel.
   for (const TensorMetadata& t : m.tensors) {
-    w.PutString(t.name);
-    w.PutU8(DTypeCode(t.dtype));
-    PutShape(w, t.shape);
-    if (SendsGrid(t)) {
-      const bool raw = AllRaw(t);
-      w.PutU8(raw ? kWireRawGrid : kWireGrid);
-      for (const std::vector<int64_t>& bounds : t.grid->bounds) PutBounds(w, bounds);
-      for (const StoredChunk& c : t.chunks) {
-        if (raw) {
-          w.PutU32(c.file);
-          w.PutU64(c.data_offset);
-          w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
-          for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
-        } else {
-          PutChunkPlacement(w, c);
-        }
-      }
-    } else {
-      w.PutU8(kWireChunks);
-      w.PutU32(static_cast<uint32_t>(t.chunks.size()));
-      for (const StoredChunk& c : t.chunks) PutChunk(w, c);
-    }
+    const size_t at = out.size();
+    w.PutU64(0);
+    PutTensor(w, t);
+    const uint64_t length = out.size() - at - 8;
+    std::string length_bytes;
+    ByteWriter(&length_bytes).PutU64(length);
+    out.replace(at, 8, length_bytes);
   }
   w.PutU32(static_cast<uint32_t>(m.objects.size()));
   for (const ObjectEntry& o : m.objects) {
@@ -348,15 +361,37 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
   return out;
 }
 
-Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes) {
+Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, ThreadPool* pool) {
   ByteReader r(bytes, "checkpoint metadata received from the coordinator");
   CheckpointMetadata m;
   SP_RETURN_IF_ERROR(GetHead(r, &m));
   const uint32_t file_count = static_cast<uint32_t>(m.files.size());
-  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(4 + 1 + 4 + 1));
+  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(8 + 4 + 1 + 4 + 1));
+  // Where each tensor's bytes are, then the tensors, on `pool`; the first error by position.
+  std::vector<std::pair<size_t, std::string_view>> records(tensors);
+  for (auto& [at, record] : records) {
+    SP_ASSIGN_OR_RETURN(uint64_t length, r.ReadU64());
+    at = r.position();
+    if (length > r.remaining()) {
+      return DataLossError(r.what() + ": tensor of " + std::to_string(length) + " bytes at byte " +
+                           std::to_string(at) + ", " + std::to_string(r.remaining()) + " left");
+    }
+    SP_ASSIGN_OR_RETURN(record, r.ReadRaw(length));
+  }
   m.tensors.resize(tensors);
-  for (TensorMetadata& t : m.tensors) SP_RETURN_IF_ERROR(GetTensor(r, file_count, &t));
-  IndexChunkGrids(&m);  // grids travel; the other tensors are indexed here
+  std::vector<Status> errors(tensors);
+  SP_RETURN_IF_ERROR(ParallelFor(pool, tensors, [&](int64_t i) {
+    const auto& [at, record] = records[i];
+    ByteReader tr(record, r.what() + ", tensor at byte " + std::to_string(at));
+    errors[i] = GetTensor(tr, file_count, &m.tensors[i]);
+    if (errors[i].ok() && !tr.done()) {
+      errors[i] = DataLossError(tr.what() + ": " + std::to_string(tr.remaining()) +
+                                " trailing bytes");
+    }
+    return OkStatus();
+  }));
+  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
+  IndexChunkGrids(&m, pool);  // grids travel; the other tensors are indexed here
   SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));
   m.objects.resize(objects);
   for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, file_count, &o));

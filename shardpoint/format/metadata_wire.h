@@ -15,9 +15,15 @@
 
 namespace sp {
 
+class ThreadPool;  // exec/thread_pool.h
+
+// Each tensor travels behind its byte length, so that a receiver decodes the tensors in parallel.
 std::string EncodeMetadataForWire(const CheckpointMetadata& metadata);
-// kDataLoss naming the byte offset when `bytes` is not a complete encoding.
-Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes);
+// kDataLoss naming the byte offset when `bytes` is not a complete encoding. The tensors are
+// decoded on `pool` (null: on the calling thread), with the same result, or the same error (the
+// first bad tensor's, by position), as without one.
+Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes,
+                                                  ThreadPool* pool = nullptr);
 
 }  // namespace sp
 

@@ -6,6 +6,7 @@
 
 #include "shardpoint/base/coding.h"
 
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
@@ -85,6 +86,62 @@ TEST(MetadataWireTest, GridsOfManyCellsTravelWithoutBoxes) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == m);
   EXPECT_EQ(back->tensors[0].grid, m.tensors[0].grid);
+}
+
+// 120 tensors: row grids over 1 to 8 files, chunk lists out of grid order, scalars.
+CheckpointMetadata ManyTensors() {
+  CheckpointMetadata m;
+  m.save_id = "many";
+  m.world_size = 8;
+  for (int f = 0; f < 8; ++f) m.files.push_back({"f" + std::to_string(f), 0, 1 << 30, f});
+  for (int t = 0; t < 120; ++t) {
+    TensorMetadata tensor{"t" + std::to_string(1000 + t), DType::kFloat32, {}, {}};
+    if (t % 3 == 2) {  // a scalar
+      tensor.chunks = {StoredChunk{Box{{}, {}}, static_cast<uint32_t>(t % 8), 4u * t, 4, {9}, {}, 0}};
+    } else {
+      const int64_t rows = 1 + t % 8;
+      tensor.shape = {rows * 2, 3};
+      for (int64_t r = 0; r < rows; ++r) {
+        tensor.chunks.push_back(StoredChunk{Box{{2 * r, 0}, {2, 3}}, static_cast<uint32_t>(r),
+                                            24u * t, 24, {static_cast<uint32_t>(t * r)}, {}, 0});
+      }
+      if (t % 3 == 1 && rows > 1) std::swap(tensor.chunks.front(), tensor.chunks.back());
+    }
+    m.tensors.push_back(std::move(tensor));
+  }
+  IndexChunkGrids(&m);
+  return m;
+}
+
+TEST(MetadataWireTest, APoolDecodesAlikeAndReportsTheSameFirstError) {
+  ThreadPool pool(4);
+  const CheckpointMetadata m = ManyTensors();
+  const std::string bytes = EncodeMetadataForWire(m);
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes, &pool);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == m);
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    EXPECT_EQ(back->tensors[t].grid, m.tensors[t].grid) << t;
+    EXPECT_EQ(back->tensors[t].index, m.tensors[t].index) << t;
+  }
+  std::mt19937 rng(11);
+  int rejected = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string damaged = bytes;
+    for (int n = 1 + rng() % 4; n > 0; --n) {
+      damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
+    }
+    Result<CheckpointMetadata> inline_result = DecodeMetadataFromWire(damaged);
+    Result<CheckpointMetadata> pooled = DecodeMetadataFromWire(damaged, &pool);
+    ASSERT_EQ(pooled.ok(), inline_result.ok());
+    if (!inline_result.ok()) {
+      ASSERT_EQ(pooled.status().message(), inline_result.status().message());
+      ++rejected;
+    } else {
+      EXPECT_TRUE(*pooled == *inline_result);
+    }
+  }
+  EXPECT_GT(rejected, 200);
 }
 
 TEST(MetadataWireTest, EveryTruncationIsAnError) {

@@ -67,7 +67,7 @@ Result<CheckpointMetadata> DecodeWithDriver(Store& store, std::string_view path,
                              std::string(kMetadataFileName) + " is missing)");
       }
       SP_RETURN_IF_ERROR(bytes.status());
-      return DecodeMetadata(*bytes, metadata_path);
+      return DecodeMetadata(*bytes, metadata_path, pool);
     }
     case CheckpointFormat::kSafetensors:
       return ReadSafetensorsDirectory(store, path, pool);

@@ -5,6 +5,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_sections.h"
 
 namespace sp {
@@ -104,10 +105,11 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
   return out;
 }
 
-Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path) {
+Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
+                                          ThreadPool* pool) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<MetadataReader> reader,
                       MetadataReader::Open(std::make_unique<BytesFile>(bytes, path)));
-  return reader->ReadAll();
+  return reader->ReadAll(pool);
 }
 
 Result<std::unique_ptr<MetadataReader>> MetadataReader::Open(std::unique_ptr<ReadableFile> file) {
@@ -187,18 +189,24 @@ Result<ObjectEntry> MetadataReader::ReadObject(std::string_view name) const {
   return native_metadata::DecodeObjectRecord(bytes, std::string(name), newer_minor(), path());
 }
 
-Result<CheckpointMetadata> MetadataReader::ReadAll() const {
+Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool) const {
   CheckpointMetadata out = summary_;
   SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
-  out.tensors.reserve(tensor_names_.size());
-  for (size_t i = 0; i < tensor_names_.size(); ++i) {
+  out.tensors.resize(tensor_names_.size());
+  std::vector<Status> errors(tensor_names_.size());
+  SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(tensor_names_.size()), [&](int64_t i) {
     const RecordSlot& slot = tensor_slots_[i];
-    SP_ASSIGN_OR_RETURN(TensorMetadata tensor,
-                        native_metadata::DecodeTensorRecord(
-                            std::string_view(tensors).substr(slot.offset, slot.length),
-                            tensor_names_[i], summary_, newer_minor(), path()));
-    out.tensors.push_back(std::move(tensor));
-  }
+    Result<TensorMetadata> tensor = native_metadata::DecodeTensorRecord(
+        std::string_view(tensors).substr(slot.offset, slot.length), tensor_names_[i], summary_,
+        newer_minor(), path());
+    if (tensor.ok()) {
+      out.tensors[i] = std::move(*tensor);
+    } else {
+      errors[i] = tensor.status();
+    }
+    return OkStatus();
+  }));
+  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
   SP_ASSIGN_OR_RETURN(std::string objects, ReadSection(kObjectRecords, "object records"));
   out.objects.reserve(object_names_.size());
   for (size_t i = 0; i < object_names_.size(); ++i) {

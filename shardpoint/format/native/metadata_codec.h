@@ -29,6 +29,8 @@
 
 namespace sp {
 
+class ThreadPool;  // exec/thread_pool.h
+
 inline constexpr char kMetadataFileName[] = "shardpoint.metadata";
 // The format version this code writes; it reads every 1.x and 2.x (docs/FORMAT.md §3.2).
 inline constexpr uint32_t kNativeFormatMajor = 2;
@@ -45,8 +47,11 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata,
                            uint32_t major = kNativeFormatMajor);
 
 // Decodes and validates a whole metadata file held in memory. `path` names it in messages.
-// The result's version fields are those of the file.
-Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path);
+// The result's version fields are those of the file. The tensor records are decoded on `pool`
+// (null: on the calling thread); the result, or the error (that of the first bad record in name
+// order), is the same.
+Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
+                                          ThreadPool* pool = nullptr);
 
 // Reads a metadata file in part. Open reads and validates the header, the summary and the two
 // name indexes; ReadTensor / ReadObject read and validate one record each.
@@ -68,8 +73,9 @@ class MetadataReader {
   // record is corrupt. A tensor stored as a grid comes with its grid (TensorMetadata::grid).
   Result<TensorMetadata> ReadTensor(std::string_view name) const;
   Result<ObjectEntry> ReadObject(std::string_view name) const;
-  // Everything, reading the two record sections whole and checking their section CRCs.
-  Result<CheckpointMetadata> ReadAll() const;
+  // Everything, reading the two record sections whole and checking their section CRCs; the
+  // tensor records decoded on `pool` as DecodeMetadata does.
+  Result<CheckpointMetadata> ReadAll(ThreadPool* pool = nullptr) const;
 
   // A record's place, relative to its records section, and its CRC32C (public for the codec's
   // own helpers; not part of the reader's contract).
