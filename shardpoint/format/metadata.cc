@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "shardpoint/exec/task_group.h"
+
 namespace sp {
 
 const TensorMetadata* CheckpointMetadata::FindTensor(std::string_view name) const {
@@ -117,10 +119,14 @@ Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetad
   return OkStatus();
 }
 
-Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source) {
-  for (const TensorMetadata& t : metadata.tensors) {
-    SP_RETURN_IF_ERROR(ValidateTensorSizes(metadata, t, source));
-  }
+Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source,
+                               ThreadPool* pool) {
+  std::vector<Status> errors(metadata.tensors.size());
+  SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(errors.size()), [&](int64_t t) {
+    errors[t] = ValidateTensorSizes(metadata, metadata.tensors[t], source);
+    return OkStatus();
+  }));
+  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
   return OkStatus();
 }
 

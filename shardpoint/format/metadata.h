@@ -23,6 +23,8 @@
 
 namespace sp {
 
+class ThreadPool;  // exec/thread_pool.h
+
 // Default checksum block: one CRC32C per this many bytes of a chunk (the last block is shorter).
 // Block checksums let a resharding load verify exactly the part of a chunk it reads.
 inline constexpr uint64_t kDefaultChecksumBlockBytes = uint64_t{1} << 20;
@@ -250,8 +252,10 @@ Result<uint64_t> CheckedBoxVolume(const Box& box, const Shape& shape, std::strin
 Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
                            std::string_view source);
 
-// ValidateTensorSizes for every tensor of `metadata`; the first error.
-Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source);
+// ValidateTensorSizes for every tensor of `metadata`, tensor by tensor on `pool` (null: on the
+// calling thread); the error of the first bad tensor in order, with or without a pool.
+Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source,
+                               ThreadPool* pool = nullptr);
 
 // The number of elements the chunks of `tensor` hold, summed with checked arithmetic: saturates
 // at UINT64_MAX instead of wrapping. Chunk volumes are computed with checked arithmetic too, so

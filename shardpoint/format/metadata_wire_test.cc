@@ -144,6 +144,19 @@ TEST(MetadataWireTest, APoolDecodesAlikeAndReportsTheSameFirstError) {
   EXPECT_GT(rejected, 200);
 }
 
+TEST(MetadataWireTest, SizesAreValidatedOnAPoolWithTheFirstErrorInOrder) {
+  ThreadPool pool(4);
+  CheckpointMetadata m = ManyTensors();
+  ASSERT_TRUE(ValidateCheckpointSizes(m, "/c", &pool).ok());
+  // Two tensors whose first chunk lies past the end of its file: the first is named.
+  for (size_t t : {90, 31}) m.tensors[t].chunks[0].data_offset = uint64_t{1} << 31;
+  const Status inline_status = ValidateCheckpointSizes(m, "/c");
+  const Status pooled = ValidateCheckpointSizes(m, "/c", &pool);
+  ASSERT_FALSE(inline_status.ok());
+  EXPECT_NE(inline_status.message().find("'t1031'"), std::string::npos) << inline_status;
+  EXPECT_EQ(pooled.message(), inline_status.message());
+}
+
 TEST(MetadataWireTest, EveryTruncationIsAnError) {
   const std::string bytes = EncodeMetadataForWire(Sample());
   for (size_t n = 0; n < bytes.size(); ++n) {

@@ -87,9 +87,9 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
   SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(store, path));
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, DecodeWithDriver(store, path, format, pool));
   // Whatever the driver, no size derived from the files reaches a buffer unchecked.
-  SP_RETURN_IF_ERROR(ValidateCheckpointSizes(md, path));
+  SP_RETURN_IF_ERROR(ValidateCheckpointSizes(md, path, pool));
   // Grids proved once here serve every load plan of this metadata (and travel with it).
-  IndexChunkGrids(&md);
+  IndexChunkGrids(&md, pool);
   return md;
 }
 
