@@ -340,10 +340,7 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
     const size_t at = out.size();
     w.PutU64(0);
     PutTensor(w, t);
-    const uint64_t length = out.size() - at - 8;
-    std::string length_bytes;
-    ByteWriter(&length_bytes).PutU64(length);
-    out.replace(at, 8, length_bytes);
+    EncodeFixed64(out.data() + at, out.size() - at - 8);
   }
   w.PutU32(static_cast<uint32_t>(m.objects.size()));
   for (const ObjectEntry& o : m.objects) {
