@@ -10,7 +10,8 @@ namespace {
 // Runs `task`; an allocation that fails inside it (std::bad_alloc, or std::length_error for a
 // size beyond what a container can hold) becomes kResourceExhausted instead of ending the
 // process from a worker thread.
-Status RunGuarded(const std::function<Status()>& task) {
+template <typename Task>
+Status RunGuarded(const Task& task) {
   try {
     return task();
   } catch (const std::bad_alloc&) {
@@ -81,6 +82,37 @@ Status ParallelFor(ThreadPool* pool, int64_t n, const std::function<Status(int64
     });
   }
   return group.Wait();
+}
+
+Status ParallelForInOrder(ThreadPool* pool, int64_t n,
+                          const std::function<Status(int64_t)>& body) {
+  if (n <= 0) return OkStatus();
+  const int64_t blocks = pool == nullptr ? 1 : std::min<int64_t>(n, pool->size());
+  std::atomic<int64_t> lowest_failed{n};
+  std::mutex mu;
+  Status first_error;
+  TaskGroup group(pool);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = n * b / blocks;
+    const int64_t end = n * (b + 1) / blocks;
+    group.Run([&, begin, end]() -> Status {
+      // Every index below the lowest failed one runs, so the error kept is the one a loop on one
+      // thread would stop at; an index above it cannot change that and is skipped.
+      for (int64_t i = begin; i < end && i < lowest_failed.load(std::memory_order_relaxed); ++i) {
+        Status s = RunGuarded([&body, i] { return body(i); });
+        if (s.ok()) continue;
+        std::lock_guard<std::mutex> lock(mu);
+        if (i < lowest_failed.load(std::memory_order_relaxed)) {
+          lowest_failed.store(i, std::memory_order_relaxed);
+          first_error = std::move(s);
+        }
+        break;
+      }
+      return OkStatus();
+    });
+  }
+  SP_RETURN_IF_ERROR(group.Wait());
+  return first_error;
 }
 
 }  // namespace sp

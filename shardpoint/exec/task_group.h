@@ -52,6 +52,14 @@ class TaskGroup {
 // Returns the first error.
 Status ParallelFor(ThreadPool* pool, int64_t n, const std::function<Status(int64_t)>& body);
 
+// As ParallelFor, but the error returned is that of the lowest index that fails, the one a loop
+// over [0, n) on one thread would return, whatever the order the blocks run in: a parallel pass
+// reports the same first bad record, tensor or rank as a sequential one. Indexes above a failed
+// one may be skipped. An allocation failure inside body(i) counts as body(i) failing with
+// kResourceExhausted.
+Status ParallelForInOrder(ThreadPool* pool, int64_t n,
+                          const std::function<Status(int64_t)>& body);
+
 }  // namespace sp
 
 #endif  // SHARDPOINT_EXEC_TASK_GROUP_H_

@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <new>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +133,62 @@ TEST(ParallelForTest, CoversEveryIndexOnceAndPropagatesErrors) {
     return i == 7 ? OutOfRangeError("index 7") : OkStatus();
   });
   EXPECT_EQ(s.message(), "index 7");
+}
+
+// Failing indexes are spread over the blocks, and the later blocks fail first (the first block
+// waits until they have): the error returned must still be the lowest index's.
+TEST(ParallelForInOrderTest, ReturnsTheLowestFailingIndexWhateverFailsFirst) {
+  ThreadPool pool(4);
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 400);
+    std::vector<bool> fails(n);
+    int64_t lowest = n;
+    for (int64_t i = 0; i < n; ++i) {
+      fails[i] = rng() % 16 == 0;
+      if (fails[i] && lowest == n) lowest = i;
+    }
+    std::atomic<int64_t> later_failures{0};
+    const int64_t first_block_end = n / std::min<int64_t>(n, 4);
+    std::vector<std::atomic<int>> hits(n);
+    Status s = ParallelForInOrder(&pool, n, [&](int64_t i) -> Status {
+      hits[i]++;
+      if (i < first_block_end && n > 1) {
+        // Give the other blocks time to report their errors first.
+        for (int spin = 0; spin < 200 && later_failures.load() == 0; ++spin) {
+          std::this_thread::sleep_for(std::chrono::microseconds(5));
+        }
+      }
+      if (!fails[i]) return OkStatus();
+      if (i >= first_block_end) later_failures.fetch_add(1);
+      return DataLossError("index " + std::to_string(i));
+    });
+    if (lowest == n) {
+      ASSERT_TRUE(s.ok()) << s.message();
+      for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    } else {
+      ASSERT_EQ(s.message(), "index " + std::to_string(lowest)) << "trial " << trial;
+      for (int64_t i = 0; i <= lowest; ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+    }
+  }
+}
+
+TEST(ParallelForInOrderTest, RunsInlineWithoutAPoolAndTurnsFailedAllocationsIntoErrors) {
+  std::vector<int64_t> order;
+  Status s = ParallelForInOrder(nullptr, 10, [&](int64_t i) -> Status {
+    order.push_back(i);
+    if (i == 3) throw std::bad_alloc();
+    return i == 5 ? OutOfRangeError("index 5") : OkStatus();
+  });
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3}));
+  ThreadPool pool(2);
+  s = ParallelForInOrder(&pool, 100, [&](int64_t i) -> Status {
+    if (i == 90) throw std::bad_alloc();
+    return i == 60 ? OutOfRangeError("index 60") : OkStatus();
+  });
+  EXPECT_EQ(s.message(), "index 60");
+  EXPECT_TRUE(ParallelForInOrder(&pool, 0, [](int64_t) { return InternalError("ran"); }).ok());
 }
 
 }  // namespace

@@ -121,13 +121,9 @@ Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetad
 
 Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_view source,
                                ThreadPool* pool) {
-  std::vector<Status> errors(metadata.tensors.size());
-  SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(errors.size()), [&](int64_t t) {
-    errors[t] = ValidateTensorSizes(metadata, metadata.tensors[t], source);
-    return OkStatus();
-  }));
-  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
-  return OkStatus();
+  return ParallelForInOrder(pool, static_cast<int64_t>(metadata.tensors.size()), [&](int64_t t) {
+    return ValidateTensorSizes(metadata, metadata.tensors[t], source);
+  });
 }
 
 uint64_t CountChunkElements(const TensorMetadata& tensor) {

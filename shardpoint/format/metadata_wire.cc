@@ -376,18 +376,13 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
     SP_ASSIGN_OR_RETURN(record, r.ReadRaw(length));
   }
   m.tensors.resize(tensors);
-  std::vector<Status> errors(tensors);
-  SP_RETURN_IF_ERROR(ParallelFor(pool, tensors, [&](int64_t i) {
+  SP_RETURN_IF_ERROR(ParallelForInOrder(pool, tensors, [&](int64_t i) -> Status {
     const auto& [at, record] = records[i];
     ByteReader tr(record, r.what() + ", tensor at byte " + std::to_string(at));
-    errors[i] = GetTensor(tr, file_count, &m.tensors[i]);
-    if (errors[i].ok() && !tr.done()) {
-      errors[i] = DataLossError(tr.what() + ": " + std::to_string(tr.remaining()) +
-                                " trailing bytes");
-    }
-    return OkStatus();
+    SP_RETURN_IF_ERROR(GetTensor(tr, file_count, &m.tensors[i]));
+    if (tr.done()) return OkStatus();
+    return DataLossError(tr.what() + ": " + std::to_string(tr.remaining()) + " trailing bytes");
   }));
-  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
   IndexChunkGrids(&m, pool);  // grids travel; the other tensors are indexed here
   SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));
   m.objects.resize(objects);

@@ -427,19 +427,16 @@ Status BuildTensors(std::vector<TensorEntry>* entries, ThreadPool* pool,
     if (pattern != nullptr && pattern->prover == kNone) pattern->prover = t;
   }
   tensors->resize(entries->size());
-  std::vector<Status> errors(entries->size());
-  SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(entries->size()), [&](int64_t t) {
+  SP_RETURN_IF_ERROR(ParallelForInOrder(pool, static_cast<int64_t>(entries->size()), [&](int64_t t) {
     TensorEntry& entry = (*entries)[t];
     GroupReplicas(&entry);
     TensorMetadata& md = (*tensors)[t] = MakeTensorMetadata(entry);
-    if (entry.pattern == nullptr || entry.pattern->prover == t) {
-      errors[t] = ProveTiling(entry, md);
-      if (entry.pattern != nullptr) entry.pattern->grid = md.grid;  // read after the loop
-    }
+    if (entry.pattern != nullptr && entry.pattern->prover != t) return OkStatus();
+    SP_RETURN_IF_ERROR(ProveTiling(entry, md));
+    if (entry.pattern != nullptr) entry.pattern->grid = md.grid;  // read after the loop
     return OkStatus();
   }));
   for (uint32_t t = 0; t < entries->size(); ++t) {
-    SP_RETURN_IF_ERROR(errors[t]);
     const RulePattern* pattern = (*entries)[t].pattern;
     if (pattern != nullptr && pattern->prover != t) (*tensors)[t].grid = pattern->grid;
   }
@@ -662,14 +659,10 @@ Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOption
       plan->ranks[rank].files.push_back(file);
     }
   }
-  std::vector<Status> errors(world_size);
-  SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
+  return ParallelForInOrder(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
     const uint32_t rank = static_cast<uint32_t>(r);
-    errors[rank] = LayOutRank(rank, mine(rank), first_file[rank], entries, options, plan);
-    return OkStatus();
-  }));
-  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
-  return OkStatus();
+    return LayOutRank(rank, mine(rank), first_file[rank], entries, options, plan);
+  });
 }
 
 // One entry per object name, from the lowest rank that has it, sorted by name.

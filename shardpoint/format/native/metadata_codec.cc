@@ -193,20 +193,15 @@ Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool) const {
   CheckpointMetadata out = summary_;
   SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
   out.tensors.resize(tensor_names_.size());
-  std::vector<Status> errors(tensor_names_.size());
-  SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(tensor_names_.size()), [&](int64_t i) {
+  const int64_t count = static_cast<int64_t>(tensor_names_.size());
+  SP_RETURN_IF_ERROR(ParallelForInOrder(pool, count, [&](int64_t i) -> Status {
     const RecordSlot& slot = tensor_slots_[i];
-    Result<TensorMetadata> tensor = native_metadata::DecodeTensorRecord(
-        std::string_view(tensors).substr(slot.offset, slot.length), tensor_names_[i], summary_,
-        newer_minor(), path());
-    if (tensor.ok()) {
-      out.tensors[i] = std::move(*tensor);
-    } else {
-      errors[i] = tensor.status();
-    }
+    SP_ASSIGN_OR_RETURN(out.tensors[i],
+                        native_metadata::DecodeTensorRecord(
+                            std::string_view(tensors).substr(slot.offset, slot.length),
+                            tensor_names_[i], summary_, newer_minor(), path()));
     return OkStatus();
   }));
-  for (const Status& error : errors) SP_RETURN_IF_ERROR(error);
   SP_ASSIGN_OR_RETURN(std::string objects, ReadSection(kObjectRecords, "object records"));
   out.objects.reserve(object_names_.size());
   for (size_t i = 0; i < object_names_.size(); ++i) {
