@@ -62,21 +62,38 @@ enum class ChunkEncoding : uint8_t {
   kDriverDecoded = 1,
 };
 
+// Its fields are ordered to pack into 128 bytes (a large checkpoint's metadata holds millions);
+// the constructor takes them in their order of meaning.
 struct StoredChunk {
+  StoredChunk() = default;
+  StoredChunk(Box box, uint32_t file, uint64_t data_offset, uint64_t byte_length,
+              InlineVector<uint32_t, 2> block_crc32c = {},
+              ChunkEncoding encoding = ChunkEncoding::kRaw, uint64_t stored_length = 0,
+              uint16_t driver_tag = 0)
+      : box(std::move(box)),
+        data_offset(data_offset),
+        byte_length(byte_length),
+        block_crc32c(std::move(block_crc32c)),
+        stored_length(stored_length),
+        file(file),
+        driver_tag(driver_tag),
+        encoding(encoding) {}
+
   Box box;                  // global coordinates
-  uint32_t file = 0;        // index into CheckpointMetadata::files
   uint64_t data_offset = 0; // relative to the file's data_start
   uint64_t byte_length = 0; // box.volume() * DTypeSize(dtype)
   // One per checksum block of this chunk's bytes; empty when the checkpoint has no checksums
   // (CheckpointMetadata::checksum_block_bytes == 0). Most chunks have one or two blocks, kept
   // inline: a checkpoint's metadata holds millions of chunks.
   InlineVector<uint32_t, 2> block_crc32c;
-  ChunkEncoding encoding = ChunkEncoding::kRaw;
   uint64_t stored_length = 0;  // kDriverDecoded only: the bytes to read and decode
-  uint32_t driver_tag = 0;     // kDriverDecoded only: how the driver decodes them (its own codes)
+  uint32_t file = 0;           // index into CheckpointMetadata::files
+  uint16_t driver_tag = 0;     // kDriverDecoded only: how the driver decodes them (its own codes)
+  ChunkEncoding encoding = ChunkEncoding::kRaw;
 
   friend bool operator==(const StoredChunk&, const StoredChunk&) = default;
 };
+static_assert(sizeof(StoredChunk) <= 128, "StoredChunk: keep the fields packed");
 
 // One chunk of a data file as the file's header lists it: what the rank that writes the file
 // knows of the chunk, without the rest of the checkpoint's metadata.

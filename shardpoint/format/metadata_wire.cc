@@ -56,7 +56,12 @@ Status GetChunkPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
   }
   c->encoding = static_cast<ChunkEncoding>(encoding);
   SP_ASSIGN_OR_RETURN(c->stored_length, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(c->driver_tag, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(uint32_t driver_tag, r.ReadU32());
+  if (driver_tag > UINT16_MAX) {
+    return DataLossError(r.what() + ": driver tag " + std::to_string(driver_tag) +
+                         " out of range (at most " + std::to_string(UINT16_MAX) + ")");
+  }
+  c->driver_tag = static_cast<uint16_t>(driver_tag);
   SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
   c->block_crc32c.resize(crcs);
   for (uint32_t& crc : c->block_crc32c) {

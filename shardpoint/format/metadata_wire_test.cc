@@ -51,6 +51,29 @@ TEST(MetadataWireTest, RoundTripsEveryField) {
   EXPECT_FALSE(back->tensors[2].grid.has_value());
 }
 
+// A chunk's driver tag is kept in 16 bits; the wire carries 32, and a larger value is refused
+// instead of being cut short.
+TEST(MetadataWireTest, ADriverTagTravelsWholeAndOneBeyond16BitsIsRefused) {
+  CheckpointMetadata m = Sample();
+  m.tensors[0].chunks[1].driver_tag = 0xBEEF;
+  const std::string bytes = EncodeMetadataForWire(m);
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->tensors[0].chunks[1].driver_tag, 0xBEEF);
+  const std::string tag("\xEF\xBE\x00\x00", 4);
+  const size_t at = bytes.find(tag);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(bytes.find(tag, at + 1), std::string::npos);
+  std::string forged = bytes;
+  forged[at + 2] = '\x01';
+  back = DecodeMetadataFromWire(forged);
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(back.status().message().find("driver tag 114415 out of range (at most 65535)"),
+            std::string::npos)
+      << back.status();
+}
+
 TEST(MetadataWireTest, AGridThatNoLongerFitsItsChunksTravelsAsAList) {
   CheckpointMetadata m = Sample();
   const size_t with_grid = EncodeMetadataForWire(m).size();

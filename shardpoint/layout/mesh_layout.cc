@@ -15,28 +15,31 @@ std::string CoordinateToString(const std::vector<int64_t>& coordinate) {
 }
 
 Status ValidateLayout(const Shape& global_shape, const MeshLayout& layout) {
-  const std::string where = "tensor of shape " + ShapeToString(global_shape) + " on " +
-                            LayoutToString(layout);
+  // The message's prefix is built only for an error: this runs for every rank's box of every
+  // tensor a save plans from its rules.
+  auto where = [&] {
+    return "tensor of shape " + ShapeToString(global_shape) + " on " + LayoutToString(layout);
+  };
   if (layout.placements.size() != layout.mesh_shape.size()) {
-    return InvalidArgumentError(where + ": expected one placement per mesh dim (" +
+    return InvalidArgumentError(where() + ": expected one placement per mesh dim (" +
                                 std::to_string(layout.mesh_shape.size()) + "), found " +
                                 std::to_string(layout.placements.size()));
   }
   for (int64_t n : layout.mesh_shape) {
-    if (n <= 0) return InvalidArgumentError(where + ": mesh sizes must be positive");
+    if (n <= 0) return InvalidArgumentError(where() + ": mesh sizes must be positive");
   }
   for (int64_t size : global_shape) {
-    if (size < 0) return InvalidArgumentError(where + ": negative tensor size");
+    if (size < 0) return InvalidArgumentError(where() + ": negative tensor size");
   }
   for (const Placement& p : layout.placements) {
     if (p.kind == Placement::Kind::kReplicate) continue;
     if (p.dim < 0 || static_cast<size_t>(p.dim) >= global_shape.size()) {
-      return InvalidArgumentError(where + ": placement " + p.ToString() +
+      return InvalidArgumentError(where() + ": placement " + p.ToString() +
                                   " names a tensor dim outside rank " +
                                   std::to_string(global_shape.size()));
     }
     if (p.split_factor < 1) {
-      return InvalidArgumentError(where + ": placement " + p.ToString() +
+      return InvalidArgumentError(where() + ": placement " + p.ToString() +
                                   " needs a split factor >= 1");
     }
   }

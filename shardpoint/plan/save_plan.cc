@@ -407,11 +407,16 @@ TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
   md.shape = *entry.shape;
   const std::vector<uint32_t>& chunk_begin = ChunkBegin(entry);
   const size_t num_chunks = chunk_begin.size() - 1;
-  md.chunks.resize(num_chunks);
+  // Each chunk is built in place, once: millions of them are fresh memory in a large save.
+  md.chunks.reserve(num_chunks);
   const uint64_t element_bytes = DTypeSize(md.dtype);
+  const size_t rank = md.shape.size();
   for (size_t c = 0; c < num_chunks; ++c) {
-    md.chunks[c].box = BoxOf(entry, Holdings(entry)[chunk_begin[c]]);
-    md.chunks[c].byte_length = static_cast<uint64_t>(md.chunks[c].box.volume()) * element_bytes;
+    const int64_t* key = KeyOf(entry, Holdings(entry)[chunk_begin[c]]);
+    StoredChunk& chunk = md.chunks.emplace_back();
+    chunk.box.offsets.assign(key, key + rank);
+    chunk.box.sizes.assign(key + rank, key + 2 * rank);
+    chunk.byte_length = static_cast<uint64_t>(chunk.box.volume()) * element_bytes;
   }
   return md;
 }
