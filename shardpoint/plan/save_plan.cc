@@ -88,13 +88,12 @@ const int64_t* KeyOf(const TensorEntry& entry, const Holding& holding) {
   return entry.values + holding.key;
 }
 
-// A chunk in its owner's list, with what laying it out needs of its writer (read once, in
-// tensor order, instead of from every rank's task).
+// A chunk in its owner's list. Kept to 16 bytes: at 65,536 ranks x 1,000 tensors the list is
+// 39 million of them, in memory the process touches for the first time, and faulting in fresh
+// pages is most of what laying out the files costs there (docs/PERFORMANCE.md).
 struct OwnedChunk {
   uint32_t tensor;
   uint32_t chunk;
-  uint32_t local_tensor;
-  uint32_t local_box;
   uint64_t bytes;
 };
 
@@ -568,8 +567,8 @@ uint32_t FileCount(size_t chunks, const SavePlanOptions& options) {
 // indices; the rank's files first_k, first_k + 1, ...), recording the writes. Returns the number
 // of files used (FileCount).
 Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t first_file,
-                             uint32_t first_k, const SavePlanOptions& options,
-                             GlobalSavePlan* plan) {
+                             uint32_t first_k, const std::vector<TensorEntry>& entries,
+                             const SavePlanOptions& options, GlobalSavePlan* plan) {
   const uint32_t num_files = FileCount(owned.size(), options);
   std::vector<std::vector<OwnedChunk>> packed;
   if (num_files > 1) packed = PackFiles(owned, num_files);
@@ -590,8 +589,9 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
       StoredChunk& chunk = plan->metadata.tensors[oc.tensor].chunks[oc.chunk];
       chunk.file = file;
       chunk.data_offset = offset;
-      rank_plan.writes.push_back(
-          ChunkWrite{oc.local_tensor, oc.local_box, file, oc.tensor, oc.chunk, offset, oc.bytes});
+      const TensorEntry::Writer& writer = entries[oc.tensor].writers[oc.chunk];
+      rank_plan.writes.push_back(ChunkWrite{writer.local_tensor, writer.local_box, file, oc.tensor,
+                                            oc.chunk, offset, oc.bytes});
       if (__builtin_add_overflow(offset, oc.bytes, &offset)) {
         return InvalidArgumentError("save plan: data file " + std::to_string(first_k + k) +
                                     " of rank " + std::to_string(rank) +
@@ -640,16 +640,17 @@ uint32_t RankFileCount(std::span<const OwnedChunk> owned, const SavePlanOptions&
 // Lays out one rank's chunks in its files, from `first_file` on: one group without separation
 // prefixes, else each separation group in files of its own.
 Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t first_file,
-                  const SavePlanOptions& options, GlobalSavePlan* plan) {
+                  const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
+                  GlobalSavePlan* plan) {
   plan->ranks[rank].writes.reserve(owned.size());
   const std::vector<std::string>& prefixes = options.separate_key_prefixes;
   if (prefixes.empty()) {
-    return LayOutGroup(rank, owned, first_file, 0, options, plan).status();
+    return LayOutGroup(rank, owned, first_file, 0, entries, options, plan).status();
   }
   uint32_t next_k = 0;
   for (const std::vector<OwnedChunk>& group : SeparationGroups(owned, prefixes, *plan)) {
-    SP_ASSIGN_OR_RETURN(uint32_t made,
-                        LayOutGroup(rank, group, first_file + next_k, next_k, options, plan));
+    SP_ASSIGN_OR_RETURN(uint32_t made, LayOutGroup(rank, group, first_file + next_k, next_k,
+                                                   entries, options, plan));
     next_k += made;
   }
   return OkStatus();
@@ -691,9 +692,7 @@ Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOption
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       const std::vector<StoredChunk>& chunks = plan->metadata.tensors[t].chunks;
       for (uint32_t c = 0; c < entries[t].writers.size(); ++c) {
-        const TensorEntry::Writer& writer = entries[t].writers[c];
-        owned[next[writer.rank]++] = {t, c, writer.local_tensor, writer.local_box,
-                                      chunks[c].byte_length};
+        owned[next[entries[t].writers[c].rank]++] = {t, c, chunks[c].byte_length};
       }
     }
     return OkStatus();
@@ -715,7 +714,7 @@ Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOption
   }
   return ParallelForInOrder(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
     const uint32_t rank = static_cast<uint32_t>(r);
-    return LayOutRank(rank, mine(rank), first_file[rank], options, plan);
+    return LayOutRank(rank, mine(rank), first_file[rank], entries, options, plan);
   });
 }
 
