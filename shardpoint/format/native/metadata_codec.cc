@@ -64,44 +64,76 @@ Result<std::string> ReadBytes(const ReadableFile& file, uint64_t offset, uint64_
 }  // namespace
 
 std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
+  // The tensor records are the bulk of a large checkpoint's metadata (110 MiB at 8,192 ranks x
+  // 1,000 tensors): they are encoded straight into the output, behind room left for the header,
+  // the summary and the tensor index, in a buffer reserved to a bound of their size, so that they
+  // are never copied and never moved by a growing buffer. Reserved bytes that are not written
+  // are never touched, and cost the process no memory.
   std::string sections[native_metadata::kSectionCount];
   sections[kSummary] = native_metadata::EncodeSummary(metadata);
-  EncodeNamed(
-      metadata.tensors,
-      [&](const TensorMetadata& tensor) {
-        return native_metadata::EncodeTensorRecord(tensor, metadata.checksum_block_bytes, major);
-      },
-      &sections[kTensorIndex], &sections[kTensorRecords]);
   EncodeNamed(metadata.objects, native_metadata::EncodeObjectRecord, &sections[kObjectIndex],
               &sections[kObjectRecords]);
+  std::vector<const TensorMetadata*> sorted;
+  sorted.reserve(metadata.tensors.size());
+  for (const TensorMetadata& tensor : metadata.tensors) sorted.push_back(&tensor);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const TensorMetadata* a, const TensorMetadata* b) { return a->name < b->name; });
+  uint64_t index_bytes = 0, records_bound = 0;
+  for (const TensorMetadata* tensor : sorted) {
+    index_bytes += 4 + tensor->name.size() + 8 + 8 + 4;  // as EncodeIndexEntry writes it
+    records_bound += native_metadata::TensorRecordBound(*tensor);
+  }
+  const uint32_t header_length =
+      native_metadata::kPrefixBytes +
+      native_metadata::kSectionEntryBytes * native_metadata::kSectionCount + 4;
+  std::string out;
+  out.reserve(header_length + sections[kSummary].size() + index_bytes + records_bound +
+              sections[kObjectIndex].size() + sections[kObjectRecords].size());
+  out.resize(header_length);  // written last
+  out.append(sections[kSummary]);
+  const uint64_t index_at = out.size();
+  out.resize(index_at + index_bytes);  // written once the records' places are known
+  const uint64_t records_at = out.size();
+  std::string& index = sections[kTensorIndex];
+  index.reserve(index_bytes);
+  for (const TensorMetadata* tensor : sorted) {
+    const uint64_t at = out.size();
+    native_metadata::AppendTensorRecord(*tensor, metadata.checksum_block_bytes, major, &out);
+    const std::string_view record = std::string_view(out).substr(at);
+    native_metadata::EncodeIndexEntry(
+        &index, tensor->name, MetadataReader::RecordSlot{at - records_at, record.size(),
+                                                         Crc32c(record)});
+  }
+  std::memcpy(out.data() + index_at, index.data(), index.size());
+  const uint64_t records_length = out.size() - records_at;
+  out.append(sections[kObjectIndex]);
+  out.append(sections[kObjectRecords]);
+
+  const uint64_t lengths[] = {sections[kSummary].size(), index.size(), records_length,
+                              sections[kObjectIndex].size(), sections[kObjectRecords].size()};
   const uint32_t counts[] = {0, static_cast<uint32_t>(metadata.tensors.size()),
                              static_cast<uint32_t>(metadata.tensors.size()),
                              static_cast<uint32_t>(metadata.objects.size()),
                              static_cast<uint32_t>(metadata.objects.size())};
-  const uint32_t header_length = native_metadata::kPrefixBytes +
-                                 native_metadata::kSectionEntryBytes * native_metadata::kSectionCount + 4;
-  uint64_t file_size = header_length;
-  for (const std::string& s : sections) file_size += s.size();
-
-  std::string out;
-  out.reserve(file_size);
-  ByteWriter w(&out);
+  std::string header;
+  header.reserve(header_length);
+  ByteWriter w(&header);
   w.PutRaw(std::string_view(native_metadata::kMagic, sizeof(native_metadata::kMagic)));
   w.PutU32(major);
   w.PutU32(0);
   w.PutU32(header_length);
   w.PutU32(native_metadata::kSectionCount);
-  w.PutU64(file_size);
+  w.PutU64(out.size());
   uint64_t offset = header_length;
   for (size_t i = 0; i < native_metadata::kSectionCount; ++i) {
     w.PutU64(offset);
-    w.PutU64(sections[i].size());
-    w.PutU32(Crc32c(sections[i]));
+    w.PutU64(lengths[i]);
+    w.PutU32(Crc32c(std::string_view(out).substr(offset, lengths[i])));
     w.PutU32(counts[i]);
-    offset += sections[i].size();
+    offset += lengths[i];
   }
-  w.PutU32(Crc32c(out));
-  for (const std::string& s : sections) w.PutRaw(s);
+  w.PutU32(Crc32c(header));
+  std::memcpy(out.data(), header.data(), header.size());
   return out;
 }
 

@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/format/chunk_grid.h"
+#include "shardpoint/format/native/metadata_sections.h"
 #include "shardpoint/format/native/metadata_test_util.h"
 
 namespace sp {
@@ -48,6 +50,79 @@ TEST(MetadataCodecTest, RandomRoundTripsAreExact) {
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     ExpectMetadataEq(m, *decoded);
     EXPECT_EQ(EncodeMetadata(*decoded), bytes);  // the encoding is canonical
+  }
+}
+
+// The file as docs/FORMAT.md §3 lays it out, built the plain way: every section encoded on its
+// own (records and index entries in name order), then the header, then the sections in order.
+std::string ReferenceEncoding(const CheckpointMetadata& m, uint32_t major) {
+  std::string sections[native_metadata::kSectionCount];
+  sections[native_metadata::kSummary] = native_metadata::EncodeSummary(m);
+  std::vector<const TensorMetadata*> tensors;
+  for (const TensorMetadata& t : m.tensors) tensors.push_back(&t);
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorMetadata* a, const TensorMetadata* b) { return a->name < b->name; });
+  for (const TensorMetadata* t : tensors) {
+    const std::string record =
+        native_metadata::EncodeTensorRecord(*t, m.checksum_block_bytes, major);
+    native_metadata::EncodeIndexEntry(
+        &sections[native_metadata::kTensorIndex], t->name,
+        {sections[native_metadata::kTensorRecords].size(), record.size(), Crc32c(record)});
+    sections[native_metadata::kTensorRecords] += record;
+  }
+  std::vector<const ObjectEntry*> objects;
+  for (const ObjectEntry& o : m.objects) objects.push_back(&o);
+  std::sort(objects.begin(), objects.end(),
+            [](const ObjectEntry* a, const ObjectEntry* b) { return a->name < b->name; });
+  for (const ObjectEntry* o : objects) {
+    const std::string record = native_metadata::EncodeObjectRecord(*o);
+    native_metadata::EncodeIndexEntry(
+        &sections[native_metadata::kObjectIndex], o->name,
+        {sections[native_metadata::kObjectRecords].size(), record.size(), Crc32c(record)});
+    sections[native_metadata::kObjectRecords] += record;
+  }
+  const uint32_t counts[] = {0, static_cast<uint32_t>(m.tensors.size()),
+                             static_cast<uint32_t>(m.tensors.size()),
+                             static_cast<uint32_t>(m.objects.size()),
+                             static_cast<uint32_t>(m.objects.size())};
+  const uint32_t header_length = 32 + 24 * native_metadata::kSectionCount + 4;
+  uint64_t size = header_length;
+  for (const std::string& section : sections) size += section.size();
+  std::string out;
+  ByteWriter w(&out);
+  w.PutRaw(std::string_view(native_metadata::kMagic, sizeof(native_metadata::kMagic)));
+  w.PutU32(major);
+  w.PutU32(0);
+  w.PutU32(header_length);
+  w.PutU32(native_metadata::kSectionCount);
+  w.PutU64(size);
+  uint64_t offset = header_length;
+  for (uint32_t i = 0; i < native_metadata::kSectionCount; ++i) {
+    w.PutU64(offset);
+    w.PutU64(sections[i].size());
+    w.PutU32(Crc32c(sections[i]));
+    w.PutU32(counts[i]);
+    offset += sections[i].size();
+  }
+  w.PutU32(Crc32c(out));
+  for (const std::string& section : sections) out += section;
+  return out;
+}
+
+// The encoder writes the tensor records in place, in a buffer reserved to a bound of their size;
+// its bytes must be those of the plain layout, in both versions, and the bound must hold.
+TEST(MetadataCodecTest, TheInPlaceEncodingIsThePlainLayoutByteForByte) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    for (uint32_t major : {1u, 2u}) {
+      EXPECT_EQ(EncodeMetadata(m, major), ReferenceEncoding(m, major)) << "version " << major;
+      for (const TensorMetadata& t : m.tensors) {
+        EXPECT_GE(native_metadata::TensorRecordBound(t),
+                  native_metadata::EncodeTensorRecord(t, m.checksum_block_bytes, major).size())
+            << t.name;
+      }
+    }
   }
 }
 

@@ -282,10 +282,9 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
 
 }  // namespace
 
-std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
-                               uint32_t major) {
-  std::string out;
-  ByteWriter w(&out);
+void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
+                        uint32_t major, std::string* out) {
+  ByteWriter w(out);
   w.PutU8(DTypeCode(tensor.dtype));
   w.PutU8(static_cast<uint8_t>(tensor.shape.size()));
   for (int64_t dim : tensor.shape) w.PutI64(dim);
@@ -298,7 +297,25 @@ std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_b
     w.PutU8(kChunkList);
     EncodeChunkList(tensor, w);
   }
+}
+
+std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
+                               uint32_t major) {
+  std::string out;
+  AppendTensorRecord(tensor, checksum_block_bytes, major, &out);
   return out;
+}
+
+uint64_t TensorRecordBound(const TensorMetadata& tensor) {
+  // dtype, rank, shape, layout byte and chunk count; then each chunk as a chunk list stores it.
+  // A grid costs less per cell (12 bytes and its checksums) and at most 13 bytes per dimension
+  // and 8 per interval (at most a chunk's offsets) more.
+  const uint64_t rank = tensor.shape.size();
+  uint64_t bytes = 16 + 21 * rank;
+  for (const StoredChunk& chunk : tensor.chunks) {
+    bytes += 28 + 16 * rank + 4 * static_cast<uint64_t>(chunk.block_crc32c.size());
+  }
+  return bytes;
 }
 
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,

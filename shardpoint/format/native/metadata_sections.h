@@ -91,6 +91,12 @@ enum GridCuts : uint8_t {
 // A record of format version `major` (1 or 2).
 std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                                uint32_t major);
+// The same, appended to `out`.
+void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
+                        uint32_t major, std::string* out);
+// At least the bytes of the record of `tensor` in any version: room to reserve so that
+// records appended one after the other never move the bytes before them.
+uint64_t TensorRecordBound(const TensorMetadata& tensor);
 // `summary` supplies the files, the checksum block size the chunks are checked against and the
 // version of the record.
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
