@@ -430,7 +430,8 @@ Status BuildTensors(std::vector<TensorEntry>* entries, ThreadPool* pool,
     if (pattern != nullptr && pattern->prover == kNone) pattern->prover = t;
   }
   tensors->resize(entries->size());
-  SP_RETURN_IF_ERROR(ParallelForInOrder(pool, static_cast<int64_t>(entries->size()), [&](int64_t t) {
+  const int64_t count = static_cast<int64_t>(entries->size());
+  SP_RETURN_IF_ERROR(ParallelForInOrder(pool, count, [&](int64_t t) {
     TensorEntry& entry = (*entries)[t];
     GroupReplicas(&entry);
     TensorMetadata& md = (*tensors)[t] = MakeTensorMetadata(entry);
