@@ -18,19 +18,23 @@ using native_metadata::kSummary;
 using native_metadata::kTensorIndex;
 using native_metadata::kTensorRecords;
 
-// Encodes `items` (sorted by name here) into an index section and a records section.
-template <typename T, typename EncodeRecord>
-void EncodeNamed(const std::vector<T>& items, EncodeRecord encode_record, std::string* index,
-                 std::string* records) {
+// Encodes `items` (sorted by name here) into an index section, appending their records
+// (`append_record(item, records)`) to `records`, whose records section starts at byte
+// `records_at`.
+template <typename T, typename AppendRecord>
+void EncodeNamed(const std::vector<T>& items, AppendRecord append_record, std::string* index,
+                 std::string* records, uint64_t records_at = 0) {
   std::vector<const T*> sorted;
   sorted.reserve(items.size());
   for (const T& item : items) sorted.push_back(&item);
   std::sort(sorted.begin(), sorted.end(), [](const T* a, const T* b) { return a->name < b->name; });
   for (const T* item : sorted) {
-    std::string record = encode_record(*item);
-    MetadataReader::RecordSlot slot{records->size(), record.size(), Crc32c(record)};
-    native_metadata::EncodeIndexEntry(index, item->name, slot);
-    records->append(record);
+    const uint64_t at = records->size();
+    append_record(*item, records);
+    const std::string_view record = std::string_view(*records).substr(at);
+    native_metadata::EncodeIndexEntry(
+        index, item->name,
+        MetadataReader::RecordSlot{at - records_at, record.size(), Crc32c(record)});
   }
 }
 
@@ -71,17 +75,16 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
   // are never touched, and cost the process no memory.
   std::string sections[native_metadata::kSectionCount];
   sections[kSummary] = native_metadata::EncodeSummary(metadata);
-  EncodeNamed(metadata.objects, native_metadata::EncodeObjectRecord, &sections[kObjectIndex],
-              &sections[kObjectRecords]);
-  std::vector<const TensorMetadata*> sorted;
-  sorted.reserve(metadata.tensors.size());
-  for (const TensorMetadata& tensor : metadata.tensors) sorted.push_back(&tensor);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const TensorMetadata* a, const TensorMetadata* b) { return a->name < b->name; });
+  EncodeNamed(
+      metadata.objects,
+      [](const ObjectEntry& object, std::string* out) {
+        out->append(native_metadata::EncodeObjectRecord(object));
+      },
+      &sections[kObjectIndex], &sections[kObjectRecords]);
   uint64_t index_bytes = 0, records_bound = 0;
-  for (const TensorMetadata* tensor : sorted) {
-    index_bytes += 4 + tensor->name.size() + 8 + 8 + 4;  // as EncodeIndexEntry writes it
-    records_bound += native_metadata::TensorRecordBound(*tensor);
+  for (const TensorMetadata& tensor : metadata.tensors) {
+    index_bytes += 4 + tensor.name.size() + 8 + 8 + 4;  // as EncodeIndexEntry writes it
+    records_bound += native_metadata::TensorRecordBound(tensor);
   }
   const uint32_t header_length =
       native_metadata::kPrefixBytes +
@@ -96,14 +99,12 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
   const uint64_t records_at = out.size();
   std::string& index = sections[kTensorIndex];
   index.reserve(index_bytes);
-  for (const TensorMetadata* tensor : sorted) {
-    const uint64_t at = out.size();
-    native_metadata::AppendTensorRecord(*tensor, metadata.checksum_block_bytes, major, &out);
-    const std::string_view record = std::string_view(out).substr(at);
-    native_metadata::EncodeIndexEntry(
-        &index, tensor->name, MetadataReader::RecordSlot{at - records_at, record.size(),
-                                                         Crc32c(record)});
-  }
+  EncodeNamed(
+      metadata.tensors,
+      [&](const TensorMetadata& tensor, std::string* records) {
+        native_metadata::AppendTensorRecord(tensor, metadata.checksum_block_bytes, major, records);
+      },
+      &index, &out, records_at);
   std::memcpy(out.data() + index_at, index.data(), index.size());
   const uint64_t records_length = out.size() - records_at;
   out.append(sections[kObjectIndex]);
