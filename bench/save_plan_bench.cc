@@ -14,7 +14,8 @@
 // first. A third way saves without a cache from tensors that carry their layout rules
 // (SaveTensor::layout): each rank then sends the coordinator a digest and its objects, and rank 0
 // the names, shapes and rules once (plan/ruled_plan.h). Each way also prints rank 0's resident
-// set after its last save, while its cache (when it has one) still holds the plan.
+// set after its last save, while its cache (when it has one) still holds the plan, and its peak
+// during the way's saves.
 #include <mpi.h>
 
 #include <algorithm>
@@ -97,24 +98,38 @@ struct Way {
   std::vector<double> total;
   int cached = 0;             // saves in which every rank took the cached plan
   double coordinator_mib = 0; // rank 0's resident set after the last save (its cache still held)
+  double start_mib = 0;       // rank 0's resident set before the first save
+  double peak_mib = 0;        // rank 0's peak resident set from the first save to the last
 };
 
-// This process's resident set in MiB (VmRSS of /proc/self/status), or -1.
-double ResidentMiB() {
+// This process's resident set in MiB (`field` VmRSS of /proc/self/status; VmHWM: its peak), or
+// -1.
+double ResidentMiB(const char* field = "VmRSS:") {
   std::FILE* status = std::fopen("/proc/self/status", "r");
   if (status == nullptr) return -1;
   char line[256];
   double kib = -1;
+  const size_t n = std::strlen(field);
   while (std::fgets(line, sizeof(line), status) != nullptr) {
-    if (std::strncmp(line, "VmRSS:", 6) == 0) kib = std::atof(line + 6);
+    if (std::strncmp(line, field, n) == 0) kib = std::atof(line + n);
   }
   std::fclose(status);
   return kib / 1024.0;
 }
 
+// Resets this process's peak resident set (VmHWM) to its current one.
+void ResetPeak() {
+  std::FILE* clear = std::fopen("/proc/self/clear_refs", "w");
+  if (clear == nullptr) return;
+  std::fputs("5", clear);
+  std::fclose(clear);
+}
+
 Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, bool cache_plans) {
   Way way;
   SavePlanCache cache;
+  ResetPeak();
+  way.start_mib = ResidentMiB();
   for (int s = 0; s < saves; ++s) {
     rank.state.objects[0].payload = std::to_string(s);
     const std::string path = dir + "/step" + std::to_string(s);
@@ -146,6 +161,7 @@ Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, 
   MPI_Barrier(MPI_COMM_WORLD);
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
   way.coordinator_mib = ResidentMiB();
+  way.peak_mib = ResidentMiB("VmHWM:");
   return way;
 }
 
@@ -160,8 +176,9 @@ void Print(const char* name, const Way& way) {
               "total %.4f s, the first %.4f s\n",
               Median(later_plan), way.plan[0], way.plan[0] / std::max(Median(later_plan), 1e-9),
               Median(later_total), way.total[0]);
-  std::printf("  coordinator (rank 0) resident after the last save: %.1f MiB\n",
-              way.coordinator_mib);
+  std::printf("  coordinator (rank 0) resident after the last save: %.1f MiB; peak during the "
+              "saves %.1f MiB (%.1f MiB before the first)\n",
+              way.coordinator_mib, way.peak_mib, way.start_mib);
 }
 
 }  // namespace

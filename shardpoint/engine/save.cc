@@ -98,9 +98,8 @@ struct SavePlanCacheState {
   // where the ranks build the headers: naming moves no chunk; otherwise not laid out), and what
   // its last layout changed. That is one copy of the plan: at 8,192 ranks x 1,000 tensors the
   // plan is most of a gigabyte, and the layout of a format whose files are renamed for the next
-  // save (the native one) leaves every chunk where the plan put it. Shared with the saves whose
-  // metadata is still to be built from it (PendingMetadata): a new plan replaces it, nothing
-  // changes it.
+  // save (the native one) leaves every chunk where the plan put it. Shared with the saves that
+  // commit its tensors (PendingMetadata): a new plan replaces it, nothing changes it.
   uint64_t plan_id = 0;
   std::shared_ptr<const GlobalSavePlan> plan;
   // Every rank's writes as last sent, where that layout moved chunks (torch-dcp); nullopt when
@@ -117,9 +116,10 @@ struct SavePlanCacheState {
 };
 
 // The metadata of a save whose plan the cache holds (taken from it, its files renamed, or just
-// made and handed to it), built only once the coordinator has sent the replies and written its
-// own files: the copy of the plan (most of a gigabyte at 8,192 ranks x 1,000 tensors) then no
-// longer holds back every rank's first write.
+// made and handed to it). Its tensors are the plan's, shared with the cache and never copied:
+// the commit encodes them with the checksums the ranks report kept apart (ChunkChecksums), where
+// a copy to fill them in would double the coordinator's memory (the plan is most of a gigabyte
+// at 8,192 ranks x 1,000 tensors).
 struct PendingMetadata {
   std::shared_ptr<const GlobalSavePlan> plan;  // the cached plan
   int32_t world_size = 0;
@@ -129,19 +129,14 @@ struct PendingMetadata {
   std::vector<ObjectEntry> objects;
   std::map<std::string, std::string> attributes;
 
-  // The tensors are copied on `pool`, tensor by tensor; the plan gives the version and the
-  // checksum block, and every other field is this save's.
-  Result<CheckpointMetadata> Build(ThreadPool* pool) && {
+  // Everything but the tensors: the plan gives the version and the checksum block, and every
+  // other field is this save's.
+  CheckpointMetadata WithoutTensors() && {
     const CheckpointMetadata& planned = plan->metadata;
     CheckpointMetadata md;
     md.version_major = planned.version_major;
     md.version_minor = planned.version_minor;
     md.checksum_block_bytes = planned.checksum_block_bytes;
-    md.tensors.resize(planned.tensors.size());
-    SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(md.tensors.size()), [&](int64_t t) {
-      md.tensors[t] = planned.tensors[t];
-      return OkStatus();
-    }));
     md.world_size = world_size;
     md.format = format;
     md.files = std::move(files);
@@ -273,7 +268,8 @@ Result<std::optional<std::vector<std::string>>> AskForMissing(
 // data files, creates the directory, and returns one reply per rank; or, when a plan is needed
 // but some ranks sent only an id or no rank sent a shared part, the replies that ask for them
 // (AskForMissing). `requests` are the ranks' PlanRequests, decoded. The save's metadata is
-// `metadata`, or, for a save that renames the files of its cached plan, what `pending` builds.
+// `metadata`, or, for a save whose tensors are those of the plan the cache holds, what `pending`
+// holds.
 Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
@@ -380,7 +376,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   }
   // A new plan for the cache. Where the ranks build their files' headers, the coordinator only
   // names the files, which moves no chunk: the cache then takes the plan itself once the replies
-  // are built, and this save's metadata is copied from it after the coordinator's own writes
+  // are built, and this save commits with the plan's tensors as the cache holds them
   // (PendingMetadata). Otherwise the layout may move chunks, and the cache keeps a copy of the
   // plan as planned, made once the ranks' table is gone (the end of the block above).
   const bool share_plan = !use_cache && cached != nullptr && writer->ranks_build_headers();
@@ -614,24 +610,57 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   return EncodeWriteReport(report);
 }
 
-// Checks that some rank reported every chunk and that the writer of every file reported it, and
-// takes the checksums of native chunks and the files' data starts and sizes.
-Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadata* metadata) {
-  std::vector<bool> file_reported(metadata->files.size(), false);
-  std::vector<std::vector<bool>> reported(metadata->tensors.size());
-  for (size_t t = 0; t < metadata->tensors.size(); ++t) {
-    reported[t].resize(metadata->tensors[t].chunks.size());
+// Checks that some rank reported every chunk of `tensors` and that the writer of every file of
+// `metadata` reported it; takes the files' data starts and sizes into `metadata`, and the chunks'
+// block checksums (as many per chunk as its byte length has blocks of
+// metadata->checksum_block_bytes; none where that is 0) into `checksums` when given, or into the
+// chunks of metadata->tensors, which are then `tensors`.
+Status CollectReports(const std::vector<std::string>& reports,
+                      const std::vector<TensorMetadata>& tensors, CheckpointMetadata* metadata,
+                      ChunkChecksums* checksums) {
+  const uint64_t block_bytes = metadata->checksum_block_bytes;
+  const auto blocks_of = [&](const StoredChunk& chunk) -> uint64_t {
+    return block_bytes == 0 ? 0 : (chunk.byte_length + block_bytes - 1) / block_bytes;
+  };
+  if (checksums != nullptr) {
+    checksums->tensors.assign(tensors.size(), {});
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      ChunkChecksums::Tensor& table = checksums->tensors[t];
+      table.starts.resize(tensors[t].chunks.size() + 1);
+      uint64_t blocks = 0;
+      for (size_t c = 0; c < tensors[t].chunks.size(); ++c) {
+        table.starts[c] = blocks;
+        blocks += blocks_of(tensors[t].chunks[c]);
+      }
+      table.starts.back() = blocks;
+      table.crcs.resize(blocks);
+    }
   }
+  std::vector<bool> file_reported(metadata->files.size(), false);
+  std::vector<std::vector<bool>> reported(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) reported[t].resize(tensors[t].chunks.size());
   for (size_t r = 0; r < reports.size(); ++r) {
     SP_ASSIGN_OR_RETURN(WriteReport report, DecodeWriteReport(reports[r]));
     for (ChunkReport& c : report.chunks) {
-      if (c.tensor >= metadata->tensors.size() ||
-          c.chunk >= metadata->tensors[c.tensor].chunks.size()) {
+      if (c.tensor >= tensors.size() || c.chunk >= tensors[c.tensor].chunks.size()) {
         return InternalError("rank " + std::to_string(r) + " reported an unknown chunk");
       }
+      const StoredChunk& chunk = tensors[c.tensor].chunks[c.chunk];
+      if (c.block_crc32c.size() != blocks_of(chunk)) {
+        return InternalError("rank " + std::to_string(r) + " reported " +
+                             std::to_string(c.block_crc32c.size()) + " block checksums of tensor '" +
+                             tensors[c.tensor].name + "' chunk " + chunk.box.ToString() +
+                             ", expected " + std::to_string(blocks_of(chunk)));
+      }
       reported[c.tensor][c.chunk] = true;
-      metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c.assign(c.block_crc32c.begin(),
-                                                                     c.block_crc32c.end());
+      if (checksums != nullptr) {
+        std::copy(c.block_crc32c.begin(), c.block_crc32c.end(),
+                  checksums->tensors[c.tensor].crcs.begin() +
+                      checksums->tensors[c.tensor].starts[c.chunk]);
+      } else {
+        metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c.assign(c.block_crc32c.begin(),
+                                                                       c.block_crc32c.end());
+      }
     }
     for (const FileReport& f : report.files) {
       if (f.index >= metadata->files.size()) {
@@ -655,11 +684,11 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
       return InternalError("no rank reported writing file " + metadata->files[f].name);
     }
   }
-  for (size_t t = 0; t < metadata->tensors.size(); ++t) {
+  for (size_t t = 0; t < tensors.size(); ++t) {
     for (size_t c = 0; c < reported[t].size(); ++c) {
       if (!reported[t][c]) {
-        return InternalError("no rank reported writing tensor '" + metadata->tensors[t].name +
-                             "' chunk " + metadata->tensors[t].chunks[c].box.ToString());
+        return InternalError("no rank reported writing tensor '" + tensors[t].name + "' chunk " +
+                             tensors[t].chunks[c].box.ToString());
       }
     }
   }
@@ -673,6 +702,10 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
 // leaves the old checkpoint loadable), then removes files of earlier or failed saves that the new
 // metadata does not name.
 //
+// The metadata's tensors are `tensors`: metadata->tensors, or those of the plan the cache holds
+// (metadata->tensors then empty), with the checksums the ranks report kept apart from them
+// (CheckpointWriter::PrepareCommitApart).
+//
 // The metadata is written under `condition` (PlanOnCoordinator's), so that of two saves racing to
 // the same path on a store that checks conditions (object storage) only one commits; the other
 // fails with kAlreadyExists and leaves its data files, which no metadata names, to the cleanup of
@@ -680,10 +713,20 @@ Status CollectReports(const std::vector<std::string>& reports, CheckpointMetadat
 Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
                            Store& store, int coordinator, const CheckpointWriter& writer,
                            const std::optional<FileCondition>& condition,
+                           const std::vector<TensorMetadata>& tensors,
                            CheckpointMetadata* metadata) {
-  SP_RETURN_IF_ERROR(CollectReports(reports, metadata));
-  SP_ASSIGN_OR_RETURN(const std::string encoded,
-                      writer.PrepareCommit(store, path, coordinator, metadata));
+  // The checksums are kept apart only where the tensors are not the metadata's own: a table of
+  // them costs 12 bytes a chunk more than filling them in.
+  std::string encoded;
+  if (&tensors == &metadata->tensors) {
+    SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, nullptr));
+    SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommit(store, path, coordinator, metadata));
+  } else {
+    ChunkChecksums checksums;
+    SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, &checksums));
+    SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommitApart(store, path, coordinator, metadata,
+                                                           tensors, checksums));
+  }
   const std::string metadata_name(writer.metadata_file_name());
   SP_RETURN_IF_ERROR(store.SyncDir(path));
   Status written =
@@ -759,7 +802,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                       GatherOrFail(comm, std::move(request), root));
 
   CheckpointMetadata metadata;
-  std::optional<PendingMetadata> pending_metadata;  // the coordinator's, built after its writes
+  std::optional<PendingMetadata> pending_metadata;  // the coordinator's, for a shared plan
   std::optional<FileCondition> commit_condition;  // the coordinator's (PlanOnCoordinator)
   std::vector<PlanRequest> requests;  // the coordinator's, as decoded from the first exchange
   auto plan_on_coordinator = [&]() -> Result<std::vector<std::string>> {
@@ -870,15 +913,12 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     return WriteRankFiles(order, state, path, options, ctx->store(),
                           ctx->pool(), &files, &clock, &stats);
   }();
-  // While the other ranks write.
-  Status built = OkStatus();
+  // A save whose plan the cache holds commits with the plan's tensors, kept alive here even if
+  // another save replaces the cache's plan meanwhile.
+  std::shared_ptr<const GlobalSavePlan> shared_plan;
   if (pending_metadata) {
-    Result<CheckpointMetadata> md = std::move(*pending_metadata).Build(&ctx->pool());
-    if (md.ok()) {
-      metadata = std::move(*md);
-    } else {
-      built = md.status();
-    }
+    shared_plan = pending_metadata->plan;
+    metadata = std::move(*pending_metadata).WithoutTensors();
     pending_metadata.reset();
   }
   Result<std::vector<std::string>> reports = GatherOrFail(comm, std::move(report), root);
@@ -890,10 +930,13 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   if (comm.rank() == root) {
     Result<std::unique_ptr<CheckpointWriter>> writer =
         MakeCheckpointWriter(options.format, options.megatron);
-    committed = !built.ok()   ? built
-                : writer.ok() ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
-                                                    commit_condition, &metadata)
-                              : writer.status();
+    committed = writer.ok()
+                    ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
+                                          commit_condition,
+                                          shared_plan ? shared_plan->metadata.tensors
+                                                      : metadata.tensors,
+                                          &metadata)
+                    : writer.status();
   }
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.

@@ -134,4 +134,31 @@ uint64_t CountChunkElements(const TensorMetadata& tensor) {
   return covered;
 }
 
+Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
+                         const ChunkChecksums& checksums) {
+  if (checksums.tensors.size() != tensors.size()) {
+    return InternalError("the checksums of " + std::to_string(checksums.tensors.size()) +
+                         " tensors for metadata of " + std::to_string(tensors.size()));
+  }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (checksums.tensors[t].starts.size() != tensors[t].chunks.size() + 1) {
+      return InternalError("the checksums of tensor '" + tensors[t].name + "' are for " +
+                           std::to_string(checksums.tensors[t].starts.size()) +
+                           " chunk boundaries, not " + std::to_string(tensors[t].chunks.size() + 1));
+    }
+  }
+  return OkStatus();
+}
+
+Status FillChecksums(const ChunkChecksums& checksums, std::vector<TensorMetadata>* tensors) {
+  SP_RETURN_IF_ERROR(CheckChecksumsFit(*tensors, checksums));
+  for (size_t t = 0; t < tensors->size(); ++t) {
+    std::vector<StoredChunk>& chunks = (*tensors)[t].chunks;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      chunks[c].block_crc32c = InlineVector<uint32_t, 2>(checksums.tensors[t].of(c));
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace sp

@@ -187,6 +187,21 @@ class CheckpointWriter {
   virtual Result<std::string> PrepareCommit(Store& store, std::string_view path, int coordinator,
                                             CheckpointMetadata* md) const = 0;
 
+  // PrepareCommit of metadata whose tensors are `tensors`, with the block checksums the ranks
+  // reported in `checksums` (one entry per tensor, in its order) instead of their chunks' own:
+  // `tensors` is md->tensors itself, or a plan's that a plan cache holds (md->tensors is then
+  // empty). The default fills the checksums into md->tensors, copying `tensors` there first when
+  // they are not md's, and calls PrepareCommit; the native writer encodes them as they are,
+  // without a copy of the plan.
+  virtual Result<std::string> PrepareCommitApart(Store& store, std::string_view path,
+                                                 int coordinator, CheckpointMetadata* md,
+                                                 const std::vector<TensorMetadata>& tensors,
+                                                 const ChunkChecksums& checksums) const {
+    if (&tensors != &md->tensors) md->tensors = tensors;
+    SP_RETURN_IF_ERROR(FillChecksums(checksums, &md->tensors));
+    return PrepareCommit(store, path, coordinator, md);
+  }
+
   // Coordinator, after a checkpoint of another kind committed at `path` with metadata file
   // `committed_name`: removes what a replaced checkpoint of this kind left that would make
   // readers take the directory for one of this kind (its metadata file unless that is

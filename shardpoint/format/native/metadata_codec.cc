@@ -65,9 +65,11 @@ Result<std::string> ReadBytes(const ReadableFile& file, uint64_t offset, uint64_
   return out;
 }
 
-}  // namespace
-
-std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
+// EncodeMetadata of `metadata` with `tensors` as its tensors, and their chunks' block checksums
+// from `apart` when given.
+std::string EncodeMetadataOf(const CheckpointMetadata& metadata,
+                             const std::vector<TensorMetadata>& tensors,
+                             const ChunkChecksums* apart, uint32_t major) {
   // The tensor records are the bulk of a large checkpoint's metadata (110 MiB at 8,192 ranks x
   // 1,000 tensors): they are encoded straight into the output, behind room left for the header,
   // the summary and the tensor index, in a buffer reserved to a bound of their size, so that they
@@ -82,9 +84,12 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
       },
       &sections[kObjectIndex], &sections[kObjectRecords]);
   uint64_t index_bytes = 0, records_bound = 0;
-  for (const TensorMetadata& tensor : metadata.tensors) {
+  const auto checksums_of = [&](const TensorMetadata& tensor) {
+    return apart == nullptr ? nullptr : &apart->tensors[&tensor - tensors.data()];
+  };
+  for (const TensorMetadata& tensor : tensors) {
     index_bytes += 4 + tensor.name.size() + 8 + 8 + 4;  // as EncodeIndexEntry writes it
-    records_bound += native_metadata::TensorRecordBound(tensor);
+    records_bound += native_metadata::TensorRecordBound(tensor, checksums_of(tensor));
   }
   const uint32_t header_length =
       native_metadata::kPrefixBytes +
@@ -100,9 +105,10 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
   std::string& index = sections[kTensorIndex];
   index.reserve(index_bytes);
   EncodeNamed(
-      metadata.tensors,
+      tensors,
       [&](const TensorMetadata& tensor, std::string* records) {
-        native_metadata::AppendTensorRecord(tensor, metadata.checksum_block_bytes, major, records);
+        native_metadata::AppendTensorRecord(tensor, metadata.checksum_block_bytes, major, records,
+                                            checksums_of(tensor));
       },
       &index, &out, records_at);
   std::memcpy(out.data() + index_at, index.data(), index.size());
@@ -112,8 +118,8 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
 
   const uint64_t lengths[] = {sections[kSummary].size(), index.size(), records_length,
                               sections[kObjectIndex].size(), sections[kObjectRecords].size()};
-  const uint32_t counts[] = {0, static_cast<uint32_t>(metadata.tensors.size()),
-                             static_cast<uint32_t>(metadata.tensors.size()),
+  const uint32_t counts[] = {0, static_cast<uint32_t>(tensors.size()),
+                             static_cast<uint32_t>(tensors.size()),
                              static_cast<uint32_t>(metadata.objects.size()),
                              static_cast<uint32_t>(metadata.objects.size())};
   std::string header;
@@ -136,6 +142,18 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
   w.PutU32(Crc32c(header));
   std::memcpy(out.data(), header.data(), header.size());
   return out;
+}
+
+}  // namespace
+
+std::string EncodeMetadata(const CheckpointMetadata& metadata, uint32_t major) {
+  return EncodeMetadataOf(metadata, metadata.tensors, nullptr, major);
+}
+
+std::string EncodeMetadata(const CheckpointMetadata& metadata,
+                           const std::vector<TensorMetadata>& tensors,
+                           const ChunkChecksums& checksums, uint32_t major) {
+  return EncodeMetadataOf(metadata, tensors, &checksums, major);
 }
 
 Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,

@@ -46,6 +46,15 @@ inline constexpr uint32_t kOldestNativeFormatMajor = 1;
 std::string EncodeMetadata(const CheckpointMetadata& metadata,
                            uint32_t major = kNativeFormatMajor);
 
+// The same for metadata whose tensors are `tensors` (`metadata.tensors` is not used: it may be
+// empty, or `tensors` itself), with the block checksums of their chunks taken from `checksums`
+// (one entry per tensor of `tensors`, in its order) instead of the chunks' own. A save's commit
+// encodes this way from the plan its cache holds, without a copy of the plan (engine/save.cc).
+// The bytes are those of EncodeMetadata of the same metadata with the checksums filled in.
+std::string EncodeMetadata(const CheckpointMetadata& metadata,
+                           const std::vector<TensorMetadata>& tensors,
+                           const ChunkChecksums& checksums, uint32_t major = kNativeFormatMajor);
+
 // Decodes and validates a whole metadata file held in memory. `path` names it in messages.
 // The result's version fields are those of the file. The tensor records are decoded on `pool`
 // (null: on the calling thread); the result, or the error (that of the first bad record in name

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <random>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
@@ -124,6 +125,65 @@ TEST(MetadataCodecTest, TheInPlaceEncodingIsThePlainLayoutByteForByte) {
       }
     }
   }
+}
+
+// A commit encodes the metadata from a plan's tensors (their chunks without checksums) and the
+// checksums the ranks reported, kept apart (engine/save.cc): the bytes must be those of the same
+// metadata with the checksums filled in, whatever the order of the plan's tensors.
+TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    std::vector<size_t> order(m.tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::mt19937_64 rng(seed);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<TensorMetadata> planned;
+    ChunkChecksums checksums;
+    for (size_t i : order) {
+      TensorMetadata t = m.tensors[i];
+      ChunkChecksums::Tensor& table = checksums.tensors.emplace_back();
+      for (StoredChunk& c : t.chunks) {
+        table.starts.push_back(table.crcs.size());
+        table.crcs.insert(table.crcs.end(), c.block_crc32c.begin(), c.block_crc32c.end());
+        c.block_crc32c.clear();
+      }
+      table.starts.push_back(table.crcs.size());
+      planned.push_back(std::move(t));
+    }
+    CheckpointMetadata summary = m;
+    summary.tensors.clear();
+    for (uint32_t major : {1u, 2u}) {
+      EXPECT_EQ(EncodeMetadata(summary, planned, checksums, major), EncodeMetadata(m, major))
+          << "version " << major;
+      for (size_t k = 0; k < planned.size(); ++k) {
+        EXPECT_GE(native_metadata::TensorRecordBound(planned[k], &checksums.tensors[k]),
+                  native_metadata::EncodeTensorRecord(m.tensors[order[k]], m.checksum_block_bytes,
+                                                      major)
+                      .size())
+            << planned[k].name;
+      }
+    }
+    ASSERT_TRUE(CheckChecksumsFit(planned, checksums).ok());
+    ASSERT_TRUE(FillChecksums(checksums, &planned).ok());
+    for (size_t k = 0; k < planned.size(); ++k) ExpectTensorEq(m.tensors[order[k]], planned[k]);
+  }
+}
+
+TEST(MetadataCodecTest, ChecksumsThatDoNotFitTheTensorsAreRefused) {
+  const CheckpointMetadata m = RandomMetadata(5, 6);
+  ChunkChecksums checksums;
+  for (const TensorMetadata& t : m.tensors) {
+    checksums.tensors.emplace_back().starts.assign(t.chunks.size() + 1, 0);
+  }
+  EXPECT_TRUE(CheckChecksumsFit(m.tensors, checksums).ok());
+  checksums.tensors[2].starts.pop_back();
+  Status s = CheckChecksumsFit(m.tensors, checksums);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_NE(s.message().find("tensor '" + m.tensors[2].name + "'"), std::string::npos) << s;
+  checksums.tensors.pop_back();
+  s = CheckChecksumsFit(m.tensors, checksums);
+  EXPECT_NE(s.message().find("checksums of 5 tensors for metadata of 6"), std::string::npos) << s;
 }
 
 TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionOneStillReads) {

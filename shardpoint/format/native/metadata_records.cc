@@ -1,5 +1,6 @@
 // Tensor and object records of the native metadata file (docs/FORMAT.md §3.5-3.6).
 #include <optional>
+#include <span>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/format/chunk_grid.h"
@@ -101,13 +102,25 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
   return OkStatus();
 }
 
+// The block checksums chunk `c` of `tensor` is encoded with: those kept `apart` when given,
+// otherwise the chunk's own.
+std::span<const uint32_t> BlockCrcs(const TensorMetadata& tensor,
+                                    const ChunkChecksums::Tensor* apart, size_t c) {
+  if (apart != nullptr) return apart->of(c);
+  const InlineVector<uint32_t, 2>& own = tensor.chunks[c].block_crc32c;
+  return std::span<const uint32_t>(own.data(), own.size());
+}
+
 // The grid a version-2 record stores `tensor` as, or nullopt for a chunk list: every chunk raw
 // with the block checksums of `checksum_block_bytes`, and the chunks the cells of a grid.
-std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor, uint64_t checksum_block_bytes) {
+std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
+                                    const ChunkChecksums::Tensor* apart,
+                                    uint64_t checksum_block_bytes) {
   if (checksum_block_bytes == 0) return std::nullopt;  // invalid; the list shows the decoder why
-  for (const StoredChunk& chunk : tensor.chunks) {
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+    const StoredChunk& chunk = tensor.chunks[c];
     if (chunk.encoding != ChunkEncoding::kRaw ||
-        chunk.block_crc32c.size() !=
+        BlockCrcs(tensor, apart, c).size() !=
             ExpectedBlockCount(chunk.byte_length, checksum_block_bytes)) {
       return std::nullopt;
     }
@@ -115,23 +128,27 @@ std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor, uint64_t check
   return FindChunkGrid(tensor.chunks, tensor.shape);
 }
 
-void EncodeChunkList(const TensorMetadata& tensor, ByteWriter& w) {
+void EncodeChunkList(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
+                     ByteWriter& w) {
   w.PutU32(static_cast<uint32_t>(tensor.chunks.size()));
-  for (const StoredChunk& chunk : tensor.chunks) {
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+    const StoredChunk& chunk = tensor.chunks[c];
     w.PutU32(chunk.file);
     w.PutU64(chunk.data_offset);
     w.PutU64(chunk.byte_length);
     for (int64_t v : chunk.box.offsets) w.PutI64(v);
     for (int64_t v : chunk.box.sizes) w.PutI64(v);
-    w.PutU32(static_cast<uint32_t>(chunk.block_crc32c.size()));
-    for (uint32_t crc : chunk.block_crc32c) w.PutU32(crc);
+    const std::span<const uint32_t> crcs = BlockCrcs(tensor, apart, c);
+    w.PutU32(static_cast<uint32_t>(crcs.size()));
+    for (uint32_t crc : crcs) w.PutU32(crc);
   }
 }
 
 // Per dimension the interval count and its cut points (an even step, or the interior points);
 // then file and offset of every cell, row-major; then every cell's block checksums, in the same
 // order.
-void EncodeGrid(const TensorMetadata& tensor, const ChunkGrid& grid, ByteWriter& w) {
+void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
+                const ChunkGrid& grid, ByteWriter& w) {
   for (const std::vector<int64_t>& bounds : grid.bounds) {
     w.PutU32(static_cast<uint32_t>(bounds.size() - 1));
     if (const int64_t step = GridEvenStep(bounds)) {
@@ -146,8 +163,8 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkGrid& grid, ByteWriter&
     w.PutU32(chunk.file);
     w.PutU64(chunk.data_offset);
   }
-  for (const StoredChunk& chunk : tensor.chunks) {
-    for (uint32_t crc : chunk.block_crc32c) w.PutU32(crc);
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+    for (uint32_t crc : BlockCrcs(tensor, apart, c)) w.PutU32(crc);
   }
 }
 
@@ -283,19 +300,19 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
 }  // namespace
 
 void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
-                        uint32_t major, std::string* out) {
+                        uint32_t major, std::string* out, const ChunkChecksums::Tensor* apart) {
   ByteWriter w(out);
   w.PutU8(DTypeCode(tensor.dtype));
   w.PutU8(static_cast<uint8_t>(tensor.shape.size()));
   for (int64_t dim : tensor.shape) w.PutI64(dim);
   if (major < 2) {
-    EncodeChunkList(tensor, w);
-  } else if (std::optional<ChunkGrid> grid = StoredGrid(tensor, checksum_block_bytes)) {
+    EncodeChunkList(tensor, apart, w);
+  } else if (std::optional<ChunkGrid> grid = StoredGrid(tensor, apart, checksum_block_bytes)) {
     w.PutU8(kGrid);
-    EncodeGrid(tensor, *grid, w);
+    EncodeGrid(tensor, apart, *grid, w);
   } else {
     w.PutU8(kChunkList);
-    EncodeChunkList(tensor, w);
+    EncodeChunkList(tensor, apart, w);
   }
 }
 
@@ -306,14 +323,14 @@ std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_b
   return out;
 }
 
-uint64_t TensorRecordBound(const TensorMetadata& tensor) {
+uint64_t TensorRecordBound(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart) {
   // dtype, rank, shape, layout byte and chunk count; then each chunk as a chunk list stores it.
   // A grid costs less per cell (12 bytes and its checksums) and at most 13 bytes per dimension
   // and 8 per interval (at most a chunk's offsets) more.
   const uint64_t rank = tensor.shape.size();
   uint64_t bytes = 16 + 21 * rank;
-  for (const StoredChunk& chunk : tensor.chunks) {
-    bytes += 28 + 16 * rank + 4 * static_cast<uint64_t>(chunk.block_crc32c.size());
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+    bytes += 28 + 16 * rank + 4 * static_cast<uint64_t>(BlockCrcs(tensor, apart, c).size());
   }
   return bytes;
 }

@@ -91,12 +91,16 @@ enum GridCuts : uint8_t {
 // A record of format version `major` (1 or 2).
 std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                                uint32_t major);
-// The same, appended to `out`.
+// The same, appended to `out`; with `apart`, the chunks' block checksums are those it holds for
+// them instead of their own (ChunkChecksums, format/metadata.h).
 void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
-                        uint32_t major, std::string* out);
-// At least the bytes of the record of `tensor` in any version: room to reserve so that
-// records appended one after the other never move the bytes before them.
-uint64_t TensorRecordBound(const TensorMetadata& tensor);
+                        uint32_t major, std::string* out,
+                        const ChunkChecksums::Tensor* apart = nullptr);
+// At least the bytes of the record of `tensor` (with the checksums of `apart`, when given) in any
+// version: room to reserve so that records appended one after the other never move the bytes
+// before them.
+uint64_t TensorRecordBound(const TensorMetadata& tensor,
+                           const ChunkChecksums::Tensor* apart = nullptr);
 // `summary` supplies the files, the checksum block size the chunks are checked against and the
 // version of the record.
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,

@@ -122,6 +122,13 @@ class NativeWriter : public CheckpointWriter {
     return EncodeMetadata(*md);
   }
 
+  Result<std::string> PrepareCommitApart(Store&, std::string_view, int, CheckpointMetadata* md,
+                                         const std::vector<TensorMetadata>& tensors,
+                                         const ChunkChecksums& checksums) const override {
+    SP_RETURN_IF_ERROR(CheckChecksumsFit(tensors, checksums));
+    return EncodeMetadata(*md, tensors, checksums);
+  }
+
   Status RemoveReplaced(Store& store, std::string_view path,
                         std::string_view committed_name) const override {
     if (committed_name == kMetadataFileName) return OkStatus();
