@@ -27,7 +27,14 @@
 // (default: the engine's default pool size, DefaultIoThreads()); `--threads 1` plans on the
 // calling thread alone, as saves did before planning used the pool.
 //
-// Usage: plan_bench [ranks] [tensors] [--coordinator-only | --coordinator-ruled] [--threads N]
+// `--coordinator-ruled --cached-commit apart` commits the ruled coordinator's plan as a save with
+// a plan cache does (the cache holds the plan; the metadata is encoded from its chunks and a table
+// of the checksums), and `--cached-commit copy` as such a save did before (through a copy of the
+// plan with the checksums filled in); without it, as a save without a cache (filled into the
+// plan's own chunks).
+//
+// Usage: plan_bench [ranks] [tensors] [--coordinator-only |
+//                   --coordinator-ruled [--cached-commit apart|copy]] [--threads N]
 //        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
 #include <chrono>
@@ -183,12 +190,56 @@ bool DecodeRuled(const std::vector<std::string>& gathered, sp::GatheredPlans* pl
   return true;
 }
 
+// The checksums the ranks report for `tensors` (one value per block of `block_bytes`; the values
+// do not matter here), in the table a commit collects them into (engine/save.cc).
+sp::ChunkChecksums ReportedChecksums(const std::vector<sp::TensorMetadata>& tensors,
+                                     uint64_t block_bytes) {
+  sp::ChunkChecksums checksums;
+  checksums.tensors.resize(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    sp::ChunkChecksums::Tensor& table = checksums.tensors[t];
+    table.starts.resize(tensors[t].chunks.size() + 1);
+    uint64_t blocks = 0;
+    for (size_t c = 0; c < tensors[t].chunks.size(); ++c) {
+      table.starts[c] = blocks;
+      blocks += (tensors[t].chunks[c].byte_length + block_bytes - 1) / block_bytes;
+    }
+    table.starts.back() = blocks;
+    table.crcs.assign(blocks, 0x12345678u);
+  }
+  return checksums;
+}
+
+// How a commit of a save with a plan cache built its metadata before the checksums were kept
+// apart: `summary` with a copy of `tensors` (tensor by tensor on `pool`), the checksums filled
+// into the copy.
+sp::Result<sp::CheckpointMetadata> CopiedWithChecksums(const sp::CheckpointMetadata& summary,
+                                                       const std::vector<sp::TensorMetadata>& tensors,
+                                                       sp::ThreadPool* pool) {
+  sp::CheckpointMetadata md = summary;
+  md.tensors.resize(tensors.size());
+  SP_RETURN_IF_ERROR(sp::ParallelFor(pool, static_cast<int64_t>(tensors.size()), [&](int64_t t) {
+    md.tensors[t] = tensors[t];
+    return sp::OkStatus();
+  }));
+  SP_RETURN_IF_ERROR(
+      sp::FillChecksums(ReportedChecksums(tensors, summary.checksum_block_bytes), &md.tensors));
+  return md;
+}
+
+// How the coordinator measurement commits: as a save without a plan cache (the checksums filled
+// into the plan's own chunks), or as one with a cache, which holds the plan: from the plan's
+// chunks and a table of the checksums (as engine/save.cc does), or through a copy of the plan
+// (as it did before).
+enum class Commit { kInPlace, kApart, kCopied };
+
 // The coordinator of a save of this layout, from the gathered messages to the encoded replies
 // and metadata; prints its peak resident set. With `ruled`, the messages are ruled plans
 // (plan/ruled_plan.h) as a save sends them: every rank's digest and own part, the shared part
 // from rank 0 alone; otherwise every rank's whole local plan (as saves sent them before).
 // Returns false on a failure (printed).
-bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, sp::ThreadPool* pool) {
+bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
+                        sp::ThreadPool* pool) {
   std::vector<std::string> gathered(ranks);
   size_t gathered_bytes = 0;
   for (int64_t r = 0; r < ranks; ++r) {
@@ -250,20 +301,42 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, sp::ThreadPool* 
       return sp::OkStatus();
     });
     for (size_t bytes : replies) reply_bytes += bytes;
-    for (sp::TensorMetadata& t : plan->metadata.tensors) {
-      for (sp::StoredChunk& c : t.chunks) {
-        const uint64_t bs = plan->metadata.checksum_block_bytes;
-        c.block_crc32c.assign((c.byte_length + bs - 1) / bs, 0x12345678u);
+    const uint64_t block_bytes = plan->metadata.checksum_block_bytes;
+    if (commit == Commit::kInPlace) {
+      for (sp::TensorMetadata& t : plan->metadata.tensors) {
+        for (sp::StoredChunk& c : t.chunks) {
+          c.block_crc32c.assign((c.byte_length + block_bytes - 1) / block_bytes, 0x12345678u);
+        }
+      }
+      metadata_bytes = sp::EncodeMetadata(plan->metadata).size();
+    } else {
+      // Everything but the tensors, which stay the plan's (as the cache holds it).
+      std::vector<sp::TensorMetadata> tensors = std::move(plan->metadata.tensors);
+      sp::CheckpointMetadata summary = plan->metadata;
+      plan->metadata.tensors = std::move(tensors);
+      if (commit == Commit::kApart) {
+        metadata_bytes =
+            sp::EncodeMetadata(summary, plan->metadata.tensors,
+                               ReportedChecksums(plan->metadata.tensors, block_bytes))
+                .size();
+      } else {
+        sp::Result<sp::CheckpointMetadata> md =
+            CopiedWithChecksums(summary, plan->metadata.tensors, pool);
+        if (!md.ok()) return false;
+        metadata_bytes = sp::EncodeMetadata(*md).size();
       }
     }
-    metadata_bytes = sp::EncodeMetadata(plan->metadata).size();
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double peak = StatusMiB("VmHWM");
   if (ruled) {
     std::printf("  coordinator, ruled plans (layout rules; a digest from each rank, the shared "
-                "part from rank 0):\n");
+                "part from rank 0)%s:\n",
+                commit == Commit::kApart    ? ", committed as with a plan cache"
+                : commit == Commit::kCopied ? ", committed as with a plan cache through a copy of "
+                                              "the plan (as before)"
+                                            : "");
   } else {
     std::printf("plan_bench: ranks=%lld tensors=%d\n  coordinator, whole plans (every rank's "
                 "names, shapes and boxes; the baseline):\n",
@@ -327,6 +400,7 @@ Timing Median(Fn&& fn) {
 
 int main(int argc, char** argv) {
   bool coordinator_only = false, coordinator_ruled = false, usage = false;
+  Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
   std::vector<const char*> positional;
   for (int i = 1; i < argc; ++i) {
@@ -334,6 +408,12 @@ int main(int argc, char** argv) {
       coordinator_only = true;
     } else if (std::strcmp(argv[i], "--coordinator-ruled") == 0) {
       coordinator_ruled = true;
+    } else if (std::strcmp(argv[i], "--cached-commit") == 0 && i + 1 < argc) {
+      ++i;
+      commit = std::strcmp(argv[i], "apart") == 0  ? Commit::kApart
+               : std::strcmp(argv[i], "copy") == 0 ? Commit::kCopied
+                                                   : Commit::kInPlace;
+      usage = usage || commit == Commit::kInPlace;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
       usage = usage || threads < 1;
@@ -346,17 +426,23 @@ int main(int argc, char** argv) {
   const int64_t ranks = positional.size() > 0 ? std::atoll(positional[0]) : 1024;
   const int tensors = positional.size() > 1 ? std::atoi(positional[1]) : 500;
   if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
-      (coordinator_only && coordinator_ruled)) {
+      (coordinator_only && coordinator_ruled) ||
+      (commit != Commit::kInPlace && !coordinator_ruled)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
-                 "[--coordinator-only | --coordinator-ruled] [--threads N >= 1]\n");
+                 "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy]] "
+                 "[--threads N >= 1]\n");
     return 2;
   }
   // A pool of one thread plans as without one: on the calling thread.
   std::unique_ptr<sp::ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<sp::ThreadPool>(threads);
-  if (coordinator_ruled) return MeasureCoordinator(ranks, tensors, true, pool.get()) ? 0 : 1;
-  if (coordinator_only) return MeasureCoordinator(ranks, tensors, false, pool.get()) ? 0 : 1;
+  if (coordinator_ruled) {
+    return MeasureCoordinator(ranks, tensors, true, commit, pool.get()) ? 0 : 1;
+  }
+  if (coordinator_only) {
+    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, pool.get()) ? 0 : 1;
+  }
   std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
   for (bool ruled : {false, true}) {
     if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, threads)) {
@@ -433,44 +519,21 @@ int main(int argc, char** argv) {
     }
     return files;
   });
-  // Its commit, from the checksums the ranks report (one value per block here) to the encoded
-  // metadata file: as engine/save.cc commits it, the checksums collected into a table and the
-  // file encoded from the cached plan's chunks and the table; and, for comparison, as it did
-  // before, the plan's tensors copied (tensor by tensor on the pool), the checksums filled into
-  // the copy and the copy encoded.
-  const uint64_t block_bytes = laid_out.checksum_block_bytes;
+  // Its commit, from the checksums the ranks report to the encoded metadata file: as
+  // engine/save.cc commits it, the checksums collected into a table and the file encoded from the
+  // cached plan's chunks and the table; and, for comparison, as it did before, through a copy of
+  // the plan's tensors with the checksums filled in.
   sp::CheckpointMetadata summary = laid_out;
   summary.tensors.clear();
   summary.save_id = "ba9876543210";
   const Timing commit_apart = Median([&]() -> sp::Result<size_t> {
-    sp::ChunkChecksums checksums;
-    checksums.tensors.resize(laid_out.tensors.size());
-    for (size_t t = 0; t < laid_out.tensors.size(); ++t) {
-      sp::ChunkChecksums::Tensor& table = checksums.tensors[t];
-      table.starts.resize(laid_out.tensors[t].chunks.size() + 1);
-      uint64_t blocks = 0;
-      for (size_t c = 0; c < laid_out.tensors[t].chunks.size(); ++c) {
-        table.starts[c] = blocks;
-        blocks += (laid_out.tensors[t].chunks[c].byte_length + block_bytes - 1) / block_bytes;
-      }
-      table.starts.back() = blocks;
-      table.crcs.assign(blocks, 0x12345678u);
-    }
-    return sp::EncodeMetadata(summary, laid_out.tensors, checksums).size();
+    return sp::EncodeMetadata(summary, laid_out.tensors,
+                              ReportedChecksums(laid_out.tensors, laid_out.checksum_block_bytes))
+        .size();
   });
   const Timing commit_copied = Median([&]() -> sp::Result<size_t> {
-    sp::CheckpointMetadata md = summary;
-    md.tensors.resize(laid_out.tensors.size());
-    SP_RETURN_IF_ERROR(
-        sp::ParallelFor(pool.get(), static_cast<int64_t>(md.tensors.size()), [&](int64_t t) {
-          md.tensors[t] = laid_out.tensors[t];
-          return sp::OkStatus();
-        }));
-    for (sp::TensorMetadata& t : md.tensors) {
-      for (sp::StoredChunk& c : t.chunks) {
-        c.block_crc32c.assign((c.byte_length + block_bytes - 1) / block_bytes, 0x12345678u);
-      }
-    }
+    SP_ASSIGN_OR_RETURN(sp::CheckpointMetadata md,
+                        CopiedWithChecksums(summary, laid_out.tensors, pool.get()));
     return sp::EncodeMetadata(md).size();
   });
 
