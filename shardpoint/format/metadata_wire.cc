@@ -242,6 +242,25 @@ void PutTensor(ByteWriter& w, const TensorMetadata& t) {
   }
 }
 
+// At least the bytes of `t` on the wire, its length included (PutTensor): room to reserve, so
+// that the broadcast of a large checkpoint (142 MiB at 8,192 ranks x 1,000 tensors) is never
+// copied by a growing buffer.
+uint64_t WireTensorBound(const TensorMetadata& t) {
+  // length, name, dtype, shape, layout byte and chunk count
+  uint64_t bytes = 8 + 4 + t.name.size() + 1 + 4 + 8 * t.shape.size() + 1 + 4;
+  const bool grid = SendsGrid(t);
+  const bool raw = grid && AllRaw(t);
+  if (grid) {
+    for (const std::vector<int64_t>& bounds : t.grid->bounds) bytes += 5 + 8 * bounds.size();
+  }
+  for (const StoredChunk& c : t.chunks) {
+    // a raw cell: file, offset, checksums; a placed cell: PutChunkPlacement; a chunk: PutChunk
+    bytes += (raw ? 16 : grid ? 29 : 45 + 16 * c.box.rank()) +
+             4 * static_cast<uint64_t>(c.block_crc32c.size());
+  }
+  return bytes;
+}
+
 Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   t->name = std::string(name);
@@ -317,8 +336,18 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m) {
 
 }  // namespace
 
+uint64_t WireMetadataBound(const CheckpointMetadata& m) {
+  uint64_t bound = 12 + 4 + m.save_id.size() + 4 + 1 + 8 + 4 + 4 + 4 + 4;
+  for (const DataFile& f : m.files) bound += 4 + f.name.size() + 20;
+  for (const auto& [key, value] : m.attributes) bound += 8 + key.size() + value.size();
+  for (const TensorMetadata& t : m.tensors) bound += WireTensorBound(t);
+  for (const ObjectEntry& o : m.objects) bound += 4 + o.name.size() + 5 + o.payload.size() + 25;
+  return bound;
+}
+
 std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
   std::string out;
+  out.reserve(WireMetadataBound(m));
   ByteWriter w(&out);
   w.PutU32(kWireMagic);
   w.PutU32(m.version_major);

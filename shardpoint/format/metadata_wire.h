@@ -7,6 +7,7 @@
 #ifndef SHARDPOINT_FORMAT_METADATA_WIRE_H_
 #define SHARDPOINT_FORMAT_METADATA_WIRE_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -18,7 +19,10 @@ namespace sp {
 class ThreadPool;  // exec/thread_pool.h
 
 // Each tensor travels behind its byte length, so that a receiver decodes the tensors in parallel.
+// The output is reserved to WireMetadataBound first and never grows past it.
 std::string EncodeMetadataForWire(const CheckpointMetadata& metadata);
+// At least the bytes of EncodeMetadataForWire(metadata), counted from its sizes in one pass.
+uint64_t WireMetadataBound(const CheckpointMetadata& metadata);
 // kDataLoss naming the byte offset when `bytes` is not a complete encoding. The tensors are
 // decoded on `pool` (null: on the calling thread), with the same result, or the same error (the
 // first bad tensor's, by position), as without one.

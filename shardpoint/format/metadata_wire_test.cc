@@ -136,6 +136,55 @@ CheckpointMetadata ManyTensors() {
   return m;
 }
 
+// The encoder reserves WireMetadataBound and must never outgrow it: every kind of tensor (grids
+// of raw cells and of placed ones, lists, scalars, ranks up to 5, chunks of several checksum
+// blocks), objects read and unread, attributes. The bound stays within twice the bytes.
+TEST(MetadataWireTest, TheBoundHoldsEveryEncoding) {
+  std::vector<CheckpointMetadata> cases = {Sample(), ManyTensors()};
+  std::mt19937_64 rng(77);
+  for (int trial = 0; trial < 40; ++trial) {
+    CheckpointMetadata m;
+    m.save_id = "s" + std::to_string(trial);
+    m.world_size = 4;
+    m.checksum_block_bytes = 16;
+    for (int f = 0; f < 4; ++f) m.files.push_back({"file-" + std::to_string(f), 0, 1 << 30, f});
+    m.attributes["step"] = std::string(rng() % 40, 'x');
+    for (int t = 0; t < 12; ++t) {
+      const size_t rank = rng() % 6;
+      TensorMetadata tensor{"t" + std::to_string(t), DType::kFloat32, Shape(rank, 1), {}};
+      const int64_t pieces = rank == 0 ? 1 : 1 + static_cast<int64_t>(rng() % 4);
+      if (rank > 0) tensor.shape[0] = pieces * 3;
+      for (int64_t p = 0; p < pieces; ++p) {
+        Dims offsets(rank, 0), sizes(rank, 1);
+        if (rank > 0) {
+          offsets[0] = 3 * p;
+          sizes[0] = 3;
+        }
+        const uint64_t bytes = 4 * static_cast<uint64_t>(Box(offsets, sizes).volume());
+        InlineVector<uint32_t, 2> crcs;
+        for (uint64_t b = 0; b < (bytes + 15) / 16; ++b) crcs.push_back(static_cast<uint32_t>(rng()));
+        const bool placed = rng() % 3 == 0;
+        tensor.chunks.push_back(StoredChunk{Box(offsets, sizes), static_cast<uint32_t>(rng() % 4),
+                                            100 * static_cast<uint64_t>(p), bytes, crcs,
+                                            placed ? ChunkEncoding::kDriverDecoded
+                                                   : ChunkEncoding::kRaw,
+                                            placed ? bytes + 7 : 0, placed ? 3 : 0});
+      }
+      if (rng() % 4 == 0) std::reverse(tensor.chunks.begin(), tensor.chunks.end());
+      m.tensors.push_back(std::move(tensor));
+    }
+    IndexChunkGrids(&m);
+    m.objects = {{"cfg", ObjectEncoding::kJson, std::string(rng() % 100, '1')},
+                 {"unread", ObjectEncoding::kTorchSave, "", StoredObjectItem{1, 64, 32, 1}}};
+    cases.push_back(std::move(m));
+  }
+  for (const CheckpointMetadata& m : cases) {
+    const uint64_t size = EncodeMetadataForWire(m).size();
+    EXPECT_GE(WireMetadataBound(m), size) << m.save_id;
+    EXPECT_LE(WireMetadataBound(m), 2 * size) << m.save_id;
+  }
+}
+
 TEST(MetadataWireTest, APoolDecodesAlikeAndReportsTheSameFirstError) {
   ThreadPool pool(4);
   const CheckpointMetadata m = ManyTensors();
