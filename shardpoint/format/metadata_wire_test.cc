@@ -168,7 +168,8 @@ TEST(MetadataWireTest, TheBoundHoldsEveryEncoding) {
                                             100 * static_cast<uint64_t>(p), bytes, crcs,
                                             placed ? ChunkEncoding::kDriverDecoded
                                                    : ChunkEncoding::kRaw,
-                                            placed ? bytes + 7 : 0, placed ? 3 : 0});
+                                            placed ? bytes + 7 : 0,
+                                            static_cast<uint16_t>(placed ? 3 : 0)});
       }
       if (rng() % 4 == 0) std::reverse(tensor.chunks.begin(), tensor.chunks.end());
       m.tensors.push_back(std::move(tensor));
