@@ -213,9 +213,9 @@ sp::ChunkChecksums ReportedChecksums(const std::vector<sp::TensorMetadata>& tens
 // How a commit of a save with a plan cache built its metadata before the checksums were kept
 // apart: `summary` with a copy of `tensors` (tensor by tensor on `pool`), the checksums filled
 // into the copy.
-sp::Result<sp::CheckpointMetadata> CopiedWithChecksums(const sp::CheckpointMetadata& summary,
-                                                       const std::vector<sp::TensorMetadata>& tensors,
-                                                       sp::ThreadPool* pool) {
+sp::Result<sp::CheckpointMetadata> CopiedWithChecksums(
+    const sp::CheckpointMetadata& summary, const std::vector<sp::TensorMetadata>& tensors,
+    sp::ThreadPool* pool) {
   sp::CheckpointMetadata md = summary;
   md.tensors.resize(tensors.size());
   SP_RETURN_IF_ERROR(sp::ParallelFor(pool, static_cast<int64_t>(tensors.size()), [&](int64_t t) {

@@ -648,9 +648,10 @@ Status CollectReports(const std::vector<std::string>& reports,
       const StoredChunk& chunk = tensors[c.tensor].chunks[c.chunk];
       if (c.block_crc32c.size() != blocks_of(chunk)) {
         return InternalError("rank " + std::to_string(r) + " reported " +
-                             std::to_string(c.block_crc32c.size()) + " block checksums of tensor '" +
-                             tensors[c.tensor].name + "' chunk " + chunk.box.ToString() +
-                             ", expected " + std::to_string(blocks_of(chunk)));
+                             std::to_string(c.block_crc32c.size()) +
+                             " block checksums of tensor '" + tensors[c.tensor].name + "' chunk " +
+                             chunk.box.ToString() + ", expected " +
+                             std::to_string(blocks_of(chunk)));
       }
       reported[c.tensor][c.chunk] = true;
       if (checksums != nullptr) {

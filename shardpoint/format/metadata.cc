@@ -144,7 +144,8 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
     if (checksums.tensors[t].starts.size() != tensors[t].chunks.size() + 1) {
       return InternalError("the checksums of tensor '" + tensors[t].name + "' are for " +
                            std::to_string(checksums.tensors[t].starts.size()) +
-                           " chunk boundaries, not " + std::to_string(tensors[t].chunks.size() + 1));
+                           " chunk boundaries, not " +
+                           std::to_string(tensors[t].chunks.size() + 1));
     }
   }
   return OkStatus();

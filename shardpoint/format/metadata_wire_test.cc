@@ -162,7 +162,9 @@ TEST(MetadataWireTest, TheBoundHoldsEveryEncoding) {
         }
         const uint64_t bytes = 4 * static_cast<uint64_t>(Box(offsets, sizes).volume());
         InlineVector<uint32_t, 2> crcs;
-        for (uint64_t b = 0; b < (bytes + 15) / 16; ++b) crcs.push_back(static_cast<uint32_t>(rng()));
+        for (uint64_t b = 0; b < (bytes + 15) / 16; ++b) {
+          crcs.push_back(static_cast<uint32_t>(rng()));
+        }
         const bool placed = rng() % 3 == 0;
         tensor.chunks.push_back(StoredChunk{Box(offsets, sizes), static_cast<uint32_t>(rng() % 4),
                                             100 * static_cast<uint64_t>(p), bytes, crcs,
