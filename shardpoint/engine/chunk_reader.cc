@@ -25,8 +25,7 @@ Status Mismatch(const StoredChunkRef& ref, uint64_t block, uint32_t expected, ui
 }
 
 Status CheckCount(const StoredChunkRef& ref) {
-  const uint64_t bs = ref.block_bytes;
-  const uint64_t expected = (ref.chunk->byte_length + bs - 1) / bs;
+  const uint64_t expected = ChecksumBlockCount(ref.chunk->byte_length, ref.block_bytes);
   if (ref.chunk->block_crc32c.size() != expected) {
     return DataLossError("tensor '" + ref.tensor->name + "' chunk " + ref.chunk->box.ToString() +
                          " has " + std::to_string(ref.chunk->block_crc32c.size()) +

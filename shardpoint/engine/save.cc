@@ -21,6 +21,7 @@
 #include "shardpoint/engine/local_state.h"
 #include "shardpoint/engine/save_internal.h"
 #include "shardpoint/engine/save_messages.h"
+#include "shardpoint/engine/write_reports.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/writer.h"
 #include "shardpoint/plan/gathered_plans.h"
@@ -610,92 +611,6 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   return EncodeWriteReport(report);
 }
 
-// Checks that some rank reported every chunk of `tensors` and that the writer of every file of
-// `metadata` reported it; takes the files' data starts and sizes into `metadata`, and the chunks'
-// block checksums (as many per chunk as its byte length has blocks of
-// metadata->checksum_block_bytes; none where that is 0) into `checksums` when given, or into the
-// chunks of metadata->tensors, which are then `tensors`.
-Status CollectReports(const std::vector<std::string>& reports,
-                      const std::vector<TensorMetadata>& tensors, CheckpointMetadata* metadata,
-                      ChunkChecksums* checksums) {
-  const uint64_t block_bytes = metadata->checksum_block_bytes;
-  const auto blocks_of = [&](const StoredChunk& chunk) -> uint64_t {
-    return block_bytes == 0 ? 0 : (chunk.byte_length + block_bytes - 1) / block_bytes;
-  };
-  if (checksums != nullptr) {
-    checksums->tensors.assign(tensors.size(), {});
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      ChunkChecksums::Tensor& table = checksums->tensors[t];
-      table.starts.resize(tensors[t].chunks.size() + 1);
-      uint64_t blocks = 0;
-      for (size_t c = 0; c < tensors[t].chunks.size(); ++c) {
-        table.starts[c] = blocks;
-        blocks += blocks_of(tensors[t].chunks[c]);
-      }
-      table.starts.back() = blocks;
-      table.crcs.resize(blocks);
-    }
-  }
-  std::vector<bool> file_reported(metadata->files.size(), false);
-  std::vector<std::vector<bool>> reported(tensors.size());
-  for (size_t t = 0; t < tensors.size(); ++t) reported[t].resize(tensors[t].chunks.size());
-  for (size_t r = 0; r < reports.size(); ++r) {
-    SP_ASSIGN_OR_RETURN(WriteReport report, DecodeWriteReport(reports[r]));
-    for (ChunkReport& c : report.chunks) {
-      if (c.tensor >= tensors.size() || c.chunk >= tensors[c.tensor].chunks.size()) {
-        return InternalError("rank " + std::to_string(r) + " reported an unknown chunk");
-      }
-      const StoredChunk& chunk = tensors[c.tensor].chunks[c.chunk];
-      if (c.block_crc32c.size() != blocks_of(chunk)) {
-        return InternalError("rank " + std::to_string(r) + " reported " +
-                             std::to_string(c.block_crc32c.size()) +
-                             " block checksums of tensor '" + tensors[c.tensor].name + "' chunk " +
-                             chunk.box.ToString() + ", expected " +
-                             std::to_string(blocks_of(chunk)));
-      }
-      reported[c.tensor][c.chunk] = true;
-      if (checksums != nullptr) {
-        std::copy(c.block_crc32c.begin(), c.block_crc32c.end(),
-                  checksums->tensors[c.tensor].crcs.begin() +
-                      checksums->tensors[c.tensor].starts[c.chunk]);
-      } else {
-        metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c.assign(c.block_crc32c.begin(),
-                                                                       c.block_crc32c.end());
-      }
-    }
-    for (const FileReport& f : report.files) {
-      if (f.index >= metadata->files.size()) {
-        return InternalError("rank " + std::to_string(r) + " reported an unknown file");
-      }
-      DataFile& file = metadata->files[f.index];
-      if (file.writer_rank != static_cast<int32_t>(r) || file_reported[f.index] ||
-          f.data_start > f.size) {
-        return InternalError("rank " + std::to_string(r) + " reported file " + file.name +
-                             " of rank " + std::to_string(file.writer_rank) + " (data from " +
-                             std::to_string(f.data_start) + " of " + std::to_string(f.size) +
-                             " bytes)" + (file_reported[f.index] ? " twice" : ""));
-      }
-      file_reported[f.index] = true;
-      file.data_start = f.data_start;
-      file.size = f.size;
-    }
-  }
-  for (size_t f = 0; f < file_reported.size(); ++f) {
-    if (!file_reported[f]) {
-      return InternalError("no rank reported writing file " + metadata->files[f].name);
-    }
-  }
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    for (size_t c = 0; c < reported[t].size(); ++c) {
-      if (!reported[t][c]) {
-        return InternalError("no rank reported writing tensor '" + tensors[t].name + "' chunk " +
-                             tensors[t].chunks[c].box.ToString());
-      }
-    }
-  }
-  return OkStatus();
-}
-
 // Coordinator: takes the reports, has the writer write what must precede the commit (for
 // PyTorch DCP the file of the objects, for Megatron its files), makes the data durable, writes
 // and renames the metadata (the commit point), has the writers of the other kinds remove what a
@@ -715,16 +630,16 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
                            Store& store, int coordinator, const CheckpointWriter& writer,
                            const std::optional<FileCondition>& condition,
                            const std::vector<TensorMetadata>& tensors,
-                           CheckpointMetadata* metadata) {
+                           CheckpointMetadata* metadata, ThreadPool* pool) {
   // The checksums are kept apart only where the tensors are not the metadata's own: a table of
   // them costs 12 bytes a chunk more than filling them in.
   std::string encoded;
   if (&tensors == &metadata->tensors) {
-    SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, nullptr));
+    SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, nullptr, pool));
     SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommit(store, path, coordinator, metadata));
   } else {
     ChunkChecksums checksums;
-    SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, &checksums));
+    SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, &checksums, pool));
     SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommitApart(store, path, coordinator, metadata,
                                                            tensors, checksums));
   }
@@ -936,7 +851,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                                           commit_condition,
                                           shared_plan ? shared_plan->metadata.tensors
                                                       : metadata.tensors,
-                                          &metadata)
+                                          &metadata, &ctx->pool())
                     : writer.status();
   }
   // A failed commit leaves the data files alone: the metadata may already be in place. Files

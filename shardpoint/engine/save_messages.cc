@@ -134,28 +134,48 @@ std::string EncodeWriteReport(const WriteReport& report) {
   return out;
 }
 
-Result<WriteReport> DecodeWriteReport(std::string_view bytes) {
+Status ScanWriteReport(std::string_view bytes,
+                       const std::function<Status(const ChunkReportView&)>& on_chunk,
+                       const std::function<Status(const FileReport&)>& on_file) {
   ByteReader r(bytes, "write report");
-  WriteReport report;
-  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadCount(12));
-  report.chunks.resize(n);
-  for (ChunkReport& c : report.chunks) {
+  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(12));
+  for (uint32_t i = 0; i < chunks; ++i) {
+    ChunkReportView c;
     SP_ASSIGN_OR_RETURN(c.tensor, r.ReadU32());
     SP_ASSIGN_OR_RETURN(c.chunk, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
-    c.block_crc32c.resize(crcs);
-    for (uint32_t& crc : c.block_crc32c) {
-      SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
-    }
+    SP_ASSIGN_OR_RETURN(c.crc_count, r.ReadCount(4));
+    SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(sizeof(uint32_t) * c.crc_count));
+    c.crcs = crcs.data();
+    SP_RETURN_IF_ERROR(on_chunk(c));
   }
   SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadCount(20));
-  report.files.resize(files);
-  for (FileReport& f : report.files) {
+  for (uint32_t i = 0; i < files; ++i) {
+    FileReport f;
     SP_ASSIGN_OR_RETURN(f.index, r.ReadU32());
     SP_ASSIGN_OR_RETURN(f.data_start, r.ReadU64());
     SP_ASSIGN_OR_RETURN(f.size, r.ReadU64());
+    SP_RETURN_IF_ERROR(on_file(f));
   }
   if (!r.done()) return DataLossError("write report: trailing bytes");
+  return OkStatus();
+}
+
+Result<WriteReport> DecodeWriteReport(std::string_view bytes) {
+  WriteReport report;
+  SP_RETURN_IF_ERROR(ScanWriteReport(
+      bytes,
+      [&](const ChunkReportView& c) {
+        ChunkReport& chunk = report.chunks.emplace_back();
+        chunk.tensor = c.tensor;
+        chunk.chunk = c.chunk;
+        chunk.block_crc32c.resize(c.crc_count);
+        c.CopyCrcs(chunk.block_crc32c.data());
+        return OkStatus();
+      },
+      [&](const FileReport& f) {
+        report.files.push_back(f);
+        return OkStatus();
+      }));
   return report;
 }
 

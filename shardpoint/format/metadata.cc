@@ -134,6 +134,31 @@ uint64_t CountChunkElements(const TensorMetadata& tensor) {
   return covered;
 }
 
+Result<ChunkChecksums> LayOutChunkChecksums(const std::vector<TensorMetadata>& tensors,
+                                            uint64_t block_bytes, ThreadPool* pool) {
+  ChunkChecksums checksums;
+  checksums.tensors.resize(tensors.size());
+  const auto lay_out = [&](int64_t t) {
+    const std::vector<StoredChunk>& chunks = tensors[t].chunks;
+    ChunkChecksums::Tensor& table = checksums.tensors[t];
+    table.starts.resize(chunks.size() + 1);
+    uint64_t blocks = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      table.starts[c] = blocks;
+      blocks += ChecksumBlockCount(chunks[c].byte_length, block_bytes);
+    }
+    table.starts.back() = blocks;
+    table.crcs.resize(blocks);
+    return OkStatus();
+  };
+  if (pool != nullptr) {
+    SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(tensors.size()), lay_out));
+  } else {
+    for (size_t t = 0; t < tensors.size(); ++t) (void)lay_out(static_cast<int64_t>(t));
+  }
+  return checksums;
+}
+
 Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
                          const ChunkChecksums& checksums) {
   if (checksums.tensors.size() != tensors.size()) {

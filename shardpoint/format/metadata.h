@@ -236,6 +236,18 @@ struct ChunkChecksums {
   std::vector<Tensor> tensors;
 };
 
+// How many block checksums a chunk of `byte_length` bytes has: ceil(byte_length / block_bytes),
+// none when `block_bytes` is 0 (a format that stores no checksums). docs/FORMAT.md §3.5.
+inline uint64_t ChecksumBlockCount(uint64_t byte_length, uint64_t block_bytes) {
+  return byte_length == 0 || block_bytes == 0 ? 0 : (byte_length - 1) / block_bytes + 1;
+}
+
+// The table of `tensors`' checksums, laid out and zero: every chunk's start for
+// ChecksumBlockCount(byte_length, block_bytes) checksums. Tensor by tensor on `pool` when given
+// (an allocation failing there is kResourceExhausted).
+Result<ChunkChecksums> LayOutChunkChecksums(const std::vector<TensorMetadata>& tensors,
+                                            uint64_t block_bytes, ThreadPool* pool = nullptr);
+
 // kInternal naming the tensor unless `checksums` has an entry for every tensor of `tensors` and a
 // start for every chunk of each, and one more.
 Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,

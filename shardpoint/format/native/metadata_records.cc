@@ -9,10 +9,6 @@
 namespace sp::native_metadata {
 namespace {
 
-uint64_t ExpectedBlockCount(uint64_t byte_length, uint64_t block_bytes) {
-  return byte_length == 0 ? 0 : (byte_length - 1) / block_bytes + 1;
-}
-
 // Reads the shape and returns the tensor's byte size (at most kMaxTensorBytes).
 Result<uint64_t> DecodeShape(ByteReader& r, DType dtype, size_t rank, std::string_view where,
                              std::string_view path, Shape* shape) {
@@ -90,7 +86,7 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
   SP_RETURN_IF_ERROR(
       CheckChunkBytes(*chunk, *volume * DTypeSize(tensor.dtype), summary, where, path));
   SP_ASSIGN_OR_RETURN(uint32_t block_count, r.ReadCount(4));
-  uint64_t expected = ExpectedBlockCount(chunk->byte_length, summary.checksum_block_bytes);
+  uint64_t expected = ChecksumBlockCount(chunk->byte_length, summary.checksum_block_bytes);
   if (block_count != expected) {
     return Corrupt(path, std::string(where) + ": " + std::to_string(block_count) +
                              " block checksums, expected " + std::to_string(expected));
@@ -121,7 +117,7 @@ std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
     const StoredChunk& chunk = tensor.chunks[c];
     if (chunk.encoding != ChunkEncoding::kRaw ||
         BlockCrcs(tensor, apart, c).size() !=
-            ExpectedBlockCount(chunk.byte_length, checksum_block_bytes)) {
+            ChecksumBlockCount(chunk.byte_length, checksum_block_bytes)) {
       return std::nullopt;
     }
   }
@@ -261,7 +257,7 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   for (uint64_t c = 0; c < cells; ++c) {
     StoredChunk& chunk = tensor->chunks[c];
-    const uint64_t blocks = ExpectedBlockCount(chunk.byte_length, summary.checksum_block_bytes);
+    const uint64_t blocks = ChecksumBlockCount(chunk.byte_length, summary.checksum_block_bytes);
     if (blocks > r.remaining() / 4) {
       return Corrupt(path, where + " chunk " + std::to_string(c) + ": " + std::to_string(blocks) +
                                " block checksums cannot fit in the " +

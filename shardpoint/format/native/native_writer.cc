@@ -34,7 +34,7 @@ class NativeChunkWriter : public ChunkWriter {
   Status QueueChunk(size_t slot, const ChunkBytes& chunk, WritableFile& file, TaskGroup& group,
                     const WrittenCallback* written, std::vector<uint32_t>* block_crc32c) override {
     if (block_bytes_ == 0) return InternalError("native save without a checksum block size");
-    block_crc32c->resize((chunk.byte_length + block_bytes_ - 1) / block_bytes_);
+    block_crc32c->resize(ChecksumBlockCount(chunk.byte_length, block_bytes_));
     const uint64_t block_bytes = block_bytes_;
     const uint64_t step =
         std::max<uint64_t>(block_bytes, kWriteTaskBytes / block_bytes * block_bytes);
