@@ -611,7 +611,8 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   return EncodeWriteReport(report);
 }
 
-// Coordinator: takes the reports, has the writer write what must precede the commit (for
+// Coordinator: takes the reports (and frees them before it encodes the metadata: 75 MiB at 8,192
+// ranks x 1,000 tensors), has the writer write what must precede the commit (for
 // PyTorch DCP the file of the objects, for Megatron its files), makes the data durable, writes
 // and renames the metadata (the commit point), has the writers of the other kinds remove what a
 // replaced checkpoint of theirs left (its metadata first, so that a crash before this point
@@ -626,7 +627,7 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
 // the same path on a store that checks conditions (object storage) only one commits; the other
 // fails with kAlreadyExists and leaves its data files, which no metadata names, to the cleanup of
 // the next save there.
-Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_view path,
+Status CommitOnCoordinator(std::vector<std::string> reports, std::string_view path,
                            Store& store, int coordinator, const CheckpointWriter& writer,
                            const std::optional<FileCondition>& condition,
                            const std::vector<TensorMetadata>& tensors,
@@ -636,10 +637,12 @@ Status CommitOnCoordinator(const std::vector<std::string>& reports, std::string_
   std::string encoded;
   if (&tensors == &metadata->tensors) {
     SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, nullptr, pool));
+    std::vector<std::string>().swap(reports);
     SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommit(store, path, coordinator, metadata));
   } else {
     ChunkChecksums checksums;
     SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, &checksums, pool));
+    std::vector<std::string>().swap(reports);
     SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommitApart(store, path, coordinator, metadata,
                                                            tensors, checksums));
   }
@@ -847,8 +850,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     Result<std::unique_ptr<CheckpointWriter>> writer =
         MakeCheckpointWriter(options.format, options.megatron);
     committed = writer.ok()
-                    ? CommitOnCoordinator(*reports, path, ctx->store(), root, **writer,
-                                          commit_condition,
+                    ? CommitOnCoordinator(std::move(*reports), path, ctx->store(), root,
+                                          **writer, commit_condition,
                                           shared_plan ? shared_plan->metadata.tensors
                                                       : metadata.tensors,
                                           &metadata, &ctx->pool())
