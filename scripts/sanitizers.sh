@@ -69,7 +69,7 @@ case "${mode}" in
     suites="ParallelForTest|TaskGroupTest|ThreadPoolTest|ThreadCommTest|CollectiveTest|DecodeStatusTest"
     suites+="|EncodeStatusTest|AsyncSaverTest|UncheckedReadTest|ReadExchangeTest|EngineContextTest"
     suites+="|SaveMessagesTest|ChunkReaderTest|IoTunerTest|DepthControllerTest|BufferPoolTest"
-    suites+="|ReadDepthTest|TunerCoreTest|SharedIoTunerTest|RangeBuffersTest"
+    suites+="|ReadDepthTest|TunerCoreTest|SharedIoTunerTest|RangeBuffersTest|WriteReportsTest"
     shared="ReshardTest\.(SharedReads|ManyReadsOfOneFile|CorruptSharedChunk|RankFailingBeforeSharedReads"
     shared+="|ProcessesOfOneMachine)"
     if [ -z "${SP_TEST_WEED:-}" ] && [ -x "${root}/build/venv/bin/weed" ]; then

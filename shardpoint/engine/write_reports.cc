@@ -28,7 +28,7 @@ Status CollectReports(const std::vector<std::string>& reports,
 
   const auto collect = [&](int64_t r) -> Status {
     const std::string rank = "rank " + std::to_string(r);
-    return ScanWriteReport(
+    Status scanned = ScanWriteReport(
         reports[r],
         [&](const ChunkReportView& c) -> Status {
           if (c.tensor >= tensors.size() || c.chunk >= tensors[c.tensor].chunks.size()) {
@@ -74,18 +74,25 @@ Status CollectReports(const std::vector<std::string>& reports,
                                  " of " + std::to_string(metadata->files.size()) + ")");
           }
           DataFile& file = metadata->files[f.index];
-          if (file.writer_rank != static_cast<int32_t>(r) || file_reported[f.index] != 0 ||
-              f.data_start > f.size) {
+          // Whether the file was reported before is asked only of its writer's task, the one
+          // that marks it.
+          const bool own = file.writer_rank == static_cast<int32_t>(r);
+          const bool twice = own && file_reported[f.index] != 0;
+          if (!own || twice || f.data_start > f.size) {
             return InternalError(rank + " reported file " + file.name + " of rank " +
                                  std::to_string(file.writer_rank) + " (data from " +
                                  std::to_string(f.data_start) + " of " + std::to_string(f.size) +
-                                 " bytes)" + (file_reported[f.index] != 0 ? " twice" : ""));
+                                 " bytes)" + (twice ? " twice" : ""));
           }
           file_reported[f.index] = 1;
           file.data_start = f.data_start;
           file.size = f.size;
           return OkStatus();
         });
+    if (scanned.code() == StatusCode::kDataLoss) {  // the bytes; the checks above are kInternal
+      return DataLossError(rank + "'s " + scanned.message());
+    }
+    return scanned;
   };
   const int64_t ranks = static_cast<int64_t>(reports.size());
   if (pool != nullptr) {

@@ -22,9 +22,10 @@ class ThreadPool;  // exec/thread_pool.h
 //   into `checksums` when given (laid out here for `tensors`), or else into the chunks of
 //   metadata->tensors, which are then `tensors`.
 // A report that breaks any of this is kInternal naming the rank, and the tensor and chunk or the
-// file. The reports are walked in place on `pool` when given, rank by rank (the error returned is
-// then the lowest rank's, as one thread would find it; for a chunk reported by two ranks it names
-// the one that came second).
+// file (a chunk or file nobody reports: the tensor and chunk, or the file); bytes that are not a
+// report are kDataLoss naming the rank. The reports are walked in place on `pool` when given,
+// rank by rank (the error returned is then the lowest rank's, as one thread would find it; for a
+// chunk reported by two ranks it names the one whose report was walked second).
 Status CollectReports(const std::vector<std::string>& reports,
                       const std::vector<TensorMetadata>& tensors, CheckpointMetadata* metadata,
                       ChunkChecksums* checksums, ThreadPool* pool = nullptr);

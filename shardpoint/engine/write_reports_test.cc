@@ -182,7 +182,7 @@ TEST(WriteReportsTest, BadReportsAreRefusedNamingTheRankAndTheChunkOrFile) {
       EXPECT_EQ(ErrorOf(c, &pool), "rank 3 reported an unknown chunk (tensor " +
                                        std::to_string(c.metadata.tensors.size()) + ", chunk 0)");
     }
-    {  // a file reported by a rank that did not write it, and a file nobody reports
+    {  // a file reported by a rank that did not write it, twice by its writer, and by nobody
       Case c = RandomCase(rng, 4);
       c.reports[0].files.push_back(c.reports[2].files.back());
       const DataFile& file = c.metadata.files[c.reports[2].files.back().index];
@@ -191,8 +191,31 @@ TEST(WriteReportsTest, BadReportsAreRefusedNamingTheRankAndTheChunkOrFile) {
                     std::to_string(c.reports[2].files.back().data_start) + " of " +
                     std::to_string(c.reports[2].files.back().size) + " bytes)");
       c.reports[0].files.pop_back();
+      c.reports[2].files.push_back(c.reports[2].files.back());  // by its writer, twice
+      EXPECT_EQ(ErrorOf(c, &pool),
+                "rank 2 reported file " + file.name + " of rank 2 (data from " +
+                    std::to_string(c.reports[2].files.back().data_start) + " of " +
+                    std::to_string(c.reports[2].files.back().size) + " bytes) twice");
+      c.reports[2].files.pop_back();
       c.reports[2].files.pop_back();
       EXPECT_EQ(ErrorOf(c, &pool), "no rank reported writing file " + file.name);
+    }
+  }
+}
+
+TEST(WriteReportsTest, BytesThatAreNotAReportAreDataLossNamingTheRank) {
+  std::mt19937_64 rng(3);
+  ThreadPool pool(3);
+  const Case c = RandomCase(rng, 4);
+  std::vector<std::string> reports = Encoded(c.reports);
+  const std::string whole = reports[2];
+  for (const std::string& bad : {whole.substr(0, whole.size() - 1), whole + "x"}) {
+    reports[2] = bad;
+    for (ThreadPool* on : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      CheckpointMetadata metadata = c.metadata;
+      const Status s = CollectReports(reports, metadata.tensors, &metadata, nullptr, on);
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+      EXPECT_EQ(s.message().rfind("rank 2's write report: ", 0), 0u) << s;
     }
   }
 }

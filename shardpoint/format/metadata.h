@@ -219,10 +219,10 @@ struct ObjectEntry {
 
 // Block checksums kept apart from the chunks they belong to, tensor by tensor in the order of a
 // list of TensorMetadata: chunk c of tensor t has tensors[t].crcs[starts[c], starts[c + 1]). A
-// save's commit collects the ranks' checksums into one (engine/save.cc) and encodes the metadata
-// from the plan's chunks and these (EncodeMetadata in format/native/metadata_codec.h), so that a
-// plan its cache holds is not copied to fill them in: at 8,192 ranks x 1,000 tensors the plan's
-// chunks take 600 MiB, this table about 60 MiB (12 bytes for a chunk of one block).
+// save's commit collects the ranks' checksums into one (engine/write_reports.h) and encodes the
+// metadata from the plan's chunks and these (EncodeMetadata in format/native/metadata_codec.h),
+// so that a plan its cache holds is not copied to fill them in: at 8,192 ranks x 1,000 tensors
+// the plan's chunks take 600 MiB, this table about 60 MiB (12 bytes for a chunk of one block).
 struct ChunkChecksums {
   struct Tensor {
     std::vector<uint64_t> starts;  // one per chunk, and one more: the end
