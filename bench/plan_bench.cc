@@ -10,8 +10,10 @@
 // rank reading every tensor whole (the consolidation case: every stored chunk intersects the
 // target), of PlanLoad for one rank loading its own boxes (with the grids the metadata carries,
 // and without), and the size of the metadata with the time to encode and decode it (format 2,
-// format 1, and the broadcast a load sends its ranks; decoded on the pool, as a load does), and of
-// the commit's collection of the reports the ranks send once they have written (every chunk's
+// format 1, and the wire encoding a load sends its ranks for checkpoints of other formats;
+// decoded on the pool, as a load does), the time from a native metadata file's bytes on a load's
+// coordinator to its ranks' decoded metadata (as loads did it, through the wire encoding, and as
+// they do now, each rank decoding the file), and of the commit's collection of the reports the ranks send once they have written (every chunk's
 // checksums and every file's size; engine/write_reports.h), on the pool, on one thread, and as it
 // was collected before.
 //
@@ -36,8 +38,13 @@
 // plan with the checksums filled in); without it, as a save without a cache (filled into the
 // plan's own chunks).
 //
+// `--plan-save-only` times PlanSave alone (on every rank's whole plan, on the gathered table and
+// on the ruled plans) and prints it in one line with the plan's chunks and their bytes, for
+// bench/dcp_plan_bench.py, which plans the same layout with torch DCP's planner.
+//
 // Usage: plan_bench [ranks] [tensors] [--coordinator-only |
-//                   --coordinator-ruled [--cached-commit apart|copy]] [--threads N]
+//                   --coordinator-ruled [--cached-commit apart|copy] | --plan-save-only]
+//                   [--threads N]
 //        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
 #include <chrono>
@@ -60,6 +67,7 @@
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/format/writer.h"
 #include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/load_plan.h"
@@ -171,6 +179,33 @@ double StatusMiB(const char* field) {
     }
   }
   return -1;
+}
+
+// An FNV-1a digest of every stored chunk's box: the tensors in name order, each name's bytes and
+// then its chunks in (offsets, sizes) order, each value 8 bytes little-endian.
+// bench/dcp_plan_bench.py computes the same over DCP's metadata of the layout.
+uint64_t ChunkDigest(const sp::CheckpointMetadata& metadata) {
+  uint64_t h = 14695981039346656037ull;
+  const auto mix = [&h](uint8_t byte) { h = (h ^ byte) * 1099511628211ull; };
+  std::vector<const sp::TensorMetadata*> tensors;
+  for (const sp::TensorMetadata& t : metadata.tensors) tensors.push_back(&t);
+  std::sort(tensors.begin(), tensors.end(),
+            [](const auto* a, const auto* b) { return a->name < b->name; });
+  for (const sp::TensorMetadata* t : tensors) {
+    for (char c : t->name) mix(static_cast<uint8_t>(c));
+    std::vector<std::vector<int64_t>> boxes;
+    for (const sp::StoredChunk& c : t->chunks) {
+      std::vector<int64_t>& key = boxes.emplace_back(c.box.offsets.begin(), c.box.offsets.end());
+      key.insert(key.end(), c.box.sizes.begin(), c.box.sizes.end());
+    }
+    std::sort(boxes.begin(), boxes.end());
+    for (const std::vector<int64_t>& key : boxes) {
+      for (int64_t v : key) {
+        for (int i = 0; i < 8; ++i) mix(static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i)));
+      }
+    }
+  }
+  return h;
 }
 
 // Decodes ruled messages (plan/ruled_plan.h) into `plans` as a save's coordinator does.
@@ -444,7 +479,7 @@ Timing Median(Fn&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool coordinator_only = false, coordinator_ruled = false, usage = false;
+  bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false, usage = false;
   Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
   std::vector<const char*> positional;
@@ -453,6 +488,8 @@ int main(int argc, char** argv) {
       coordinator_only = true;
     } else if (std::strcmp(argv[i], "--coordinator-ruled") == 0) {
       coordinator_ruled = true;
+    } else if (std::strcmp(argv[i], "--plan-save-only") == 0) {
+      plan_save_only = true;
     } else if (std::strcmp(argv[i], "--cached-commit") == 0 && i + 1 < argc) {
       ++i;
       commit = std::strcmp(argv[i], "apart") == 0  ? Commit::kApart
@@ -471,12 +508,12 @@ int main(int argc, char** argv) {
   const int64_t ranks = positional.size() > 0 ? std::atoll(positional[0]) : 1024;
   const int tensors = positional.size() > 1 ? std::atoi(positional[1]) : 500;
   if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
-      (coordinator_only && coordinator_ruled) ||
+      coordinator_only + coordinator_ruled + plan_save_only > 1 ||
       (commit != Commit::kInPlace && !coordinator_ruled)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
-                 "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy]] "
-                 "[--threads N >= 1]\n");
+                 "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] | "
+                 "--plan-save-only] [--threads N >= 1]\n");
     return 2;
   }
   // A pool of one thread plans as without one: on the calling thread.
@@ -488,11 +525,13 @@ int main(int argc, char** argv) {
   if (coordinator_only) {
     return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, pool.get()) ? 0 : 1;
   }
-  std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
-  for (bool ruled : {false, true}) {
-    if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, threads)) {
-      std::fprintf(stderr, "the coordinator's measurement failed\n");
-      return 1;
+  if (!plan_save_only) {
+    std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
+    for (bool ruled : {false, true}) {
+      if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, threads)) {
+        std::fprintf(stderr, "the coordinator's measurement failed\n");
+        return 1;
+      }
     }
   }
   const std::vector<sp::LocalSavePlan> locals = MakeLocals(ranks, tensors);
@@ -505,7 +544,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   size_t chunks = 0;
-  for (const auto& t : plan->metadata.tensors) chunks += t.chunks.size();
+  uint64_t chunk_bytes = 0;
+  for (const auto& t : plan->metadata.tensors) {
+    chunks += t.chunks.size();
+    for (const sp::StoredChunk& c : t.chunks) chunk_bytes += c.byte_length;
+  }
   const Timing save = Median([&] { return sp::PlanSave(locals, options); });
   // The coordinator plans on the ranks' messages decoded into one table (plan/gathered_plans.h).
   sp::GatheredPlans gathered_plans(locals.size());
@@ -523,6 +566,17 @@ int main(int argc, char** argv) {
     sp::GatheredPlans ruled_plans(messages.size());
     if (!DecodeRuled(messages, &ruled_plans)) return 1;
     save_ruled = Median([&] { return sp::PlanSave(ruled_plans, options); });
+  }
+  if (plan_save_only) {
+    // One line for bench/dcp_plan_bench.py, which plans the same layout with torch DCP's planner
+    // and checks that both find the same chunks.
+    std::printf("plan_save ranks=%lld tensors=%d threads=%d chunks=%zu chunk_bytes=%llu "
+                "digest=%llu whole_s=%.6f gathered_s=%.6f ruled_s=%.6f\n",
+                static_cast<long long>(ranks), tensors, threads, chunks,
+                static_cast<unsigned long long>(chunk_bytes),
+                static_cast<unsigned long long>(ChunkDigest(plan->metadata)), save.wall_s,
+                save_gathered.wall_s, save_ruled.wall_s);
+    return 0;
   }
 
   sp::MemoryStore store;
@@ -638,8 +692,9 @@ int main(int argc, char** argv) {
   const size_t own_items =
       sp::PlanLoad(own_boxes, plan->metadata, sp::LoadPlanOptions{})->items.size();
 
-  // The committed metadata (the native .metadata file of the laid-out plan) and the broadcast
-  // every rank of a load decodes: bytes, and the time to decode them.
+  // The committed metadata (the native .metadata file of the laid-out plan) and its wire
+  // encoding (what a load broadcast before; now only for other formats): bytes, and the time to
+  // decode them.
   // As committed: one checksum per block of every chunk (values do not matter here).
   sp::CheckpointMetadata committed = laid_out;
   for (sp::TensorMetadata& t : committed.tensors) {
@@ -678,14 +733,30 @@ int main(int argc, char** argv) {
   const Timing encode_wire =
       Median([&]() -> sp::Result<std::string> { return sp::EncodeMetadataForWire(committed); });
   const Timing open_wire = Median([&] { return sp::DecodeMetadataFromWire(wire, on); });
+  // A load's metadata step, from the file's bytes on its coordinator to the metadata decoded on
+  // a rank (the broadcast between them not counted): as loads did it, the coordinator opening the
+  // file, encoding it for the wire and each rank decoding that; as they do now, each rank opening
+  // the file's bytes (engine/load.cc).
+  const Timing step_before = Median([&]() -> sp::Result<sp::CheckpointMetadata> {
+    std::string bytes;
+    {
+      SP_ASSIGN_OR_RETURN(sp::CheckpointMetadata md,
+                          sp::DecodeNativeCheckpointMetadata(native, "/bench", on));
+      bytes = sp::EncodeMetadataForWire(md);
+    }
+    return sp::DecodeMetadataFromWire(bytes, on);
+  });
+  const Timing step_now =
+      Median([&] { return sp::DecodeNativeCheckpointMetadata(native, "/bench", on); });
 
   // One rank loading its own boxes of the layout it saved (the restart case), planned against the
-  // whole checkpoint's metadata as a load's ranks receive it (the broadcast, decoded: grids
-  // carried, the other tensors indexed on arrival); and against the same metadata without grids
+  // whole checkpoint's metadata as a load's ranks have it (the file's bytes, decoded: grids
+  // stored, the other tensors indexed on arrival); and against the same metadata without grids
   // or indexes, each grid found again from the chunks by the plan and the rest swept (as before
   // grids and indexes were carried).
   const std::vector<sp::LocalTensor>& own = locals[ranks / 2 + 3].tensors;
-  const sp::CheckpointMetadata received = sp::DecodeMetadataFromWire(wire, on).value();
+  const sp::CheckpointMetadata received =
+      sp::DecodeNativeCheckpointMetadata(native, "/bench", on).value();
   const Timing own_load =
       Median([&] { return sp::PlanLoad(own, received, sp::LoadPlanOptions{}); });
   size_t grids = 0, indexes = 0;
@@ -750,12 +821,20 @@ int main(int argc, char** argv) {
               "cpu\n",
               load_swept.cpu_s, own_swept.cpu_s);
   std::printf("  metadata: %.1f MiB native (format 2), encoded in %.4f s and opened in %.4f s "
-              "(medians of 5); format 1 (every chunk listed) %.1f MiB, opened in %.4f s; %.1f MiB "
-              "broadcast to a load's ranks, encoded in %.4f s (raising the peak resident set by "
-              "%.0f MiB) and decoded in %.4f s\n",
+              "(medians of 5); format 1 (every chunk listed) %.1f MiB, opened in %.4f s; "
+              "encoded for the wire (a load's broadcast of another format's metadata) %.1f MiB, "
+              "encoded in %.4f s (raising the peak resident set by %.0f MiB) and decoded in "
+              "%.4f s\n",
               static_cast<double>(native.size()) / (1 << 20), encode_native.wall_s,
               open_native.wall_s, static_cast<double>(native_v1.size()) / (1 << 20),
               open_v1.wall_s, static_cast<double>(wire.size()) / (1 << 20), encode_wire.wall_s,
               wire_peak, open_wire.wall_s);
+  std::printf("  a load's metadata, from the file's bytes on the coordinator to a rank's decoded "
+              "metadata (the broadcast between them not counted), median of 5: %.4f s as loads "
+              "did it (opened by the coordinator, encoded for the wire, decoded by each rank: "
+              "%.1f MiB broadcast), %.4f s now (the file's %.1f MiB broadcast, opened by each "
+              "rank)\n",
+              step_before.wall_s, static_cast<double>(wire.size()) / (1 << 20), step_now.wall_s,
+              static_cast<double>(native.size()) / (1 << 20));
   return 0;
 }

@@ -35,7 +35,7 @@ phase "ctest"
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 1200 --output-junit ctest-junit.xml \
   --test-output-size-passed 4000000) 2>&1 | tee build/ctest.log | grep -vE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed" || true
 grep -qE "^100% tests passed" build/ctest.log || { echo "ctest failed"; exit 1; }
-for t in torch_dcp_torch_reads cli_consolidate_test; do
+for t in torch_dcp_torch_reads cli_consolidate_test dcp_plan_bench_sample; do
   grep -qE "Test +#[0-9]+: ${t} \.+ +Passed" build/ctest.log || { echo "${t} did not run"; exit 1; }
 done
 for t in S3EngineTest.SaveLoadReshardedOverwriteAndVerify S3ClientTest.PutGetRangeHeadListDelete \

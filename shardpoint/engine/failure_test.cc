@@ -18,8 +18,11 @@
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
 #include "shardpoint/store/posix_store.h"
@@ -35,6 +38,22 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using Op = FaultStore::Op;
+
+// Shows a test each payload its rank receives by Broadcast, as received (in the envelope of
+// comm/collective.h), and lets it change the payload.
+class BroadcastTap final : public testing::ForwardingComm {
+ public:
+  BroadcastTap(Communicator& inner, std::function<void(int, std::string&)> tap)
+      : ForwardingComm(inner), tap_(std::move(tap)) {}
+  Result<std::string> Broadcast(std::string payload, int root) override {
+    SP_ASSIGN_OR_RETURN(std::string received, ForwardingComm::Broadcast(std::move(payload), root));
+    tap_(rank(), received);
+    return received;
+  }
+
+ private:
+  std::function<void(int, std::string&)> tap_;
+};
 
 constexpr char kPath[] = "/ckpt";
 constexpr char kMetadataPath[] = "/ckpt/shardpoint.metadata";
@@ -256,7 +275,9 @@ class EngineFailureTest : public ::testing::Test {
                               bool strict = true, std::string_view path = kPath) {
     *shards = spt::ShardModel(a_, spt::Which::kServe, false).value();
     if (results != nullptr) results->assign(kLoadRanks, LoadResult());
-    return RunRanks(kLoadRanks, [&](Communicator& comm) -> Status {
+    return RunRanks(kLoadRanks, [&](Communicator& inner) -> Status {
+      BroadcastTap tapped(inner, broadcast_tap_);
+      Communicator& comm = broadcast_tap_ ? tapped : inner;
       LoadState state = (*shards)[comm.rank()].AsLoadState(a_);
       if (edit) edit(comm.rank(), state);
       LoadOptions options;
@@ -347,6 +368,8 @@ class EngineFailureTest : public ::testing::Test {
   }
 
   CheckpointFormat format_ = CheckpointFormat::kNative;  // of the saves
+  // When set, LoadAll's ranks show it every payload they receive by Broadcast (BroadcastTap).
+  std::function<void(int rank, std::string& payload)> broadcast_tap_;
   ThreadPool pool_;
   spt::GlobalModel a_, b_;
   std::vector<spt::RankShards> a_shards_, b_shards_;
@@ -838,6 +861,101 @@ TEST_F(EngineCorruptionTest, MetadataOfANewerMinorVersionStillLoads) {
   CheckpointMetadata md = ReadCheckpointMetadata(kPath, &base_).value();
   EXPECT_EQ(md.version_minor, 7u);
   EXPECT_EQ(Identify(&base_).value(), 'A');
+}
+
+// A load's coordinator hands its ranks a native checkpoint's metadata file as stored, behind the
+// load's nonce and the kind byte 'N', and each rank decodes it to what opening the checkpoint
+// gives, which is also what the wire encoding it was sent in before gave.
+TEST_F(EngineCorruptionTest, ALoadsRanksReceiveTheNativeMetadataFileAsStored) {
+  const CheckpointMetadata opened = OpenCheckpointMetadata(base_, kPath, &pool_).value();
+  EXPECT_EQ(ReadNativeMetadataFile(base_, kPath, "prefix").value(), "prefix" + metadata_bytes_);
+  EXPECT_EQ(ReadNativeMetadataFile(base_, "/nowhere").status(),
+            NotFoundError("no committed checkpoint at /nowhere (shardpoint.metadata is missing)"));
+  const CheckpointMetadata decoded =
+      DecodeNativeCheckpointMetadata(metadata_bytes_, kPath, &pool_).value();
+  const CheckpointMetadata wired = DecodeMetadataFromWire(EncodeMetadataForWire(opened)).value();
+  EXPECT_EQ(decoded, opened);
+  EXPECT_EQ(decoded, wired);
+  size_t grids = 0, indexes = 0;
+  for (size_t t = 0; t < decoded.tensors.size(); ++t) {
+    const TensorMetadata& d = decoded.tensors[t];
+    EXPECT_EQ(d.grid, opened.tensors[t].grid) << d.name;
+    EXPECT_EQ(d.index, opened.tensors[t].index) << d.name;
+    EXPECT_EQ(d.grid, wired.tensors[t].grid) << d.name;
+    EXPECT_EQ(d.index, wired.tensors[t].index) << d.name;
+    grids += d.grid.has_value();
+    indexes += d.index.has_value();
+  }
+  EXPECT_GT(grids, 0u);
+  EXPECT_EQ(grids + indexes, decoded.tensors.size());
+  // A version-1 file lists every chunk: each rank finds the grids when it opens the file.
+  const CheckpointMetadata v1 =
+      DecodeNativeCheckpointMetadata(EncodeMetadata(md_, 1), kPath, &pool_).value();
+  ASSERT_EQ(v1.tensors.size(), decoded.tensors.size());
+  for (size_t t = 0; t < v1.tensors.size(); ++t) {
+    EXPECT_EQ(v1.tensors[t].grid, decoded.tensors[t].grid) << v1.tensors[t].name;
+  }
+
+  // The broadcast itself: the 16-digit nonce, 'N' and the file, in the envelope (a last tag
+  // byte). The load is bit-exact.
+  std::vector<std::string> metadata_received(kLoadRanks);
+  broadcast_tap_ = [&](int rank, std::string& payload) {
+    if (payload.size() >= metadata_bytes_.size()) metadata_received[rank] = payload;
+  };
+  std::vector<spt::RankShards> shards;
+  for (const Status& s : LoadAll(&base_, &shards)) ASSERT_TRUE(s.ok()) << s;
+  std::string first;
+  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+  for (int r = 0; r < kLoadRanks; ++r) {
+    const std::string& p = metadata_received[r];
+    ASSERT_EQ(p.size(), 16 + 1 + metadata_bytes_.size() + 1) << "rank " << r;
+    EXPECT_EQ(p.substr(0, 16), metadata_received[0].substr(0, 16)) << "rank " << r;
+    EXPECT_EQ(p[16], 'N') << "rank " << r;
+    EXPECT_TRUE(p.compare(17, metadata_bytes_.size(), metadata_bytes_) == 0) << "rank " << r;
+  }
+
+  // A broadcast whose kind byte is neither is refused alike on every rank.
+  broadcast_tap_ = [&](int, std::string& payload) {
+    if (payload.size() >= metadata_bytes_.size()) payload[16] = 'X';
+  };
+  EXPECT_EQ(LoadError(&base_),
+            DataLossError("the load's metadata broadcast (" +
+                          std::to_string(17 + metadata_bytes_.size()) +
+                          " bytes) does not start with a nonce of 16 bytes and a kind byte ('N' "
+                          "or 'W')"));
+  // Bytes of the file damaged on the way are found by every rank's decoding, as in the file.
+  broadcast_tap_ = [&](int, std::string& payload) {
+    if (payload.size() >= metadata_bytes_.size()) payload[17 + metadata_bytes_.size() / 2] ^= 4;
+  };
+  const Status damaged = LoadError(&base_);
+  EXPECT_EQ(damaged.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(damaged.message(),
+              AllOf(StartsWith("rank 0: metadata file /ckpt/shardpoint.metadata: "),
+                    HasSubstr("checksum mismatch")));
+}
+
+// Another format's metadata, which its driver assembles from several files, goes decoded and
+// encoded for the wire, behind the kind byte 'W'.
+TEST_F(EngineFailureTest, ALoadsRanksReceiveATorchDcpCheckpointsMetadataEncodedForTheWire) {
+  format_ = CheckpointFormat::kTorchDcp;
+  MemoryStore base;
+  SaveA(&base);
+  const CheckpointMetadata opened = OpenCheckpointMetadata(base, kPath, &pool_).value();
+  const std::string wire = EncodeMetadataForWire(opened);
+  std::vector<std::string> metadata_received(kLoadRanks);
+  broadcast_tap_ = [&](int rank, std::string& payload) {
+    if (payload.size() >= wire.size()) metadata_received[rank] = payload;
+  };
+  std::vector<spt::RankShards> shards;
+  for (const Status& s : LoadAll(&base, &shards)) ASSERT_TRUE(s.ok()) << s;
+  std::string first;
+  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+  for (int r = 0; r < kLoadRanks; ++r) {
+    const std::string& p = metadata_received[r];
+    ASSERT_EQ(p.size(), 16 + 1 + wire.size() + 1) << "rank " << r;
+    EXPECT_EQ(p[16], 'W') << "rank " << r;
+    EXPECT_TRUE(p.compare(17, wire.size(), wire) == 0) << "rank " << r;
+  }
 }
 
 TEST_F(EngineCorruptionTest, UnknownDTypeCode) {

@@ -117,6 +117,10 @@ Result<LoadResult> LoadLocal(const LoadState& state, const CheckpointMetadata& m
 // The digits of the nonce the coordinator sends ahead of the metadata: it names this load's
 // shared read gates.
 constexpr size_t kNonceDigits = 16;
+// After the nonce, one byte says what follows: a native checkpoint's metadata file as stored, or
+// another format's metadata encoded for the wire (format/metadata_wire.h).
+constexpr char kNativeFileFollows = 'N';
+constexpr char kWireMetadataFollows = 'W';
 
 // The read gate this rank shares with the ranks of its machine that run in other processes
 // (Communicator::machine_ranks), or null: sharing turned off, a fixed io_depth, alone on its
@@ -182,25 +186,45 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
                                           options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
   const int root = options.coordinator;
-  // The coordinator opens the checkpoint, whatever its format, and every rank gets the decoded
-  // metadata (or the same error), so a corrupt file fails identically everywhere.
-  // Ahead of the metadata goes a nonce that names this load's shared read gates.
+  // The coordinator opens the checkpoint, whatever its format, and every rank gets its metadata
+  // (or the same error), so a corrupt file fails identically everywhere. A native checkpoint's
+  // metadata file goes as stored and every rank decodes it: the coordinator does not decode it
+  // and encode it again before the others can start, and the file is smaller than that encoding.
+  // Other formats' drivers assemble the metadata from several files, so it goes decoded and
+  // encoded for the wire. Ahead of it goes a nonce that names this load's shared read gates.
   Result<std::string> encoded = [&]() -> Result<std::string> {
     if (comm.rank() != root) return std::string();
+    const std::string nonce = RandomHexId(kNonceDigits);
+    SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(ctx->store(), path));
+    if (format == CheckpointFormat::kNative) {
+      return ReadNativeMetadataFile(ctx->store(), path, nonce + kNativeFileFollows);
+    }
     SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata,
                         OpenCheckpointMetadata(ctx->store(), path, &ctx->pool()));
-    return RandomHexId(kNonceDigits) + EncodeMetadataForWire(metadata);
+    return nonce + kWireMetadataFollows + EncodeMetadataForWire(metadata);
   }();
   SP_ASSIGN_OR_RETURN(std::string bytes, BroadcastOrFail(comm, std::move(encoded), root));
-  if (bytes.size() < kNonceDigits) {
-    return DataLossError("the load's metadata broadcast holds " + std::to_string(bytes.size()) +
-                         " bytes, expected at least " + std::to_string(kNonceDigits));
+  if (bytes.size() < kNonceDigits + 1 || (bytes[kNonceDigits] != kNativeFileFollows &&
+                                          bytes[kNonceDigits] != kWireMetadataFollows)) {
+    return DataLossError("the load's metadata broadcast (" + std::to_string(bytes.size()) +
+                         " bytes) does not start with a nonce of " +
+                         std::to_string(kNonceDigits) + " bytes and a kind byte ('" +
+                         kNativeFileFollows + "' or '" + kWireMetadataFollows + "')");
   }
-  const std::string_view nonce = std::string_view(bytes).substr(0, kNonceDigits);
-  // Every rank decodes the same bytes, so a decoding error is the same everywhere.
-  Result<CheckpointMetadata> metadata =
-      DecodeMetadataFromWire(std::string_view(bytes).substr(kNonceDigits), &ctx->pool());
+  const std::string nonce = bytes.substr(0, kNonceDigits);
+  // Every rank decodes the same bytes, so a decoding error is the same everywhere. A native
+  // file's error is the coordinator's, which read the file, as when it decoded the file alone.
+  const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
+  const bool native = bytes[kNonceDigits] == kNativeFileFollows;
+  Result<CheckpointMetadata> metadata = native
+                                            ? DecodeNativeCheckpointMetadata(body, path, &ctx->pool())
+                                            : DecodeMetadataFromWire(body, &ctx->pool());
+  if (!metadata.ok() && native) {
+    return Status(metadata.status().code(),
+                  "rank " + std::to_string(root) + ": " + metadata.status().message());
+  }
   if (!metadata.ok()) return metadata.status();
+  bytes = {};  // held for the whole load otherwise
   // The ranks on this rank's machine, asked for once (asking may be a collective), by every rank
   // at the same points, since the options and the communicator are the same everywhere.
   std::optional<std::vector<int>> machine;

@@ -1,5 +1,7 @@
 #include "shardpoint/format/open_checkpoint.h"
 
+#include <algorithm>
+
 #include "shardpoint/format/chunk_grid.h"
 
 #include "shardpoint/format/native/metadata_codec.h"
@@ -11,11 +13,14 @@
 namespace sp {
 namespace {
 
-// The whole file `name` of the checkpoint directory `dir`.
-Result<std::string> ReadWholeFile(Store& store, std::string_view dir, std::string_view name) {
+// `prefix` followed by the whole file `name` of the checkpoint directory `dir`.
+Result<std::string> ReadWholeFile(Store& store, std::string_view dir, std::string_view name,
+                                  std::string_view prefix = {}) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store.OpenInDirectory(dir, name));
-  std::string out(file->size(), '\0');
-  SP_RETURN_IF_ERROR(file->ReadAt(0, AsMutableBytes(out.data(), out.size())));
+  std::string out(prefix.size() + file->size(), '\0');
+  std::copy(prefix.begin(), prefix.end(), out.begin());
+  SP_RETURN_IF_ERROR(
+      file->ReadAt(0, AsMutableBytes(out.data() + prefix.size(), out.size() - prefix.size())));
   return out;
 }
 
@@ -59,16 +64,6 @@ namespace {
 Result<CheckpointMetadata> DecodeWithDriver(Store& store, std::string_view path,
                                             CheckpointFormat format, ThreadPool* pool) {
   switch (format) {
-    case CheckpointFormat::kNative: {
-      const std::string metadata_path = JoinPath(path, kMetadataFileName);
-      Result<std::string> bytes = ReadWholeFile(store, path, kMetadataFileName);
-      if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) {
-        return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
-                             std::string(kMetadataFileName) + " is missing)");
-      }
-      SP_RETURN_IF_ERROR(bytes.status());
-      return DecodeMetadata(*bytes, metadata_path, pool);
-    }
     case CheckpointFormat::kSafetensors:
       return ReadSafetensorsDirectory(store, path, pool);
     case CheckpointFormat::kTorchDcp:
@@ -80,16 +75,45 @@ Result<CheckpointMetadata> DecodeWithDriver(Store& store, std::string_view path,
                             " format cannot be opened by this build");
 }
 
+// What every format's metadata passes once decoded.
+Status CheckAndIndex(CheckpointMetadata* md, std::string_view path, ThreadPool* pool) {
+  // Whatever the driver, no size derived from the files reaches a buffer unchecked.
+  SP_RETURN_IF_ERROR(ValidateCheckpointSizes(*md, path, pool));
+  // Grids proved once here serve every load plan of this metadata (and travel with it).
+  IndexChunkGrids(md, pool);
+  return OkStatus();
+}
+
 }  // namespace
+
+Result<std::string> ReadNativeMetadataFile(Store& store, std::string_view path,
+                                           std::string_view prefix) {
+  Result<std::string> bytes = ReadWholeFile(store, path, kMetadataFileName, prefix);
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) {
+    return NotFoundError("no committed checkpoint at " + std::string(path) + " (" +
+                         std::string(kMetadataFileName) + " is missing)");
+  }
+  return bytes;
+}
+
+Result<CheckpointMetadata> DecodeNativeCheckpointMetadata(std::string_view bytes,
+                                                          std::string_view path,
+                                                          ThreadPool* pool) {
+  SP_ASSIGN_OR_RETURN(CheckpointMetadata md,
+                      DecodeMetadata(bytes, JoinPath(path, kMetadataFileName), pool));
+  SP_RETURN_IF_ERROR(CheckAndIndex(&md, path, pool));
+  return md;
+}
 
 Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
                                                   ThreadPool* pool) {
   SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(store, path));
+  if (format == CheckpointFormat::kNative) {
+    SP_ASSIGN_OR_RETURN(std::string bytes, ReadNativeMetadataFile(store, path));
+    return DecodeNativeCheckpointMetadata(bytes, path, pool);
+  }
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, DecodeWithDriver(store, path, format, pool));
-  // Whatever the driver, no size derived from the files reaches a buffer unchecked.
-  SP_RETURN_IF_ERROR(ValidateCheckpointSizes(md, path, pool));
-  // Grids proved once here serve every load plan of this metadata (and travel with it).
-  IndexChunkGrids(&md, pool);
+  SP_RETURN_IF_ERROR(CheckAndIndex(&md, path, pool));
   return md;
 }
 

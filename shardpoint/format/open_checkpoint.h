@@ -37,6 +37,19 @@ Result<CheckpointFormat> DetectCheckpointFormat(Store& store, std::string_view p
 Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view path,
                                                   ThreadPool* pool);
 
+// The two halves of OpenCheckpointMetadata for a native checkpoint, which a load's coordinator
+// splits: it reads the metadata file (ReadNativeMetadataFile: `prefix` followed by the file's
+// bytes as stored, in one buffer; kNotFound as above when it is missing) and hands the bytes to
+// its ranks, and every rank decodes them (DecodeNativeCheckpointMetadata: DecodeMetadata, then
+// the checks and the grids and indexes of OpenCheckpointMetadata; `path` is the checkpoint's
+// directory, and messages name its metadata file). The two give what OpenCheckpointMetadata
+// gives.
+Result<std::string> ReadNativeMetadataFile(Store& store, std::string_view path,
+                                           std::string_view prefix = {});
+Result<CheckpointMetadata> DecodeNativeCheckpointMetadata(std::string_view bytes,
+                                                          std::string_view path,
+                                                          ThreadPool* pool);
+
 // Turns the stored bytes of a kDriverDecoded chunk (`stored`, chunk.stored_length bytes read
 // from its data_offset) into chunk.byte_length row-major bytes at `out`. Errors name the tensor,
 // the chunk and the file.
