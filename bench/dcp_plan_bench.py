@@ -250,9 +250,9 @@ def main() -> int:
 
     print(f"dcp_plan_bench: torch {torch.__version__}, DCP passes: median of {args.runs}, "
           f"shardpoint: median of 5, wall seconds")
-    header = ("| ranks x tensors | chunks | DCP dedup | DCP global plan | DCP validation | DCP total "
-              "| sp PlanSave, whole plans | sp PlanSave, ruled plans | DCP / sp whole "
-              "| DCP / sp ruled |")
+    header = ("| ranks x tensors | chunks | DCP dedup | DCP global plan | DCP validation "
+              "| DCP total | sp PlanSave, whole plans | sp PlanSave, ruled plans "
+              "| DCP / sp whole | DCP / sp ruled |")
     rows = []
     dcp_stopped = None
     failed = False

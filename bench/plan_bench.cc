@@ -13,9 +13,9 @@
 // format 1, and the wire encoding a load sends its ranks for checkpoints of other formats;
 // decoded on the pool, as a load does), the time from a native metadata file's bytes on a load's
 // coordinator to its ranks' decoded metadata (as loads did it, through the wire encoding, and as
-// they do now, each rank decoding the file), and of the commit's collection of the reports the ranks send once they have written (every chunk's
-// checksums and every file's size; engine/write_reports.h), on the pool, on one thread, and as it
-// was collected before.
+// they do now, each rank decoding the file), and of the commit's collection of the reports the
+// ranks send once they have written (every chunk's checksums and every file's size;
+// engine/write_reports.h), on the pool, on one thread, and as it was collected before.
 //
 // First, once and in a process of its own (so that its heap does not weigh on the timings after
 // it), the coordinator's peak memory: the ranks' local plans arrive as the messages a save

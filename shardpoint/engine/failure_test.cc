@@ -296,6 +296,29 @@ class EngineFailureTest : public ::testing::Test {
     return Agreed(LoadAll(store, &shards));
   }
 
+  // Loads `store` with every rank's broadcasts watched: the load is bit-exact, and each rank
+  // received the load's metadata as the 16-digit nonce (the same on every rank), the kind byte
+  // `kind` and `body`, in the envelope of comm/collective.h (a last tag byte).
+  void ExpectMetadataBroadcast(Store* store, char kind, const std::string& body) {
+    std::vector<std::string> received(kLoadRanks);
+    broadcast_tap_ = [&](int rank, std::string& payload) {
+      if (payload.size() >= body.size()) received[rank] = payload;
+    };
+    std::vector<spt::RankShards> shards;
+    const std::vector<Status> statuses = LoadAll(store, &shards);
+    broadcast_tap_ = nullptr;
+    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    std::string first;
+    EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+    for (int r = 0; r < kLoadRanks; ++r) {
+      const std::string& p = received[r];
+      ASSERT_EQ(p.size(), 16 + 1 + body.size() + 1) << "rank " << r;
+      EXPECT_EQ(p.substr(0, 16), received[0].substr(0, 16)) << "rank " << r;
+      EXPECT_EQ(p[16], kind) << "rank " << r;
+      EXPECT_TRUE(p.compare(17, body.size(), body) == 0) << "rank " << r;
+    }
+  }
+
   // Which state the checkpoint at `path` holds, bit for bit: 'A' or 'B'. An error when it does
   // not load, when Verify finds a defect, or when it matches neither state.
   Result<char> Identify(Store* store, std::string_view path = kPath) {
@@ -896,23 +919,8 @@ TEST_F(EngineCorruptionTest, ALoadsRanksReceiveTheNativeMetadataFileAsStored) {
     EXPECT_EQ(v1.tensors[t].grid, decoded.tensors[t].grid) << v1.tensors[t].name;
   }
 
-  // The broadcast itself: the 16-digit nonce, 'N' and the file, in the envelope (a last tag
-  // byte). The load is bit-exact.
-  std::vector<std::string> metadata_received(kLoadRanks);
-  broadcast_tap_ = [&](int rank, std::string& payload) {
-    if (payload.size() >= metadata_bytes_.size()) metadata_received[rank] = payload;
-  };
-  std::vector<spt::RankShards> shards;
-  for (const Status& s : LoadAll(&base_, &shards)) ASSERT_TRUE(s.ok()) << s;
-  std::string first;
-  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
-  for (int r = 0; r < kLoadRanks; ++r) {
-    const std::string& p = metadata_received[r];
-    ASSERT_EQ(p.size(), 16 + 1 + metadata_bytes_.size() + 1) << "rank " << r;
-    EXPECT_EQ(p.substr(0, 16), metadata_received[0].substr(0, 16)) << "rank " << r;
-    EXPECT_EQ(p[16], 'N') << "rank " << r;
-    EXPECT_TRUE(p.compare(17, metadata_bytes_.size(), metadata_bytes_) == 0) << "rank " << r;
-  }
+  // The broadcast itself: the nonce, 'N' and the file.
+  ExpectMetadataBroadcast(&base_, 'N', metadata_bytes_);
 
   // A broadcast whose kind byte is neither is refused alike on every rank.
   broadcast_tap_ = [&](int, std::string& payload) {
@@ -941,21 +949,7 @@ TEST_F(EngineFailureTest, ALoadsRanksReceiveATorchDcpCheckpointsMetadataEncodedF
   MemoryStore base;
   SaveA(&base);
   const CheckpointMetadata opened = OpenCheckpointMetadata(base, kPath, &pool_).value();
-  const std::string wire = EncodeMetadataForWire(opened);
-  std::vector<std::string> metadata_received(kLoadRanks);
-  broadcast_tap_ = [&](int rank, std::string& payload) {
-    if (payload.size() >= wire.size()) metadata_received[rank] = payload;
-  };
-  std::vector<spt::RankShards> shards;
-  for (const Status& s : LoadAll(&base, &shards)) ASSERT_TRUE(s.ok()) << s;
-  std::string first;
-  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
-  for (int r = 0; r < kLoadRanks; ++r) {
-    const std::string& p = metadata_received[r];
-    ASSERT_EQ(p.size(), 16 + 1 + wire.size() + 1) << "rank " << r;
-    EXPECT_EQ(p[16], 'W') << "rank " << r;
-    EXPECT_TRUE(p.compare(17, wire.size(), wire) == 0) << "rank " << r;
-  }
+  ExpectMetadataBroadcast(&base, 'W', EncodeMetadataForWire(opened));
 }
 
 TEST_F(EngineCorruptionTest, UnknownDTypeCode) {

@@ -216,9 +216,9 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
   // file's error is the coordinator's, which read the file, as when it decoded the file alone.
   const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
   const bool native = bytes[kNonceDigits] == kNativeFileFollows;
-  Result<CheckpointMetadata> metadata = native
-                                            ? DecodeNativeCheckpointMetadata(body, path, &ctx->pool())
-                                            : DecodeMetadataFromWire(body, &ctx->pool());
+  Result<CheckpointMetadata> metadata =
+      native ? DecodeNativeCheckpointMetadata(body, path, &ctx->pool())
+             : DecodeMetadataFromWire(body, &ctx->pool());
   if (!metadata.ok() && native) {
     return Status(metadata.status().code(),
                   "rank " + std::to_string(root) + ": " + metadata.status().message());

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <random>
 
 #include "shardpoint/base/coding.h"
@@ -230,6 +232,85 @@ TEST(MetadataWireTest, SizesAreValidatedOnAPoolWithTheFirstErrorInOrder) {
   ASSERT_FALSE(inline_status.ok());
   EXPECT_NE(inline_status.message().find("'t1031'"), std::string::npos) << inline_status;
   EXPECT_EQ(pooled.message(), inline_status.message());
+}
+
+// Whether every chunk of `m` lies within its tensor's shape and its file, and holds the bytes of
+// its box: the rules of ValidateCheckpointSizes, restated in wide arithmetic.
+bool ChunksWithinBounds(const CheckpointMetadata& m) {
+  for (const TensorMetadata& t : m.tensors) {
+    for (const StoredChunk& c : t.chunks) {
+      if (c.file >= m.files.size() || c.box.offsets.size() != t.shape.size() ||
+          c.box.sizes.size() != t.shape.size()) {
+        return false;
+      }
+      __int128 volume = 1;
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        const __int128 offset = c.box.offsets[d], size = c.box.sizes[d];
+        if (offset < 0 || size < 0 || offset + size > t.shape[d]) return false;
+        volume *= size;
+      }
+      if (volume * DTypeSize(t.dtype) != c.byte_length) return false;
+      const uint64_t length = c.encoding == ChunkEncoding::kRaw ? c.byte_length : c.stored_length;
+      const DataFile& f = m.files[c.file];
+      if (__int128{f.data_start} + c.data_offset + length > f.size) return false;
+    }
+  }
+  return true;
+}
+
+// Random damage to chunks' files, boxes, lengths and places, and to files' sizes: the size
+// checks refuse exactly the metadata whose chunks leave their bounds, as kDataLoss naming the
+// tensor, the chunk's box and its file.
+TEST(MetadataWireTest, SizeChecksRefuseExactlyTheChunksOutOfBounds) {
+  std::mt19937_64 rng(2026);
+  const CheckpointMetadata sound = ManyTensors();
+  ASSERT_TRUE(ChunksWithinBounds(sound));
+  ASSERT_TRUE(ValidateCheckpointSizes(sound, "/c").ok());
+  const std::vector<int64_t> values = {-1,
+                                       0,
+                                       1,
+                                       2,
+                                       3,
+                                       16,
+                                       (int64_t{1} << 30) - 24,
+                                       int64_t{1} << 62,
+                                       std::numeric_limits<int64_t>::max()};
+  int refused = 0, sound_left = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    CheckpointMetadata m = sound;
+    TensorMetadata& t = m.tensors[rng() % m.tensors.size()];
+    StoredChunk& c = t.chunks[rng() % t.chunks.size()];
+    const int64_t v = values[rng() % values.size()];
+    const size_t d = t.shape.empty() ? 0 : rng() % t.shape.size();
+    switch (rng() % 9) {
+      case 0: c.file = static_cast<uint32_t>(rng() % 10); break;
+      case 1: if (!t.shape.empty()) c.box.offsets[d] = v; break;
+      case 2: if (!t.shape.empty()) c.box.sizes[d] = v; break;
+      case 3: c.box.sizes.push_back(1); c.box.offsets.push_back(0); break;
+      case 4: c.byte_length = static_cast<uint64_t>(v); break;
+      case 5: c.data_offset = static_cast<uint64_t>(v); break;
+      case 6: m.files[c.file].size = static_cast<uint64_t>(std::max<int64_t>(v, 0)); break;
+      case 7: m.files[c.file].data_start = static_cast<uint64_t>(v); break;
+      default:
+        c.encoding = ChunkEncoding::kDriverDecoded;
+        c.stored_length = static_cast<uint64_t>(v);
+        break;
+    }
+    const Status status = ValidateCheckpointSizes(m, "/c");
+    ASSERT_EQ(status.ok(), ChunksWithinBounds(m)) << "trial " << trial << ": " << status;
+    if (status.ok()) {
+      ++sound_left;
+      continue;
+    }
+    ++refused;
+    ASSERT_EQ(status.code(), StatusCode::kDataLoss) << status;
+    // The first chunk out of bounds is named; here the damaged chunk, unless a file's damage
+    // reaches a chunk of an earlier tensor first.
+    EXPECT_EQ(status.message().rfind("/c: tensor '", 0), 0u) << status;
+    EXPECT_NE(status.message().find(" chunk ["), std::string::npos) << status;
+  }
+  EXPECT_GT(refused, 1500);
+  EXPECT_GT(sound_left, 200);
 }
 
 TEST(MetadataWireTest, EveryTruncationIsAnError) {

@@ -36,7 +36,13 @@ std::string Box::ToString() const {
   std::string out = "[";
   for (size_t i = 0; i < rank(); ++i) {
     if (i) out += ", ";
-    out += std::to_string(offsets[i]) + ":" + std::to_string(offsets[i] + sizes[i]);
+    int64_t end = 0;
+    if (__builtin_add_overflow(offsets[i], sizes[i], &end)) {  // hostile: "offset:offset+size"
+      out += std::to_string(offsets[i]) + ":" + std::to_string(offsets[i]) + "+" +
+             std::to_string(sizes[i]);
+    } else {
+      out += std::to_string(offsets[i]) + ":" + std::to_string(end);
+    }
   }
   return out + "]";
 }

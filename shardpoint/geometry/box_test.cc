@@ -30,6 +30,10 @@ TEST(BoxTest, BasicsAndToString) {
   EXPECT_EQ(box.exclusive_max(0), 6);
   EXPECT_EQ(box.ToString(), "[2:6, 8:16]");
   EXPECT_EQ(Box().ToString(), "[]");
+  // A box from hostile input whose end does not fit in 64 bits prints without overflowing.
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(Box({big, -1}, {1, 2}).ToString(),
+            "[" + std::to_string(big) + ":" + std::to_string(big) + "+1, -1:1]");
   EXPECT_EQ(Box().volume(), 1);  // rank 0: a scalar
   EXPECT_TRUE(Box({0, 0}, {3, 0}).empty());
   EXPECT_EQ(Box::Whole({4, 5}), Box({0, 0}, {4, 5}));

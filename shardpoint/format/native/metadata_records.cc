@@ -28,8 +28,16 @@ Result<uint64_t> DecodeShape(ByteReader& r, DType dtype, size_t rank, std::strin
   return bytes;
 }
 
+// Where a chunk is, for messages: "<tensor's where> chunk <index>". Built only for a message: a
+// record holds millions of chunks, and a string per chunk cost a heap allocation each.
+struct ChunkWhere {
+  std::string_view tensor;
+  uint64_t index;
+  std::string str() const { return std::string(tensor) + " chunk " + std::to_string(index); }
+};
+
 // Reads one chunk's box, checks it lies in `shape`, and returns its volume.
-Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, std::string_view where,
+Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, const ChunkWhere& where,
                            std::string_view path, Box* box) {
   box->offsets.resize(shape.size());
   box->sizes.resize(shape.size());
@@ -44,7 +52,7 @@ Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, std::string_view w
     int64_t offset = box->offsets[d];
     int64_t size = box->sizes[d];
     if (size < 0 || size > shape[d] || offset < 0 || offset > shape[d] - size) {
-      return Corrupt(path, std::string(where) + ": dimension " + std::to_string(d) + " [" +
+      return Corrupt(path, where.str() + ": dimension " + std::to_string(d) + " [" +
                                std::to_string(offset) + ", +" + std::to_string(size) +
                                ") lies outside the shape " + ShapeToString(shape));
     }
@@ -54,22 +62,22 @@ Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, std::string_view w
 }
 
 Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
-                       const CheckpointMetadata& summary, std::string_view where,
+                       const CheckpointMetadata& summary, const ChunkWhere& where,
                        std::string_view path) {
   if (chunk.byte_length != expected_bytes) {
-    return Corrupt(path, std::string(where) + ": byte length " +
+    return Corrupt(path, where.str() + ": byte length " +
                              std::to_string(chunk.byte_length) + ", expected " +
                              std::to_string(expected_bytes) + " for box " + chunk.box.ToString());
   }
   if (chunk.file >= summary.files.size()) {
-    return Corrupt(path, std::string(where) + ": file index " + std::to_string(chunk.file) +
+    return Corrupt(path, where.str() + ": file index " + std::to_string(chunk.file) +
                              " is out of range (" + std::to_string(summary.files.size()) +
                              " files)");
   }
   const DataFile& file = summary.files[chunk.file];
   uint64_t data_bytes = file.size - file.data_start;
   if (chunk.data_offset > data_bytes || chunk.byte_length > data_bytes - chunk.data_offset) {
-    return Corrupt(path, std::string(where) + ": bytes [" + std::to_string(chunk.data_offset) +
+    return Corrupt(path, where.str() + ": bytes [" + std::to_string(chunk.data_offset) +
                              ", +" + std::to_string(chunk.byte_length) + ") lie outside the " +
                              std::to_string(data_bytes) + " data bytes of " + file.name);
   }
@@ -77,7 +85,7 @@ Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
 }
 
 Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const CheckpointMetadata& summary,
-                   std::string_view where, std::string_view path, StoredChunk* chunk,
+                   const ChunkWhere& where, std::string_view path, StoredChunk* chunk,
                    uint64_t* volume) {
   SP_ASSIGN_OR_RETURN(chunk->file, r.ReadU32());
   SP_ASSIGN_OR_RETURN(chunk->data_offset, r.ReadU64());
@@ -88,7 +96,7 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
   SP_ASSIGN_OR_RETURN(uint32_t block_count, r.ReadCount(4));
   uint64_t expected = ChecksumBlockCount(chunk->byte_length, summary.checksum_block_bytes);
   if (block_count != expected) {
-    return Corrupt(path, std::string(where) + ": " + std::to_string(block_count) +
+    return Corrupt(path, where.str() + ": " + std::to_string(block_count) +
                              " block checksums, expected " + std::to_string(expected));
   }
   chunk->block_crc32c.resize(block_count);
@@ -252,8 +260,8 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     chunk.byte_length = static_cast<uint64_t>(chunk.box.volume()) * item;  // within the shape
     SP_ASSIGN_OR_RETURN(chunk.file, r.ReadU32());
     SP_ASSIGN_OR_RETURN(chunk.data_offset, r.ReadU64());
-    SP_RETURN_IF_ERROR(CheckChunkBytes(chunk, chunk.byte_length, summary,
-                                       where + " chunk " + std::to_string(c), path));
+    SP_RETURN_IF_ERROR(
+        CheckChunkBytes(chunk, chunk.byte_length, summary, ChunkWhere{where, c}, path));
   }
   for (uint64_t c = 0; c < cells; ++c) {
     StoredChunk& chunk = tensor->chunks[c];
@@ -281,8 +289,8 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
   uint64_t covered = 0;
   for (uint32_t i = 0; i < chunk_count && covered <= shape_volume; ++i) {
     uint64_t volume = 0;
-    SP_RETURN_IF_ERROR(DecodeChunk(r, *tensor, summary, where + " chunk " + std::to_string(i),
-                                   path, &tensor->chunks[i], &volume));
+    SP_RETURN_IF_ERROR(
+        DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, &tensor->chunks[i], &volume));
     covered += volume;  // both terms <= 2^62 here: no overflow
   }
   if (covered != shape_volume) {
