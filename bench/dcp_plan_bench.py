@@ -16,10 +16,11 @@ bench checks that both find the same stored chunks (their count and bytes, and u
 million chunks a digest of every chunk's box) and that DCP's validation finds no error; it exits
 with 1 when they differ.
 
-Sizes run in the order given; once DCP does not finish a size (one planning pass longer than
---limit seconds, or out of memory under --memory-gib), larger ones are skipped for DCP and only
-shardpoint runs them. DCP's times are medians of --runs passes (the plans are built once per
-size, outside the timing); shardpoint's are medians of 5 (plan_bench). Wall seconds.
+Sizes run in the order given; once DCP does not finish a size (building its plans or one
+planning pass longer than --limit seconds, or out of memory under --memory-gib), larger ones are
+skipped for DCP and only shardpoint runs them. DCP's times are medians of --runs passes (the
+plans are built once per size, outside the timing); shardpoint's are medians of 5 (plan_bench).
+Wall seconds.
 
     python bench/dcp_plan_bench.py                      # 1024x500, 2048x1000, 4096x1000, 8192x1000
     python bench/dcp_plan_bench.py --sizes 1024x500 --runs 5
@@ -131,10 +132,12 @@ def dcp_child(ranks: int, tensors: int, runs: int, limit: float, check_digest: b
 
     signal.signal(signal.SIGALRM, on_alarm)
     validate = getattr(default_planner, "_validate_global_plan", None)
+    phase = "building its plans"
     try:
         start = time.perf_counter()
         signal.setitimer(signal.ITIMER_REAL, limit)
         plans = build_plans(ranks, tensors)
+        phase = "one planning pass"
         signal.setitimer(signal.ITIMER_REAL, 0)
         emit(event="built", seconds=time.perf_counter() - start,
              items=sum(len(p.items) for p in plans))
@@ -165,7 +168,7 @@ def dcp_child(ranks: int, tensors: int, runs: int, limit: float, check_digest: b
                  peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             del deduped, global_plan, metadata
     except TimeoutError:
-        emit(event="timeout", limit=limit)
+        emit(event="timeout", limit=limit, phase=phase)
     except MemoryError:
         emit(event="memory")
 
@@ -180,11 +183,16 @@ def run_dcp(ranks: int, tensors: int, runs: int, limit: float, memory_gib: float
     # The layouts' digests are compared where hashing them in Python is quick (under about a
     # million chunks); above, the chunks' count and bytes are.
     check_digest = ranks * tensors <= 1 << 20
-    proc = subprocess.run(
-        [sys.executable, __file__, "--dcp-child", f"{ranks}x{tensors}", "--runs", str(runs),
-         "--limit", str(limit)] + (["--check-digest"] if check_digest else []),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit_memory,
-        timeout=limit * (runs + 1) + 120)
+    command = [sys.executable, __file__, "--dcp-child", f"{ranks}x{tensors}", "--runs",
+               str(runs), "--limit", str(limit)] + (["--check-digest"] if check_digest else [])
+    try:
+        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=limit_memory, timeout=limit * (runs + 1) + 120)
+    except subprocess.TimeoutExpired as e:  # stuck where its own timer could not stop it
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        proc = subprocess.CompletedProcess(command, None, out, "")
+        proc.stdout += json.dumps({"event": "timeout", "limit": limit,
+                                   "phase": "planning, nor exit"}) + "\n"
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     result = {"passes": [e for e in events if e["event"] == "pass"]}
     built = [e for e in events if e["event"] == "built"]
@@ -192,9 +200,11 @@ def run_dcp(ranks: int, tensors: int, runs: int, limit: float, memory_gib: float
     result["items"] = built[0]["items"] if built else None
     stop = [e for e in events if e["event"] in ("timeout", "memory")]
     if stop:
-        result["stopped"] = (f"did not finish one pass in {limit:.0f} s"
+        result["stopped"] = (f"did not finish {stop[0]['phase']} in {limit:g} s"
                              if stop[0]["event"] == "timeout"
                              else f"out of memory under {memory_gib:g} GiB")
+    elif proc.returncode == -signal.SIGKILL:  # the kernel's out-of-memory killer, most likely
+        result["stopped"] = "killed by SIGKILL (out of memory?)"
     elif proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         result["stopped"] = "failed: " + tail[0]
