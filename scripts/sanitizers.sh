@@ -50,10 +50,10 @@ case "${mode}" in
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
     # Tests of targets not built here appear as <target>_NOT_BUILT (the S3 suites that run as one
     # test each are named after their binaries); the others need the CLI, the
-    # crash driver, the engine's MPI tests, MPI or a Python with torch.
+    # crash driver, the engine's MPI tests, MPI, a Python with torch or the benchmarks.
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
       run_ctest "${build}" \
-        -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^mpi_scale_|^crash_trials_sample$|^s3_(client|store|engine)_test$"
+        -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^mpi_scale_|^crash_trials_sample$|^s3_(client|store|engine)_test$|^dcp_plan_bench_sample$"
     ;;
   tsan)
     build="${2:-${root}/build-tsan}"
