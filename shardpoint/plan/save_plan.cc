@@ -657,11 +657,133 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t fir
   return OkStatus();
 }
 
+// Lays out the files when every rank's chunks go into one file with nothing to separate (the
+// default): the layout LayOutGroup makes then, found in two passes over the tensors in their
+// order instead of one pass per rank over its chunks. The chunks of a tensor are read and placed
+// together, and each write goes straight to its place in its rank's list; the pass per rank
+// needs every rank's list of owned chunks built first (16 bytes a chunk) and reaches the chunks
+// and their writers through it, out of the order they lie in memory (docs/PERFORMANCE.md,
+// "Laying out the files tensor by tensor"). Within a rank, the chunks whose length is a multiple
+// of kDataAlignmentBytes come first and each kind keeps (tensor, chunk) order, as LayOutGroup
+// places them: the first pass counts each kind per block of tensors and rank, the second places
+// each block's chunks from where the blocks before it end. Returns false, having changed
+// nothing, when a rank's bytes would exceed 2^64: the pass per rank then reports which file.
+Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
+                                  const SavePlanOptions& options, GlobalSavePlan* plan) {
+  const size_t world_size = plan->ranks.size();
+  const TensorBlocks blocks(entries.size(), options.pool);
+  // Per block b and rank r, at [b * world_size + r]: the counts and bytes of its chunks of each
+  // kind, then where the block's chunks of each kind start in the rank's writes and file.
+  struct Kinds {
+    uint32_t aligned_count = 0;
+    uint32_t other_count = 0;
+    uint64_t aligned_bytes = 0;
+    uint64_t other_bytes = 0;
+  };
+  std::vector<Kinds> at(blocks.count * world_size);
+  std::vector<uint8_t> wrapped(blocks.count, 0);  // a block's bytes of some rank passed 2^64
+  const std::vector<TensorMetadata>& tensors = plan->metadata.tensors;
+  SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
+    Kinds* kinds = at.data() + b * world_size;
+    bool wraps = false;
+    for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
+      const std::vector<StoredChunk>& chunks = tensors[t].chunks;
+      const std::vector<TensorEntry::Writer>& writers = entries[t].writers;
+      for (size_t c = 0; c < writers.size(); ++c) {
+        Kinds& k = kinds[writers[c].rank];
+        const uint64_t bytes = chunks[c].byte_length;
+        if (bytes % kDataAlignmentBytes == 0) {
+          ++k.aligned_count;
+          wraps |= __builtin_add_overflow(k.aligned_bytes, bytes, &k.aligned_bytes);
+        } else {
+          ++k.other_count;
+          wraps |= __builtin_add_overflow(k.other_bytes, bytes, &k.other_bytes);
+        }
+      }
+    }
+    wrapped[b] = wraps;
+    return OkStatus();
+  }));
+  if (std::find(wrapped.begin(), wrapped.end(), 1) != wrapped.end()) return false;
+  // Turn the counts into starts, rank by rank: aligned chunks from 0, the others after every
+  // aligned chunk of the rank.
+  std::vector<uint32_t> first_file(world_size + 1, 0);
+  std::vector<uint32_t> write_count(world_size, 0);
+  for (size_t r = 0; r < world_size; ++r) {
+    uint64_t aligned_count = 0, aligned_bytes = 0;
+    for (size_t b = 0; b < blocks.count; ++b) {
+      const Kinds& k = at[b * world_size + r];
+      aligned_count += k.aligned_count;
+      if (__builtin_add_overflow(aligned_bytes, k.aligned_bytes, &aligned_bytes)) return false;
+    }
+    uint64_t count = aligned_count, bytes = aligned_bytes;
+    uint64_t next_aligned_count = 0, next_aligned_bytes = 0;
+    for (size_t b = 0; b < blocks.count; ++b) {
+      Kinds& k = at[b * world_size + r];
+      const Kinds start{static_cast<uint32_t>(next_aligned_count), static_cast<uint32_t>(count),
+                        next_aligned_bytes, bytes};
+      next_aligned_count += k.aligned_count;
+      next_aligned_bytes += k.aligned_bytes;
+      count += k.other_count;
+      if (__builtin_add_overflow(bytes, k.other_bytes, &bytes)) return false;
+      k = start;
+    }
+    write_count[r] = static_cast<uint32_t>(count);
+    first_file[r + 1] = first_file[r] + (count > 0 ? 1 : 0);
+  }
+  plan->metadata.files.resize(first_file[world_size]);
+  for (uint32_t rank = 0; rank < world_size; ++rank) {
+    if (first_file[rank + 1] == first_file[rank]) continue;
+    plan->metadata.files[first_file[rank]].writer_rank = static_cast<int32_t>(rank);
+    plan->ranks[rank].files.push_back(first_file[rank]);
+  }
+  SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
+    plan->ranks[r].writes.resize(write_count[r]);
+    return OkStatus();
+  }));
+  std::vector<TensorMetadata>& placed = plan->metadata.tensors;
+  SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
+    Kinds* next = at.data() + b * world_size;
+    for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
+      std::vector<StoredChunk>& chunks = placed[t].chunks;
+      const std::vector<TensorEntry::Writer>& writers = entries[t].writers;
+      for (uint32_t c = 0; c < writers.size(); ++c) {
+        const TensorEntry::Writer& writer = writers[c];
+        Kinds& k = next[writer.rank];
+        StoredChunk& chunk = chunks[c];
+        const uint64_t bytes = chunk.byte_length;
+        uint32_t index;
+        uint64_t offset;
+        if (bytes % kDataAlignmentBytes == 0) {
+          index = k.aligned_count++;
+          offset = k.aligned_bytes;
+          k.aligned_bytes += bytes;
+        } else {
+          index = k.other_count++;
+          offset = k.other_bytes;
+          k.other_bytes += bytes;
+        }
+        const uint32_t file = first_file[writer.rank];
+        chunk.file = file;
+        chunk.data_offset = offset;
+        plan->ranks[writer.rank].writes[index] =
+            ChunkWrite{writer.local_tensor, writer.local_box, file, t, c, offset, bytes};
+      }
+    }
+    return OkStatus();
+  }));
+  return true;
+}
+
 // Creates every rank's files, in rank order, and lays out the ranks' chunks in them, rank by
 // rank on `options.pool` (each rank's writes and its chunks' places are its own). Returns the
 // error of the first rank that has one.
 Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
                    GlobalSavePlan* plan) {
+  if (options.files_per_rank == 1 && options.separate_key_prefixes.empty()) {
+    SP_ASSIGN_OR_RETURN(bool laid_out, AssignOneFilePerRank(entries, options, plan));
+    if (laid_out) return OkStatus();
+  }
   // Counting sort of the chunks by owner, keeping (tensor, chunk) order within each rank: each
   // block of tensors counts its chunks per rank, and then writes them from where the blocks
   // before it end in that rank's list.

@@ -516,5 +516,71 @@ TEST(SavePlanTest, APoolGivesTheSamePlanAndTheSameFirstError) {
   EXPECT_GE(plans, 25);
 }
 
+// With one file per rank and nothing to separate, the files are laid out in passes over the
+// tensors rather than rank by rank (AssignOneFilePerRank). A separation prefix that matches no
+// key takes the pass per rank to the same layout, so the two must agree to the byte: chunks whose
+// length is a multiple of 4096 first in each file, each kind in (tensor, chunk) order.
+TEST(SavePlanTest, OneFilePerRankIsLaidOutAsThePassPerRankLaysItOut) {
+  std::mt19937_64 rng(9127);
+  ThreadPool pool(3);
+  int aligned_after_other = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    std::vector<LocalSavePlan> locals = MixedLocals(rng);
+    // Chunks of 4096 bytes and of other lengths, in tensors between the others by name, and a
+    // rank that holds nothing (it gets no file).
+    for (int t = 0; t < 20; ++t) {
+      const int64_t rows = 12 * (1 + static_cast<int64_t>(rng() % 3));
+      const int64_t cols = rng() % 2 ? 1024 : 1000;
+      const std::string name = "model.t" + std::to_string(t) + "x";
+      for (int r = 0; r < 12; ++r) {
+        const int64_t step = rows / 12;
+        locals[r].tensors.push_back(
+            Tensor(name, DType::kFloat32, {rows, cols}, {Box({r * step, 0}, {step, cols})}));
+      }
+    }
+    locals.emplace_back();
+    std::shuffle(locals.begin(), locals.end(), rng);
+    SavePlanOptions options = Options(1, rng() % 4 == 0);
+    if (trial % 2 == 1) options.pool = &pool;
+    Result<GlobalSavePlan> fast = PlanSave(locals, options);
+    options.separate_key_prefixes = {"\x01no key starts so"};
+    Result<GlobalSavePlan> per_rank = PlanSave(locals, options);
+    ASSERT_TRUE(fast.ok()) << fast.status().ToString();
+    ASSERT_TRUE(per_rank.ok()) << per_rank.status().ToString();
+    ASSERT_EQ(fast->metadata, per_rank->metadata);
+    ASSERT_EQ(fast->ranks, per_rank->ranks);
+    EXPECT_EQ(fast->metadata.files.size(), 12u);  // the empty rank has none
+    for (const RankSavePlan& rank : fast->ranks) {
+      ASSERT_LE(rank.files.size(), 1u);
+      uint64_t end = 0;
+      bool other_seen = false;
+      for (const ChunkWrite& w : rank.writes) {
+        EXPECT_EQ(w.file, rank.files[0]);
+        EXPECT_EQ(w.data_offset, end);
+        end += w.byte_length;
+        const bool aligned = w.byte_length % kDataAlignmentBytes == 0;
+        if (aligned && other_seen) ++aligned_after_other;
+        other_seen = other_seen || !aligned;
+      }
+    }
+  }
+  EXPECT_EQ(aligned_after_other, 0);
+}
+
+// Five tensors of 2^62 bytes on one rank cannot be laid out in one file: the offsets would wrap.
+TEST(SavePlanTest, AFileOfMoreThan2To64BytesIsRefused) {
+  std::vector<LocalSavePlan> locals(2);
+  for (int t = 0; t < 5; ++t) {
+    locals[1].tensors.push_back(Replicated("big" + std::to_string(t), int64_t{1} << 62));
+  }
+  EXPECT_THAT(PlanError(locals).message(),
+              HasSubstr("data file 0 of rank 1 would exceed 2^64 bytes"));
+  SavePlanOptions options = Options();
+  options.separate_key_prefixes = {"big3"};  // four of them in one file: the last one ends at 2^64
+  EXPECT_THAT(PlanError(locals, options).message(),
+              HasSubstr("data file 0 of rank 1 would exceed 2^64 bytes"));
+}
+
 }  // namespace
 }  // namespace sp
