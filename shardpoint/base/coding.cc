@@ -8,30 +8,6 @@ Status ByteReader::Short(size_t needed) const {
                        " remain)");
 }
 
-Result<uint8_t> ByteReader::ReadU8() {
-  if (remaining() < 1) return Short(1);
-  return static_cast<uint8_t>(in_[pos_++]);
-}
-
-Result<uint32_t> ByteReader::ReadU32() {
-  if (remaining() < 4) return Short(4);
-  uint32_t v = DecodeFixed32(in_.data() + pos_);
-  pos_ += 4;
-  return v;
-}
-
-Result<uint64_t> ByteReader::ReadU64() {
-  if (remaining() < 8) return Short(8);
-  uint64_t v = DecodeFixed64(in_.data() + pos_);
-  pos_ += 8;
-  return v;
-}
-
-Result<int64_t> ByteReader::ReadI64() {
-  SP_ASSIGN_OR_RETURN(uint64_t v, ReadU64());
-  return static_cast<int64_t>(v);
-}
-
 Result<std::string_view> ByteReader::ReadRaw(size_t n) {
   if (remaining() < n) return Short(n);
   std::string_view out = in_.substr(pos_, n);

@@ -60,10 +60,29 @@ class ByteReader {
   // `what` names the input in error messages ("metadata file /x/.metadata, tensor section").
   ByteReader(std::string_view input, std::string what) : in_(input), what_(std::move(what)) {}
 
-  Result<uint8_t> ReadU8();
-  Result<uint32_t> ReadU32();
-  Result<uint64_t> ReadU64();
-  Result<int64_t> ReadI64();
+  // Inline: a metadata file's decoder reads millions of these.
+  Result<uint8_t> ReadU8() {
+    if (remaining() < 1) return Short(1);
+    return static_cast<uint8_t>(in_[pos_++]);
+  }
+  Result<uint32_t> ReadU32() {
+    if (remaining() < 4) return Short(4);
+    const uint32_t v = DecodeFixed32(in_.data() + pos_);
+    pos_ += 4;
+    return v;
+  }
+  Result<uint64_t> ReadU64() {
+    if (remaining() < 8) return Short(8);
+    const uint64_t v = DecodeFixed64(in_.data() + pos_);
+    pos_ += 8;
+    return v;
+  }
+  Result<int64_t> ReadI64() {
+    if (remaining() < 8) return Short(8);
+    const uint64_t v = DecodeFixed64(in_.data() + pos_);
+    pos_ += 8;
+    return static_cast<int64_t>(v);
+  }
   // A u32 length then that many bytes, at most `max_len`.
   Result<std::string_view> ReadString(uint32_t max_len = 1u << 20);
   Result<std::string_view> ReadRaw(size_t n);

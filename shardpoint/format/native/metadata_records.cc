@@ -244,6 +244,16 @@ Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std:
   return grid;
 }
 
+// A cell's file and bytes as CheckChunkBytes checks them, without a message: millions of cells
+// pass, and the message is built only for one that fails.
+bool CellBytesHold(uint32_t file, uint64_t data_offset, uint64_t byte_length,
+                   const CheckpointMetadata& summary) {
+  if (file >= summary.files.size()) return false;
+  const DataFile& f = summary.files[file];
+  const uint64_t data_bytes = f.size - f.data_start;
+  return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
+}
+
 Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
                        std::string_view path, TensorMetadata* tensor) {
   const ChunkGrid& grid = *tensor->grid;
@@ -252,16 +262,43 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     return Corrupt(path, where + ": " + std::to_string(cells) + " grid cells cannot fit in the " +
                              std::to_string(r.remaining()) + " remaining bytes");
   }
-  tensor->chunks.resize(cells);
+  // The (file, data_offset) table has fixed width and fits (checked above): read it in place.
+  SP_ASSIGN_OR_RETURN(std::string_view table, r.ReadRaw(cells * 12));
   const uint64_t item = DTypeSize(tensor->dtype);
+  const size_t rank = grid.bounds.size();
+  // The cells in chunk order, the last dimension fastest: each box is the one before it with the
+  // last dimensions stepped, as an odometer steps, instead of divided out of the cell's number.
+  std::vector<uint32_t> at(rank, 0);
+  Box box;
+  box.offsets.resize(rank);
+  box.sizes.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    box.offsets[d] = grid.bounds[d][0];
+    box.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
+  }
+  tensor->chunks.clear();
+  tensor->chunks.reserve(cells);
   for (uint64_t c = 0; c < cells; ++c) {
-    StoredChunk& chunk = tensor->chunks[c];
-    chunk.box = GridCellBox(grid, c);
-    chunk.byte_length = static_cast<uint64_t>(chunk.box.volume()) * item;  // within the shape
-    SP_ASSIGN_OR_RETURN(chunk.file, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(chunk.data_offset, r.ReadU64());
-    SP_RETURN_IF_ERROR(
-        CheckChunkBytes(chunk, chunk.byte_length, summary, ChunkWhere{where, c}, path));
+    const char* entry = table.data() + c * 12;
+    const uint32_t file = DecodeFixed32(entry);
+    const uint64_t data_offset = DecodeFixed64(entry + 4);
+    const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * item;  // within the shape
+    StoredChunk& chunk = tensor->chunks.emplace_back(box, file, data_offset, byte_length);
+    if (!CellBytesHold(file, data_offset, byte_length, summary)) {
+      SP_RETURN_IF_ERROR(
+          CheckChunkBytes(chunk, byte_length, summary, ChunkWhere{where, c}, path));
+    }
+    for (size_t d = rank; d-- > 0;) {
+      const std::vector<int64_t>& bounds = grid.bounds[d];
+      if (++at[d] + 1 < bounds.size()) {
+        box.offsets[d] = bounds[at[d]];
+        box.sizes[d] = bounds[at[d] + 1] - bounds[at[d]];
+        break;
+      }
+      at[d] = 0;
+      box.offsets[d] = bounds[0];
+      box.sizes[d] = bounds[1] - bounds[0];
+    }
   }
   for (uint64_t c = 0; c < cells; ++c) {
     StoredChunk& chunk = tensor->chunks[c];
@@ -271,9 +308,10 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
                                " block checksums cannot fit in the " +
                                std::to_string(r.remaining()) + " remaining bytes");
     }
+    SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(blocks * 4));
     chunk.block_crc32c.resize(blocks);
-    for (uint32_t& crc : chunk.block_crc32c) {
-      SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
+    for (uint64_t b = 0; b < blocks; ++b) {
+      chunk.block_crc32c[b] = DecodeFixed32(crcs.data() + b * 4);
     }
   }
   return OkStatus();
