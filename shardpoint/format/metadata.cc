@@ -40,19 +40,54 @@ std::string ChunkWhere(const CheckpointMetadata& md, const TensorMetadata& t, co
   return where;
 }
 
-// The chunk's stored bytes [data_start + data_offset, +length) lie inside its file's size.
-Status CheckChunkInFile(const DataFile& file, const StoredChunk& c, std::string_view where) {
-  const uint64_t length = c.encoding == ChunkEncoding::kRaw ? c.byte_length : c.stored_length;
+// The bytes a chunk stores: byte_length, or stored_length for a chunk its driver decodes.
+uint64_t StoredBytes(const StoredChunk& c) {
+  return c.encoding == ChunkEncoding::kRaw ? c.byte_length : c.stored_length;
+}
+
+// Whether the chunk's stored bytes [data_start + data_offset, +StoredBytes) lie inside its file's
+// size (compared without wrapping).
+bool ChunkInFile(const DataFile& file, const StoredChunk& c) {
   uint64_t begin = 0;
   uint64_t end = 0;
-  if (__builtin_add_overflow(file.data_start, c.data_offset, &begin) ||
-      __builtin_add_overflow(begin, length, &end) || end > file.size) {
-    return DataLossError(std::string(where) + ": bytes [" + std::to_string(c.data_offset) + ", +" +
-                         std::to_string(length) + ") after the data start " +
-                         std::to_string(file.data_start) + " lie outside the file's " +
-                         std::to_string(file.size) + " bytes");
+  return !__builtin_add_overflow(file.data_start, c.data_offset, &begin) &&
+         !__builtin_add_overflow(begin, StoredBytes(c), &end) && end <= file.size;
+}
+
+// The message of a chunk that fails ChunkInFile.
+Status OutsideFileError(const DataFile& file, const StoredChunk& c, std::string_view where) {
+  return DataLossError(std::string(where) + ": bytes [" + std::to_string(c.data_offset) + ", +" +
+                       std::to_string(StoredBytes(c)) + ") after the data start " +
+                       std::to_string(file.data_start) + " lie outside the file's " +
+                       std::to_string(file.size) + " bytes");
+}
+
+// A box checked against a shape: its volume, or the first dimension in which it leaves the
+// shape (kOtherRank when its rank is not the shape's). Offsets and sizes are compared without
+// wrapping; with a shape that passed CheckedTensorBytes the volume cannot overflow.
+struct BoxCheck {
+  static constexpr size_t kInside = SIZE_MAX;
+  static constexpr size_t kOtherRank = SIZE_MAX - 1;
+  uint64_t volume = 1;
+  size_t bad = kInside;
+};
+
+BoxCheck CheckBox(const Box& box, const Shape& shape) {
+  BoxCheck check;
+  if (box.offsets.size() != shape.size() || box.sizes.size() != shape.size()) {
+    check.bad = BoxCheck::kOtherRank;
+    return check;
   }
-  return OkStatus();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const int64_t offset = box.offsets[d];
+    const int64_t size = box.sizes[d];
+    if (offset < 0 || size < 0 || size > shape[d] || offset > shape[d] - size) {
+      check.bad = d;
+      return check;
+    }
+    check.volume *= static_cast<uint64_t>(size);  // each prefix <= the shape's prefix <= 2^62
+  }
+  return check;
 }
 
 }  // namespace
@@ -78,78 +113,45 @@ Result<uint64_t> CheckedTensorBytes(DType dtype, const Shape& shape, std::string
 }
 
 Result<uint64_t> CheckedBoxVolume(const Box& box, const Shape& shape, std::string_view where) {
-  if (box.offsets.size() != shape.size() || box.sizes.size() != shape.size()) {
-    return DataLossError(std::string(where) + ": box " + box.ToString() + " has another rank than the shape " +
-                         ShapeToString(shape));
+  const BoxCheck check = CheckBox(box, shape);
+  if (check.bad == BoxCheck::kInside) return check.volume;
+  if (check.bad == BoxCheck::kOtherRank) {
+    return DataLossError(std::string(where) + ": box " + box.ToString() +
+                         " has another rank than the shape " + ShapeToString(shape));
   }
-  uint64_t volume = 1;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    const int64_t offset = box.offsets[d];
-    const int64_t size = box.sizes[d];
-    if (offset < 0 || size < 0 || size > shape[d] || offset > shape[d] - size) {
-      return DataLossError(std::string(where) + ": dimension " + std::to_string(d) + " [" +
-                           std::to_string(offset) + ", +" + std::to_string(size) +
-                           ") lies outside the shape " + ShapeToString(shape));
-    }
-    volume *= static_cast<uint64_t>(size);  // each prefix <= the shape's prefix <= 2^62
-  }
-  return volume;
+  const size_t d = check.bad;
+  return DataLossError(std::string(where) + ": dimension " + std::to_string(d) + " [" +
+                       std::to_string(box.offsets[d]) + ", +" + std::to_string(box.sizes[d]) +
+                       ") lies outside the shape " + ShapeToString(shape));
 }
-
-namespace {
-
-// Whether chunk `c` of `tensor` (whose shape passed CheckedTensorBytes) passes every check of
-// ValidateTensorSizes below. The checks that name what failed run only for a chunk that does not:
-// their message names the chunk's box and file, and building it for each of millions of chunks
-// cost more than the checks.
-bool ChunkSizesHold(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
-                    const StoredChunk& c) {
-  const size_t rank = tensor.shape.size();
-  if (c.file >= metadata.files.size() || c.box.offsets.size() != rank ||
-      c.box.sizes.size() != rank) {
-    return false;
-  }
-  uint64_t volume = 1;
-  for (size_t d = 0; d < rank; ++d) {
-    const int64_t offset = c.box.offsets[d];
-    const int64_t size = c.box.sizes[d];
-    if (offset < 0 || size < 0 || size > tensor.shape[d] || offset > tensor.shape[d] - size) {
-      return false;
-    }
-    volume *= static_cast<uint64_t>(size);  // each prefix <= the shape's prefix <= 2^62
-  }
-  if (c.byte_length != volume * DTypeSize(tensor.dtype)) return false;
-  const DataFile& file = metadata.files[c.file];
-  const uint64_t length = c.encoding == ChunkEncoding::kRaw ? c.byte_length : c.stored_length;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-  return !__builtin_add_overflow(file.data_start, c.data_offset, &begin) &&
-         !__builtin_add_overflow(begin, length, &end) && end <= file.size;
-}
-
-}  // namespace
 
 Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetadata& tensor,
                            std::string_view source) {
   const std::string where = std::string(source) + ": tensor '" + tensor.name + "'";
   SP_RETURN_IF_ERROR(CheckedTensorBytes(tensor.dtype, tensor.shape, where).status());
+  const uint64_t item = DTypeSize(tensor.dtype);
   for (const StoredChunk& c : tensor.chunks) {
-    if (ChunkSizesHold(metadata, tensor, c)) continue;
+    // The checks first, and a message (naming the chunk's box and file) only for a chunk that
+    // fails one: building it for each of millions of chunks cost more than the checks.
+    const bool file_known = c.file < metadata.files.size();
+    const BoxCheck box = file_known ? CheckBox(c.box, tensor.shape) : BoxCheck{};
+    const bool length_holds = box.bad == BoxCheck::kInside && c.byte_length == box.volume * item;
+    if (length_holds && ChunkInFile(metadata.files[c.file], c)) continue;
     const std::string chunk_where = ChunkWhere(metadata, tensor, c, source);
-    if (c.file >= metadata.files.size()) {
+    if (!file_known) {
       return DataLossError(chunk_where + ": file index " + std::to_string(c.file) +
                            " is out of range (" + std::to_string(metadata.files.size()) + " files)");
     }
-    SP_ASSIGN_OR_RETURN(uint64_t volume, CheckedBoxVolume(c.box, tensor.shape, chunk_where));
-    const uint64_t expected = volume * DTypeSize(tensor.dtype);  // <= 2^62: the shape passed
-    if (c.byte_length != expected) {
+    if (box.bad != BoxCheck::kInside) {
+      return CheckedBoxVolume(c.box, tensor.shape, chunk_where).status();
+    }
+    if (!length_holds) {
       return DataLossError(chunk_where + ": byte length " + std::to_string(c.byte_length) +
-                           ", expected " + std::to_string(expected) + " (" +
-                           std::to_string(volume) + " elements of " +
+                           ", expected " + std::to_string(box.volume * item) + " (" +
+                           std::to_string(box.volume) + " elements of " +
                            std::string(DTypeName(tensor.dtype)) + ")");
     }
-    SP_RETURN_IF_ERROR(CheckChunkInFile(metadata.files[c.file], c, chunk_where));
-    return InternalError(chunk_where + ": refused by the quick checks, passed by the others");
+    return OutsideFileError(metadata.files[c.file], c, chunk_where);
   }
   return OkStatus();
 }

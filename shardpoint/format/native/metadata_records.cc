@@ -61,6 +61,13 @@ Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, const ChunkWhere& 
   return volume;
 }
 
+// Whether [data_offset, +byte_length) lies within the data bytes of `file` (compared without
+// wrapping).
+bool InDataBytes(const DataFile& file, uint64_t data_offset, uint64_t byte_length) {
+  const uint64_t data_bytes = file.size - file.data_start;  // the summary checked data_start <= size
+  return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
+}
+
 Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
                        const CheckpointMetadata& summary, const ChunkWhere& where,
                        std::string_view path) {
@@ -75,11 +82,11 @@ Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
                              " files)");
   }
   const DataFile& file = summary.files[chunk.file];
-  uint64_t data_bytes = file.size - file.data_start;
-  if (chunk.data_offset > data_bytes || chunk.byte_length > data_bytes - chunk.data_offset) {
+  if (!InDataBytes(file, chunk.data_offset, chunk.byte_length)) {
     return Corrupt(path, where.str() + ": bytes [" + std::to_string(chunk.data_offset) +
                              ", +" + std::to_string(chunk.byte_length) + ") lie outside the " +
-                             std::to_string(data_bytes) + " data bytes of " + file.name);
+                             std::to_string(file.size - file.data_start) + " data bytes of " +
+                             file.name);
   }
   return OkStatus();
 }
@@ -244,14 +251,11 @@ Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std:
   return grid;
 }
 
-// A cell's file and bytes as CheckChunkBytes checks them, without a message: millions of cells
-// pass, and the message is built only for one that fails.
+// A cell's file and bytes as CheckChunkBytes checks them (its byte length is its box's), without
+// a message: millions of cells pass, and the message is built only for one that fails.
 bool CellBytesHold(uint32_t file, uint64_t data_offset, uint64_t byte_length,
                    const CheckpointMetadata& summary) {
-  if (file >= summary.files.size()) return false;
-  const DataFile& f = summary.files[file];
-  const uint64_t data_bytes = f.size - f.data_start;
-  return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
+  return file < summary.files.size() && InDataBytes(summary.files[file], data_offset, byte_length);
 }
 
 Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
