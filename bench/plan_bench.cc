@@ -42,9 +42,14 @@
 // on the ruled plans) and prints it in one line with the plan's chunks and their bytes, for
 // bench/dcp_plan_bench.py, which plans the same layout with torch DCP's planner.
 //
+// `--open-only` times opening the committed metadata file alone: decoding it
+// (`DecodeMetadata`), and as a load's rank takes it (`DecodeNativeCheckpointMetadata`: decoded,
+// checked and indexed). With either of these two, `--runs N` sets how many times each figure is
+// measured (medians; 5 by default): comparing two builds on a noisy machine wants more.
+//
 // Usage: plan_bench [ranks] [tensors] [--coordinator-only |
-//                   --coordinator-ruled [--cached-commit apart|copy] | --plan-save-only]
-//                   [--threads N]
+//                   --coordinator-ruled [--cached-commit apart|copy] | --plan-save-only |
+//                   --open-only] [--threads N] [--runs N]
 //        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
 #include <chrono>
@@ -459,10 +464,13 @@ struct Timing {
 };
 
 // Runs `fn` 5 times; the value it returns is destroyed outside the timed region.
+// How many times Median measures (--runs).
+int g_runs = 5;
+
 template <typename Fn>
 Timing Median(Fn&& fn) {
   std::vector<double> wall, cpu;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < g_runs; ++i) {
     const std::clock_t cpu_start = std::clock();
     const auto start = std::chrono::steady_clock::now();
     auto result = fn();
@@ -473,13 +481,49 @@ Timing Median(Fn&& fn) {
   const double first = wall[0];
   std::sort(wall.begin(), wall.end());
   std::sort(cpu.begin(), cpu.end());
-  return Timing{wall[2], cpu[2], first};
+  return Timing{wall[wall.size() / 2], cpu[cpu.size() / 2], first};
+}
+
+// --open-only: the plan's metadata laid out and committed (a checksum per block), encoded as the
+// native file, and the times to open it.
+bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
+  sp::MemoryStore store;
+  std::unique_ptr<sp::CheckpointWriter> writer =
+      sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
+  metadata.save_id = "0123456789ab";
+  if (sp::Status s = writer->LayOutFiles(store, "/bench", &metadata).status(); !s.ok()) {
+    std::fprintf(stderr, "LayOutFiles failed: %s\n", s.ToString().c_str());
+    return false;
+  }
+  for (sp::TensorMetadata& t : metadata.tensors) {
+    for (sp::StoredChunk& c : t.chunks) {
+      c.block_crc32c.assign(
+          sp::ChecksumBlockCount(c.byte_length, metadata.checksum_block_bytes), 0x12345678u);
+    }
+  }
+  const std::string native = sp::EncodeMetadata(metadata);
+  metadata = {};
+  if (sp::Result<sp::CheckpointMetadata> decoded =
+          sp::DecodeNativeCheckpointMetadata(native, "/bench", pool);
+      !decoded.ok()) {
+    std::fprintf(stderr, "DecodeNativeCheckpointMetadata failed: %s\n",
+                 decoded.status().ToString().c_str());
+    return false;
+  }
+  const Timing decode =
+      Median([&] { return sp::DecodeMetadata(native, "/bench/.metadata", pool); });
+  const Timing open =
+      Median([&] { return sp::DecodeNativeCheckpointMetadata(native, "/bench", pool); });
+  std::printf("open metadata_mib=%.1f runs=%d decode_s=%.6f open_s=%.6f\n",
+              static_cast<double>(native.size()) / (1 << 20), g_runs, decode.wall_s, open.wall_s);
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false, usage = false;
+  bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false;
+  bool open_only = false, runs_given = false, usage = false;
   Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
   std::vector<const char*> positional;
@@ -490,6 +534,12 @@ int main(int argc, char** argv) {
       coordinator_ruled = true;
     } else if (std::strcmp(argv[i], "--plan-save-only") == 0) {
       plan_save_only = true;
+    } else if (std::strcmp(argv[i], "--open-only") == 0) {
+      open_only = true;
+    } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
+      g_runs = std::atoi(argv[++i]);
+      runs_given = true;
+      usage = usage || g_runs < 1;
     } else if (std::strcmp(argv[i], "--cached-commit") == 0 && i + 1 < argc) {
       ++i;
       commit = std::strcmp(argv[i], "apart") == 0  ? Commit::kApart
@@ -508,12 +558,13 @@ int main(int argc, char** argv) {
   const int64_t ranks = positional.size() > 0 ? std::atoll(positional[0]) : 1024;
   const int tensors = positional.size() > 1 ? std::atoi(positional[1]) : 500;
   if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
-      coordinator_only + coordinator_ruled + plan_save_only > 1 ||
+      coordinator_only + coordinator_ruled + plan_save_only + open_only > 1 ||
+      (runs_given && !plan_save_only && !open_only) ||
       (commit != Commit::kInPlace && !coordinator_ruled)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
                  "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] | "
-                 "--plan-save-only] [--threads N >= 1]\n");
+                 "--plan-save-only | --open-only] [--threads N >= 1] [--runs N >= 1]\n");
     return 2;
   }
   // A pool of one thread plans as without one: on the calling thread.
@@ -525,7 +576,7 @@ int main(int argc, char** argv) {
   if (coordinator_only) {
     return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, pool.get()) ? 0 : 1;
   }
-  if (!plan_save_only) {
+  if (!plan_save_only && !open_only) {
     std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
     for (bool ruled : {false, true}) {
       if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, threads)) {
@@ -549,6 +600,7 @@ int main(int argc, char** argv) {
     chunks += t.chunks.size();
     for (const sp::StoredChunk& c : t.chunks) chunk_bytes += c.byte_length;
   }
+  if (open_only) return MeasureOpen(plan->metadata, pool.get()) ? 0 : 1;
   const Timing save = Median([&] { return sp::PlanSave(locals, options); });
   // The coordinator plans on the ranks' messages decoded into one table (plan/gathered_plans.h).
   sp::GatheredPlans gathered_plans(locals.size());
