@@ -134,13 +134,14 @@ Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetad
     // The checks first, and a message (naming the chunk's box and file) only for a chunk that
     // fails one: building it for each of millions of chunks cost more than the checks.
     const bool file_known = c.file < metadata.files.size();
-    const BoxCheck box = file_known ? CheckBox(c.box, tensor.shape) : BoxCheck{};
+    const BoxCheck box = CheckBox(c.box, tensor.shape);
     const bool length_holds = box.bad == BoxCheck::kInside && c.byte_length == box.volume * item;
-    if (length_holds && ChunkInFile(metadata.files[c.file], c)) continue;
+    if (file_known && length_holds && ChunkInFile(metadata.files[c.file], c)) continue;
     const std::string chunk_where = ChunkWhere(metadata, tensor, c, source);
     if (!file_known) {
       return DataLossError(chunk_where + ": file index " + std::to_string(c.file) +
-                           " is out of range (" + std::to_string(metadata.files.size()) + " files)");
+                           " is out of range (" + std::to_string(metadata.files.size()) +
+                           " files)");
     }
     if (box.bad != BoxCheck::kInside) {
       return CheckedBoxVolume(c.box, tensor.shape, chunk_where).status();

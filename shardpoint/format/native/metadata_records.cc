@@ -64,7 +64,8 @@ Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, const ChunkWhere& 
 // Whether [data_offset, +byte_length) lies within the data bytes of `file` (compared without
 // wrapping).
 bool InDataBytes(const DataFile& file, uint64_t data_offset, uint64_t byte_length) {
-  const uint64_t data_bytes = file.size - file.data_start;  // the summary checked data_start <= size
+  // The summary's checks hold data_start <= size.
+  const uint64_t data_bytes = file.size - file.data_start;
   return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
 }
 
