@@ -213,6 +213,15 @@ uint64_t ChunkDigest(const sp::CheckpointMetadata& metadata) {
   return h;
 }
 
+// One checksum per block of every chunk, as a commit fills them in (values do not matter here).
+void FillCommittedChecksums(uint64_t block_bytes, std::vector<sp::TensorMetadata>* tensors) {
+  for (sp::TensorMetadata& t : *tensors) {
+    for (sp::StoredChunk& c : t.chunks) {
+      c.block_crc32c.assign(sp::ChecksumBlockCount(c.byte_length, block_bytes), 0x12345678u);
+    }
+  }
+}
+
 // Decodes ruled messages (plan/ruled_plan.h) into `plans` as a save's coordinator does.
 bool DecodeRuled(const std::vector<std::string>& gathered, sp::GatheredPlans* plans) {
   sp::SharedPlans shared(gathered.size());
@@ -388,11 +397,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
     for (size_t bytes : replies) reply_bytes += bytes;
     const uint64_t block_bytes = plan->metadata.checksum_block_bytes;
     if (commit == Commit::kInPlace) {
-      for (sp::TensorMetadata& t : plan->metadata.tensors) {
-        for (sp::StoredChunk& c : t.chunks) {
-          c.block_crc32c.assign(sp::ChecksumBlockCount(c.byte_length, block_bytes), 0x12345678u);
-        }
-      }
+      FillCommittedChecksums(block_bytes, &plan->metadata.tensors);
       metadata_bytes = sp::EncodeMetadata(plan->metadata).size();
     } else {
       // Everything but the tensors, which stay the plan's (as the cache holds it).
@@ -463,10 +468,10 @@ struct Timing {
   double first_wall_s;  // the first run's wall-clock seconds (into memory not yet reused)
 };
 
-// Runs `fn` 5 times; the value it returns is destroyed outside the timed region.
 // How many times Median measures (--runs).
 int g_runs = 5;
 
+// Runs `fn` g_runs times; the value it returns is destroyed outside the timed region.
 template <typename Fn>
 Timing Median(Fn&& fn) {
   std::vector<double> wall, cpu;
@@ -495,12 +500,7 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
     std::fprintf(stderr, "LayOutFiles failed: %s\n", s.ToString().c_str());
     return false;
   }
-  for (sp::TensorMetadata& t : metadata.tensors) {
-    for (sp::StoredChunk& c : t.chunks) {
-      c.block_crc32c.assign(
-          sp::ChecksumBlockCount(c.byte_length, metadata.checksum_block_bytes), 0x12345678u);
-    }
-  }
+  FillCommittedChecksums(metadata.checksum_block_bytes, &metadata.tensors);
   const std::string native = sp::EncodeMetadata(metadata);
   metadata = {};
   if (sp::Result<sp::CheckpointMetadata> decoded =
@@ -749,12 +749,7 @@ int main(int argc, char** argv) {
   // decode them.
   // As committed: one checksum per block of every chunk (values do not matter here).
   sp::CheckpointMetadata committed = laid_out;
-  for (sp::TensorMetadata& t : committed.tensors) {
-    for (sp::StoredChunk& c : t.chunks) {
-      c.block_crc32c.assign(
-          sp::ChecksumBlockCount(c.byte_length, committed.checksum_block_bytes), 0x12345678u);
-    }
-  }
+  FillCommittedChecksums(committed.checksum_block_bytes, &committed.tensors);
   // Decoded on the pool, as the engine does (the coordinator of a load and each of its ranks).
   sp::ThreadPool* const on = pool.get();
   const std::string native = sp::EncodeMetadata(committed);
