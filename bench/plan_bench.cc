@@ -36,7 +36,10 @@
 // a plan cache does (the cache holds the plan; the metadata is encoded from its chunks and a table
 // of the checksums), and `--cached-commit copy` as such a save did before (through a copy of the
 // plan with the checksums filled in); without it, as a save without a cache (filled into the
-// plan's own chunks).
+// plan's own chunks). With a cache it also prints what the cache keeps of the plan between saves.
+// The coordinator frees each rank's writes once that rank's reply holds them, as engine/save.cc
+// does; `--keep-writes` keeps them (beside the replies, and in the cache's plan), as it did
+// before.
 //
 // `--plan-save-only` times PlanSave alone (on every rank's whole plan, on the gathered table and
 // on the ruled plans) and prints it in one line with the plan's chunks and their bytes, for
@@ -48,7 +51,8 @@
 // measured (medians; 5 by default): comparing two builds on a noisy machine wants more.
 //
 // Usage: plan_bench [ranks] [tensors] [--coordinator-only |
-//                   --coordinator-ruled [--cached-commit apart|copy] | --plan-save-only |
+//                   --coordinator-ruled [--cached-commit apart|copy] [--keep-writes] |
+//                   --plan-save-only |
 //                   --open-only] [--threads N] [--runs N]
 //        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
@@ -332,7 +336,7 @@ enum class Commit { kInPlace, kApart, kCopied };
 // (plan/ruled_plan.h) as a save sends them: every rank's digest and own part, the shared part
 // from rank 0 alone; otherwise every rank's whole local plan (as saves sent them before).
 // Returns false on a failure (printed).
-bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
+bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, bool keep_writes,
                         sp::ThreadPool* pool) {
   std::vector<std::string> gathered(ranks);
   size_t gathered_bytes = 0;
@@ -349,6 +353,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
   }
   const auto start = std::chrono::steady_clock::now();
   size_t reply_bytes = 0, metadata_bytes = 0;
+  size_t held_chunk_bytes = 0, held_write_bytes = 0;  // what a cache keeps of the plan
   double decoded_s = 0, planned_s = 0;
   {
     sp::GatheredPlans plans(gathered.size());
@@ -388,13 +393,17 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
       plan->metadata.files[f].data_start = 4096;
       plan->metadata.files[f].size = 4096 + data_bytes[f];
     }
-    // The replies, rank by rank on the pool as engine/save.cc encodes them.
-    std::vector<size_t> replies(plan->ranks.size());
+    // The replies, rank by rank on the pool as engine/save.cc encodes them, held until they are
+    // scattered. Each rank's writes are freed once its reply holds them (as engine/save.cc does;
+    // with --keep-writes, as it did before: kept beside the replies, and by a cache).
+    std::vector<std::string> replies(plan->ranks.size());
     (void)sp::ParallelFor(pool, static_cast<int64_t>(replies.size()), [&](int64_t r) {
-      replies[r] = sp::EncodeRankSavePlan(plan->ranks[r]).size();
+      replies[r] = sp::EncodeRankSavePlan(plan->ranks[r]);
+      if (!keep_writes) std::vector<sp::ChunkWrite>().swap(plan->ranks[r].writes);
       return sp::OkStatus();
     });
-    for (size_t bytes : replies) reply_bytes += bytes;
+    for (const std::string& reply : replies) reply_bytes += reply.size();
+    replies = {};
     const uint64_t block_bytes = plan->metadata.checksum_block_bytes;
     if (commit == Commit::kInPlace) {
       FillCommittedChecksums(block_bytes, &plan->metadata.tensors);
@@ -414,6 +423,12 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
             CopiedWithChecksums(summary, plan->metadata.tensors, pool);
         if (!md.ok()) return false;
         metadata_bytes = sp::EncodeMetadata(*md).size();
+      }
+      for (const sp::TensorMetadata& t : plan->metadata.tensors) {
+        held_chunk_bytes += t.chunks.capacity() * sizeof(sp::StoredChunk);
+      }
+      for (const sp::RankSavePlan& r : plan->ranks) {
+        held_write_bytes += r.writes.capacity() * sizeof(sp::ChunkWrite);
       }
     }
   }
@@ -439,6 +454,13 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit,
       peak, before, static_cast<double>(gathered_bytes) / (1 << 20), seconds,
       static_cast<double>(reply_bytes) / (1 << 20), static_cast<double>(metadata_bytes) / (1 << 20),
       decoded_s, planned_s);
+  if (commit != Commit::kInPlace) {
+    std::printf("    between saves the cache holds the plan: %.1f MiB of chunk lists and %.1f MiB "
+                "of the ranks' writes%s\n",
+                static_cast<double>(held_chunk_bytes) / (1 << 20),
+                static_cast<double>(held_write_bytes) / (1 << 20),
+                keep_writes ? " (--keep-writes)" : "");
+  }
   std::fflush(stdout);
   return true;
 }
@@ -523,7 +545,7 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
 
 int main(int argc, char** argv) {
   bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false;
-  bool open_only = false, runs_given = false, usage = false;
+  bool open_only = false, runs_given = false, usage = false, keep_writes = false;
   Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
   std::vector<const char*> positional;
@@ -546,6 +568,8 @@ int main(int argc, char** argv) {
                : std::strcmp(argv[i], "copy") == 0 ? Commit::kCopied
                                                    : Commit::kInPlace;
       usage = usage || commit == Commit::kInPlace;
+    } else if (std::strcmp(argv[i], "--keep-writes") == 0) {
+      keep_writes = true;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
       usage = usage || threads < 1;
@@ -560,10 +584,11 @@ int main(int argc, char** argv) {
   if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
       coordinator_only + coordinator_ruled + plan_save_only + open_only > 1 ||
       (runs_given && !plan_save_only && !open_only) ||
-      (commit != Commit::kInPlace && !coordinator_ruled)) {
+      ((commit != Commit::kInPlace || keep_writes) && !coordinator_ruled)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
-                 "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] | "
+                 "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] "
+                 "[--keep-writes] | "
                  "--plan-save-only | --open-only] [--threads N >= 1] [--runs N >= 1]\n");
     return 2;
   }
@@ -571,10 +596,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<sp::ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<sp::ThreadPool>(threads);
   if (coordinator_ruled) {
-    return MeasureCoordinator(ranks, tensors, true, commit, pool.get()) ? 0 : 1;
+    return MeasureCoordinator(ranks, tensors, true, commit, keep_writes, pool.get()) ? 0 : 1;
   }
   if (coordinator_only) {
-    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, pool.get()) ? 0 : 1;
+    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, false, pool.get()) ? 0 : 1;
   }
   if (!plan_save_only && !open_only) {
     std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);

@@ -15,7 +15,9 @@
 // (SaveTensor::layout): each rank then sends the coordinator a digest and its objects, and rank 0
 // the names, shapes and rules once (plan/ruled_plan.h). Each way also prints rank 0's resident
 // set after its last save, while its cache (when it has one) still holds the plan, and its peak
-// during the way's saves.
+// during the way's saves; and its heap in use before the first save and after the last, whose
+// difference is what the cache holds (the resident set keeps freed memory and cannot show it).
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -100,7 +102,18 @@ struct Way {
   double coordinator_mib = 0; // rank 0's resident set after the last save (its cache still held)
   double start_mib = 0;       // rank 0's resident set before the first save
   double peak_mib = 0;        // rank 0's peak resident set from the first save to the last
+  // Rank 0's heap in use (allocated and not freed) before the first save and after the last: the
+  // difference is what the saves left allocated, the cache's plan when there is one. The resident
+  // set cannot tell: freed heap memory stays resident for the next allocations.
+  double start_heap_mib = 0;
+  double heap_mib = 0;
 };
+
+// This process's heap in use, in MiB (mallinfo2: small blocks and mapped ones).
+double HeapInUseMiB() {
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<double>(info.uordblks + info.hblkhd) / (1 << 20);
+}
 
 // This process's resident set in MiB (`field` VmRSS of /proc/self/status; VmHWM: its peak), or
 // -1.
@@ -130,6 +143,7 @@ Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, 
   SavePlanCache cache;
   ResetPeak();
   way.start_mib = ResidentMiB();
+  way.start_heap_mib = HeapInUseMiB();
   for (int s = 0; s < saves; ++s) {
     rank.state.objects[0].payload = std::to_string(s);
     const std::string path = dir + "/step" + std::to_string(s);
@@ -162,6 +176,7 @@ Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, 
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
   way.coordinator_mib = ResidentMiB();
   way.peak_mib = ResidentMiB("VmHWM:");
+  way.heap_mib = HeapInUseMiB();
   return way;
 }
 
@@ -179,6 +194,9 @@ void Print(const char* name, const Way& way) {
   std::printf("  coordinator (rank 0) resident after the last save: %.1f MiB; peak during the "
               "saves %.1f MiB (%.1f MiB before the first)\n",
               way.coordinator_mib, way.peak_mib, way.start_mib);
+  std::printf("  coordinator (rank 0) heap in use after the last save: %.1f MiB (%.1f MiB before "
+              "the first): %.1f MiB left allocated\n",
+              way.heap_mib, way.start_heap_mib, way.heap_mib - way.start_heap_mib);
 }
 
 }  // namespace

@@ -2139,16 +2139,27 @@ TEST_F(PlanCacheTest, SavesAlternatingFormatsThroughOneCacheStayExact) {
   n.save = MeshOf(n.shape, Mesh({4}, {Placement::Replicate()}));
   n.load = MeshOf(n.shape, Mesh({3}, {Placement::Replicate()}));
   Case c = MakeCase({w, n}, 4, 3);
+  std::vector<SaveStats> stats(4);
+  c.save_stats = &stats;
   SavePlanCache cache;
   const CheckpointFormat formats[] = {CheckpointFormat::kNative, CheckpointFormat::kNative,
-                                      CheckpointFormat::kTorchDcp, CheckpointFormat::kNative,
-                                      CheckpointFormat::kNative, CheckpointFormat::kTorchDcp};
+                                      CheckpointFormat::kTorchDcp, CheckpointFormat::kTorchDcp,
+                                      CheckpointFormat::kNative, CheckpointFormat::kNative,
+                                      CheckpointFormat::kTorchDcp};
+  const int kExchanges[] = {2, 1, 3, 1, 1, 1, 1};
   for (size_t k = 0; k < std::size(formats); ++k) {
     SCOPED_TRACE("save " + std::to_string(k));
     c.save_options.format = formats[k];
     NewValues(&c, 1 + k);
     const std::string path = "/alternate/" + std::to_string(k);
     ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, path, k > 0 && formats[k] == formats[k - 1]));
+    // After the first save the ranks send the id of their cached plan. Save 0 also sends a shared
+    // part the coordinator asks for (2 exchanges). The native plan it makes is kept without the
+    // ranks' writes (their files are renamed), so save 2 cannot lay it out again for torch-dcp:
+    // it asks for the ranks' plans and then a shared part (3). Save 2's plan is kept with the
+    // writes (torch-dcp moves chunks), and saves 4 and 6 lay it out again in one exchange.
+    EXPECT_EQ(stats[0].plan_exchanges, kExchanges[k]);
+    for (const SaveStats& s : stats) EXPECT_EQ(s.plan_exchanges, stats[0].plan_exchanges);
     ASSERT_NO_FATAL_FAILURE(LoadOk(c, path));
     ExpectLoaded(c, initial_, loaded_);
     if (formats[k] == CheckpointFormat::kNative) {

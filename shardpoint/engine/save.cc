@@ -101,8 +101,13 @@ struct SavePlanCacheState {
   // plan is most of a gigabyte, and the layout of a format whose files are renamed for the next
   // save (the native one) leaves every chunk where the plan put it. Shared with the saves that
   // commit its tensors (PendingMetadata): a new plan replaces it, nothing changes it.
+  // A plan whose files the ranks rename keeps no rank's writes (`plan_has_writes` false): each
+  // rank holds its own, and the coordinator's copy of all of them (40 bytes a chunk, 188 MiB at
+  // 8,192 x 1,000) would serve only a save that lays the plan out again (another format, or
+  // ranks holding the files of another save), which then plans afresh instead.
   uint64_t plan_id = 0;
   std::shared_ptr<const GlobalSavePlan> plan;
+  bool plan_has_writes = true;
   // Every rank's writes as last sent, where that layout moved chunks (torch-dcp); nullopt when
   // they were plan.ranks.
   std::optional<std::vector<RankSavePlan>> moved_writes;
@@ -352,11 +357,20 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
             world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id, save_id, {}}));
       }
     }
-    // Laid out again (another format, or a writer that does not rename).
-    plan = *cached->plan;
-    plan.metadata.save_id = save_id;
-    plan.metadata.objects = std::move(objects);
-  } else {
+    // Laid out again (another format, or a writer that does not rename), from the cached plan's
+    // writes; a plan kept without them is made afresh, from the ranks' local plans.
+    if (cached->plan_has_writes) {
+      plan = *cached->plan;
+      plan.metadata.save_id = save_id;
+      plan.metadata.objects = std::move(objects);
+    } else {
+      use_cache = false;
+      SP_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> ask,
+                          AskForMissing(requests, &shared, &opened));
+      if (ask) return std::move(*ask);
+    }
+  }
+  if (!use_cache) {
     // Decoded into one compact table (plan/gathered_plans.h), not one LocalSavePlan per rank.
     GatheredPlans gathered(requests.size());
     for (size_t r = 0; r < requests.size(); ++r) {
@@ -385,6 +399,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_id = NewPlanId();
     cached->plan_id = plan_id;
     cached->plan.reset();
+    cached->plan_has_writes = true;
     if (!share_plan) {
       auto copy = std::make_shared<GlobalSavePlan>(plan);
       copy->metadata.objects.clear();
@@ -445,8 +460,15 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     reply.plan_id = plan_id;
     reply.save_id = plan.metadata.save_id;
     reply.order.format = writer->format();
-    if (!files_only) reply.order.plan = plan.ranks[r];
-    for (uint32_t f : plan.ranks[r].files) {
+    // The rank's writes go into its reply and are freed with it: the plan (and a cache that takes
+    // it) needs them no more, and the coordinator does not hold them beside the replies.
+    RankSavePlan& rank_plan = plan.ranks[r];
+    if (!files_only) {
+      reply.order.plan.files = rank_plan.files;
+      reply.order.plan.writes = std::move(rank_plan.writes);
+    }
+    std::vector<ChunkWrite>().swap(rank_plan.writes);
+    for (uint32_t f : rank_plan.files) {
       const DataFile& file = plan.metadata.files[f];
       reply.order.files.push_back({f, file.name, headers.empty() ? "" : headers[f], file.size});
     }
@@ -459,6 +481,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     std::vector<DataFile> files = plan.metadata.files;
     const std::string save_id = plan.metadata.save_id;
     cached->plan = std::make_shared<const GlobalSavePlan>(std::move(plan));
+    cached->plan_has_writes = false;
     *pending = PendingMetadata{cached->plan, static_cast<int32_t>(world), writer->format(),
                                std::move(files), save_id, std::move(objects), options.attributes};
     return payloads;

@@ -22,9 +22,11 @@
 // One cache per rank and group (or one shared by the in-process ranks of a group: each rank keeps
 // its part), used by one save at a time (an AsyncSaver runs one save at a time). It holds this
 // rank's local layout, writes and file headers (O(its chunks)), and on the coordinator also one
-// copy of the global plan (about the metadata's memory and every rank's writes) with the names of
-// the files of its last layout. A cache used with
-// another group or another state plans afresh, correctly, and then caches that plan instead.
+// copy of the global plan (about the metadata's memory) with the names of the files of its last
+// layout. The coordinator's copy keeps every rank's writes only where the ranks do not rename
+// their files (torch-dcp); a save that must lay out a plan kept without them plans afresh. A
+// cache used with another group or another state plans afresh, correctly, and then caches that
+// plan instead.
 #ifndef SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 #define SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 
