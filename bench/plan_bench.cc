@@ -36,10 +36,11 @@
 // a plan cache does (the cache holds the plan; the metadata is encoded from its chunks and a table
 // of the checksums), and `--cached-commit copy` as such a save did before (through a copy of the
 // plan with the checksums filled in); without it, as a save without a cache (filled into the
-// plan's own chunks). With a cache it also prints what the cache keeps of the plan between saves.
-// The coordinator frees each rank's writes once that rank's reply holds them, as engine/save.cc
-// does; `--keep-writes` keeps them (beside the replies, and in the cache's plan), as it did
-// before.
+// plan's own chunks). With a cache it also prints what the cache keeps of the plan between saves
+// and, with `apart`, the time a save from the cached plan takes to decode its chunks back from
+// the committed file the cache keeps instead of them. The coordinator frees each rank's writes
+// once that rank's reply holds them, as engine/save.cc does; `--keep-writes` keeps them (beside
+// the replies, and in the cache's plan whole), as it did before.
 //
 // `--plan-save-only` times PlanSave alone (on every rank's whole plan, on the gathered table and
 // on the ruled plans) and prints it in one line with the plan's chunks and their bytes, for
@@ -354,6 +355,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
   const auto start = std::chrono::steady_clock::now();
   size_t reply_bytes = 0, metadata_bytes = 0;
   size_t held_chunk_bytes = 0, held_write_bytes = 0;  // what a cache keeps of the plan
+  std::string committed;  // the metadata file, which a cache keeps instead of the chunks
   double decoded_s = 0, planned_s = 0;
   {
     sp::GatheredPlans plans(gathered.size());
@@ -414,10 +416,9 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
       sp::CheckpointMetadata summary = plan->metadata;
       plan->metadata.tensors = std::move(tensors);
       if (commit == Commit::kApart) {
-        metadata_bytes =
-            sp::EncodeMetadata(summary, plan->metadata.tensors,
-                               ReportedChecksums(plan->metadata.tensors, block_bytes))
-                .size();
+        committed = sp::EncodeMetadata(summary, plan->metadata.tensors,
+                                       ReportedChecksums(plan->metadata.tensors, block_bytes));
+        metadata_bytes = committed.size();
       } else {
         sp::Result<sp::CheckpointMetadata> md =
             CopiedWithChecksums(summary, plan->metadata.tensors, pool);
@@ -430,6 +431,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
       for (const sp::RankSavePlan& r : plan->ranks) {
         held_write_bytes += r.writes.capacity() * sizeof(sp::ChunkWrite);
       }
+      if (keep_writes) committed = {};  // as before: the cache kept the plan whole
     }
   }
   const double seconds =
@@ -454,7 +456,23 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
       peak, before, static_cast<double>(gathered_bytes) / (1 << 20), seconds,
       static_cast<double>(reply_bytes) / (1 << 20), static_cast<double>(metadata_bytes) / (1 << 20),
       decoded_s, planned_s);
-  if (commit != Commit::kInPlace) {
+  if (!committed.empty()) {
+    // As the cache keeps it (engine/save.cc): the committed file instead of the plan's chunks,
+    // which the next save from the plan decodes back while the ranks write.
+    const auto restore_start = std::chrono::steady_clock::now();
+    sp::Result<sp::CheckpointMetadata> restored = sp::DecodeMetadata(committed, "/bench", pool);
+    if (!restored.ok()) {
+      std::fprintf(stderr, "DecodeMetadata failed: %s\n", restored.status().ToString().c_str());
+      return false;
+    }
+    const double restore_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_start).count();
+    std::printf("    between saves the cache holds the committed metadata file, %.1f MiB, instead "
+                "of the plan's %.1f MiB of chunk lists (and none of the ranks' writes); a save "
+                "from the plan decodes the chunks back in %.2f s, while the ranks write\n",
+                static_cast<double>(committed.size()) / (1 << 20),
+                static_cast<double>(held_chunk_bytes) / (1 << 20), restore_s);
+  } else if (commit != Commit::kInPlace) {
     std::printf("    between saves the cache holds the plan: %.1f MiB of chunk lists and %.1f MiB "
                 "of the ranks' writes%s\n",
                 static_cast<double>(held_chunk_bytes) / (1 << 20),

@@ -16,7 +16,8 @@
 // the names, shapes and rules once (plan/ruled_plan.h). Each way also prints rank 0's resident
 // set after its last save, while its cache (when it has one) still holds the plan, and its peak
 // during the way's saves; and its heap in use before the first save and after the last, whose
-// difference is what the cache holds (the resident set keeps freed memory and cannot show it).
+// difference is what the cache holds (the resident set keeps freed memory and cannot show it),
+// and what the cache says it holds of the plan (SavePlanCache::plan_bytes).
 #include <malloc.h>
 #include <mpi.h>
 
@@ -107,6 +108,7 @@ struct Way {
   // set cannot tell: freed heap memory stays resident for the next allocations.
   double start_heap_mib = 0;
   double heap_mib = 0;
+  double cache_plan_mib = -1;  // with a cache: SavePlanCache::plan_bytes() after the last save
 };
 
 // This process's heap in use, in MiB (mallinfo2: small blocks and mapped ones).
@@ -177,6 +179,7 @@ Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, 
   way.coordinator_mib = ResidentMiB();
   way.peak_mib = ResidentMiB("VmHWM:");
   way.heap_mib = HeapInUseMiB();
+  if (cache_plans) way.cache_plan_mib = static_cast<double>(cache.plan_bytes()) / (1 << 20);
   return way;
 }
 
@@ -197,6 +200,10 @@ void Print(const char* name, const Way& way) {
   std::printf("  coordinator (rank 0) heap in use after the last save: %.1f MiB (%.1f MiB before "
               "the first): %.1f MiB left allocated\n",
               way.heap_mib, way.start_heap_mib, way.heap_mib - way.start_heap_mib);
+  if (way.cache_plan_mib >= 0) {
+    std::printf("  the cache's plan on rank 0 between saves (SavePlanCache::plan_bytes): %.1f MiB\n",
+                way.cache_plan_mib);
+  }
 }
 
 }  // namespace

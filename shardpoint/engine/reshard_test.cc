@@ -1966,6 +1966,13 @@ class PlanCacheTest : public ReshardTest {
     EXPECT_EQ(cache.hits() - hits, expect_hit ? ranks : 0) << path;
     EXPECT_EQ(cache.misses() - misses, expect_hit ? 0 : ranks) << path;
   }
+  // Checks that between saves the coordinator's part of `cache` holds the native metadata file
+  // committed at `path` and nothing else of its plan: no chunk list, no rank's writes.
+  void ExpectPlanKeptAsItsFile(const SavePlanCache& cache, const std::string& path) {
+    Result<std::string> file = store_.ReadFile(JoinPath(path, "shardpoint.metadata"));
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ(cache.plan_bytes(), file->size()) << path;
+  }
 };
 
 // Random layouts and options: the second save of each takes the cached plan, stores the new
@@ -1979,8 +1986,11 @@ TEST_F(PlanCacheTest, RepeatedSavesOfRandomLayoutsTakeTheCachedPlanAndStayBitExa
     SavePlanCache cache;  // one for every in-process rank of the group
     const std::string dir = "/cache" + std::to_string(i);
     ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/a", false));
+    ExpectPlanKeptAsItsFile(cache, dir + "/a");
     NewValues(&*c, 1 + static_cast<size_t>(i));
+    // The plan's chunks come back from /a's file, and /b's file is kept instead.
     ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/b", true));
+    ExpectPlanKeptAsItsFile(cache, dir + "/b");
     ASSERT_NO_FATAL_FAILURE(LoadOk(*c, dir + "/b"));
     ExpectLoaded(*c, initial_, loaded_);
     ExpectSamePlan(Metadata(dir + "/a"), Metadata(dir + "/b"));
@@ -2163,6 +2173,9 @@ TEST_F(PlanCacheTest, SavesAlternatingFormatsThroughOneCacheStayExact) {
     ASSERT_NO_FATAL_FAILURE(LoadOk(c, path));
     ExpectLoaded(c, initial_, loaded_);
     if (formats[k] == CheckpointFormat::kNative) {
+      // A native plan is kept as its committed file (saves 4 and 5 take save 2's torch-dcp plan,
+      // which is kept whole, writes and all).
+      if (k < 2) ExpectPlanKeptAsItsFile(cache, path);
       Result<VerifyReport> verified = Verify(path, &store_);
       ASSERT_TRUE(verified.ok()) << verified.status();
       EXPECT_TRUE(verified->ok()) << (verified->defects.empty() ? "" : verified->defects[0]);

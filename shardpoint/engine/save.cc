@@ -23,6 +23,7 @@
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/engine/write_reports.h"
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/writer.h"
 #include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/plan_codec.h"
@@ -108,6 +109,14 @@ struct SavePlanCacheState {
   uint64_t plan_id = 0;
   std::shared_ptr<const GlobalSavePlan> plan;
   bool plan_has_writes = true;
+  // Between saves, a native plan without writes is kept without its chunks either (the chunks
+  // are most of the plan: 128 bytes each, 600 MiB at 8,192 x 1,000): its tensors keep their names,
+  // dtypes and shapes, and `committed_file` holds the bytes of the metadata file the last save
+  // from the plan committed, whose tensors are the plan's chunks with that save's checksums (the
+  // file is about a fifth of the chunks' memory). A save that takes the plan decodes them back
+  // while the ranks write (RestoreChunks) and commits from them; null while the plan holds its
+  // chunks.
+  std::shared_ptr<const std::string> committed_file;
   // Every rank's writes as last sent, where that layout moved chunks (torch-dcp); nullopt when
   // they were plan.ranks.
   std::optional<std::vector<RankSavePlan>> moved_writes;
@@ -128,6 +137,9 @@ struct SavePlanCacheState {
 // at 8,192 ranks x 1,000 tensors).
 struct PendingMetadata {
   std::shared_ptr<const GlobalSavePlan> plan;  // the cached plan
+  // When the cache keeps `plan` without its chunks: the committed metadata file they are restored
+  // from (SavePlanCacheState::committed_file).
+  std::shared_ptr<const std::string> committed_file;
   int32_t world_size = 0;
   CheckpointFormat format = CheckpointFormat::kNative;
   std::vector<DataFile> files;  // renamed
@@ -179,6 +191,23 @@ uint64_t SavePlanCache::misses() const {
 void SavePlanCache::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   *state_ = SavePlanCacheState();
+}
+
+uint64_t SavePlanCache::plan_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const SavePlanCacheState& state = *state_;
+  uint64_t bytes = state.committed_file != nullptr ? state.committed_file->size() : 0;
+  const auto writes = [&](const std::vector<RankSavePlan>& ranks) {
+    for (const RankSavePlan& r : ranks) bytes += r.writes.capacity() * sizeof(ChunkWrite);
+  };
+  if (state.plan != nullptr) {
+    for (const TensorMetadata& t : state.plan->metadata.tensors) {
+      bytes += t.chunks.capacity() * sizeof(StoredChunk);
+    }
+    writes(state.plan->ranks);
+  }
+  if (state.moved_writes) writes(*state.moved_writes);
+  return bytes;
 }
 
 namespace {
@@ -350,9 +379,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
       }
       if (ok) {
         SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
-        *pending = PendingMetadata{cached->plan, static_cast<int32_t>(world), laid_out->format,
-                                   std::move(files), save_id, std::move(objects),
-                                   options.attributes};
+        *pending = PendingMetadata{cached->plan,           cached->committed_file,
+                                   static_cast<int32_t>(world), laid_out->format,
+                                   std::move(files),       save_id,
+                                   std::move(objects),     options.attributes};
         return std::vector<std::string>(
             world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id, save_id, {}}));
       }
@@ -400,6 +430,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     cached->plan_id = plan_id;
     cached->plan.reset();
     cached->plan_has_writes = true;
+    cached->committed_file.reset();
     if (!share_plan) {
       auto copy = std::make_shared<GlobalSavePlan>(plan);
       copy->metadata.objects.clear();
@@ -482,8 +513,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     const std::string save_id = plan.metadata.save_id;
     cached->plan = std::make_shared<const GlobalSavePlan>(std::move(plan));
     cached->plan_has_writes = false;
-    *pending = PendingMetadata{cached->plan, static_cast<int32_t>(world), writer->format(),
-                               std::move(files), save_id, std::move(objects), options.attributes};
+    *pending = PendingMetadata{cached->plan,          nullptr,
+                               static_cast<int32_t>(world), writer->format(),
+                               std::move(files),      save_id,
+                               std::move(objects),    options.attributes};
     return payloads;
   }
   if (share_plan) cached->plan_id = 0;  // a layout that moved chunks: the plan is not kept
@@ -650,11 +683,75 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
 // the same path on a store that checks conditions (object storage) only one commits; the other
 // fails with kAlreadyExists and leaves its data files, which no metadata names, to the cleanup of
 // the next save there.
+// `plan` without its chunks, as a cache keeps it between saves beside the file they are restored
+// from: its tensors with their names, dtypes and shapes, and all else.
+std::shared_ptr<const GlobalSavePlan> WithoutChunks(const GlobalSavePlan& plan) {
+  auto out = std::make_shared<GlobalSavePlan>();
+  const std::vector<TensorMetadata>& tensors = plan.metadata.tensors;
+  {
+    // Everything but the tensors, copied without copying them.
+    CheckpointMetadata& md = out->metadata;
+    const CheckpointMetadata& from = plan.metadata;
+    md.version_major = from.version_major;
+    md.version_minor = from.version_minor;
+    md.save_id = from.save_id;
+    md.world_size = from.world_size;
+    md.checksum_block_bytes = from.checksum_block_bytes;
+    md.format = from.format;
+    md.files = from.files;
+    md.objects = from.objects;
+    md.attributes = from.attributes;
+  }
+  out->metadata.tensors.resize(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    TensorMetadata& tensor = out->metadata.tensors[t];
+    tensor.name = tensors[t].name;
+    tensor.dtype = tensors[t].dtype;
+    tensor.shape = tensors[t].shape;
+  }
+  out->ranks = plan.ranks;
+  return out;
+}
+
+// The plan `compact` (WithoutChunks) with its chunks decoded from `file`, the metadata file a save
+// from that plan committed: the same tensors in the same order, each with the plan's chunks in
+// the plan's order (the ranks' cached writes name them by index), holding that save's checksums.
+// Anything else is an internal error: the cache holds a file that is not its plan's.
+Result<std::shared_ptr<const GlobalSavePlan>> RestoreChunks(const GlobalSavePlan& compact,
+                                                           const std::string& file,
+                                                           std::string_view path,
+                                                           ThreadPool* pool) {
+  Result<CheckpointMetadata> decoded = DecodeMetadata(file, JoinPath(path, "(cached plan)"), pool);
+  if (!decoded.ok()) {
+    return InternalError("the save plan cache's copy of its plan does not decode: " +
+                         decoded.status().ToString());
+  }
+  const std::vector<TensorMetadata>& planned = compact.metadata.tensors;
+  std::vector<TensorMetadata>& tensors = decoded->tensors;
+  bool same = tensors.size() == planned.size();
+  for (size_t t = 0; same && t < tensors.size(); ++t) {
+    same = tensors[t].name == planned[t].name && tensors[t].dtype == planned[t].dtype &&
+           tensors[t].shape == planned[t].shape;
+  }
+  if (!same) {
+    return InternalError("the save plan cache's copy of its plan holds other tensors than the plan");
+  }
+  auto out = std::make_shared<GlobalSavePlan>();
+  out->metadata = compact.metadata;  // no chunks: cheap
+  out->metadata.tensors = std::move(tensors);
+  out->ranks = compact.ranks;
+  return std::shared_ptr<const GlobalSavePlan>(std::move(out));
+}
+
+// Commits the save: collects the ranks' reports into the metadata, encodes it, writes it durably
+// (the commit point) and removes what it replaced. With `committed_file`, the metadata file's
+// bytes are left there once committed.
 Status CommitOnCoordinator(std::vector<std::string> reports, std::string_view path,
                            Store& store, int coordinator, const CheckpointWriter& writer,
                            const std::optional<FileCondition>& condition,
                            const std::vector<TensorMetadata>& tensors,
-                           CheckpointMetadata* metadata, ThreadPool* pool) {
+                           CheckpointMetadata* metadata, ThreadPool* pool,
+                           std::string* committed_file) {
   // The checksums are kept apart only where the tensors are not the metadata's own: a table of
   // them costs 12 bytes a chunk more than filling them in.
   std::string encoded;
@@ -689,6 +786,7 @@ Status CommitOnCoordinator(std::vector<std::string> reports, std::string_view pa
   }
   RemoveUnreferencedFiles(store, path, *metadata);
   store.DropUnfinishedWrites(path).status().IgnoreError();
+  if (committed_file != nullptr) *committed_file = std::move(encoded);
   return OkStatus();
 }
 
@@ -856,10 +954,29 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                           ctx->pool(), &files, &clock, &stats);
   }();
   // A save whose plan the cache holds commits with the plan's tensors, kept alive here even if
-  // another save replaces the cache's plan meanwhile.
+  // another save replaces the cache's plan meanwhile. A plan the cache keeps without its chunks
+  // gets them back from the file it keeps, while the other ranks write; the cache then holds the
+  // plan whole until this save has committed.
   std::shared_ptr<const GlobalSavePlan> shared_plan;
+  Status restored = OkStatus();
   if (pending_metadata) {
     shared_plan = pending_metadata->plan;
+    if (pending_metadata->committed_file != nullptr) {
+      Result<std::shared_ptr<const GlobalSavePlan>> whole = RestoreChunks(
+          *shared_plan, *pending_metadata->committed_file, path, &ctx->pool());
+      std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
+      SavePlanCacheState& cached = CacheAccess::State(*cache);
+      if (!whole.ok()) {
+        restored = whole.status();
+        if (cached.plan == shared_plan) cached.plan_id = 0;  // plan afresh next time
+      } else {
+        if (cached.plan == shared_plan) {
+          cached.plan = *whole;
+          cached.committed_file.reset();
+        }
+        shared_plan = std::move(whole).value();
+      }
+    }
     metadata = std::move(*pending_metadata).WithoutTensors();
     pending_metadata.reset();
   }
@@ -868,17 +985,30 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     RemoveFiles(ctx->store(), files);
     return reports.status();
   }
-  Status committed = OkStatus();
-  if (comm.rank() == root) {
+  Status committed = restored;
+  if (comm.rank() == root && committed.ok()) {
     Result<std::unique_ptr<CheckpointWriter>> writer =
         MakeCheckpointWriter(options.format, options.megatron);
+    // The committed file of a native plan kept without writes: the cache keeps it instead of
+    // the plan's chunks until the next save from the plan.
+    const bool keep_file = shared_plan != nullptr && options.format == CheckpointFormat::kNative;
+    std::string committed_file;
     committed = writer.ok()
                     ? CommitOnCoordinator(std::move(*reports), path, ctx->store(), root,
                                           **writer, commit_condition,
                                           shared_plan ? shared_plan->metadata.tensors
                                                       : metadata.tensors,
-                                          &metadata, &ctx->pool())
+                                          &metadata, &ctx->pool(),
+                                          keep_file ? &committed_file : nullptr)
                     : writer.status();
+    if (committed.ok() && keep_file) {
+      std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
+      SavePlanCacheState& cached = CacheAccess::State(*cache);
+      if (cached.plan == shared_plan && !cached.plan_has_writes) {
+        cached.plan = WithoutChunks(*shared_plan);
+        cached.committed_file = std::make_shared<const std::string>(std::move(committed_file));
+      }
+    }
   }
   // A failed commit leaves the data files alone: the metadata may already be in place. Files
   // that end up unreferenced are removed by the next save at this path.

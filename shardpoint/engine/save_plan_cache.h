@@ -22,11 +22,12 @@
 // One cache per rank and group (or one shared by the in-process ranks of a group: each rank keeps
 // its part), used by one save at a time (an AsyncSaver runs one save at a time). It holds this
 // rank's local layout, writes and file headers (O(its chunks)), and on the coordinator also one
-// copy of the global plan (about the metadata's memory) with the names of the files of its last
-// layout. The coordinator's copy keeps every rank's writes only where the ranks do not rename
-// their files (torch-dcp); a save that must lay out a plan kept without them plans afresh. A
-// cache used with another group or another state plans afresh, correctly, and then caches that
-// plan instead.
+// copy of the global plan with the names of the files of its last layout. The coordinator's copy
+// keeps every rank's writes only where the ranks do not rename their files (torch-dcp); a save
+// that must lay out a plan kept without them plans afresh. Between saves, a native plan is kept
+// as the metadata file last committed from it (about a fifth of its chunks' memory), and the next
+// save from it decodes the chunks back while the ranks write. A cache used with another group or
+// another state plans afresh, correctly, and then caches that plan instead.
 #ifndef SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 #define SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 
@@ -51,6 +52,10 @@ class SavePlanCache {
   uint64_t misses() const;
   // Forgets the cached plan: the next save through this cache plans afresh.
   void Clear();
+  // The bytes the coordinator's part holds between saves: its plan's chunk lists and every rank's
+  // writes it keeps, or, for a native plan whose files the ranks rename, the metadata file last
+  // committed from the plan, kept instead of its chunks. 0 on a cache no coordinator used.
+  uint64_t plan_bytes() const;
 
  private:
   friend class SavePlanCacheAccess;
