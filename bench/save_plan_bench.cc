@@ -201,7 +201,8 @@ void Print(const char* name, const Way& way) {
               "the first): %.1f MiB left allocated\n",
               way.heap_mib, way.start_heap_mib, way.heap_mib - way.start_heap_mib);
   if (way.cache_plan_mib >= 0) {
-    std::printf("  the cache's plan on rank 0 between saves (SavePlanCache::plan_bytes): %.1f MiB\n",
+    std::printf("  the cache's plan on rank 0 between saves (SavePlanCache::plan_bytes): "
+                "%.1f MiB\n",
                 way.cache_plan_mib);
   }
 }

@@ -379,10 +379,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
       }
       if (ok) {
         SP_RETURN_IF_ERROR(CreateDurableDirs(store, path));
-        *pending = PendingMetadata{cached->plan,           cached->committed_file,
+        *pending = PendingMetadata{cached->plan, cached->committed_file,
                                    static_cast<int32_t>(world), laid_out->format,
-                                   std::move(files),       save_id,
-                                   std::move(objects),     options.attributes};
+                                   std::move(files), save_id, std::move(objects),
+                                   options.attributes};
         return std::vector<std::string>(
             world, EncodePlanReply(PlanReply{PlanReply::Kind::kRenamed, plan_id, save_id, {}}));
       }
@@ -513,10 +513,9 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     const std::string save_id = plan.metadata.save_id;
     cached->plan = std::make_shared<const GlobalSavePlan>(std::move(plan));
     cached->plan_has_writes = false;
-    *pending = PendingMetadata{cached->plan,          nullptr,
-                               static_cast<int32_t>(world), writer->format(),
-                               std::move(files),      save_id,
-                               std::move(objects),    options.attributes};
+    *pending = PendingMetadata{cached->plan, nullptr, static_cast<int32_t>(world),
+                               writer->format(), std::move(files), save_id, std::move(objects),
+                               options.attributes};
     return payloads;
   }
   if (share_plan) cached->plan_id = 0;  // a layout that moved chunks: the plan is not kept
@@ -734,7 +733,8 @@ Result<std::shared_ptr<const GlobalSavePlan>> RestoreChunks(const GlobalSavePlan
            tensors[t].shape == planned[t].shape;
   }
   if (!same) {
-    return InternalError("the save plan cache's copy of its plan holds other tensors than the plan");
+    return InternalError(
+        "the save plan cache's copy of its plan holds other tensors than the plan");
   }
   auto out = std::make_shared<GlobalSavePlan>();
   out->metadata = compact.metadata;  // no chunks: cheap
