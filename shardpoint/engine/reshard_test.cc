@@ -1988,7 +1988,9 @@ TEST_F(PlanCacheTest, RepeatedSavesOfRandomLayoutsTakeTheCachedPlanAndStayBitExa
     ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/a", false));
     ExpectPlanKeptAsItsFile(cache, dir + "/a");
     NewValues(&*c, 1 + static_cast<size_t>(i));
-    // The plan's chunks come back from /a's file, and /b's file is kept instead.
+    // The plan's chunks come back from /a's file, and /b's file, larger by an attribute, is kept
+    // instead.
+    c->save_options.attributes["saved as"] = "b";
     ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/b", true));
     ExpectPlanKeptAsItsFile(cache, dir + "/b");
     ASSERT_NO_FATAL_FAILURE(LoadOk(*c, dir + "/b"));
@@ -2098,10 +2100,30 @@ TEST_F(PlanCacheTest, OneRankChangingMakesTheOthersSendTheirPlansAndObjectsTrave
   ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/0", false));
   first.objects[0].per_rank = {step("2"), step("3"), step("4")};
   ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/1", true));
+  ExpectPlanKeptAsItsFile(cache, "/one/1");
   ASSERT_NO_FATAL_FAILURE(LoadOk(first, "/one/1"));
   ExpectLoaded(first, initial_, loaded_);
   ASSERT_EQ(results_[0].objects.size(), 1u);
   EXPECT_EQ(results_[0].objects[0].payload, "2");
+  // An object of 200 KB makes the committed file larger than the plan's chunks by more than the
+  // cache's slack: the cache keeps the plan whole, and the next save, whose file is small again,
+  // commits from it and keeps its file instead.
+  const std::string big = "\"" + std::string(200000, 'x') + "\"";
+  first.objects[0].per_rank = {step(big), step("3"), step("4")};
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/big", true));
+  Result<std::string> big_file = store_.ReadFile("/one/big/shardpoint.metadata");
+  ASSERT_TRUE(big_file.ok()) << big_file.status();
+  EXPECT_GT(big_file->size(), 200000u);
+  EXPECT_GT(cache.plan_bytes(), 0u);
+  EXPECT_LT(cache.plan_bytes(), big_file->size() - 200000);
+  ASSERT_NO_FATAL_FAILURE(LoadOk(first, "/one/big"));
+  ASSERT_EQ(results_[0].objects.size(), 1u);
+  EXPECT_EQ(results_[0].objects[0].payload, big);
+  first.objects[0].per_rank = {step("2"), step("3"), step("4")};
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/small", true));
+  ExpectPlanKeptAsItsFile(cache, "/one/small");
+  ASSERT_NO_FATAL_FAILURE(LoadOk(first, "/one/small"));
+  ExpectLoaded(first, initial_, loaded_);
   // Rank 2 now lists a tensor of its own: ranks 0 and 1 sent the id, then their plans.
   c.lists_on_save[2][1] = true;
   c.objects[0].per_rank = {ObjectEntry{}, step("5"), step("6")};

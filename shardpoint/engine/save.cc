@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -666,22 +667,10 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   return EncodeWriteReport(report);
 }
 
-// Coordinator: takes the reports (and frees them before it encodes the metadata: 75 MiB at 8,192
-// ranks x 1,000 tensors), has the writer write what must precede the commit (for
-// PyTorch DCP the file of the objects, for Megatron its files), makes the data durable, writes
-// and renames the metadata (the commit point), has the writers of the other kinds remove what a
-// replaced checkpoint of theirs left (its metadata first, so that a crash before this point
-// leaves the old checkpoint loadable), then removes files of earlier or failed saves that the new
-// metadata does not name.
-//
-// The metadata's tensors are `tensors`: metadata->tensors, or those of the plan the cache holds
-// (metadata->tensors then empty), with the checksums the ranks report kept apart from them
-// (CheckpointWriter::PrepareCommitApart).
-//
-// The metadata is written under `condition` (PlanOnCoordinator's), so that of two saves racing to
-// the same path on a store that checks conditions (object storage) only one commits; the other
-// fails with kAlreadyExists and leaves its data files, which no metadata names, to the cleanup of
-// the next save there.
+// A plan cache keeps a native plan's last committed metadata file instead of its chunks unless the
+// file is larger by more than this.
+constexpr uint64_t kPlanFileSlackBytes = uint64_t{64} << 10;
+
 // `plan` without its chunks, as a cache keeps it between saves beside the file they are restored
 // from: its tensors with their names, dtypes and shapes, and all else.
 std::shared_ptr<const GlobalSavePlan> WithoutChunks(const GlobalSavePlan& plan) {
@@ -743,9 +732,23 @@ Result<std::shared_ptr<const GlobalSavePlan>> RestoreChunks(const GlobalSavePlan
   return std::shared_ptr<const GlobalSavePlan>(std::move(out));
 }
 
-// Commits the save: collects the ranks' reports into the metadata, encodes it, writes it durably
-// (the commit point) and removes what it replaced. With `committed_file`, the metadata file's
-// bytes are left there once committed.
+// Coordinator: takes the reports (and frees them before it encodes the metadata: 75 MiB at 8,192
+// ranks x 1,000 tensors), has the writer write what must precede the commit (for
+// PyTorch DCP the file of the objects, for Megatron its files), makes the data durable, writes
+// and renames the metadata (the commit point), has the writers of the other kinds remove what a
+// replaced checkpoint of theirs left (its metadata first, so that a crash before this point
+// leaves the old checkpoint loadable), then removes files of earlier or failed saves that the new
+// metadata does not name.
+//
+// The metadata's tensors are `tensors`: metadata->tensors, or those of the plan the cache holds
+// (metadata->tensors then empty), with the checksums the ranks report kept apart from them
+// (CheckpointWriter::PrepareCommitApart).
+//
+// The metadata is written under `condition` (PlanOnCoordinator's), so that of two saves racing to
+// the same path on a store that checks conditions (object storage) only one commits; the other
+// fails with kAlreadyExists and leaves its data files, which no metadata names, to the cleanup of
+// the next save there.
+// With `committed_file`, the bytes of the metadata file are left there once it is committed.
 Status CommitOnCoordinator(std::vector<std::string> reports, std::string_view path,
                            Store& store, int coordinator, const CheckpointWriter& writer,
                            const std::optional<FileCondition>& condition,
@@ -901,6 +904,18 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   }
   Lap(&clock, &stats.plan_seconds);
 
+  // A plan the cache keeps without its chunks gets them back from the file it keeps, decoded on a
+  // thread of its own while this rank writes its files (on the pool, whose threads the writes
+  // hold), so that the decode does not wait for them nor they for it.
+  std::future<Result<std::shared_ptr<const GlobalSavePlan>>> restoring;
+  if (pending_metadata && pending_metadata->committed_file != nullptr) {
+    restoring = std::async(std::launch::async, [plan = pending_metadata->plan,
+                                                file = pending_metadata->committed_file,
+                                                at = std::string(path)] {
+      return RestoreChunks(*plan, *file, at, nullptr);
+    });
+  }
+
   std::vector<OpenFile> files;
   Result<std::string> report = [&]() -> Result<std::string> {
     SP_ASSIGN_OR_RETURN(PlanReply reply, DecodePlanReply(my_payload));
@@ -955,15 +970,14 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
   }();
   // A save whose plan the cache holds commits with the plan's tensors, kept alive here even if
   // another save replaces the cache's plan meanwhile. A plan the cache keeps without its chunks
-  // gets them back from the file it keeps, while the other ranks write; the cache then holds the
-  // plan whole until this save has committed.
+  // takes them from the decode started above; the cache then holds the plan whole until this
+  // save has committed.
   std::shared_ptr<const GlobalSavePlan> shared_plan;
   Status restored = OkStatus();
   if (pending_metadata) {
     shared_plan = pending_metadata->plan;
-    if (pending_metadata->committed_file != nullptr) {
-      Result<std::shared_ptr<const GlobalSavePlan>> whole = RestoreChunks(
-          *shared_plan, *pending_metadata->committed_file, path, &ctx->pool());
+    if (restoring.valid()) {
+      Result<std::shared_ptr<const GlobalSavePlan>> whole = restoring.get();
       std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
       SavePlanCacheState& cached = CacheAccess::State(*cache);
       if (!whole.ok()) {
@@ -1002,9 +1016,16 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                                           keep_file ? &committed_file : nullptr)
                     : writer.status();
     if (committed.ok() && keep_file) {
+      // Kept unless it is the larger by more than kPlanFileSlackBytes (the file holds the objects'
+      // values too, and a small plan's chunks take less than the file's fixed parts).
+      uint64_t chunk_bytes = 0;
+      for (const TensorMetadata& t : shared_plan->metadata.tensors) {
+        chunk_bytes += t.chunks.capacity() * sizeof(StoredChunk);
+      }
       std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
       SavePlanCacheState& cached = CacheAccess::State(*cache);
-      if (cached.plan == shared_plan && !cached.plan_has_writes) {
+      if (cached.plan == shared_plan && !cached.plan_has_writes &&
+          committed_file.size() <= chunk_bytes + kPlanFileSlackBytes) {
         cached.plan = WithoutChunks(*shared_plan);
         cached.committed_file = std::make_shared<const std::string>(std::move(committed_file));
       }
