@@ -4,6 +4,7 @@
 // plans), in the same run.
 //
 //   mpirun -np 256 --oversubscribe build/bench/save_plan_bench [--tensors 300] [--saves 6] [--dir D]
+//       [--keep-file-above BYTES]
 //
 // Each rank holds --tensors tensors of a training job's kinds, in turn: row blocks of a matrix
 // sharded over every rank (FSDP), blocks of a matrix sharded over groups of 8 ranks and
@@ -17,7 +18,9 @@
 // set after its last save, while its cache (when it has one) still holds the plan, and its peak
 // during the way's saves; and its heap in use before the first save and after the last, whose
 // difference is what the cache holds (the resident set keeps freed memory and cannot show it),
-// and what the cache says it holds of the plan (SavePlanCache::plan_bytes).
+// and what the cache says it holds of the plan (SavePlanCache::plan_bytes). `--keep-file-above`
+// makes the cache with that threshold (SavePlanCache's keep_file_above_bytes; 0: every plan is
+// kept as its committed file between saves).
 #include <malloc.h>
 #include <mpi.h>
 
@@ -140,9 +143,10 @@ void ResetPeak() {
   std::fclose(clear);
 }
 
-Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, bool cache_plans) {
+Way Run(Communicator& comm, RankState& rank, const std::string& dir, int saves, bool cache_plans,
+        uint64_t keep_file_above = SavePlanCache::kDefaultKeepFileAboveBytes) {
   Way way;
-  SavePlanCache cache;
+  SavePlanCache cache(keep_file_above);
   ResetPeak();
   way.start_mib = ResidentMiB();
   way.start_heap_mib = HeapInUseMiB();
@@ -213,14 +217,17 @@ void Print(const char* name, const Way& way) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int tensors = 300, saves = 6;
+  uint64_t keep_file_above = sp::SavePlanCache::kDefaultKeepFileAboveBytes;
   std::string dir = "/tmp/shardpoint-save-plan-bench";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--tensors") tensors = std::stoi(argv[i + 1]);
     else if (a == "--saves") saves = std::stoi(argv[i + 1]);
     else if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--keep-file-above") keep_file_above = std::stoull(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: save_plan_bench [--tensors N] [--saves K] [--dir DIR]\n");
+      std::fprintf(stderr, "usage: save_plan_bench [--tensors N] [--saves K] [--dir DIR] "
+                           "[--keep-file-above BYTES]\n");
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
@@ -239,7 +246,7 @@ int main(int argc, char** argv) {
   // Alternating which way runs first would need more saves; the uncached way runs first so that
   // the file system's state favours it if anything.
   const sp::Way plain = sp::Run(comm, rank, dir + "/plain", saves, false);
-  const sp::Way cached = sp::Run(comm, rank, dir + "/cached", saves, true);
+  const sp::Way cached = sp::Run(comm, rank, dir + "/cached", saves, true, keep_file_above);
   const sp::Way rules = sp::Run(comm, ruled, dir + "/rules", saves, false);
   if (comm.rank() == 0) {
     sp::Print("without a plan cache", plain);

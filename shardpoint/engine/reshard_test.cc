@@ -1983,7 +1983,8 @@ TEST_F(PlanCacheTest, RepeatedSavesOfRandomLayoutsTakeTheCachedPlanAndStayBitExa
     Result<Case> c = RandomCase(0xcace, i);
     ASSERT_TRUE(c.ok()) << c.status();
     SCOPED_TRACE("case " + std::to_string(i) + ": " + Describe(*c));
-    SavePlanCache cache;  // one for every in-process rank of the group
+    // One for every in-process rank of the group, keeping even these small plans as their files.
+    SavePlanCache cache(0);
     const std::string dir = "/cache" + std::to_string(i);
     ASSERT_NO_FATAL_FAILURE(SaveThrough(*c, cache, dir + "/a", false));
     ExpectPlanKeptAsItsFile(cache, dir + "/a");
@@ -2096,7 +2097,7 @@ TEST_F(PlanCacheTest, OneRankChangingMakesTheOthersSendTheirPlansAndObjectsTrave
   first.tensors[1].save.ranks[2].clear();
   first.tensors[1].load.ranks.assign(2, {});
   first.lists_on_load.assign(2, {true, false});
-  SavePlanCache cache;
+  SavePlanCache cache(0);  // keeps even this small plan as its file
   ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/0", false));
   first.objects[0].per_rank = {step("2"), step("3"), step("4")};
   ASSERT_NO_FATAL_FAILURE(SaveThrough(first, cache, "/one/1", true));
@@ -2173,7 +2174,7 @@ TEST_F(PlanCacheTest, SavesAlternatingFormatsThroughOneCacheStayExact) {
   Case c = MakeCase({w, n}, 4, 3);
   std::vector<SaveStats> stats(4);
   c.save_stats = &stats;
-  SavePlanCache cache;
+  SavePlanCache cache(0);  // keeps even this small plan as its file
   const CheckpointFormat formats[] = {CheckpointFormat::kNative, CheckpointFormat::kNative,
                                       CheckpointFormat::kTorchDcp, CheckpointFormat::kTorchDcp,
                                       CheckpointFormat::kNative, CheckpointFormat::kNative,
@@ -2203,6 +2204,31 @@ TEST_F(PlanCacheTest, SavesAlternatingFormatsThroughOneCacheStayExact) {
       EXPECT_TRUE(verified->ok()) << (verified->defects.empty() ? "" : verified->defects[0]);
     }
   }
+}
+
+// A cache keeps a plan whose chunk lists take no more than its threshold whole between saves
+// (the default: 64 MiB), and the next save takes it without decoding anything.
+TEST_F(PlanCacheTest, ASmallPlanIsKeptWholeByDefault) {
+  TensorCase w = MakeTensor("w", DType::kFloat32, {12, 8}, 70);
+  w.save = MeshOf(w.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Shard(1)}));
+  w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(1)}));
+  Case c = MakeCase({w}, 4, 3);
+  for (uint64_t above : {SavePlanCache::kDefaultKeepFileAboveBytes, uint64_t{4 * 128}}) {
+    SCOPED_TRACE("keep_file_above_bytes " + std::to_string(above));
+    SavePlanCache cache(above);
+    const std::string dir = "/small" + std::to_string(above);
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, dir + "/0", false));
+    // Four chunks of 128 bytes each: kept whole at the threshold, as the file above it.
+    EXPECT_EQ(cache.plan_bytes(), 4 * sizeof(StoredChunk));
+    NewValues(&c, 5);
+    ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, dir + "/1", true));
+    EXPECT_EQ(cache.plan_bytes(), 4 * sizeof(StoredChunk));
+    ASSERT_NO_FATAL_FAILURE(LoadOk(c, dir + "/1"));
+    ExpectLoaded(c, initial_, loaded_);
+  }
+  SavePlanCache cache(4 * 128 - 1);
+  ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, "/small/file", false));
+  ExpectPlanKeptAsItsFile(cache, "/small/file");
 }
 
 // A cached plan serves torch-dcp saves too (whose writer frames and names the files itself).

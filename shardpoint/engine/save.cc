@@ -174,9 +174,14 @@ class SavePlanCacheAccess {
   // Under the lock.
   static SavePlanCacheState& State(SavePlanCache& cache) { return *cache.state_; }
   static void Count(SavePlanCache& cache, bool hit) { ++(hit ? cache.hits_ : cache.misses_); }
+  static uint64_t KeepFileAboveBytes(const SavePlanCache& cache) {
+    return cache.keep_file_above_bytes_;
+  }
 };
 
-SavePlanCache::SavePlanCache() : state_(std::make_unique<SavePlanCacheState>()) {}
+SavePlanCache::SavePlanCache(uint64_t keep_file_above_bytes)
+    : keep_file_above_bytes_(keep_file_above_bytes),
+      state_(std::make_unique<SavePlanCacheState>()) {}
 SavePlanCache::~SavePlanCache() = default;
 
 uint64_t SavePlanCache::hits() const {
@@ -1016,8 +1021,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
                                           keep_file ? &committed_file : nullptr)
                     : writer.status();
     if (committed.ok() && keep_file) {
-      // Kept unless it is the larger by more than kPlanFileSlackBytes (the file holds the objects'
-      // values too, and a small plan's chunks take less than the file's fixed parts).
+      // Kept for a plan larger than the cache's threshold, unless the file is the larger by more
+      // than kPlanFileSlackBytes (it holds the objects' values too).
       uint64_t chunk_bytes = 0;
       for (const TensorMetadata& t : shared_plan->metadata.tensors) {
         chunk_bytes += t.chunks.capacity() * sizeof(StoredChunk);
@@ -1025,6 +1030,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
       std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
       SavePlanCacheState& cached = CacheAccess::State(*cache);
       if (cached.plan == shared_plan && !cached.plan_has_writes &&
+          (chunk_bytes > CacheAccess::KeepFileAboveBytes(*cache) ||
+           CacheAccess::KeepFileAboveBytes(*cache) == 0) &&
           committed_file.size() <= chunk_bytes + kPlanFileSlackBytes) {
         cached.plan = WithoutChunks(*shared_plan);
         cached.committed_file = std::make_shared<const std::string>(std::move(committed_file));

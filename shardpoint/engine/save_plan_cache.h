@@ -26,8 +26,9 @@
 // keeps every rank's writes only where the ranks do not rename their files (torch-dcp); a save
 // that must lay out a plan kept without them plans afresh. Between saves, a native plan is kept
 // as the metadata file last committed from it (about a fifth of its chunks' memory), and the next
-// save from it decodes the chunks back while the ranks write. A cache used with another group or
-// another state plans afresh, correctly, and then caches that plan instead.
+// save from it decodes the chunks back while the ranks write (for plans above a size the cache is
+// made with). A cache used with another group or another state plans afresh, correctly, and then
+// caches that plan instead.
 #ifndef SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 #define SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 
@@ -41,7 +42,15 @@ struct SavePlanCacheState;  // engine/save.cc
 
 class SavePlanCache {
  public:
-  SavePlanCache();
+  // The default of keep_file_above_bytes: 64 MiB of chunk lists, about 500,000 chunks.
+  static constexpr uint64_t kDefaultKeepFileAboveBytes = uint64_t{64} << 20;
+
+  // Between saves, the coordinator keeps a native plan whose chunk lists take more than
+  // `keep_file_above_bytes` as the metadata file last committed from it (unless that file is
+  // larger than the chunks by more than 64 KiB: it holds the objects' values too), and the next
+  // save from the plan decodes the chunks back while the ranks write; a smaller plan is kept
+  // whole, which that save does not decode. 0 keeps the file for every plan.
+  explicit SavePlanCache(uint64_t keep_file_above_bytes = kDefaultKeepFileAboveBytes);
   ~SavePlanCache();
   SavePlanCache(const SavePlanCache&) = delete;
   SavePlanCache& operator=(const SavePlanCache&) = delete;
@@ -59,6 +68,7 @@ class SavePlanCache {
 
  private:
   friend class SavePlanCacheAccess;
+  const uint64_t keep_file_above_bytes_;
   mutable std::mutex mu_;
   std::unique_ptr<SavePlanCacheState> state_;
   uint64_t hits_ = 0;
