@@ -124,8 +124,15 @@ void DefineSavePlanCache(nb::module_& m) {
       "dtypes, shapes, boxes, planning options) is unchanged since the previous one skips the\n"
       "gather of local plans and the global planning (shardpoint/engine/save_plan_cache.h).\n"
       "One per rank and group, used by one save at a time.")
-      .def(nb::init<>())
+      .def(nb::init<uint64_t>(), nb::arg("keep_file_above_bytes") =
+                                     SavePlanCache::kDefaultKeepFileAboveBytes,
+           "keep_file_above_bytes: between saves, the coordinator keeps a native plan whose\n"
+           "chunk lists take more than this as the metadata file last committed from it (the\n"
+           "next save from it decodes them back while the ranks write); 0: every plan.")
       .def_prop_ro("hits", &SavePlanCache::hits, "Saves of this rank that took the cached plan.")
+      .def_prop_ro("plan_bytes", &SavePlanCache::plan_bytes,
+                   "Bytes of the plan this cache holds between saves on the coordinator (0 on\n"
+                   "the other ranks).")
       .def_prop_ro("misses", &SavePlanCache::misses, "Saves of this rank that planned afresh.")
       .def("clear", &SavePlanCache::Clear, "Forgets the plan: the next save plans afresh.");
 }

@@ -42,6 +42,25 @@ def test_an_explicit_cache_is_hit_by_unchanged_layouts_and_missed_by_any_change(
     assert sp.verify(tmp_path / "d").ok
 
 
+def test_a_cache_keeps_a_large_plan_as_its_committed_file_between_saves(tmp_path):
+    # keep_file_above_bytes=0 keeps even this small plan as the metadata file last committed from
+    # it; the default keeps a plan this small whole (its chunks, 128 bytes each).
+    small = sp.SavePlanCache()
+    as_file = sp.SavePlanCache(keep_file_above_bytes=0)
+    for step in (1, 2, 3):
+        for name, cache in (("whole", small), ("file", as_file)):
+            sp.save(_state(step), tmp_path / f"{name}{step}", plan_cache=cache)
+        committed = (tmp_path / f"file{step}" / "shardpoint.metadata").stat().st_size
+        assert as_file.plan_bytes == committed
+        assert 0 < small.plan_bytes <= 2 * 128  # one chunk of each tensor, 128 bytes or less
+    assert (as_file.hits, as_file.misses) == (2, 1)
+    out = {"w": torch.zeros(16, 8), "b": torch.zeros(8, dtype=torch.bfloat16), "step": 0, "opt": {"lr": 0.0}}
+    sp.load(out, tmp_path / "file3")
+    want = _state(3)
+    assert torch.equal(out["w"], want["w"]) and torch.equal(out["b"], want["b"])
+    assert out["step"] == 3 and sp.verify(tmp_path / "file3").ok
+
+
 def test_plan_cache_false_never_caches_and_a_wrong_value_is_refused(tmp_path):
     sp.save(_state(1), tmp_path / "a", plan_cache=False)
     try:
