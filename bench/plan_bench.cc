@@ -412,9 +412,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
       metadata_bytes = sp::EncodeMetadata(plan->metadata).size();
     } else {
       // Everything but the tensors, which stay the plan's (as the cache holds it).
-      std::vector<sp::TensorMetadata> tensors = std::move(plan->metadata.tensors);
-      sp::CheckpointMetadata summary = plan->metadata;
-      plan->metadata.tensors = std::move(tensors);
+      const sp::CheckpointMetadata summary = sp::WithoutTensors(plan->metadata);
       if (commit == Commit::kApart) {
         committed = sp::EncodeMetadata(summary, plan->metadata.tensors,
                                        ReportedChecksums(plan->metadata.tensors, block_bytes));
@@ -425,9 +423,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
         if (!md.ok()) return false;
         metadata_bytes = sp::EncodeMetadata(*md).size();
       }
-      for (const sp::TensorMetadata& t : plan->metadata.tensors) {
-        held_chunk_bytes += t.chunks.capacity() * sizeof(sp::StoredChunk);
-      }
+      held_chunk_bytes = sp::ChunkListBytes(plan->metadata.tensors);
       for (const sp::RankSavePlan& r : plan->ranks) {
         held_write_bytes += r.writes.capacity() * sizeof(sp::ChunkWrite);
       }

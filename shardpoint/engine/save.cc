@@ -207,9 +207,7 @@ uint64_t SavePlanCache::plan_bytes() const {
     for (const RankSavePlan& r : ranks) bytes += r.writes.capacity() * sizeof(ChunkWrite);
   };
   if (state.plan != nullptr) {
-    for (const TensorMetadata& t : state.plan->metadata.tensors) {
-      bytes += t.chunks.capacity() * sizeof(StoredChunk);
-    }
+    bytes += ChunkListBytes(state.plan->metadata.tensors);
     writes(state.plan->ranks);
   }
   if (state.moved_writes) writes(*state.moved_writes);
@@ -681,20 +679,7 @@ constexpr uint64_t kPlanFileSlackBytes = uint64_t{64} << 10;
 std::shared_ptr<const GlobalSavePlan> WithoutChunks(const GlobalSavePlan& plan) {
   auto out = std::make_shared<GlobalSavePlan>();
   const std::vector<TensorMetadata>& tensors = plan.metadata.tensors;
-  {
-    // Everything but the tensors, copied without copying them.
-    CheckpointMetadata& md = out->metadata;
-    const CheckpointMetadata& from = plan.metadata;
-    md.version_major = from.version_major;
-    md.version_minor = from.version_minor;
-    md.save_id = from.save_id;
-    md.world_size = from.world_size;
-    md.checksum_block_bytes = from.checksum_block_bytes;
-    md.format = from.format;
-    md.files = from.files;
-    md.objects = from.objects;
-    md.attributes = from.attributes;
-  }
+  out->metadata = WithoutTensors(plan.metadata);
   out->metadata.tensors.resize(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
     TensorMetadata& tensor = out->metadata.tensors[t];
@@ -1023,10 +1008,7 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     if (committed.ok() && keep_file) {
       // Kept for a plan larger than the cache's threshold, unless the file is the larger by more
       // than kPlanFileSlackBytes (it holds the objects' values too).
-      uint64_t chunk_bytes = 0;
-      for (const TensorMetadata& t : shared_plan->metadata.tensors) {
-        chunk_bytes += t.chunks.capacity() * sizeof(StoredChunk);
-      }
+      const uint64_t chunk_bytes = ChunkListBytes(shared_plan->metadata.tensors);
       std::unique_lock<std::mutex> lock = CacheAccess::Lock(*cache);
       SavePlanCacheState& cached = CacheAccess::State(*cache);
       if (cached.plan == shared_plan && !cached.plan_has_writes &&

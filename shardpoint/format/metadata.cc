@@ -6,6 +6,26 @@
 
 namespace sp {
 
+CheckpointMetadata WithoutTensors(const CheckpointMetadata& metadata) {
+  CheckpointMetadata out;
+  out.version_major = metadata.version_major;
+  out.version_minor = metadata.version_minor;
+  out.save_id = metadata.save_id;
+  out.world_size = metadata.world_size;
+  out.format = metadata.format;
+  out.checksum_block_bytes = metadata.checksum_block_bytes;
+  out.files = metadata.files;
+  out.objects = metadata.objects;
+  out.attributes = metadata.attributes;
+  return out;
+}
+
+uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
+  uint64_t bytes = 0;
+  for (const TensorMetadata& t : tensors) bytes += t.chunks.capacity() * sizeof(StoredChunk);
+  return bytes;
+}
+
 const TensorMetadata* CheckpointMetadata::FindTensor(std::string_view name) const {
   auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
                              [](const TensorMetadata& t, std::string_view n) { return t.name < n; });

@@ -275,6 +275,12 @@ struct CheckpointMetadata {
   friend bool operator==(const CheckpointMetadata&, const CheckpointMetadata&) = default;
 };
 
+// `metadata` with no tensors: every other field copied, the tensors not.
+CheckpointMetadata WithoutTensors(const CheckpointMetadata& metadata);
+
+// The memory the chunk lists of `tensors` take (their capacity in StoredChunk).
+uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors);
+
 // ---- Size validation shared by every format's reader (docs/FORMAT.md §3.7) ----
 //
 // Every size a reader computes from untrusted bytes (a shape's volume, a chunk's box, a byte

@@ -382,5 +382,28 @@ TEST(MetadataReaderTest, CorruptRecordIsDataLossOnlyForThatTensor) {
   EXPECT_EQ((*reader)->ReadAll().status().code(), StatusCode::kDataLoss);
 }
 
+// WithoutTensors copies every field but the tensors: the fields set off their defaults here catch
+// one that a later change adds to CheckpointMetadata and the copy forgets.
+TEST(MetadataCodecTest, WithoutTensorsKeepsEveryOtherField) {
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    CheckpointMetadata md = RandomMetadata(seed);
+    md.version_major = 1;
+    md.version_minor = static_cast<uint32_t>(seed);
+    md.format = CheckpointFormat::kTorchDcp;
+    ASSERT_FALSE(md.tensors.empty());
+    CheckpointMetadata expected = md;
+    expected.tensors.clear();
+    EXPECT_EQ(WithoutTensors(md), expected);
+    EXPECT_TRUE(WithoutTensors(md).tensors.empty());
+
+    uint64_t chunks = 0;
+    for (TensorMetadata& t : md.tensors) {
+      t.chunks.shrink_to_fit();
+      chunks += t.chunks.size();
+    }
+    EXPECT_EQ(ChunkListBytes(md.tensors), chunks * sizeof(StoredChunk));
+  }
+}
+
 }  // namespace
 }  // namespace sp
