@@ -1531,7 +1531,9 @@ TEST(DirectIoLoadTest, UnsetReadsColdFilesDirectlyAndWarmOnesThroughTheCache) {
   };
   const bool was_warm = warm();
   load("warm");
-  if (was_warm) EXPECT_EQ(store.direct_reads(), 0);
+  if (was_warm) {
+    EXPECT_EQ(store.direct_reads(), 0);
+  }
   // Cold: every data file dropped from the page cache (possible where it is apart from the file).
   auto drop = [&]() -> bool {
     bool cold = true;

@@ -134,6 +134,10 @@ struct ChunkIndex {
 };
 
 struct TensorMetadata {
+  TensorMetadata() = default;
+  TensorMetadata(std::string name, DType dtype, Shape shape, std::vector<StoredChunk> chunks = {})
+      : name(std::move(name)), dtype(dtype), shape(std::move(shape)), chunks(std::move(chunks)) {}
+
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;

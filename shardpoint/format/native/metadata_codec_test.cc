@@ -201,7 +201,9 @@ TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionOneStillReads) {
       // as the tensor's index.
       const std::optional<ChunkGrid> grid = FindChunkGrid(m.tensors[i].chunks, m.tensors[i].shape);
       ASSERT_EQ(t.grid.has_value(), grid.has_value()) << t.name;
-      if (grid) EXPECT_EQ(*t.grid, *grid) << t.name;
+      if (grid) {
+        EXPECT_EQ(*t.grid, *grid) << t.name;
+      }
       (grid ? seed_grids : lists) += 1;
     }
     grids += seed_grids;
@@ -215,7 +217,9 @@ TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionOneStillReads) {
     for (const TensorMetadata& t : old->tensors) EXPECT_FALSE(t.grid.has_value()) << t.name;
     // A grid cell costs its file, offset and checksums; a listed chunk also its box, length and
     // count.
-    if (seed_grids > 0) EXPECT_LT(v2.size(), v1.size());
+    if (seed_grids > 0) {
+      EXPECT_LT(v2.size(), v1.size());
+    }
   }
   EXPECT_GT(grids, 200u);
   EXPECT_GT(lists, 50u);

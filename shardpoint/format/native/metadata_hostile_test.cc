@@ -193,7 +193,9 @@ TEST(MetadataHostileTest, AbsurdCountsAreRejectedBeforeAllocation) {
     tensor.chunks.push_back(tensor.chunks.front());  // not a grid: stored as a list
     std::string record = native_metadata::EncodeTensorRecord(tensor, m.checksum_block_bytes, major);
     const size_t at = 2 + 8 * tensor.shape.size() + (major >= 2 ? 1 : 0);
-    if (major >= 2) ASSERT_EQ(record[at - 1], native_metadata::kChunkList);
+    if (major >= 2) {
+      ASSERT_EQ(record[at - 1], native_metadata::kChunkList);
+    }
     EncodeFixed32(record.data() + at, 0x7FFFFFFF);
     CheckpointMetadata summary = m;
     summary.version_major = major;
