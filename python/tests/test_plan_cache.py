@@ -54,7 +54,12 @@ def test_a_cache_keeps_a_large_plan_as_its_committed_file_between_saves(tmp_path
         assert as_file.plan_bytes == committed
         assert 0 < small.plan_bytes <= 2 * 128  # one chunk of each tensor, 128 bytes or less
     assert (as_file.hits, as_file.misses) == (2, 1)
-    out = {"w": torch.zeros(16, 8), "b": torch.zeros(8, dtype=torch.bfloat16), "step": 0, "opt": {"lr": 0.0}}
+    out = {
+        "w": torch.zeros(16, 8),
+        "b": torch.zeros(8, dtype=torch.bfloat16),
+        "step": 0,
+        "opt": {"lr": 0.0},
+    }
     sp.load(out, tmp_path / "file3")
     want = _state(3)
     assert torch.equal(out["w"], want["w"]) and torch.equal(out["b"], want["b"])
