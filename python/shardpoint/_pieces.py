@@ -76,7 +76,11 @@ def split_local(name: str, flat_bytes: Any, itemsize: int, numel: int,
                 f"tensor {name!r}: box offsets {box.offsets} sizes {box.sizes} at element {element_offset} "
                 f"needs {element_offset + volume} local elements, found {numel}", "INVALID_ARGUMENT")
         begin = element_offset * itemsize
-        pieces.append((tuple(box.offsets), tuple(box.sizes), flat_bytes[begin:begin + volume * itemsize]))
+        # A box that is the whole buffer (a tensor's one local chunk) takes it as it is: slicing a
+        # torch tensor costs more than the rest of the piece.
+        whole = begin == 0 and volume == numel
+        data = flat_bytes if whole else flat_bytes[begin:begin + volume * itemsize]
+        pieces.append((tuple(box.offsets), tuple(box.sizes), data))
     return pieces
 
 

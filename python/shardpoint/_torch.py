@@ -96,6 +96,14 @@ def tensor_plan(name: str, value: torch.Tensor, for_load: bool) -> TensorPlan:
 
 
 def _check_placements(name: str, placements: tuple) -> None:
+    problem = _placement_problem(placements)
+    if problem is not None:
+        raise CheckpointArgumentError(f"tensor {name!r}: {problem}", "INVALID_ARGUMENT")
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement_problem(placements: tuple) -> Optional[str]:
+    """Why ``placements`` cannot be stored, or None; cached: a state dict has few distinct ones."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.placement_types import Replicate, _StridedShard
 
@@ -104,14 +112,12 @@ def _check_placements(name: str, placements: tuple) -> None:
             follows = any(isinstance(q, Shard) and not isinstance(q, _StridedShard) and q.dim == p.dim
                           for q in placements[i + 1:])
             if not follows:
-                raise CheckpointArgumentError(
-                    f"tensor {name!r}: placement {p} on mesh dim {i} leaves a non-contiguous local chunk "
-                    f"(expected a Shard({p.dim}) on a later mesh dim, as FSDP2 + TP produce); placements {placements}",
-                    "INVALID_ARGUMENT")
+                return (f"placement {p} on mesh dim {i} leaves a non-contiguous local chunk (expected a "
+                        f"Shard({p.dim}) on a later mesh dim, as FSDP2 + TP produce); placements {placements}")
         elif not isinstance(p, (Shard, Replicate)):
-            raise CheckpointArgumentError(
-                f"tensor {name!r}: placement {p} cannot be saved (expected Shard, Replicate or _StridedShard); "
-                f"redistribute it first", "INVALID_ARGUMENT")
+            return (f"placement {p} cannot be saved (expected Shard, Replicate or _StridedShard); "
+                    f"redistribute it first")
+    return None
 
 
 @functools.lru_cache(maxsize=65536)

@@ -1,0 +1,109 @@
+"""The core's communicator over torch.distributed (shardpoint._dist.TorchComm) on real gloo ranks:
+every collective returns exactly the bytes each rank gave, whatever their lengths against the
+slots the collectives carry them in, and a payload that fits its slot costs one collective."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from distributed import run_ranks
+from shardpoint import _dist
+
+WORLD = 3
+INLINE = _dist.all_gather_slot_bytes(WORLD) - 8
+BROADCAST_INLINE = 64 * 1024 - 8
+# Lengths around the slots' edges; each case gives each rank a different one, so that some ranks
+# overflow their slot while others do not.
+CASES = [
+    (0, 0, 0),
+    (1, 0, 17),
+    (INLINE - 1, INLINE, INLINE + 1),
+    (INLINE + 1, 5, 0),
+    (0, 3 * INLINE + 7, 1),
+    (1 << 20, 1 << 20, 1 << 20),
+    (BROADCAST_INLINE, BROADCAST_INLINE + 1, 2),
+]
+
+
+def payload(case: int, rank: int, length: int) -> bytes:
+    """Bytes that differ with the case, the rank and the position."""
+    pattern = bytes((case * 31 + rank * 7 + i) % 251 for i in range(251))
+    return (pattern * (length // 251 + 1))[:length]
+
+
+class CountingDist:
+    """torch.distributed with its collectives and point-to-point calls counted."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str):
+        target = getattr(dist, name)
+        if name not in ("all_gather", "gather", "scatter", "broadcast", "send", "recv"):
+            return target
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return target(*args, **kwargs)
+        return counted
+
+
+def exercise(rank: int, world: int) -> list:
+    comm = _dist.TorchComm(dist.group.WORLD)
+    failures = []
+    for case, lengths in enumerate(CASES):
+        expected = [payload(case, r, lengths[r]) for r in range(world)]
+        mine = expected[rank]
+        gathered = comm.all_gather(mine)
+        if gathered != expected:
+            failures.append(("all_gather", case, [len(g) for g in gathered]))
+        for root in range(world):
+            at_root = comm.gather(mine, root)
+            if rank == root and at_root != expected:
+                failures.append(("gather", case, root, [len(g) for g in at_root]))
+            if rank != root and at_root is not None:
+                failures.append(("gather returned data off the root", case, root))
+            got = comm.scatter(expected if rank == root else None, root)
+            if got != expected[rank]:
+                failures.append(("scatter", case, root, len(got)))
+            sent = comm.broadcast(expected[root] if rank == root else None, root)
+            if sent != expected[root]:
+                failures.append(("broadcast", case, root, len(sent)))
+    # A payload within its slot: one collective and nothing else; one past it: a second
+    # all-gather / broadcast, or one message per overflowing rank for gather and scatter.
+    counting = CountingDist()
+    comm._dist = counting
+    comm.all_gather(b"x" * INLINE)
+    comm.gather(b"x" * INLINE, 0)
+    comm.scatter([b"x" * INLINE] * world if rank == 0 else None, 0)
+    comm.broadcast(b"x" * BROADCAST_INLINE if rank == 0 else None, 0)
+    fitting = dict(counting.calls)
+    counting.calls.clear()
+    over = b"x" * (INLINE + 1) if rank == 1 else b""
+    comm.all_gather(over)
+    comm.gather(over, 0)
+    comm.scatter([b"", b"x" * (INLINE + 1)] + [b""] * (world - 2) if rank == 0 else None, 0)
+    comm.broadcast(b"x" * (BROADCAST_INLINE + 1) if rank == 0 else None, 0)
+    return [failures, fitting, dict(counting.calls)]
+
+
+def test_collectives_return_every_payload_whatever_its_length():
+    results = run_ranks(WORLD, exercise)
+    for rank, (failures, fitting, overflowing) in enumerate(results):
+        assert failures == [], f"rank {rank}"
+        assert fitting == {"all_gather": 1, "gather": 1, "scatter": 1, "broadcast": 1}, f"rank {rank}"
+        # Rank 1 overflows: a second all-gather everywhere, its tail sent to rank 0 for the
+        # gather, rank 0 sending it its scatter tail, and a second broadcast everywhere.
+        expected = {"all_gather": 2, "gather": 1, "scatter": 1, "broadcast": 2}
+        if rank == 0:
+            expected.update(recv=1, send=1)
+        if rank == 1:
+            expected.update(send=1, recv=1)
+        assert overflowing == expected, f"rank {rank}"
+
+
+def test_slots_shrink_with_the_group():
+    assert _dist.all_gather_slot_bytes(1) == 64 * 1024
+    assert _dist.all_gather_slot_bytes(16) == 64 * 1024
+    assert _dist.all_gather_slot_bytes(64) == 16 * 1024
+    assert _dist.all_gather_slot_bytes(1 << 20) == 256
