@@ -1,4 +1,4 @@
-"""Communicator adapter: the core's comm protocol over torch.distributed object collectives.
+"""Communicator adapter: the core's comm protocol over torch.distributed collectives of uint8 tensors.
 
 ``resolve(process_group)`` picks what the core talks through: ``None`` (one rank) when
 torch.distributed is not initialized or the group has one rank, else a :class:`TorchComm` on a gloo

@@ -48,10 +48,11 @@ class CountingDist:
         return counted
 
 
-def exercise(rank: int, world: int) -> list:
-    comm = _dist.TorchComm(dist.group.WORLD)
+def check_cases(comm: _dist.TorchComm, cases: list[tuple[int, ...]]) -> list:
+    """Every collective of ``comm`` with each root on each case's lengths; the mismatches."""
     failures = []
-    for case, lengths in enumerate(CASES):
+    rank, world = comm.rank, comm.size
+    for case, lengths in enumerate(cases):
         expected = [payload(case, r, lengths[r]) for r in range(world)]
         mine = expected[rank]
         gathered = comm.all_gather(mine)
@@ -69,6 +70,17 @@ def exercise(rank: int, world: int) -> list:
             sent = comm.broadcast(expected[root] if rank == root else None, root)
             if sent != expected[root]:
                 failures.append(("broadcast", case, root, len(sent)))
+    return failures
+
+
+def exercise(rank: int, world: int) -> list:
+    comm = _dist.TorchComm(dist.group.WORLD)
+    failures = check_cases(comm, CASES)
+    # A group of the last two ranks: its roots are group ranks, its messages go to global ranks.
+    sub = dist.new_group([1, 2])
+    if rank in (1, 2):
+        failures += [("group of ranks 1 and 2",) + f
+                     for f in check_cases(_dist.TorchComm(sub), [(0, INLINE + 9), (3 * INLINE, 1), (5, 6)])]
     # A payload within its slot: one collective and nothing else; one past it: a second
     # all-gather / broadcast, or one message per overflowing rank for gather and scatter.
     counting = CountingDist()
