@@ -8,6 +8,8 @@ calls each (between barriers, on rank 0):
   broadcast    TorchComm.broadcast                    vs dist.broadcast_object_list
   gather       TorchComm.gather                       vs dist.gather_object
   scatter      TorchComm.scatter                      vs dist.scatter_object_list
+  agree        TorchComm.any_rank (an all-reduce of one flag; how the ranks agree that none failed
+               preparing a save or load) vs dist.all_gather_object of empty messages (how they did)
 
 with the CPU time rank 0's process spent per call (all threads) and the ratio of the two. Each of
 TorchComm's collectives is one gloo collective of fixed slots while the payloads fit them (64 KiB
@@ -55,7 +57,8 @@ def cases(comm, world: int, rank: int, size: int) -> list[tuple[str, object, obj
     def object_scatter() -> None:
         dist.scatter_object_list([None], chunks if rank == 0 else None, src=0)
 
-    return [
+    agree = [("agree", lambda: comm.any_rank(False), lambda: dist.all_gather_object([None] * world, b""))]
+    return (agree if size == 0 else []) + [
         ("all_gather", lambda: comm.all_gather(data), lambda: dist.all_gather_object([None] * world, data)),
         ("broadcast", lambda: comm.broadcast(data if rank == 0 else None, 0),
          lambda: dist.broadcast_object_list([data if rank == 0 else None], src=0)),

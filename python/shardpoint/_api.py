@@ -112,10 +112,13 @@ def _save_entries(plans: list[TensorPlan], staging_budget: Optional[int]) -> tup
 
 
 def _agree(comm: Optional[_dist.TorchComm], error: Optional[BaseException]) -> None:
-    """Raises on every rank the first error any rank met while preparing (one all-gather)."""
+    """Raises on every rank the first error any rank met while preparing (one all-reduce of a flag;
+    the ranks' messages are gathered only when some rank failed)."""
     if comm is None:
         if error is not None:
             raise error
+        return
+    if not comm.any_rank(error is not None):
         return
     message = b""
     if error is not None:

@@ -76,6 +76,9 @@ def check_cases(comm: _dist.TorchComm, cases: list[tuple[int, ...]]) -> list:
 def exercise(rank: int, world: int) -> list:
     comm = _dist.TorchComm(dist.group.WORLD)
     failures = check_cases(comm, CASES)
+    flags = [comm.any_rank(False), comm.any_rank(rank == world - 1), comm.any_rank(True)]
+    if flags != [False, True, True]:
+        failures.append(("any_rank", flags))
     # A group of the last two ranks: its roots are group ranks, its messages go to global ranks.
     sub = dist.new_group([1, 2])
     if rank in (1, 2):
