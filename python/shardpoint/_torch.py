@@ -96,7 +96,10 @@ def tensor_plan(name: str, value: torch.Tensor, for_load: bool) -> TensorPlan:
 
 
 def _check_placements(name: str, placements: tuple) -> None:
-    problem = _placement_problem(placements)
+    try:
+        problem = _placement_problem(placements)
+    except TypeError:  # a placement that cannot be hashed: checked without the cache
+        problem = _placement_problem.__wrapped__(placements)
     if problem is not None:
         raise CheckpointArgumentError(f"tensor {name!r}: {problem}", "INVALID_ARGUMENT")
 

@@ -216,6 +216,30 @@ def test_strided_shard_without_following_shard_is_refused(tmp_path):
         sp.inspect(str(tmp_path / "ckpt"))
 
 
+class UnhashablePlacement:
+    """A placement of a kind shardpoint cannot store, that cannot be hashed either."""
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return "UnhashablePlacement()"
+
+
+def test_placements_that_cannot_be_stored_are_refused_naming_each_tensor():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import Partial
+
+    from shardpoint import _torch
+
+    _torch._check_placements("fine", (Shard(0), Replicate()))
+    # The check is cached per placements; each tensor's error still names that tensor.
+    for name in ("a", "b"):
+        with pytest.raises(sp.CheckpointArgumentError, match=f"tensor '{name}': placement P\\(sum\\) cannot be saved"):
+            _torch._check_placements(name, (Shard(0), Partial()))
+    with pytest.raises(sp.CheckpointArgumentError, match="tensor 'c': placement UnhashablePlacement"):
+        _torch._check_placements("c", (Replicate(), UnhashablePlacement()))
+
+
 def failing_rank(rank, world, path):
     state = {"x": torch.arange(8, dtype=torch.float32) + rank, "obj": object() if rank == 2 else 1}
     try:
