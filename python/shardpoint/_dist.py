@@ -111,7 +111,7 @@ class TorchComm:
         length = _slot_length(head.numpy())
         inline = _BROADCAST_SLOT_BYTES - _LENGTH_BYTES
         if length <= inline:
-            return data if self.rank == root else bytes(head.numpy()[_LENGTH_BYTES:_LENGTH_BYTES + length])
+            return data if self.rank == root else _unslot(head.numpy(), length, None)
         if self.rank == root:
             rest = torch.from_numpy(_tail(data, _BROADCAST_SLOT_BYTES, length - inline))
         else:
