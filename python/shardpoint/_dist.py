@@ -47,7 +47,7 @@ class TorchComm:
         ``root`` alone, which knows from the slots whom to receive it from."""
         import torch
 
-        slot = all_gather_slot_bytes(self.size)
+        slot = rank_slot_bytes(self.size)
         inline = slot - _LENGTH_BYTES
         send = torch.from_numpy(_slot(data, slot))
         source = self._global(root)
@@ -76,7 +76,7 @@ class TorchComm:
         and first bytes); ``root`` sends what overflows a slot to its rank alone."""
         import torch
 
-        slot = all_gather_slot_bytes(self.size)
+        slot = rank_slot_bytes(self.size)
         inline = slot - _LENGTH_BYTES
         source = self._global(root)
         mine = torch.empty(slot, dtype=torch.uint8)
@@ -126,7 +126,7 @@ class TorchComm:
         first bytes), and a second of the rest only when some rank's payload overflows its slot."""
         import torch
 
-        slot = all_gather_slot_bytes(self.size)
+        slot = rank_slot_bytes(self.size)
         send = _slot(data, slot)
         received = torch.empty(self.size * slot, dtype=torch.uint8)
         self._dist.all_gather(list(received.split(slot)), torch.from_numpy(send), group=self.group)
@@ -202,14 +202,15 @@ _BROADCAST_SLOT_BYTES = 64 << 10
 # The slots of an all-gather, a gather and a scatter: every rank (the root) receives one per rank,
 # so they shrink as the group grows (about 1 MiB in all, from 64 KiB each at 16 ranks or fewer down
 # to 256 bytes).
-_ALL_GATHER_TOTAL_BYTES = 1 << 20
-_ALL_GATHER_MIN_SLOT_BYTES = 256
-_ALL_GATHER_MAX_SLOT_BYTES = 64 << 10
+_SLOTS_TOTAL_BYTES = 1 << 20
+_MIN_SLOT_BYTES = 256
+_MAX_SLOT_BYTES = 64 << 10
 
 
-def all_gather_slot_bytes(size: int) -> int:
-    """The bytes of each rank's slot in an all-gather of ``size`` ranks (length included)."""
-    return max(_ALL_GATHER_MIN_SLOT_BYTES, min(_ALL_GATHER_MAX_SLOT_BYTES, _ALL_GATHER_TOTAL_BYTES // max(1, size)))
+def rank_slot_bytes(size: int) -> int:
+    """The bytes of each rank's slot in an all-gather, a gather or a scatter of ``size`` ranks
+    (length included)."""
+    return max(_MIN_SLOT_BYTES, min(_MAX_SLOT_BYTES, _SLOTS_TOTAL_BYTES // max(1, size)))
 
 
 def _slot(data: Any, slot: int) -> Any:

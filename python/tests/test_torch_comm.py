@@ -10,7 +10,7 @@ from distributed import run_ranks
 from shardpoint import _dist
 
 WORLD = 3
-INLINE = _dist.all_gather_slot_bytes(WORLD) - 8
+INLINE = _dist.rank_slot_bytes(WORLD) - 8
 BROADCAST_INLINE = 64 * 1024 - 8
 # Lengths around the slots' edges; each case gives each rank a different one, so that some ranks
 # overflow their slot while others do not.
@@ -118,7 +118,7 @@ def test_collectives_return_every_payload_whatever_its_length():
 
 
 def test_slots_shrink_with_the_group():
-    assert _dist.all_gather_slot_bytes(1) == 64 * 1024
-    assert _dist.all_gather_slot_bytes(16) == 64 * 1024
-    assert _dist.all_gather_slot_bytes(64) == 16 * 1024
-    assert _dist.all_gather_slot_bytes(1 << 20) == 256
+    assert _dist.rank_slot_bytes(1) == 64 * 1024
+    assert _dist.rank_slot_bytes(16) == 64 * 1024
+    assert _dist.rank_slot_bytes(64) == 16 * 1024
+    assert _dist.rank_slot_bytes(1 << 20) == 256
