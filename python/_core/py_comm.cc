@@ -81,7 +81,7 @@ std::unique_ptr<PyCommunicator> PyCommunicator::FromObject(nb::handle comm) {
   return std::unique_ptr<PyCommunicator>(
       new PyCommunicator(nb::borrow<nb::object>(comm), rank, size, nb::hasattr(comm, "all_to_all"),
                          nb::hasattr(comm, "all_to_all_buffers"),
-                         nb::hasattr(comm, "spans_machines")));
+                         nb::hasattr(comm, "spans_machines"), nb::hasattr(comm, "any_rank")));
 }
 
 Result<std::vector<std::string>> PyCommunicator::Gather(std::string payload, int root) {
@@ -123,6 +123,19 @@ Status PyCommunicator::Barrier() {
     return true;
   });
   return done.status();
+}
+
+Result<bool> PyCommunicator::AnyRank(bool flag) {
+  if (!has_any_rank_) return Communicator::AnyRank(flag);
+  return CallWithGil<bool>("any_rank", [&] {
+    nb::object answer = comm_.attr("any_rank")(flag);
+    if (!nb::isinstance<nb::bool_>(answer)) {
+      throw nb::type_error((std::string("any_rank returned ") +
+                            nb::type_name(answer.type()).c_str() + ", expected a bool")
+                               .c_str());
+    }
+    return nb::cast<bool>(answer);
+  });
 }
 
 Result<std::vector<std::string>> PyCommunicator::AllToAll(std::vector<std::string> payloads) {

@@ -25,6 +25,8 @@
 //     processes, ascending, this rank among them (called like spans_machines). Without it, or
 //     when it raises or returns anything else (reported as an unraisable exception), the answer
 //     is [rank], the default of Communicator.
+//   any_rank(flag: bool) -> bool: whether flag is true on any rank, the same on every rank (an
+//     all-reduce); without it AnyRank runs an all_gather of one byte per rank.
 // Each collective acquires the GIL only for the duration of the Python call, so the engine can
 // run with the GIL released, on any thread (AsyncSaver's background thread included). A Python
 // exception raised by a method, or a result of the wrong shape, becomes kUnavailable
@@ -61,19 +63,21 @@ class PyCommunicator final : public Communicator {
   Result<std::string> Broadcast(std::string payload, int root) override;
   Result<std::vector<std::string>> AllGather(std::string payload) override;
   Status Barrier() override;
+  Result<bool> AnyRank(bool flag) override;
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
   bool spans_machines() const override;
   std::vector<int> machine_ranks() override;
 
  private:
   PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all,
-                 bool has_all_to_all_buffers, bool has_spans_machines)
+                 bool has_all_to_all_buffers, bool has_spans_machines, bool has_any_rank)
       : comm_(std::move(comm)),
         rank_(rank),
         size_(size),
         has_all_to_all_(has_all_to_all),
         has_all_to_all_buffers_(has_all_to_all_buffers),
-        has_spans_machines_(has_spans_machines) {}
+        has_spans_machines_(has_spans_machines),
+        has_any_rank_(has_any_rank) {}
 
   // AllToAll through the object's all_to_all_buffers.
   Result<std::vector<std::string>> AllToAllBuffers(std::vector<std::string> payloads);
@@ -84,6 +88,7 @@ class PyCommunicator final : public Communicator {
   bool has_all_to_all_;
   bool has_all_to_all_buffers_;
   bool has_spans_machines_;
+  bool has_any_rank_;
   mutable std::optional<bool> spans_machines_;  // the object's answer, once asked
   std::optional<std::vector<int>> machine_ranks_;  // the object's answer, once asked
 };

@@ -237,6 +237,65 @@ def test_torch_comm_spans_machines_compares_host_names(monkeypatch):
     assert comm.spans_machines() is True
 
 
+class FlagComm(FakeComm):
+    """A FakeComm with any_rank (answering ``answer`` when it is set), counting its collectives."""
+
+    def __init__(self, group, rank, answer=None):
+        super().__init__(group, rank)
+        self.answer = answer
+        self.calls = []
+
+    def any_rank(self, flag):
+        self.calls.append("any_rank")
+        flags = self._exchange(bool(flag))
+        return any(flags) if self.answer is None else self.answer
+
+    def all_gather(self, data):
+        self.calls.append("all_gather")
+        return super().all_gather(data)
+
+
+def _save_and_load_on_two_ranks(tmp_path, comms, fail_rank=None):
+    """Both ranks save a row each of a (2, 8) tensor, then load it whole; rank ``fail_rank``
+    loads with a dtype the checkpoint does not have. Returns each rank's result or exception."""
+    full = np.arange(16, dtype=np.float32).reshape(2, 8)
+    path = str(tmp_path / "flags")
+
+    def run(rank):
+        _core.save(path, [("w", "float32", (2, 8), [((rank, 0), (1, 8), full[rank:rank + 1].copy())])], [],
+                   _core.SaveOptions(comm=comms[rank], overwrite=True))
+        out = np.zeros((2, 8), np.float64 if rank == fail_rank else np.float32)
+        _core.load(path, [whole("w", out.dtype.name, out)], [], _core.LoadOptions(comm=comms[rank], share_reads=False))
+        assert out.tobytes() == full.tobytes()
+        return True
+
+    return run_ranks(2, run)
+
+
+def test_any_rank_agrees_without_gathering_every_rank_s_status(tmp_path):
+    group = FakeGroup(2)
+    comms = [FlagComm(group, rank) for rank in range(2)]
+    assert _save_and_load_on_two_ranks(tmp_path, comms) == [True, True]
+    for comm in comms:  # the save's commit and the load's outcome are flags; nothing is all-gathered
+        assert "any_rank" in comm.calls and "all_gather" not in comm.calls, comm.calls
+    # A rank that fails: the flags say so, and its error reaches both ranks through an all-gather.
+    group = FakeGroup(2)
+    comms = [FlagComm(group, rank) for rank in range(2)]
+    results = _save_and_load_on_two_ranks(tmp_path, comms, fail_rank=1)
+    for e in results:
+        assert isinstance(e, _core.StatusError) and e.message.startswith("rank 1: "), e
+        assert "float64" in e.message and "float32" in e.message, e.message
+    assert all("all_gather" in comm.calls for comm in comms)
+
+
+def test_any_rank_reply_is_checked(tmp_path):
+    group = FakeGroup(2)
+    comms = [FlagComm(group, rank, answer="no") for rank in range(2)]
+    for e in _save_and_load_on_two_ranks(tmp_path, comms):
+        assert isinstance(e, _core.StatusError) and e.code == "UNAVAILABLE", e
+        assert e.message == "communicator any_rank failed: any_rank returned str, expected a bool", e.message
+
+
 class BuffersComm(FakeComm):
     """A FakeComm with all_to_all (which must not be called) and all_to_all_buffers, whose reply
     ``bad(recv, sizes)`` may spoil; counts the calls."""

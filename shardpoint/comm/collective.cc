@@ -160,6 +160,10 @@ Result<std::vector<std::string>> AllToAllOrFail(Communicator& comm,
 }
 
 Status AgreeOnStatus(Communicator& comm, Status local) {
+  // Nearly always nothing failed: one flag per rank says so, and the messages travel only when
+  // some rank has one.
+  SP_ASSIGN_OR_RETURN(bool any_failed, comm.AnyRank(!local.ok()));
+  if (!any_failed) return OkStatus();
   Result<std::string> as_payload =
       local.ok() ? Result<std::string>(std::string()) : Result<std::string>(std::move(local));
   return AllGatherOrFail(comm, std::move(as_payload)).status();

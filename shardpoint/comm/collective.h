@@ -62,7 +62,8 @@ Result<std::vector<std::string>> AllToAllOrFail(Communicator& comm,
                                                 Result<std::vector<std::string>> local);
 
 // Every rank learns whether every rank succeeded: returns OK on all ranks, or on all ranks the
-// lowest failing rank's status prefixed "rank R: ". One AllGather.
+// lowest failing rank's status prefixed "rank R: ". One AnyRank, and an AllGather of the
+// statuses only when some rank failed.
 Status AgreeOnStatus(Communicator& comm, Status local);
 
 // Encodes `status` (code and message) as bytes; OK encodes as code 0 with an empty message.

@@ -34,6 +34,7 @@ class ForwardingComm : public Communicator {
     return inner_.AllGather(std::move(p));
   }
   Status Barrier() override { return inner_.Barrier(); }
+  Result<bool> AnyRank(bool flag) override { return inner_.AnyRank(flag); }
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> p) override {
     return inner_.AllToAll(std::move(p));
   }
@@ -129,8 +130,8 @@ inline Status CheckRootedCollectives(Communicator& comm, size_t size, int round,
   return OkStatus();
 }
 
-// Runs every collective on `comm` (the rooted ones once per root, then AllGather and AllToAll), checking each result against
-// its seed. Rank r's payloads have SizeOf(size, r) bytes. A transport error is returned at once;
+// Runs every collective on `comm` (the rooted ones once per root, then AllGather, AllToAll and
+// AnyRank), checking each result against its seed or flags. Rank r's payloads have SizeOf(size, r) bytes. A transport error is returned at once;
 // a wrong payload is returned after every collective has run.
 inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
   const int n = comm.size();
@@ -154,6 +155,11 @@ inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
   for (int s = 0; s < static_cast<int>(incoming.size()); ++s) {
     mismatch.Check(MatchesPayload(incoming[s], pair_size(s, me), Seed(round, s, 16 + me)),
                    "AllToAll", -1, s);
+  }
+  // AnyRank: nobody, then each rank in turn alone, then everybody.
+  for (int flagged = -1; flagged <= n; ++flagged) {
+    SP_ASSIGN_OR_RETURN(bool any, comm.AnyRank(flagged == n || flagged == me));
+    mismatch.Check(any == (flagged >= 0), "AnyRank", -1, flagged);
   }
   SP_RETURN_IF_ERROR(comm.Barrier());
   return mismatch.status();

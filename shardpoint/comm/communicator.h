@@ -38,6 +38,11 @@ class Communicator {
   // sender, what every rank passed for r. The default runs one Scatter per rank (each rank in
   // turn as the root); implementations override it with a direct exchange.
   virtual Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads);
+  // Whether `flag` is true on any rank: the same answer on every rank. Protocols agree through it
+  // that nothing failed, so that the common case moves one integer per rank and not a message
+  // from every rank to every rank (comm/collective.h: AgreeOnStatus). The default runs an
+  // AllGather of one byte per rank; implementations override it with an all-reduce.
+  virtual Result<bool> AnyRank(bool flag);
   // True when the group's ranks run on more than one machine (they do not share a page cache),
   // so that sending bytes between ranks can be cheaper than reading them again. The same on
   // every rank. The default, for communicators that cannot tell, is false.

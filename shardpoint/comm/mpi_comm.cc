@@ -279,6 +279,13 @@ Status MpiComm::AllGatherRounds(const std::string& payload, const std::vector<ui
 
 Status MpiComm::Barrier() { return MpiCheck(MPI_Barrier(comm_), "MPI_Barrier", "Barrier"); }
 
+Result<bool> MpiComm::AnyRank(bool flag) {
+  int mine = flag ? 1 : 0, any = 0;
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm_),
+                              "MPI_Allreduce", "AnyRank"));
+  return any != 0;
+}
+
 Result<std::vector<std::string>> MpiComm::AllToAll(std::vector<std::string> payloads) {
   // Every rank learns every rank's payload count first, so a malformed call fails everywhere.
   SP_ASSIGN_OR_RETURN(std::vector<uint64_t> counts, AllGatherSizes(payloads.size(), "AllToAll"));

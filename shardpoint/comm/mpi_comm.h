@@ -59,6 +59,8 @@ class MpiComm final : public Communicator {
   Result<std::string> Broadcast(std::string payload, int root) override;
   Result<std::vector<std::string>> AllGather(std::string payload) override;
   Status Barrier() override;
+  // One MPI_Allreduce (MPI_MAX) of an int.
+  Result<bool> AnyRank(bool flag) override;
   // Whether the ranks span machines: learned at Create() by splitting the group by shared memory.
   bool spans_machines() const override { return spans_machines_; }
   // The ranks of this rank's shared-memory split, learned at Create() too.

@@ -393,20 +393,18 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
       }
     }
   }
-  Result<std::vector<std::string>> made =
-      AllGatherOrFail(comm, std::string(comm.rank() == 0 && !memory ? "0" : "1"));
-  if (made.ok() && (*made)[0] == "1" && comm.rank() != 0) {
+  // Two flags: whether rank 0 made it (only rank 0 can say it did not), and whether every rank
+  // mapped it.
+  Result<bool> not_made = comm.AnyRank(comm.rank() == 0 && !memory);
+  if (not_made.ok() && !*not_made && comm.rank() != 0) {
     Result<SharedMemory> opened = SharedMemory::Open(name, total, 0, board);
     if (opened.ok()) memory = std::move(opened).value();
   }
-  Result<std::vector<std::string>> mapped =
-      made.ok() ? AllGatherOrFail(comm, std::string(memory ? "1" : "0")) : made;
+  Result<bool> not_mapped = not_made.ok() ? comm.AnyRank(!memory) : not_made;
   // Every rank has it mapped, or never will: the name goes.
   if (comm.rank() == 0 && memory) SharedMemory::Unlink(name);
-  SP_RETURN_IF_ERROR(mapped.status());
-  for (const std::string& flag : *mapped) {
-    if (flag != "1") return std::optional<MachineSlots>();
-  }
+  SP_RETURN_IF_ERROR(not_mapped.status());
+  if (*not_mapped) return std::optional<MachineSlots>();
   return std::optional<MachineSlots>(
       MachineSlots{std::move(memory).value(), std::move(slot_bytes), std::move(base)});
 }
@@ -773,7 +771,14 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   if (unpacking != nullptr) (void)unpacking->Wait();
 
   // The outcome, the same on every rank: the first error of a rank that did not stop because
-  // another did (that one's error says why), else the first error.
+  // another did (that one's error says why), else the first error. A flag says whether there is
+  // one; the errors travel only then.
+  Result<bool> any_failed = comm.AnyRank(!local.ok());
+  if (!any_failed.ok()) return {any_failed.status(), true};
+  if (!*any_failed) {
+    p.result.bytes_read = bytes_read;
+    return {std::move(p.result), true, true};
+  }
   std::string mine(1, peer_stopped ? '\1' : '\0');
   mine += EncodeStatus(local);
   Result<std::vector<std::string>> outcomes = comm.AllGather(std::move(mine));
