@@ -131,8 +131,9 @@ inline Status CheckRootedCollectives(Communicator& comm, size_t size, int round,
 }
 
 // Runs every collective on `comm` (the rooted ones once per root, then AllGather, AllToAll and
-// AnyRank), checking each result against its seed or flags. Rank r's payloads have SizeOf(size, r) bytes. A transport error is returned at once;
-// a wrong payload is returned after every collective has run.
+// AnyRank), checking each result against its seed or flags. Rank r's payloads have
+// SizeOf(size, r) bytes. A transport error is returned at once; a wrong payload is returned after
+// every collective has run.
 inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
   const int n = comm.size();
   const int me = comm.rank();

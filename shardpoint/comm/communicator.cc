@@ -18,7 +18,8 @@ Result<std::vector<std::string>> Communicator::AllToAll(std::vector<std::string>
 }
 
 Result<bool> Communicator::AnyRank(bool flag) {
-  SP_ASSIGN_OR_RETURN(std::vector<std::string> flags, AllGather(std::string(1, flag ? '\1' : '\0')));
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> flags,
+                      AllGather(std::string(1, flag ? '\1' : '\0')));
   if (static_cast<int>(flags.size()) != size()) {
     return DataLossError("AnyRank: the all-gather returned " + std::to_string(flags.size()) +
                          " flags, expected one per rank (" + std::to_string(size()) + ")");
