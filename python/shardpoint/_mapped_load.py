@@ -11,6 +11,7 @@ copy-backs).
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -64,10 +65,41 @@ def _signature(value: Any) -> Optional[tuple]:
     return None
 
 
+_UNKNOWN = object()  # _addresses: a leaf whose first element's address is not known cheaply
+
+
+def _addresses(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The address of each leaf's first element, which leaves that are the same tensor share; None
+    for a leaf that is no tensor or holds no memory, and _UNKNOWN where it cannot be read."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        from ._torch import is_dtensor
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        address = None
+        if torch is not None and isinstance(value, torch.Tensor):
+            local = value._local_tensor if is_dtensor(value) else value
+            try:
+                address = None if local.is_meta or local.numel() == 0 else local.data_ptr()
+            except Exception:  # noqa: BLE001 - a tensor subclass without storage: compare signatures
+                address = _UNKNOWN
+        elif isinstance(value, np.ndarray) and value.size:
+            address = value.__array_interface__["data"][0]
+        out[key] = address
+    return out
+
+
 def tied_groups(flat: Mapping[str, Any]) -> list[list[str]]:
-    """Groups of keys (two or more) whose leaves are the same tensor."""
+    """Groups of keys (two or more) whose leaves are the same tensor. Only leaves whose first
+    elements share an address can be: the others are not compared (a state dict has hundreds to
+    thousands of leaves, and nearly always no ties)."""
+    addresses = _addresses(flat)
+    shared = Counter(a for a in addresses.values() if a is not None and a is not _UNKNOWN)
     groups: dict[tuple, list[str]] = {}
     for key, value in flat.items():
+        address = addresses[key]
+        if address is None or (address is not _UNKNOWN and shared[address] < 2):
+            continue
         signature = _signature(value)
         if signature is not None:
             groups.setdefault(signature, []).append(key)

@@ -41,13 +41,20 @@ def is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
+_DTENSOR: Any = None  # the DTensor class once is_dtensor has looked for it; () without one
+
+
 def is_dtensor(value: Any) -> bool:
     """True for a DTensor."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch built without distributed
-        return False
-    return isinstance(value, DTensor)
+    global _DTENSOR
+    if _DTENSOR is None:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # torch built without distributed
+            _DTENSOR = ()
+        else:
+            _DTENSOR = DTensor
+    return isinstance(value, _DTENSOR)
 
 
 def _host_view(local: torch.Tensor, for_load: bool, after: list[Callable[[], None]]) -> torch.Tensor:

@@ -178,6 +178,36 @@ def test_tied_key_absent_from_checkpoint_is_filled_by_its_twin(tmp_path):
         sp.load({"embed.weight": shared, "head.weight": shared[1:]}, tmp_path / "c")
 
 
+def test_tied_groups_compare_only_leaves_at_one_address_and_find_every_tie():
+    from shardpoint._mapped_load import tied_groups
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    array = np.arange(6, dtype=np.int64)
+
+    class NoStorage(torch.Tensor):  # a subclass whose address cannot be read: still compared
+        def data_ptr(self):
+            raise RuntimeError("no storage")
+
+    odd = torch.ones(3).as_subclass(NoStorage)
+    flat = {"a": base, "b": base.detach(), "view": base.view(6, 4), "row": base[1:], "first_row": base[0],
+            "copy": base.clone(), "np": array, "np_twin": array[:], "np_other": array.copy(),
+            "empty": torch.empty(0), "empty2": torch.empty(0), "meta": torch.empty(3, device="meta"),
+            "meta2": torch.empty(3, device="meta"), "odd": odd, "odd2": odd.detach(), "n": 7, "s": "x"}
+    # Same memory, offset, shape, strides and dtype only: a view of another shape, a row, a copy,
+    # empty and meta tensors are not ties; the subclass pair is found by its signature.
+    assert tied_groups(flat) == [["a", "b"], ["np", "np_twin"], ["odd", "odd2"]]
+    rng = np.random.default_rng(3)  # many leaves, the ties anywhere among them
+    leaves = [torch.randn(3) for _ in range(200)]
+    names = [f"w{i}" for i in range(200)]
+    for i in rng.choice(200, 20, replace=False):
+        names.append(f"t{i}")
+        leaves.append(leaves[i].detach())
+    order = rng.permutation(len(names))
+    flat = {names[k]: leaves[k] for k in order}
+    expected = sorted(sorted([f"w{i}", f"t{i}"]) for i in range(200) if f"t{i}" in flat)
+    assert sorted(sorted(g) for g in tied_groups(flat)) == expected
+
+
 # ---------------------------------------------------------------------------------------------
 # transformers 5 MoE models: hub-layout (per-expert) directories into fused-expert models.
 
