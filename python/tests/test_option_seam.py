@@ -345,6 +345,66 @@ def test_all_to_all_buffers_carries_the_shared_reads(one_chunk):
     assert all(c.calls >= 1 for c in comms)
 
 
+class CountingComm(BuffersComm):
+    """A BuffersComm that counts its all-gathers too, answers machine_ranks() with ``machine``, and
+    agrees through any_rank."""
+
+    def __init__(self, group, rank, machine):
+        super().__init__(group, rank)
+        self.machine = machine
+        self.gathers = 0
+
+    def all_gather(self, data):
+        self.gathers += 1
+        return super().all_gather(data)
+
+    def machine_ranks(self):
+        return self.machine
+
+    def any_rank(self, flag):
+        return any(self._exchange(bool(flag)))
+
+
+@pytest.mark.parametrize("machine, share", [([0, 1], None), (None, True)])
+def test_a_load_that_shares_nothing_reads_its_own_without_exchanging(tmp_path, machine, share):
+    """Two ranks load the row halves they saved: no stored chunk is needed by both, so after the
+    ranks' needs are known no slot is mapped (processes of one machine) and no round is exchanged
+    (ranks anywhere); a column split of the same checkpoint still exchanges."""
+    full = np.random.default_rng(8).standard_normal((64, 32))
+    path = str(tmp_path / "rows")
+    group = FakeGroup(2)
+
+    def save(rank):
+        rows = np.ascontiguousarray(full[rank * 32:(rank + 1) * 32])
+        _core.save(path, [("w", "float64", full.shape, [((rank * 32, 0), rows.shape, rows)])], [],
+                   _core.SaveOptions(comm=group.comm(rank)))
+
+    assert run_ranks(2, save) == [None, None]
+    for split in (0, 1):
+        group = FakeGroup(2)
+        comms = [CountingComm(group, rank, machine or [rank]) for rank in range(2)]
+
+        def load(rank):
+            index = [slice(None), slice(None)]
+            index[split] = slice(rank * 32 // (split + 1), (rank + 1) * 32 // (split + 1))
+            out = np.zeros(full[tuple(index)].shape)
+            offsets = (rank * 32, 0) if split == 0 else (0, rank * 16)
+            options = _core.LoadOptions(comm=comms[rank], share_reads=share)
+            result = _core.load(path, [("w", "float64", full.shape, [(offsets, out.shape, out)])], [], options)
+            assert out.tobytes() == np.ascontiguousarray(full[tuple(index)]).tobytes()
+            return result
+
+        results = run_ranks(2, load)
+        read = [bytes_read for _, _, _, bytes_read, _ in results]
+        if split == 0:
+            assert read == [full.nbytes // 2] * 2, read
+            # The needs only: no slot sizes (one machine), no all-to-all (anywhere).
+            assert [(c.gathers, c.calls) for c in comms] == [(1, 0)] * 2
+        else:
+            assert sum(read) == full.nbytes, read  # each chunk read once, for both
+            assert all(c.gathers + c.calls >= 2 for c in comms), [(c.gathers, c.calls) for c in comms]
+
+
 @pytest.mark.parametrize("bad, messages", [
     (lambda recv, sizes: (recv, sizes[:1]),
      ["all_to_all_buffers returned 1 sizes adding up to ",

@@ -484,6 +484,11 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   const ExchangePlan plan = PlanExchange(*all, comm.rank(), metadata,
                                          std::max<uint64_t>(1, options.memory_budget_bytes / 3));
   all->clear();
+  if (plan.shared_chunks == 0) {
+    // Nothing to exchange: every rank planned the same from the same needs (LoadSharedOnMachine),
+    // and reads its own without the rounds' all-to-alls.
+    return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
+  }
   Prepared& p = *prepared;
   const std::vector<ReadRequest> planned = RequestsOfPlan(p, plan);
   ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
@@ -581,6 +586,12 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
       std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes),
       read_options.scatter_min_run_bytes);
   all->clear();
+  if (plan.shared_chunks == 0) {
+    // No rank reads anything for another (a load into the layout of the save): each reads its own.
+    // Every rank planned the same units from the same needs (as it must: the rounds below are
+    // collective), so every rank takes this branch, without a collective to agree on it.
+    return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
+  }
   // Round k's slot: the table of what lies where (its length, then EncodeSlotTable), whole rows
   // after it, each placed at an offset that agrees with its file offset modulo a page (so that
   // direct reads land in place), then the packed payloads.
