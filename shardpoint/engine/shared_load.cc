@@ -351,10 +351,11 @@ struct MachineSlots {
 };
 
 // Makes (on rank 0) and maps (everywhere) the object for slots of `my_slot_bytes` on this rank.
-// nullopt on every rank when no rank sends anything (*nothing_shared set) or some rank could not
-// map it; an error (the same on every rank) when the communicator fails.
+// nullopt on every rank when some rank could not map it (or no rank sends anything, which a plan
+// that shares a chunk does not leave); an error (the same on every rank) when the communicator
+// fails.
 Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::string_view nonce,
-                                                    uint64_t my_slot_bytes, bool* nothing_shared) {
+                                                    uint64_t my_slot_bytes) {
   std::string mine;
   ByteWriter(&mine).PutU64(my_slot_bytes);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> sizes, AllGatherOrFail(comm, std::move(mine)));
@@ -375,8 +376,7 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
     }
     total += kMachineSlots * slot_bytes.back();
   }
-  *nothing_shared = total == board;
-  if (*nothing_shared) return std::optional<MachineSlots>();
+  if (total == board) return std::optional<MachineSlots>();
   const std::string name = "/shardpoint-xchg-" + std::string(nonce) + "-0";
   // Only the board's pages are reserved here; each rank reserves its own slots as it first reads
   // into them (SharedMemory::Reserve), so that the kernel zeroes them in every process at once
@@ -631,13 +631,11 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     my_slot_bytes = std::max(my_slot_bytes, sent);
   }
   my_slot_bytes = (my_slot_bytes + 4095) / 4096 * 4096;  // each slot on a page of its own
-  bool nothing_shared = false;
-  Result<std::optional<MachineSlots>> mapped =
-      MapMachineSlots(comm, nonce, my_slot_bytes, &nothing_shared);
+  Result<std::optional<MachineSlots>> mapped = MapMachineSlots(comm, nonce, my_slot_bytes);
   if (!mapped.ok()) return {mapped.status(), true};
   if (!mapped->has_value()) {
-    // The same on every rank: nothing to share, or no shared memory for it.
-    if (!nothing_shared && options.share_reads.value_or(false)) {
+    // The same on every rank: no shared memory for the slots.
+    if (options.share_reads.value_or(false)) {
       return LoadShared(state, metadata, path, options, ctx, gate);
     }
     return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
