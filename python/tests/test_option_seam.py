@@ -346,17 +346,26 @@ def test_all_to_all_buffers_carries_the_shared_reads(one_chunk):
 
 
 class CountingComm(BuffersComm):
-    """A BuffersComm that counts its all-gathers too, answers machine_ranks() with ``machine``, and
-    agrees through any_rank."""
+    """A BuffersComm that counts its all-gathers, gathers and scatters too, answers
+    machine_ranks() with ``machine``, and agrees through any_rank."""
 
     def __init__(self, group, rank, machine):
         super().__init__(group, rank)
         self.machine = machine
         self.gathers = 0
+        self.rooted = 0
 
     def all_gather(self, data):
         self.gathers += 1
         return super().all_gather(data)
+
+    def gather(self, data, root):
+        self.rooted += 1
+        return super().gather(data, root)
+
+    def scatter(self, chunks, root):
+        self.rooted += 1
+        return super().scatter(chunks, root)
 
     def machine_ranks(self):
         return self.machine
@@ -398,11 +407,13 @@ def test_a_load_that_shares_nothing_reads_its_own_without_exchanging(tmp_path, m
         read = [bytes_read for _, _, _, bytes_read, _ in results]
         if split == 0:
             assert read == [full.nbytes // 2] * 2, read
-            # The needs only: no slot sizes (one machine), no all-to-all (anywhere).
-            assert [(c.gathers, c.calls) for c in comms] == [(1, 0)] * 2
+            # The needs gathered to rank 0 and each rank's plan scattered, nothing all-gathered: no
+            # slot sizes (one machine), no all-to-all (anywhere).
+            assert [(c.rooted, c.gathers, c.calls) for c in comms] == [(2, 0, 0)] * 2
         else:
             assert sum(read) == full.nbytes, read  # each chunk read once, for both
-            assert all(c.gathers + c.calls >= 2 for c in comms), [(c.gathers, c.calls) for c in comms]
+            assert all(c.rooted == 2 and c.gathers + c.calls >= 1 for c in comms), \
+                [(c.rooted, c.gathers, c.calls) for c in comms]
 
 
 @pytest.mark.parametrize("bad, messages", [

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "shardpoint/base/coding.h"
+#include "shardpoint/comm/collective.h"
 #include "shardpoint/geometry/strided_copy.h"
 
 namespace sp {
@@ -61,7 +62,7 @@ struct ChunkUsers {
 struct Needs {
   const std::vector<RankNeeds>& all;
   std::vector<std::vector<ChunkNeed>> parts;
-  std::vector<size_t> part_of;  // of rank `me`'s parts: the need each is a part of
+  std::vector<std::vector<size_t>> part_of;  // of each rank's parts: the need each is a part of
 
   const ChunkNeed& operator()(int r, size_t i) const {
     const size_t whole = all[r].needs.size();
@@ -106,7 +107,7 @@ bool Measure(ChunkUsers& u, const Needs& need, const TensorMetadata& tensor,
 // bands of about half a round's exchange, their edges on checksum block boundaries where the rows
 // allow (else at least kBandBlocks blocks each). Each band's users are the needs that lie inside
 // it and the parts of those it cuts (added to `need`). Empty when the chunk cannot be cut.
-std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need, int me,
+std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need,
                                      const TensorMetadata& tensor, const StoredChunk& chunk,
                                      uint64_t block_bytes, uint64_t round_bytes) {
   std::vector<ChunkUsers> bands;
@@ -150,7 +151,7 @@ std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need, int me,
       ChunkNeed part = need(r, i);
       part.region.offsets[0] = lo;
       part.region.sizes[0] = hi - lo;
-      if (r == me) need.part_of.push_back(i);
+      need.part_of[r].push_back(i);
       need.parts[r].push_back(std::move(part));
       band.users.emplace_back(r, need.all[r].needs.size() + need.parts[r].size() - 1);
     }
@@ -190,6 +191,15 @@ void ChooseWholeRows(ChunkUsers& u, const Needs& need, const TensorMetadata& ten
   u.rows_bytes = bytes;
 }
 
+// The list of `rank` in `lists`, added (empty, in its place) when it has none.
+template <typename T>
+std::vector<T>& ListOf(ByRank<T>& lists, int rank) {
+  auto at = std::lower_bound(lists.begin(), lists.end(), rank,
+                             [](const auto& entry, int r) { return entry.first < r; });
+  if (at == lists.end() || at->first != rank) at = lists.emplace(at, rank, std::vector<T>());
+  return at->second;
+}
+
 }  // namespace
 
 Interval ReadSpan(const TensorMetadata& tensor, const StoredChunk& chunk, const Box& region,
@@ -217,74 +227,284 @@ uint64_t PackedBytes(const Box& region, DType dtype) {
   return (bytes + 15) / 16 * 16;
 }
 
+namespace {
+
+void PutBox(ByteWriter& writer, const Box& box) {
+  writer.PutU8(static_cast<uint8_t>(box.rank()));
+  for (size_t d = 0; d < box.rank(); ++d) {
+    writer.PutI64(box.offsets[d]);
+    writer.PutI64(box.sizes[d]);
+  }
+}
+
+Status ReadBox(ByteReader& reader, Box* box) {
+  SP_ASSIGN_OR_RETURN(uint8_t rank, reader.ReadU8());
+  box->offsets.resize(rank);
+  box->sizes.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    SP_ASSIGN_OR_RETURN(box->offsets[d], reader.ReadI64());
+    SP_ASSIGN_OR_RETURN(box->sizes[d], reader.ReadI64());
+  }
+  return OkStatus();
+}
+
+void PutChunkNeed(ByteWriter& writer, const ChunkNeed& n) {
+  writer.PutU32(n.tensor);
+  writer.PutU32(n.chunk);
+  PutBox(writer, n.region);
+}
+
+// The stored chunk `tensor`/`chunk` names, or an error naming `label` ("need 3").
+Result<const StoredChunk*> ChunkNamed(const CheckpointMetadata& metadata, uint32_t tensor,
+                                      uint32_t chunk, const ByteReader& reader,
+                                      const std::string& label) {
+  if (tensor >= metadata.tensors.size() || chunk >= metadata.tensors[tensor].chunks.size()) {
+    return DataLossError(reader.what() + ": " + label + " names tensor " + std::to_string(tensor) +
+                         " chunk " + std::to_string(chunk) +
+                         ", which the checkpoint does not have");
+  }
+  return &metadata.tensors[tensor].chunks[chunk];
+}
+
+// A region of a stored chunk, checked to be a non-empty part of it; errors name `label`.
+Result<ChunkNeed> ReadChunkNeed(ByteReader& reader, const CheckpointMetadata& metadata,
+                                const std::string& label) {
+  ChunkNeed n;
+  SP_ASSIGN_OR_RETURN(n.tensor, reader.ReadU32());
+  SP_ASSIGN_OR_RETURN(n.chunk, reader.ReadU32());
+  SP_ASSIGN_OR_RETURN(const StoredChunk* chunk,
+                      ChunkNamed(metadata, n.tensor, n.chunk, reader, label));
+  SP_RETURN_IF_ERROR(ReadBox(reader, &n.region));
+  if (n.region.rank() != chunk->box.rank() || n.region.empty() ||
+      !Contains(chunk->box, n.region)) {
+    return DataLossError(reader.what() + ": " + label + " region " + n.region.ToString() +
+                         " is not a non-empty part of chunk " + chunk->box.ToString() +
+                         " of tensor '" + metadata.tensors[n.tensor].name + "'");
+  }
+  return n;
+}
+
+Status Trailing(const ByteReader& reader, const std::string& after) {
+  if (reader.done()) return OkStatus();
+  return DataLossError(reader.what() + ": " + std::to_string(reader.remaining()) +
+                       " unexpected bytes after " + after);
+}
+
+// Per-rank lists: a count, then each rank, its list's length and the list.
+template <typename T, typename Put>
+void PutByRank(ByteWriter& writer, const ByRank<T>& lists, Put put) {
+  writer.PutU32(static_cast<uint32_t>(lists.size()));
+  for (const auto& [rank, list] : lists) {
+    writer.PutU32(static_cast<uint32_t>(rank));
+    writer.PutU32(static_cast<uint32_t>(list.size()));
+    for (const T& each : list) put(each);
+  }
+}
+
+// Reads lists written by PutByRank, checking that the ranks ascend within [0, ranks) and that no
+// list is empty; `read` reads one element of the list of `rank`.
+template <typename T, typename Read>
+Status ReadByRank(ByteReader& reader, int ranks, const std::string& label, ByRank<T>* lists,
+                  Read read) {
+  SP_ASSIGN_OR_RETURN(uint32_t count, reader.ReadCount(8));
+  lists->reserve(count);
+  for (uint32_t k = 0; k < count; ++k) {
+    SP_ASSIGN_OR_RETURN(uint32_t rank, reader.ReadU32());
+    SP_ASSIGN_OR_RETURN(uint32_t length, reader.ReadCount(4));
+    if (rank >= static_cast<uint32_t>(ranks) ||
+        (!lists->empty() && static_cast<int>(rank) <= lists->back().first) || length == 0) {
+      return DataLossError(reader.what() + ": " + label + " lists rank " + std::to_string(rank) +
+                           " with " + std::to_string(length) + " entries" +
+                           (lists->empty() ? std::string()
+                                           : " after rank " + std::to_string(lists->back().first)) +
+                           " in a group of " + std::to_string(ranks) +
+                           "; expected ranks in ascending order, each with a non-empty list");
+    }
+    std::vector<T> list;
+    list.reserve(length);
+    for (uint32_t i = 0; i < length; ++i) {
+      SP_ASSIGN_OR_RETURN(T each, read());
+      list.push_back(std::move(each));
+    }
+    lists->emplace_back(static_cast<int>(rank), std::move(list));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 std::string EncodeNeeds(const RankNeeds& needs) {
   std::string out;
   ByteWriter writer(&out);
   writer.PutU8(needs.verify ? 1 : 0);
   writer.PutU32(static_cast<uint32_t>(needs.needs.size()));
-  for (const ChunkNeed& n : needs.needs) {
-    writer.PutU32(n.tensor);
-    writer.PutU32(n.chunk);
-    writer.PutU8(static_cast<uint8_t>(n.region.rank()));
-    for (size_t d = 0; d < n.region.rank(); ++d) {
-      writer.PutI64(n.region.offsets[d]);
-      writer.PutI64(n.region.sizes[d]);
-    }
-  }
+  for (const ChunkNeed& n : needs.needs) PutChunkNeed(writer, n);
   return out;
 }
 
 Result<RankNeeds> DecodeNeeds(std::string_view bytes, const CheckpointMetadata& metadata,
                               int from_rank) {
-  const std::string what = "read needs of rank " + std::to_string(from_rank);
-  ByteReader reader(bytes, what);
+  ByteReader reader(bytes, "read needs of rank " + std::to_string(from_rank));
   RankNeeds out;
   SP_ASSIGN_OR_RETURN(uint8_t verify, reader.ReadU8());
   out.verify = verify != 0;
   SP_ASSIGN_OR_RETURN(uint32_t count, reader.ReadCount(9));
   out.needs.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
-    ChunkNeed n;
-    SP_ASSIGN_OR_RETURN(n.tensor, reader.ReadU32());
-    SP_ASSIGN_OR_RETURN(n.chunk, reader.ReadU32());
-    SP_ASSIGN_OR_RETURN(uint8_t rank, reader.ReadU8());
-    if (n.tensor >= metadata.tensors.size() ||
-        n.chunk >= metadata.tensors[n.tensor].chunks.size()) {
-      return DataLossError(what + ": need " + std::to_string(i) + " names tensor " +
-                           std::to_string(n.tensor) + " chunk " + std::to_string(n.chunk) +
-                           ", which the checkpoint does not have");
-    }
-    const StoredChunk& chunk = metadata.tensors[n.tensor].chunks[n.chunk];
-    n.region.offsets.resize(rank);
-    n.region.sizes.resize(rank);
-    for (size_t d = 0; d < rank; ++d) {
-      SP_ASSIGN_OR_RETURN(n.region.offsets[d], reader.ReadI64());
-      SP_ASSIGN_OR_RETURN(n.region.sizes[d], reader.ReadI64());
-    }
-    if (rank != chunk.box.rank() || n.region.empty() || !Contains(chunk.box, n.region)) {
-      return DataLossError(what + ": need " + std::to_string(i) + " region " +
-                           n.region.ToString() + " is not a non-empty part of chunk " +
-                           chunk.box.ToString() + " of tensor '" +
-                           metadata.tensors[n.tensor].name + "'");
-    }
+    SP_ASSIGN_OR_RETURN(ChunkNeed n, ReadChunkNeed(reader, metadata, "need " + std::to_string(i)));
     out.needs.push_back(std::move(n));
   }
-  if (!reader.done()) {
-    return DataLossError(what + ": " + std::to_string(reader.remaining()) +
-                         " unexpected bytes after the last need");
+  SP_RETURN_IF_ERROR(Trailing(reader, "the last need"));
+  return out;
+}
+
+std::string EncodeExchangePlan(const ExchangePlan& plan) {
+  std::string out;
+  ByteWriter writer(&out);
+  auto put_index = [&](size_t i) { writer.PutU32(static_cast<uint32_t>(i)); };
+  auto put_need = [&](const ChunkNeed& n) { PutChunkNeed(writer, n); };
+  writer.PutU64(plan.shared_chunks);
+  writer.PutU32(static_cast<uint32_t>(plan.parts.size()));
+  for (size_t j = 0; j < plan.parts.size(); ++j) {
+    PutChunkNeed(writer, plan.parts[j]);
+    put_index(plan.part_of[j]);
+  }
+  writer.PutU32(static_cast<uint32_t>(plan.rounds.size()));
+  for (const ExchangeRound& round : plan.rounds) {
+    writer.PutU32(static_cast<uint32_t>(round.own.size()));
+    for (size_t i : round.own) put_index(i);
+    PutByRank(writer, round.send, put_need);
+    PutByRank(writer, round.receive, put_index);
+    writer.PutU32(static_cast<uint32_t>(round.rows.size()));
+    for (const WholeRows& w : round.rows) {
+      writer.PutU32(w.tensor);
+      writer.PutU32(w.chunk);
+      PutBox(writer, w.rows);
+    }
+    PutByRank(writer, round.from_rows, put_index);
   }
   return out;
 }
 
-ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
-                          const CheckpointMetadata& metadata, uint64_t round_bytes,
-                          uint64_t whole_rows_below) {
+Result<ExchangePlan> DecodeExchangePlan(std::string_view bytes, const CheckpointMetadata& metadata,
+                                        size_t needs, int ranks, int from_rank) {
+  ByteReader reader(bytes, "exchange plan from rank " + std::to_string(from_rank));
+  ExchangePlan plan;
+  SP_ASSIGN_OR_RETURN(plan.shared_chunks, reader.ReadU64());
+  SP_ASSIGN_OR_RETURN(uint32_t parts, reader.ReadCount(13));
+  for (uint32_t j = 0; j < parts; ++j) {
+    const std::string label = "part " + std::to_string(j);
+    SP_ASSIGN_OR_RETURN(ChunkNeed part, ReadChunkNeed(reader, metadata, label));
+    SP_ASSIGN_OR_RETURN(uint32_t of, reader.ReadU32());
+    if (of >= needs) {
+      return DataLossError(reader.what() + ": " + label + " is a part of need " +
+                           std::to_string(of) + ", but this rank has " + std::to_string(needs) +
+                           " needs");
+    }
+    plan.parts.push_back(std::move(part));
+    plan.part_of.push_back(of);
+  }
+  // Indices into this rank's needs, then its parts.
+  const size_t indices = needs + plan.parts.size();
+  std::string label;
+  auto read_index = [&]() -> Result<size_t> {
+    SP_ASSIGN_OR_RETURN(uint32_t i, reader.ReadU32());
+    if (i >= indices) {
+      return DataLossError(reader.what() + ": " + label + " names need " + std::to_string(i) +
+                           ", but this rank has " + std::to_string(needs) + " needs and " +
+                           std::to_string(plan.parts.size()) + " parts");
+    }
+    return static_cast<size_t>(i);
+  };
+  auto read_need = [&]() { return ReadChunkNeed(reader, metadata, label); };
+  SP_ASSIGN_OR_RETURN(uint32_t rounds, reader.ReadCount(20));
+  if (rounds == 0) return DataLossError(reader.what() + ": no rounds; expected at least one");
+  plan.rounds.resize(rounds);
+  for (uint32_t k = 0; k < rounds; ++k) {
+    ExchangeRound& round = plan.rounds[k];
+    const std::string in_round = " of round " + std::to_string(k);
+    label = "own reads" + in_round;
+    SP_ASSIGN_OR_RETURN(uint32_t own, reader.ReadCount(4));
+    round.own.reserve(own);
+    for (uint32_t i = 0; i < own; ++i) {
+      SP_ASSIGN_OR_RETURN(size_t index, read_index());
+      round.own.push_back(index);
+    }
+    label = "sends" + in_round;
+    SP_RETURN_IF_ERROR(ReadByRank(reader, ranks, label, &round.send, read_need));
+    label = "receives" + in_round;
+    SP_RETURN_IF_ERROR(ReadByRank(reader, ranks, label, &round.receive, read_index));
+    label = "whole rows" + in_round;
+    SP_ASSIGN_OR_RETURN(uint32_t rows, reader.ReadCount(9));
+    for (uint32_t j = 0; j < rows; ++j) {
+      WholeRows w;
+      SP_ASSIGN_OR_RETURN(w.tensor, reader.ReadU32());
+      SP_ASSIGN_OR_RETURN(w.chunk, reader.ReadU32());
+      SP_ASSIGN_OR_RETURN(const StoredChunk* chunk,
+                          ChunkNamed(metadata, w.tensor, w.chunk, reader, label));
+      SP_RETURN_IF_ERROR(ReadBox(reader, &w.rows));
+      if (w.rows.rank() != chunk->box.rank() || w.rows.empty() || !Contains(chunk->box, w.rows)) {
+        return DataLossError(reader.what() + ": " + label + " " + w.rows.ToString() +
+                             " are not rows of chunk " + chunk->box.ToString() + " of tensor '" +
+                             metadata.tensors[w.tensor].name + "'");
+      }
+      round.rows.push_back(std::move(w));
+    }
+    label = "copies out of whole rows" + in_round;
+    SP_RETURN_IF_ERROR(ReadByRank(reader, ranks, label, &round.from_rows, read_index));
+  }
+  SP_RETURN_IF_ERROR(Trailing(reader, "the last round"));
+  return plan;
+}
+
+Result<ExchangePlan> PlanExchangeOnRoot(Communicator& comm, Result<RankNeeds> mine,
+                                        const CheckpointMetadata& metadata, uint64_t round_bytes,
+                                        uint64_t whole_rows_below) {
+  constexpr int kRoot = 0;
+  const size_t my_needs = mine.ok() ? mine->needs.size() : 0;
+  Result<std::string> sent =
+      mine.ok() ? Result<std::string>(EncodeNeeds(*mine)) : Result<std::string>(mine.status());
+  mine = RankNeeds();
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                      GatherOrFail(comm, std::move(sent), kRoot));
+  Result<std::vector<std::string>> plans = std::vector<std::string>();
+  if (comm.rank() == kRoot) {
+    plans = [&]() -> Result<std::vector<std::string>> {
+      std::vector<RankNeeds> all;
+      all.reserve(gathered.size());
+      for (size_t r = 0; r < gathered.size(); ++r) {
+        SP_ASSIGN_OR_RETURN(RankNeeds needs,
+                            DecodeNeeds(gathered[r], metadata, static_cast<int>(r)));
+        all.push_back(std::move(needs));
+        std::string().swap(gathered[r]);
+      }
+      std::vector<ExchangePlan> planned =
+          PlanExchange(all, metadata, round_bytes, whole_rows_below);
+      all.clear();
+      std::vector<std::string> encoded(planned.size());
+      for (size_t r = 0; r < planned.size(); ++r) {
+        encoded[r] = EncodeExchangePlan(planned[r]);
+        planned[r] = ExchangePlan();
+      }
+      return encoded;
+    }();
+  }
+  SP_ASSIGN_OR_RETURN(std::string bytes, ScatterOrFail(comm, std::move(plans), kRoot));
+  Result<ExchangePlan> plan = DecodeExchangePlan(bytes, metadata, my_needs, comm.size(), kRoot);
+  // A rank without a plan cannot take part in the rounds: all stop together.
+  SP_RETURN_IF_ERROR(AgreeOnStatus(comm, plan.status()));
+  return plan;
+}
+
+std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
+                                       const CheckpointMetadata& metadata, uint64_t round_bytes,
+                                       uint64_t whole_rows_below) {
   const int n = static_cast<int>(all.size());
   const uint64_t bs = metadata.checksum_block_bytes;
 
   // Group the needs by stored chunk; a chunk worth sharing whose exchange exceeds a round is cut
   // into row bands, each a unit of its own.
-  Needs need{all, std::vector<std::vector<ChunkNeed>>(n), {}};
+  Needs need{all, std::vector<std::vector<ChunkNeed>>(n), std::vector<std::vector<size_t>>(n)};
   std::map<std::pair<uint32_t, uint32_t>, ChunkUsers> by_chunk;
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < all[r].needs.size(); ++i) {
@@ -305,7 +525,7 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
     const StoredChunk& chunk = stored(u);
     const bool worth = Measure(u, need, tensor, chunk, bs, round_bytes);
     if (worth && !u.shared && may_cut) {
-      std::vector<ChunkUsers> bands = CutIntoBands(u, need, me, tensor, chunk, bs, round_bytes);
+      std::vector<ChunkUsers> bands = CutIntoBands(u, need, tensor, chunk, bs, round_bytes);
       if (!bands.empty()) return bands;
     }
     if (u.shared) ChooseWholeRows(u, need, tensor, chunk, round_bytes, whole_rows_below);
@@ -337,28 +557,28 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
   std::sort(chunks.begin(), chunks.end(),
             [&](const ChunkUsers* a, const ChunkUsers* b) { return order(a) < order(b); });
 
-  // Readers, then rounds, in file order.
-  ExchangePlan plan;
-  plan.rounds.emplace_back();
-  auto fresh_round = [&] {
-    ExchangeRound round;
-    round.send.resize(n);
-    round.receive.resize(n);
-    round.from_rows.resize(n);
-    return round;
+  // Readers, then rounds, in file order. A rank's rounds are added as it takes part in them (and
+  // all brought to the same count at the end), so that a round costs nothing for the ranks that
+  // take no part in it.
+  std::vector<ExchangePlan> plans(n);
+  size_t rounds = 1;
+  auto round_of = [&](int r) -> ExchangeRound& {
+    std::vector<ExchangeRound>& of = plans[r].rounds;
+    if (of.size() < rounds) of.resize(rounds);
+    return of.back();
   };
-  plan.rounds.back() = fresh_round();
   std::vector<uint64_t> used(n, 0);
+  std::vector<char> in_round(n, 0);
+  std::vector<int> users_of_round;  // the ranks with traffic in the round (in_round)
   bool round_has_shared = false;
+  uint64_t shared_chunks = 0;
   std::map<uint32_t, int> previous_reader;  // per file
   for (ChunkUsers* u : chunks) {
     if (!u->shared) {
-      for (const auto& [r, i] : u->users) {
-        if (r == me) plan.rounds.back().own.push_back(i);
-      }
+      for (const auto& [r, i] : u->users) round_of(r).own.push_back(i);
       continue;
     }
-    ++plan.shared_chunks;
+    ++shared_chunks;
     const uint32_t file = stored(*u).file;
     int least = u->ranks.front();
     for (int r : u->ranks) {
@@ -393,33 +613,45 @@ ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
       fits = fits && used[u->ranks[k]] + traffic[k] <= round_bytes;
     }
     if (!fits && round_has_shared) {
-      plan.rounds.push_back(fresh_round());
-      std::fill(used.begin(), used.end(), 0);
+      ++rounds;
+      for (int r : users_of_round) {
+        used[r] = 0;
+        in_round[r] = 0;
+      }
+      users_of_round.clear();
       round_has_shared = false;
     }
-    for (size_t k = 0; k < u->ranks.size(); ++k) used[u->ranks[k]] += traffic[k];
-    round_has_shared = true;
-    ExchangeRound& round = plan.rounds.back();
-    if (u->whole) {
-      if (reader == me) round.rows.push_back(WholeRows{u->tensor, u->chunk, u->rows});
-      for (const auto& [r, i] : u->users) {
-        if (r == me) round.from_rows[reader].push_back(i);
+    for (size_t k = 0; k < u->ranks.size(); ++k) {
+      const int r = u->ranks[k];
+      if (!in_round[r]) {
+        in_round[r] = 1;
+        users_of_round.push_back(r);
       }
+      used[r] += traffic[k];
+    }
+    round_has_shared = true;
+    if (u->whole) {
+      round_of(reader).rows.push_back(WholeRows{u->tensor, u->chunk, u->rows});
+      for (const auto& [r, i] : u->users) ListOf(round_of(r).from_rows, reader).push_back(i);
       continue;
     }
     for (const auto& [r, i] : u->users) {
       if (r == reader) {
-        if (r == me) round.own.push_back(i);
-      } else if (reader == me) {
-        round.send[r].push_back(need(r, i));
-      } else if (r == me) {
-        round.receive[reader].push_back(i);
+        round_of(r).own.push_back(i);
+      } else {
+        ListOf(round_of(reader).send, r).push_back(need(r, i));
+        ListOf(round_of(r).receive, reader).push_back(i);
       }
     }
   }
-  plan.parts = std::move(need.parts[me]);
-  plan.part_of = std::move(need.part_of);
-  return plan;
+  for (int r = 0; r < n; ++r) {
+    ExchangePlan& plan = plans[r];
+    plan.rounds.resize(rounds);
+    plan.shared_chunks = shared_chunks;
+    plan.parts = std::move(need.parts[r]);
+    plan.part_of = std::move(need.part_of[r]);
+  }
+  return plans;
 }
 
 std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,

@@ -2,8 +2,10 @@
 // (the reader) reads the chunk and sends each other rank its region, so that each stored byte is
 // read from storage once.
 //
-// Every rank publishes its needs (the stored-chunk regions of its read requests, in request
-// order); every rank then computes the same plan from the same needs. A chunk is shared when at
+// Every rank sends its needs (the stored-chunk regions of its read requests, in request order) to
+// one rank, which plans the exchange for all of them (PlanExchange) and sends each rank its own
+// part alone (PlanExchangeOnRoot): what a rank receives grows with what it reads and exchanges,
+// not with the number of ranks. A chunk is shared when at
 // least two ranks need it and reading it separately would read much more than exchanging it:
 // every rank reads whole rows and whole checksum blocks, so ranks that split a chunk's columns,
 // or split rows inside a checksum block, would each read most of it. A chunk is shared when
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include "shardpoint/base/result.h"
+#include "shardpoint/comm/communicator.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/geometry/box.h"
 
@@ -75,16 +78,22 @@ struct WholeRows {
   friend bool operator==(const WholeRows&, const WholeRows&) = default;
 };
 
+// Lists kept per other rank, only for the ranks that have one: (rank, list), in ascending order
+// of rank, no list empty. A rank's part of a round names only the ranks it exchanges with.
+template <typename T>
+using ByRank = std::vector<std::pair<int, std::vector<T>>>;
+
 // One rank's part of one exchange round.
 struct ExchangeRound {
-  std::vector<size_t> own;                   // indices of this rank's needs it reads itself
-  std::vector<std::vector<ChunkNeed>> send;  // send[q]: rank q's needs this rank reads for it
-  std::vector<std::vector<size_t>> receive;  // receive[s]: indices of this rank's needs s sends
+  std::vector<size_t> own;  // indices of this rank's needs it reads itself
+  ByRank<ChunkNeed> send;   // (q, rank q's needs this rank reads for it)
+  ByRank<size_t> receive;   // (s, indices of this rank's needs rank s sends)
   // Whole rows (see above): the rows this rank reads for the ranks that need them, and
-  // from_rows[s]: indices of this rank's needs it copies out of rows that rank s reads (s may be
-  // this rank).
+  // (s, indices of this rank's needs it copies out of rows that rank s reads; s may be this rank).
   std::vector<WholeRows> rows;
-  std::vector<std::vector<size_t>> from_rows;
+  ByRank<size_t> from_rows;
+
+  friend bool operator==(const ExchangeRound&, const ExchangeRound&) = default;
 };
 
 struct ExchangePlan {
@@ -94,6 +103,8 @@ struct ExchangePlan {
   // a part of need part_of[j] (the same chunk, a band of its rows).
   std::vector<ChunkNeed> parts;
   std::vector<size_t> part_of;
+
+  friend bool operator==(const ExchangePlan&, const ExchangePlan&) = default;
 };
 
 // Bytes a region of `dtype` takes in an exchange payload: packed, padded to 16 bytes so that
@@ -103,11 +114,28 @@ uint64_t PackedBytes(const Box& region, DType dtype);
 // Bytes whole rows take in an exchange (WholeRows::rows, packed in the stored dtype).
 uint64_t WholeRowsBytes(const WholeRows& rows, const CheckpointMetadata& metadata);
 
-// The plan for rank `me`, from every rank's needs (indexed by rank). `whole_rows_below` 0: no
-// chunk is read as whole rows.
-ExchangePlan PlanExchange(const std::vector<RankNeeds>& all, int me,
-                          const CheckpointMetadata& metadata, uint64_t round_bytes,
-                          uint64_t whole_rows_below = 0);
+// Every rank's plan (indexed by rank), from every rank's needs (indexed by rank), in one pass.
+// `whole_rows_below` 0: no chunk is read as whole rows.
+std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
+                                       const CheckpointMetadata& metadata, uint64_t round_bytes,
+                                       uint64_t whole_rows_below = 0);
+
+// A rank's plan as it travels from the rank that planned it. Decoding checks it against the
+// metadata and against the rank it is for (`needs`: how many needs that rank sent; `ranks`: the
+// size of the group): every index, rank and region in range, the lists in order; an error names
+// `from_rank`.
+std::string EncodeExchangePlan(const ExchangePlan& plan);
+Result<ExchangePlan> DecodeExchangePlan(std::string_view bytes, const CheckpointMetadata& metadata,
+                                        size_t needs, int ranks, int from_rank);
+
+// This rank's plan, collectively: rank 0 gathers every rank's needs (`mine`, or this rank's error),
+// plans (PlanExchange) and sends each rank its own plan alone. Rank 0 receives every rank's
+// needs; every other rank sends its needs and receives its plan, nothing of the other ranks' but
+// what it exchanges with them. Any rank's error, or an error in what rank 0 received, is every
+// rank's error (comm/collective.h). Three collectives: a gather, the verdict on it, a scatter.
+Result<ExchangePlan> PlanExchangeOnRoot(Communicator& comm, Result<RankNeeds> mine,
+                                        const CheckpointMetadata& metadata, uint64_t round_bytes,
+                                        uint64_t whole_rows_below = 0);
 
 // Bytes [begin, end) of a stored chunk.
 using Interval = std::pair<uint64_t, uint64_t>;

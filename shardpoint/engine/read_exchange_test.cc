@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <mutex>
 #include <set>
+
+#include "shardpoint/comm/comm_test_util.h"
+#include "shardpoint/comm/thread_comm.h"
 
 namespace sp {
 namespace {
@@ -36,6 +40,16 @@ CheckpointMetadata RowChunks(const std::vector<int64_t>& rows, int64_t chunk_row
     md.tensors.push_back(std::move(tensor));
   }
   return md;
+}
+
+// The list of `rank` in `lists` (read_exchange.h), empty when it has none.
+template <typename T>
+const std::vector<T>& ListFor(const ByRank<T>& lists, int rank) {
+  static const std::vector<T> kNone;
+  for (const auto& [r, list] : lists) {
+    if (r == rank) return list;
+  }
+  return kNone;
 }
 
 // Need index i of a rank whose needs are `needs` and plan `plan`: a need, or a part of one cut at a
@@ -75,20 +89,22 @@ TEST(ReadExchangeTest, ColumnSplitIsSharedAndRowSplitOfLargeChunksIsNot) {
   all[0].needs = {ChunkNeed{0, 0, Box({0, 0}, {32, 32})}, ChunkNeed{1, 0, Box({0, 0}, {8192, 64})}};
   all[1].needs = {ChunkNeed{0, 0, Box({0, 32}, {32, 32})},
                   ChunkNeed{1, 0, Box({8192, 0}, {8192, 64})}};
-  const ExchangePlan p0 = PlanExchange(all, 0, md, 64 << 20);
-  const ExchangePlan p1 = PlanExchange(all, 1, md, 64 << 20);
+  const std::vector<ExchangePlan> plans = PlanExchange(all, md, 64 << 20);
+  ASSERT_EQ(plans.size(), 2u);
+  const ExchangePlan& p0 = plans[0];
+  const ExchangePlan& p1 = plans[1];
   ASSERT_EQ(p0.rounds.size(), 1u);
   ASSERT_EQ(p1.rounds.size(), 1u);
   EXPECT_EQ(p0.shared_chunks, 1u);
   // Rank 0 (the less loaded on a tie: the lowest) reads t0 and sends rank 1 its columns.
   EXPECT_EQ(p0.rounds[0].own, (std::vector<size_t>{0, 1}));  // in file order
-  EXPECT_EQ(p0.rounds[0].send[1], (std::vector<ChunkNeed>{all[1].needs[0]}));
-  EXPECT_TRUE(p0.rounds[0].receive[1].empty());
+  EXPECT_EQ(ListFor(p0.rounds[0].send, 1), (std::vector<ChunkNeed>{all[1].needs[0]}));
+  EXPECT_TRUE(ListFor(p0.rounds[0].receive, 1).empty());
   EXPECT_EQ(p1.rounds[0].own, (std::vector<size_t>{1}));
-  EXPECT_EQ(p1.rounds[0].receive[0], (std::vector<size_t>{0}));
-  EXPECT_TRUE(p1.rounds[0].send[0].empty());
+  EXPECT_EQ(ListFor(p1.rounds[0].receive, 0), (std::vector<size_t>{0}));
+  EXPECT_TRUE(ListFor(p1.rounds[0].send, 0).empty());
   // A round too small for t0's exchange: every rank reads it itself.
-  const ExchangePlan tight = PlanExchange(all, 1, md, 1024);
+  const ExchangePlan tight = PlanExchange(all, md, 1024)[1];
   EXPECT_EQ(tight.shared_chunks, 0u);
   EXPECT_EQ(tight.rounds[0].own, (std::vector<size_t>{0, 1}));
 }
@@ -105,8 +121,7 @@ TEST(ReadExchangeTest, ColumnsCutShortAreReadAsWholeRowsThatEveryUserCopiesFrom)
   all[1].needs = {ChunkNeed{0, 0, Box({0, 32}, {32, 32})},
                   ChunkNeed{1, 0, Box({0, 0}, {8192, 64})}, ChunkNeed{2, 0, Box({0, 1}, {512, 1})}};
   all[2].needs = {ChunkNeed{1, 0, Box({0, 5}, {16384, 1})}};
-  std::vector<ExchangePlan> plans;
-  for (int r = 0; r < 3; ++r) plans.push_back(PlanExchange(all, r, md, 64 << 20, 64 << 10));
+  const std::vector<ExchangePlan> plans = PlanExchange(all, md, 64 << 20, 64 << 10);
   for (const ExchangePlan& plan : plans) ASSERT_EQ(plan.rounds.size(), 1u);
   const ExchangeRound& r0 = plans[0].rounds[0];
   const ExchangeRound& r1 = plans[1].rounds[0];
@@ -116,29 +131,29 @@ TEST(ReadExchangeTest, ColumnsCutShortAreReadAsWholeRowsThatEveryUserCopiesFrom)
   EXPECT_EQ(r0.rows, (std::vector<WholeRows>{WholeRows{0, 0, Box({0, 0}, {32, 64})},
                                               WholeRows{1, 0, Box({0, 0}, {16384, 64})}}));
   EXPECT_EQ(WholeRowsBytes(r0.rows[1], md), uint64_t{4} << 20);
-  EXPECT_EQ(r0.from_rows[0], (std::vector<size_t>{0, 1}));
-  EXPECT_EQ(r1.from_rows[0], (std::vector<size_t>{0, 1}));
-  EXPECT_EQ(r2.from_rows[0], (std::vector<size_t>{0}));
+  EXPECT_EQ(ListFor(r0.from_rows, 0), (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(ListFor(r1.from_rows, 0), (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(ListFor(r2.from_rows, 0), (std::vector<size_t>{0}));
   EXPECT_TRUE(r1.rows.empty());
   EXPECT_TRUE(r2.rows.empty());
   // t2's columns are packed: rank 0 reads them, keeps its own and sends rank 1 its column.
   EXPECT_EQ(r0.own, (std::vector<size_t>{2}));
-  EXPECT_EQ(r0.send[1], (std::vector<ChunkNeed>{all[1].needs[2]}));
-  EXPECT_EQ(r1.receive[0], (std::vector<size_t>{2}));
+  EXPECT_EQ(ListFor(r0.send, 1), (std::vector<ChunkNeed>{all[1].needs[2]}));
+  EXPECT_EQ(ListFor(r1.receive, 0), (std::vector<size_t>{2}));
   EXPECT_TRUE(r1.own.empty());
   // Without whole rows (a store whose reads scatter runs this short, or the communicator's
   // exchange), the same needs are packed.
-  const ExchangePlan packed = PlanExchange(all, 0, md, 64 << 20, 0);
+  const ExchangePlan packed = PlanExchange(all, md, 64 << 20, 0)[0];
   EXPECT_TRUE(packed.rounds[0].rows.empty());
   EXPECT_EQ(packed.rounds[0].own, (std::vector<size_t>{0, 1, 2}));
-  EXPECT_EQ(packed.rounds[0].send[1].size(), 3u);
+  EXPECT_EQ(ListFor(packed.rounds[0].send, 1).size(), 3u);
   // Runs of 128 bytes are long enough when reads scatter runs of 128 bytes: t0 is packed, and
   // t1 is still read whole for rank 2's column.
-  const ExchangePlan scattered = PlanExchange(all, 0, md, 64 << 20, 128);
+  const ExchangePlan scattered = PlanExchange(all, md, 64 << 20, 128)[0];
   EXPECT_EQ(scattered.rounds[0].rows,
             (std::vector<WholeRows>{WholeRows{1, 0, Box({0, 0}, {16384, 64})}}));
   // Rows larger than a round are packed too.
-  const ExchangePlan small = PlanExchange(all, 0, md, 1 << 20, 64 << 10);
+  const ExchangePlan small = PlanExchange(all, md, 1 << 20, 64 << 10)[0];
   ASSERT_FALSE(small.rounds.empty());
   for (const ExchangeRound& round : small.rounds) {
     for (const WholeRows& w : round.rows) EXPECT_LE(WholeRowsBytes(w, md), uint64_t{1} << 20);
@@ -156,8 +171,7 @@ TEST(ReadExchangeTest, AChunkLargerThanARoundIsSharedInRowBands) {
   constexpr uint64_t kRound = uint64_t{32} << 20;
   for (const uint64_t whole_below : {uint64_t{64} << 10, uint64_t{0}}) {
     SCOPED_TRACE("whole rows below " + std::to_string(whole_below));
-    std::vector<ExchangePlan> plans;
-    for (int r = 0; r < 4; ++r) plans.push_back(PlanExchange(all, r, md, kRound, whole_below));
+    const std::vector<ExchangePlan> plans = PlanExchange(all, md, kRound, whole_below);
     // Four bands of 65536 rows (16 MiB, on block edges), each read once, by one rank.
     EXPECT_EQ(plans[0].shared_chunks, 4u);
     std::vector<int64_t> band_starts;
@@ -176,11 +190,11 @@ TEST(ReadExchangeTest, AChunkLargerThanARoundIsSharedInRowBands) {
           read_for_all += WholeRowsBytes(w, md);
         }
         for (size_t i : round.own) read_for_all += plans[r].parts[i - 1].region.volume() * 4;
-        for (const std::vector<ChunkNeed>& send : round.send) {
+        for (const auto& [q, send] : round.send) {
           for (const ChunkNeed& n : send) read_for_all += n.region.volume() * 4;
         }
         // No rank copies its whole need out of anything: only its parts.
-        for (const std::vector<size_t>& from : round.from_rows) {
+        for (const auto& [s, from] : round.from_rows) {
           for (size_t i : from) EXPECT_GE(i, 1u);
         }
       }
@@ -196,9 +210,9 @@ TEST(ReadExchangeTest, AChunkLargerThanARoundIsSharedInRowBands) {
   // Blocks that no band edge can begin on: bands of 16 MiB span over 8 blocks of 1 MiB + 1 and
   // are cut anyway; with blocks of 3 MiB + 1 they would span fewer, and the chunk is not shared.
   const CheckpointMetadata odd = RowChunks({kRows}, kRows, 1, (1 << 20) + 1);
-  EXPECT_EQ(PlanExchange(all, 0, odd, kRound, 64 << 10).shared_chunks, 4u);
+  EXPECT_EQ(PlanExchange(all, odd, kRound, 64 << 10)[0].shared_chunks, 4u);
   const CheckpointMetadata large_odd = RowChunks({kRows}, kRows, 1, (3 << 20) + 1);
-  EXPECT_EQ(PlanExchange(all, 0, large_odd, kRound, 64 << 10).shared_chunks, 0u);
+  EXPECT_EQ(PlanExchange(all, large_odd, kRound, 64 << 10)[0].shared_chunks, 0u);
 }
 
 // Every rank's plan, from random needs: what s sends q is what q expects from s, in order; every
@@ -235,13 +249,37 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
     }
     const uint64_t round_bytes = uint64_t{1} << (10 + rng() % 12);
     const uint64_t whole_below = rng() % 2 == 0 ? 0 : uint64_t{1} << (rng() % 12);
-    std::vector<ExchangePlan> plans;
-    for (int r = 0; r < ranks; ++r) {
-      plans.push_back(PlanExchange(all, r, md, round_bytes, whole_below));
-    }
+    const std::vector<ExchangePlan> plans = PlanExchange(all, md, round_bytes, whole_below);
+    ASSERT_EQ(plans.size(), static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r) {
       ASSERT_EQ(plans[r].rounds.size(), plans[0].rounds.size());
       EXPECT_EQ(plans[r].shared_chunks, plans[0].shared_chunks);
+      // Each rank's lists name other ranks (or, for whole rows, any rank), in ascending order,
+      // none empty; and the plan travels unchanged.
+      for (const ExchangeRound& round : plans[r].rounds) {
+        for (const ByRank<size_t>* lists : {&round.receive, &round.from_rows}) {
+          for (size_t j = 0; j < lists->size(); ++j) {
+            EXPECT_FALSE((*lists)[j].second.empty());
+            if (j > 0) {
+              EXPECT_LT((*lists)[j - 1].first, (*lists)[j].first);
+            }
+            if (lists == &round.receive) {
+              EXPECT_NE((*lists)[j].first, r);
+            }
+          }
+        }
+        for (size_t j = 0; j < round.send.size(); ++j) {
+          EXPECT_FALSE(round.send[j].second.empty());
+          EXPECT_NE(round.send[j].first, r);
+          if (j > 0) {
+            EXPECT_LT(round.send[j - 1].first, round.send[j].first);
+          }
+        }
+      }
+      EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(plans[r]), md, all[r].needs.size(), ranks,
+                                   0)
+                    .value(),
+                plans[r]);
     }
     // Per rank, per need index (needs, then parts): how often it is served.
     std::vector<std::vector<int>> served(ranks);
@@ -265,7 +303,7 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
           EXPECT_EQ(w.rows.sizes[1], 64);
         }
         for (int q = 0; q < ranks; ++q) {
-          for (size_t i : plans[q].rounds[k].from_rows[s]) {
+          for (size_t i : ListFor(plans[q].rounds[k].from_rows, s)) {
             ++served[q][i];
             const ChunkNeed& need = NeedOf(all[q], plans[q], i);
             bool held = false;
@@ -277,8 +315,8 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
           }
         }
         for (int q = 0; q < ranks; ++q) {
-          const std::vector<size_t>& expected = plans[q].rounds[k].receive[s];
-          const std::vector<ChunkNeed>& sent = plans[s].rounds[k].send[q];
+          const std::vector<size_t>& expected = ListFor(plans[q].rounds[k].receive, s);
+          const std::vector<ChunkNeed>& sent = ListFor(plans[s].rounds[k].send, q);
           ASSERT_EQ(sent.size(), expected.size()) << s << " -> " << q;
           for (size_t j = 0; j < sent.size(); ++j) {
             EXPECT_EQ(sent[j], NeedOf(all[q], plans[q], expected[j]));
@@ -332,6 +370,167 @@ TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {
   }
   EXPECT_GT(whole_rows_read, 100);
   EXPECT_GT(cut_needs, 100);
+}
+
+TEST(ReadExchangeTest, PlansRoundTripAndHostileBytesAreRefusedByName) {
+  const CheckpointMetadata md = RowChunks({8, 8}, 4, 2, 1 << 20);
+  ExchangePlan plan;
+  plan.shared_chunks = 3;
+  plan.parts = {ChunkNeed{1, 0, Box({0, 0}, {2, 64})}};
+  plan.part_of = {1};
+  plan.rounds.resize(2);
+  plan.rounds[0].own = {0, 2};
+  plan.rounds[0].send = {{1, {ChunkNeed{0, 1, Box({5, 3}, {2, 10})}}},
+                         {4, {ChunkNeed{0, 0, Box({0, 0}, {1, 1})}}}};
+  plan.rounds[0].receive = {{3, {1}}};
+  plan.rounds[1].rows = {WholeRows{1, 1, Box({4, 0}, {3, 64})}};
+  plan.rounds[1].from_rows = {{0, {2}}, {2, {1}}};
+  const std::string bytes = EncodeExchangePlan(plan);
+  // This rank sent 2 needs (so indices 0-2 with the part), in a group of 5.
+  EXPECT_EQ(DecodeExchangePlan(bytes, md, 2, 5, 0).value(), plan);
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    EXPECT_EQ(DecodeExchangePlan(bytes.substr(0, len), md, 2, 5, 0).status().code(),
+              StatusCode::kDataLoss)
+        << len;
+  }
+  EXPECT_EQ(DecodeExchangePlan(bytes + "x", md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: 1 unexpected bytes after the last round"));
+  EXPECT_EQ(DecodeExchangePlan(bytes, md, 1, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: part 0 is a part of need 1, but this rank "
+                          "has 1 needs"));
+  EXPECT_EQ(DecodeExchangePlan(bytes, md, 2, 4, 0).status(),
+            DataLossError("exchange plan from rank 0: sends of round 0 lists rank 4 with 1 "
+                          "entries after rank 1 in a group of 4; expected ranks in ascending "
+                          "order, each with a non-empty list"));
+  ExchangePlan unordered = plan;
+  std::swap(unordered.rounds[1].from_rows[0], unordered.rounds[1].from_rows[1]);
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(unordered), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: copies out of whole rows of round 1 lists "
+                          "rank 0 with 1 entries after rank 2 in a group of 5; expected ranks in "
+                          "ascending order, each with a non-empty list"));
+  ExchangePlan empty_list = plan;
+  empty_list.rounds[0].receive[0].second.clear();
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(empty_list), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: receives of round 0 lists rank 3 with 0 "
+                          "entries in a group of 5; expected ranks in ascending order, each with "
+                          "a non-empty list"));
+  ExchangePlan far = plan;
+  far.rounds[0].own[1] = 3;
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(far), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: own reads of round 0 names need 3, but "
+                          "this rank has 2 needs and 1 parts"));
+  ExchangePlan outside = plan;
+  outside.rounds[0].send[1].second[0].region = Box({0, 60}, {1, 5});
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(outside), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: sends of round 0 region [0:1, 60:65] is not "
+                          "a non-empty part of chunk [0:4, 0:64] of tensor 't0'"));
+  ExchangePlan rows = plan;
+  rows.rounds[1].rows[0].rows = Box({4, 0}, {5, 64});
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(rows), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: whole rows of round 1 [4:9, 0:64] are not "
+                          "rows of chunk [4:8, 0:64] of tensor 't1'"));
+  ExchangePlan absent = plan;
+  absent.rounds[1].rows[0].chunk = 2;
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(absent), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: whole rows of round 1 names tensor 1 chunk "
+                          "2, which the checkpoint does not have"));
+  ExchangePlan none = plan;
+  none.rounds.clear();
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(none), md, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: no rounds; expected at least one"));
+}
+
+// Counts what each rank receives from the collectives, and which it calls.
+class CountingComm : public testing::ForwardingComm {
+ public:
+  using ForwardingComm::ForwardingComm;
+  Result<std::vector<std::string>> Gather(std::string p, int root) override {
+    ++gathers;
+    Result<std::vector<std::string>> out = ForwardingComm::Gather(std::move(p), root);
+    if (out.ok()) {
+      for (const std::string& each : *out) received += each.size();
+    }
+    return out;
+  }
+  Result<std::string> Scatter(std::vector<std::string> p, int root) override {
+    Result<std::string> out = ForwardingComm::Scatter(std::move(p), root);
+    if (out.ok()) received += out->size();
+    return out;
+  }
+  Result<std::string> Broadcast(std::string p, int root) override {
+    Result<std::string> out = ForwardingComm::Broadcast(std::move(p), root);
+    if (out.ok()) received += out->size();
+    return out;
+  }
+  Result<std::vector<std::string>> AllGather(std::string p) override {
+    ++all_gathers;
+    return ForwardingComm::AllGather(std::move(p));
+  }
+  uint64_t received = 0;
+  int gathers = 0;
+  int all_gathers = 0;
+};
+
+TEST(ReadExchangeTest, OneRankPlansAndEachRankReceivesOnlyItsOwnPlan) {
+  // 6 ranks load t0 (4 chunks of 4 rows) as two column halves each over 3 row bands: every chunk
+  // is shared by the two ranks of its band.
+  constexpr int kRanks = 6;
+  const CheckpointMetadata md = RowChunks({16, 16, 16}, 4, 3, 1 << 20);
+  std::vector<RankNeeds> all(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    for (uint32_t t = 0; t < 3; ++t) {
+      for (uint32_t c = 0; c < 4; ++c) {
+        if (static_cast<int>(c + t) % 3 != r / 2) continue;
+        all[r].needs.push_back(ChunkNeed{t, c, Box({4 * c, 32 * (r % 2)}, {4, 32})});
+      }
+    }
+  }
+  const std::vector<ExchangePlan> expected = PlanExchange(all, md, 1 << 20);
+  ASSERT_GT(expected[0].shared_chunks, 0u);
+  std::vector<ExchangePlan> got(kRanks);
+  std::vector<uint64_t> received(kRanks);
+  std::vector<Status> statuses = RunRanks(kRanks, [&](Communicator& inner) -> Status {
+    CountingComm comm(inner);
+    SP_ASSIGN_OR_RETURN(got[comm.rank()],
+                        PlanExchangeOnRoot(comm, all[comm.rank()], md, 1 << 20));
+    received[comm.rank()] = comm.received;
+    EXPECT_EQ(comm.all_gathers, 0);
+    EXPECT_EQ(comm.gathers, 1);
+    return OkStatus();
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << statuses[r];
+    EXPECT_EQ(got[r], expected[r]) << "rank " << r;
+    if (r == 0) continue;
+    // Its own plan, and the verdict of the gather (with their envelopes: a few bytes).
+    const uint64_t plan_bytes = EncodeExchangePlan(expected[r]).size();
+    EXPECT_GE(received[r], plan_bytes) << "rank " << r;
+    EXPECT_LE(received[r], plan_bytes + 16) << "rank " << r;
+  }
+  // Rank 0 receives every rank's needs.
+  uint64_t needs_bytes = 0;
+  for (const RankNeeds& needs : all) needs_bytes += EncodeNeeds(needs).size();
+  EXPECT_GE(received[0], needs_bytes + EncodeExchangePlan(expected[0]).size());
+
+  // One rank's error reaches every rank, named by rank; so does needs the metadata lacks, by the
+  // rank that sent them.
+  statuses = RunRanks(kRanks, [&](Communicator& comm) -> Status {
+    Result<RankNeeds> mine = all[comm.rank()];
+    if (comm.rank() == 4) mine = InvalidArgumentError("no such tensor");
+    return PlanExchangeOnRoot(comm, std::move(mine), md, 1 << 20).status();
+  });
+  for (const Status& status : statuses) {
+    EXPECT_EQ(status, InvalidArgumentError("rank 4: no such tensor"));
+  }
+  statuses = RunRanks(kRanks, [&](Communicator& comm) -> Status {
+    RankNeeds mine = all[comm.rank()];
+    if (comm.rank() == 3) mine.needs[0].chunk = 9;
+    return PlanExchangeOnRoot(comm, std::move(mine), md, 1 << 20).status();
+  });
+  for (const Status& status : statuses) {
+    EXPECT_EQ(status, DataLossError("rank 0: read needs of rank 3: need 0 names tensor 0 chunk 9, "
+                                    "which the checkpoint does not have"));
+  }
 }
 
 TEST(ReadExchangeTest, InMemoryReadsGiveEachRankOneStretchOfTheFiles) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -88,15 +89,15 @@ class Unpacker {
   // for this rank.
   void StartViews(const std::vector<std::span<const std::byte>>& views, const ExchangeRound& round,
                   const std::vector<ReadRequest>& requests) {
-    for (size_t s = 0; s < views.size(); ++s) StartView(s, views[s], round, requests);
+    for (const auto& [s, receive] : round.receive) StartView(s, views[s], receive, requests);
   }
 
-  // Copies out of sender s's payload for this rank, which stays where it is until Wait() (its
-  // slot of a shared-memory object).
-  void StartView(size_t s, std::span<const std::byte> payload, const ExchangeRound& round,
+  // Copies the regions `receive` (indices into `requests`) out of sender s's payload for this
+  // rank, which stays where it is until Wait() (its slot of a shared-memory object).
+  void StartView(int s, std::span<const std::byte> payload, const std::vector<size_t>& receive,
                  const std::vector<ReadRequest>& requests) {
     uint64_t at = 0;
-    for (size_t i : round.receive[s]) {
+    for (size_t i : receive) {
       const ReadRequest* r = &requests[i];
       const uint64_t bytes = PackedBytes(r->region, r->stored->dtype);
       if (at + bytes > payload.size()) {
@@ -153,23 +154,14 @@ RankNeeds NeedsOf(const Prepared& p, const CheckpointMetadata& metadata,
   return needs;
 }
 
-// Every rank's needs (the stored-chunk regions of its requests), indexed by rank, or the same
-// error on every rank.
-Result<std::vector<RankNeeds>> GatherNeeds(Communicator& comm, const Result<Prepared>& prepared,
-                                           const CheckpointMetadata& metadata,
-                                           const LoadOptions& options) {
-  Result<std::string> mine =
-      prepared.ok() ? Result<std::string>(EncodeNeeds(NeedsOf(*prepared, metadata, options)))
-                    : Result<std::string>(prepared.status());
-  SP_ASSIGN_OR_RETURN(std::vector<std::string> gathered, AllGatherOrFail(comm, std::move(mine)));
-  std::vector<RankNeeds> all;
-  for (int r = 0; r < comm.size(); ++r) {
-    // The same bytes fail the same everywhere.
-    SP_ASSIGN_OR_RETURN(RankNeeds needs, DecodeNeeds(gathered[r], metadata, r));
-    all.push_back(std::move(needs));
-    gathered[r].clear();
-  }
-  return all;
+// This rank's part of the exchange, planned on one rank from every rank's needs (the stored-chunk
+// regions of its requests), or the same error on every rank.
+Result<ExchangePlan> PlanOnRoot(Communicator& comm, const Result<Prepared>& prepared,
+                                const CheckpointMetadata& metadata, const LoadOptions& options,
+                                uint64_t round_bytes, uint64_t whole_rows_below) {
+  Result<RankNeeds> mine = prepared.ok() ? Result<RankNeeds>(NeedsOf(*prepared, metadata, options))
+                                         : Result<RankNeeds>(prepared.status());
+  return PlanExchangeOnRoot(comm, std::move(mine), metadata, round_bytes, whole_rows_below);
 }
 
 // The requests the rounds of `plan` index: this rank's, then one per part of them cut at a row
@@ -192,7 +184,7 @@ Status OpenFilesOfPlan(const ExchangePlan& plan, const std::vector<ReadRequest>&
   std::vector<bool> needed(metadata.files.size(), false);
   for (const ExchangeRound& round : plan.rounds) {
     for (size_t i : round.own) needed[planned[i].chunk->file] = true;
-    for (const std::vector<ChunkNeed>& send : round.send) {
+    for (const auto& [q, send] : round.send) {
       for (const ChunkNeed& n : send) {
         needed[metadata.tensors[n.tensor].chunks[n.chunk].file] = true;
       }
@@ -477,16 +469,16 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
                          IoGate* gate) {
   Communicator& comm = ctx.comm();
   Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
-  Result<std::vector<RankNeeds>> all = GatherNeeds(comm, prepared, metadata, options);
-  if (!all.ok()) return {all.status(), true};
   // Up to three rounds hold memory at once (one unpacked, one exchanged, one read), each at most
   // round_bytes sent plus received: together within the budget.
-  const ExchangePlan plan = PlanExchange(*all, comm.rank(), metadata,
-                                         std::max<uint64_t>(1, options.memory_budget_bytes / 3));
-  all->clear();
+  Result<ExchangePlan> made =
+      PlanOnRoot(comm, prepared, metadata, options,
+                 std::max<uint64_t>(1, options.memory_budget_bytes / 3), 0);
+  if (!made.ok()) return {made.status(), true};
+  const ExchangePlan plan = std::move(made).value();
   if (plan.shared_chunks == 0) {
-    // Nothing to exchange: every rank planned the same from the same needs (LoadSharedOnMachine),
-    // and reads its own without the rounds' all-to-alls.
+    // Nothing to exchange: every rank was sent the same count (LoadSharedOnMachine), and reads its
+    // own without the rounds' all-to-alls.
     return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
   }
   Prepared& p = *prepared;
@@ -509,9 +501,7 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     Outgoing outgoing(metadata, comm.size());
     std::vector<ReadRequest> requests;
     for (size_t i : round.own) requests.push_back(planned[i]);
-    for (int q = 0; q < comm.size(); ++q) {
-      if (!round.send[q].empty()) outgoing.Add(q, round.send[q], requests);
-    }
+    for (const auto& [q, send] : round.send) outgoing.Add(q, send, requests);
     Result<uint64_t> read = ExecuteReads(requests, metadata, files, ctx.pool(), read_options);
     if (read.ok()) {
       out.bytes = *read;
@@ -570,8 +560,6 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   Communicator& comm = ctx.comm();
   const int me = comm.rank();
   Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
-  Result<std::vector<RankNeeds>> all = GatherNeeds(comm, prepared, metadata, options);
-  if (!all.ok()) return {all.status(), true};
   // A rank's slots hold what it sends in kMachineSlots rounds, so a round sends at most that
   // share of the budget, and at most kMachineRoundBytes: the object's pages are allocated (and
   // zeroed) by the kernel for each load and faulted into every process, which costs more than the
@@ -581,15 +569,16 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   // copies its regions out of them (engine/read_exchange.h).
   ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, nullptr);
   read_options.max_gap_bytes = 0;
-  const ExchangePlan plan = PlanExchange(
-      *all, me, metadata,
+  Result<ExchangePlan> made = PlanOnRoot(
+      comm, prepared, metadata, options,
       std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes),
       read_options.scatter_min_run_bytes);
-  all->clear();
+  if (!made.ok()) return {made.status(), true};
+  const ExchangePlan plan = std::move(made).value();
   if (plan.shared_chunks == 0) {
     // No rank reads anything for another (a load into the layout of the save): each reads its own.
-    // Every rank planned the same units from the same needs (as it must: the rounds below are
-    // collective), so every rank takes this branch, without a collective to agree on it.
+    // Every rank's plan carries the same count (as it must: the rounds below are collective), so
+    // every rank takes this branch, without a collective to agree on it.
     return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
   }
   // Round k's slot: the table of what lies where (its length, then EncodeSlotTable), whole rows
@@ -597,11 +586,7 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   // direct reads land in place), then the packed payloads.
   // A round in which this rank reads nothing for others has no slot (nor table): 0.
   auto sends = [](const ExchangeRound& round) {
-    if (!round.rows.empty()) return true;
-    for (const std::vector<ChunkNeed>& send : round.send) {
-      if (!send.empty()) return true;
-    }
-    return false;
+    return !round.rows.empty() || !round.send.empty();
   };
   auto lay_out_rows = [&](const ExchangeRound& round, std::vector<RowsEntry>* entries) {
     if (!sends(round)) return uint64_t{0};
@@ -627,7 +612,7 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   uint64_t my_slot_bytes = 0;
   for (const ExchangeRound& round : plan.rounds) {
     uint64_t sent = lay_out_rows(round, nullptr);
-    for (const std::vector<ChunkNeed>& send : round.send) sent += PackedBytesOf(metadata, send);
+    for (const auto& [q, send] : round.send) sent += PackedBytesOf(metadata, send);
     my_slot_bytes = std::max(my_slot_bytes, sent);
   }
   my_slot_bytes = (my_slot_bytes + 4095) / 4096 * 4096;  // each slot on a page of its own
@@ -676,10 +661,9 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
           stored, w.chunk, ReadDestination{slot + table.rows[j].offset, w.rows, stored.dtype},
           w.rows));
     }
-    for (int q = 0; q < comm.size(); ++q) {
-      if (round.send[q].empty()) continue;
-      const uint64_t bytes = PackedBytesOf(metadata, round.send[q]);
-      PackRegionReads(metadata, round.send[q], slot + at, requests);
+    for (const auto& [q, send] : round.send) {
+      const uint64_t bytes = PackedBytesOf(metadata, send);
+      PackRegionReads(metadata, send, slot + at, requests);
       table.packed.push_back(SlotEntry{static_cast<uint32_t>(q), at, bytes});
       at += bytes;
     }
@@ -705,8 +689,24 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   // each of them has published the round, on the pool; Wait() returns the first error.
   auto start_copying = [&](size_t k, Unpacker& unpacking) -> Status {
     const ExchangeRound& round = plan.rounds[k];
-    for (int s = 0; s < comm.size(); ++s) {
-      if (round.receive[s].empty() && round.from_rows[s].empty()) continue;
+    // The ranks this one copies regions from: those that pack regions for it and those whose
+    // rows it copies out of, in ascending order.
+    const std::vector<size_t> none;
+    size_t next_packed = 0, next_rows = 0;
+    while (next_packed < round.receive.size() || next_rows < round.from_rows.size()) {
+      const int s = std::min(next_packed < round.receive.size()
+                                 ? round.receive[next_packed].first
+                                 : std::numeric_limits<int>::max(),
+                             next_rows < round.from_rows.size() ? round.from_rows[next_rows].first
+                                                                : std::numeric_limits<int>::max());
+      const std::vector<size_t>& receive =
+          next_packed < round.receive.size() && round.receive[next_packed].first == s
+              ? round.receive[next_packed++].second
+              : none;
+      const std::vector<size_t>& from_rows =
+          next_rows < round.from_rows.size() && round.from_rows[next_rows].first == s
+              ? round.from_rows[next_rows++].second
+              : none;
       SP_RETURN_IF_ERROR(board.WaitPublished(s, static_cast<uint32_t>(k + 1)));
       const std::byte* slot = slots.slot(s, k);
       const uint64_t table_bytes = DecodeFixed64(reinterpret_cast<const char*>(slot));
@@ -719,8 +719,8 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
           SenderView view,
           ViewOfSender(std::string_view(reinterpret_cast<const char*>(slot) + 8, table_bytes), s,
                        me, slot, slots.slot_bytes[s], metadata));
-      unpacking.StartView(static_cast<size_t>(s), view.packed, round, planned);
-      for (size_t i : round.from_rows[s]) {
+      unpacking.StartView(s, view.packed, receive, planned);
+      for (size_t i : from_rows) {
         const ReadRequest& r = planned[i];
         const uint32_t tensor = static_cast<uint32_t>(r.stored - metadata.tensors.data());
         const uint32_t chunk = static_cast<uint32_t>(r.chunk - r.stored->chunks.data());
