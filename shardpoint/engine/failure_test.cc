@@ -952,6 +952,57 @@ TEST_F(EngineFailureTest, ALoadsRanksReceiveATorchDcpCheckpointsMetadataEncodedF
   ExpectMetadataBroadcast(&base, 'W', EncodeMetadataForWire(opened));
 }
 
+// Counts a rank's all-gathers and what its scatters bring it.
+class ScatterCountingComm final : public testing::ForwardingComm {
+ public:
+  using ForwardingComm::ForwardingComm;
+  Result<std::vector<std::string>> AllGather(std::string p) override {
+    ++all_gathers;
+    return ForwardingComm::AllGather(std::move(p));
+  }
+  Result<std::string> Scatter(std::vector<std::string> p, int root) override {
+    Result<std::string> out = ForwardingComm::Scatter(std::move(p), root);
+    if (out.ok()) scattered += out->size();
+    return out;
+  }
+  int all_gathers = 0;
+  uint64_t scattered = 0;
+};
+
+TEST_F(EngineFailureTest, InProcessRanksAreEachSentTheirOwnReadsByRankZero) {
+  // Threads of one process share reads: rank 0 assigns every needed stored byte to one rank, in
+  // one pass, and sends each rank its own reads; no rank receives every rank's needs.
+  MemoryStore base;
+  SaveA(&base);
+  std::vector<spt::RankShards> shards = spt::ShardModel(a_, spt::Which::kServe, false).value();
+  std::vector<int> all_gathers(kLoadRanks);
+  std::vector<uint64_t> scattered(kLoadRanks), read(kLoadRanks);
+  const std::vector<Status> statuses = RunRanks(kLoadRanks, [&](Communicator& inner) -> Status {
+    EXPECT_TRUE(inner.shares_memory());
+    ScatterCountingComm comm(inner);
+    LoadOptions options;
+    options.comm = &comm;
+    options.store = &base;
+    options.pool = &pool_;
+    SP_ASSIGN_OR_RETURN(LoadResult result,
+                        Load(shards[comm.rank()].AsLoadState(a_), kPath, options));
+    all_gathers[comm.rank()] = comm.all_gathers;
+    scattered[comm.rank()] = comm.scattered;
+    read[comm.rank()] = result.bytes_read;
+    return OkStatus();
+  }, Bounded());
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  std::string first;
+  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+  uint64_t total_read = 0;
+  for (int r = 0; r < kLoadRanks; ++r) {
+    EXPECT_EQ(all_gathers[r], 0) << "rank " << r;
+    EXPECT_GT(scattered[r], 0u) << "rank " << r;
+    total_read += read[r];
+  }
+  EXPECT_EQ(total_read, a_.total_bytes());  // every stored byte once, among the ranks
+}
+
 TEST_F(EngineCorruptionTest, UnknownDTypeCode) {
   for (uint8_t code : {uint8_t{0}, uint8_t{21}, uint8_t{255}}) {
     std::string bytes = metadata_bytes_;

@@ -654,8 +654,8 @@ std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
   return plans;
 }
 
-std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,
-                                         const CheckpointMetadata& metadata) {
+std::vector<std::vector<NeedRef>> AssignInMemoryReads(const std::vector<RankNeeds>& all,
+                                                      const CheckpointMetadata& metadata) {
   // A unit is a run of a stored chunk's bytes that overlapping reads of its users cover; the
   // users of one unit share its read, users whose rows are apart are separate units.
   struct Unit {
@@ -700,18 +700,16 @@ std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int 
   // Rank k reads the units that begin in bytes [k * total / n, (k + 1) * total / n) of the
   // concatenated run.
   const uint64_t n = all.size();
-  std::vector<NeedRef> mine;
+  std::vector<std::vector<NeedRef>> reads(n);
   uint64_t before = 0;
   for (const Unit& u : units) {
     const uint64_t reader =
         std::min<uint64_t>(n - 1, static_cast<uint64_t>(static_cast<unsigned __int128>(before) * n /
                                                         std::max<uint64_t>(1, total)));
-    if (reader == static_cast<uint64_t>(me)) {
-      mine.insert(mine.end(), u.users.begin(), u.users.end());
-    }
+    reads[reader].insert(reads[reader].end(), u.users.begin(), u.users.end());
     before += u.bytes;
   }
-  return mine;
+  return reads;
 }
 
 }  // namespace sp

@@ -154,10 +154,10 @@ using NeedRef = std::pair<int, size_t>;
 // needs what. The unit is a run of a stored chunk that overlapping reads cover (the reads of
 // replicas of one region are one unit, the rows of two ranks that are apart are two); the units,
 // in file order, are cut into one run per rank of about equal bytes, so that each rank reads one
-// stretch of consecutive bytes of the files. Returns the needs of every rank that rank `me`
-// reads, in file order; the same needs on every rank give every rank its share.
-std::vector<NeedRef> AssignInMemoryReads(const std::vector<RankNeeds>& all, int me,
-                                         const CheckpointMetadata& metadata);
+// stretch of consecutive bytes of the files. Returns, per rank, the needs (of every rank) that
+// rank reads, in file order: one pass plans every rank's share.
+std::vector<std::vector<NeedRef>> AssignInMemoryReads(const std::vector<RankNeeds>& all,
+                                                      const CheckpointMetadata& metadata);
 
 }  // namespace sp
 

@@ -557,8 +557,10 @@ TEST(ReadExchangeTest, InMemoryReadsGiveEachRankOneStretchOfTheFiles) {
     // Every need is read by exactly one rank; needs whose reads overlap by the same rank.
     std::map<NeedRef, int> reader_of;
     std::vector<uint64_t> first(n, UINT64_MAX), last(n, 0);
+    const std::vector<std::vector<NeedRef>> reads = AssignInMemoryReads(all, md);
+    ASSERT_EQ(reads.size(), static_cast<size_t>(n));
     for (int me = 0; me < n; ++me) {
-      for (const NeedRef& ref : AssignInMemoryReads(all, me, md)) {
+      for (const NeedRef& ref : reads[me]) {
         EXPECT_TRUE(reader_of.emplace(ref, me).second) << "read twice";
         const ChunkNeed& need = all[ref.first].needs[ref.second];
         // The position of the read in the files taken in order: file, then offset.
@@ -611,8 +613,7 @@ TEST(ReadExchangeTest, InMemoryReadsSplitAChunkWhoseRowsGoToDifferentRanks) {
     all[0].needs = {ChunkNeed{0, 0, Box({0, 0}, {32, 64})}};
     all[1].needs = {ChunkNeed{0, 0, Box({32, 0}, {32, 64})}};
     all[2].needs = {ChunkNeed{0, 0, Box({0, 0}, {8, 64})}};
-    std::vector<std::vector<NeedRef>> mine(3);
-    for (int me = 0; me < 3; ++me) mine[me] = AssignInMemoryReads(all, me, md);
+    const std::vector<std::vector<NeedRef>> mine = AssignInMemoryReads(all, md);
     if (block == 0) {
       EXPECT_EQ(mine[0], (std::vector<NeedRef>{{2, 0}, {0, 0}}));
       EXPECT_EQ(mine[1], (std::vector<NeedRef>{{1, 0}}));

@@ -409,48 +409,99 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
 // so nothing is packed or exchanged and each byte is copied once. Each rank publishes with its
 // needs the address of its read requests (whose destinations the readers use) and keeps them
 // until every rank has finished reading: the status is agreed here.
+// The reads of in-process ranks (AssignInMemoryReads), planned on rank 0 from what every rank
+// published (`gathered`: the address of its requests, then its needs) and encoded per rank: the
+// count, per read the address of the requests of the rank that needs it and the request's index,
+// then the needs read (EncodeNeeds).
+Result<std::vector<std::string>> AssignOnRoot(std::vector<std::string>& gathered,
+                                              const CheckpointMetadata& metadata) {
+  std::vector<RankNeeds> all;
+  std::vector<uint64_t> published;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    const std::string& bytes = gathered[r];
+    if (bytes.size() < 8) {
+      return DataLossError("rank " + std::to_string(r) + " published " +
+                           std::to_string(bytes.size()) + " bytes of reads");
+    }
+    SP_ASSIGN_OR_RETURN(RankNeeds needs, DecodeNeeds(std::string_view(bytes).substr(8), metadata,
+                                                     static_cast<int>(r)));
+    all.push_back(std::move(needs));
+    published.push_back(DecodeFixed64(bytes.data()));
+    std::string().swap(gathered[r]);
+  }
+  const std::vector<std::vector<NeedRef>> reads = AssignInMemoryReads(all, metadata);
+  std::vector<std::string> shares(reads.size());
+  for (size_t r = 0; r < reads.size(); ++r) {
+    std::string& out = shares[r];
+    ByteWriter writer(&out);
+    writer.PutU32(static_cast<uint32_t>(reads[r].size()));
+    RankNeeds needs;
+    for (const auto& [q, i] : reads[r]) {
+      writer.PutU64(published[q]);
+      writer.PutU32(static_cast<uint32_t>(i));
+      needs.needs.push_back(all[q].needs[i]);
+    }
+    out += EncodeNeeds(needs);
+  }
+  return shares;
+}
+
+// This rank's reads from its share (AssignOnRoot): requests into the destinations of the ranks
+// that need them, with the stored chunks of this rank's copy of the metadata (so that the
+// requests of one chunk are recognised as one and it is read once).
+Result<std::vector<ReadRequest>> RequestsOfShare(std::string_view share,
+                                                 const CheckpointMetadata& metadata) {
+  ByteReader reader(share, "in-process reads from rank 0");
+  SP_ASSIGN_OR_RETURN(uint32_t count, reader.ReadCount(12));
+  std::vector<std::pair<uint64_t, uint32_t>> targets(count);
+  for (auto& [address, index] : targets) {
+    SP_ASSIGN_OR_RETURN(address, reader.ReadU64());
+    SP_ASSIGN_OR_RETURN(index, reader.ReadU32());
+  }
+  SP_ASSIGN_OR_RETURN(std::string_view rest, reader.ReadRaw(reader.remaining()));
+  SP_ASSIGN_OR_RETURN(RankNeeds needs, DecodeNeeds(rest, metadata, 0));
+  if (needs.needs.size() != count) {
+    return DataLossError(reader.what() + ": " + std::to_string(count) + " destinations for " +
+                         std::to_string(needs.needs.size()) + " needs");
+  }
+  std::vector<ReadRequest> requests;
+  requests.reserve(count);
+  for (uint32_t k = 0; k < count; ++k) {
+    const ChunkNeed& n = needs.needs[k];
+    // The ranks share this address space: the request lies in the publishing rank's array.
+    const ReadRequest& published =
+        reinterpret_cast<const ReadRequest*>(static_cast<uintptr_t>(targets[k].first))
+            [targets[k].second];
+    requests.push_back(
+        MakeReadRequest(metadata.tensors[n.tensor], n.chunk, published.dest, n.region));
+  }
+  return requests;
+}
+
 SharedOutcome LoadSharedInMemory(const LoadState& state, const CheckpointMetadata& metadata,
                                  std::string_view path, const LoadOptions& options,
                                  EngineContext& ctx, IoGate* gate) {
   Communicator& comm = ctx.comm();
   Result<Prepared> prepared = Prepare(state, metadata, path, options, ctx.store());
+  // What each rank publishes: the address of its requests, then its needs.
   Result<std::string> mine = [&]() -> Result<std::string> {
     if (!prepared.ok()) return prepared.status();
-    const ReadRequest* requests = prepared->requests.data();
-    std::string out(sizeof(requests), '\0');
-    std::memcpy(out.data(), &requests, sizeof(requests));
+    std::string out;
+    ByteWriter(&out).PutU64(reinterpret_cast<uintptr_t>(prepared->requests.data()));
     return out + EncodeNeeds(NeedsOf(*prepared, metadata, options));
   }();
-  Result<std::vector<std::string>> gathered = AllGatherOrFail(comm, std::move(mine));
+  // Rank 0 assigns every rank its reads in one pass and sends each rank its own.
+  constexpr int kRoot = 0;
+  Result<std::vector<std::string>> gathered = GatherOrFail(comm, std::move(mine), kRoot);
   if (!gathered.ok()) return {gathered.status(), true};
-  std::vector<RankNeeds> all;
-  std::vector<const ReadRequest*> published;
-  for (int r = 0; r < comm.size(); ++r) {
-    const std::string& bytes = (*gathered)[r];
-    const ReadRequest* requests = nullptr;
-    if (bytes.size() >= sizeof(requests)) std::memcpy(&requests, bytes.data(), sizeof(requests));
-    Result<RankNeeds> needs =
-        bytes.size() >= sizeof(requests)
-            ? DecodeNeeds(std::string_view(bytes).substr(sizeof(requests)), metadata, r)
-            : Result<RankNeeds>(DataLossError("rank " + std::to_string(r) + " published " +
-                                              std::to_string(bytes.size()) + " bytes of reads"));
-    if (!needs.ok()) return {needs.status(), true};  // the same bytes fail the same everywhere
-    all.push_back(std::move(needs).value());
-    published.push_back(requests);
-  }
-  gathered->clear();
-  // This rank's share of the reads, into the destinations of the ranks that need them (with the
-  // stored chunks of this rank's copy of the metadata, so that the requests of one chunk are
-  // recognised as one and it is read once).
-  std::vector<ReadRequest> requests;
-  std::vector<bool> needed(metadata.files.size(), false);
-  for (const auto& [q, i] : AssignInMemoryReads(all, comm.rank(), metadata)) {
-    const ChunkNeed& n = all[q].needs[i];
-    requests.push_back(
-        MakeReadRequest(metadata.tensors[n.tensor], n.chunk, published[q][i].dest, n.region));
-  }
-  for (const ReadRequest& r : requests) needed[r.chunk->file] = true;
+  Result<std::vector<std::string>> shares = std::vector<std::string>();
+  if (comm.rank() == kRoot) shares = AssignOnRoot(*gathered, metadata);
+  Result<std::string> share = ScatterOrFail(comm, std::move(shares), kRoot);
+  if (!share.ok()) return {share.status(), true};
   Result<uint64_t> read = [&]() -> Result<uint64_t> {
+    SP_ASSIGN_OR_RETURN(std::vector<ReadRequest> requests, RequestsOfShare(*share, metadata));
+    std::vector<bool> needed(metadata.files.size(), false);
+    for (const ReadRequest& r : requests) needed[r.chunk->file] = true;
     SP_ASSIGN_OR_RETURN(DataFiles files, OpenDataFiles(ctx.store(), path, metadata, needed));
     return ExecuteReads(requests, metadata, files, ctx.pool(),
                         ReadOptionsFor(metadata, options, ctx, gate));
