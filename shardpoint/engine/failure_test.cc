@@ -50,6 +50,9 @@ class BroadcastTap final : public testing::ForwardingComm {
     tap_(rank(), received);
     return received;
   }
+  // As processes would: they receive the metadata as bytes (ranks that share an address space
+  // share the coordinator's decoded copy instead).
+  bool shares_memory() const override { return false; }
 
  private:
   std::function<void(int, std::string&)> tap_;
@@ -1001,6 +1004,56 @@ TEST_F(EngineFailureTest, InProcessRanksAreEachSentTheirOwnReadsByRankZero) {
     total_read += read[r];
   }
   EXPECT_EQ(total_read, a_.total_bytes());  // every stored byte once, among the ranks
+}
+
+TEST_F(EngineFailureTest, InProcessRanksShareTheCoordinatorsDecodedMetadata) {
+  // Threads of one process receive the address of the coordinator's decoded copy, not the file:
+  // the nonce, 'P' and 8 bytes (and the envelope's tag byte), on every rank, in every format;
+  // no broadcast of the load is larger.
+  for (const CheckpointFormat format : {CheckpointFormat::kNative, CheckpointFormat::kTorchDcp}) {
+    format_ = format;
+    MemoryStore base;
+    SaveA(&base);
+    std::vector<spt::RankShards> shards =
+        spt::ShardModel(a_, spt::Which::kServe, false).value();
+    std::vector<std::vector<size_t>> broadcasts(kLoadRanks);
+    const std::vector<Status> statuses =
+        RunRanks(kLoadRanks, [&](Communicator& inner) -> Status {
+          class Sizes final : public testing::ForwardingComm {
+           public:
+            Sizes(Communicator& inner, std::vector<size_t>* sizes)
+                : ForwardingComm(inner), sizes_(sizes) {}
+            Result<std::string> Broadcast(std::string p, int root) override {
+              Result<std::string> out = ForwardingComm::Broadcast(std::move(p), root);
+              if (out.ok()) sizes_->push_back(out->size());
+              return out;
+            }
+
+           private:
+            std::vector<size_t>* sizes_;
+          } comm(inner, &broadcasts[inner.rank()]);
+          LoadOptions options;
+          options.comm = &comm;
+          options.store = &base;
+          options.pool = &pool_;
+          return Load(shards[comm.rank()].AsLoadState(a_), kPath, options).status();
+        }, Bounded());
+    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    std::string first;
+    EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+    for (int r = 0; r < kLoadRanks; ++r) {
+      // The metadata's, then only small ones (the verdicts of gathers).
+      ASSERT_FALSE(broadcasts[r].empty()) << "rank " << r;
+      EXPECT_EQ(broadcasts[r][0], 16u + 1 + 8 + 1) << "rank " << r;
+      EXPECT_LE(*std::max_element(broadcasts[r].begin(), broadcasts[r].end()), 26u);
+    }
+  }
+  // A checkpoint the coordinator cannot open fails every rank alike, named by the coordinator.
+  MemoryStore empty;
+  std::vector<spt::RankShards> shards;
+  const Status missing = LoadError(&empty);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), StartsWith("rank 0: "));
 }
 
 TEST_F(EngineCorruptionTest, UnknownDTypeCode) {

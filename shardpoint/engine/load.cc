@@ -3,13 +3,16 @@
 // need (engine/read_exchange.h); the read executor does the reads; every rank returns the same
 // outcome.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 
 #include "shardpoint/engine/load.h"
 #include "shardpoint/engine/load_internal.h"
+#include "shardpoint/base/coding.h"
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/engine/context.h"
@@ -121,6 +124,91 @@ constexpr size_t kNonceDigits = 16;
 // another format's metadata encoded for the wire (format/metadata_wire.h).
 constexpr char kNativeFileFollows = 'N';
 constexpr char kWireMetadataFollows = 'W';
+// Between ranks that share an address space: the address of one decoded copy (SharedMetadata).
+constexpr char kSharedMetadataFollows = 'P';
+
+// One decoded copy of the metadata for every rank of an address space: the coordinator makes a
+// reference per rank, each rank moves its own out, and the last to do so frees the box.
+struct SharedMetadata {
+  std::vector<std::shared_ptr<const CheckpointMetadata>> refs;  // indexed by rank
+  std::atomic<int> untaken{0};
+
+  static std::shared_ptr<const CheckpointMetadata> Take(SharedMetadata* box, int rank) {
+    std::shared_ptr<const CheckpointMetadata> mine = std::move(box->refs[rank]);
+    if (box->untaken.fetch_sub(1, std::memory_order_acq_rel) == 1) delete box;
+    return mine;
+  }
+};
+
+// The load's metadata and nonce. Ranks in separate address spaces each decode the coordinator's
+// broadcast; ranks that share one (Communicator::shares_memory) share the coordinator's decoded
+// copy, whatever their count: each would otherwise decode and hold a copy of its own.
+struct LoadMetadata {
+  std::string nonce;
+  std::shared_ptr<const CheckpointMetadata> metadata;
+};
+
+Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std::string_view path,
+                                    int root) {
+  const bool share = comm.shares_memory() && comm.size() > 1;
+  // The coordinator opens the checkpoint, whatever its format, and every rank gets its metadata
+  // (or the same error), so a corrupt file fails identically everywhere. A native checkpoint's
+  // metadata file goes as stored and every rank decodes it: the coordinator does not decode it
+  // and encode it again before the others can start, and the file is smaller than that encoding.
+  // Other formats' drivers assemble the metadata from several files, so it goes decoded and
+  // encoded for the wire. Ahead of it goes a nonce that names this load's shared read gates.
+  Result<std::string> encoded = [&]() -> Result<std::string> {
+    if (comm.rank() != root) return std::string();
+    const std::string nonce = RandomHexId(kNonceDigits);
+    if (share) {
+      SP_ASSIGN_OR_RETURN(CheckpointMetadata opened,
+                          OpenCheckpointMetadata(ctx.store(), path, &ctx.pool()));
+      auto* box = new SharedMetadata;
+      box->refs.assign(static_cast<size_t>(comm.size()),
+                       std::make_shared<const CheckpointMetadata>(std::move(opened)));
+      box->untaken.store(comm.size(), std::memory_order_release);
+      std::string out = nonce + kSharedMetadataFollows;
+      ByteWriter(&out).PutU64(reinterpret_cast<uintptr_t>(box));
+      return out;
+    }
+    SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(ctx.store(), path));
+    if (format == CheckpointFormat::kNative) {
+      return ReadNativeMetadataFile(ctx.store(), path, nonce + kNativeFileFollows);
+    }
+    SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata,
+                        OpenCheckpointMetadata(ctx.store(), path, &ctx.pool()));
+    return nonce + kWireMetadataFollows + EncodeMetadataForWire(metadata);
+  }();
+  SP_ASSIGN_OR_RETURN(std::string bytes, BroadcastOrFail(comm, std::move(encoded), root));
+  const char kind = bytes.size() > kNonceDigits ? bytes[kNonceDigits] : '\0';
+  if (kind == kSharedMetadataFollows && share && bytes.size() == kNonceDigits + 1 + 8) {
+    auto* box = reinterpret_cast<SharedMetadata*>(
+        static_cast<uintptr_t>(DecodeFixed64(bytes.data() + kNonceDigits + 1)));
+    return LoadMetadata{bytes.substr(0, kNonceDigits), SharedMetadata::Take(box, comm.rank())};
+  }
+  if (kind != kNativeFileFollows && kind != kWireMetadataFollows) {
+    return DataLossError("the load's metadata broadcast (" + std::to_string(bytes.size()) +
+                         " bytes) does not start with a nonce of " +
+                         std::to_string(kNonceDigits) + " bytes and a kind byte ('" +
+                         kNativeFileFollows + "' or '" + kWireMetadataFollows + "')");
+  }
+  LoadMetadata out{bytes.substr(0, kNonceDigits), nullptr};
+  // Every rank decodes the same bytes, so a decoding error is the same everywhere. A native
+  // file's error is the coordinator's, which read the file, as when it decoded the file alone.
+  const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
+  const bool native = kind == kNativeFileFollows;
+  Result<CheckpointMetadata> metadata =
+      native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool())
+             : DecodeMetadataFromWire(body, &ctx.pool());
+  if (!metadata.ok() && native) {
+    return Status(metadata.status().code(),
+                  "rank " + std::to_string(root) + ": " + metadata.status().message());
+  }
+  if (!metadata.ok()) return metadata.status();
+  bytes = {};
+  out.metadata = std::make_shared<const CheckpointMetadata>(std::move(metadata).value());
+  return out;
+}
 
 // The read gate this rank shares with the ranks of its machine that run in other processes
 // (Communicator::machine_ranks), or null: sharing turned off, a fixed io_depth, alone on its
@@ -185,46 +273,10 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
                                           options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
-  const int root = options.coordinator;
-  // The coordinator opens the checkpoint, whatever its format, and every rank gets its metadata
-  // (or the same error), so a corrupt file fails identically everywhere. A native checkpoint's
-  // metadata file goes as stored and every rank decodes it: the coordinator does not decode it
-  // and encode it again before the others can start, and the file is smaller than that encoding.
-  // Other formats' drivers assemble the metadata from several files, so it goes decoded and
-  // encoded for the wire. Ahead of it goes a nonce that names this load's shared read gates.
-  Result<std::string> encoded = [&]() -> Result<std::string> {
-    if (comm.rank() != root) return std::string();
-    const std::string nonce = RandomHexId(kNonceDigits);
-    SP_ASSIGN_OR_RETURN(CheckpointFormat format, DetectCheckpointFormat(ctx->store(), path));
-    if (format == CheckpointFormat::kNative) {
-      return ReadNativeMetadataFile(ctx->store(), path, nonce + kNativeFileFollows);
-    }
-    SP_ASSIGN_OR_RETURN(CheckpointMetadata metadata,
-                        OpenCheckpointMetadata(ctx->store(), path, &ctx->pool()));
-    return nonce + kWireMetadataFollows + EncodeMetadataForWire(metadata);
-  }();
-  SP_ASSIGN_OR_RETURN(std::string bytes, BroadcastOrFail(comm, std::move(encoded), root));
-  if (bytes.size() < kNonceDigits + 1 || (bytes[kNonceDigits] != kNativeFileFollows &&
-                                          bytes[kNonceDigits] != kWireMetadataFollows)) {
-    return DataLossError("the load's metadata broadcast (" + std::to_string(bytes.size()) +
-                         " bytes) does not start with a nonce of " +
-                         std::to_string(kNonceDigits) + " bytes and a kind byte ('" +
-                         kNativeFileFollows + "' or '" + kWireMetadataFollows + "')");
-  }
-  const std::string nonce = bytes.substr(0, kNonceDigits);
-  // Every rank decodes the same bytes, so a decoding error is the same everywhere. A native
-  // file's error is the coordinator's, which read the file, as when it decoded the file alone.
-  const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
-  const bool native = bytes[kNonceDigits] == kNativeFileFollows;
-  Result<CheckpointMetadata> metadata =
-      native ? DecodeNativeCheckpointMetadata(body, path, &ctx->pool())
-             : DecodeMetadataFromWire(body, &ctx->pool());
-  if (!metadata.ok() && native) {
-    return Status(metadata.status().code(),
-                  "rank " + std::to_string(root) + ": " + metadata.status().message());
-  }
-  if (!metadata.ok()) return metadata.status();
-  bytes = {};  // held for the whole load otherwise
+  SP_ASSIGN_OR_RETURN(const LoadMetadata opened,
+                      MetadataOfLoad(comm, *ctx, path, options.coordinator));
+  const std::string& nonce = opened.nonce;
+  const CheckpointMetadata* metadata = opened.metadata.get();
   // The ranks on this rank's machine, asked for once (asking may be a collective), by every rank
   // at the same points, since the options and the communicator are the same everywhere.
   std::optional<std::vector<int>> machine;
