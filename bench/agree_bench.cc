@@ -11,6 +11,11 @@
 // of the bytes), so that each rank received two messages of every rank: 9 bytes per rank of the
 // group, 72 KiB at 8,192 ranks, at every commit. Rank 0 prints, for each way, the median over
 // --runs runs of the time per call of the slowest rank, and the ratio.
+//
+// It also times, the same way, the other collectives a load or a save makes on small payloads:
+// a Gather of 64 bytes from every rank with a Scatter of 64 bytes to every rank (what a shared
+// load's exchange plan takes: engine/read_exchange.h), and an AllToAll of 16 bytes per pair (one
+// round of a shared load's exchange). Run with two builds to compare MpiComm's protocols.
 #include <mpi.h>
 
 #include <algorithm>
@@ -74,6 +79,24 @@ int Main(int argc, char** argv) {
       return AllGatherOrFail(comm, Result<std::string>(std::string())).status();
     }));
     flagged.push_back(TimeCalls(calls, [&] { return AgreeOnStatus(comm, OkStatus()); }));
+  }
+  std::vector<double> rooted, all_to_all;
+  for (int run = 0; run < runs; ++run) {
+    rooted.push_back(TimeCalls(calls, [&] {
+      Result<std::vector<std::string>> gathered = comm.Gather(std::string(64, 'g'), 0);
+      if (!gathered.ok()) return gathered.status();
+      std::vector<std::string> parts(comm.rank() == 0 ? comm.size() : 0, std::string(64, 's'));
+      return comm.Scatter(std::move(parts), 0).status();
+    }));
+    all_to_all.push_back(TimeCalls(calls, [&] {
+      return comm.AllToAll(std::vector<std::string>(comm.size(), std::string(16, 'a'))).status();
+    }));
+  }
+  if (comm.rank() == 0) {
+    std::printf("  Gather of 64 B + Scatter of 64 B            %10.1f us\n",
+                Median(rooted) * 1e6);
+    std::printf("  AllToAll of 16 B per pair                   %10.1f us\n",
+                Median(all_to_all) * 1e6);
   }
   if (comm.rank() == 0) {
     const double before = Median(gathered), after = Median(flagged);

@@ -61,6 +61,30 @@ class RoundSchedule {
   const uint64_t limit_;
 };
 
+// The rounds RoundSchedule splits `total` bytes into.
+uint64_t RoundCount(uint64_t total, size_t limit) { return (total + limit - 1) / limit; }
+
+// The part of round k of a RoundSchedule that moves bytes of a payload lying at bytes
+// [prefix, prefix + size) of all the payloads in rank order: the round moves bytes
+// [k x limit, (k + 1) x limit) of them. (offset in the payload, count).
+std::pair<uint64_t, int> PartInRound(uint64_t k, uint64_t prefix, uint64_t size, size_t limit) {
+  const uint64_t begin = std::max<uint64_t>(k * limit, prefix);
+  const uint64_t end = std::min<uint64_t>((k + 1) * limit, prefix + size);
+  if (begin >= end) return {0, 0};
+  return {begin - prefix, static_cast<int>(end - begin)};
+}
+
+// Where each payload lies among all of them in rank order, and their total.
+std::vector<uint64_t> Prefixes(const std::vector<uint64_t>& sizes, uint64_t* total) {
+  std::vector<uint64_t> prefixes(sizes.size());
+  *total = 0;
+  for (size_t r = 0; r < sizes.size(); ++r) {
+    prefixes[r] = *total;
+    *total += sizes[r];
+  }
+  return prefixes;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MpiComm>> MpiComm::Create(MPI_Comm comm, MpiCommOptions options) {
@@ -152,29 +176,56 @@ Result<std::vector<uint64_t>> MpiComm::AllGatherSizes(uint64_t mine, const char*
 Result<std::vector<std::string>> MpiComm::Gather(std::string payload, int root) {
   SP_RETURN_IF_ERROR(CheckRoot(root, "Gather"));
   const bool is_root = rank_ == root;
-  // Root's own payload does not travel.
-  SP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
-                      AllGatherSizes(is_root ? 0 : payload.size(), "Gather"));
+  // Root's own payload does not travel. The root learns every size and sends each rank where its
+  // payload lies among them and their total.
+  uint64_t mine = is_root ? 0 : payload.size();
+  std::vector<uint64_t> sizes(is_root ? size_ : 0);
+  SP_RETURN_IF_ERROR(MpiCheck(
+      MPI_Gather(&mine, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, root, comm_),
+      "MPI_Gather of payload sizes", "Gather"));
+  std::vector<uint64_t> places;  // per rank: its prefix, the total
+  if (is_root) {
+    uint64_t total = 0;
+    const std::vector<uint64_t> prefixes = Prefixes(sizes, &total);
+    places.resize(2 * static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      places[2 * r] = prefixes[r];
+      places[2 * r + 1] = total;
+    }
+  }
+  uint64_t place[2] = {0, 0};
+  SP_RETURN_IF_ERROR(MpiCheck(
+      MPI_Scatter(places.data(), 2, MPI_UINT64_T, place, 2, MPI_UINT64_T, root, comm_),
+      "MPI_Scatter of payload places", "Gather"));
   std::vector<std::string> gathered(is_root ? size_ : 0);
   for (int r = 0; is_root && r < size_; ++r) gathered[r].reserve(sizes[r]);
-  SP_RETURN_IF_ERROR(GatherRounds(payload, sizes, root, &gathered));
+  SP_RETURN_IF_ERROR(GatherRounds(payload, sizes, place[0], place[1], root, &gathered));
   if (is_root) gathered[root] = std::move(payload);
   return gathered;
 }
 
 Status MpiComm::GatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes,
-                             int root, std::vector<std::string>* gathered) {
-  RoundSchedule schedule(sizes, options_.max_message_bytes);
+                             uint64_t prefix, uint64_t total, int root,
+                             std::vector<std::string>* gathered) {
+  const size_t limit = options_.max_message_bytes;
+  const bool is_root = rank_ == root;
+  RoundSchedule schedule(sizes, limit);  // the root's: every rank's part of each round
   TransferRound round;
   std::string staging;
-  while (schedule.Next(&round)) {
-    if (rank_ == root) staging.resize(round.total);
-    SP_RETURN_IF_ERROR(
-        MpiCheck(MPI_Gatherv(payload.data() + round.offsets[rank_], round.counts[rank_], MPI_BYTE,
-                             staging.data(), round.counts.data(), round.displs.data(), MPI_BYTE,
-                             root, comm_),
-                 "MPI_Gatherv", "Gather"));
-    if (rank_ != root) continue;
+  const uint64_t rounds = RoundCount(total, limit);
+  for (uint64_t k = 0; k < rounds; ++k) {
+    if (is_root) {
+      schedule.Next(&round);
+      staging.resize(round.total);
+    }
+    const auto [offset, count] =
+        PartInRound(k, prefix, is_root ? 0 : payload.size(), limit);
+    SP_RETURN_IF_ERROR(MpiCheck(
+        MPI_Gatherv(payload.data() + offset, count, MPI_BYTE, staging.data(),
+                    is_root ? round.counts.data() : nullptr,
+                    is_root ? round.displs.data() : nullptr, MPI_BYTE, root, comm_),
+        "MPI_Gatherv", "Gather"));
+    if (!is_root) continue;
     for (int r = 0; r < size_; ++r) {
       (*gathered)[r].append(staging.data() + round.displs[r], round.counts[r]);
     }
@@ -185,45 +236,62 @@ Status MpiComm::GatherRounds(const std::string& payload, const std::vector<uint6
 Result<std::string> MpiComm::Scatter(std::vector<std::string> payloads, int root) {
   SP_RETURN_IF_ERROR(CheckRoot(root, "Scatter"));
   const bool is_root = rank_ == root;
-  // header[0]: how many payloads root was given; header[1 + r]: the size of rank r's payload
-  // (0 for root's own, which does not travel).
-  std::vector<uint64_t> header(size_ + 1, 0);
+  // Per rank: how many payloads root was given, the size of the rank's payload (0 for root's
+  // own, which does not travel), where it lies among all of them, and their total.
+  std::vector<uint64_t> sizes;
+  std::vector<uint64_t> headers;
   if (is_root) {
-    header[0] = payloads.size();
+    sizes.assign(size_, 0);
     for (int r = 0; r < size_ && payloads.size() == size_t(size_); ++r) {
-      header[1 + r] = r == root ? 0 : payloads[r].size();
+      sizes[r] = r == root ? 0 : payloads[r].size();
+    }
+    uint64_t total = 0;
+    const std::vector<uint64_t> prefixes = Prefixes(sizes, &total);
+    headers.resize(4 * static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      headers[4 * r] = payloads.size();
+      headers[4 * r + 1] = sizes[r];
+      headers[4 * r + 2] = prefixes[r];
+      headers[4 * r + 3] = total;
     }
   }
-  SP_RETURN_IF_ERROR(MpiCheck(MPI_Bcast(header.data(), size_ + 1, MPI_UINT64_T, root, comm_),
-                              "MPI_Bcast of payload sizes", "Scatter"));
+  uint64_t header[4] = {0, 0, 0, 0};
+  SP_RETURN_IF_ERROR(MpiCheck(
+      MPI_Scatter(headers.data(), 4, MPI_UINT64_T, header, 4, MPI_UINT64_T, root, comm_),
+      "MPI_Scatter of payload sizes", "Scatter"));
   if (header[0] != uint64_t(size_)) {
     return InvalidArgumentError("Scatter: root " + std::to_string(root) + " passed " +
                                 std::to_string(header[0]) + " payloads, expected one per rank (" +
                                 std::to_string(size_) + ")");
   }
-  const std::vector<uint64_t> sizes(header.begin() + 1, header.end());
-  std::string mine(sizes[rank_], '\0');
-  SP_RETURN_IF_ERROR(ScatterRounds(payloads, sizes, root, &mine));
+  std::string mine(header[1], '\0');
+  SP_RETURN_IF_ERROR(ScatterRounds(payloads, sizes, header[2], header[3], root, &mine));
   if (is_root) mine = std::move(payloads[root]);
   return mine;
 }
 
 Status MpiComm::ScatterRounds(const std::vector<std::string>& payloads,
-                              const std::vector<uint64_t>& sizes, int root, std::string* mine) {
-  RoundSchedule schedule(sizes, options_.max_message_bytes);
+                              const std::vector<uint64_t>& sizes, uint64_t prefix, uint64_t total,
+                              int root, std::string* mine) {
+  const size_t limit = options_.max_message_bytes;
+  const bool is_root = rank_ == root;
+  RoundSchedule schedule(sizes, limit);  // the root's: every rank's part of each round
   TransferRound round;
   std::string staging;
-  while (schedule.Next(&round)) {
-    if (rank_ == root) {
+  const uint64_t rounds = RoundCount(total, limit);
+  for (uint64_t k = 0; k < rounds; ++k) {
+    if (is_root) {
+      schedule.Next(&round);
       staging.clear();
       for (int r = 0; r < size_; ++r) {
         staging.append(payloads[r].data() + round.offsets[r], round.counts[r]);
       }
     }
+    const auto [offset, count] = PartInRound(k, prefix, is_root ? 0 : mine->size(), limit);
     SP_RETURN_IF_ERROR(
-        MpiCheck(MPI_Scatterv(staging.data(), round.counts.data(), round.displs.data(), MPI_BYTE,
-                              mine->data() + round.offsets[rank_], round.counts[rank_], MPI_BYTE,
-                              root, comm_),
+        MpiCheck(MPI_Scatterv(staging.data(), is_root ? round.counts.data() : nullptr,
+                              is_root ? round.displs.data() : nullptr, MPI_BYTE,
+                              mine->data() + offset, count, MPI_BYTE, root, comm_),
                  "MPI_Scatterv", "Scatter"));
   }
   return OkStatus();
@@ -287,27 +355,34 @@ Result<bool> MpiComm::AnyRank(bool flag) {
 }
 
 Result<std::vector<std::string>> MpiComm::AllToAll(std::vector<std::string> payloads) {
-  // Every rank learns every rank's payload count first, so a malformed call fails everywhere.
-  SP_ASSIGN_OR_RETURN(std::vector<uint64_t> counts, AllGatherSizes(payloads.size(), "AllToAll"));
-  for (int r = 0; r < size_; ++r) {
-    if (counts[r] != uint64_t(size_)) {
-      return InvalidArgumentError("AllToAll: rank " + std::to_string(r) + " passed " +
-                                  std::to_string(counts[r]) +
-                                  " payloads, expected one per rank (" + std::to_string(size_) +
-                                  ")");
+  // One all-reduce says whether any rank passed other than one payload per rank (so that a
+  // malformed call fails everywhere) and the largest payload; only when some rank did are the
+  // counts all-gathered, to name the first.
+  const bool malformed = payloads.size() != size_t(size_);
+  std::vector<uint64_t> send_sizes(size_), recv_sizes(size_);
+  uint64_t agreed[2] = {malformed ? 1u : 0u, 0};  // any malformed, the largest payload
+  for (int q = 0; q < size_ && !malformed; ++q) {
+    send_sizes[q] = q == rank_ ? 0 : payloads[q].size();  // this rank's own payload stays
+    agreed[1] = std::max(agreed[1], send_sizes[q]);
+  }
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Allreduce(MPI_IN_PLACE, agreed, 2, MPI_UINT64_T, MPI_MAX, comm_),
+                              "MPI_Allreduce of the payload counts", "AllToAll"));
+  if (agreed[0] != 0) {
+    SP_ASSIGN_OR_RETURN(std::vector<uint64_t> counts,
+                        AllGatherSizes(payloads.size(), "AllToAll"));
+    for (int r = 0; r < size_; ++r) {
+      if (counts[r] != uint64_t(size_)) {
+        return InvalidArgumentError("AllToAll: rank " + std::to_string(r) + " passed " +
+                                    std::to_string(counts[r]) +
+                                    " payloads, expected one per rank (" + std::to_string(size_) +
+                                    ")");
+      }
     }
   }
-  std::vector<uint64_t> send_sizes(size_), recv_sizes(size_);
-  uint64_t largest = 0;
-  for (int q = 0; q < size_; ++q) {
-    send_sizes[q] = q == rank_ ? 0 : payloads[q].size();  // this rank's own payload stays
-    largest = std::max(largest, send_sizes[q]);
-  }
+  const uint64_t largest = agreed[1];
   SP_RETURN_IF_ERROR(MpiCheck(MPI_Alltoall(send_sizes.data(), 1, MPI_UINT64_T, recv_sizes.data(),
                                            1, MPI_UINT64_T, comm_),
                               "MPI_Alltoall of payload sizes", "AllToAll"));
-  SP_RETURN_IF_ERROR(MpiCheck(MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_),
-                              "MPI_Allreduce of the largest payload", "AllToAll"));
   std::vector<std::string> received(size_);
   for (int s = 0; s < size_; ++s) received[s].reserve(recv_sizes[s]);
   const uint64_t quota = std::max<uint64_t>(1, options_.max_message_bytes / size_);

@@ -2,7 +2,10 @@
 //
 // Every rank of the MPI communicator is one rank of the group. Payloads are variable-length: each
 // collective first exchanges payload sizes, then moves the bytes with MPI_Gatherv, MPI_Scatterv,
-// MPI_Allgatherv or MPI_Bcast. MPI counts and displacements are ints, so a transfer is split into
+// MPI_Allgatherv or MPI_Bcast. Gather and Scatter move sizes to and from the root only: the root
+// learns every rank's size, and each other rank only its own, where it lies among all the
+// payloads and their total (what its part of each round follows from), so that what a rank
+// receives does not grow with the group. MPI counts and displacements are ints, so a transfer is split into
 // rounds that move at most `max_message_bytes` (default 1 GiB) in all; payloads of any size,
 // beyond 2 GiB included, go through. A rank's own payload never travels: the root of Gather and
 // Scatter keeps its own buffer, and AllGather moves each rank's own payload into its result.
@@ -65,7 +68,8 @@ class MpiComm final : public Communicator {
   bool spans_machines() const override { return spans_machines_; }
   // The ranks of this rank's shared-memory split, learned at Create() too.
   std::vector<int> machine_ranks() override { return machine_ranks_; }
-  // MPI_Alltoall of the sizes, then MPI_Alltoallv in rounds that move at most
+  // One MPI_Allreduce (whether any rank passed other than one payload per rank, and the largest
+  // payload), MPI_Alltoall of the sizes, then MPI_Alltoallv in rounds that move at most
   // max_message_bytes / size() bytes of each pair's payload.
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
 
@@ -76,10 +80,13 @@ class MpiComm final : public Communicator {
   Status CheckRoot(int root, const char* collective) const;
   // Sizes of every rank's payload, known on every rank.
   Result<std::vector<uint64_t>> AllGatherSizes(uint64_t mine, const char* collective);
-  Status GatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes, int root,
+  // The rounds of a Gather or Scatter: `sizes` (every rank's, on the root only), this rank's
+  // payload at bytes [prefix, prefix + its size) of all of them, `total` bytes in all.
+  Status GatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes,
+                      uint64_t prefix, uint64_t total, int root,
                       std::vector<std::string>* gathered);
   Status ScatterRounds(const std::vector<std::string>& payloads, const std::vector<uint64_t>& sizes,
-                       int root, std::string* mine);
+                       uint64_t prefix, uint64_t total, int root, std::string* mine);
   Status AllGatherRounds(const std::string& payload, const std::vector<uint64_t>& sizes,
                          std::vector<std::string>* gathered);
 
