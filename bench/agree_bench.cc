@@ -28,16 +28,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
+#include "bench/mpi_bench.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/comm/mpi_comm.h"
 
 namespace sp {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::Median;
 
 // Seconds per call of `calls` calls of `fn` on the slowest rank, the ranks started together.
 double TimeCalls(int calls, const std::function<Status()>& fn) {
@@ -57,22 +56,13 @@ double TimeCalls(int calls, const std::function<Status()>& fn) {
 
 int Main(int argc, char** argv) {
   int calls = 200, runs = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
-      calls = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
-      runs = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: agree_bench [--calls N] [--runs N]\n");
-      return 2;
-    }
+  if (!bench::ParseIntFlags(argc, argv, {{"--calls", &calls}, {"--runs", &runs}},
+                            "agree_bench [--calls N] [--runs N]")) {
+    return 2;
   }
-  Result<std::unique_ptr<MpiComm>> made = MpiComm::Create(MPI_COMM_WORLD);
-  if (!made.ok()) {
-    std::fprintf(stderr, "agree_bench: %s\n", made.status().ToString().c_str());
-    return 1;
-  }
-  Communicator& comm = **made;
+  const std::unique_ptr<MpiComm> world = bench::WorldComm("agree_bench");
+  if (world == nullptr) return 1;
+  Communicator& comm = *world;
   std::vector<double> gathered, flagged;
   for (int run = 0; run < runs; ++run) {  // the two ways in turn, so that drift hits both
     gathered.push_back(TimeCalls(calls, [&] {
@@ -93,18 +83,16 @@ int Main(int argc, char** argv) {
     }));
   }
   if (comm.rank() == 0) {
-    std::printf("  Gather of 64 B + Scatter of 64 B            %10.1f us\n",
-                Median(rooted) * 1e6);
-    std::printf("  AllToAll of 16 B per pair                   %10.1f us\n",
-                Median(all_to_all) * 1e6);
-  }
-  if (comm.rank() == 0) {
     const double before = Median(gathered), after = Median(flagged);
     std::printf("%d ranks, %d calls per run, median of %d runs (slowest rank, per call)\n",
                 comm.size(), calls, runs);
     std::printf("  statuses all-gathered (the protocol before) %10.1f us\n", before * 1e6);
     std::printf("  one flag per rank (AgreeOnStatus)           %10.1f us  = %.1fx faster\n",
                 after * 1e6, before / after);
+    std::printf("  Gather of 64 B + Scatter of 64 B            %10.1f us\n",
+                Median(rooted) * 1e6);
+    std::printf("  AllToAll of 16 B per pair                   %10.1f us\n",
+                Median(all_to_all) * 1e6);
   }
   return 0;
 }
@@ -112,10 +100,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace sp
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = sp::Main(argc, argv);
-  // The communicator is gone (Main's scope) before MPI is finalized.
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return sp::bench::RunUnderMpi(argc, argv, sp::Main); }

@@ -33,6 +33,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench/bench_util.h"
+#include "bench/mpi_bench.h"
 #include "shardpoint/comm/collective.h"
 #include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/mpi_comm.h"
@@ -45,10 +47,7 @@ constexpr int64_t kBlockRows = 4;
 constexpr int64_t kCols = 16;
 constexpr uint64_t kRoundBytes = uint64_t{256} << 20;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::Median;
 
 // Bytes this rank receives from the collectives it calls.
 class CountingComm : public testing::ForwardingComm {
@@ -169,24 +168,13 @@ Timed Run(Communicator& inner, const RankNeeds& mine, const CheckpointMetadata& 
 
 int Main(int argc, char** argv) {
   int tensors = 40, tp = 8, runs = 3;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--tensors") == 0 && i + 1 < argc) {
-      tensors = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--tp") == 0 && i + 1 < argc) {
-      tp = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
-      runs = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: exchange_bench [--tensors N] [--tp N] [--runs N]\n");
-      return 2;
-    }
+  if (!bench::ParseIntFlags(argc, argv, {{"--tensors", &tensors}, {"--tp", &tp}, {"--runs", &runs}},
+                            "exchange_bench [--tensors N] [--tp N] [--runs N]")) {
+    return 2;
   }
-  Result<std::unique_ptr<MpiComm>> made = MpiComm::Create(MPI_COMM_WORLD);
-  if (!made.ok()) {
-    std::fprintf(stderr, "exchange_bench: %s\n", made.status().ToString().c_str());
-    return 1;
-  }
-  Communicator& comm = **made;
+  const std::unique_ptr<MpiComm> world = bench::WorldComm("exchange_bench");
+  if (world == nullptr) return 1;
+  Communicator& comm = *world;
   if (tp < 1 || tp > 8 || comm.size() % tp != 0 || tensors < 1) {
     if (comm.rank() == 0) {
       std::fprintf(stderr, "exchange_bench: --tp must be 1-8 and divide the %d ranks\n",
@@ -245,10 +233,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace sp
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = sp::Main(argc, argv);
-  // The communicator is gone (Main's scope) before MPI is finalized.
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return sp::bench::RunUnderMpi(argc, argv, sp::Main); }

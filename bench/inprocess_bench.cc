@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
 #include "shardpoint/exec/thread_pool.h"
@@ -36,10 +37,7 @@ constexpr int64_t kTpCols = kCols / kTp;
 
 using Clock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::Median;
 
 // The value every element (row, col) of tensor t holds.
 float ValueAt(int t, int64_t row, int64_t col) {
@@ -66,17 +64,10 @@ Status OnRanks(int ranks, const std::function<Status(int, Communicator&)>& fn) {
 
 int Main(int argc, char** argv) {
   int ranks = 1024, tensors = 20, runs = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
-      ranks = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--tensors") == 0 && i + 1 < argc) {
-      tensors = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
-      runs = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: inprocess_bench [--ranks N] [--tensors N] [--runs N]\n");
-      return 2;
-    }
+  if (!bench::ParseIntFlags(argc, argv,
+                            {{"--ranks", &ranks}, {"--tensors", &tensors}, {"--runs", &runs}},
+                            "inprocess_bench [--ranks N] [--tensors N] [--runs N]")) {
+    return 2;
   }
   if (ranks < kTp || ranks % kTp != 0 || tensors < 1 || runs < 1) {
     std::fprintf(stderr, "inprocess_bench: --ranks must be a multiple of %d\n", kTp);

@@ -377,9 +377,7 @@ std::string EncodeExchangePlan(const ExchangePlan& plan) {
     PutByRank(writer, round.receive, put_index);
     writer.PutU32(static_cast<uint32_t>(round.rows.size()));
     for (const WholeRows& w : round.rows) {
-      writer.PutU32(w.tensor);
-      writer.PutU32(w.chunk);
-      PutBox(writer, w.rows);
+      PutChunkNeed(writer, ChunkNeed{w.tensor, w.chunk, w.rows});  // a region of its chunk
     }
     PutByRank(writer, round.from_rows, put_index);
   }
@@ -437,18 +435,8 @@ Result<ExchangePlan> DecodeExchangePlan(std::string_view bytes, const Checkpoint
     label = "whole rows" + in_round;
     SP_ASSIGN_OR_RETURN(uint32_t rows, reader.ReadCount(9));
     for (uint32_t j = 0; j < rows; ++j) {
-      WholeRows w;
-      SP_ASSIGN_OR_RETURN(w.tensor, reader.ReadU32());
-      SP_ASSIGN_OR_RETURN(w.chunk, reader.ReadU32());
-      SP_ASSIGN_OR_RETURN(const StoredChunk* chunk,
-                          ChunkNamed(metadata, w.tensor, w.chunk, reader, label));
-      SP_RETURN_IF_ERROR(ReadBox(reader, &w.rows));
-      if (w.rows.rank() != chunk->box.rank() || w.rows.empty() || !Contains(chunk->box, w.rows)) {
-        return DataLossError(reader.what() + ": " + label + " " + w.rows.ToString() +
-                             " are not rows of chunk " + chunk->box.ToString() + " of tensor '" +
-                             metadata.tensors[w.tensor].name + "'");
-      }
-      round.rows.push_back(std::move(w));
+      SP_ASSIGN_OR_RETURN(ChunkNeed w, read_need());  // written as a region of its chunk
+      round.rows.push_back(WholeRows{w.tensor, w.chunk, std::move(w.region)});
     }
     label = "copies out of whole rows" + in_round;
     SP_RETURN_IF_ERROR(ReadByRank(reader, ranks, label, &round.from_rows, read_index));

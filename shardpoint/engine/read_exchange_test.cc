@@ -427,8 +427,8 @@ TEST(ReadExchangeTest, PlansRoundTripAndHostileBytesAreRefusedByName) {
   ExchangePlan rows = plan;
   rows.rounds[1].rows[0].rows = Box({4, 0}, {5, 64});
   EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(rows), md, 2, 5, 0).status(),
-            DataLossError("exchange plan from rank 0: whole rows of round 1 [4:9, 0:64] are not "
-                          "rows of chunk [4:8, 0:64] of tensor 't1'"));
+            DataLossError("exchange plan from rank 0: whole rows of round 1 region [4:9, 0:64] "
+                          "is not a non-empty part of chunk [4:8, 0:64] of tensor 't1'"));
   ExchangePlan absent = plan;
   absent.rounds[1].rows[0].chunk = 2;
   EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(absent), md, 2, 5, 0).status(),
