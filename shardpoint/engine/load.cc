@@ -205,7 +205,6 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
                   "rank " + std::to_string(root) + ": " + metadata.status().message());
   }
   if (!metadata.ok()) return metadata.status();
-  bytes = {};
   out.metadata = std::make_shared<const CheckpointMetadata>(std::move(metadata).value());
   return out;
 }

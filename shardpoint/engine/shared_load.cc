@@ -401,14 +401,6 @@ Result<std::optional<MachineSlots>> MapMachineSlots(Communicator& comm, std::str
       MachineSlots{std::move(memory).value(), std::move(slot_bytes), std::move(base)});
 }
 
-}  // namespace
-
-// Ranks that share an address space (Communicator::shares_memory): every stored chunk that some
-// rank needs is read once, by the rank whose stretch of the files it lies in
-// (AssignInMemoryReads), which copies each rank's regions straight into that rank's destinations,
-// so nothing is packed or exchanged and each byte is copied once. Each rank publishes with its
-// needs the address of its read requests (whose destinations the readers use) and keeps them
-// until every rank has finished reading: the status is agreed here.
 // The reads of in-process ranks (AssignInMemoryReads), planned on rank 0 from what every rank
 // published (`gathered`: the address of its requests, then its needs) and encoded per rank: the
 // count, per read the address of the requests of the rank that needs it and the request's index,
@@ -447,8 +439,8 @@ Result<std::vector<std::string>> AssignOnRoot(std::vector<std::string>& gathered
 }
 
 // This rank's reads from its share (AssignOnRoot): requests into the destinations of the ranks
-// that need them, with the stored chunks of this rank's copy of the metadata (so that the
-// requests of one chunk are recognised as one and it is read once).
+// that need them, with the stored chunks of the load's metadata (so that the requests of one
+// chunk are recognised as one and it is read once).
 Result<std::vector<ReadRequest>> RequestsOfShare(std::string_view share,
                                                  const CheckpointMetadata& metadata) {
   ByteReader reader(share, "in-process reads from rank 0");
@@ -478,6 +470,15 @@ Result<std::vector<ReadRequest>> RequestsOfShare(std::string_view share,
   return requests;
 }
 
+}  // namespace
+
+// Ranks that share an address space (Communicator::shares_memory): every stored chunk that some
+// rank needs is read once, by the rank whose stretch of the files it lies in
+// (AssignInMemoryReads), which copies each rank's regions straight into that rank's destinations,
+// so nothing is packed or exchanged and each byte is copied once. Each rank sends rank 0 its
+// needs with the address of its read requests (whose destinations the readers use), rank 0
+// assigns the reads of all and sends each rank its own, and each rank keeps its requests until
+// every rank has finished reading: the status is agreed here.
 SharedOutcome LoadSharedInMemory(const LoadState& state, const CheckpointMetadata& metadata,
                                  std::string_view path, const LoadOptions& options,
                                  EngineContext& ctx, IoGate* gate) {
