@@ -53,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
 #include "shardpoint/exec/task_group.h"
@@ -80,11 +81,7 @@ bool g_small_pages = false;  // --small-pages: the loads' destinations in 4 KiB 
 // e.g. to profile one of them; the writes always run. Empty: every step.
 std::vector<std::string> g_only;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;  // a step left out with --only
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::Median;  // 0 for no values (a step left out)
 
 void Check(const Status& s, const char* what) {
   if (!s.ok()) {

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/mpi_comm.h"
 
@@ -42,11 +43,7 @@ namespace {
 
 constexpr int64_t kCols = 16;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::Median;  // 0 for no values (a step left out)
 
 double MaxOverRanks(double x) {
   double max = 0;
