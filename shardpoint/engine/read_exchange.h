@@ -5,10 +5,10 @@
 // Every rank sends its needs (the stored-chunk regions of its read requests, in request order) to
 // one rank, which plans the exchange for all of them (PlanExchange) and sends each rank its own
 // part alone (PlanExchangeOnRoot): what a rank receives grows with what it reads and exchanges,
-// not with the number of ranks. A chunk is shared when at
-// least two ranks need it and reading it separately would read much more than exchanging it:
-// every rank reads whole rows and whole checksum blocks, so ranks that split a chunk's columns,
-// or split rows inside a checksum block, would each read most of it. A chunk is shared when
+// not with the number of ranks. A chunk is shared when at least two ranks need it and reading it
+// separately would read much more than exchanging it: every rank reads whole rows and whole
+// checksum blocks, so ranks that split a chunk's columns, or split rows inside a checksum block,
+// would each read most of it. A chunk is shared when
 //   4 x (bytes the ranks would read beyond the union of their reads) >= the bytes exchanged,
 // and when its exchange fits in one round (else it is cut into row bands: below). Chunks are
 // taken in order of their relative position in their file (so every round covers about the same
@@ -132,7 +132,8 @@ Result<ExchangePlan> DecodeExchangePlan(std::string_view bytes, const Checkpoint
 // plans (PlanExchange) and sends each rank its own plan alone. Rank 0 receives every rank's
 // needs; every other rank sends its needs and receives its plan, nothing of the other ranks' but
 // what it exchanges with them. Any rank's error, or an error in what rank 0 received, is every
-// rank's error (comm/collective.h). Three collectives: a gather, the verdict on it, a scatter.
+// rank's error (comm/collective.h). Four collectives: a gather, the verdict on it, a scatter, and
+// one flag (AnyRank) to agree that every rank decoded its plan.
 Result<ExchangePlan> PlanExchangeOnRoot(Communicator& comm, Result<RankNeeds> mine,
                                         const CheckpointMetadata& metadata, uint64_t round_bytes,
                                         uint64_t whole_rows_below = 0);
