@@ -19,8 +19,15 @@
 // and what rank 0 received; each run checks that both protocols give every rank the same plan.
 // Here every rank shares the machine's cores, so every rank planning (before) costs the ranks'
 // count times the planning; on a cluster each rank plans on its own core, in about the time of
-// the last line printed (the planning alone, on rank 0 while the others wait), beside receiving
-// every rank's needs.
+// the planning alone (on rank 0 while the others wait, printed), beside receiving every rank's
+// needs.
+//
+// Then the rounds of the plan: each rank sends the regions it reads for others (filled bytes of
+// the packed sizes) and receives its own, --exchanges times over, through an all-to-all of the
+// whole group (AllToAllOrFail: one MPI_Allreduce, MPI_Alltoall of every pair's size and
+// MPI_Alltoallv; the rounds before) and through one flag (AnyRank) and point-to-point messages
+// between the peers alone (ExchangeWithPeers; now). Every received payload is checked for its
+// size and bytes. Printed: the median over --runs of the slowest rank's time for all of them.
 #include <mpi.h>
 
 #include <algorithm>
@@ -142,6 +149,93 @@ struct Timed {
   ExchangePlan plan;
 };
 
+// The payloads one round of `plan` sends: (q, the packed bytes of rank q's needs, each byte q).
+std::vector<std::pair<int, std::string>> RoundPayloads(const ExchangeRound& round,
+                                                       const CheckpointMetadata& md) {
+  std::vector<std::pair<int, std::string>> out;
+  for (const auto& [q, needs] : round.send) {
+    uint64_t bytes = 0;
+    for (const ChunkNeed& need : needs) {
+      bytes += PackedBytes(need.region, md.tensors[need.tensor].dtype);
+    }
+    out.emplace_back(q, std::string(bytes, static_cast<char>(q & 0x7f)));
+  }
+  return out;
+}
+
+// The bytes this rank receives from each sender of a round, in the order of round.receive.
+std::vector<uint64_t> RoundExpected(const ExchangeRound& round, const ExchangePlan& plan,
+                                    const RankNeeds& mine, const CheckpointMetadata& md) {
+  std::vector<uint64_t> out;
+  for (const auto& [s, indices] : round.receive) {
+    uint64_t bytes = 0;
+    for (size_t i : indices) {
+      const ChunkNeed& need =
+          i < mine.needs.size() ? mine.needs[i] : plan.parts[i - mine.needs.size()];
+      bytes += PackedBytes(need.region, md.tensors[need.tensor].dtype);
+    }
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+// The slowest rank's time to exchange every round of `plan` `repeats` times, through an
+// all-to-all of the group or point to point between the peers.
+double TimeRounds(Communicator& comm, const ExchangePlan& plan, const RankNeeds& mine,
+                  const CheckpointMetadata& md, bool peers, int repeats) {
+  std::vector<std::vector<std::pair<int, std::string>>> payloads;
+  std::vector<std::vector<uint64_t>> expected;
+  std::vector<std::vector<int>> from;
+  for (const ExchangeRound& round : plan.rounds) {
+    payloads.push_back(RoundPayloads(round, md));
+    expected.push_back(RoundExpected(round, plan, mine, md));
+    from.emplace_back();
+    for (const auto& [s, indices] : round.receive) from.back().push_back(s);
+  }
+  const char me = static_cast<char>(comm.rank() & 0x7f);
+  bool wrong = false;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto start = std::chrono::steady_clock::now();
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    for (size_t k = 0; k < plan.rounds.size(); ++k) {
+      std::vector<std::string> got;
+      if (peers) {
+        Result<bool> failed = comm.AnyRank(false);
+        Result<std::vector<std::string>> received =
+            failed.ok() ? comm.ExchangeWithPeers(payloads[k], from[k])
+                        : Result<std::vector<std::string>>(failed.status());
+        if (!received.ok()) {
+          std::fprintf(stderr, "exchange_bench: %s\n", received.status().ToString().c_str());
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        got = std::move(received).value();
+      } else {
+        std::vector<std::string> all(static_cast<size_t>(comm.size()));
+        for (const auto& [q, bytes] : payloads[k]) all[q] = bytes;
+        Result<std::vector<std::string>> received = AllToAllOrFail(comm, std::move(all));
+        if (!received.ok()) {
+          std::fprintf(stderr, "exchange_bench: %s\n", received.status().ToString().c_str());
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        for (int s : from[k]) got.push_back(std::move((*received)[s]));
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        wrong = wrong || got[i].size() != expected[k][i] ||
+                std::count(got[i].begin(), got[i].end(), me) != static_cast<long>(got[i].size());
+      }
+    }
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (wrong) {
+    std::fprintf(stderr, "exchange_bench: rank %d received a wrong payload (%s)\n", comm.rank(),
+                 peers ? "point to point" : "all-to-all");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  double slowest = 0;
+  MPI_Allreduce(&seconds, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
 Timed Run(Communicator& inner, const RankNeeds& mine, const CheckpointMetadata& md,
           bool on_root) {
   CountingComm comm(inner);
@@ -167,9 +261,11 @@ Timed Run(Communicator& inner, const RankNeeds& mine, const CheckpointMetadata& 
 }
 
 int Main(int argc, char** argv) {
-  int tensors = 40, tp = 8, runs = 3;
-  if (!bench::ParseIntFlags(argc, argv, {{"--tensors", &tensors}, {"--tp", &tp}, {"--runs", &runs}},
-                            "exchange_bench [--tensors N] [--tp N] [--runs N]")) {
+  int tensors = 40, tp = 8, runs = 3, exchanges = 20;
+  if (!bench::ParseIntFlags(
+          argc, argv,
+          {{"--tensors", &tensors}, {"--tp", &tp}, {"--runs", &runs}, {"--exchanges", &exchanges}},
+          "exchange_bench [--tensors N] [--tp N] [--runs N] [--exchanges N]")) {
     return 2;
   }
   const std::unique_ptr<MpiComm> world = bench::WorldComm("exchange_bench");
@@ -197,6 +293,17 @@ int Main(int argc, char** argv) {
     everywhere.push_back(before.seconds);
     on_root.push_back(after.seconds);
   }
+  std::vector<double> all_to_all, peers;
+  for (int run = 0; run < runs; ++run) {
+    all_to_all.push_back(TimeRounds(comm, after.plan, mine, md, false, exchanges));
+    peers.push_back(TimeRounds(comm, after.plan, mine, md, true, exchanges));
+  }
+  // The most peers a rank sends to in a round.
+  unsigned long long my_peers = 0, most_peers = 0;
+  for (const ExchangeRound& round : after.plan.rounds) {
+    my_peers = std::max<unsigned long long>(my_peers, round.send.size());
+  }
+  MPI_Allreduce(&my_peers, &most_peers, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
   // The planning alone, on rank 0 while the others wait: what every rank computed before, each on
   // its own core on a cluster (here the ranks share the machine's cores).
   double plan_alone = 0;
@@ -226,6 +333,12 @@ int Main(int argc, char** argv) {
                     static_cast<double>(std::max<uint64_t>(1, after.most_other)));
     std::printf("  planning alone on one rank (PlanExchange of every rank's needs): %.4f s\n",
                 plan_alone);
+    std::printf("rounds: %zu, each rank sends to at most %llu ranks; %d exchanges of every round, "
+                "median of %d runs (slowest rank)\n",
+                after.plan.rounds.size(), most_peers, exchanges, runs);
+    std::printf("  %-42s %10.4f\n", "all-to-all of the group (before)", Median(all_to_all));
+    std::printf("  %-42s %10.4f\n", "flag, then point to point (now)", Median(peers));
+    std::printf("  %.1fx faster\n", Median(all_to_all) / Median(peers));
   }
   return 0;
 }

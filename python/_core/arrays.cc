@@ -189,6 +189,17 @@ std::string BytesFromPython(nb::handle obj) {
   if (PyBytes_Check(obj.ptr())) {
     return std::string(PyBytes_AS_STRING(obj.ptr()), PyBytes_GET_SIZE(obj.ptr()));
   }
+  // A contiguous buffer (a numpy array received from a peer) is copied once, not first into a
+  // bytes object.
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) == 0) {
+      std::string out(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+      PyBuffer_Release(&view);
+      return out;
+    }
+    PyErr_Clear();
+  }
   nb::object converted = nb::steal(PyBytes_FromObject(obj.ptr()));
   if (!converted.is_valid()) throw nb::python_error();
   return std::string(PyBytes_AS_STRING(converted.ptr()), PyBytes_GET_SIZE(converted.ptr()));

@@ -81,7 +81,8 @@ std::unique_ptr<PyCommunicator> PyCommunicator::FromObject(nb::handle comm) {
   return std::unique_ptr<PyCommunicator>(
       new PyCommunicator(nb::borrow<nb::object>(comm), rank, size, nb::hasattr(comm, "all_to_all"),
                          nb::hasattr(comm, "all_to_all_buffers"),
-                         nb::hasattr(comm, "spans_machines"), nb::hasattr(comm, "any_rank")));
+                         nb::hasattr(comm, "spans_machines"), nb::hasattr(comm, "any_rank"),
+                         nb::hasattr(comm, "exchange_with_peers")));
 }
 
 Result<std::vector<std::string>> PyCommunicator::Gather(std::string payload, int root) {
@@ -152,6 +153,35 @@ Result<std::vector<std::string>> PyCommunicator::AllToAll(std::vector<std::strin
     nb::list list;
     for (const std::string& p : payloads) list.append(ToBytes(p));
     return FromBytesList(comm_.attr("all_to_all")(list), size_, "all_to_all");
+  });
+}
+
+Result<std::vector<std::string>> PyCommunicator::ExchangeWithPeers(
+    std::vector<std::pair<int, std::string>> sends, const std::vector<int>& from) {
+  if (!has_exchange_with_peers_) return Communicator::ExchangeWithPeers(std::move(sends), from);
+  // Checked before the call: the object's sends and receives would wait on a rank that is not
+  // there.
+  SP_RETURN_IF_ERROR(CheckPeerLists(sends, from, rank_, size_));
+  return CallWithGil<std::vector<std::string>>("exchange_with_peers", [&] {
+    nb::list outgoing;
+    for (const auto& [q, bytes] : sends) outgoing.append(nb::make_tuple(q, ToBytes(bytes)));
+    nb::list sources;
+    for (int s : from) sources.append(s);
+    nb::object got = comm_.attr("exchange_with_peers")(outgoing, sources);
+    if (got.is_none()) {
+      throw nb::type_error(("exchange_with_peers returned None, expected a list of " +
+                            std::to_string(from.size()) + " bytes objects")
+                               .c_str());
+    }
+    std::vector<std::string> received;
+    for (nb::handle item : got) received.push_back(BytesFromPython(item));
+    if (received.size() != from.size()) {
+      throw nb::value_error(("exchange_with_peers returned " + std::to_string(received.size()) +
+                             " payloads, expected one per source (" +
+                             std::to_string(from.size()) + ")")
+                                .c_str());
+    }
+    return received;
   });
 }
 

@@ -25,6 +25,10 @@
 //     processes, ascending, this rank among them (called like spans_machines). Without it, or
 //     when it raises or returns anything else (reported as an unraisable exception), the answer
 //     is [rank], the default of Communicator.
+//   exchange_with_peers(sends: list[tuple[int, bytes]], sources: list[int]) -> list[bytes]: sends
+//     each payload to its rank and returns one payload from each rank of `sources`, in that
+//     order, moving nothing between other ranks (Communicator::ExchangeWithPeers; the core checks
+//     the lists first); without it ExchangeWithPeers runs one all-to-all;
 //   any_rank(flag: bool) -> bool: whether flag is true on any rank, the same on every rank (an
 //     all-reduce); without it AnyRank runs an all_gather of one byte per rank.
 // Each collective acquires the GIL only for the duration of the Python call, so the engine can
@@ -65,19 +69,23 @@ class PyCommunicator final : public Communicator {
   Status Barrier() override;
   Result<bool> AnyRank(bool flag) override;
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
+  Result<std::vector<std::string>> ExchangeWithPeers(std::vector<std::pair<int, std::string>> sends,
+                                                     const std::vector<int>& from) override;
   bool spans_machines() const override;
   std::vector<int> machine_ranks() override;
 
  private:
   PyCommunicator(nanobind::object comm, int rank, int size, bool has_all_to_all,
-                 bool has_all_to_all_buffers, bool has_spans_machines, bool has_any_rank)
+                 bool has_all_to_all_buffers, bool has_spans_machines, bool has_any_rank,
+                 bool has_exchange_with_peers)
       : comm_(std::move(comm)),
         rank_(rank),
         size_(size),
         has_all_to_all_(has_all_to_all),
         has_all_to_all_buffers_(has_all_to_all_buffers),
         has_spans_machines_(has_spans_machines),
-        has_any_rank_(has_any_rank) {}
+        has_any_rank_(has_any_rank),
+        has_exchange_with_peers_(has_exchange_with_peers) {}
 
   // AllToAll through the object's all_to_all_buffers.
   Result<std::vector<std::string>> AllToAllBuffers(std::vector<std::string> payloads);
@@ -89,6 +97,7 @@ class PyCommunicator final : public Communicator {
   bool has_all_to_all_buffers_;
   bool has_spans_machines_;
   bool has_any_rank_;
+  bool has_exchange_with_peers_;
   mutable std::optional<bool> spans_machines_;  // the object's answer, once asked
   std::optional<std::vector<int>> machine_ranks_;  // the object's answer, once asked
 };

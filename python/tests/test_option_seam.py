@@ -320,10 +320,30 @@ class BuffersComm(FakeComm):
         return (recv, recv_sizes) if self.bad is None else self.bad(recv, recv_sizes)
 
 
-def _load_columns_shared(path, full, bad=None):
-    """Two ranks load the column halves of ``full`` with shared reads through BuffersComm."""
+class PeersComm(BuffersComm):
+    """A BuffersComm with exchange_with_peers too, whose reply ``bad(received)`` may spoil; counts
+    its calls apart."""
+
+    def __init__(self, group, rank, bad=None):
+        super().__init__(group, rank)
+        self.bad_peers = bad
+        self.peer_calls = 0
+
+    def exchange_with_peers(self, sends, sources):
+        self.peer_calls += 1
+        outgoing = [b""] * self.size
+        for q, data in sends:
+            outgoing[q] = data
+        everyone = self._exchange(outgoing)
+        received = [everyone[s][self.rank] for s in sources]
+        return received if self.bad_peers is None else self.bad_peers(received)
+
+
+def _load_columns_shared(path, full, bad=None, comm_type=None):
+    """Two ranks load the column halves of ``full`` with shared reads through BuffersComm (or
+    ``comm_type``)."""
     group = FakeGroup(2)
-    comms = [BuffersComm(group, rank, bad) for rank in range(2)]
+    comms = [(comm_type or BuffersComm)(group, rank, bad) for rank in range(2)]
     half = full.shape[1] // 2
 
     def load(rank):
@@ -343,6 +363,30 @@ def test_all_to_all_buffers_carries_the_shared_reads(one_chunk):
     # One rank read the one stored chunk and sent the other its columns in one buffer.
     assert sum(bytes_read for _, _, _, bytes_read, _ in results) == full.nbytes
     assert all(c.calls >= 1 for c in comms)
+
+
+def test_exchange_with_peers_carries_the_shared_reads_instead_of_an_all_to_all(one_chunk):
+    path, full = one_chunk
+    results, comms = _load_columns_shared(path, full, comm_type=PeersComm)
+    assert sum(bytes_read for _, _, _, bytes_read, _ in results) == full.nbytes
+    # Every round went point to point (one call per round on each rank, the same count), and no
+    # all-to-all ran.
+    assert [c.calls for c in comms] == [0, 0]
+    assert comms[0].peer_calls >= 1 and comms[0].peer_calls == comms[1].peer_calls
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda received: received + [b"x"], "exchange_with_peers returned 2 payloads, expected one per source (1)"),
+    (lambda received: None, "exchange_with_peers returned None, expected a list of 1 bytes objects"),
+])
+def test_exchange_with_peers_reply_is_checked(one_chunk, bad, message):
+    """One rank reads the chunk and sends the other its columns: the receiver checks the reply,
+    and both ranks end with its error."""
+    path, full = one_chunk
+    results, _ = _load_columns_shared(path, full, bad, comm_type=PeersComm)
+    messages = [e.message for e in results if isinstance(e, _core.StatusError)]
+    assert any(m.endswith("communicator exchange_with_peers failed: " + message) for m in messages), \
+        messages
 
 
 class CountingComm(BuffersComm):
@@ -424,7 +468,7 @@ def test_a_load_that_shares_nothing_reads_its_own_without_exchanging(tmp_path, m
      ["all_to_all_buffers returned 2 sizes", "expected one non-negative size per rank (2)"]),
     (lambda recv, sizes: (7, sizes),
      ["all_to_all_buffers' received buffer is a int, expected a C-contiguous object with the buffer protocol"]),
-    (lambda recv, sizes: (np.zeros((2, recv.size + 1), dtype=np.uint8).T, sizes),
+    (lambda recv, sizes: (np.zeros((3, recv.size + 2), dtype=np.uint8).T, sizes),
      ["all_to_all_buffers' received buffer is a ndarray, expected a C-contiguous object"]),
     (lambda recv, sizes: [recv, sizes],
      ["all_to_all_buffers returned a list, expected a tuple (buffer, list of int)"]),

@@ -39,7 +39,8 @@ class CountingDist:
 
     def __getattr__(self, name: str):
         target = getattr(dist, name)
-        if name not in ("all_gather", "gather", "scatter", "broadcast", "send", "recv"):
+        if name not in ("all_gather", "gather", "scatter", "broadcast", "send", "recv", "isend",
+                        "irecv", "all_to_all_single", "all_reduce"):
             return target
 
         def counted(*args, **kwargs):
@@ -115,6 +116,42 @@ def test_collectives_return_every_payload_whatever_its_length():
         if rank == 1:
             expected.update(send=1, recv=1)
         assert overflowing == expected, f"rank {rank}"
+
+
+def peers_of(world: int, pattern: int) -> list[list[int]]:
+    """Who sends to whom in each pattern of the exchange test: rank s sends to the ranks in
+    ``peers_of(...)[s]``."""
+    if pattern == 0:
+        return [[(s + 1) % world] for s in range(world)]  # a ring
+    if pattern == 1:
+        return [list(range(world)) for _ in range(world)]  # everyone, itself included
+    return [[0] if s else [] for s in range(world)]  # all to rank 0, which sends nothing
+
+
+def exchange(rank: int, world: int) -> list:
+    comm = _dist.TorchComm(dist.group.WORLD)
+    failures = []
+    for pattern in range(3):
+        to = peers_of(world, pattern)
+        for lengths in ((0, 1, 5), (1 << 20, 3, 0)):
+            sends = [(q, payload(pattern * 10 + q, rank, lengths[(rank + q) % 3])) for q in to[rank]]
+            sources = [s for s in range(world) if rank in to[s]]
+            got = comm.exchange_with_peers(sends, sources)
+            expected = [payload(pattern * 10 + rank, s, lengths[(s + rank) % 3]) for s in sources]
+            if [bytes(g) for g in got] != expected:
+                failures.append((pattern, lengths, [len(g) for g in got]))
+    # A ring: two point-to-point messages to one peer and two from another (lengths, then data),
+    # no collective.
+    counting = CountingDist()
+    comm._dist = counting
+    comm.exchange_with_peers([((rank + 1) % world, b"abc")], [(rank - 1) % world])
+    return [failures, dict(counting.calls)]
+
+
+def test_exchange_with_peers_moves_bytes_between_the_peers_alone():
+    for rank, (failures, calls) in enumerate(run_ranks(WORLD, exchange)):
+        assert failures == [], f"rank {rank}"
+        assert calls == {"isend": 2, "irecv": 2}, f"rank {rank}"
 
 
 def test_slots_shrink_with_the_group():

@@ -4,6 +4,7 @@
 #ifndef SHARDPOINT_COMM_COMM_TEST_UTIL_H_
 #define SHARDPOINT_COMM_COMM_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -37,6 +38,10 @@ class ForwardingComm : public Communicator {
   Result<bool> AnyRank(bool flag) override { return inner_.AnyRank(flag); }
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> p) override {
     return inner_.AllToAll(std::move(p));
+  }
+  Result<std::vector<std::string>> ExchangeWithPeers(std::vector<std::pair<int, std::string>> p,
+                                                     const std::vector<int>& from) override {
+    return inner_.ExchangeWithPeers(std::move(p), from);
   }
   bool spans_machines() const override { return inner_.spans_machines(); }
   std::vector<int> machine_ranks() override { return inner_.machine_ranks(); }
@@ -130,10 +135,10 @@ inline Status CheckRootedCollectives(Communicator& comm, size_t size, int round,
   return OkStatus();
 }
 
-// Runs every collective on `comm` (the rooted ones once per root, then AllGather, AllToAll and
-// AnyRank), checking each result against its seed or flags. Rank r's payloads have
-// SizeOf(size, r) bytes. A transport error is returned at once; a wrong payload is returned after
-// every collective has run.
+// Runs every collective on `comm` (the rooted ones once per root, then AllGather, AllToAll,
+// ExchangeWithPeers and AnyRank), checking each result against its seed or flags. Rank r's
+// payloads have SizeOf(size, r) bytes. A transport error is returned at once; a wrong payload is
+// returned after every collective has run.
 inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
   const int n = comm.size();
   const int me = comm.rank();
@@ -156,6 +161,23 @@ inline Status CheckEveryCollective(Communicator& comm, size_t size, int round) {
   for (int s = 0; s < static_cast<int>(incoming.size()); ++s) {
     mismatch.Check(MatchesPayload(incoming[s], pair_size(s, me), Seed(round, s, 16 + me)),
                    "AllToAll", -1, s);
+  }
+  // ExchangeWithPeers: s sends to q when (s + q + round) % 3 != 0 (a rank sometimes to itself),
+  // the AllToAll's sizes again, so some payloads are exact multiples of a split's rounds.
+  auto peers = [&](int s, int q) { return (s + q + round) % 3 != 0; };
+  std::vector<std::pair<int, std::string>> sends;
+  std::vector<int> from;
+  for (int q = 0; q < n; ++q) {
+    if (!peers(me, q)) continue;
+    sends.emplace_back(q, MakePayload(pair_size(me, q), Seed(round, me, 48 + q)));
+    from.push_back(q);
+  }
+  SP_ASSIGN_OR_RETURN(auto from_peers, comm.ExchangeWithPeers(std::move(sends), from));
+  mismatch.Check(from_peers.size() == from.size(), "ExchangeWithPeers", -1, -1);
+  for (size_t i = 0; i < std::min(from.size(), from_peers.size()); ++i) {
+    const int s = from[i];
+    mismatch.Check(MatchesPayload(from_peers[i], pair_size(s, me), Seed(round, s, 48 + me)),
+                   "ExchangeWithPeers", -1, s);
   }
   // AnyRank: nobody, then each rank in turn alone, then everybody.
   for (int flagged = -1; flagged <= n; ++flagged) {

@@ -12,11 +12,17 @@
 #define SHARDPOINT_COMM_COMMUNICATOR_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardpoint/base/result.h"
 
 namespace sp {
+
+// Whether the lists of Communicator::ExchangeWithPeers name only ranks of a group of `size`, each
+// at most once in each list; InvalidArgument naming `rank`, the list and the rank otherwise.
+Status CheckPeerLists(const std::vector<std::pair<int, std::string>>& sends,
+                      const std::vector<int>& from, int rank, int size);
 
 class Communicator {
  public:
@@ -38,6 +44,18 @@ class Communicator {
   // sender, what every rank passed for r. The default runs one Scatter per rank (each rank in
   // turn as the root); implementations override it with a direct exchange.
   virtual Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads);
+  // Point to point among the ranks that exchange: this rank sends each (q, bytes) of `sends` to
+  // rank q, and receives one payload from each rank of `from`, returned in the order of `from`.
+  // Both lists name each rank at most once, and they must match across the group: q sends to r
+  // exactly when r lists q in `from` (a plan made for all ranks at once gives each rank its own
+  // lists). Every rank calls it at the same point, with empty lists when it exchanges nothing.
+  // What one rank moves grows with its peers, not with the group. A rank may name itself; its
+  // payload stays. The default runs one AllToAll (a collective), and fails on a payload from a
+  // rank not in `from`; implementations override it with sends and receives between the peers
+  // alone, where a mismatch waits for the message that never comes (so callers agree, before
+  // exchanging, that every rank got its lists).
+  virtual Result<std::vector<std::string>> ExchangeWithPeers(
+      std::vector<std::pair<int, std::string>> sends, const std::vector<int>& from);
   // Whether `flag` is true on any rank: the same answer on every rank. Protocols agree through it
   // that nothing failed, so that the common case moves one integer per rank and not a message
   // from every rank to every rank (comm/collective.h: AgreeOnStatus). The default runs an

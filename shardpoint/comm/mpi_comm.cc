@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <deque>
 #include <utility>
 
 namespace sp {
@@ -409,6 +410,79 @@ Result<std::vector<std::string>> MpiComm::AllToAll(std::vector<std::string> payl
     for (int s = 0; s < size_; ++s) received[s].append(recv.data() + rdispls[s], rcounts[s]);
   }
   received[rank_] = std::move(payloads[rank_]);
+  return received;
+}
+
+Result<std::vector<std::string>> MpiComm::ExchangeWithPeers(
+    std::vector<std::pair<int, std::string>> sends, const std::vector<int>& from) {
+  // Checked before anything is sent: a malformed list is this rank's error alone, and its peers
+  // would wait (the lists come from one plan, checked where it was decoded).
+  SP_RETURN_IF_ERROR(CheckPeerLists(sends, from, rank_, size_));
+  constexpr int kPeerTag = 0x5350;
+  const uint64_t limit = options_.max_message_bytes;
+  std::vector<MPI_Request> requests;
+  std::string own;  // this rank's payload to itself, which does not travel
+  for (const auto& [q, bytes] : sends) {
+    if (q == rank_) continue;
+    // Parts of `limit` bytes, then a shorter last one (empty when the payload is a multiple).
+    for (uint64_t at = 0;; at += limit) {
+      const int count = static_cast<int>(std::min<uint64_t>(limit, bytes.size() - at));
+      requests.emplace_back();
+      SP_RETURN_IF_ERROR(MpiCheck(MPI_Isend(bytes.data() + at, count, MPI_BYTE, q, kPeerTag,
+                                            comm_, &requests.back()),
+                                  "MPI_Isend", "ExchangeWithPeers"));
+      if (static_cast<uint64_t>(count) < limit) break;
+    }
+  }
+  for (auto& [q, bytes] : sends) {
+    if (q == rank_) own = std::move(bytes);
+  }
+  // Each part lands in a string of its own (a deque does not move them as it grows); a payload
+  // of several is joined once all have arrived.
+  std::deque<std::string> parts;
+  std::vector<std::pair<size_t, size_t>> of_sender;  // per entry of `from`: first part, count
+  for (int s : from) {
+    of_sender.emplace_back(parts.size(), 0);
+    if (s == rank_) continue;
+    for (;;) {
+      MPI_Message message;
+      MPI_Status status;
+      SP_RETURN_IF_ERROR(MpiCheck(MPI_Mprobe(s, kPeerTag, comm_, &message, &status),
+                                  "MPI_Mprobe", "ExchangeWithPeers"));
+      int count = 0;
+      SP_RETURN_IF_ERROR(MpiCheck(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count",
+                                  "ExchangeWithPeers"));
+      std::string& part = parts.emplace_back(static_cast<size_t>(count), '\0');
+      ++of_sender.back().second;
+      requests.emplace_back();
+      SP_RETURN_IF_ERROR(MpiCheck(
+          MPI_Imrecv(part.data(), count, MPI_BYTE, &message, &requests.back()), "MPI_Imrecv",
+          "ExchangeWithPeers"));
+      if (static_cast<uint64_t>(count) < limit) break;
+    }
+  }
+  SP_RETURN_IF_ERROR(MpiCheck(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                                          MPI_STATUSES_IGNORE),
+                              "MPI_Waitall", "ExchangeWithPeers"));
+  std::vector<std::string> received(from.size());
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] == rank_) {
+      received[i] = std::move(own);
+      continue;
+    }
+    const auto [first, count] = of_sender[i];
+    if (count == 1) {
+      received[i] = std::move(parts[first]);
+      continue;
+    }
+    size_t total = 0;
+    for (size_t j = first; j < first + count; ++j) total += parts[j].size();
+    received[i].reserve(total);
+    for (size_t j = first; j < first + count; ++j) {
+      received[i] += parts[j];
+      std::string().swap(parts[j]);
+    }
+  }
   return received;
 }
 

@@ -5,10 +5,12 @@
 // MPI_Allgatherv or MPI_Bcast. Gather and Scatter move sizes to and from the root only: the root
 // learns every rank's size, and each other rank only its own, where it lies among all the
 // payloads and their total (what its part of each round follows from), so that what a rank
-// receives does not grow with the group. MPI counts and displacements are ints, so a transfer is split into
-// rounds that move at most `max_message_bytes` (default 1 GiB) in all; payloads of any size,
-// beyond 2 GiB included, go through. A rank's own payload never travels: the root of Gather and
-// Scatter keeps its own buffer, and AllGather moves each rank's own payload into its result.
+// receives does not grow with the group. MPI counts and displacements are ints, so a transfer is
+// split into rounds that move at most `max_message_bytes` (default 1 GiB) in all; payloads of any
+// size, beyond 2 GiB included, go through. A rank's own payload never travels: the root of Gather
+// and Scatter keeps its own buffer, and AllGather moves each rank's own payload into its result.
+// ExchangeWithPeers is no collective: point-to-point messages between the ranks that exchange,
+// in parts of at most `max_message_bytes` each, whose sizes the receiver learns by probing.
 //
 // Errors. The wrapped communicator is duplicated (so shardpoint's messages never mix with the
 // application's) and set to MPI_ERRORS_RETURN; a failed MPI call returns kUnavailable naming the
@@ -72,6 +74,12 @@ class MpiComm final : public Communicator {
   // payload), MPI_Alltoall of the sizes, then MPI_Alltoallv in rounds that move at most
   // max_message_bytes / size() bytes of each pair's payload.
   Result<std::vector<std::string>> AllToAll(std::vector<std::string> payloads) override;
+  // MPI_Isend of each payload to its peer, then, for each rank in `from`, MPI_Mprobe and
+  // MPI_Imrecv of what it sent; nothing else moves. A payload travels as messages of at most
+  // max_message_bytes, the last one shorter (possibly empty), which tells the receiver it is the
+  // last; messages of one sender arrive in order (MPI does not overtake), so rounds do not mix.
+  Result<std::vector<std::string>> ExchangeWithPeers(std::vector<std::pair<int, std::string>> sends,
+                                                     const std::vector<int>& from) override;
 
  private:
   MpiComm(MPI_Comm comm, int rank, int size, MpiCommOptions options, bool spans_machines,

@@ -265,6 +265,33 @@ TEST(ThreadCommTest, DefaultAllToAllThroughScatters) {
   }
 }
 
+// The default ExchangeWithPeers (one AllToAll) checks the lists it is given: a rank named twice or
+// out of the group is the caller's error (the others still complete the collective), and a
+// payload from a rank the receiver does not list is the receiver's.
+TEST(ThreadCommTest, ExchangeWithPeersRefusesListsThatDoNotMatch) {
+  auto statuses = RunRanks(3, [&](Communicator& comm) -> Status {
+    std::vector<std::pair<int, std::string>> sends;
+    std::vector<int> from;
+    if (comm.rank() == 1) sends.emplace_back(7, "x");
+    if (comm.rank() == 0) sends.emplace_back(2, "four");
+    return comm.ExchangeWithPeers(std::move(sends), from).status();
+  });
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_EQ(statuses[1], InvalidArgumentError(
+                             "ExchangeWithPeers: rank 1 sends to rank 7, expected a rank of 0..2"));
+  EXPECT_EQ(statuses[2], InvalidArgumentError("ExchangeWithPeers: rank 0 sent 4 bytes to rank 2, "
+                                              "which does not receive from it"));
+  statuses = RunRanks(2, [&](Communicator& comm) -> Status {
+    std::vector<std::pair<int, std::string>> sends;
+    sends.emplace_back(1 - comm.rank(), "a");
+    if (comm.rank() == 0) sends.emplace_back(1, "b");
+    return comm.ExchangeWithPeers(std::move(sends), {1 - comm.rank(), 1 - comm.rank()}).status();
+  });
+  EXPECT_EQ(statuses[0], InvalidArgumentError("ExchangeWithPeers: rank 0 sends to rank 1 twice"));
+  EXPECT_EQ(statuses[1],
+            InvalidArgumentError("ExchangeWithPeers: rank 1 receives from rank 0 twice"));
+}
+
 TEST(ThreadCommTest, AllToAllMovesBuffersAndChecksCounts) {
   constexpr int kRanks = 3;
   std::vector<std::vector<const char*>> sent(kRanks, std::vector<const char*>(kRanks));

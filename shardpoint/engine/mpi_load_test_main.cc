@@ -5,7 +5,10 @@
 // reads through shared memory (each stored byte has one reader then); chunks larger than a round
 // of the exchange are shared in bands of rows, each process reading its share. Rank 0 prints one
 // line per failed check and then "N passed, M failed"; the exit status is non-zero when any
-// check failed on any rank.
+// check failed on any rank. Then the same ranks say they run on separate machines: shared reads go
+// through the communicator, round by round, point to point between the ranks that exchange
+// (MpiComm::ExchangeWithPeers), bit-exact, each stored byte read once, and a corrupt chunk read
+// for others fails every rank with its reader's error.
 //
 // Usage: mpirun -np 4 mpi_load_test
 #include <mpi.h>
@@ -19,6 +22,7 @@
 
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/mpi_comm.h"
 #include "shardpoint/engine/mpi_test_checks.h"
 
@@ -41,6 +45,16 @@ std::vector<float> Block(int64_t row, int64_t rows, int64_t col, int64_t cols) {
   }
   return out;
 }
+
+// The ranks as if each ran on a machine of its own: a load shares its reads through the
+// communicator (engine/read_exchange.h), as a job on several machines does, not through shared
+// memory.
+class AcrossMachines final : public testing::ForwardingComm {
+ public:
+  using ForwardingComm::ForwardingComm;
+  bool spans_machines() const override { return true; }
+  std::vector<int> machine_ranks() override { return {rank()}; }
+};
 
 void Run(Communicator& comm, MpiChecks& checks) {
   const int rank = comm.rank();
@@ -77,20 +91,22 @@ void Run(Communicator& comm, MpiChecks& checks) {
 
   // Loads `box` of the tensor with `gate` on and `share` reads; returns what read_gate_ranks
   // said, -1 on error.
-  auto load = [&](const Box& box, bool gate, std::optional<bool> share, const std::string& name) {
+  auto load = [&](const Box& box, bool gate, std::optional<bool> share, const std::string& name,
+                  Communicator* via = nullptr, uint64_t* bytes_read = nullptr) {
     std::vector<float> out(static_cast<size_t>(box.sizes[0] * box.sizes[1]), -1.0f);
     LoadState state;
     state.tensors.push_back(LoadTensor{
         "w", DType::kFloat32, {kRows, kCols},
         {PieceView{box, reinterpret_cast<std::byte*>(out.data())}}});
     LoadOptions options;
-    options.comm = &comm;
+    options.comm = via != nullptr ? via : &comm;
     options.machine_read_gate = gate;
     options.share_reads = share;
     Result<LoadResult> loaded = Load(state, path, options);
     checks.Expect(name, loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
     checks.Expect(name + " is bit-exact",
                   out == Block(box.offsets[0], box.sizes[0], box.offsets[1], box.sizes[1]));
+    if (bytes_read != nullptr) *bytes_read = loaded.ok() ? loaded->bytes_read : 0;
     return loaded.ok() ? loaded->read_gate_ranks : -1;
   };
   const Box same{{rank * rows, 0}, {rows, kCols}};
@@ -106,7 +122,7 @@ void Run(Communicator& comm, MpiChecks& checks) {
 
   // Columns of chunks whose exchange exceeds a round: shared in bands of rows
   // (engine/read_exchange.h), each process reading about a quarter of the bytes.
-  {
+  auto big_columns = [&](Communicator& via, const std::string& name) -> Result<LoadResult> {
     const int64_t cols = kBigCols / n;
     std::vector<float> out(static_cast<size_t>(n * kBigRows * cols), -1.0f);
     LoadState state;
@@ -115,17 +131,67 @@ void Run(Communicator& comm, MpiChecks& checks) {
         {PieceView{Box{{0, rank * cols}, {n * kBigRows, cols}},
                    reinterpret_cast<std::byte*>(out.data())}}});
     LoadOptions options;
-    options.comm = &comm;
+    options.comm = &via;
     options.memory_budget_bytes = kSmallBudget;
     Result<LoadResult> loaded = Load(state, path, options);
-    checks.Expect("columns in bands", loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
-    checks.Expect("columns in bands are bit-exact",
-                  out == Block(0, n * kBigRows, rank * cols, cols));
+    if (!loaded.ok()) return loaded;
+    checks.Expect(name + " are bit-exact", out == Block(0, n * kBigRows, rank * cols, cols));
     const uint64_t stored = static_cast<uint64_t>(n * kBigRows * kBigCols) * 4;
-    const uint64_t read = loaded.ok() ? loaded->bytes_read : 0;
-    checks.Expect("columns in bands: each process reads its share",
-                  read > 0 && read <= stored / n + stored / 8,
-                  std::to_string(read) + " of " + std::to_string(stored) + " bytes");
+    checks.Expect(name + ": each process reads its share",
+                  loaded->bytes_read > 0 && loaded->bytes_read <= stored / n + stored / 8,
+                  std::to_string(loaded->bytes_read) + " of " + std::to_string(stored) + " bytes");
+    return loaded;
+  };
+  {
+    Result<LoadResult> loaded = big_columns(comm, "columns in bands");
+    checks.Expect("columns in bands", loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
+  }
+
+  // Across machines: the regions go point to point, round by round.
+  AcrossMachines across(comm);
+  {
+    uint64_t read = 0;
+    load(columns, true, std::nullopt, "resharded across machines", &across, &read);
+    unsigned long long mine_read = read, all_read = 0;
+    MPI_Allreduce(&mine_read, &all_read, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    checks.Expect("resharded across machines: each stored byte read once",
+                  all_read == static_cast<unsigned long long>(kRows * kCols) * 4,
+                  std::to_string(all_read) + " bytes read in all");
+    Result<LoadResult> loaded = big_columns(across, "columns in bands across machines");
+    checks.Expect("columns in bands across machines", loaded.ok(),
+                  loaded.ok() ? "" : loaded.status().ToString());
+  }
+  // A flipped byte in the last stored chunk of "big": the rank that reads it for the others
+  // finds it, and every rank returns its error.
+  {
+    Result<CheckpointMetadata> md = ReadCheckpointMetadata(path);
+    checks.Expect("metadata", md.ok(), md.ok() ? "" : md.status().ToString());
+    std::string flipped;
+    if (md.ok() && rank == 0) {
+      for (const TensorMetadata& t : md->tensors) {
+        if (t.name != "big") continue;
+        const StoredChunk& chunk = t.chunks.back();
+        const DataFile& file = md->files[chunk.file];
+        flipped = path + "/" + file.name;
+        std::FILE* f = std::fopen(flipped.c_str(), "r+b");
+        const long at = static_cast<long>(file.data_start + chunk.data_offset + 1000);
+        int byte = f != nullptr && std::fseek(f, at, SEEK_SET) == 0 ? std::fgetc(f) : EOF;
+        if (byte != EOF && std::fseek(f, at, SEEK_SET) == 0) std::fputc(byte ^ 0x10, f);
+        if (f != nullptr) std::fclose(f);
+      }
+    }
+    Result<LoadResult> loaded = big_columns(across, "a corrupt chunk");
+    const std::string message = loaded.ok() ? "" : loaded.status().ToString();
+    // Every rank returns the same error, the reader's: the chunk, its file and which rank read it.
+    char first[1024] = {};
+    if (rank == 0) std::snprintf(first, sizeof(first), "%s", message.c_str());
+    MPI_Bcast(first, sizeof(first), MPI_CHAR, 0, MPI_COMM_WORLD);
+    checks.Expect("a corrupt chunk fails every rank with one error",
+                  !loaded.ok() && loaded.status().code() == StatusCode::kDataLoss &&
+                      message.rfind("DATA_LOSS: rank ", 0) == 0 &&
+                      message.find("checksum mismatch in tensor 'big'") != std::string::npos &&
+                      message.substr(0, sizeof(first) - 1) == first,
+                  message);
   }
 
   MPI_Barrier(MPI_COMM_WORLD);

@@ -165,15 +165,26 @@ std::vector<Slab> CutSlabs(const Box& chunk, const Box& region, size_t element_s
   }
 }
 
-Status ReadSlab(Job& job, const ReadRequest& r, const Slab& slab) {
+// A slab of one chunk and the sliced reads it serves: read once, whatever their count (ranks
+// that split a large chunk's columns each take the same rows).
+struct SharedSlab {
+  Slab slab;
+  std::vector<const ReadRequest*> users;
+};
+
+Status ReadSlab(Job& job, const SharedSlab& shared) {
+  const Slab& slab = shared.slab;
   AlignedBuffer buffer = job.staging.Acquire(slab.end - slab.begin);
   Status status = [&]() -> Status {
-    SP_RETURN_IF_ERROR(ReadChunkBytes(RefFor(job, r), slab.begin, slab.end, buffer.data(),
-                                      job.options.verify, &job.bytes_read));
-    std::optional<Box> part = Intersect(r.region, slab.box);
-    if (!part) return OkStatus();
-    return CopyToDestination(ConstChunkView{buffer.data(), slab.box, DTypeSize(r.stored->dtype)},
-                             *part, r);
+    SP_RETURN_IF_ERROR(ReadChunkBytes(RefFor(job, *shared.users.front()), slab.begin, slab.end,
+                                      buffer.data(), job.options.verify, &job.bytes_read));
+    for (const ReadRequest* r : shared.users) {
+      std::optional<Box> part = Intersect(r->region, slab.box);
+      if (!part) continue;
+      SP_RETURN_IF_ERROR(CopyToDestination(
+          ConstChunkView{buffer.data(), slab.box, DTypeSize(r->stored->dtype)}, *part, *r));
+    }
+    return OkStatus();
   }();
   job.staging.Release(std::move(buffer));
   return status;
@@ -747,6 +758,8 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   std::deque<Scattered> scattered;
   std::set<const StoredChunk*> in_place;  // chunks read scattered
+  // Sliced reads, one per distinct slab of a chunk (a map: stable addresses for the tasks).
+  std::map<std::tuple<const StoredChunk*, uint64_t, uint64_t>, SharedSlab> slabs;
   for (const ReadRequest& r : requests) {
     if (r.chunk->encoding == ChunkEncoding::kDriverDecoded) {
       decoded[r.chunk].push_back(&r);
@@ -769,11 +782,12 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     }
     Slab rows = RowCover(r.chunk->box, r.region, es);
     if (rows.end - rows.begin > options.window) {
-      const StoredChunkRef ref = RefFor(job, r);
+      // Slabs are cut at the same rows for every request of the chunk that spans them (the
+      // window's rows from the region's first), so requests that split the same rows share each.
       for (Slab& slab : CutSlabs(r.chunk->box, r.region, es, options.window)) {
-        const auto [offset, length] = TouchedRange(job, ref, slab.begin, slab.end);
-        tasks.push_back(Task{ref.file, offset, length,
-                             [&job, &r, slab](DepthSlot&) { return ReadSlab(job, r, slab); }});
+        auto [at, fresh] = slabs.try_emplace(std::make_tuple(r.chunk, slab.begin, slab.end));
+        if (fresh) at->second.slab = std::move(slab);
+        at->second.users.push_back(&r);
       }
       continue;
     }
@@ -781,6 +795,14 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     const uint64_t lo = rows.begin / bs * bs;
     const uint64_t hi = std::min(r.chunk->byte_length, (rows.end + bs - 1) / bs * bs);
     staged.push_back(Staged{&r, std::move(rows), file_offset + lo, file_offset + hi});
+  }
+
+  for (const auto& [key, shared] : slabs) {
+    const StoredChunkRef ref = RefFor(job, *shared.users.front());
+    const auto [offset, length] = TouchedRange(job, ref, shared.slab.begin, shared.slab.end);
+    tasks.push_back(Task{ref.file, offset, length, [&job, &one = shared](DepthSlot&) {
+                           return ReadSlab(job, one);
+                         }});
   }
 
   // Every staged and direct read in file order, grouped into extents.

@@ -14,7 +14,10 @@
 //    the runs (other columns, the edges of checksum blocks) lands in staging, so every block is
 //    still verified in the same pass, and nothing is copied afterwards. Cut at the same file
 //    offsets as direct reads;
-//  - sliced: a staged read whose rows alone exceed `window` is cut into slabs read one at a time.
+//  - sliced: a staged read whose rows alone exceed `window` is cut into slabs read one at a time;
+//    the slabs start at the region's first row, so reads of one chunk that span the same rows
+//    (other columns of it: what a rank reads for the ranks it shares the chunk with) share each
+//    slab, read once.
 // Direct and staged reads of one file are grouped, in file order, into extents of consecutive
 // bytes of at most kMaxSpanBytes, each read with one scatter read (ReadableFile::ReadVAt) into
 // the destinations and one staging buffer, so that the device sees large sequential reads even

@@ -104,6 +104,53 @@ TEST_F(UncheckedReadTest, WholeTensorTakesTheDirectPath) {
   LoadAndCheck(Box{{0, 0}, {512, 512}}, uint64_t{64} << 20);
 }
 
+// Requests that split the columns of chunks whose rows exceed the window (what a rank reads for
+// the ranks it shares a chunk with) are sliced at the same rows: each slab is read once for all
+// of them, not once per request.
+TEST_F(UncheckedReadTest, SlicedReadsOfTheSameRowsShareEachSlab) {
+  Build(256, 64);  // two chunks of 128 rows of 256 bytes; the window holds 16 rows
+  const int64_t quarter = 16;
+  std::vector<std::vector<float>> outs(4);
+  std::vector<ReadRequest> requests;
+  const TensorMetadata& stored = metadata_.tensors[0];
+  for (int64_t q = 0; q < 4; ++q) {
+    // Two quarters take every row; the others rows 10-199, cut at other rows.
+    const Box piece = q < 2 ? Box{{0, q * quarter}, {256, quarter}}
+                            : Box{{10, q * quarter}, {190, quarter}};
+    outs[q].assign(static_cast<size_t>(piece.volume()), -1.0f);
+    const ReadDestination dest{reinterpret_cast<std::byte*>(outs[q].data()), piece,
+                               DType::kFloat32};
+    for (size_t c = 0; c < stored.chunks.size(); ++c) {
+      if (std::optional<Box> region = Intersect(stored.chunks[c].box, piece)) {
+        requests.push_back(MakeReadRequest(stored, c, dest, *region));
+      }
+    }
+  }
+  ThreadPool pool(3);
+  ReadExecutorOptions options;
+  options.window = 4096;
+  options.scatter_min_run_bytes = uint64_t{1} << 20;  // column runs are staged, not scattered
+  options.max_gap_bytes = 0;
+  Result<uint64_t> read = ExecuteReads(requests, metadata_, files_, pool, options);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (int64_t q = 0; q < 4; ++q) {
+    const int64_t first = q < 2 ? 0 : 10, rows = q < 2 ? 256 : 190;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < quarter; ++c) {
+        ASSERT_EQ(outs[q][static_cast<size_t>(r * quarter + c)],
+                  values_[static_cast<size_t>((first + r) * cols_ + q * quarter + c)])
+            << "quarter " << q << " at " << r << "," << c;
+      }
+    }
+  }
+  // Slabs start at the region's first row in its chunk and hold 16 rows. The first two quarters
+  // share every slab: all 256 rows once. The other two share theirs: in the first chunk rows
+  // 10-127 (118 rows), cut at other rows than the first two's, once more; in the second, rows
+  // 128-199 are cut at the first two's rows, so only the last slab (rows 192-199, 8 rows) is a
+  // slab of their own. Before, each request read its own slabs: 256 x 2 + 190 x 2 rows.
+  EXPECT_EQ(*read, static_cast<uint64_t>(256 + 118 + 8) * cols_ * 4);
+}
+
 TEST_F(UncheckedReadTest, DecodedChunkWithoutADecoderIsAClearError) {
   Build(8, 8);
   metadata_.tensors[0].chunks[1].encoding = ChunkEncoding::kDriverDecoded;

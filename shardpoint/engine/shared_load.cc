@@ -50,22 +50,21 @@ void PackRegionReads(const CheckpointMetadata& metadata, const std::vector<Chunk
 // Requests that read other ranks' regions into the payloads sent to them.
 class Outgoing {
  public:
-  Outgoing(const CheckpointMetadata& metadata, int ranks) : metadata_(metadata), payloads_(ranks) {}
+  explicit Outgoing(const CheckpointMetadata& metadata) : metadata_(metadata) {}
 
-  // Sizes payload q for `needs` and appends a request per need, reading into it.
+  // Sizes rank q's payload for `needs` and appends a request per need, reading into it.
   void Add(int q, const std::vector<ChunkNeed>& needs, std::vector<ReadRequest>& requests) {
-    std::string& payload = payloads_[q];
-    const uint64_t total = PackedBytesOf(metadata_, needs);
-    payload.reserve(total + 1);  // + the envelope's tag, so the payload moves uncopied
-    payload.resize(total);
+    std::string& payload = payloads_.emplace_back(q, std::string()).second;
+    payload.resize(PackedBytesOf(metadata_, needs));
     PackRegionReads(metadata_, needs, reinterpret_cast<std::byte*>(payload.data()), requests);
   }
 
-  std::vector<std::string> Take() { return std::move(payloads_); }
+  // (rank, payload), in the order added.
+  std::vector<std::pair<int, std::string>> Take() { return std::move(payloads_); }
 
  private:
   const CheckpointMetadata& metadata_;
-  std::vector<std::string> payloads_;
+  std::vector<std::pair<int, std::string>> payloads_;
 };
 
 // Copies the regions other ranks read for this rank out of their payloads, in tasks on the pool
@@ -74,15 +73,18 @@ class Unpacker {
  public:
   explicit Unpacker(ThreadPool& pool) : group_(&pool) {}
 
-  // Copies out of payloads received as bytes, which it keeps until Wait().
+  // Copies out of payloads received as bytes, which it keeps until Wait(): payloads[i] is from
+  // the i-th sender of round.receive.
   void Start(std::vector<std::string> payloads, const ExchangeRound& round,
              const std::vector<ReadRequest>& requests) {
     payloads_ = std::move(payloads);
-    std::vector<std::span<const std::byte>> views;
-    for (const std::string& payload : payloads_) {
-      views.emplace_back(reinterpret_cast<const std::byte*>(payload.data()), payload.size());
+    for (size_t i = 0; i < round.receive.size(); ++i) {
+      const auto& [s, receive] = round.receive[i];
+      StartView(s,
+                std::span<const std::byte>(reinterpret_cast<const std::byte*>(payloads_[i].data()),
+                                           payloads_[i].size()),
+                receive, requests);
     }
-    StartViews(views, round, requests);
   }
 
   // Copies out of payloads that stay where they are until Wait(); views[s] is sender s's payload
@@ -546,11 +548,11 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   struct RoundReads {
     Status status;
     uint64_t bytes = 0;
-    std::vector<std::string> payloads;
+    std::vector<std::pair<int, std::string>> payloads;  // (rank, its regions), as in round.send
   };
   auto read_round = [&](const ExchangeRound& round) {
     RoundReads out;
-    Outgoing outgoing(metadata, comm.size());
+    Outgoing outgoing(metadata);
     std::vector<ReadRequest> requests;
     for (size_t i : round.own) requests.push_back(planned[i]);
     for (const auto& [q, send] : round.send) outgoing.Add(q, send, requests);
@@ -588,11 +590,19 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
     if (reading.valid()) done = reading.get();
     if (local.ok()) local = done.status;
     bytes_read += done.bytes;
+    // One flag says whether any rank failed; if none did, each rank sends its regions to the ranks
+    // it reads for and receives from those that read for it, and nothing moves between the
+    // others. On a failure every rank stops here, in the same round, and the load agrees on the
+    // lowest failing rank's error (SharedOutcome::agreed false).
+    Result<bool> failed = comm.AnyRank(!local.ok());
+    if (!failed.ok()) return {failed.status(), true};
+    if (*failed) break;
     start_reading(k + 1);
-    Result<std::vector<std::string>> payloads =
-        local.ok() ? Result<std::vector<std::string>>(std::move(done.payloads))
-                   : Result<std::vector<std::string>>(local);
-    Result<std::vector<std::string>> received = AllToAllOrFail(comm, std::move(payloads));
+    std::vector<int> from;
+    from.reserve(round.receive.size());
+    for (const auto& [s, receive] : round.receive) from.push_back(s);
+    Result<std::vector<std::string>> received =
+        comm.ExchangeWithPeers(std::move(done.payloads), from);
     if (!received.ok()) return {received.status(), true};
     finish_unpacking();
     if (local.ok()) {
