@@ -422,48 +422,55 @@ Result<std::vector<std::string>> MpiComm::ExchangeWithPeers(
   const uint64_t limit = options_.max_message_bytes;
   std::vector<MPI_Request> requests;
   std::string own;  // this rank's payload to itself, which does not travel
-  for (const auto& [q, bytes] : sends) {
-    if (q == rank_) continue;
-    // Parts of `limit` bytes, then a shorter last one (empty when the payload is a multiple).
-    for (uint64_t at = 0;; at += limit) {
-      const int count = static_cast<int>(std::min<uint64_t>(limit, bytes.size() - at));
-      requests.emplace_back();
-      SP_RETURN_IF_ERROR(MpiCheck(MPI_Isend(bytes.data() + at, count, MPI_BYTE, q, kPeerTag,
-                                            comm_, &requests.back()),
-                                  "MPI_Isend", "ExchangeWithPeers"));
-      if (static_cast<uint64_t>(count) < limit) break;
-    }
-  }
-  for (auto& [q, bytes] : sends) {
-    if (q == rank_) own = std::move(bytes);
-  }
   // Each part lands in a string of its own (a deque does not move them as it grows); a payload
   // of several is joined once all have arrived.
   std::deque<std::string> parts;
   std::vector<std::pair<size_t, size_t>> of_sender;  // per entry of `from`: first part, count
-  for (int s : from) {
-    of_sender.emplace_back(parts.size(), 0);
-    if (s == rank_) continue;
-    for (;;) {
-      MPI_Message message;
-      MPI_Status status;
-      SP_RETURN_IF_ERROR(MpiCheck(MPI_Mprobe(s, kPeerTag, comm_, &message, &status),
-                                  "MPI_Mprobe", "ExchangeWithPeers"));
-      int count = 0;
-      SP_RETURN_IF_ERROR(MpiCheck(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count",
-                                  "ExchangeWithPeers"));
-      std::string& part = parts.emplace_back(static_cast<size_t>(count), '\0');
-      ++of_sender.back().second;
-      requests.emplace_back();
-      SP_RETURN_IF_ERROR(MpiCheck(
-          MPI_Imrecv(part.data(), count, MPI_BYTE, &message, &requests.back()), "MPI_Imrecv",
-          "ExchangeWithPeers"));
-      if (static_cast<uint64_t>(count) < limit) break;
+  Status posted = [&]() -> Status {
+    for (const auto& [q, bytes] : sends) {
+      if (q == rank_) continue;
+      // Parts of `limit` bytes, then a shorter last one (empty when the payload is a multiple).
+      for (uint64_t at = 0;; at += limit) {
+        const int count = static_cast<int>(std::min<uint64_t>(limit, bytes.size() - at));
+        requests.push_back(MPI_REQUEST_NULL);
+        SP_RETURN_IF_ERROR(MpiCheck(MPI_Isend(bytes.data() + at, count, MPI_BYTE, q, kPeerTag,
+                                              comm_, &requests.back()),
+                                    "MPI_Isend", "ExchangeWithPeers"));
+        if (static_cast<uint64_t>(count) < limit) break;
+      }
     }
+    for (int s : from) {
+      of_sender.emplace_back(parts.size(), 0);
+      if (s == rank_) continue;
+      for (;;) {
+        MPI_Message message;
+        MPI_Status status;
+        SP_RETURN_IF_ERROR(MpiCheck(MPI_Mprobe(s, kPeerTag, comm_, &message, &status),
+                                    "MPI_Mprobe", "ExchangeWithPeers"));
+        int count = 0;
+        SP_RETURN_IF_ERROR(MpiCheck(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count",
+                                    "ExchangeWithPeers"));
+        std::string& part = parts.emplace_back(static_cast<size_t>(count), '\0');
+        ++of_sender.back().second;
+        requests.push_back(MPI_REQUEST_NULL);
+        SP_RETURN_IF_ERROR(MpiCheck(
+            MPI_Imrecv(part.data(), count, MPI_BYTE, &message, &requests.back()), "MPI_Imrecv",
+            "ExchangeWithPeers"));
+        if (static_cast<uint64_t>(count) < limit) break;
+      }
+    }
+    return OkStatus();
+  }();
+  // Whatever was posted completes before this frame (which holds the buffers) goes, also when a
+  // call failed: the peers run the same exchange, so it does unless the job itself is failing.
+  const Status waited = MpiCheck(
+      MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+      "MPI_Waitall", "ExchangeWithPeers");
+  SP_RETURN_IF_ERROR(posted);
+  SP_RETURN_IF_ERROR(waited);
+  for (auto& [q, bytes] : sends) {
+    if (q == rank_) own = std::move(bytes);
   }
-  SP_RETURN_IF_ERROR(MpiCheck(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                                          MPI_STATUSES_IGNORE),
-                              "MPI_Waitall", "ExchangeWithPeers"));
   std::vector<std::string> received(from.size());
   for (size_t i = 0; i < from.size(); ++i) {
     if (from[i] == rank_) {
