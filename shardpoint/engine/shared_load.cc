@@ -532,7 +532,7 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   const ExchangePlan plan = std::move(made).value();
   if (plan.shared_chunks == 0) {
     // Nothing to exchange: every rank was sent the same count (LoadSharedOnMachine), and reads its
-    // own without the rounds' all-to-alls.
+    // own without the rounds' exchanges.
     return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
   }
   Prepared& p = *prepared;
