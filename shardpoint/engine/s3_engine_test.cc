@@ -97,6 +97,18 @@ TEST_F(S3EngineTest, AReshardedLoadReadsEachStoredByteOnce) {
   EXPECT_EQ(alone[0] + alone[1] + alone[2], 3 * stored);
 }
 
+// The same load by ranks on separate machines: the reader of each chunk sends the others their
+// columns through the communicator, round by round, and each stored byte is still read once.
+TEST_F(S3EngineTest, AReshardedLoadAcrossMachinesReadsEachStoredByteOnce) {
+  const std::string url = "s3://ckpts/shared-reads-across-machines";
+  ASSERT_TRUE(SaveStep(url, 8, false).ok());
+  std::vector<uint64_t> read;
+  Status loaded = testing::LoadColumnSplitAndCheck(url, 8, kRows, kCols, 3, nullptr, &read,
+                                                   std::nullopt, /*across_machines=*/true);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  EXPECT_EQ(read[0] + read[1] + read[2], kRows * kCols * sizeof(float));
+}
+
 // Saves w of step `step` from one rank through `store` (the URL's own when null).
 Status SaveOneRank(const std::string& url, int step, bool overwrite, Store* store) {
   return testing::FirstError(testing::SaveRowSplit(url, step, kRows, kCols, 1, store, overwrite));

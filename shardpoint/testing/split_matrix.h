@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
 
 namespace sp::testing {
@@ -51,14 +52,28 @@ inline std::vector<Status> SaveRowSplit(const std::string& url, int step, int64_
   });
 }
 
+// The ranks of a ThreadComm as if each ran on a machine of its own: a load shares its reads by
+// sending regions between them (engine/read_exchange.h), not by copying in one address space.
+class AcrossMachinesComm final : public ForwardingComm {
+ public:
+  using ForwardingComm::ForwardingComm;
+  bool shares_memory() const override { return false; }
+  bool spans_machines() const override { return true; }
+  std::vector<int> machine_ranks() override { return {rank()}; }
+};
+
 // Loads w split by columns over `ranks` ranks through `store` and checks the object and every
-// element against step `step`. `bytes_read`, when given, gets the bytes each rank read.
+// element against step `step`. `bytes_read`, when given, gets the bytes each rank read. With
+// `across_machines` the ranks say they run on separate machines (AcrossMachinesComm).
 inline Status LoadColumnSplitAndCheck(const std::string& url, int step, int64_t rows, int64_t cols,
                                       int ranks, Store* store,
                                       std::vector<uint64_t>* bytes_read = nullptr,
-                                      std::optional<bool> share_reads = std::nullopt) {
+                                      std::optional<bool> share_reads = std::nullopt,
+                                      bool across_machines = false) {
   if (bytes_read != nullptr) bytes_read->assign(ranks, 0);
-  return FirstError(RunRanks(ranks, [&](Communicator& comm) -> Status {
+  return FirstError(RunRanks(ranks, [&](Communicator& threads) -> Status {
+    AcrossMachinesComm apart(threads);
+    Communicator& comm = across_machines ? static_cast<Communicator&>(apart) : threads;
     const int64_t per_rank = (cols + ranks - 1) / ranks, first = comm.rank() * per_rank;
     const int64_t mine_cols = std::max<int64_t>(0, std::min(per_rank, cols - first));
     std::vector<float> mine(rows * mine_cols, -1.0f);
