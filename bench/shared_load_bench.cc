@@ -41,19 +41,11 @@ constexpr int64_t kCols = 4096;  // float32: 16 KiB rows
 
 using bench::Median;
 
-// Each rank a machine of its own: loads share reads through the communicator, not through
-// shared memory.
-class AcrossMachines : public testing::ForwardingComm {
+// Rounds through an all-to-all of the group (the default ExchangeWithPeers), over ranks that say
+// they run on machines of their own (testing::AcrossMachinesComm).
+class AllToAllRounds final : public testing::ForwardingComm {
  public:
   using ForwardingComm::ForwardingComm;
-  bool spans_machines() const override { return true; }
-  std::vector<int> machine_ranks() override { return {rank()}; }
-};
-
-// ... whose rounds go through an all-to-all of the group (the default ExchangeWithPeers).
-class AllToAllRounds final : public AcrossMachines {
- public:
-  using AcrossMachines::AcrossMachines;
   Result<std::vector<std::string>> ExchangeWithPeers(std::vector<std::pair<int, std::string>> p,
                                                      const std::vector<int>& from) override {
     return Communicator::ExchangeWithPeers(std::move(p), from);
@@ -157,8 +149,9 @@ int Main(int argc, char** argv) {
 
   std::vector<std::vector<float>> out(tensors);
   for (auto& o : out) o.resize(static_cast<size_t>(n * rows * cols));
-  AcrossMachines peers(*world);
-  AllToAllRounds all_to_all(*world);
+  testing::AcrossMachinesComm peers(*world);
+  testing::AcrossMachinesComm apart(*world);
+  AllToAllRounds all_to_all(apart);
   auto load = [&](Communicator& via, bool share) -> uint64_t {
     LoadState state;
     for (int t = 0; t < tensors; ++t) {

@@ -51,6 +51,17 @@ class ForwardingComm : public Communicator {
   Communicator& inner_;
 };
 
+// The ranks of another communicator as if each ran on a machine of its own: a load shares its
+// reads by sending regions between them (engine/read_exchange.h), not through one address space
+// or one machine's shared memory.
+class AcrossMachinesComm final : public ForwardingComm {
+ public:
+  using ForwardingComm::ForwardingComm;
+  bool shares_memory() const override { return false; }
+  bool spans_machines() const override { return true; }
+  std::vector<int> machine_ranks() override { return {rank()}; }
+};
+
 inline uint64_t SplitMix64(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

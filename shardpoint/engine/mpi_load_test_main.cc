@@ -46,16 +46,6 @@ std::vector<float> Block(int64_t row, int64_t rows, int64_t col, int64_t cols) {
   return out;
 }
 
-// The ranks as if each ran on a machine of its own: a load shares its reads through the
-// communicator (engine/read_exchange.h), as a job on several machines does, not through shared
-// memory.
-class AcrossMachines final : public testing::ForwardingComm {
- public:
-  using ForwardingComm::ForwardingComm;
-  bool spans_machines() const override { return true; }
-  std::vector<int> machine_ranks() override { return {rank()}; }
-};
-
 void Run(Communicator& comm, MpiChecks& checks) {
   const int rank = comm.rank();
   const int n = comm.size();
@@ -148,7 +138,7 @@ void Run(Communicator& comm, MpiChecks& checks) {
   }
 
   // Across machines: the regions go point to point, round by round.
-  AcrossMachines across(comm);
+  testing::AcrossMachinesComm across(comm);
   {
     uint64_t read = 0;
     load(columns, true, std::nullopt, "resharded across machines", &across, &read);

@@ -7,17 +7,23 @@
 //                             rules (SaveTensor::layout), the odd ones boxes: two shared parts,
 //                             the odd ranks' asked for in a second exchange
 //   mpi_scale_test load DIR   every rank loads a block of "w" on a (world / 8) x 8 grid and the
-//                             whole of "b", bit-exact; then a load in which the last rank asks
-//                             for a tensor the checkpoint lacks must fail on every rank, naming it
+//                             whole of "b", bit-exact; again with the ranks saying they run on
+//                             separate machines (each stored block of "w" read by one of the 8
+//                             ranks that need it and sent to the others, "b" read by one rank
+//                             and sent to all, point to point), every stored byte read once;
+//                             then a load in which the last rank asks for a tensor the
+//                             checkpoint lacks must fail on every rank, naming it
 // Rank 0 prints one line per failed check and then "N passed, M failed"; the exit status is
 // non-zero when any check failed on any rank.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/mpi_comm.h"
 #include "shardpoint/engine/mpi_test_checks.h"
 
@@ -105,6 +111,24 @@ void LoadSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   checks.Expect("load", loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
   checks.Expect("the block of w is bit-exact", w == Block(box.offsets[0], rows, box.offsets[1], 1));
   checks.Expect("b is bit-exact", b == Replicated());
+
+  // Between machines: the shared regions go point to point, each stored byte read once.
+  testing::AcrossMachinesComm apart(comm);
+  std::fill(w.begin(), w.end(), -1.0f);
+  std::fill(b.begin(), b.end(), -1);
+  options.comm = &apart;
+  loaded = sp::Load(state, path, options);
+  options.comm = &comm;
+  checks.Expect("load across machines", loaded.ok(),
+                loaded.ok() ? "" : loaded.status().ToString());
+  checks.Expect("across machines, the block of w is bit-exact",
+                w == Block(box.offsets[0], rows, box.offsets[1], 1));
+  checks.Expect("across machines, b is bit-exact", b == Replicated());
+  unsigned long long read = loaded.ok() ? loaded->bytes_read : 0, all_read = 0;
+  MPI_Allreduce(&read, &all_read, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  const unsigned long long stored = kRows * kCols * sizeof(float) + kReplicated * sizeof(int64_t);
+  checks.Expect("across machines, every stored byte is read once", all_read == stored,
+                std::to_string(all_read) + " of " + std::to_string(stored) + " bytes");
 
   // One rank's error reaches every rank.
   float missing = 0;

@@ -52,19 +52,9 @@ inline std::vector<Status> SaveRowSplit(const std::string& url, int step, int64_
   });
 }
 
-// The ranks of a ThreadComm as if each ran on a machine of its own: a load shares its reads by
-// sending regions between them (engine/read_exchange.h), not by copying in one address space.
-class AcrossMachinesComm final : public ForwardingComm {
- public:
-  using ForwardingComm::ForwardingComm;
-  bool shares_memory() const override { return false; }
-  bool spans_machines() const override { return true; }
-  std::vector<int> machine_ranks() override { return {rank()}; }
-};
-
 // Loads w split by columns over `ranks` ranks through `store` and checks the object and every
 // element against step `step`. `bytes_read`, when given, gets the bytes each rank read. With
-// `across_machines` the ranks say they run on separate machines (AcrossMachinesComm).
+// `across_machines` the ranks say they run on separate machines (comm/comm_test_util.h).
 inline Status LoadColumnSplitAndCheck(const std::string& url, int step, int64_t rows, int64_t cols,
                                       int ranks, Store* store,
                                       std::vector<uint64_t>* bytes_read = nullptr,
