@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "shardpoint/base/coding.h"
@@ -493,16 +494,31 @@ std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
   // Group the needs by stored chunk; a chunk worth sharing whose exchange exceeds a round is cut
   // into row bands, each a unit of its own.
   Needs need{all, std::vector<std::vector<ChunkNeed>>(n), std::vector<std::vector<size_t>>(n)};
-  std::map<std::pair<uint32_t, uint32_t>, ChunkUsers> by_chunk;
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < all[r].needs.size(); ++i) {
-      const ChunkNeed& each = all[r].needs[i];
-      ChunkUsers& u = by_chunk[{each.tensor, each.chunk}];
-      u.tensor = each.tensor;
-      u.chunk = each.chunk;
-      u.users.emplace_back(r, i);
+  // The chunks found by a hash of (tensor, chunk), then taken in that order (which orders the
+  // parts of needs cut at row bands).
+  std::vector<ChunkUsers> by_chunk;
+  {
+    size_t total = 0;
+    for (const RankNeeds& needs : all) total += needs.needs.size();
+    std::unordered_map<uint64_t, uint32_t> index;
+    index.reserve(total);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < all[r].needs.size(); ++i) {
+        const ChunkNeed& each = all[r].needs[i];
+        const auto [at, fresh] = index.try_emplace(
+            uint64_t{each.tensor} << 32 | each.chunk, static_cast<uint32_t>(by_chunk.size()));
+        if (fresh) {
+          ChunkUsers& u = by_chunk.emplace_back();
+          u.tensor = each.tensor;
+          u.chunk = each.chunk;
+        }
+        by_chunk[at->second].users.emplace_back(r, i);
+      }
     }
   }
+  std::sort(by_chunk.begin(), by_chunk.end(), [](const ChunkUsers& a, const ChunkUsers& b) {
+    return std::tie(a.tensor, a.chunk) < std::tie(b.tensor, b.chunk);
+  });
   auto stored = [&](const ChunkUsers& u) -> const StoredChunk& {
     return metadata.tensors[u.tensor].chunks[u.chunk];
   };
@@ -523,10 +539,10 @@ std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
     units.push_back(std::move(u));
     return std::vector<ChunkUsers>();
   };
-  for (auto& [key, u] : by_chunk) {
+  for (ChunkUsers& u : by_chunk) {
     for (ChunkUsers& band : add_unit(std::move(u), true)) add_unit(std::move(band), false);
   }
-  by_chunk.clear();
+  std::vector<ChunkUsers>().swap(by_chunk);
   std::vector<ChunkUsers*> chunks;
   for (ChunkUsers& u : units) chunks.push_back(&u);
   // Units in order of their relative position in their file, so that each round reads about the
@@ -560,7 +576,7 @@ std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
   std::vector<int> users_of_round;  // the ranks with traffic in the round (in_round)
   bool round_has_shared = false;
   uint64_t shared_chunks = 0;
-  std::map<uint32_t, int> previous_reader;  // per file
+  std::vector<int> previous_reader(metadata.files.size(), -1);  // per file; -1: none yet
   for (ChunkUsers* u : chunks) {
     if (!u->shared) {
       for (const auto& [r, i] : u->users) round_of(r).own.push_back(i);
@@ -573,11 +589,11 @@ std::vector<ExchangePlan> PlanExchange(const std::vector<RankNeeds>& all,
       if (load[r] < load[least]) least = r;
     }
     int reader = least;
-    auto previous = previous_reader.find(file);
-    if (previous != previous_reader.end() &&
-        std::find(u->ranks.begin(), u->ranks.end(), previous->second) != u->ranks.end() &&
-        load[previous->second] <= load[least] + kBalanceSlackBytes) {
-      reader = previous->second;
+    const int previous = previous_reader[file];
+    if (previous >= 0 &&
+        std::binary_search(u->ranks.begin(), u->ranks.end(), previous) &&
+        load[previous] <= load[least] + kBalanceSlackBytes) {
+      reader = previous;
     }
     load[reader] += u->union_bytes;
     previous_reader[file] = reader;
