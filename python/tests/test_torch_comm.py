@@ -5,6 +5,7 @@ slots the collectives carry them in, and a payload that fits its slot costs one 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch.distributed as dist
 
 from distributed import run_ranks
@@ -155,9 +156,10 @@ def test_exchange_with_peers_moves_bytes_between_the_peers_alone():
         assert calls == {"isend": 2, "irecv": 2}, f"rank {rank}"
 
 
-def load_between_machines(rank: int, world: int, path: str) -> tuple:
+def load_between_machines(rank: int, world: int, path: str, budget: int) -> tuple:
     """Saves row blocks of a tensor, then loads column blocks while each rank's host is another:
-    the load shares its reads through the comm's exchange_with_peers, counted here."""
+    the load shares its reads through the comm's exchange_with_peers, counted here; a ``budget``
+    (bytes, 0 for the default) small enough cuts the exchange into rounds, read unverified."""
     _dist._hosts = lambda comm: [b"node-%d" % r for r in range(comm.size)]
     comm = _dist.TorchComm(dist.group.WORLD)
     peers = comm.exchange_with_peers
@@ -169,22 +171,35 @@ def load_between_machines(rank: int, world: int, path: str) -> tuple:
     _core.save(path, [("w", "float32", full.shape, [((rank * rows, 0), block.shape, block)])], [],
                _core.SaveOptions(comm=comm))
     out = np.zeros((96, cols), dtype=np.float32)
+    options = _core.LoadOptions(comm=comm)
+    if budget:
+        # Unverified, so that bands of rows need not begin on the checksum blocks (of 1 MiB, and
+        # so one a chunk here).
+        options.memory_budget_bytes = budget
+        options.verify_checksums = False
     result = _core.load(path, [("w", "float32", full.shape, [((0, rank * cols), out.shape, out)])], [],
-                        _core.LoadOptions(comm=comm))
+                        options)
     exact = out.tobytes() == np.ascontiguousarray(full[:, rank * cols:(rank + 1) * cols]).tobytes()
     return exact, result[3], calls
 
 
-def test_a_load_between_machines_sends_the_shared_regions_between_peers(tmp_path):
+@pytest.mark.parametrize("budget", [0, 3 * 4096])
+def test_a_load_between_machines_sends_the_shared_regions_between_peers(tmp_path, budget):
     """3 gloo processes told they run on three machines: each stored row block is read by one of
-    them and its columns sent to the other two, point to point; every byte read once."""
-    results = run_ranks(WORLD, load_between_machines, str(tmp_path / "ckpt"))
+    them and its columns sent to the other two, point to point; every byte read once. With a
+    budget of 12 KiB (4 KiB of exchange a round) the 6 KiB blocks go in bands of rows over
+    several rounds."""
+    results = run_ranks(WORLD, load_between_machines, str(tmp_path / "ckpt"), budget)
     assert [exact for exact, _, _ in results] == [True] * WORLD
     assert sum(read for _, read, _ in results) == 96 * 48 * 4
-    # The same rounds on every rank; in each, a rank receives from the two others.
+    # The same rounds on every rank, each a call.
     calls = [c for _, _, c in results]
-    assert calls[0] and all(c == calls[0] for c in calls), calls
-    assert sum(calls[0]) == WORLD - 1, calls
+    assert calls[0] and all(len(c) == len(calls[0]) for c in calls), calls
+    if budget:
+        assert len(calls[0]) > 2, calls
+    else:
+        # One round, in which each rank receives from the two others.
+        assert calls == [[WORLD - 1]] * WORLD, calls
 
 
 def test_slots_shrink_with_the_group():

@@ -106,8 +106,9 @@ bool Measure(ChunkUsers& u, const Needs& need, const TensorMetadata& tensor,
 
 // The users of each row band of chunk `u` (read_exchange.h), whose exchange exceeds a round:
 // bands of about half a round's exchange, their edges on checksum block boundaries where the rows
-// allow (else at least kBandBlocks blocks each). Each band's users are the needs that lie inside
-// it and the parts of those it cuts (added to `need`). Empty when the chunk cannot be cut.
+// allow (else at least kBandBlocks blocks each) when some user verifies checksums, on any rows
+// when none does. Each band's users are the needs that lie inside it and the parts of those it
+// cuts (added to `need`). Empty when the chunk cannot be cut.
 std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need,
                                      const TensorMetadata& tensor, const StoredChunk& chunk,
                                      uint64_t block_bytes, uint64_t round_bytes) {
@@ -118,6 +119,10 @@ std::vector<ChunkUsers> CutIntoBands(const ChunkUsers& u, Needs& need,
   }
   const int64_t rows = chunk.box.sizes[0];
   const uint64_t row_bytes = chunk.byte_length / static_cast<uint64_t>(rows);
+  // Only readers that verify read whole checksum blocks.
+  bool verified = false;
+  for (const auto& [r, i] : u.users) verified = verified || need.all[r].verify;
+  if (!verified) block_bytes = 0;
   uint64_t total = 0;
   for (uint64_t p : u.packed) total += p;
   const uint64_t count = std::max<uint64_t>(2, (2 * total + round_bytes - 1) / round_bytes);

@@ -215,6 +215,45 @@ TEST(ReadExchangeTest, AChunkLargerThanARoundIsSharedInRowBands) {
   EXPECT_EQ(PlanExchange(all, large_odd, kRound, 64 << 10)[0].shared_chunks, 0u);
 }
 
+TEST(ReadExchangeTest, RanksThatDoNotVerifyCutBandsOnAnyRows) {
+  // A 6 KiB chunk (96 rows of 256 bytes) inside one 1 MiB checksum block, whose columns three
+  // ranks need; rounds of 4 KiB. Ranks that verify each read the whole block, so bands would
+  // read it again for every band and the chunk is not shared. Ranks that do not verify read
+  // rows alone: the chunk is shared in bands of rows, each byte read once.
+  const CheckpointMetadata md = RowChunks({96}, 96, 1, 1 << 20);
+  constexpr uint64_t kRound = 4096;
+  for (const bool verify : {true, false}) {
+    SCOPED_TRACE(verify ? "verified" : "unverified");
+    std::vector<RankNeeds> all(3);
+    for (int r = 0; r < 3; ++r) {
+      all[r].verify = verify;
+      all[r].needs = {ChunkNeed{0, 0, Box({0, 20 * r}, {96, r < 2 ? 20 : 24})}};
+    }
+    const std::vector<ExchangePlan> plans = PlanExchange(all, md, kRound);
+    if (verify) {
+      EXPECT_EQ(plans[0].shared_chunks, 0u);
+      continue;
+    }
+    EXPECT_GE(plans[0].shared_chunks, 2u);
+    EXPECT_GE(plans[0].rounds.size(), 2u);
+    uint64_t read_for_all = 0;
+    for (int r = 0; r < 3; ++r) {
+      for (const ExchangeRound& round : plans[r].rounds) {
+        for (size_t i : round.own) {
+          read_for_all += NeedOf(all[r], plans[r], i).region.sizes[0] * 256;
+        }
+        uint64_t sent = 0;
+        for (const auto& [q, send] : round.send) {
+          for (const ChunkNeed& n : send) sent += PackedBytes(n.region, DType::kFloat32);
+        }
+        EXPECT_LE(sent, kRound);
+      }
+    }
+    // Each band's rows are read once, by its reader (as its own need's part): 96 rows in all.
+    EXPECT_EQ(read_for_all, 96u * 256);
+  }
+}
+
 // Every rank's plan, from random needs: what s sends q is what q expects from s, in order; every
 // need is served exactly once; readers need the chunk; rounds respect the byte limit.
 TEST(ReadExchangeTest, RandomPlansAreConsistentAcrossRanks) {

@@ -726,10 +726,12 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
                               const CheckpointMetadata& metadata,
                               const std::vector<std::unique_ptr<ReadableFile>>& files,
                               ThreadPool& pool, const ReadExecutorOptions& options) {
-  // A format without checksums (block size 0) is read unverified, with no block rounding.
+  // A format without checksums (block size 0) is read unverified; unverified reads are not
+  // rounded to checksum blocks.
   ReadExecutorOptions effective = options;
   effective.verify = options.verify && metadata.checksum_block_bytes > 0;
-  const uint64_t bs = std::max<uint64_t>(1, metadata.checksum_block_bytes);
+  const uint64_t bs =
+      effective.verify ? std::max<uint64_t>(1, metadata.checksum_block_bytes) : uint64_t{1};
   // File bytes per extent. With direct I/O, no more than a task's staging window (less the
   // alignment it is widened by), so that every large extent can be read directly.
   std::vector<char> direct_files = DirectFiles(requests, metadata, files, options.direct_io);

@@ -4,8 +4,8 @@
 //  - direct: a region contiguous in both the stored chunk and the destination, of the same dtype,
 //    and the only request on its chunk, lands straight in the destination; with verification
 //    the partial checksum blocks at its ends are read into staging to complete their checksums;
-//  - staged: every other read is widened to whole rows of its stored chunk and whole checksum
-//    blocks and lands in a staging buffer, from which its region is copied (and cast if asked)
+//  - staged: every other read is widened to whole rows of its stored chunk and (when verified)
+//    whole checksum blocks and lands in a staging buffer, from which its region is copied (and cast if asked)
 //    once its blocks are verified; reads of one chunk share the blocks they overlap;
 //  - scattered: the reads of a chunk whose regions are runs of at least scatter_min_run_bytes in
 //    both the chunk and their destinations, none overlapping another, all of the stored dtype

@@ -151,6 +151,31 @@ TEST_F(UncheckedReadTest, SlicedReadsOfTheSameRowsShareEachSlab) {
   EXPECT_EQ(*read, static_cast<uint64_t>(256 + 118 + 8) * cols_ * 4);
 }
 
+// A load that does not verify a checkpoint with checksums reads the rows it needs, not the
+// checksum blocks around them.
+TEST_F(UncheckedReadTest, UnverifiedReadsAreNotRoundedToChecksumBlocks) {
+  Build(256, 64);  // chunks of 128 rows of 256 bytes (32 KiB), inside one 1 MiB block each
+  metadata_.checksum_block_bytes = uint64_t{1} << 20;
+  const Box piece{{10, 8}, {10, 16}};
+  std::vector<float> out(static_cast<size_t>(piece.volume()), -1.0f);
+  const ReadDestination dest{reinterpret_cast<std::byte*>(out.data()), piece, DType::kFloat32};
+  const std::vector<ReadRequest> requests = {
+      MakeReadRequest(metadata_.tensors[0], 0, dest, piece)};
+  ThreadPool pool(2);
+  ReadExecutorOptions options;
+  options.verify = false;
+  options.scatter_min_run_bytes = uint64_t{1} << 20;  // staged
+  Result<uint64_t> read = ExecuteReads(requests, metadata_, files_, pool, options);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (int64_t r = 0; r < 10; ++r) {
+    for (int64_t c = 0; c < 16; ++c) {
+      ASSERT_EQ(out[static_cast<size_t>(r * 16 + c)],
+                values_[static_cast<size_t>((10 + r) * cols_ + 8 + c)]);
+    }
+  }
+  EXPECT_EQ(*read, uint64_t{10} * 256);  // the 10 rows, not the chunk's block
+}
+
 TEST_F(UncheckedReadTest, DecodedChunkWithoutADecoderIsAClearError) {
   Build(8, 8);
   metadata_.tensors[0].chunks[1].encoding = ChunkEncoding::kDriverDecoded;
