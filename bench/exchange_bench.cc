@@ -3,6 +3,7 @@
 // every rank's needs (the protocol it replaced), in the same run.
 //
 //   mpirun -np 256 --oversubscribe build/bench/exchange_bench [--tensors 40] [--tp 8] [--runs 3]
+//   mpirun -np 1 build/bench/exchange_bench --plan-only-ranks 8192   # rank 0's planning alone
 //
 // A shared load (engine/read_exchange.h) reads each stored chunk that several ranks need once and
 // exchanges its regions. Before, every rank all-gathered every rank's needs (AllGatherOrFail of
@@ -261,16 +262,48 @@ Timed Run(Communicator& inner, const RankNeeds& mine, const CheckpointMetadata& 
 }
 
 int Main(int argc, char** argv) {
-  int tensors = 40, tp = 8, runs = 3, exchanges = 20;
-  if (!bench::ParseIntFlags(
-          argc, argv,
-          {{"--tensors", &tensors}, {"--tp", &tp}, {"--runs", &runs}, {"--exchanges", &exchanges}},
-          "exchange_bench [--tensors N] [--tp N] [--runs N] [--exchanges N]")) {
+  int tensors = 40, tp = 8, runs = 3, exchanges = 20, plan_ranks = 0;
+  if (!bench::ParseIntFlags(argc, argv,
+                            {{"--tensors", &tensors},
+                             {"--tp", &tp},
+                             {"--runs", &runs},
+                             {"--exchanges", &exchanges},
+                             {"--plan-only-ranks", &plan_ranks}},
+                            "exchange_bench [--tensors N] [--tp N] [--runs N] [--exchanges N] "
+                            "[--plan-only-ranks N]")) {
     return 2;
   }
   const std::unique_ptr<MpiComm> world = bench::WorldComm("exchange_bench");
   if (world == nullptr) return 1;
   Communicator& comm = *world;
+  if (plan_ranks > 0) {
+    // The planning alone for a group of --plan-only-ranks ranks (more than this machine can run
+    // as processes), on rank 0: what rank 0 computes for a shared load of that many ranks.
+    if (comm.rank() != 0) return 0;
+    if (plan_ranks % tp != 0) {
+      std::fprintf(stderr, "exchange_bench: --tp must divide --plan-only-ranks\n");
+      return 2;
+    }
+    const CheckpointMetadata md = Metadata(plan_ranks, tensors);
+    std::vector<RankNeeds> all;
+    size_t needs = 0;
+    for (int r = 0; r < plan_ranks; ++r) {
+      all.push_back(NeedsOf(r, plan_ranks, tensors, tp));
+      needs += all.back().needs.size();
+    }
+    std::vector<double> seconds;
+    for (int run = 0; run < runs; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<ExchangePlan> plans = PlanExchange(all, md, kRoundBytes);
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::printf("PlanExchange for %d ranks, %d tensors, TP %d (%zu needs): %.3f s, median of %d "
+                "(%.2f us a need)\n",
+                plan_ranks, tensors, tp, needs, Median(seconds), runs,
+                1e6 * Median(seconds) / static_cast<double>(std::max<size_t>(1, needs)));
+    return 0;
+  }
   if (tp < 1 || tp > 8 || comm.size() % tp != 0 || tensors < 1) {
     if (comm.rank() == 0) {
       std::fprintf(stderr, "exchange_bench: --tp must be 1-8 and divide the %d ranks\n",
