@@ -163,8 +163,14 @@ Result<std::vector<std::string>> PyCommunicator::ExchangeWithPeers(
   // there.
   SP_RETURN_IF_ERROR(CheckPeerLists(sends, from, rank_, size_));
   return CallWithGil<std::vector<std::string>>("exchange_with_peers", [&] {
+    // Each payload as a bytearray: torch views it as a writable buffer, without a copy.
     nb::list outgoing;
-    for (const auto& [q, bytes] : sends) outgoing.append(nb::make_tuple(q, ToBytes(bytes)));
+    for (const auto& [q, bytes] : sends) {
+      nb::object data = nb::steal(PyByteArray_FromStringAndSize(
+          bytes.data(), static_cast<Py_ssize_t>(bytes.size())));
+      if (!data.is_valid()) throw nb::python_error();
+      outgoing.append(nb::make_tuple(q, data));
+    }
     nb::list sources;
     for (int s : from) sources.append(s);
     nb::object got = comm_.attr("exchange_with_peers")(outgoing, sources);

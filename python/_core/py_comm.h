@@ -25,10 +25,11 @@
 //     processes, ascending, this rank among them (called like spans_machines). Without it, or
 //     when it raises or returns anything else (reported as an unraisable exception), the answer
 //     is [rank], the default of Communicator.
-//   exchange_with_peers(sends: list[tuple[int, bytes]], sources: list[int]) -> list[bytes]: sends
+//   exchange_with_peers(sends: list[tuple[int, bytearray]], sources: list[int]) -> list: sends
 //     each payload to its rank and returns one payload from each rank of `sources`, in that
-//     order, moving nothing between other ranks (Communicator::ExchangeWithPeers; the core checks
-//     the lists first); without it ExchangeWithPeers runs one all-to-all;
+//     order (bytes-like objects), moving nothing between other ranks
+//     (Communicator::ExchangeWithPeers; the core checks the lists first); without it
+//     ExchangeWithPeers runs one all-to-all;
 //   any_rank(flag: bool) -> bool: whether flag is true on any rank, the same on every rank (an
 //     all-reduce); without it AnyRank runs an all_gather of one byte per rank.
 // Each collective acquires the GIL only for the duration of the Python call, so the engine can

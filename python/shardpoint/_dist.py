@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 import threading
-import warnings
 from typing import Any, Optional
 
 from ._errors import CheckpointArgumentError
@@ -162,7 +161,7 @@ class TorchComm:
                                      input_split_sizes=list(sizes), group=self.group)
         return recv.numpy(), splits
 
-    def exchange_with_peers(self, sends: list[tuple[int, bytes]], sources: list[int]) -> list[Any]:
+    def exchange_with_peers(self, sends: list[tuple[int, bytearray]], sources: list[int]) -> list[Any]:
         """Sends each ``(rank, data)`` of ``sends`` to its rank and returns what each rank of
         ``sources`` sent to this one, in that order; nothing moves between other ranks.
 
@@ -191,16 +190,13 @@ class TorchComm:
         for work in works:
             work.wait()
         works = []
-        own = b""
-        with warnings.catch_warnings():
-            # The payloads are bytes, which torch views as read-only buffers: sending only reads them.
-            warnings.simplefilter("ignore", UserWarning)
-            for q, data in sends:
-                if q == mine:
-                    own = data
-                elif data:
-                    works.append(self._dist.isend(torch.frombuffer(data, dtype=torch.uint8),
-                                                  dst=self._global(q), group=self.group, tag=_PEER_DATA_TAG))
+        own: Any = b""
+        for q, data in sends:
+            if q == mine:
+                own = data
+            elif data:
+                works.append(self._dist.isend(torch.frombuffer(data, dtype=torch.uint8), dst=self._global(q),
+                                              group=self.group, tag=_PEER_DATA_TAG))
         received: list[Any] = []
         for s in sources:
             if s == mine:
@@ -212,7 +208,7 @@ class TorchComm:
             received.append(buffer)
         for work in works:
             work.wait()
-        return [data if isinstance(data, bytes) else data.numpy() for data in received]
+        return [data.numpy() if isinstance(data, torch.Tensor) else data for data in received]
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is set on any rank: one all-reduce of one integer, the cheapest

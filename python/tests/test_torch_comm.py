@@ -136,7 +136,8 @@ def exchange(rank: int, world: int) -> list:
     for pattern in range(3):
         to = peers_of(world, pattern)
         for lengths in ((0, 1, 5), (1 << 20, 3, 0)):
-            sends = [(q, payload(pattern * 10 + q, rank, lengths[(rank + q) % 3])) for q in to[rank]]
+            sends = [(q, bytearray(payload(pattern * 10 + q, rank, lengths[(rank + q) % 3])))
+                     for q in to[rank]]
             sources = [s for s in range(world) if rank in to[s]]
             got = comm.exchange_with_peers(sends, sources)
             expected = [payload(pattern * 10 + rank, s, lengths[(s + rank) % 3]) for s in sources]
@@ -146,7 +147,7 @@ def exchange(rank: int, world: int) -> list:
     # no collective.
     counting = CountingDist()
     comm._dist = counting
-    comm.exchange_with_peers([((rank + 1) % world, b"abc")], [(rank - 1) % world])
+    comm.exchange_with_peers([((rank + 1) % world, bytearray(b"abc"))], [(rank - 1) % world])
     return [failures, dict(counting.calls)]
 
 
