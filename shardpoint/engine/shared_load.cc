@@ -87,13 +87,6 @@ class Unpacker {
     }
   }
 
-  // Copies out of payloads that stay where they are until Wait(); views[s] is sender s's payload
-  // for this rank.
-  void StartViews(const std::vector<std::span<const std::byte>>& views, const ExchangeRound& round,
-                  const std::vector<ReadRequest>& requests) {
-    for (const auto& [s, receive] : round.receive) StartView(s, views[s], receive, requests);
-  }
-
   // Copies the regions `receive` (indices into `requests`) out of sender s's payload for this
   // rank, which stays where it is until Wait() (its slot of a shared-memory object).
   void StartView(int s, std::span<const std::byte> payload, const std::vector<size_t>& receive,
