@@ -148,8 +148,10 @@ struct LoadMetadata {
   std::shared_ptr<const CheckpointMetadata> metadata;
 };
 
+// With `filter`, a rank other than `root` and rank 0 keeps only the chunks it names in its copy of
+// a native checkpoint's metadata (LoadOptions::own_chunks_only).
 Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std::string_view path,
-                                    int root) {
+                                    int root, const ChunkFilter* filter) {
   const bool share = comm.shares_memory() && comm.size() > 1;
   // The coordinator opens the checkpoint, whatever its format, and every rank gets its metadata
   // (or the same error), so a corrupt file fails identically everywhere. A native checkpoint's
@@ -193,12 +195,14 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
                          kNativeFileFollows + "' or '" + kWireMetadataFollows + "')");
   }
   LoadMetadata out{bytes.substr(0, kNonceDigits), nullptr};
-  // Every rank decodes the same bytes, so a decoding error is the same everywhere. A native
-  // file's error is the coordinator's, which read the file, as when it decoded the file alone.
+  // Every rank decodes the same bytes, so a decoding error is the same everywhere (a rank that
+  // keeps part of the chunks checks them all alike). A native file's error is the coordinator's,
+  // which read the file, as when it decoded the file alone.
   const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
   const bool native = kind == kNativeFileFollows;
+  const bool part = filter != nullptr && comm.rank() != root && comm.rank() != 0;
   Result<CheckpointMetadata> metadata =
-      native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool())
+      native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool(), part ? filter : nullptr)
              : DecodeMetadataFromWire(body, &ctx.pool());
   if (!metadata.ok() && native) {
     return Status(metadata.status().code(),
@@ -272,10 +276,22 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
                                           options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
+  // The stored chunks this rank's boxes reach, when it keeps only those. Targets this rank cannot
+  // build fail the load in Prepare, with every chunk kept until then.
+  std::optional<ChunkFilter> filter;
+  if (options.own_chunks_only && !comm.shares_memory()) {
+    if (Result<std::vector<LocalTensor>> targets = BuildTargets(state); targets.ok()) {
+      filter.emplace();
+      for (LocalTensor& t : *targets) (*filter)[t.name] = std::move(t.boxes);
+    }
+  }
   SP_ASSIGN_OR_RETURN(const LoadMetadata opened,
-                      MetadataOfLoad(comm, *ctx, path, options.coordinator));
+                      MetadataOfLoad(comm, *ctx, path, options.coordinator,
+                                     filter ? &*filter : nullptr));
   const std::string& nonce = opened.nonce;
   const CheckpointMetadata* metadata = opened.metadata.get();
+  uint64_t metadata_chunks = 0;
+  for (const TensorMetadata& t : metadata->tensors) metadata_chunks += t.chunks.size();
   // The ranks on this rank's machine, asked for once (asking may be a collective), by every rank
   // at the same points, since the options and the communicator are the same everywhere.
   std::optional<std::vector<int>> machine;
@@ -310,12 +326,14 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
     if (gate != nullptr && outcome.result.ok() && !outcome.own_gates) {
       outcome.result->read_gate_ranks = gate->joined();
     }
+    if (outcome.result.ok()) outcome.result->metadata_chunks = metadata_chunks;
     return outcome.result;
   }
   Result<LoadResult> result = LoadLocal(state, *metadata, path, options, *ctx, gate.get());
   SP_RETURN_IF_ERROR(AgreeOnStatus(comm, result.status()));
   // Every member attached before this collective: joined() counts them all.
   if (gate != nullptr) result->read_gate_ranks = gate->joined();
+  result->metadata_chunks = metadata_chunks;
   return result;
 }
 

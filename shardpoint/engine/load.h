@@ -102,6 +102,15 @@ struct LoadOptions {
   // competing ones. When they share their reads through shared memory each byte has one reader
   // already, and each process tunes its own. false: each process tunes its own.
   bool machine_read_gate = true;
+  // Which stored chunks each rank's copy of the metadata holds. Ranks in separate address spaces,
+  // other than the coordinator and rank 0 (which plans shared reads for every rank), decode the
+  // native metadata file the coordinator broadcasts keeping only the chunks their own boxes reach
+  // (TensorMetadata::kept), while checking every byte and every chunk as a whole decoding does, so
+  // that a damaged file fails every rank alike. At 8,192 ranks x 1,000 tensors a whole copy is 4.9
+  // million chunks, 600 MiB in each process (docs/PERFORMANCE.md). Other formats' metadata and
+  // ranks that share an address space (one decoded copy for all) are not cut. false: every rank
+  // keeps every chunk.
+  bool own_chunks_only = true;
 };
 
 struct LoadResult {
@@ -112,6 +121,8 @@ struct LoadResult {
   // Ranks whose reads went through one gate with this rank's (LoadOptions::machine_read_gate):
   // those of its machine in other processes and itself; 1 when it used its pool's own.
   int read_gate_ranks = 1;
+  // Stored chunks this rank's copy of the metadata held (LoadOptions::own_chunks_only).
+  uint64_t metadata_chunks = 0;
 };
 
 // Loads the checkpoint at `path` into the pieces of `state`. Collective over options.comm.

@@ -260,26 +260,34 @@ void PutChunkNeed(ByteWriter& writer, const ChunkNeed& n) {
   PutBox(writer, n.region);
 }
 
-// The stored chunk `tensor`/`chunk` names, or an error naming `label` ("need 3").
-Result<const StoredChunk*> ChunkNamed(const CheckpointMetadata& metadata, uint32_t tensor,
-                                      uint32_t chunk, const ByteReader& reader,
-                                      const std::string& label) {
-  if (tensor >= metadata.tensors.size() || chunk >= metadata.tensors[tensor].chunks.size()) {
-    return DataLossError(reader.what() + ": " + label + " names tensor " + std::to_string(tensor) +
-                         " chunk " + std::to_string(chunk) +
-                         ", which the checkpoint does not have");
+// The index in `metadata` of the stored chunk numbered `number` of tensor `tensor`, or an error
+// naming `label` ("need 3").
+Result<uint32_t> ChunkNamed(const CheckpointMetadata& metadata, uint32_t tensor, uint32_t number,
+                            const ByteReader& reader, const std::string& label) {
+  std::optional<uint32_t> index;
+  if (tensor < metadata.tensors.size()) {
+    index = ChunkIndexOfNumber(metadata.tensors[tensor], number);
   }
-  return &metadata.tensors[tensor].chunks[chunk];
+  if (!index) {
+    const bool part = tensor < metadata.tensors.size() && metadata.tensors[tensor].kept;
+    return DataLossError(reader.what() + ": " + label + " names tensor " + std::to_string(tensor) +
+                         " chunk " + std::to_string(number) +
+                         (part ? ", which this rank's part of the metadata does not hold (its "
+                                 "boxes do not reach it)"
+                               : ", which the checkpoint does not have"));
+  }
+  return *index;
 }
 
-// A region of a stored chunk, checked to be a non-empty part of it; errors name `label`.
+// A region of a stored chunk, checked to be a non-empty part of it; errors name `label`. The
+// chunk travels as its stored number and comes back as its index in `metadata`.
 Result<ChunkNeed> ReadChunkNeed(ByteReader& reader, const CheckpointMetadata& metadata,
                                 const std::string& label) {
   ChunkNeed n;
   SP_ASSIGN_OR_RETURN(n.tensor, reader.ReadU32());
-  SP_ASSIGN_OR_RETURN(n.chunk, reader.ReadU32());
-  SP_ASSIGN_OR_RETURN(const StoredChunk* chunk,
-                      ChunkNamed(metadata, n.tensor, n.chunk, reader, label));
+  SP_ASSIGN_OR_RETURN(uint32_t number, reader.ReadU32());
+  SP_ASSIGN_OR_RETURN(n.chunk, ChunkNamed(metadata, n.tensor, number, reader, label));
+  const StoredChunk* chunk = &metadata.tensors[n.tensor].chunks[n.chunk];
   SP_RETURN_IF_ERROR(ReadBox(reader, &n.region));
   if (n.region.rank() != chunk->box.rank() || n.region.empty() ||
       !Contains(chunk->box, n.region)) {

@@ -49,9 +49,15 @@
 namespace sp {
 
 // A region of one stored chunk that one rank needs.
+//
+// Ranks may hold different parts of the metadata (a load rank keeps the chunks its boxes reach:
+// TensorMetadata::kept), so a chunk crosses ranks as its stored number: `chunk` is that number in
+// what is encoded (EncodeNeeds, EncodeExchangePlan), and the decoders turn it into the chunk's
+// index in the decoding rank's copy, refusing a number that copy does not hold. A copy that holds
+// every chunk (rank 0's, which plans) numbers them by index.
 struct ChunkNeed {
   uint32_t tensor = 0;  // index into CheckpointMetadata::tensors
-  uint32_t chunk = 0;   // index into that tensor's chunks
+  uint32_t chunk = 0;   // decoded: index into that tensor's chunks; encoded: the chunk's number
   Box region;           // global coordinates, inside the chunk's box
 
   friend bool operator==(const ChunkNeed&, const ChunkNeed&) = default;

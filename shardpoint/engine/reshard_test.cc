@@ -741,6 +741,37 @@ void ExpectHeadersOfMetadata(Store& store, const std::string& path, const Checkp
   }
 }
 
+// How many stored chunks each load rank's copy of `md` held (LoadResult::metadata_chunks): every
+// chunk where the ranks share one decoded copy, on the coordinator and rank 0, and with
+// own_chunks_only off; otherwise exactly those its boxes reach (a box of the tensor's rank, not
+// empty, inside its shape, sharing a point with the chunk), none of a tensor it does not list.
+void ExpectMetadataParts(const Case& c, const CheckpointMetadata& md,
+                         const std::vector<LoadResult>& results) {
+  uint64_t all = 0;
+  for (const TensorMetadata& t : md.tensors) all += t.chunks.size();
+  const bool shared_copy = !c.load_as_processes && !c.load_in_separate_memory;
+  for (int r = 0; r < c.load_ranks; ++r) {
+    uint64_t expected = all;
+    if (!shared_copy && r != 0 && r != c.load_options.coordinator &&
+        c.load_options.own_chunks_only && md.format == CheckpointFormat::kNative) {
+      expected = 0;
+      for (size_t i = 0; i < c.tensors.size(); ++i) {
+        if (!c.lists_on_load[r][i]) continue;
+        const TensorMetadata* stored = md.FindTensor(c.tensors[i].name);
+        for (const StoredChunk& chunk : stored->chunks) {
+          for (const Piece& p : c.tensors[i].load.ranks[r]) {
+            if (!p.box.empty() && Intersect(p.box, chunk.box).has_value()) {
+              ++expected;
+              break;
+            }
+          }
+        }
+      }
+    }
+    EXPECT_EQ(results[r].metadata_chunks, expected) << "load rank " << r;
+  }
+}
+
 void RunCase(const Case& c, Store& store, ThreadPool* pool, const std::string& path, bool verify,
              Rng& rng) {
   Result<RankBuffers> save_buffers = MakeBuffers(c, true, rng);
@@ -764,6 +795,7 @@ void RunCase(const Case& c, Store& store, ThreadPool* pool, const std::string& p
   Result<std::vector<LoadResult>> results = LoadCase(c, loaded, store, pool, path);
   ASSERT_TRUE(results.ok()) << results.status();
   ExpectResults(c, *results);
+  ExpectMetadataParts(c, *md, *results);
   ExpectLoaded(c, *initial, loaded);
 }
 
@@ -791,6 +823,8 @@ TEST(ReshardRandomTest, SaveWithOneLayoutLoadWithAnother) {
     c->load_options.share_reads = i % 4 != 1;  // every way of reading stays covered
     c->load_in_separate_memory = i % 8 >= 4;
     c->load_as_processes = i % 16 >= 12;  // shared reads through shared memory
+    // Ranks in separate memory keep only the chunks their boxes reach, but in some cases.
+    c->load_options.own_chunks_only = i % 11 != 3;
     ThreadPool* pool = i % 3 == 0 ? nullptr : &shared_pool;  // else a pool per rank and call
     if (i % 7 == 5) c->load_options.io_depth = 1 + static_cast<int>(i % 3);  // else tuned
     // Scattered reads for runs of any length in a fifth of the cases (by default only runs of

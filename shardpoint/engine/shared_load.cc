@@ -136,14 +136,14 @@ class Unpacker {
 };
 
 // What a rank publishes of its reads for shared reads: the stored-chunk region of each request,
-// in request order.
+// in request order, each chunk by its stored number (ChunkNeed).
 RankNeeds NeedsOf(const Prepared& p, const CheckpointMetadata& metadata,
                   const LoadOptions& options) {
   RankNeeds needs;
   needs.verify = options.verify_checksums;
   for (const ReadRequest& r : p.requests) {
     needs.needs.push_back(ChunkNeed{static_cast<uint32_t>(r.stored - metadata.tensors.data()),
-                                    static_cast<uint32_t>(r.chunk - r.stored->chunks.data()),
+                                    ChunkNumber(*r.stored, r.chunk - r.stored->chunks.data()),
                                     r.region});
   }
   return needs;
@@ -213,7 +213,7 @@ struct SlotEntry {
 // Where whole rows of a stored chunk lie in a reader's slot.
 struct RowsEntry {
   uint32_t tensor = 0;
-  uint32_t chunk = 0;
+  uint32_t chunk = 0;  // the stored chunk's number (ChunkNeed)
   uint64_t offset = 0;
   int64_t first_row = 0;
   int64_t row_count = 0;
@@ -291,17 +291,22 @@ Result<SenderView> ViewOfSender(std::string_view table, int sender, int me,
   }
   for (; at < table.data() + table.size(); at += kRowsEntryBytes) {
     const uint32_t tensor = DecodeFixed32(at);
-    const uint32_t chunk = DecodeFixed32(at + 4);
+    uint32_t chunk = DecodeFixed32(at + 4);
     const uint64_t offset = DecodeFixed64(at + 8);
     const int64_t first = static_cast<int64_t>(DecodeFixed64(at + 16));
     const int64_t count = static_cast<int64_t>(DecodeFixed64(at + 24));
-    if (tensor >= metadata.tensors.size() || chunk >= metadata.tensors[tensor].chunks.size() ||
-        metadata.tensors[tensor].chunks[chunk].box.rank() < 1) {
+    const std::optional<uint32_t> index =
+        tensor < metadata.tensors.size() ? ChunkIndexOfNumber(metadata.tensors[tensor], chunk)
+                                         : std::nullopt;
+    // Rows of a chunk this rank's part of the metadata does not hold are for other ranks.
+    if (!index && tensor < metadata.tensors.size() && metadata.tensors[tensor].kept) continue;
+    if (!index || metadata.tensors[tensor].chunks[*index].box.rank() < 1) {
       return DataLossError(who + " published rows of tensor " + std::to_string(tensor) +
                            " chunk " + std::to_string(chunk) +
                            ", which the checkpoint does not have");
     }
     const TensorMetadata& stored = metadata.tensors[tensor];
+    chunk = *index;
     Box rows = stored.chunks[chunk].box;
     const int64_t begin = rows.offsets[0], end = rows.exclusive_max(0);
     if (count <= 0 || first < begin || first > end || count > end - first) {
@@ -658,7 +663,8 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
           static_cast<uint64_t>(w.rows.offsets[0] - chunk.box.offsets[0]) * row_bytes;
       at += (file_offset - at) % kSlotAlignment;
       if (entries != nullptr) {
-        entries->push_back(RowsEntry{w.tensor, w.chunk, at, w.rows.offsets[0], w.rows.sizes[0]});
+        entries->push_back(RowsEntry{w.tensor, ChunkNumber(stored, w.chunk), at,
+                                     w.rows.offsets[0], w.rows.sizes[0]});
       }
       at += WholeRowsBytes(w, metadata);
     }

@@ -214,7 +214,7 @@ void IndexChunkGrids(CheckpointMetadata* metadata, ThreadPool* pool) {
   std::vector<TensorMetadata>& tensors = metadata->tensors;
   (void)ParallelFor(pool, static_cast<int64_t>(tensors.size()), [&](int64_t t) {
     TensorMetadata& tensor = tensors[t];
-    if (tensor.grid || tensor.index) return OkStatus();
+    if (tensor.grid || tensor.index || tensor.kept) return OkStatus();  // kept: a part
     tensor.grid = FindChunkGrid(tensor.chunks, tensor.shape);
     if (!tensor.grid) tensor.index = BuildChunkIndex(tensor.chunks, tensor.shape);
     return OkStatus();

@@ -72,7 +72,8 @@ std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, c
 bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredChunk> chunks,
                                const Box& box, std::vector<uint32_t>* out);
 
-// Indexes every tensor of `metadata` that has neither a grid nor an index yet: its grid when its
+// Indexes every tensor of `metadata` that has neither a grid nor an index yet and holds all its
+// chunks (a part, TensorMetadata::kept, is swept: it holds a rank's few): its grid when its
 // chunks form one, else a ChunkIndex. Called where metadata is opened or received (formats whose
 // files store no grid, chunk lists, the load broadcast), tensor by tensor on `pool` (null: on the
 // calling thread).

@@ -26,6 +26,17 @@ uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
   return bytes;
 }
 
+std::optional<uint32_t> ChunkIndexOfNumber(const TensorMetadata& tensor, uint64_t number) {
+  if (!tensor.kept) {
+    if (number >= tensor.chunks.size()) return std::nullopt;
+    return static_cast<uint32_t>(number);
+  }
+  const std::vector<uint32_t>& kept = *tensor.kept;
+  auto it = std::lower_bound(kept.begin(), kept.end(), number);
+  if (it == kept.end() || *it != number) return std::nullopt;
+  return static_cast<uint32_t>(it - kept.begin());
+}
+
 const TensorMetadata* CheckpointMetadata::FindTensor(std::string_view name) const {
   auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
                              [](const TensorMetadata& t, std::string_view n) { return t.name < n; });

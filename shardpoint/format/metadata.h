@@ -150,12 +150,34 @@ struct TensorMetadata {
   std::optional<ChunkGrid> grid;
   // Set instead of `grid` for chunks that are not one (IndexChunkGrids), with the same rules.
   std::optional<ChunkIndex> index;
+  // Set when this copy holds only some of the stored chunks (a load rank's part of the metadata,
+  // DecodeMetadata with a ChunkFilter in format/native/metadata_codec.h): chunks[i] is the stored
+  // chunk numbered kept[i], ascending. Stored chunk numbers are what crosses ranks (the needs and
+  // plans of shared reads); ChunkNumber and ChunkIndexOfNumber translate. Unset: every chunk,
+  // chunks[i] numbered i. A copy with `kept` set has neither `grid` nor `index`.
+  std::optional<std::vector<uint32_t>> kept;
 
   uint64_t total_bytes() const { return static_cast<uint64_t>(ShapeVolume(shape)) * DTypeSize(dtype); }
   friend bool operator==(const TensorMetadata& a, const TensorMetadata& b) {
-    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.chunks == b.chunks;
+    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.chunks == b.chunks &&
+           a.kept == b.kept;
   }
 };
+
+// Which stored chunks a copy of a checkpoint's metadata keeps (a load rank's part of it: the
+// native decoder's DecodeMetadata): per tensor name, boxes in global coordinates. A tensor keeps
+// the chunks that share a point with one of its boxes (TensorMetadata::kept), and a tensor the
+// filter does not name keeps none.
+using ChunkFilter = std::map<std::string, std::vector<Box>, std::less<>>;
+
+// The stored number of chunks[index] of `tensor` (TensorMetadata::kept).
+inline uint32_t ChunkNumber(const TensorMetadata& tensor, size_t index) {
+  return tensor.kept ? (*tensor.kept)[index] : static_cast<uint32_t>(index);
+}
+
+// The index into `tensor.chunks` of the stored chunk numbered `number`, or nullopt when this copy
+// does not hold it (past the chunks, or not kept).
+std::optional<uint32_t> ChunkIndexOfNumber(const TensorMetadata& tensor, uint64_t number);
 
 enum class ObjectEncoding : uint8_t {
   kJson = 1,    // UTF-8 JSON text of a plain-data value

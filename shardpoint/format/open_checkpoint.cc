@@ -98,9 +98,10 @@ Result<std::string> ReadNativeMetadataFile(Store& store, std::string_view path,
 
 Result<CheckpointMetadata> DecodeNativeCheckpointMetadata(std::string_view bytes,
                                                           std::string_view path,
-                                                          ThreadPool* pool) {
+                                                          ThreadPool* pool,
+                                                          const ChunkFilter* filter) {
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md,
-                      DecodeMetadata(bytes, JoinPath(path, kMetadataFileName), pool));
+                      DecodeMetadata(bytes, JoinPath(path, kMetadataFileName), pool, filter));
   SP_RETURN_IF_ERROR(CheckAndIndex(&md, path, pool));
   return md;
 }

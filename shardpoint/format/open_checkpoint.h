@@ -46,9 +46,12 @@ Result<CheckpointMetadata> OpenCheckpointMetadata(Store& store, std::string_view
 // gives.
 Result<std::string> ReadNativeMetadataFile(Store& store, std::string_view path,
                                            std::string_view prefix = {});
+// With `filter`, the result holds only the chunks it keeps (DecodeMetadata in
+// format/native/metadata_codec.h), and the same bytes give the same error as without it.
 Result<CheckpointMetadata> DecodeNativeCheckpointMetadata(std::string_view bytes,
                                                           std::string_view path,
-                                                          ThreadPool* pool);
+                                                          ThreadPool* pool,
+                                                          const ChunkFilter* filter = nullptr);
 
 // Turns the stored bytes of a kDriverDecoded chunk (`stored`, chunk.stored_length bytes read
 // from its data_offset) into chunk.byte_length row-major bytes at `out`. Errors name the tensor,

@@ -157,10 +157,10 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata,
 }
 
 Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
-                                          ThreadPool* pool) {
+                                          ThreadPool* pool, const ChunkFilter* filter) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<MetadataReader> reader,
                       MetadataReader::Open(std::make_unique<BytesFile>(bytes, path)));
-  return reader->ReadAll(pool);
+  return reader->ReadAll(pool, filter);
 }
 
 Result<std::unique_ptr<MetadataReader>> MetadataReader::Open(std::unique_ptr<ReadableFile> file) {
@@ -240,17 +240,24 @@ Result<ObjectEntry> MetadataReader::ReadObject(std::string_view name) const {
   return native_metadata::DecodeObjectRecord(bytes, std::string(name), newer_minor(), path());
 }
 
-Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool) const {
+Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool,
+                                                   const ChunkFilter* filter) const {
   CheckpointMetadata out = summary_;
   SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
   out.tensors.resize(tensor_names_.size());
   const int64_t count = static_cast<int64_t>(tensor_names_.size());
+  const std::vector<Box> none;
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, count, [&](int64_t i) -> Status {
     const RecordSlot& slot = tensor_slots_[i];
+    const std::vector<Box>* keep = nullptr;
+    if (filter != nullptr) {
+      auto it = filter->find(tensor_names_[i]);
+      keep = it != filter->end() ? &it->second : &none;
+    }
     SP_ASSIGN_OR_RETURN(out.tensors[i],
                         native_metadata::DecodeTensorRecord(
                             std::string_view(tensors).substr(slot.offset, slot.length),
-                            tensor_names_[i], summary_, newer_minor(), path()));
+                            tensor_names_[i], summary_, newer_minor(), path(), keep));
     return OkStatus();
   }));
   SP_ASSIGN_OR_RETURN(std::string objects, ReadSection(kObjectRecords, "object records"));

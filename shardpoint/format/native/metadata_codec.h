@@ -58,9 +58,12 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata,
 // Decodes and validates a whole metadata file held in memory. `path` names it in messages.
 // The result's version fields are those of the file. The tensor records are decoded on `pool`
 // (null: on the calling thread); the result, or the error (that of the first bad record in name
-// order), is the same.
+// order), is the same. With `filter`, each tensor holds only the chunks the filter keeps
+// (TensorMetadata::kept), and the file is checked as without it: every byte against its CRC, every
+// chunk and cell as a chunk, so that the same bytes give the same error whatever the filter.
 Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
-                                          ThreadPool* pool = nullptr);
+                                          ThreadPool* pool = nullptr,
+                                          const ChunkFilter* filter = nullptr);
 
 // Reads a metadata file in part. Open reads and validates the header, the summary and the two
 // name indexes; ReadTensor / ReadObject read and validate one record each.
@@ -84,7 +87,9 @@ class MetadataReader {
   Result<ObjectEntry> ReadObject(std::string_view name) const;
   // Everything, reading the two record sections whole and checking their section CRCs; the
   // tensor records decoded on `pool` as DecodeMetadata does.
-  Result<CheckpointMetadata> ReadAll(ThreadPool* pool = nullptr) const;
+  // With `filter`, each tensor holds only the chunks it keeps (DecodeMetadata).
+  Result<CheckpointMetadata> ReadAll(ThreadPool* pool = nullptr,
+                                     const ChunkFilter* filter = nullptr) const;
 
   // A record's place, relative to its records section, and its CRC32C (public for the codec's
   // own helpers; not part of the reader's contract).

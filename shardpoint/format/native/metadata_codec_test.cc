@@ -9,6 +9,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_sections.h"
 #include "shardpoint/format/native/metadata_test_util.h"
@@ -130,6 +131,101 @@ TEST(MetadataCodecTest, TheInPlaceEncodingIsThePlainLayoutByteForByte) {
 // A commit encodes the metadata from a plan's tensors (their chunks without checksums) and the
 // checksums the ranks reported, kept apart (engine/save.cc): the bytes must be those of the same
 // metadata with the checksums filled in, whatever the order of the plan's tensors.
+// A random box of `shape`: inside it, sometimes empty, sometimes the whole shape, and now and then
+// one a filter cannot use (another rank, or past the shape).
+Box RandomFilterBox(std::mt19937_64& rng, const Shape& shape) {
+  Box box = Box::Whole(shape);
+  const uint64_t kind = rng() % 10;
+  if (kind == 0) return box;
+  if (kind == 1 && !shape.empty()) {
+    box.sizes[0] = shape[0] + 1;  // past the shape
+    return box;
+  }
+  if (kind == 2) {
+    box.offsets.push_back(0);  // another rank
+    box.sizes.push_back(1);
+    return box;
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) continue;
+    box.offsets[d] = static_cast<int64_t>(rng() % static_cast<uint64_t>(shape[d]));
+    box.sizes[d] = static_cast<int64_t>(rng() % static_cast<uint64_t>(shape[d] - box.offsets[d] + 1));
+  }
+  return box;
+}
+
+TEST(MetadataCodecTest, AFilterKeepsExactlyTheChunksItsBoxesReachUnderTheirStoredNumbers) {
+  ThreadPool pool(3);
+  uint64_t partial = 0, whole = 0, none = 0;
+  for (uint64_t seed = 0; seed < 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const CheckpointMetadata m = RandomMetadata(seed, 16);
+    const std::string bytes = EncodeMetadata(m);
+    const CheckpointMetadata full = DecodeMetadata(bytes, "/c/shardpoint.metadata").value();
+    std::mt19937_64 rng(seed);
+    ChunkFilter filter;
+    for (const TensorMetadata& t : m.tensors) {
+      if (rng() % 5 == 0) continue;  // not named: keeps none
+      std::vector<Box>& boxes = filter[t.name];
+      for (int n = static_cast<int>(rng() % 4); n > 0; --n) {
+        boxes.push_back(RandomFilterBox(rng, t.shape));
+      }
+    }
+    Result<CheckpointMetadata> part =
+        DecodeMetadata(bytes, "/c/shardpoint.metadata", seed % 2 ? &pool : nullptr, &filter);
+    ASSERT_TRUE(part.ok()) << part.status();
+    EXPECT_EQ(WithoutTensors(*part), WithoutTensors(full));
+    ASSERT_EQ(part->tensors.size(), full.tensors.size());
+    for (size_t i = 0; i < full.tensors.size(); ++i) {
+      const TensorMetadata& f = full.tensors[i];
+      const TensorMetadata& p = part->tensors[i];
+      SCOPED_TRACE(f.name);
+      // The plain reference: every chunk that shares a point with a usable box of the filter.
+      std::vector<uint32_t> reached;
+      auto it = filter.find(f.name);
+      for (uint32_t c = 0; c < f.chunks.size() && it != filter.end(); ++c) {
+        for (const Box& box : it->second) {
+          if (box.rank() == f.shape.size() && !box.empty() && WithinShape(box, f.shape) &&
+              Intersect(box, f.chunks[c].box).has_value()) {
+            reached.push_back(c);
+            break;
+          }
+        }
+      }
+      EXPECT_EQ(p.name, f.name);
+      EXPECT_EQ(p.dtype, f.dtype);
+      EXPECT_EQ(p.shape, f.shape);
+      if (reached.size() == f.chunks.size()) {  // every chunk: the whole tensor, grid and all
+        ++whole;
+        EXPECT_EQ(p, f);
+        EXPECT_FALSE(p.kept.has_value());
+        EXPECT_EQ(p.grid, f.grid);
+        continue;
+      }
+      reached.empty() ? ++none : ++partial;
+      ASSERT_TRUE(p.kept.has_value());
+      EXPECT_EQ(*p.kept, reached);
+      EXPECT_FALSE(p.grid.has_value());
+      EXPECT_FALSE(p.index.has_value());
+      ASSERT_EQ(p.chunks.size(), reached.size());
+      for (size_t k = 0; k < reached.size(); ++k) {
+        EXPECT_EQ(p.chunks[k], f.chunks[reached[k]]);  // box, file, bytes and checksums
+        EXPECT_EQ(ChunkNumber(p, k), reached[k]);
+        EXPECT_EQ(ChunkIndexOfNumber(p, reached[k]), std::optional<uint32_t>(k));
+      }
+      for (uint32_t c = 0; c <= f.chunks.size(); ++c) {
+        if (!std::binary_search(reached.begin(), reached.end(), c)) {
+          EXPECT_EQ(ChunkIndexOfNumber(p, c), std::nullopt) << "chunk " << c;
+        }
+      }
+    }
+  }
+  // Every kind of outcome came up.
+  EXPECT_GT(partial, 50u);
+  EXPECT_GT(whole, 50u);
+  EXPECT_GT(none, 50u);
+}
+
 TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));

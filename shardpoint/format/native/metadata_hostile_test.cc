@@ -287,6 +287,27 @@ TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
   EXPECT_NE(outside.status().message().find("chunk 2: bytes [200, +20) lie outside the 120 data"),
             std::string::npos)
       << outside.status();
+  // A rank that keeps only cell 0 finds cell 2 outside its file all the same.
+  const std::vector<Box> first_cell = {Box({0, 0}, {1, 1})};
+  EXPECT_EQ(native_metadata::DecodeTensorRecord(far, "g", summary, false, kPath, &first_cell)
+                .status(),
+            outside.status());
+  Result<TensorMetadata> kept =
+      native_metadata::DecodeTensorRecord(GridRecord({{4, 8}, {5}}, 6), "g", summary, false,
+                                          kPath, &first_cell);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->kept, std::vector<uint32_t>{0});
+  EXPECT_EQ(kept->chunks, std::vector<StoredChunk>{good->chunks[0]});
+  // Checksums cut short: the same cell named, kept or not.
+  std::string short_crcs = GridRecord({{4, 8}, {5}}, 6);
+  short_crcs.resize(short_crcs.size() - 3);
+  const Status short_whole = decode(short_crcs).status();
+  EXPECT_NE(short_whole.message().find("block checksums cannot fit"), std::string::npos)
+      << short_whole;
+  EXPECT_EQ(native_metadata::DecodeTensorRecord(short_crcs, "g", summary, false, kPath,
+                                                &first_cell)
+                .status(),
+            short_whole);
   std::string unknown = GridRecord({{4, 8}, {5}}, 6);
   unknown[2 + 16] = 7;
   EXPECT_NE(decode(unknown).status().message().find("unknown layout 7"), std::string::npos);
@@ -360,6 +381,44 @@ TEST(MetadataHostileTest, APoolDecodesAlikeAndReportsTheSameFirstBadRecord) {
     } else {  // a change the checks cannot see (a checksum value, an offset within its file)
       ExpectMetadataEq(*pooled_result, *inline_result);
     }
+  }
+  EXPECT_GT(rejected, 250);
+}
+
+// A rank that keeps part of the chunks (DecodeMetadata with a filter) checks every byte and every
+// chunk as a whole decoding does: damaged records behind fixed checksums fail it with the same
+// message, whichever chunks it keeps, so the ranks of a load that decode the same bytes agree.
+TEST(MetadataHostileTest, AFilteredDecodingFailsExactlyAsAWholeOne) {
+  ThreadPool pool(4);
+  CheckpointMetadata m = RandomMetadata(43, 48);
+  const std::string bytes = EncodeMetadata(m);
+  std::mt19937_64 rng(43);
+  // Three filters: the first chunk of every tensor, one box in the middle of each, nothing.
+  std::vector<ChunkFilter> filters(3);
+  for (const TensorMetadata& t : m.tensors) {
+    if (!t.chunks.empty()) filters[0][t.name] = {t.chunks.front().box};
+    Box middle = Box::Whole(t.shape);
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      middle.offsets[d] = t.shape[d] / 2;
+      middle.sizes[d] = t.shape[d] > 0 ? 1 : 0;
+    }
+    filters[1][t.name] = {middle};
+  }
+  std::vector<SectionBytes> sections = SplitSections(bytes);
+  int rejected = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<SectionBytes> s = sections;
+    std::string& records = s[2].bytes;  // the tensor records
+    for (int n = 1 + rng() % 6; n > 0; --n) records[rng() % records.size()] ^= 1 + rng() % 255;
+    const std::string damaged = Assemble(s, 0);
+    const Result<CheckpointMetadata> whole = DecodeMetadata(damaged, kPath);
+    for (const ChunkFilter& filter : filters) {
+      Result<CheckpointMetadata> part =
+          DecodeMetadata(damaged, kPath, trial % 2 ? &pool : nullptr, &filter);
+      ASSERT_EQ(part.ok(), whole.ok()) << (whole.ok() ? part.status() : whole.status());
+      if (!whole.ok()) ASSERT_EQ(part.status(), whole.status());
+    }
+    rejected += !whole.ok();
   }
   EXPECT_GT(rejected, 250);
 }

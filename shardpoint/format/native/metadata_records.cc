@@ -1,6 +1,8 @@
 // Tensor and object records of the native metadata file (docs/FORMAT.md §3.5-3.6).
+#include <algorithm>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/format/chunk_grid.h"
@@ -259,8 +261,31 @@ bool CellBytesHold(uint32_t file, uint64_t data_offset, uint64_t byte_length,
   return file < summary.files.size() && InDataBytes(summary.files[file], data_offset, byte_length);
 }
 
+// Whether a box of a filter can reach a chunk of a tensor of `shape`: of its rank, not empty and
+// inside it (a load plan refuses the others).
+bool ReachesChunks(const Box& box, const Shape& shape) {
+  return box.rank() == shape.size() && !box.empty() && WithinShape(box, shape);
+}
+
+// The cells of `grid` that share a point with one of `keep`, sorted and unique.
+std::vector<uint32_t> KeptCells(const ChunkGrid& grid, const Shape& shape,
+                                const std::vector<Box>& keep) {
+  std::vector<uint32_t> cells;
+  for (const Box& box : keep) {
+    if (ReachesChunks(box, shape)) GridChunksIntersecting(grid, box, &cells);
+  }
+  std::sort(cells.begin(), cells.end());
+  cells.erase(std::unique(cells.begin(), cells.end()), cells.end());
+  return cells;
+}
+
+// Every cell is checked (its file and bytes, then its checksum count against the bytes left), in
+// the order and with the messages of a decoding that keeps them all, so that every copy of the
+// metadata decoded from the same bytes fails alike, whatever it keeps. With `keep`, only the
+// cells that share a point with one of its boxes become chunks (TensorMetadata::kept).
 Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
-                       std::string_view path, TensorMetadata* tensor) {
+                       std::string_view path, const std::vector<Box>* keep,
+                       TensorMetadata* tensor) {
   const ChunkGrid& grid = *tensor->grid;
   const uint64_t cells = grid.cell_count();
   if (cells > r.remaining() / 12) {
@@ -269,6 +294,11 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   // The (file, data_offset) table has fixed width and fits (checked above): read it in place.
   SP_ASSIGN_OR_RETURN(std::string_view table, r.ReadRaw(cells * 12));
+  std::vector<uint32_t> kept;
+  if (keep != nullptr) {
+    kept = KeptCells(grid, tensor->shape, *keep);
+    if (kept.size() == cells) keep = nullptr;  // every cell: the whole grid, as without a filter
+  }
   const uint64_t item = DTypeSize(tensor->dtype);
   const size_t rank = grid.bounds.size();
   // The cells in chunk order, the last dimension fastest: each box is the one before it with the
@@ -282,17 +312,40 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     box.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
   }
   tensor->chunks.clear();
-  tensor->chunks.reserve(cells);
+  tensor->chunks.reserve(keep != nullptr ? kept.size() : cells);
+  // Where each chunk's checksums begin among the cells' (in checksums), and the first cell whose
+  // checksums do not fit in the bytes left (reported only when every cell's bytes hold, as a
+  // decoding that checks the bytes of all cells first reports it).
+  std::vector<uint64_t> crc_at;
+  crc_at.reserve(tensor->chunks.capacity());
+  const uint64_t crc_bytes = r.remaining();
+  uint64_t crc_count = 0;
+  std::optional<Status> crcs_overflow;
+  size_t next_kept = 0;
   for (uint64_t c = 0; c < cells; ++c) {
     const char* entry = table.data() + c * 12;
     const uint32_t file = DecodeFixed32(entry);
     const uint64_t data_offset = DecodeFixed64(entry + 4);
     const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * item;  // within the shape
-    StoredChunk& chunk = tensor->chunks.emplace_back(box, file, data_offset, byte_length);
+    const bool kept_here = keep == nullptr || (next_kept < kept.size() && kept[next_kept] == c);
     if (!CellBytesHold(file, data_offset, byte_length, summary)) {
-      SP_RETURN_IF_ERROR(
-          CheckChunkBytes(chunk, byte_length, summary, ChunkWhere{where, c}, path));
+      SP_RETURN_IF_ERROR(CheckChunkBytes(StoredChunk(box, file, data_offset, byte_length),
+                                         byte_length, summary, ChunkWhere{where, c}, path));
     }
+    const uint64_t blocks = ChecksumBlockCount(byte_length, summary.checksum_block_bytes);
+    if (!crcs_overflow && blocks > (crc_bytes - crc_count * 4) / 4) {
+      crcs_overflow = Corrupt(path, where + " chunk " + std::to_string(c) + ": " +
+                                        std::to_string(blocks) +
+                                        " block checksums cannot fit in the " +
+                                        std::to_string(crc_bytes - crc_count * 4) +
+                                        " remaining bytes");
+    }
+    if (kept_here) {
+      tensor->chunks.emplace_back(box, file, data_offset, byte_length);
+      crc_at.push_back(crc_count);
+      next_kept += keep != nullptr;
+    }
+    if (!crcs_overflow) crc_count += blocks;
     for (size_t d = rank; d-- > 0;) {
       const std::vector<int64_t>& bounds = grid.bounds[d];
       if (++at[d] + 1 < bounds.size()) {
@@ -305,42 +358,61 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
       box.sizes[d] = bounds[1] - bounds[0];
     }
   }
-  for (uint64_t c = 0; c < cells; ++c) {
-    StoredChunk& chunk = tensor->chunks[c];
+  if (crcs_overflow) return *crcs_overflow;
+  SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(crc_count * 4));
+  for (size_t i = 0; i < tensor->chunks.size(); ++i) {
+    StoredChunk& chunk = tensor->chunks[i];
     const uint64_t blocks = ChecksumBlockCount(chunk.byte_length, summary.checksum_block_bytes);
-    if (blocks > r.remaining() / 4) {
-      return Corrupt(path, where + " chunk " + std::to_string(c) + ": " + std::to_string(blocks) +
-                               " block checksums cannot fit in the " +
-                               std::to_string(r.remaining()) + " remaining bytes");
-    }
-    SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(blocks * 4));
     chunk.block_crc32c.resize(blocks);
     for (uint64_t b = 0; b < blocks; ++b) {
-      chunk.block_crc32c[b] = DecodeFixed32(crcs.data() + b * 4);
+      chunk.block_crc32c[b] = DecodeFixed32(crcs.data() + (crc_at[i] + b) * 4);
     }
+  }
+  if (keep != nullptr) {
+    tensor->grid.reset();
+    tensor->kept = std::move(kept);
   }
   return OkStatus();
 }
 
+// Whether `chunk` of a tensor of `shape` shares a point with one of `keep`.
+bool SharesAPointWith(const StoredChunk& chunk, const Shape& shape, const std::vector<Box>& keep) {
+  for (const Box& box : keep) {
+    if (ReachesChunks(box, shape) && Intersect(box, chunk.box).has_value()) return true;
+  }
+  return false;
+}
+
+// Every chunk is decoded and checked; with `keep`, only those that share a point with one of its
+// boxes are kept (TensorMetadata::kept).
 Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
-                       std::string_view path, TensorMetadata* tensor) {
+                       std::string_view path, const std::vector<Box>* keep,
+                       TensorMetadata* tensor) {
   const size_t rank = tensor->shape.size();
   SP_ASSIGN_OR_RETURN(uint32_t chunk_count, r.ReadCount(4 + 8 + 8 + 16 * rank + 4));
   if (chunk_count > kMaxChunks) return Corrupt(path, where + ": too many chunks");
-  tensor->chunks.resize(chunk_count);
+  std::vector<uint32_t> kept;
+  StoredChunk scratch;
+  if (keep == nullptr) tensor->chunks.resize(chunk_count);
   const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor->shape));
   uint64_t covered = 0;
   for (uint32_t i = 0; i < chunk_count && covered <= shape_volume; ++i) {
     uint64_t volume = 0;
+    StoredChunk* chunk = keep == nullptr ? &tensor->chunks[i] : &scratch;
     SP_RETURN_IF_ERROR(
-        DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, &tensor->chunks[i], &volume));
+        DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, chunk, &volume));
     covered += volume;  // both terms <= 2^62 here: no overflow
+    if (keep != nullptr && SharesAPointWith(scratch, tensor->shape, *keep)) {
+      tensor->chunks.push_back(scratch);
+      kept.push_back(i);
+    }
   }
   if (covered != shape_volume) {
     return Corrupt(path, where + ": chunks hold " + std::to_string(covered) +
                              " elements, the shape " + ShapeToString(tensor->shape) + " has " +
                              std::to_string(ShapeVolume(tensor->shape)));
   }
+  if (keep != nullptr && kept.size() != chunk_count) tensor->kept = std::move(kept);
   return OkStatus();
 }
 
@@ -384,7 +456,7 @@ uint64_t TensorRecordBound(const TensorMetadata& tensor, const ChunkChecksums::T
 
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
                                           const CheckpointMetadata& summary, bool newer_minor,
-                                          std::string_view path) {
+                                          std::string_view path, const std::vector<Box>* keep) {
   const std::string where = "tensor \"" + name + "\"";
   ByteReader r(bytes, "metadata file " + std::string(path) + ", " + where);
   TensorMetadata tensor;
@@ -401,10 +473,10 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
     SP_ASSIGN_OR_RETURN(layout, r.ReadU8());
   }
   if (layout == kChunkList) {
-    SP_RETURN_IF_ERROR(DecodeChunkList(r, summary, where, path, &tensor));
+    SP_RETURN_IF_ERROR(DecodeChunkList(r, summary, where, path, keep, &tensor));
   } else if (layout == kGrid) {
     SP_ASSIGN_OR_RETURN(tensor.grid, DecodeGridBounds(r, tensor.shape, where, path));
-    SP_RETURN_IF_ERROR(DecodeGridCells(r, summary, where, path, &tensor));
+    SP_RETURN_IF_ERROR(DecodeGridCells(r, summary, where, path, keep, &tensor));
   } else {
     return Corrupt(path, where + ": unknown layout " + std::to_string(layout));
   }

@@ -102,10 +102,13 @@ void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_by
 uint64_t TensorRecordBound(const TensorMetadata& tensor,
                            const ChunkChecksums::Tensor* apart = nullptr);
 // `summary` supplies the files, the checksum block size the chunks are checked against and the
-// version of the record.
+// version of the record. With `keep`, the result holds only the chunks that share a point with
+// one of its boxes (TensorMetadata::kept; none for an empty list), and every chunk is checked as
+// without it, with the same error for the same bytes.
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
                                           const CheckpointMetadata& summary, bool newer_minor,
-                                          std::string_view path);
+                                          std::string_view path,
+                                          const std::vector<Box>* keep = nullptr);
 
 std::string EncodeObjectRecord(const ObjectEntry& object);
 Result<ObjectEntry> DecodeObjectRecord(std::string_view bytes, std::string name, bool newer_minor,
