@@ -82,7 +82,8 @@ void Run(Communicator& comm, MpiChecks& checks) {
   // Loads `box` of the tensor with `gate` on and `share` reads; returns what read_gate_ranks
   // said, -1 on error.
   auto load = [&](const Box& box, bool gate, std::optional<bool> share, const std::string& name,
-                  Communicator* via = nullptr, uint64_t* bytes_read = nullptr) {
+                  Communicator* via = nullptr, uint64_t* bytes_read = nullptr,
+                  uint64_t* metadata_chunks = nullptr) {
     std::vector<float> out(static_cast<size_t>(box.sizes[0] * box.sizes[1]), -1.0f);
     LoadState state;
     state.tensors.push_back(LoadTensor{
@@ -97,8 +98,19 @@ void Run(Communicator& comm, MpiChecks& checks) {
     checks.Expect(name + " is bit-exact",
                   out == Block(box.offsets[0], box.sizes[0], box.offsets[1], box.sizes[1]));
     if (bytes_read != nullptr) *bytes_read = loaded.ok() ? loaded->bytes_read : 0;
+    if (metadata_chunks != nullptr) *metadata_chunks = loaded.ok() ? loaded->metadata_chunks : 0;
     return loaded.ok() ? loaded->read_gate_ranks : -1;
   };
+  // The metadata holds n row blocks of each tensor. Rank 0 (the coordinator) keeps them all; every
+  // other process keeps only the chunks its boxes reach (LoadOptions::own_chunks_only): its own
+  // row block of "w", nothing of "big", which it does not load.
+  {
+    uint64_t held = 0;
+    load(Box{{rank * rows, 0}, {rows, kCols}}, true, false, "own rows", nullptr, nullptr, &held);
+    checks.Expect("own rows: the chunks this process's copy of the metadata holds",
+                  held == (rank == 0 ? 2 * static_cast<uint64_t>(n) : 1),
+                  std::to_string(held) + " chunks");
+  }
   const Box same{{rank * rows, 0}, {rows, kCols}};
   const Box columns{{0, rank * (kCols / n)}, {kRows, kCols / n}};
   checks.Expect("same layout: one gate for the machine",
@@ -126,6 +138,11 @@ void Run(Communicator& comm, MpiChecks& checks) {
     Result<LoadResult> loaded = Load(state, path, options);
     if (!loaded.ok()) return loaded;
     checks.Expect(name + " are bit-exact", out == Block(0, n * kBigRows, rank * cols, cols));
+    // Every row block of "big" and none of "w" (rank 0: all of both), numbered as stored when
+    // they cross processes.
+    checks.Expect(name + ": the chunks this process's copy of the metadata holds",
+                  loaded->metadata_chunks == static_cast<uint64_t>(rank == 0 ? 2 * n : n),
+                  std::to_string(loaded->metadata_chunks) + " chunks");
     const uint64_t stored = static_cast<uint64_t>(n * kBigRows * kBigCols) * 4;
     checks.Expect(name + ": each process reads its share",
                   loaded->bytes_read > 0 && loaded->bytes_read <= stored / n + stored / 8,

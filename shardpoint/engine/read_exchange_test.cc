@@ -477,6 +477,24 @@ TEST(ReadExchangeTest, PlansRoundTripAndHostileBytesAreRefusedByName) {
   none.rounds.clear();
   EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(none), md, 2, 5, 0).status(),
             DataLossError("exchange plan from rank 0: no rounds; expected at least one"));
+
+  // A rank that holds part of the chunks (TensorMetadata::kept) gets the chunks by their stored
+  // numbers and turns them into its own indices: here it holds chunk 1 of t0 and chunks 0 and 1
+  // of t1 (chunk 0 of t0 is not its), as if its boxes reached only those.
+  CheckpointMetadata part = md;
+  part.tensors[0].chunks = {md.tensors[0].chunks[1]};
+  part.tensors[0].kept = std::vector<uint32_t>{1};
+  part.tensors[0].grid.reset();
+  part.tensors[0].index.reset();
+  ExchangePlan mine = plan;
+  mine.rounds[0].send = {{1, {ChunkNeed{0, 1, Box({5, 3}, {2, 10})}}}};
+  ExchangePlan expected = mine;
+  expected.rounds[0].send[0].second[0].chunk = 0;  // its index in this rank's part
+  EXPECT_EQ(DecodeExchangePlan(EncodeExchangePlan(mine), part, 2, 5, 0).value(), expected);
+  EXPECT_EQ(DecodeExchangePlan(bytes, part, 2, 5, 0).status(),
+            DataLossError("exchange plan from rank 0: sends of round 0 names tensor 0 chunk 0, "
+                          "which this rank's part of the metadata does not hold (its boxes do "
+                          "not reach it)"));
 }
 
 // Counts what each rank receives from the collectives, and which it calls.
