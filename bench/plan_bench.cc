@@ -856,7 +856,7 @@ int main(int argc, char** argv) {
   for (sp::TensorMetadata& t : bare.tensors) t.grid.reset(), t.index.reset();
   const Timing own_found = Median([&] { return sp::PlanLoad(own, bare, sp::LoadPlanOptions{}); });
   bare = {};
-  // The same rank's part of the metadata, as a load rank other than the coordinator and rank 0
+  // The same rank's part of the metadata, as a load rank other than rank 0
   // decodes it (LoadOptions::own_chunks_only): every byte checked, only the chunks its boxes reach
   // kept; and its load plan on that part, which must pair the same reads.
   sp::ChunkFilter filter;

@@ -52,7 +52,7 @@ nb::tuple Load(const std::string& path, nb::handle tensors, nb::handle object_na
   nb::list found;
   for (const ObjectEntry& object : loaded.objects) found.append(ObjectToPython(object));
   return nb::make_tuple(nb::cast(loaded.missing_keys), nb::cast(loaded.unexpected_keys), found,
-                        loaded.bytes_read, loaded.read_gate_ranks);
+                        loaded.bytes_read, loaded.read_gate_ranks, loaded.metadata_chunks);
 }
 
 CheckpointMetadata ReadMetadataReleased(const std::string& path, bool allow_external_links) {
@@ -134,8 +134,8 @@ void DefineCheckpointFunctions(nb::module_& m) {
         "over options.comm.");
   m.def("load", &Load, "path"_a, "tensors"_a, "object_names"_a, "options"_a = PyLoadOptions(),
         "Loads the checkpoint at `path` into the pieces' arrays, in place (a LoadOptions says\n"
-        "how). Returns (missing_keys, unexpected_keys, objects, bytes_read, read_gate_ranks). Collective over\n"
-        "options.comm.");
+        "how). Returns (missing_keys, unexpected_keys, objects, bytes_read, read_gate_ranks,\n"
+        "metadata_chunks). Collective over options.comm.");
   m.def(
       "read_metadata",
       &ReadMetadataReleased, "path"_a, nb::kw_only(), "allow_external_links"_a = false,

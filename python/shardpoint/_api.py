@@ -63,13 +63,17 @@ class CheckpointInfo:
 @dataclass(frozen=True)
 class LoadResult:
     """Keys wanted but not stored (non-strict loads), keys stored but not wanted, bytes read here,
-    and how many ranks read through one gate with this one (``read_gate_ranks``: the ranks of this
-    machine in other processes and this one, 1 when its reads had a gate of their own)."""
+    how many ranks read through one gate with this one (``read_gate_ranks``: the ranks of this
+    machine in other processes and this one, 1 when its reads had a gate of their own), and the
+    stored chunks this rank's copies of the checkpoint's metadata held, summed over the load's
+    batches (``metadata_chunks``: a process other than rank 0 keeps only those its own boxes
+    reach)."""
 
     missing_keys: list[str]
     unexpected_keys: list[str]
     bytes_read: int = 0
     read_gate_ranks: int = 1
+    metadata_chunks: int = 0
 
 
 @dataclass(frozen=True)
@@ -334,14 +338,14 @@ def load(state_dict: Mapping[str, Any], path: PathLike, *, process_group: Any = 
                                      machine_read_gate=bool(machine_read_gate))
 
     loader = _BatchLoad(path, flat, comm, options_for, staging_budget)
-    missing, unexpected, objects, bytes_read, gate_ranks = loader.run(
+    missing, unexpected, objects, bytes_read, gate_ranks, chunks = loader.run(
         object_names, lambda values, plans: _mapped_load.map_load(path, values, plans, mapping, strict, cast,
                                                                   allow_external_links))
     for name, encoding, payload in objects:
         set_by_path(state_dict, paths[name], decode_object(name, encoding, payload, allow_pickle, flat[name], path))
     load_stateful()
     return LoadResult(list(missing), [k for k in unexpected if k not in empty_dicts], int(bytes_read),
-                      int(gate_ranks))
+                      int(gate_ranks), int(chunks))
 
 
 def _local_tensor(value: Any) -> Any:
@@ -453,7 +457,7 @@ class _BatchLoad:
                 units.append((members, nbytes))
         return device_batches(host, units, half)
 
-    def run(self, object_names: list[str], map_load: Any) -> tuple[list[str], list[str], list, int, int]:
+    def run(self, object_names: list[str], map_load: Any) -> tuple[list[str], list[str], list, int, int, int]:
         total = 0
         for key in self.keys:
             local = _local_tensor(self.flat[key])
@@ -462,7 +466,7 @@ class _BatchLoad:
         missing: dict[str, None] = {}
         unexpected: Optional[list[str]] = None
         objects: list = []
-        bytes_read, gate_ranks = 0, 1
+        bytes_read, gate_ranks, chunks = 0, 1, 0
         with self.staging.lock if self.staging is not None else contextlib.nullcontext():
             try:
                 if self.staging is not None:
@@ -470,14 +474,15 @@ class _BatchLoad:
                                        self.needs)
 
                 def complete(i: int, prepared: tuple, loaded: tuple) -> None:
-                    nonlocal unexpected, objects, bytes_read, gate_ranks
+                    nonlocal unexpected, objects, bytes_read, gate_ranks, chunks
                     batch = self._complete(i, prepared, loaded)
                     missing.update(dict.fromkeys(batch[0]))
                     unexpected = list(batch[1]) if unexpected is None else [k for k in unexpected if k in set(batch[1])]
                     objects += batch[2]
                     bytes_read += batch[3]
                     gate_ranks = max(gate_ranks, batch[4])
-                    progress.advance(batch[5])
+                    chunks += batch[5]
+                    progress.advance(batch[6])
 
                 pipelined(len(self.batches), len(self.lanes),
                           lambda i, lane: self._prepare(i, self.batches[i], object_names if i == 0 else [], map_load,
@@ -490,7 +495,7 @@ class _BatchLoad:
                     _torch.set_load_pool(None)
                     self.staging.finish()
         progress.finish()
-        return list(missing), list(unexpected or []), objects, bytes_read, gate_ranks
+        return list(missing), list(unexpected or []), objects, bytes_read, gate_ranks, chunks
 
     def _prepare(self, batch: int, keys: list[str], object_names: list[str], map_load: Any,
                  comm: Optional[_dist.TorchComm]) -> tuple:
@@ -519,7 +524,7 @@ class _BatchLoad:
         """After a batch's core load: its copies to the destinations (to the device on the copy
         streams, the half's events recorded for its reuse)."""
         plans, mapped = prepared[0], prepared[1]
-        missing, unexpected, objects, bytes_read, gate_ranks = loaded
+        missing, unexpected, objects, bytes_read, gate_ranks, chunks = loaded
         copies = mapped.after_load if mapped else [c for p in plans for c in p.after_load]
         if self.staging is not None:
             self.staging.to_device(batch, copies)
@@ -528,7 +533,7 @@ class _BatchLoad:
                 copy_back()
         if mapped:
             missing = mapped.missing_keys(missing)
-        return missing, unexpected, objects, bytes_read, gate_ranks, sum(p.nbytes for p in plans)
+        return missing, unexpected, objects, bytes_read, gate_ranks, chunks, sum(p.nbytes for p in plans)
 
 
 class SaveHandle:
@@ -783,7 +788,7 @@ def load_full(path: PathLike, *, keys: Optional[Sequence[str]] = None, allow_pic
     for i, batch in enumerate(batches):  # batches keep the bar moving; each reads its tensors once
         mapped = _mapped_load.to_stored(batch, resolved) if resolved is not None else None
         with translated():
-            _, _, found, _, _ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
+            _, _, found, *_ = _core.load(path, [p.entry() for p in (mapped.plans if mapped else batch)],
                                         object_names if i == 0 else [], options)
         for copy_back in mapped.after_load if mapped else []:
             copy_back()

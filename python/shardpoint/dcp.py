@@ -318,7 +318,7 @@ class StorageReader(_storage.StorageReader):
                         options = _core.LoadOptions()
                         if self.threads:
                             options.threads = self.threads
-                        _, _, found, _, _ = _core.load(self.path, tensors, wanted if b == 0 else [], options)
+                        _, _, found, *_ = _core.load(self.path, tensors, wanted if b == 0 else [], options)
                     objects += found
                     copies = [copy for _, copy, _ in reads if copy is not None]
                     if staging is not None:

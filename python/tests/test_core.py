@@ -119,7 +119,7 @@ def test_numpy_round_trip_of_every_dtype(tmp_path):
     path = str(tmp_path / "ckpt")
     _core.save(path, [whole("t." + n, n, a) for n, a in arrays.items()], [])
     outs = {n: np.zeros_like(a) for n, a in arrays.items()}
-    missing, unexpected, objects, bytes_read, _ = _core.load(
+    missing, unexpected, objects, bytes_read, _, _ = _core.load(
         path, [whole("t." + n, n, o) for n, o in outs.items()], [])
     assert (missing, unexpected, objects) == ([], [], [])
     assert bytes_read == sum(a.nbytes for a in arrays.values())
@@ -140,7 +140,7 @@ def test_pieces_reshard_and_objects(tmp_path):
                _core.SaveOptions(attributes={"step": "12"}))
     left = np.zeros((6, 3), np.float32)
     right = np.zeros((6, 7), np.float32)
-    missing, unexpected, objects, _, _ = _core.load(
+    missing, unexpected, objects, *_ = _core.load(
         path, [("w", "float32", (6, 10), [((0, 0), (6, 3), left), ((0, 3), (6, 7), right)])],
         ["cfg", "absent"], _core.LoadOptions(strict=False))
     assert np.concatenate([left, right], axis=1).tobytes() == full.tobytes()
@@ -262,7 +262,7 @@ def test_multi_rank_save_and_resharded_load_through_a_python_comm(tmp_path):
         return out, result
 
     results = run_ranks(2, load)
-    for rank, (out, (missing, unexpected, objects, _, _)) in enumerate(results):
+    for rank, (out, (missing, unexpected, objects, *_)) in enumerate(results):
         assert out.tobytes() == full[:, 3 * rank:3 * rank + 3].tobytes()
         assert unexpected == ["r"] and missing == [] and objects == [("step", "json", b"5")]
 

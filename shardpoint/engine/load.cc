@@ -148,8 +148,8 @@ struct LoadMetadata {
   std::shared_ptr<const CheckpointMetadata> metadata;
 };
 
-// With `filter`, a rank other than `root` and rank 0 keeps only the chunks it names in its copy of
-// a native checkpoint's metadata (LoadOptions::own_chunks_only).
+// With `filter`, a rank other than rank 0 (which plans shared reads for all) keeps only the chunks
+// it names in its copy of a native checkpoint's metadata (LoadOptions::own_chunks_only).
 Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std::string_view path,
                                     int root, const ChunkFilter* filter) {
   const bool share = comm.shares_memory() && comm.size() > 1;
@@ -200,7 +200,7 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
   // which read the file, as when it decoded the file alone.
   const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
   const bool native = kind == kNativeFileFollows;
-  const bool part = filter != nullptr && comm.rank() != root && comm.rank() != 0;
+  const bool part = filter != nullptr && comm.rank() != 0;
   Result<CheckpointMetadata> metadata =
       native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool(), part ? filter : nullptr)
              : DecodeMetadataFromWire(body, &ctx.pool());

@@ -103,7 +103,7 @@ struct LoadOptions {
   // already, and each process tunes its own. false: each process tunes its own.
   bool machine_read_gate = true;
   // Which stored chunks each rank's copy of the metadata holds. Ranks in separate address spaces,
-  // other than the coordinator and rank 0 (which plans shared reads for every rank), decode the
+  // other than rank 0 (which plans shared reads for every rank), the coordinator too, decode the
   // native metadata file the coordinator broadcasts keeping only the chunks their own boxes reach
   // (TensorMetadata::kept), while checking every byte and every chunk as a whole decoding does, so
   // that a damaged file fails every rank alike. At 8,192 ranks x 1,000 tensors a whole copy is 4.9
