@@ -953,6 +953,23 @@ TEST_F(EngineFailureTest, ALoadsRanksReceiveATorchDcpCheckpointsMetadataEncodedF
   SaveA(&base);
   const CheckpointMetadata opened = OpenCheckpointMetadata(base, kPath, &pool_).value();
   ExpectMetadataBroadcast(&base, 'W', EncodeMetadataForWire(opened));
+  // Every rank but rank 0 keeps only the chunks its boxes reach (LoadOptions::own_chunks_only),
+  // from the wire as from a native file, and the load is bit-exact.
+  uint64_t all = 0;
+  for (const TensorMetadata& t : opened.tensors) all += t.chunks.size();
+  broadcast_tap_ = [](int, std::string&) {};  // ranks as separate processes would be
+  std::vector<spt::RankShards> shards;
+  std::vector<LoadResult> results;
+  const std::vector<Status> statuses = LoadAll(&base, &shards, &results);
+  broadcast_tap_ = nullptr;
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  std::string first;
+  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+  EXPECT_EQ(results[0].metadata_chunks, all);
+  for (int r = 1; r < kLoadRanks; ++r) {
+    EXPECT_GT(results[r].metadata_chunks, 0u) << "rank " << r;
+    EXPECT_LT(results[r].metadata_chunks, all) << "rank " << r;
+  }
 }
 
 // Counts a rank's all-gathers and what its scatters bring it.

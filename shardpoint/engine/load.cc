@@ -203,7 +203,7 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
   const bool part = filter != nullptr && comm.rank() != 0;
   Result<CheckpointMetadata> metadata =
       native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool(), part ? filter : nullptr)
-             : DecodeMetadataFromWire(body, &ctx.pool());
+             : DecodeMetadataFromWire(body, &ctx.pool(), part ? filter : nullptr);
   if (!metadata.ok() && native) {
     return Status(metadata.status().code(),
                   "rank " + std::to_string(root) + ": " + metadata.status().message());

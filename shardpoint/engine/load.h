@@ -103,13 +103,13 @@ struct LoadOptions {
   // already, and each process tunes its own. false: each process tunes its own.
   bool machine_read_gate = true;
   // Which stored chunks each rank's copy of the metadata holds. Ranks in separate address spaces,
-  // other than rank 0 (which plans shared reads for every rank), the coordinator too, decode the
-  // native metadata file the coordinator broadcasts keeping only the chunks their own boxes reach
-  // (TensorMetadata::kept), while checking every byte and every chunk as a whole decoding does, so
-  // that a damaged file fails every rank alike. At 8,192 ranks x 1,000 tensors a whole copy is 4.9
-  // million chunks, 600 MiB in each process (docs/PERFORMANCE.md). Other formats' metadata and
-  // ranks that share an address space (one decoded copy for all) are not cut. false: every rank
-  // keeps every chunk.
+  // other than rank 0 (which plans shared reads for every rank), the coordinator too, decode what
+  // the coordinator broadcasts (a native metadata file, or another format's metadata encoded for
+  // the wire) keeping only the chunks their own boxes reach (TensorMetadata::kept), while checking
+  // every byte and every chunk as a whole decoding does, so that damaged bytes fail every rank
+  // alike. At 8,192 ranks x 1,000 tensors a whole copy is 4.9 million chunks, 600 MiB in each
+  // process (docs/PERFORMANCE.md). Ranks that share an address space share one whole copy.
+  // false: every rank keeps every chunk.
   bool own_chunks_only = true;
 };
 

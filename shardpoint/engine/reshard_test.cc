@@ -752,7 +752,7 @@ void ExpectMetadataParts(const Case& c, const CheckpointMetadata& md,
   const bool shared_copy = !c.load_as_processes && !c.load_in_separate_memory;
   for (int r = 0; r < c.load_ranks; ++r) {
     uint64_t expected = all;
-    if (!shared_copy && r != 0 && c.load_options.own_chunks_only && md.format == CheckpointFormat::kNative) {
+    if (!shared_copy && r != 0 && c.load_options.own_chunks_only) {
       expected = 0;
       for (size_t i = 0; i < c.tensors.size(); ++i) {
         if (!c.lists_on_load[r][i]) continue;

@@ -26,6 +26,18 @@ uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
   return bytes;
 }
 
+bool FilterBoxReaches(const Box& box, const Shape& shape) {
+  return box.rank() == shape.size() && !box.empty() && WithinShape(box, shape);
+}
+
+bool FilterKeeps(const std::vector<Box>& boxes, const Shape& shape, const Box& chunk) {
+  if (chunk.rank() != shape.size()) return false;
+  for (const Box& box : boxes) {
+    if (FilterBoxReaches(box, shape) && Intersect(box, chunk).has_value()) return true;
+  }
+  return false;
+}
+
 std::optional<uint32_t> ChunkIndexOfNumber(const TensorMetadata& tensor, uint64_t number) {
   if (!tensor.kept) {
     if (number >= tensor.chunks.size()) return std::nullopt;

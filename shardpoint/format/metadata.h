@@ -170,6 +170,14 @@ struct TensorMetadata {
 // filter does not name keeps none.
 using ChunkFilter = std::map<std::string, std::vector<Box>, std::less<>>;
 
+// Whether `box` of a ChunkFilter can reach chunks of a tensor of `shape`: of its rank, not empty
+// and inside it (a load plan refuses the others, which reach nothing).
+bool FilterBoxReaches(const Box& box, const Shape& shape);
+
+// Whether a chunk whose box is `chunk` of a tensor of `shape` shares a point with one of `boxes`
+// that can reach chunks (a chunk of another rank than the shape's is kept by none).
+bool FilterKeeps(const std::vector<Box>& boxes, const Shape& shape, const Box& chunk);
+
 // The stored number of chunks[index] of `tensor` (TensorMetadata::kept).
 inline uint32_t ChunkNumber(const TensorMetadata& tensor, size_t index) {
   return tensor.kept ? (*tensor.kept)[index] : static_cast<uint32_t>(index);

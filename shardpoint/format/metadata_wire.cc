@@ -172,9 +172,28 @@ Status GetRawPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
   return OkStatus();
 }
 
+// Keeps `chunk`, numbered `number`, in `t` when `keep` is null or reaches it (ChunkFilter).
+void KeepChunk(const std::vector<Box>* keep, uint32_t number, StoredChunk&& chunk,
+               std::vector<uint32_t>* kept, TensorMetadata* t) {
+  if (keep != nullptr && !FilterKeeps(*keep, t->shape, chunk.box)) return;
+  t->chunks.push_back(std::move(chunk));
+  if (keep != nullptr) kept->push_back(number);
+}
+
+// After a tensor's `total` chunks were decoded through KeepChunk: a part when some were left out
+// (TensorMetadata::kept, without a grid), the whole tensor otherwise.
+void EndPart(const std::vector<Box>* keep, uint64_t total, std::vector<uint32_t>&& kept,
+             TensorMetadata* t) {
+  if (keep == nullptr || kept.size() == total) return;
+  t->grid.reset();
+  t->kept = std::move(kept);
+}
+
 // A grid: per dimension its cut points (0 first, the dimension last, increasing), then every
-// cell's placement in row-major order.
-Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadata* t) {
+// cell's placement in row-major order. With `keep`, only the cells it reaches are kept, and every
+// cell is checked all the same.
+Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, const std::vector<Box>* keep,
+                     TensorMetadata* t) {
   ChunkGrid grid;
   grid.bounds.resize(t->shape.size());
   grid.strides.resize(t->shape.size());
@@ -199,10 +218,11 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
       return DataLossError(r.what() + ": too many grid cells for tensor " + t->name);
     }
   }
-  t->chunks.resize(cells);
+  t->chunks.reserve(keep == nullptr ? cells : 0);
+  std::vector<uint32_t> kept;
   const uint64_t item = DTypeSize(t->dtype);
   for (uint64_t c = 0; c < cells; ++c) {
-    StoredChunk& chunk = t->chunks[c];
+    StoredChunk chunk;
     chunk.box = GridCellBox(grid, c);
     const std::optional<uint64_t> bytes = CellBytes(chunk.box, item);
     if (!bytes) {
@@ -211,8 +231,10 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, TensorMetadat
     chunk.byte_length = *bytes;
     SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, file_count, &chunk)
                            : GetChunkPlacement(r, file_count, &chunk));
+    KeepChunk(keep, static_cast<uint32_t>(c), std::move(chunk), &kept, t);
   }
   t->grid = std::move(grid);
+  EndPart(keep, cells, std::move(kept), t);
   return OkStatus();
 }
 
@@ -261,20 +283,35 @@ uint64_t WireTensorBound(const TensorMetadata& t) {
   return bytes;
 }
 
-Status GetTensor(ByteReader& r, uint32_t file_count, TensorMetadata* t) {
+// With `filter`, the tensor keeps only the chunks it reaches (ChunkFilter), every chunk decoded
+// and checked all the same.
+Status GetTensor(ByteReader& r, uint32_t file_count, const ChunkFilter* filter,
+                 TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   t->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
   SP_ASSIGN_OR_RETURN(t->dtype, DTypeFromCode(code));
   SP_RETURN_IF_ERROR(GetShape(r, &t->shape));
+  static const std::vector<Box> kNone;
+  const std::vector<Box>* keep = nullptr;
+  if (filter != nullptr) {
+    auto it = filter->find(t->name);
+    keep = it != filter->end() ? &it->second : &kNone;
+  }
   SP_ASSIGN_OR_RETURN(uint8_t layout, r.ReadU8());
   if (layout == kWireGrid || layout == kWireRawGrid) {
-    return GetGridTensor(r, file_count, layout == kWireRawGrid, t);
+    return GetGridTensor(r, file_count, layout == kWireRawGrid, keep, t);
   }
   if (layout != kWireChunks) return DataLossError(r.what() + ": unknown tensor layout");
   SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 8 + kPlacementBytes));
-  t->chunks.resize(chunks);
-  for (StoredChunk& c : t->chunks) SP_RETURN_IF_ERROR(GetChunk(r, file_count, &c));
+  t->chunks.reserve(keep == nullptr ? chunks : 0);
+  std::vector<uint32_t> kept;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    StoredChunk chunk;
+    SP_RETURN_IF_ERROR(GetChunk(r, file_count, &chunk));
+    KeepChunk(keep, c, std::move(chunk), &kept, t);
+  }
+  EndPart(keep, chunks, std::move(kept), t);
   return OkStatus();
 }
 
@@ -392,7 +429,8 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
   return out;
 }
 
-Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, ThreadPool* pool) {
+Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, ThreadPool* pool,
+                                                  const ChunkFilter* filter) {
   ByteReader r(bytes, "checkpoint metadata received from the coordinator");
   CheckpointMetadata m;
   SP_RETURN_IF_ERROR(GetHead(r, &m));
@@ -413,7 +451,7 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, tensors, [&](int64_t i) -> Status {
     const auto& [at, record] = records[i];
     ByteReader tr(record, r.what() + ", tensor at byte " + std::to_string(at));
-    SP_RETURN_IF_ERROR(GetTensor(tr, file_count, &m.tensors[i]));
+    SP_RETURN_IF_ERROR(GetTensor(tr, file_count, filter, &m.tensors[i]));
     if (tr.done()) return OkStatus();
     return DataLossError(tr.what() + ": " + std::to_string(tr.remaining()) + " trailing bytes");
   }));

@@ -25,9 +25,12 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& metadata);
 uint64_t WireMetadataBound(const CheckpointMetadata& metadata);
 // kDataLoss naming the byte offset when `bytes` is not a complete encoding. The tensors are
 // decoded on `pool` (null: on the calling thread), with the same result, or the same error (the
-// first bad tensor's, by position), as without one.
+// first bad tensor's, by position), as without one. With `filter`, each tensor keeps only the
+// chunks the filter reaches (TensorMetadata::kept; a load rank's part), and every chunk is
+// decoded and checked as without it, with the same error for the same bytes.
 Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes,
-                                                  ThreadPool* pool = nullptr);
+                                                  ThreadPool* pool = nullptr,
+                                                  const ChunkFilter* filter = nullptr);
 
 }  // namespace sp
 

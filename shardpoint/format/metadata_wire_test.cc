@@ -221,6 +221,77 @@ TEST(MetadataWireTest, APoolDecodesAlikeAndReportsTheSameFirstError) {
   EXPECT_GT(rejected, 200);
 }
 
+// A load rank's part (DecodeMetadataFromWire with a ChunkFilter): exactly the chunks its boxes
+// reach, under their stored numbers, checked against a plain scan of the whole decoding; and on
+// damaged bytes the same status as the whole decoding, message included.
+TEST(MetadataWireTest, AFilterKeepsTheChunksItsBoxesReachAndFailsAsAWholeDecoding) {
+  ThreadPool pool(3);
+  const CheckpointMetadata m = ManyTensors();
+  const std::string bytes = EncodeMetadataForWire(m);
+  ChunkFilter filter;
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorMetadata& tensor = m.tensors[t];
+    switch (t % 5) {
+      case 0: break;  // not named: keeps none
+      case 1: filter[tensor.name] = {}; break;
+      case 2: filter[tensor.name] = {Box::Whole(tensor.shape)}; break;
+      default: {
+        Box rows = Box::Whole(tensor.shape);  // the first rows, or a scalar whole
+        if (!tensor.shape.empty()) rows.sizes[0] = std::min<int64_t>(3, tensor.shape[0]);
+        filter[tensor.name] = {rows, Box::Whole(Shape(tensor.shape.size() + 1, 1))};
+      }
+    }
+  }
+  Result<CheckpointMetadata> part = DecodeMetadataFromWire(bytes, &pool, &filter);
+  ASSERT_TRUE(part.ok()) << part.status();
+  ASSERT_EQ(part->tensors.size(), m.tensors.size());
+  int partial = 0;
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorMetadata& whole = m.tensors[t];
+    const TensorMetadata& mine = part->tensors[t];
+    SCOPED_TRACE(whole.name);
+    std::vector<uint32_t> reached;
+    auto it = filter.find(whole.name);
+    for (uint32_t c = 0; c < whole.chunks.size() && it != filter.end(); ++c) {
+      for (const Box& box : it->second) {
+        if (box.rank() == whole.shape.size() && !box.empty() && WithinShape(box, whole.shape) &&
+            Intersect(box, whole.chunks[c].box).has_value()) {
+          reached.push_back(c);
+          break;
+        }
+      }
+    }
+    if (reached.size() == whole.chunks.size()) {
+      EXPECT_TRUE(mine == whole);
+      EXPECT_EQ(mine.grid, whole.grid);
+      continue;
+    }
+    ++partial;
+    ASSERT_TRUE(mine.kept.has_value());
+    EXPECT_EQ(*mine.kept, reached);
+    EXPECT_FALSE(mine.grid.has_value());
+    EXPECT_FALSE(mine.index.has_value());
+    ASSERT_EQ(mine.chunks.size(), reached.size());
+    for (size_t k = 0; k < reached.size(); ++k) EXPECT_EQ(mine.chunks[k], whole.chunks[reached[k]]);
+  }
+  EXPECT_GT(partial, 50);
+  std::mt19937 rng(13);
+  int rejected = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    std::string damaged = bytes;
+    for (int n = 1 + rng() % 4; n > 0; --n) {
+      damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
+    }
+    const Result<CheckpointMetadata> whole = DecodeMetadataFromWire(damaged);
+    const Result<CheckpointMetadata> mine =
+        DecodeMetadataFromWire(damaged, trial % 2 ? &pool : nullptr, &filter);
+    ASSERT_EQ(mine.ok(), whole.ok()) << (whole.ok() ? mine.status() : whole.status());
+    if (!whole.ok()) ASSERT_EQ(mine.status(), whole.status());
+    rejected += !whole.ok();
+  }
+  EXPECT_GT(rejected, 100);
+}
+
 TEST(MetadataWireTest, SizesAreValidatedOnAPoolWithTheFirstErrorInOrder) {
   ThreadPool pool(4);
   CheckpointMetadata m = ManyTensors();

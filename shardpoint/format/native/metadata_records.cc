@@ -261,18 +261,12 @@ bool CellBytesHold(uint32_t file, uint64_t data_offset, uint64_t byte_length,
   return file < summary.files.size() && InDataBytes(summary.files[file], data_offset, byte_length);
 }
 
-// Whether a box of a filter can reach a chunk of a tensor of `shape`: of its rank, not empty and
-// inside it (a load plan refuses the others).
-bool ReachesChunks(const Box& box, const Shape& shape) {
-  return box.rank() == shape.size() && !box.empty() && WithinShape(box, shape);
-}
-
 // The cells of `grid` that share a point with one of `keep`, sorted and unique.
 std::vector<uint32_t> KeptCells(const ChunkGrid& grid, const Shape& shape,
                                 const std::vector<Box>& keep) {
   std::vector<uint32_t> cells;
   for (const Box& box : keep) {
-    if (ReachesChunks(box, shape)) GridChunksIntersecting(grid, box, &cells);
+    if (FilterBoxReaches(box, shape)) GridChunksIntersecting(grid, box, &cells);
   }
   std::sort(cells.begin(), cells.end());
   cells.erase(std::unique(cells.begin(), cells.end()), cells.end());
@@ -375,14 +369,6 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   return OkStatus();
 }
 
-// Whether `chunk` of a tensor of `shape` shares a point with one of `keep`.
-bool SharesAPointWith(const StoredChunk& chunk, const Shape& shape, const std::vector<Box>& keep) {
-  for (const Box& box : keep) {
-    if (ReachesChunks(box, shape) && Intersect(box, chunk.box).has_value()) return true;
-  }
-  return false;
-}
-
 // Every chunk is decoded and checked; with `keep`, only those that share a point with one of its
 // boxes are kept (TensorMetadata::kept).
 Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
@@ -402,7 +388,7 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
     SP_RETURN_IF_ERROR(
         DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, chunk, &volume));
     covered += volume;  // both terms <= 2^62 here: no overflow
-    if (keep != nullptr && SharesAPointWith(scratch, tensor->shape, *keep)) {
+    if (keep != nullptr && FilterKeeps(*keep, tensor->shape, scratch.box)) {
       tensor->chunks.push_back(scratch);
       kept.push_back(i);
     }
