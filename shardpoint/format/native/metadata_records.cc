@@ -307,11 +307,11 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   tensor->chunks.clear();
   tensor->chunks.reserve(keep != nullptr ? kept.size() : cells);
-  // Where each chunk's checksums begin among the cells' (in checksums), and the first cell whose
-  // checksums do not fit in the bytes left (reported only when every cell's bytes hold, as a
-  // decoding that checks the bytes of all cells first reports it).
+  // With `keep`, where each kept chunk's checksums begin among the cells' (counted in checksums);
+  // and the first cell whose checksums do not fit in the bytes left (reported only when every
+  // cell's bytes hold, as a decoding that checks the bytes of all cells first reports it).
   std::vector<uint64_t> crc_at;
-  crc_at.reserve(tensor->chunks.capacity());
+  if (keep != nullptr) crc_at.reserve(kept.size());
   const uint64_t crc_bytes = r.remaining();
   uint64_t crc_count = 0;
   std::optional<Status> crcs_overflow;
@@ -336,8 +336,10 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     }
     if (kept_here) {
       tensor->chunks.emplace_back(box, file, data_offset, byte_length);
-      crc_at.push_back(crc_count);
-      next_kept += keep != nullptr;
+      if (keep != nullptr) {
+        crc_at.push_back(crc_count);
+        ++next_kept;
+      }
     }
     if (!crcs_overflow) crc_count += blocks;
     for (size_t d = rank; d-- > 0;) {
@@ -354,12 +356,15 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   if (crcs_overflow) return *crcs_overflow;
   SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(crc_count * 4));
+  uint64_t next_crc = 0;  // without `keep` the chunks are every cell, their checksums in order
   for (size_t i = 0; i < tensor->chunks.size(); ++i) {
     StoredChunk& chunk = tensor->chunks[i];
     const uint64_t blocks = ChecksumBlockCount(chunk.byte_length, summary.checksum_block_bytes);
+    const uint64_t first = keep != nullptr ? crc_at[i] : next_crc;
+    next_crc += blocks;
     chunk.block_crc32c.resize(blocks);
     for (uint64_t b = 0; b < blocks; ++b) {
-      chunk.block_crc32c[b] = DecodeFixed32(crcs.data() + (crc_at[i] + b) * 4);
+      chunk.block_crc32c[b] = DecodeFixed32(crcs.data() + (first + b) * 4);
     }
   }
   if (keep != nullptr) {
