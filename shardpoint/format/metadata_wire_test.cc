@@ -10,6 +10,7 @@
 
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/chunk_grid.h"
+#include "shardpoint/testing/chunk_filter_reference.h"
 
 namespace sp {
 namespace {
@@ -190,6 +191,15 @@ TEST(MetadataWireTest, TheBoundHoldsEveryEncoding) {
   }
 }
 
+// `bytes` with one to four of its bytes changed at random.
+std::string Damaged(const std::string& bytes, std::mt19937& rng) {
+  std::string damaged = bytes;
+  for (int n = 1 + rng() % 4; n > 0; --n) {
+    damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
+  }
+  return damaged;
+}
+
 TEST(MetadataWireTest, APoolDecodesAlikeAndReportsTheSameFirstError) {
   ThreadPool pool(4);
   const CheckpointMetadata m = ManyTensors();
@@ -204,10 +214,7 @@ TEST(MetadataWireTest, APoolDecodesAlikeAndReportsTheSameFirstError) {
   std::mt19937 rng(11);
   int rejected = 0;
   for (int trial = 0; trial < 2000; ++trial) {
-    std::string damaged = bytes;
-    for (int n = 1 + rng() % 4; n > 0; --n) {
-      damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
-    }
+    const std::string damaged = Damaged(bytes, rng);
     Result<CheckpointMetadata> inline_result = DecodeMetadataFromWire(damaged);
     Result<CheckpointMetadata> pooled = DecodeMetadataFromWire(damaged, &pool);
     ASSERT_EQ(pooled.ok(), inline_result.ok());
@@ -250,17 +257,9 @@ TEST(MetadataWireTest, AFilterKeepsTheChunksItsBoxesReachAndFailsAsAWholeDecodin
     const TensorMetadata& whole = m.tensors[t];
     const TensorMetadata& mine = part->tensors[t];
     SCOPED_TRACE(whole.name);
-    std::vector<uint32_t> reached;
     auto it = filter.find(whole.name);
-    for (uint32_t c = 0; c < whole.chunks.size() && it != filter.end(); ++c) {
-      for (const Box& box : it->second) {
-        if (box.rank() == whole.shape.size() && !box.empty() && WithinShape(box, whole.shape) &&
-            Intersect(box, whole.chunks[c].box).has_value()) {
-          reached.push_back(c);
-          break;
-        }
-      }
-    }
+    const std::vector<uint32_t> reached =
+        testing::ReachedChunks(whole, it != filter.end() ? &it->second : nullptr);
     if (reached.size() == whole.chunks.size()) {
       EXPECT_TRUE(mine == whole);
       EXPECT_EQ(mine.grid, whole.grid);
@@ -278,10 +277,7 @@ TEST(MetadataWireTest, AFilterKeepsTheChunksItsBoxesReachAndFailsAsAWholeDecodin
   std::mt19937 rng(13);
   int rejected = 0;
   for (int trial = 0; trial < 1000; ++trial) {
-    std::string damaged = bytes;
-    for (int n = 1 + rng() % 4; n > 0; --n) {
-      damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
-    }
+    const std::string damaged = Damaged(bytes, rng);
     const Result<CheckpointMetadata> whole = DecodeMetadataFromWire(damaged);
     const Result<CheckpointMetadata> mine =
         DecodeMetadataFromWire(damaged, trial % 2 ? &pool : nullptr, &filter);

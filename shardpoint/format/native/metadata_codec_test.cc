@@ -13,6 +13,7 @@
 #include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_sections.h"
 #include "shardpoint/format/native/metadata_test_util.h"
+#include "shardpoint/testing/chunk_filter_reference.h"
 
 namespace sp {
 namespace {
@@ -180,18 +181,9 @@ TEST(MetadataCodecTest, AFilterKeepsExactlyTheChunksItsBoxesReachUnderTheirStore
       const TensorMetadata& f = full.tensors[i];
       const TensorMetadata& p = part->tensors[i];
       SCOPED_TRACE(f.name);
-      // The plain reference: every chunk that shares a point with a usable box of the filter.
-      std::vector<uint32_t> reached;
       auto it = filter.find(f.name);
-      for (uint32_t c = 0; c < f.chunks.size() && it != filter.end(); ++c) {
-        for (const Box& box : it->second) {
-          if (box.rank() == f.shape.size() && !box.empty() && WithinShape(box, f.shape) &&
-              Intersect(box, f.chunks[c].box).has_value()) {
-            reached.push_back(c);
-            break;
-          }
-        }
-      }
+      const std::vector<uint32_t> reached =
+          testing::ReachedChunks(f, it != filter.end() ? &it->second : nullptr);
       EXPECT_EQ(p.name, f.name);
       EXPECT_EQ(p.dtype, f.dtype);
       EXPECT_EQ(p.shape, f.shape);

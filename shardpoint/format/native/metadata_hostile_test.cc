@@ -355,6 +355,14 @@ TEST(MetadataHostileTest, EveryTruncatedOrFlippedRecordFailsCleanly) {
   }
 }
 
+// The file of `sections` with one to six bytes of its tensor records changed, behind checksums
+// that match them (so that the records' decoding, not a CRC, finds what is wrong).
+std::string WithRecordsDamaged(std::vector<SectionBytes> sections, std::mt19937_64& rng) {
+  std::string& records = sections[2].bytes;
+  for (int n = 1 + rng() % 6; n > 0; --n) records[rng() % records.size()] ^= 1 + rng() % 255;
+  return Assemble(sections, 0);
+}
+
 TEST(MetadataHostileTest, APoolDecodesAlikeAndReportsTheSameFirstBadRecord) {
   ThreadPool pool(4);
   CheckpointMetadata m = RandomMetadata(41, 64);
@@ -368,10 +376,7 @@ TEST(MetadataHostileTest, APoolDecodesAlikeAndReportsTheSameFirstBadRecord) {
   std::mt19937_64 rng(41);
   int rejected = 0;
   for (int trial = 0; trial < 400; ++trial) {
-    std::vector<SectionBytes> s = sections;
-    std::string& records = s[2].bytes;  // the tensor records
-    for (int n = 1 + rng() % 6; n > 0; --n) records[rng() % records.size()] ^= 1 + rng() % 255;
-    const std::string damaged = Assemble(s, 0);
+    const std::string damaged = WithRecordsDamaged(sections, rng);
     Result<CheckpointMetadata> inline_result = DecodeMetadata(damaged, kPath);
     Result<CheckpointMetadata> pooled_result = DecodeMetadata(damaged, kPath, &pool);
     ASSERT_EQ(pooled_result.ok(), inline_result.ok());
@@ -407,10 +412,7 @@ TEST(MetadataHostileTest, AFilteredDecodingFailsExactlyAsAWholeOne) {
   std::vector<SectionBytes> sections = SplitSections(bytes);
   int rejected = 0;
   for (int trial = 0; trial < 400; ++trial) {
-    std::vector<SectionBytes> s = sections;
-    std::string& records = s[2].bytes;  // the tensor records
-    for (int n = 1 + rng() % 6; n > 0; --n) records[rng() % records.size()] ^= 1 + rng() % 255;
-    const std::string damaged = Assemble(s, 0);
+    const std::string damaged = WithRecordsDamaged(sections, rng);
     const Result<CheckpointMetadata> whole = DecodeMetadata(damaged, kPath);
     for (const ChunkFilter& filter : filters) {
       Result<CheckpointMetadata> part =
