@@ -948,7 +948,8 @@ int main(int argc, char** argv) {
               "chunks, %.2f MiB of chunk lists against %.1f MiB for the whole copy; its load "
               "plan on the part %.4f s cpu (%zu reads, as on the whole)\n",
               static_cast<long long>(ranks / 2 + 3), step_part.wall_s, step_part.cpu_s,
-              part_chunks, chunks, static_cast<double>(sp::ChunkListBytes(part.tensors)) / (1 << 20),
+              part_chunks, chunks,
+              static_cast<double>(sp::ChunkListBytes(part.tensors)) / (1 << 20),
               static_cast<double>(sp::ChunkListBytes(received.tensors)) / (1 << 20),
               own_part_load.cpu_s, own_part_items);
   return 0;

@@ -258,20 +258,8 @@ TEST(MetadataWireTest, AFilterKeepsTheChunksItsBoxesReachAndFailsAsAWholeDecodin
     const TensorMetadata& mine = part->tensors[t];
     SCOPED_TRACE(whole.name);
     auto it = filter.find(whole.name);
-    const std::vector<uint32_t> reached =
-        testing::ReachedChunks(whole, it != filter.end() ? &it->second : nullptr);
-    if (reached.size() == whole.chunks.size()) {
-      EXPECT_TRUE(mine == whole);
-      EXPECT_EQ(mine.grid, whole.grid);
-      continue;
-    }
-    ++partial;
-    ASSERT_TRUE(mine.kept.has_value());
-    EXPECT_EQ(*mine.kept, reached);
-    EXPECT_FALSE(mine.grid.has_value());
-    EXPECT_FALSE(mine.index.has_value());
-    ASSERT_EQ(mine.chunks.size(), reached.size());
-    for (size_t k = 0; k < reached.size(); ++k) EXPECT_EQ(mine.chunks[k], whole.chunks[reached[k]]);
+    partial += testing::ExpectPartOf(whole, mine, it != filter.end() ? &it->second : nullptr) !=
+               whole.chunks.size();
   }
   EXPECT_GT(partial, 50);
   std::mt19937 rng(13);
