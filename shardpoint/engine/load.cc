@@ -149,7 +149,8 @@ struct LoadMetadata {
 };
 
 // With `filter`, a rank other than rank 0 (which plans shared reads for all) keeps only the chunks
-// it names in its copy of a native checkpoint's metadata (LoadOptions::own_chunks_only).
+// it reaches in its copy of the metadata, from a native file or the wire encoding alike
+// (LoadOptions::own_chunks_only).
 Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std::string_view path,
                                     int root, const ChunkFilter* filter) {
   const bool share = comm.shares_memory() && comm.size() > 1;
