@@ -111,6 +111,23 @@ void LoadSide(Communicator& comm, const std::string& path, MpiChecks& checks) {
   checks.Expect("load", loaded.ok(), loaded.ok() ? "" : loaded.status().ToString());
   checks.Expect("the block of w is bit-exact", w == Block(box.offsets[0], rows, box.offsets[1], 1));
   checks.Expect("b is bit-exact", b == Replicated());
+  // Rank 0 holds every stored chunk of the metadata; every other process only those its boxes
+  // reach (LoadOptions::own_chunks_only), counted here by a plain scan of the whole metadata.
+  Result<CheckpointMetadata> md = ReadCheckpointMetadata(path);
+  checks.Expect("the metadata, read again", md.ok(), md.ok() ? "" : md.status().ToString());
+  if (md.ok() && loaded.ok()) {
+    uint64_t all = 0, reached = 0;
+    for (const TensorMetadata& t : md->tensors) {
+      all += t.chunks.size();
+      const Box& mine = t.name == "w" ? box : state.tensors[1].pieces[0].box;
+      for (const StoredChunk& c : t.chunks) reached += Intersect(mine, c.box).has_value();
+    }
+    const uint64_t expected = rank == 0 ? all : reached;
+    checks.Expect("the chunks this process's copy of the metadata holds",
+                  loaded->metadata_chunks == expected,
+                  std::to_string(loaded->metadata_chunks) + " of " + std::to_string(all) +
+                      " chunks, expected " + std::to_string(expected));
+  }
 
   // Between machines: the shared regions go point to point, each stored byte read once.
   testing::AcrossMachinesComm apart(comm);
