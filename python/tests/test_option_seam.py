@@ -451,12 +451,13 @@ def test_a_load_that_shares_nothing_reads_its_own_without_exchanging(tmp_path, m
         read = [bytes_read for _, _, _, bytes_read, *_ in results]
         if split == 0:
             assert read == [full.nbytes // 2] * 2, read
-            # The needs gathered to rank 0 and each rank's plan scattered, nothing all-gathered: no
-            # slot sizes (one machine), no all-to-all (anywhere).
-            assert [(c.rooted, c.gathers, c.calls) for c in comms] == [(2, 0, 0)] * 2
+            # Each rank's boxes gathered to the coordinator and each rank's part of the metadata
+            # scattered; the needs gathered to rank 0 and each rank's plan scattered; nothing
+            # all-gathered: no slot sizes (one machine), no all-to-all (anywhere).
+            assert [(c.rooted, c.gathers, c.calls) for c in comms] == [(4, 0, 0)] * 2
         else:
             assert sum(read) == full.nbytes, read  # each chunk read once, for both
-            assert all(c.rooted == 2 and c.gathers + c.calls >= 1 for c in comms), \
+            assert all(c.rooted == 4 and c.gathers + c.calls >= 1 for c in comms), \
                 [(c.rooted, c.gathers, c.calls) for c in comms]
 
 

@@ -26,6 +26,7 @@
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
 #include "shardpoint/store/posix_store.h"
+#include "shardpoint/testing/chunk_filter_reference.h"
 #include "shardpoint/testing/hook_store.h"
 #include "shardpoint/testing/synthetic_model.h"
 
@@ -39,15 +40,30 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using Op = FaultStore::Op;
 
-// Shows a test each payload its rank receives by Broadcast, as received (in the envelope of
-// comm/collective.h), and lets it change the payload.
-class BroadcastTap final : public testing::ForwardingComm {
+// Shows a test each payload its rank receives by Broadcast or Scatter and sends by Gather, as
+// they travel (in the envelope of comm/collective.h), and lets it change them. A null tap passes
+// its payloads as they are.
+class PayloadTap final : public testing::ForwardingComm {
  public:
-  BroadcastTap(Communicator& inner, std::function<void(int, std::string&)> tap)
-      : ForwardingComm(inner), tap_(std::move(tap)) {}
+  using Tap = std::function<void(int rank, std::string& payload)>;
+  PayloadTap(Communicator& inner, Tap broadcast, Tap gathered, Tap scattered)
+      : ForwardingComm(inner),
+        broadcast_(std::move(broadcast)),
+        gathered_(std::move(gathered)),
+        scattered_(std::move(scattered)) {}
   Result<std::string> Broadcast(std::string payload, int root) override {
     SP_ASSIGN_OR_RETURN(std::string received, ForwardingComm::Broadcast(std::move(payload), root));
-    tap_(rank(), received);
+    if (broadcast_) broadcast_(rank(), received);
+    return received;
+  }
+  Result<std::vector<std::string>> Gather(std::string payload, int root) override {
+    if (gathered_) gathered_(rank(), payload);
+    return ForwardingComm::Gather(std::move(payload), root);
+  }
+  Result<std::string> Scatter(std::vector<std::string> payloads, int root) override {
+    SP_ASSIGN_OR_RETURN(std::string received,
+                        ForwardingComm::Scatter(std::move(payloads), root));
+    if (scattered_) scattered_(rank(), received);
     return received;
   }
   // As processes would: they receive the metadata as bytes (ranks that share an address space
@@ -55,7 +71,7 @@ class BroadcastTap final : public testing::ForwardingComm {
   bool shares_memory() const override { return false; }
 
  private:
-  std::function<void(int, std::string&)> tap_;
+  Tap broadcast_, gathered_, scattered_;
 };
 
 constexpr char kPath[] = "/ckpt";
@@ -279,8 +295,8 @@ class EngineFailureTest : public ::testing::Test {
     *shards = spt::ShardModel(a_, spt::Which::kServe, false).value();
     if (results != nullptr) results->assign(kLoadRanks, LoadResult());
     return RunRanks(kLoadRanks, [&](Communicator& inner) -> Status {
-      BroadcastTap tapped(inner, broadcast_tap_);
-      Communicator& comm = broadcast_tap_ ? tapped : inner;
+      PayloadTap tapped(inner, broadcast_tap_, gather_tap_, scatter_tap_);
+      Communicator& comm = broadcast_tap_ || gather_tap_ || scatter_tap_ ? tapped : inner;
       LoadState state = (*shards)[comm.rank()].AsLoadState(a_);
       if (edit) edit(comm.rank(), state);
       LoadOptions options;
@@ -288,6 +304,7 @@ class EngineFailureTest : public ::testing::Test {
       options.store = store;
       options.pool = &pool_;
       options.strict = strict;
+      options.own_chunks_only = own_chunks_only_;
       SP_ASSIGN_OR_RETURN(LoadResult result, Load(state, path, options));
       if (results != nullptr) (*results)[comm.rank()] = std::move(result);
       return OkStatus();
@@ -299,10 +316,12 @@ class EngineFailureTest : public ::testing::Test {
     return Agreed(LoadAll(store, &shards));
   }
 
-  // Loads `store` with every rank's broadcasts watched: the load is bit-exact, and each rank
-  // received the load's metadata as the 16-digit nonce (the same on every rank), the kind byte
-  // `kind` and `body`, in the envelope of comm/collective.h (a last tag byte).
+  // Loads `store` with every rank's broadcasts watched, every rank keeping every chunk
+  // (LoadOptions::own_chunks_only off): the load is bit-exact, and each rank received the load's
+  // metadata as the 16-digit nonce (the same on every rank), the kind byte `kind` and `body`, in
+  // the envelope of comm/collective.h (a last tag byte).
   void ExpectMetadataBroadcast(Store* store, char kind, const std::string& body) {
+    own_chunks_only_ = false;
     std::vector<std::string> received(kLoadRanks);
     broadcast_tap_ = [&](int rank, std::string& payload) {
       if (payload.size() >= body.size()) received[rank] = payload;
@@ -394,8 +413,10 @@ class EngineFailureTest : public ::testing::Test {
   }
 
   CheckpointFormat format_ = CheckpointFormat::kNative;  // of the saves
-  // When set, LoadAll's ranks show it every payload they receive by Broadcast (BroadcastTap).
-  std::function<void(int rank, std::string& payload)> broadcast_tap_;
+  // When one is set, LoadAll's ranks run as processes would (no shared address space) and show
+  // these every payload they receive by Broadcast, send by Gather, receive by Scatter (PayloadTap).
+  PayloadTap::Tap broadcast_tap_, gather_tap_, scatter_tap_;
+  bool own_chunks_only_ = true;  // LoadAll's LoadOptions::own_chunks_only
   ThreadPool pool_;
   spt::GlobalModel a_, b_;
   std::vector<spt::RankShards> a_shards_, b_shards_;
@@ -889,8 +910,9 @@ TEST_F(EngineCorruptionTest, MetadataOfANewerMinorVersionStillLoads) {
   EXPECT_EQ(Identify(&base_).value(), 'A');
 }
 
-// A load's coordinator hands its ranks a native checkpoint's metadata file as stored, behind the
-// load's nonce and the kind byte 'N', and each rank decodes it to what opening the checkpoint
+// With LoadOptions::own_chunks_only off, a load's coordinator hands its ranks a native
+// checkpoint's metadata file as stored, behind the load's nonce and the kind byte 'N', and each
+// rank decodes it to what opening the checkpoint
 // gives, which is also what the wire encoding it was sent in before gave.
 TEST_F(EngineCorruptionTest, ALoadsRanksReceiveTheNativeMetadataFileAsStored) {
   const CheckpointMetadata opened = OpenCheckpointMetadata(base_, kPath, &pool_).value();
@@ -946,30 +968,123 @@ TEST_F(EngineCorruptionTest, ALoadsRanksReceiveTheNativeMetadataFileAsStored) {
 }
 
 // Another format's metadata, which its driver assembles from several files, goes decoded and
-// encoded for the wire, behind the kind byte 'W'.
+// encoded for the wire, behind the kind byte 'W' (LoadOptions::own_chunks_only off).
 TEST_F(EngineFailureTest, ALoadsRanksReceiveATorchDcpCheckpointsMetadataEncodedForTheWire) {
   format_ = CheckpointFormat::kTorchDcp;
   MemoryStore base;
   SaveA(&base);
   const CheckpointMetadata opened = OpenCheckpointMetadata(base, kPath, &pool_).value();
   ExpectMetadataBroadcast(&base, 'W', EncodeMetadataForWire(opened));
-  // Every rank but rank 0 keeps only the chunks its boxes reach (LoadOptions::own_chunks_only),
-  // from the wire as from a native file, and the load is bit-exact.
-  uint64_t all = 0;
-  for (const TensorMetadata& t : opened.tensors) all += t.chunks.size();
-  broadcast_tap_ = [](int, std::string&) {};  // ranks as separate processes would be
-  std::vector<spt::RankShards> shards;
-  std::vector<LoadResult> results;
-  const std::vector<Status> statuses = LoadAll(&base, &shards, &results);
-  broadcast_tap_ = nullptr;
-  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
-  std::string first;
-  EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
-  EXPECT_EQ(results[0].metadata_chunks, all);
-  for (int r = 1; r < kLoadRanks; ++r) {
-    EXPECT_GT(results[r].metadata_chunks, 0u) << "rank " << r;
-    EXPECT_LT(results[r].metadata_chunks, all) << "rank " << r;
+}
+
+// Ranks in separate processes (LoadOptions::own_chunks_only, the default) each send the
+// coordinator the boxes they load and are sent only their part of the metadata: every tensor's
+// header and exactly the stored chunks their boxes reach, under their stored numbers, with the
+// files those name; rank 0, which plans shared reads, is sent nothing (it is the coordinator and
+// keeps what it opened). In every format, and bit-exact. A part damaged on the way, a bad kind
+// byte, a damaged request and a checkpoint the coordinator cannot open each fail every rank with
+// the same error, naming the rank where it arose.
+TEST_F(EngineFailureTest, EachLoadRankIsSentOnlyTheChunksItsBoxesReach) {
+  const std::string tag(1, '\0');  // the envelope's last byte for a value (comm/collective.h)
+  for (const CheckpointFormat format : {CheckpointFormat::kNative, CheckpointFormat::kTorchDcp}) {
+    SCOPED_TRACE(static_cast<int>(format));
+    format_ = format;
+    MemoryStore base;
+    SaveA(&base);
+    const CheckpointMetadata opened = OpenCheckpointMetadata(base, kPath, &pool_).value();
+    const std::string whole = EncodeMetadataForWire(opened);
+    std::vector<std::string> asked(kLoadRanks), sent(kLoadRanks);
+    gather_tap_ = [&](int rank, std::string& p) {
+      if (asked[rank].empty()) asked[rank] = p;
+    };
+    scatter_tap_ = [&](int rank, std::string& p) {
+      if (sent[rank].empty()) sent[rank] = p;
+    };
+    std::vector<spt::RankShards> shards;
+    std::vector<LoadResult> results;
+    const std::vector<Status> statuses = LoadAll(&base, &shards, &results);
+    gather_tap_ = scatter_tap_ = nullptr;
+    for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    std::string first;
+    EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
+    uint64_t all = 0;
+    for (const TensorMetadata& t : opened.tensors) all += t.chunks.size();
+    EXPECT_EQ(asked[0], "A" + tag);  // the whole metadata
+    EXPECT_EQ(sent[0], tag);         // the coordinator keeps its own
+    EXPECT_EQ(results[0].metadata_chunks, all);
+    for (int r = 1; r < kLoadRanks; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ASSERT_GT(asked[r].size(), 2u);
+      ASSERT_EQ(asked[r][0], 'F');
+      const ChunkFilter filter =
+          DecodeChunkFilter(std::string_view(asked[r]).substr(1, asked[r].size() - 2), "test")
+              .value();
+      EXPECT_EQ(filter.size(), shards[r].AsLoadState(a_).tensors.size());
+      const std::string part = EncodeMetadataPartForWire(opened, filter);
+      ASSERT_EQ(sent[r].size(), 16 + 1 + part.size() + 1);
+      EXPECT_EQ(sent[r].substr(16), "W" + part + tag);
+      EXPECT_LT(part.size(), whole.size());
+      const CheckpointMetadata mine = DecodeMetadataFromWire(part).value();
+      ASSERT_EQ(mine.tensors.size(), opened.tensors.size());
+      uint64_t kept = 0;
+      for (size_t t = 0; t < opened.tensors.size(); ++t) {
+        auto it = filter.find(opened.tensors[t].name);
+        kept += testing::ExpectPartOf(opened.tensors[t], mine.tensors[t],
+                                      it != filter.end() ? &it->second : nullptr);
+      }
+      EXPECT_EQ(results[r].metadata_chunks, kept);
+      EXPECT_LT(kept, all);
+      // The files its chunks name, as opened; the others only counted.
+      std::set<uint32_t> named;
+      for (const TensorMetadata& t : mine.tensors) {
+        for (const StoredChunk& c : t.chunks) named.insert(c.file);
+      }
+      for (const ObjectEntry& o : mine.objects) {
+        if (o.stored) named.insert(o.stored->file);
+      }
+      ASSERT_EQ(mine.files.size(), opened.files.size());
+      for (uint32_t f = 0; f < mine.files.size(); ++f) {
+        EXPECT_EQ(mine.files[f], named.count(f) ? opened.files[f] : DataFile()) << "file " << f;
+      }
+    }
   }
+  format_ = CheckpointFormat::kNative;
+  MemoryStore base;
+  SaveA(&base);
+  // A part truncated on its way to rank 2: its decoding fails, and every rank with it.
+  scatter_tap_ = [](int rank, std::string& p) {
+    if (rank == 2 && p.size() > 100) p.erase(p.size() - 11, 10);
+  };
+  Status failed = LoadError(&base);
+  EXPECT_EQ(failed.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(failed.message(),
+              StartsWith("rank 2: checkpoint metadata received from the coordinator"));
+  // A bad kind byte on rank 1.
+  size_t length = 0;
+  scatter_tap_ = [&](int rank, std::string& p) {
+    if (rank == 1 && p.size() > 100) {
+      p[16] = 'N';
+      length = p.size() - 1;
+    }
+  };
+  failed = LoadError(&base);
+  EXPECT_EQ(failed, DataLossError("rank 1: the load's metadata part (" + std::to_string(length) +
+                                  " bytes) does not start with a nonce of 16 bytes and 'W'"));
+  // A request damaged on its way from rank 2: the coordinator names it.
+  scatter_tap_ = nullptr;
+  gather_tap_ = [](int rank, std::string& p) {
+    if (rank == 2 && p.size() > 5 && p[0] == 'F') p[4] = '\x7f';  // a count past the bytes
+  };
+  failed = LoadError(&base);
+  EXPECT_EQ(failed.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(failed.message(), StartsWith("rank 0: the chunk filter of rank 2"));
+  // A checkpoint the coordinator cannot open.
+  gather_tap_ = [](int, std::string&) {};
+  MemoryStore empty;
+  failed = LoadError(&empty);
+  EXPECT_EQ(failed.code(), StatusCode::kNotFound);
+  EXPECT_THAT(failed.message(), StartsWith("rank 0: no committed checkpoint at /ckpt"));
+  gather_tap_ = nullptr;
 }
 
 // Counts a rank's all-gathers and what its scatters bring it.

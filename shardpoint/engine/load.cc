@@ -148,11 +148,10 @@ struct LoadMetadata {
   std::shared_ptr<const CheckpointMetadata> metadata;
 };
 
-// With `filter`, a rank other than rank 0 (which plans shared reads for all) keeps only the chunks
-// it reaches in its copy of the metadata, from a native file or the wire encoding alike
-// (LoadOptions::own_chunks_only).
+// Every rank gets the whole metadata (LoadOptions::own_chunks_only off, or ranks that share an
+// address space); MetadataPartsOfLoad below sends each rank its part instead.
 Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std::string_view path,
-                                    int root, const ChunkFilter* filter) {
+                                    int root) {
   const bool share = comm.shares_memory() && comm.size() > 1;
   // The coordinator opens the checkpoint, whatever its format, and every rank gets its metadata
   // (or the same error), so a corrupt file fails identically everywhere. A native checkpoint's
@@ -196,15 +195,13 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
                          kNativeFileFollows + "' or '" + kWireMetadataFollows + "')");
   }
   LoadMetadata out{bytes.substr(0, kNonceDigits), nullptr};
-  // Every rank decodes the same bytes, so a decoding error is the same everywhere (a rank that
-  // keeps part of the chunks checks them all alike). A native file's error is the coordinator's,
-  // which read the file, as when it decoded the file alone.
+  // Every rank decodes the same bytes, so a decoding error is the same everywhere. A native file's
+  // error is the coordinator's, which read the file, as when it decoded the file alone.
   const std::string_view body = std::string_view(bytes).substr(kNonceDigits + 1);
   const bool native = kind == kNativeFileFollows;
-  const bool part = filter != nullptr && comm.rank() != 0;
   Result<CheckpointMetadata> metadata =
-      native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool(), part ? filter : nullptr)
-             : DecodeMetadataFromWire(body, &ctx.pool(), part ? filter : nullptr);
+      native ? DecodeNativeCheckpointMetadata(body, path, &ctx.pool())
+             : DecodeMetadataFromWire(body, &ctx.pool());
   if (!metadata.ok() && native) {
     return Status(metadata.status().code(),
                   "rank " + std::to_string(root) + ": " + metadata.status().message());
@@ -212,6 +209,95 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
   if (!metadata.ok()) return metadata.status();
   out.metadata = std::make_shared<const CheckpointMetadata>(std::move(metadata).value());
   return out;
+}
+
+// The ranks whose requests and parts one round of MetadataPartsOfLoad gathers and scatters: the
+// coordinator holds at most this many ranks' filters and parts at once.
+constexpr int kPartRanksPerRound = 512;
+// What a rank asks the coordinator for: the whole metadata, or a part (its ChunkFilter follows).
+constexpr char kWholeAsked = 'A';
+constexpr char kPartAsked = 'F';
+
+// Each rank is sent its own part of the metadata (LoadOptions::own_chunks_only, ranks in separate
+// address spaces): the coordinator opens the checkpoint once, whatever its format, gathers each
+// rank's ChunkFilter, and scatters to each the wire encoding of the chunks its boxes reach
+// (EncodeMetadataPartForWire): every tensor's header and only those chunks, not the whole
+// metadata. Rank 0, which plans shared reads for every rank, and a rank without `filter` get it
+// whole. In rounds of kPartRanksPerRound ranks, each a gather and a scatter. The coordinator's
+// failure to open reaches every rank through the first scatter; a rank's failure to decode its
+// part, through one agreement.
+Result<LoadMetadata> MetadataPartsOfLoad(Communicator& comm, EngineContext& ctx,
+                                         std::string_view path, int root,
+                                         const ChunkFilter* filter) {
+  const int rank = comm.rank(), size = comm.size();
+  const std::string request = filter == nullptr || rank == 0
+                                  ? std::string(1, kWholeAsked)
+                                  : kPartAsked + EncodeChunkFilter(*filter);
+  std::string nonce;
+  std::optional<Result<CheckpointMetadata>> opened;
+  if (rank == root) {
+    nonce = RandomHexId(kNonceDigits);
+    opened.emplace(OpenCheckpointMetadata(ctx.store(), path, &ctx.pool()));
+  }
+  std::optional<MetadataPartEncoder> encoder;  // the coordinator's, once it opened the checkpoint
+  if (opened && opened->ok()) encoder.emplace(**opened, &ctx.pool());
+  std::string whole;  // the coordinator's whole wire encoding, made once when a rank asks for it
+  std::string mine;
+  for (int first = 0; first < size; first += kPartRanksPerRound) {
+    const int end = std::min(size, first + kPartRanksPerRound);
+    const bool in_round = rank >= first && rank < end;
+    SP_ASSIGN_OR_RETURN(std::vector<std::string> requests,
+                        GatherOrFail(comm, in_round ? request : std::string(), root));
+    Result<std::vector<std::string>> parts = [&]() -> Result<std::vector<std::string>> {
+      if (rank != root) return std::vector<std::string>();
+      if (!opened->ok()) return opened->status();
+      const CheckpointMetadata& metadata = **opened;
+      for (int r = first; r < end; ++r) {
+        if (r != root && whole.empty() && requests[r] == std::string(1, kWholeAsked)) {
+          whole = EncodeMetadataForWire(metadata);
+        }
+      }
+      std::vector<std::string> out(static_cast<size_t>(size));
+      SP_RETURN_IF_ERROR(ParallelForInOrder(&ctx.pool(), end - first, [&](int64_t i) -> Status {
+        const int r = first + static_cast<int>(i);
+        if (r == root) return OkStatus();  // the coordinator keeps what it opened
+        const std::string& asked = requests[r];
+        std::string& part = out[r];
+        if (asked == std::string(1, kWholeAsked)) {
+          part = nonce + kWireMetadataFollows + whole;
+          return OkStatus();
+        }
+        if (asked.empty() || asked[0] != kPartAsked) {
+          return DataLossError("the load's metadata request of rank " + std::to_string(r) + " (" +
+                               std::to_string(asked.size()) + " bytes) starts with neither '" +
+                               kWholeAsked + "' nor '" + kPartAsked + "'");
+        }
+        SP_ASSIGN_OR_RETURN(
+            ChunkFilter boxes,
+            DecodeChunkFilter(std::string_view(asked).substr(1),
+                              "the chunk filter of rank " + std::to_string(r)));
+        part = nonce + kWireMetadataFollows + encoder->Encode(boxes);
+        return OkStatus();
+      }));
+      return out;
+    }();
+    SP_ASSIGN_OR_RETURN(std::string received, ScatterOrFail(comm, std::move(parts), root));
+    if (in_round) mine = std::move(received);
+  }
+  // Each rank decodes its own bytes: a rank that fails makes every rank fail, by one agreement.
+  Result<CheckpointMetadata> metadata = [&]() -> Result<CheckpointMetadata> {
+    if (rank == root) return std::move(**opened);
+    if (mine.size() <= kNonceDigits || mine[kNonceDigits] != kWireMetadataFollows) {
+      return DataLossError("the load's metadata part (" + std::to_string(mine.size()) +
+                           " bytes) does not start with a nonce of " +
+                           std::to_string(kNonceDigits) + " bytes and '" + kWireMetadataFollows +
+                           "'");
+    }
+    return DecodeMetadataFromWire(std::string_view(mine).substr(kNonceDigits + 1), &ctx.pool());
+  }();
+  SP_RETURN_IF_ERROR(AgreeOnStatus(comm, metadata.status()));
+  return LoadMetadata{rank == root ? std::move(nonce) : mine.substr(0, kNonceDigits),
+                      std::make_shared<const CheckpointMetadata>(std::move(metadata).value())};
 }
 
 // The read gate this rank shares with the ranks of its machine that run in other processes
@@ -277,18 +363,22 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
                                           options.threads, options.coordinator));
   Communicator& comm = ctx->comm();
-  // The stored chunks this rank's boxes reach, when it keeps only those. Targets this rank cannot
-  // build fail the load in Prepare, with every chunk kept until then.
+  // The stored chunks this rank's boxes reach, when it keeps only those.
+  // A rank whose targets fail asks for no chunk: it fails in Prepare before it reads any.
   std::optional<ChunkFilter> filter;
   if (options.own_chunks_only && !comm.shares_memory()) {
+    filter.emplace();
     if (Result<std::vector<LocalTensor>> targets = BuildTargets(state); targets.ok()) {
-      filter.emplace();
       for (LocalTensor& t : *targets) (*filter)[t.name] = std::move(t.boxes);
     }
   }
-  SP_ASSIGN_OR_RETURN(const LoadMetadata opened,
-                      MetadataOfLoad(comm, *ctx, path, options.coordinator,
-                                     filter ? &*filter : nullptr));
+  // Ranks in address spaces of their own that keep only their part are each sent it; otherwise
+  // every rank gets the whole metadata.
+  SP_ASSIGN_OR_RETURN(
+      const LoadMetadata opened,
+      options.own_chunks_only && !comm.shares_memory() && comm.size() > 1
+          ? MetadataPartsOfLoad(comm, *ctx, path, options.coordinator, filter ? &*filter : nullptr)
+          : MetadataOfLoad(comm, *ctx, path, options.coordinator));
   const std::string& nonce = opened.nonce;
   const CheckpointMetadata* metadata = opened.metadata.get();
   uint64_t metadata_chunks = 0;

@@ -102,14 +102,14 @@ struct LoadOptions {
   // competing ones. When they share their reads through shared memory each byte has one reader
   // already, and each process tunes its own. false: each process tunes its own.
   bool machine_read_gate = true;
-  // Which stored chunks each rank's copy of the metadata holds. Ranks in separate address spaces,
-  // other than rank 0 (which plans shared reads for every rank), the coordinator too, decode what
-  // the coordinator broadcasts (a native metadata file, or another format's metadata encoded for
-  // the wire) keeping only the chunks their own boxes reach (TensorMetadata::kept), while checking
-  // every byte and every chunk as a whole decoding does, so that damaged bytes fail every rank
-  // alike. At 8,192 ranks x 1,000 tensors a whole copy is 4.9 million chunks, 600 MiB in each
-  // process (docs/PERFORMANCE.md). Ranks that share an address space share one whole copy.
-  // false: every rank keeps every chunk.
+  // Which stored chunks each rank's copy of the metadata holds, and what it is sent. Ranks in
+  // separate address spaces other than rank 0 (which plans shared reads for every rank) and the
+  // coordinator (which opens the checkpoint) send the coordinator the boxes they load, and are
+  // sent their part: every tensor's header and only the stored chunks their boxes reach
+  // (TensorMetadata::kept), with the data files those name. At 8,192 ranks x 1,000 tensors the
+  // whole metadata is 4.9 million chunks, a 110 MiB file and 600 MiB decoded, in each process
+  // (docs/PERFORMANCE.md). Ranks that share an address space share one whole copy.
+  // false: the coordinator broadcasts the whole metadata and every rank keeps every chunk.
   bool own_chunks_only = true;
 };
 

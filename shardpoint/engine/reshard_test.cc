@@ -742,8 +742,8 @@ void ExpectHeadersOfMetadata(Store& store, const std::string& path, const Checkp
 }
 
 // How many stored chunks each load rank's copy of `md` held (LoadResult::metadata_chunks): every
-// chunk where the ranks share one decoded copy, on rank 0, and with
-// own_chunks_only off; otherwise exactly those its boxes reach (a box of the tensor's rank, not
+// chunk where the ranks share one decoded copy, on rank 0, on the coordinator (which opened it)
+// and with own_chunks_only off; otherwise exactly those its boxes reach (a box of the tensor's rank, not
 // empty, inside its shape, sharing a point with the chunk), none of a tensor it does not list.
 void ExpectMetadataParts(const Case& c, const CheckpointMetadata& md,
                          const std::vector<LoadResult>& results) {
@@ -752,7 +752,8 @@ void ExpectMetadataParts(const Case& c, const CheckpointMetadata& md,
   const bool shared_copy = !c.load_as_processes && !c.load_in_separate_memory;
   for (int r = 0; r < c.load_ranks; ++r) {
     uint64_t expected = all;
-    if (!shared_copy && r != 0 && c.load_options.own_chunks_only) {
+    if (!shared_copy && r != 0 && r != c.load_options.coordinator &&
+        c.load_options.own_chunks_only) {
       expected = 0;
       for (size_t i = 0; i < c.tensors.size(); ++i) {
         if (!c.lists_on_load[r][i]) continue;

@@ -210,6 +210,30 @@ bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredCh
   return true;
 }
 
+std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vector<Box>& boxes) {
+  std::vector<uint32_t> out;
+  bool found = true;
+  for (const Box& box : boxes) {
+    if (!FilterBoxReaches(box, tensor.shape)) continue;
+    if (tensor.grid) {
+      GridChunksIntersecting(*tensor.grid, box, &out);
+    } else if (!tensor.index || !IndexedChunksIntersecting(*tensor.index, tensor.chunks, box, &out)) {
+      found = false;
+      break;
+    }
+  }
+  if (!found) {  // no search: every chunk is looked at once
+    out.clear();
+    for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+      if (FilterKeeps(boxes, tensor.shape, tensor.chunks[c].box)) out.push_back(static_cast<uint32_t>(c));
+    }
+    return out;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 void IndexChunkGrids(CheckpointMetadata* metadata, ThreadPool* pool) {
   std::vector<TensorMetadata>& tensors = metadata->tensors;
   (void)ParallelFor(pool, static_cast<int64_t>(tensors.size()), [&](int64_t t) {

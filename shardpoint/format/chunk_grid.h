@@ -72,6 +72,12 @@ std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, c
 bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredChunk> chunks,
                                const Box& box, std::vector<uint32_t>* out);
 
+// The stored numbers of the chunks of `tensor` that a ChunkFilter's `boxes` keep (FilterKeeps),
+// ascending: found through the tensor's grid or index when it has one (O(its own chunks) per box),
+// else by looking at every chunk. `tensor` holds every chunk (no TensorMetadata::kept). What the
+// coordinator of a load sends a rank of its part of the metadata (EncodeMetadataPartForWire).
+std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vector<Box>& boxes);
+
 // Indexes every tensor of `metadata` that has neither a grid nor an index yet and holds all its
 // chunks (a part, TensorMetadata::kept, is swept: it holds a rank's few): its grid when its
 // chunks form one, else a ChunkIndex. Called where metadata is opened or received (formats whose

@@ -27,7 +27,8 @@ uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
 }
 
 bool FilterBoxReaches(const Box& box, const Shape& shape) {
-  return box.rank() == shape.size() && !box.empty() && WithinShape(box, shape);
+  // Within the shape first: the volume of a box that is not could overflow.
+  return box.rank() == shape.size() && WithinShape(box, shape) && !box.empty();
 }
 
 bool FilterKeeps(const std::vector<Box>& boxes, const Shape& shape, const Box& chunk) {

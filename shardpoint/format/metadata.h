@@ -299,6 +299,9 @@ struct CheckpointMetadata {
   CheckpointFormat format = CheckpointFormat::kNative;
   // 0: the format stores no checksums (foreign formats); chunks are read unverified.
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  // A load rank's part of the metadata received from the coordinator (EncodeMetadataPartForWire
+  // in format/metadata_wire.h) holds only the files its chunks and objects name; the others keep
+  // their place, without a name.
   std::vector<DataFile> files;
   std::vector<TensorMetadata> tensors;   // sorted by name, names unique
   std::vector<ObjectEntry> objects;      // sorted by name, names unique

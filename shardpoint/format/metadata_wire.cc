@@ -1,5 +1,6 @@
 #include "shardpoint/format/metadata_wire.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "shardpoint/base/coding.h"
@@ -11,6 +12,8 @@ namespace {
 
 constexpr uint32_t kWireMagic = 0x57505053;  // "SPPW"
 constexpr uint32_t kMaxRank = 64;
+// The most data files a part names (it holds few of them; the others take a default entry each).
+constexpr uint32_t kMaxWireFiles = uint32_t{1} << 22;
 
 void PutShape(ByteWriter& w, std::span<const int64_t> v) {
   w.PutU32(static_cast<uint32_t>(v.size()));
@@ -46,9 +49,25 @@ void PutChunk(ByteWriter& w, const StoredChunk& c) {
   PutChunkPlacement(w, c);
 }
 
-Status GetChunkPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
+// The data files a decoding holds: all of them, or a part's (EncodeMetadataPartForWire).
+struct HeldFiles {
+  uint32_t count = 0;
+  std::vector<bool> held;  // empty: every file
+
+  // kDataLoss unless `file` is a file this decoding holds.
+  Status Check(const ByteReader& r, uint32_t file, std::string_view what) const {
+    if (file >= count) return DataLossError(r.what() + ": " + std::string(what) + " out of range");
+    if (!held.empty() && !held[file]) {
+      return DataLossError(r.what() + ": " + std::string(what) + " " + std::to_string(file) +
+                           " names a data file this part does not hold");
+    }
+    return OkStatus();
+  }
+};
+
+Status GetChunkPlacement(ByteReader& r, const HeldFiles& files, StoredChunk* c) {
   SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
-  if (c->file >= file_count) return DataLossError(r.what() + ": file index out of range");
+  SP_RETURN_IF_ERROR(files.Check(r, c->file, "file index"));
   SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
   if (encoding > static_cast<uint8_t>(ChunkEncoding::kDriverDecoded)) {
@@ -70,11 +89,11 @@ Status GetChunkPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
   return OkStatus();
 }
 
-Status GetChunk(ByteReader& r, uint32_t file_count, StoredChunk* c) {
+Status GetChunk(ByteReader& r, const HeldFiles& files, StoredChunk* c) {
   SP_RETURN_IF_ERROR(GetShape(r, &c->box.offsets));
   SP_RETURN_IF_ERROR(GetShape(r, &c->box.sizes));
   SP_ASSIGN_OR_RETURN(c->byte_length, r.ReadU64());
-  return GetChunkPlacement(r, file_count, c);
+  return GetChunkPlacement(r, files, c);
 }
 
 constexpr size_t kPlacementBytes = 4 + 8 + 1 + 8 + 4 + 4;
@@ -111,7 +130,17 @@ enum WireLayout : uint8_t {
   kWireGrid = 1,      // the grid, then every cell's placement
   kWireRawGrid = 2,   // the grid, then every cell's file, offset and checksums (all cells raw,
                       // with no stored length or driver tag)
+  kWirePart = 3,      // a load rank's part (TensorMetadata::kept): the tensor's chunk count, then
+                      // the chunks it keeps, each behind its stored number, ascending
+  kWirePartGrid = 4,  // a part of a grid: whether its cells are raw, the grid, then the cells it
+                      // keeps, each behind its number, ascending, as kWireGrid or kWireRawGrid
+                      // place them
 };
+
+// The most cut points of one dimension of a part's grid, and the most cells (chunk numbers are
+// 32-bit): its cells do not travel, so the bytes left do not bound them.
+constexpr uint32_t kMaxPartGridCuts = uint32_t{1} << 24;
+constexpr uint64_t kMaxPartGridCells = UINT32_MAX;
 
 // Whether every chunk is raw with no stored length or driver tag (a native checkpoint's).
 bool AllRaw(const TensorMetadata& t) {
@@ -160,9 +189,9 @@ Status GetBounds(ByteReader& r, int64_t dim, uint64_t max_count, std::vector<int
   return OkStatus();
 }
 
-Status GetRawPlacement(ByteReader& r, uint32_t file_count, StoredChunk* c) {
+Status GetRawPlacement(ByteReader& r, const HeldFiles& files, StoredChunk* c) {
   SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
-  if (c->file >= file_count) return DataLossError(r.what() + ": file index out of range");
+  SP_RETURN_IF_ERROR(files.Check(r, c->file, "file index"));
   SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
   SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
   c->block_crc32c.resize(crcs);
@@ -192,7 +221,7 @@ void EndPart(const std::vector<Box>* keep, uint64_t total, std::vector<uint32_t>
 // A grid: per dimension its cut points (0 first, the dimension last, increasing), then every
 // cell's placement in row-major order. With `keep`, only the cells it reaches are kept, and every
 // cell is checked all the same.
-Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, const std::vector<Box>* keep,
+Status GetGridTensor(ByteReader& r, const HeldFiles& files, bool raw, const std::vector<Box>* keep,
                      TensorMetadata* t) {
   ChunkGrid grid;
   grid.bounds.resize(t->shape.size());
@@ -229,8 +258,8 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, const std::ve
       return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
     }
     chunk.byte_length = *bytes;
-    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, file_count, &chunk)
-                           : GetChunkPlacement(r, file_count, &chunk));
+    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, files, &chunk)
+                           : GetChunkPlacement(r, files, &chunk));
     KeepChunk(keep, static_cast<uint32_t>(c), std::move(chunk), &kept, t);
   }
   t->grid = std::move(grid);
@@ -238,27 +267,49 @@ Status GetGridTensor(ByteReader& r, uint32_t file_count, bool raw, const std::ve
   return OkStatus();
 }
 
-// One tensor's bytes on the wire (behind its length).
-void PutTensor(ByteWriter& w, const TensorMetadata& t) {
+// A grid cell's placement: raw, its file, offset and checksums; else PutChunkPlacement.
+void PutCell(ByteWriter& w, const StoredChunk& c, bool raw) {
+  if (!raw) return PutChunkPlacement(w, c);
+  w.PutU32(c.file);
+  w.PutU64(c.data_offset);
+  w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+  for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
+}
+
+}  // namespace
+
+namespace wire_internal {
+// How a tensor's chunks travel: a list, or the cells of its grid (raw or placed); for a grid,
+// its cut points as PutBounds writes them.
+struct CellsAs {
+  uint8_t layout = 0;  // a WireLayout
+  std::string bounds;
+};
+}  // namespace wire_internal
+
+namespace {
+
+using wire_internal::CellsAs;
+
+CellsAs HowCellsTravel(const TensorMetadata& t) {
+  CellsAs how;
+  if (!SendsGrid(t)) return how;
+  how.layout = AllRaw(t) ? kWireRawGrid : kWireGrid;
+  ByteWriter w(&how.bounds);
+  for (const std::vector<int64_t>& bounds : t.grid->bounds) PutBounds(w, bounds);
+  return how;
+}
+
+// One tensor's bytes on the wire (behind its length), its chunks as `how` says.
+void PutTensor(ByteWriter& w, const TensorMetadata& t, const CellsAs& how) {
   w.PutString(t.name);
   w.PutU8(DTypeCode(t.dtype));
   PutShape(w, t.shape);
-  if (SendsGrid(t)) {
-    const bool raw = AllRaw(t);
-    w.PutU8(raw ? kWireRawGrid : kWireGrid);
-    for (const std::vector<int64_t>& bounds : t.grid->bounds) PutBounds(w, bounds);
-    for (const StoredChunk& c : t.chunks) {
-      if (raw) {
-        w.PutU32(c.file);
-        w.PutU64(c.data_offset);
-        w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
-        for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
-      } else {
-        PutChunkPlacement(w, c);
-      }
-    }
+  w.PutU8(how.layout);
+  if (how.layout != kWireChunks) {
+    w.PutRaw(how.bounds);
+    for (const StoredChunk& c : t.chunks) PutCell(w, c, how.layout == kWireRawGrid);
   } else {
-    w.PutU8(kWireChunks);
     w.PutU32(static_cast<uint32_t>(t.chunks.size()));
     for (const StoredChunk& c : t.chunks) PutChunk(w, c);
   }
@@ -283,9 +334,105 @@ uint64_t WireTensorBound(const TensorMetadata& t) {
   return bytes;
 }
 
+// A part (kWirePart): the tensor's chunk count, then the chunks kept, each behind its stored
+// number (ascending, fewer than the count). With `keep`, only those of them it reaches are kept.
+Status GetPartTensor(ByteReader& r, const HeldFiles& files, const std::vector<Box>* keep,
+                     TensorMetadata* t) {
+  SP_ASSIGN_OR_RETURN(uint32_t total, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + 4 + 4 + 8 + kPlacementBytes));
+  if (count >= total) {
+    return DataLossError(r.what() + ": the part of tensor " + t->name + " keeps " +
+                         std::to_string(count) + " of its " + std::to_string(total) +
+                         " chunks (a part keeps fewer; all of them travel whole)");
+  }
+  std::vector<uint32_t> kept;
+  kept.reserve(count);
+  t->chunks.reserve(count);
+  int64_t previous = -1;
+  for (uint32_t c = 0; c < count; ++c) {
+    SP_ASSIGN_OR_RETURN(uint32_t number, r.ReadU32());
+    if (static_cast<int64_t>(number) <= previous || number >= total) {
+      return DataLossError(r.what() + ": chunk number " + std::to_string(number) +
+                           " of the part of tensor " + t->name + " is not above " +
+                           std::to_string(previous) + " and below " + std::to_string(total));
+    }
+    previous = number;
+    StoredChunk chunk;
+    SP_RETURN_IF_ERROR(GetChunk(r, files, &chunk));
+    if (keep != nullptr && !FilterKeeps(*keep, t->shape, chunk.box)) continue;
+    t->chunks.push_back(std::move(chunk));
+    kept.push_back(number);
+  }
+  t->kept = std::move(kept);
+  return OkStatus();
+}
+
+// A part of a grid (kWirePartGrid): the cells kept, each behind its number, their boxes and byte
+// lengths those of the grid's cells. With `keep`, only those of them it reaches are kept.
+Status GetPartGridTensor(ByteReader& r, const HeldFiles& files, const std::vector<Box>* keep,
+                         TensorMetadata* t) {
+  SP_ASSIGN_OR_RETURN(uint8_t raw, r.ReadU8());
+  if (raw > 1) return DataLossError(r.what() + ": bad raw-cells flag of tensor " + t->name);
+  ChunkGrid grid;
+  grid.bounds.resize(t->shape.size());
+  grid.strides.resize(t->shape.size());
+  for (size_t d = 0; d < t->shape.size(); ++d) {
+    std::vector<int64_t>& b = grid.bounds[d];
+    SP_RETURN_IF_ERROR(GetBounds(r, t->shape[d], kMaxPartGridCuts, &b));
+    if (b.size() < 2 || b.front() != 0 || b.back() != t->shape[d]) {
+      return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
+    }
+    for (size_t k = 1; k < b.size(); ++k) {
+      if (b[k] <= b[k - 1]) return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
+    }
+  }
+  uint64_t cells = 1;
+  for (size_t d = t->shape.size(); d-- > 0;) {
+    grid.strides[d] = cells;
+    if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) ||
+        cells > kMaxPartGridCells) {
+      return DataLossError(r.what() + ": too many grid cells for tensor " + t->name);
+    }
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + (raw ? 4 + 8 + 4 : kPlacementBytes)));
+  if (count >= cells) {
+    return DataLossError(r.what() + ": the part of tensor " + t->name + " keeps " +
+                         std::to_string(count) + " of its " + std::to_string(cells) +
+                         " chunks (a part keeps fewer; all of them travel whole)");
+  }
+  std::vector<uint32_t> kept;
+  kept.reserve(count);
+  t->chunks.reserve(count);
+  const uint64_t item = DTypeSize(t->dtype);
+  int64_t previous = -1;
+  for (uint32_t c = 0; c < count; ++c) {
+    SP_ASSIGN_OR_RETURN(uint32_t number, r.ReadU32());
+    if (static_cast<int64_t>(number) <= previous || number >= cells) {
+      return DataLossError(r.what() + ": chunk number " + std::to_string(number) +
+                           " of the part of tensor " + t->name + " is not above " +
+                           std::to_string(previous) + " and below " + std::to_string(cells));
+    }
+    previous = number;
+    StoredChunk chunk;
+    chunk.box = GridCellBox(grid, number);
+    const std::optional<uint64_t> bytes = CellBytes(chunk.box, item);
+    if (!bytes) {
+      return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
+    }
+    chunk.byte_length = *bytes;
+    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, files, &chunk)
+                           : GetChunkPlacement(r, files, &chunk));
+    if (keep != nullptr && !FilterKeeps(*keep, t->shape, chunk.box)) continue;
+    t->chunks.push_back(std::move(chunk));
+    kept.push_back(number);
+  }
+  t->kept = std::move(kept);
+  return OkStatus();
+}
+
 // With `filter`, the tensor keeps only the chunks it reaches (ChunkFilter), every chunk decoded
 // and checked all the same.
-Status GetTensor(ByteReader& r, uint32_t file_count, const ChunkFilter* filter,
+Status GetTensor(ByteReader& r, const HeldFiles& files, const ChunkFilter* filter,
                  TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   t->name = std::string(name);
@@ -300,22 +447,24 @@ Status GetTensor(ByteReader& r, uint32_t file_count, const ChunkFilter* filter,
   }
   SP_ASSIGN_OR_RETURN(uint8_t layout, r.ReadU8());
   if (layout == kWireGrid || layout == kWireRawGrid) {
-    return GetGridTensor(r, file_count, layout == kWireRawGrid, keep, t);
+    return GetGridTensor(r, files, layout == kWireRawGrid, keep, t);
   }
+  if (layout == kWirePart) return GetPartTensor(r, files, keep, t);
+  if (layout == kWirePartGrid) return GetPartGridTensor(r, files, keep, t);
   if (layout != kWireChunks) return DataLossError(r.what() + ": unknown tensor layout");
   SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 8 + kPlacementBytes));
   t->chunks.reserve(keep == nullptr ? chunks : 0);
   std::vector<uint32_t> kept;
   for (uint32_t c = 0; c < chunks; ++c) {
     StoredChunk chunk;
-    SP_RETURN_IF_ERROR(GetChunk(r, file_count, &chunk));
+    SP_RETURN_IF_ERROR(GetChunk(r, files, &chunk));
     KeepChunk(keep, c, std::move(chunk), &kept, t);
   }
   EndPart(keep, chunks, std::move(kept), t);
   return OkStatus();
 }
 
-Status GetObject(ByteReader& r, uint32_t file_count, ObjectEntry* o) {
+Status GetObject(ByteReader& r, const HeldFiles& files, ObjectEntry* o) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
   o->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
@@ -328,7 +477,7 @@ Status GetObject(ByteReader& r, uint32_t file_count, ObjectEntry* o) {
   if (stored == 1) {
     StoredObjectItem item;
     SP_ASSIGN_OR_RETURN(item.file, r.ReadU32());
-    if (item.file >= file_count) return DataLossError(r.what() + ": object file index out of range");
+    SP_RETURN_IF_ERROR(files.Check(r, item.file, "object file index"));
     SP_ASSIGN_OR_RETURN(item.offset, r.ReadU64());
     SP_ASSIGN_OR_RETURN(item.length, r.ReadU64());
     SP_ASSIGN_OR_RETURN(item.driver_tag, r.ReadU32());
@@ -337,7 +486,22 @@ Status GetObject(ByteReader& r, uint32_t file_count, ObjectEntry* o) {
   return OkStatus();
 }
 
-Status GetHead(ByteReader& r, CheckpointMetadata* m) {
+// How the data files travel: every one in order, or (a part) the count and those held, each
+// behind its index.
+enum WireFiles : uint8_t { kEveryFile = 0, kHeldFiles = 1 };
+
+Status GetFile(ByteReader& r, DataFile* f) {
+  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+  if (name.empty()) return DataLossError(r.what() + ": a data file without a name");
+  f->name = std::string(name);
+  SP_ASSIGN_OR_RETURN(f->data_start, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(f->size, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(uint32_t writer, r.ReadU32());
+  f->writer_rank = static_cast<int32_t>(writer);
+  return OkStatus();
+}
+
+Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
   SP_ASSIGN_OR_RETURN(uint32_t magic, r.ReadU32());
   if (magic != kWireMagic) return DataLossError(r.what() + ": bad magic");
   SP_ASSIGN_OR_RETURN(m->version_major, r.ReadU32());
@@ -352,15 +516,36 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m) {
   }
   m->format = static_cast<CheckpointFormat>(format);
   SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadCount(4 + 8 + 8 + 4));
-  m->files.resize(files);
-  for (DataFile& f : m->files) {
-    SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
-    f.name = std::string(name);
-    SP_ASSIGN_OR_RETURN(f.data_start, r.ReadU64());
-    SP_ASSIGN_OR_RETURN(f.size, r.ReadU64());
-    SP_ASSIGN_OR_RETURN(uint32_t writer, r.ReadU32());
-    f.writer_rank = static_cast<int32_t>(writer);
+  SP_ASSIGN_OR_RETURN(uint8_t how, r.ReadU8());
+  if (how == kEveryFile) {
+    SP_ASSIGN_OR_RETURN(files->count, r.ReadCount(4 + 1 + 8 + 8 + 4));
+    m->files.resize(files->count);
+    for (DataFile& f : m->files) SP_RETURN_IF_ERROR(GetFile(r, &f));
+  } else if (how == kHeldFiles) {
+    // Files not held stay without a name (CheckpointMetadata::files); the count is bounded by
+    // what a receiver may allocate for them, not by the bytes left.
+    SP_ASSIGN_OR_RETURN(files->count, r.ReadU32());
+    if (files->count > kMaxWireFiles) {
+      return DataLossError(r.what() + ": " + std::to_string(files->count) + " data files (at most " +
+                           std::to_string(kMaxWireFiles) + ")");
+    }
+    SP_ASSIGN_OR_RETURN(uint32_t held, r.ReadCount(4 + 4 + 1 + 8 + 8 + 4));
+    m->files.resize(files->count);
+    files->held.assign(files->count, false);
+    int64_t previous = -1;
+    for (uint32_t i = 0; i < held; ++i) {
+      SP_ASSIGN_OR_RETURN(uint32_t index, r.ReadU32());
+      if (static_cast<int64_t>(index) <= previous || index >= files->count) {
+        return DataLossError(r.what() + ": data file index " + std::to_string(index) +
+                             " is not above " + std::to_string(previous) + " and below " +
+                             std::to_string(files->count));
+      }
+      previous = index;
+      files->held[index] = true;
+      SP_RETURN_IF_ERROR(GetFile(r, &m->files[index]));
+    }
+  } else {
+    return DataLossError(r.what() + ": unknown data file list " + std::to_string(how));
   }
   SP_ASSIGN_OR_RETURN(uint32_t attributes, r.ReadCount(8));
   for (uint32_t i = 0; i < attributes; ++i) {
@@ -371,21 +556,15 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m) {
   return OkStatus();
 }
 
-}  // namespace
-
-uint64_t WireMetadataBound(const CheckpointMetadata& m) {
-  uint64_t bound = 12 + 4 + m.save_id.size() + 4 + 1 + 8 + 4 + 4 + 4 + 4;
-  for (const DataFile& f : m.files) bound += 4 + f.name.size() + 20;
-  for (const auto& [key, value] : m.attributes) bound += 8 + key.size() + value.size();
-  for (const TensorMetadata& t : m.tensors) bound += WireTensorBound(t);
-  for (const ObjectEntry& o : m.objects) bound += 4 + o.name.size() + 5 + o.payload.size() + 25;
-  return bound;
+void PutFile(ByteWriter& w, const DataFile& f) {
+  w.PutString(f.name);
+  w.PutU64(f.data_start);
+  w.PutU64(f.size);
+  w.PutU32(static_cast<uint32_t>(f.writer_rank));
 }
 
-std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
-  std::string out;
-  out.reserve(WireMetadataBound(m));
-  ByteWriter w(&out);
+// Everything before the tensors. With `held`, only the files it marks travel, behind their index.
+void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>* held) {
   w.PutU32(kWireMagic);
   w.PutU32(m.version_major);
   w.PutU32(m.version_minor);
@@ -393,26 +572,26 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
   w.PutU32(static_cast<uint32_t>(m.world_size));
   w.PutU8(static_cast<uint8_t>(m.format));
   w.PutU64(m.checksum_block_bytes);
+  w.PutU8(held == nullptr ? kEveryFile : kHeldFiles);
   w.PutU32(static_cast<uint32_t>(m.files.size()));
-  for (const DataFile& f : m.files) {
-    w.PutString(f.name);
-    w.PutU64(f.data_start);
-    w.PutU64(f.size);
-    w.PutU32(static_cast<uint32_t>(f.writer_rank));
+  if (held == nullptr) {
+    for (const DataFile& f : m.files) PutFile(w, f);
+  } else {
+    w.PutU32(static_cast<uint32_t>(std::count(held->begin(), held->end(), true)));
+    for (uint32_t i = 0; i < m.files.size(); ++i) {
+      if (!(*held)[i]) continue;
+      w.PutU32(i);
+      PutFile(w, m.files[i]);
+    }
   }
   w.PutU32(static_cast<uint32_t>(m.attributes.size()));
   for (const auto& [key, value] : m.attributes) {
     w.PutString(key);
     w.PutString(value);
   }
-  w.PutU32(static_cast<uint32_t>(m.tensors.size()));
-  // Each tensor behind its length, so that a receiver decodes them in parallel.
-  for (const TensorMetadata& t : m.tensors) {
-    const size_t at = out.size();
-    w.PutU64(0);
-    PutTensor(w, t);
-    EncodeFixed64(out.data() + at, out.size() - at - 8);
-  }
+}
+
+void PutObjects(ByteWriter& w, const CheckpointMetadata& m) {
   w.PutU32(static_cast<uint32_t>(m.objects.size()));
   for (const ObjectEntry& o : m.objects) {
     w.PutString(o.name);
@@ -426,15 +605,173 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
       w.PutU32(o.stored->driver_tag);
     }
   }
+}
+
+// One tensor behind its length, so that a receiver decodes the tensors in parallel.
+template <typename Put>
+void PutBehindLength(std::string& out, Put put) {
+  const size_t at = out.size();
+  ByteWriter(&out).PutU64(0);
+  put();
+  EncodeFixed64(out.data() + at, out.size() - at - 8);
+}
+
+// The chunks `kept` of `t` (fewer than all), as a part of its grid when it travels as one (`how`)
+// and that takes fewer bytes than their boxes, else as a list of chunks.
+void PutPartTensor(ByteWriter& w, const TensorMetadata& t, const std::vector<uint32_t>& kept,
+                   const CellsAs& how) {
+  w.PutString(t.name);
+  w.PutU8(DTypeCode(t.dtype));
+  PutShape(w, t.shape);
+  if (how.layout != kWireChunks) {
+    const bool raw = how.layout == kWireRawGrid;
+    // Per kept chunk beside its checksums: a cell's placement, or a box, length and placement.
+    const uint64_t cell = raw ? 4 + 8 + 4 : kPlacementBytes;
+    const uint64_t chunk = 4 + 4 + 16 * t.shape.size() + 8 + kPlacementBytes;
+    if (how.bounds.size() + kept.size() * cell < kept.size() * chunk) {
+      w.PutU8(kWirePartGrid);
+      w.PutU8(raw ? 1 : 0);
+      w.PutRaw(how.bounds);
+      w.PutU32(static_cast<uint32_t>(kept.size()));
+      for (uint32_t c : kept) {
+        w.PutU32(c);
+        PutCell(w, t.chunks[c], raw);
+      }
+      return;
+    }
+  }
+  w.PutU8(kWirePart);
+  w.PutU32(static_cast<uint32_t>(t.chunks.size()));
+  w.PutU32(static_cast<uint32_t>(kept.size()));
+  for (uint32_t c : kept) {
+    w.PutU32(c);
+    PutChunk(w, t.chunks[c]);
+  }
+}
+
+}  // namespace
+
+uint64_t WireMetadataBound(const CheckpointMetadata& m) {
+  uint64_t bound = 12 + 4 + m.save_id.size() + 4 + 1 + 8 + 1 + 4 + 4 + 4 + 4;
+  for (const DataFile& f : m.files) bound += 4 + f.name.size() + 20;
+  for (const auto& [key, value] : m.attributes) bound += 8 + key.size() + value.size();
+  for (const TensorMetadata& t : m.tensors) bound += WireTensorBound(t);
+  for (const ObjectEntry& o : m.objects) bound += 4 + o.name.size() + 5 + o.payload.size() + 25;
+  return bound;
+}
+
+std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
+  std::string out;
+  out.reserve(WireMetadataBound(m));
+  ByteWriter w(&out);
+  PutHead(w, m, nullptr);
+  w.PutU32(static_cast<uint32_t>(m.tensors.size()));
+  for (const TensorMetadata& t : m.tensors) {
+    PutBehindLength(out, [&] { PutTensor(w, t, HowCellsTravel(t)); });
+  }
+  PutObjects(w, m);
   return out;
+}
+
+MetadataPartEncoder::MetadataPartEncoder(const CheckpointMetadata& metadata, ThreadPool* pool)
+    : metadata_(metadata), how_(metadata.tensors.size()) {
+  (void)ParallelFor(pool, static_cast<int64_t>(how_.size()), [&](int64_t t) {
+    how_[t] = HowCellsTravel(metadata_.tensors[t]);
+    return OkStatus();
+  });
+}
+
+MetadataPartEncoder::~MetadataPartEncoder() = default;
+
+std::string MetadataPartEncoder::Encode(const ChunkFilter& filter) const {
+  const CheckpointMetadata& m = metadata_;
+  // Per tensor, the chunks the filter keeps; all of them: the tensor travels whole.
+  static const std::vector<Box> kNone;
+  std::vector<std::vector<uint32_t>> reached(m.tensors.size());
+  std::vector<bool> held(m.files.size(), false);
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorMetadata& tensor = m.tensors[t];
+    auto it = filter.find(tensor.name);
+    reached[t] = ChunksReached(tensor, it != filter.end() ? it->second : kNone);
+    if (reached[t].size() == tensor.chunks.size()) {
+      for (const StoredChunk& c : tensor.chunks) held[c.file] = true;
+    } else {
+      for (uint32_t c : reached[t]) held[tensor.chunks[c].file] = true;
+    }
+  }
+  for (const ObjectEntry& o : m.objects) {
+    if (o.stored) held[o.stored->file] = true;
+  }
+  std::string out;
+  ByteWriter w(&out);
+  PutHead(w, m, &held);
+  w.PutU32(static_cast<uint32_t>(m.tensors.size()));
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorMetadata& tensor = m.tensors[t];
+    PutBehindLength(out, [&] {
+      if (reached[t].size() == tensor.chunks.size()) return PutTensor(w, tensor, how_[t]);
+      PutPartTensor(w, tensor, reached[t], how_[t]);
+    });
+  }
+  PutObjects(w, m);
+  return out;
+}
+
+std::string EncodeMetadataPartForWire(const CheckpointMetadata& m, const ChunkFilter& filter) {
+  return MetadataPartEncoder(m).Encode(filter);
+}
+
+std::string EncodeChunkFilter(const ChunkFilter& filter) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU32(static_cast<uint32_t>(filter.size()));
+  for (const auto& [name, boxes] : filter) {
+    w.PutString(name);
+    w.PutU32(static_cast<uint32_t>(boxes.size()));
+    for (const Box& box : boxes) {
+      PutShape(w, box.offsets);
+      PutShape(w, box.sizes);
+    }
+  }
+  return out;
+}
+
+Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what) {
+  ByteReader r(bytes, std::string(what));
+  ChunkFilter filter;
+  SP_ASSIGN_OR_RETURN(uint32_t names, r.ReadCount(4 + 4));
+  std::string_view previous;
+  for (uint32_t i = 0; i < names; ++i) {
+    SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+    if (i > 0 && name <= previous) {
+      return DataLossError(r.what() + ": tensor names out of order at '" + std::string(name) + "'");
+    }
+    previous = name;
+    SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + 4));
+    std::vector<Box>& boxes = filter.emplace_hint(filter.end(), name, std::vector<Box>())->second;
+    boxes.resize(count);
+    for (Box& box : boxes) {
+      SP_RETURN_IF_ERROR(GetShape(r, &box.offsets));
+      SP_RETURN_IF_ERROR(GetShape(r, &box.sizes));
+      if (box.offsets.size() != box.sizes.size()) {
+        return DataLossError(r.what() + ": a box of tensor '" + std::string(name) + "' has " +
+                             std::to_string(box.offsets.size()) + " offsets and " +
+                             std::to_string(box.sizes.size()) + " sizes");
+      }
+    }
+  }
+  if (!r.done()) {
+    return DataLossError(r.what() + ": " + std::to_string(r.remaining()) + " trailing bytes");
+  }
+  return filter;
 }
 
 Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, ThreadPool* pool,
                                                   const ChunkFilter* filter) {
   ByteReader r(bytes, "checkpoint metadata received from the coordinator");
   CheckpointMetadata m;
-  SP_RETURN_IF_ERROR(GetHead(r, &m));
-  const uint32_t file_count = static_cast<uint32_t>(m.files.size());
+  HeldFiles files;
+  SP_RETURN_IF_ERROR(GetHead(r, &m, &files));
   SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(8 + 4 + 1 + 4 + 1));
   // Where each tensor's bytes are, then the tensors, on `pool`; the first error by position.
   std::vector<std::pair<size_t, std::string_view>> records(tensors);
@@ -451,14 +788,14 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, tensors, [&](int64_t i) -> Status {
     const auto& [at, record] = records[i];
     ByteReader tr(record, r.what() + ", tensor at byte " + std::to_string(at));
-    SP_RETURN_IF_ERROR(GetTensor(tr, file_count, filter, &m.tensors[i]));
+    SP_RETURN_IF_ERROR(GetTensor(tr, files, filter, &m.tensors[i]));
     if (tr.done()) return OkStatus();
     return DataLossError(tr.what() + ": " + std::to_string(tr.remaining()) + " trailing bytes");
   }));
   IndexChunkGrids(&m, pool);  // grids travel; the other tensors are indexed here
   SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));
   m.objects.resize(objects);
-  for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, file_count, &o));
+  for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, files, &o));
   if (!r.done()) {
     return DataLossError(r.what() + ": " + std::to_string(r.remaining()) + " trailing bytes");
   }

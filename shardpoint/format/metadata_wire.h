@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/format/metadata.h"
@@ -23,6 +24,44 @@ class ThreadPool;  // exec/thread_pool.h
 std::string EncodeMetadataForWire(const CheckpointMetadata& metadata);
 // At least the bytes of EncodeMetadataForWire(metadata), counted from its sizes in one pass.
 uint64_t WireMetadataBound(const CheckpointMetadata& metadata);
+// A load rank's part of `metadata` (which holds every chunk): every tensor's name, dtype and shape,
+// and only the chunks `filter` keeps (ChunkFilter), found through grids and indexes; the data
+// files those chunks and the stored objects name (the others travel as their count alone); the
+// objects and attributes whole. DecodeMetadataFromWire gives what it gives for the whole
+// encoding with `filter`, but that the files not named are left without a name.
+// A tensor whose chunks are all kept travels whole.
+std::string EncodeMetadataPartForWire(const CheckpointMetadata& metadata,
+                                      const ChunkFilter& filter);
+
+namespace wire_internal {
+struct CellsAs;  // how a tensor's chunks travel (metadata_wire.cc)
+}  // namespace wire_internal
+
+// Encodes parts of one metadata for many ranks, each as EncodeMetadataPartForWire does. What the
+// parts share is found once, when it is made, tensor by tensor on `pool` (whether a tensor's
+// chunks travel as a grid, with raw cells, and its cut points): a part then costs the chunks it
+// holds and a look at every tensor's header, not a pass over every chunk. Encode may be called
+// from several threads at once. `metadata` must outlive it and stay unchanged.
+class MetadataPartEncoder {
+ public:
+  explicit MetadataPartEncoder(const CheckpointMetadata& metadata, ThreadPool* pool = nullptr);
+  ~MetadataPartEncoder();
+  MetadataPartEncoder(const MetadataPartEncoder&) = delete;
+  MetadataPartEncoder& operator=(const MetadataPartEncoder&) = delete;
+
+  std::string Encode(const ChunkFilter& filter) const;
+
+ private:
+  const CheckpointMetadata& metadata_;
+  std::vector<wire_internal::CellsAs> how_;
+};
+
+// A ChunkFilter on the wire (what a load rank asks the coordinator for), and back: kDataLoss
+// naming `what` and the byte offset for bytes that are not one (truncated, trailing bytes, names
+// out of order, a box whose offsets and sizes differ in rank).
+std::string EncodeChunkFilter(const ChunkFilter& filter);
+Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what);
+
 // kDataLoss naming the byte offset when `bytes` is not a complete encoding. The tensors are
 // decoded on `pool` (null: on the calling thread), with the same result, or the same error (the
 // first bad tensor's, by position), as without one. With `filter`, each tensor keeps only the

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <random>
+#include <set>
 
 #include "shardpoint/base/coding.h"
 
@@ -270,10 +271,227 @@ TEST(MetadataWireTest, AFilterKeepsTheChunksItsBoxesReachAndFailsAsAWholeDecodin
     const Result<CheckpointMetadata> mine =
         DecodeMetadataFromWire(damaged, trial % 2 ? &pool : nullptr, &filter);
     ASSERT_EQ(mine.ok(), whole.ok()) << (whole.ok() ? mine.status() : whole.status());
-    if (!whole.ok()) ASSERT_EQ(mine.status(), whole.status());
+    if (!whole.ok()) {
+      ASSERT_EQ(mine.status(), whole.status());
+    }
     rejected += !whole.ok();
   }
   EXPECT_GT(rejected, 100);
+}
+
+// Random tensors of rank 0 to 3: grids with uneven cuts in every dimension (raw cells, or placed
+// ones), the same chunks listed out of grid order (an index), chunks that are no grid at all (a
+// scan); spread over 6 files, a few of which hold only a stored object.
+CheckpointMetadata RandomTensors(std::mt19937_64& rng) {
+  CheckpointMetadata m;
+  m.save_id = "random";
+  m.world_size = 6;
+  for (int f = 0; f < 9; ++f) m.files.push_back({"f" + std::to_string(f), 64, 1 << 30, f % 6});
+  m.attributes["step"] = "12";
+  for (int t = 0; t < 40; ++t) {
+    const size_t rank = rng() % 4;
+    TensorMetadata tensor{"t" + std::to_string(100 + t), DType::kBFloat16, Shape(rank), {}};
+    ChunkGrid grid;
+    for (size_t d = 0; d < rank; ++d) {
+      std::vector<int64_t> cuts = {0};
+      for (int64_t at = 0; cuts.size() < 1 + 1 + rng() % 5;) {
+        at += 1 + static_cast<int64_t>(rng() % 4);
+        cuts.push_back(at);
+      }
+      tensor.shape[d] = cuts.back();
+      grid.bounds.push_back(cuts);
+    }
+    grid.strides.assign(rank, 1);
+    for (size_t d = rank; d-- > 1;) grid.strides[d - 1] = grid.strides[d] * (grid.bounds[d].size() - 1);
+    const bool placed = rng() % 4 == 0;
+    for (uint64_t c = 0; c < grid.cell_count(); ++c) {
+      const Box box = GridCellBox(grid, c);
+      const uint64_t bytes = 2 * static_cast<uint64_t>(box.volume());
+      tensor.chunks.push_back(StoredChunk{box, static_cast<uint32_t>(rng() % 6), 100 * c, bytes,
+                                          {static_cast<uint32_t>(rng())},
+                                          placed ? ChunkEncoding::kDriverDecoded
+                                                 : ChunkEncoding::kRaw,
+                                          placed ? bytes + 3 : 0,
+                                          static_cast<uint16_t>(placed ? 2 : 0)});
+    }
+    if (rng() % 3 == 0) std::shuffle(tensor.chunks.begin(), tensor.chunks.end(), rng);
+    m.tensors.push_back(std::move(tensor));
+  }
+  IndexChunkGrids(&m);
+  m.objects = {{"cfg", ObjectEncoding::kJson, "{}"},
+               {"unread", ObjectEncoding::kTorchSave, "", StoredObjectItem{7, 64, 32, 1}}};
+  return m;
+}
+
+// Random boxes for a tensor of `shape`: inside it, past it, empty, of another rank, or none.
+std::vector<Box> RandomBoxes(const Shape& shape, std::mt19937_64& rng) {
+  std::vector<Box> boxes;
+  for (int n = static_cast<int>(rng() % 3); n > 0; --n) {
+    Box box = Box::Whole(shape);
+    for (size_t d = 0; d < shape.size(); ++d) {
+      box.offsets[d] = static_cast<int64_t>(rng() % shape[d]);
+      box.sizes[d] = 1 + static_cast<int64_t>(rng() % (shape[d] - box.offsets[d]));
+    }
+    switch (rng() % 8) {
+      case 0: if (!shape.empty()) box.sizes[0] += 1; break;  // past the shape
+      case 1: if (!shape.empty()) box.sizes[0] = 0; break;   // empty
+      case 2: box = Box::Whole(Shape(shape.size() + 1, 1)); break;  // another rank
+      default: break;
+    }
+    boxes.push_back(box);
+  }
+  return boxes;
+}
+
+// What the coordinator of a load sends a rank (EncodeMetadataPartForWire) decodes to what the
+// whole encoding decodes to with the rank's filter: the same tensors, chunks and stored numbers
+// (checked against a plain scan too, through grids, indexes and lists alike), the same objects
+// and attributes, and the files its chunks and objects name, the others without a name. It is
+// smaller than the whole encoding when a rank reaches a small part.
+TEST(MetadataWireTest, APartDecodesToWhatTheWholeEncodingGivesWithItsFilter) {
+  std::mt19937_64 rng(31);
+  int parts = 0, wholes = 0, grids = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const CheckpointMetadata m = RandomTensors(rng);
+    for (const TensorMetadata& t : m.tensors) grids += t.grid.has_value();
+    const std::string whole = EncodeMetadataForWire(m);
+    ChunkFilter filter;
+    for (const TensorMetadata& t : m.tensors) {
+      if (rng() % 5 != 0) filter[t.name] = RandomBoxes(t.shape, rng);
+    }
+    for (const TensorMetadata& t : m.tensors) {
+      auto it = filter.find(t.name);
+      static const std::vector<Box> kNone;
+      EXPECT_EQ(ChunksReached(t, it != filter.end() ? it->second : kNone),
+                testing::ReachedChunks(t, it != filter.end() ? &it->second : nullptr))
+          << t.name;
+    }
+    const CheckpointMetadata expected = DecodeMetadataFromWire(whole, nullptr, &filter).value();
+    const std::string bytes = EncodeMetadataPartForWire(m, filter);
+    Result<CheckpointMetadata> part = DecodeMetadataFromWire(bytes);
+    ASSERT_TRUE(part.ok()) << part.status();
+    ASSERT_EQ(part->tensors.size(), m.tensors.size());
+    std::set<uint32_t> named;
+    for (size_t t = 0; t < m.tensors.size(); ++t) {
+      SCOPED_TRACE(m.tensors[t].name);
+      EXPECT_TRUE(part->tensors[t] == expected.tensors[t]);
+      auto it = filter.find(m.tensors[t].name);
+      const size_t kept = testing::ExpectPartOf(m.tensors[t], part->tensors[t],
+                                                it != filter.end() ? &it->second : nullptr);
+      (kept == m.tensors[t].chunks.size() ? wholes : parts) += 1;
+      for (const StoredChunk& c : part->tensors[t].chunks) named.insert(c.file);
+    }
+    named.insert(7);  // the stored object's
+    EXPECT_EQ(part->objects, m.objects);
+    EXPECT_EQ(part->attributes, m.attributes);
+    EXPECT_EQ(part->save_id, m.save_id);
+    EXPECT_EQ(part->world_size, m.world_size);
+    ASSERT_EQ(part->files.size(), m.files.size());
+    for (uint32_t f = 0; f < m.files.size(); ++f) {
+      EXPECT_EQ(part->files[f], named.count(f) ? m.files[f] : DataFile()) << "file " << f;
+    }
+  }
+  EXPECT_GT(parts, 1000);
+  EXPECT_GT(wholes, 100);
+  EXPECT_GT(grids, 1000);
+  // One rank's share of many: a few rows of every tensor of ManyTensors, and one cell of a grid
+  // of 64 x 32 cells, which travels as a part of the grid (its cuts, then the cell).
+  CheckpointMetadata m = ManyTensors();
+  ChunkFilter few;
+  for (const TensorMetadata& t : m.tensors) {
+    few[t.name] = {Box::Whole(t.shape)};
+    if (!t.shape.empty()) few[t.name][0].sizes[0] = 1;
+  }
+  EXPECT_LT(EncodeMetadataPartForWire(m, few).size(), EncodeMetadataForWire(m).size() / 2);
+  TensorMetadata big{"big", DType::kFloat32, {4096, 64}, {}};
+  for (int64_t row = 0; row < 4096; row += 64) {
+    for (int64_t col = 0; col < 64; col += 2) {
+      big.chunks.push_back(StoredChunk{Box{{row, col}, {64, 2}}, 0, 0, 512, {7}, {}, 0});
+    }
+  }
+  CheckpointMetadata one;
+  one.files = {{"f", 0, 1 << 20, 0}};
+  one.tensors = {big};
+  IndexChunkGrids(&one);
+  ASSERT_TRUE(one.tensors[0].grid.has_value());
+  const ChunkFilter cell = {{"big", {Box{{70, 3}, {1, 1}}}}};
+  const std::string bytes = EncodeMetadataPartForWire(one, cell);
+  EXPECT_LT(bytes.size(), 200u);
+  const CheckpointMetadata back = DecodeMetadataFromWire(bytes).value();
+  EXPECT_EQ(back.tensors[0].kept, std::optional<std::vector<uint32_t>>(std::vector<uint32_t>{33}));
+  EXPECT_EQ(back.tensors[0].chunks, std::vector<StoredChunk>({one.tensors[0].chunks[33]}));
+}
+
+// A part damaged on the way is refused as kDataLoss or decodes to a metadata whose chunks are
+// inside the files it holds; never anything else.
+TEST(MetadataWireTest, ADamagedPartIsRefusedOrHoldsOnlyItsFiles) {
+  std::mt19937_64 rng(5);
+  std::mt19937 damage(6);
+  int rejected = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const CheckpointMetadata m = RandomTensors(rng);
+    ChunkFilter filter;
+    for (const TensorMetadata& t : m.tensors) filter[t.name] = RandomBoxes(t.shape, rng);
+    const std::string bytes = EncodeMetadataPartForWire(m, filter);
+    for (int k = 0; k < 100; ++k) {
+      Result<CheckpointMetadata> back = DecodeMetadataFromWire(Damaged(bytes, damage));
+      if (!back.ok()) {
+        ASSERT_EQ(back.status().code(), StatusCode::kDataLoss) << back.status();
+        ++rejected;
+        continue;
+      }
+      for (const TensorMetadata& t : back->tensors) {
+        for (const StoredChunk& c : t.chunks) {
+          ASSERT_LT(c.file, back->files.size());
+          ASSERT_FALSE(back->files[c.file].name.empty()) << t.name;
+        }
+        if (t.kept) {
+          ASSERT_EQ(t.kept->size(), t.chunks.size());
+          ASSERT_TRUE(std::is_sorted(t.kept->begin(), t.kept->end()));
+        }
+      }
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+}
+
+// A rank's request (EncodeChunkFilter) round-trips, and bytes that are not one are refused by name.
+TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
+  const ChunkFilter filter = {{"a", {}},
+                              {"b.w", {Box{{0, 4}, {2, 2}}, Box{{}, {}}}},
+                              {"c", {Box{{-1}, {3}}}}};
+  const std::string bytes = EncodeChunkFilter(filter);
+  EXPECT_EQ(DecodeChunkFilter(bytes, "x").value(), filter);
+  EXPECT_EQ(DecodeChunkFilter(EncodeChunkFilter({}), "x").value(), ChunkFilter());
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    const Result<ChunkFilter> back = DecodeChunkFilter(bytes.substr(0, cut), "rank 3's filter");
+    ASSERT_FALSE(back.ok()) << cut;
+    EXPECT_EQ(back.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(back.status().message().rfind("rank 3's filter", 0), 0u) << back.status();
+  }
+  EXPECT_EQ(DecodeChunkFilter(bytes + "z", "f").status(),
+            DataLossError("f: 1 trailing bytes"));
+  std::string swapped;  // names out of order
+  ByteWriter w(&swapped);
+  w.PutU32(2);
+  w.PutString("b");
+  w.PutU32(0);
+  w.PutString("a");
+  w.PutU32(0);
+  EXPECT_EQ(DecodeChunkFilter(swapped, "f").status().message(),
+            "f: tensor names out of order at 'a'");
+  std::string ranks;  // a box of 1 offset and 2 sizes
+  ByteWriter v(&ranks);
+  v.PutU32(1);
+  v.PutString("a");
+  v.PutU32(1);
+  v.PutU32(1);
+  v.PutI64(0);
+  v.PutU32(2);
+  v.PutI64(1);
+  v.PutI64(1);
+  EXPECT_EQ(DecodeChunkFilter(ranks, "f").status().message(),
+            "f: a box of tensor 'a' has 1 offsets and 2 sizes");
 }
 
 TEST(MetadataWireTest, SizesAreValidatedOnAPoolWithTheFirstErrorInOrder) {
