@@ -20,6 +20,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
+#include "shardpoint/engine/load_internal.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -1085,6 +1086,46 @@ TEST_F(EngineFailureTest, EachLoadRankIsSentOnlyTheChunksItsBoxesReach) {
   EXPECT_EQ(failed.code(), StatusCode::kNotFound);
   EXPECT_THAT(failed.message(), StartsWith("rank 0: no committed checkpoint at /ckpt"));
   gather_tap_ = nullptr;
+}
+
+// The coordinator's answers to a round of requests (AnswerMetadataRequests): the whole metadata,
+// encoded once, for those that ask for it; each part as EncodeMetadataPartForWire makes it, the
+// same bytes for ranks that ask alike; nothing for the coordinator; a request that is not one
+// refused naming its rank.
+TEST_F(EngineFailureTest, TheCoordinatorAnswersEachRequestAndAlikeOnesFromOneEncoding) {
+  MemoryStore base;
+  SaveA(&base);
+  const CheckpointMetadata opened = OpenCheckpointMetadata(base, kPath, &pool_).value();
+  ChunkFilter rows, none;
+  for (const TensorMetadata& t : opened.tensors) {
+    rows[t.name] = {Box::Whole(t.shape)};
+    if (!t.shape.empty()) rows[t.name][0].sizes[0] = 1;
+  }
+  const std::vector<std::string> requests = {MetadataRequest(&rows), MetadataRequest(nullptr),
+                                             MetadataRequest(&none), MetadataRequest(&rows),
+                                             MetadataRequest(&rows), MetadataRequest(nullptr)};
+  const MetadataPartEncoder encoder(opened, &pool_);
+  std::vector<std::string> out(requests.size());
+  std::string whole;
+  ASSERT_TRUE(AnswerMetadataRequests(encoder, requests, 10, "pre", 14, &whole, out, &pool_).ok());
+  EXPECT_EQ(whole, EncodeMetadataForWire(opened));
+  EXPECT_EQ(out[0], "pre" + EncodeMetadataPartForWire(opened, rows));
+  EXPECT_EQ(out[1], "pre" + whole);
+  EXPECT_EQ(out[2], "pre" + EncodeMetadataPartForWire(opened, none));
+  EXPECT_EQ(out[3], out[0]);
+  EXPECT_EQ(out[4], "");  // rank 14, the coordinator
+  EXPECT_EQ(out[5], out[1]);
+  EXPECT_LT(out[2].size(), out[0].size());
+  std::vector<std::string> bad = requests;
+  bad[3] = "Fxyz";
+  bad[5] = "Q";
+  Status refused = AnswerMetadataRequests(encoder, bad, 10, "pre", 14, &whole, out, &pool_);
+  EXPECT_EQ(refused.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(refused.message(), StartsWith("the chunk filter of rank 13: "));
+  bad[3] = requests[3];
+  EXPECT_EQ(AnswerMetadataRequests(encoder, bad, 10, "pre", 14, &whole, out, &pool_),
+            DataLossError("the load's metadata request of rank 15 (1 bytes) starts with "
+                          "neither 'A' nor 'F'"));
 }
 
 // Counts a rank's all-gathers and what its scatters bring it.

@@ -9,6 +9,8 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
+#include <unordered_map>
 
 #include "shardpoint/engine/load.h"
 #include "shardpoint/engine/load_internal.h"
@@ -29,6 +31,11 @@
 
 namespace sp {
 namespace {
+
+// What a rank asks a load's coordinator for (MetadataRequest): the whole metadata, or a part (its
+// ChunkFilter follows).
+constexpr char kWholeAsked = 'A';
+constexpr char kPartAsked = 'F';
 
 Result<std::vector<LocalTensor>> BuildTargets(const LoadState& state) {
   std::vector<LocalTensor> targets;
@@ -214,9 +221,6 @@ Result<LoadMetadata> MetadataOfLoad(Communicator& comm, EngineContext& ctx, std:
 // The ranks whose requests and parts one round of MetadataPartsOfLoad gathers and scatters: the
 // coordinator holds at most this many ranks' filters and parts at once.
 constexpr int kPartRanksPerRound = 512;
-// What a rank asks the coordinator for: the whole metadata, or a part (its ChunkFilter follows).
-constexpr char kWholeAsked = 'A';
-constexpr char kPartAsked = 'F';
 
 // Each rank is sent its own part of the metadata (LoadOptions::own_chunks_only, ranks in separate
 // address spaces): the coordinator opens the checkpoint once, whatever its format, gathers each
@@ -230,9 +234,7 @@ Result<LoadMetadata> MetadataPartsOfLoad(Communicator& comm, EngineContext& ctx,
                                          std::string_view path, int root,
                                          const ChunkFilter* filter) {
   const int rank = comm.rank(), size = comm.size();
-  const std::string request = filter == nullptr || rank == 0
-                                  ? std::string(1, kWholeAsked)
-                                  : kPartAsked + EncodeChunkFilter(*filter);
+  const std::string request = MetadataRequest(rank == 0 ? nullptr : filter);
   std::string nonce;
   std::optional<Result<CheckpointMetadata>> opened;
   if (rank == root) {
@@ -251,34 +253,11 @@ Result<LoadMetadata> MetadataPartsOfLoad(Communicator& comm, EngineContext& ctx,
     Result<std::vector<std::string>> parts = [&]() -> Result<std::vector<std::string>> {
       if (rank != root) return std::vector<std::string>();
       if (!opened->ok()) return opened->status();
-      const CheckpointMetadata& metadata = **opened;
-      for (int r = first; r < end; ++r) {
-        if (r != root && whole.empty() && requests[r] == std::string(1, kWholeAsked)) {
-          whole = EncodeMetadataForWire(metadata);
-        }
-      }
       std::vector<std::string> out(static_cast<size_t>(size));
-      SP_RETURN_IF_ERROR(ParallelForInOrder(&ctx.pool(), end - first, [&](int64_t i) -> Status {
-        const int r = first + static_cast<int>(i);
-        if (r == root) return OkStatus();  // the coordinator keeps what it opened
-        const std::string& asked = requests[r];
-        std::string& part = out[r];
-        if (asked == std::string(1, kWholeAsked)) {
-          part = nonce + kWireMetadataFollows + whole;
-          return OkStatus();
-        }
-        if (asked.empty() || asked[0] != kPartAsked) {
-          return DataLossError("the load's metadata request of rank " + std::to_string(r) + " (" +
-                               std::to_string(asked.size()) + " bytes) starts with neither '" +
-                               kWholeAsked + "' nor '" + kPartAsked + "'");
-        }
-        SP_ASSIGN_OR_RETURN(
-            ChunkFilter boxes,
-            DecodeChunkFilter(std::string_view(asked).substr(1),
-                              "the chunk filter of rank " + std::to_string(r)));
-        part = nonce + kWireMetadataFollows + encoder->Encode(boxes);
-        return OkStatus();
-      }));
+      SP_RETURN_IF_ERROR(AnswerMetadataRequests(
+          *encoder, std::span<const std::string>(requests).subspan(first, end - first), first,
+          nonce + kWireMetadataFollows, root, &whole,
+          std::span<std::string>(out).subspan(first, end - first), &ctx.pool()));
       return out;
     }();
     SP_ASSIGN_OR_RETURN(std::string received, ScatterOrFail(comm, std::move(parts), root));
@@ -330,6 +309,61 @@ std::unique_ptr<SharedIoTuner> MachineGate(
 }
 
 }  // namespace
+
+std::string MetadataRequest(const ChunkFilter* filter) {
+  return filter == nullptr ? std::string(1, kWholeAsked) : kPartAsked + EncodeChunkFilter(*filter);
+}
+
+Status AnswerMetadataRequests(const MetadataPartEncoder& encoder,
+                              std::span<const std::string> requests, int first_rank,
+                              std::string_view prefix, int skip, std::string* whole,
+                              std::span<std::string> out, ThreadPool* pool) {
+  skip -= first_rank;
+  // Ranks that ask alike are answered from one encoding: the first of them.
+  std::vector<size_t> first_alike(requests.size());
+  std::vector<size_t> distinct;
+  {
+    std::unordered_map<std::string_view, size_t> seen;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (static_cast<int>(i) == skip) continue;
+      auto [it, fresh] = seen.emplace(requests[i], i);
+      first_alike[i] = it->second;
+      if (fresh) distinct.push_back(i);
+    }
+  }
+  for (size_t i : distinct) {
+    if (whole->empty() && requests[i] == std::string_view(&kWholeAsked, 1)) {
+      *whole = EncodeMetadataForWire(encoder.metadata());
+    }
+  }
+  SP_RETURN_IF_ERROR(ParallelForInOrder(
+      pool, static_cast<int64_t>(distinct.size()), [&](int64_t k) -> Status {
+        const size_t i = distinct[k];
+        const std::string& asked = requests[i];
+        std::string& answer = out[i];
+        answer.assign(prefix);
+        if (asked == std::string_view(&kWholeAsked, 1)) {
+          answer += *whole;
+          return OkStatus();
+        }
+        if (asked.empty() || asked[0] != kPartAsked) {
+          return DataLossError("the load's metadata request of rank " +
+                               std::to_string(first_rank + i) + " (" + std::to_string(asked.size()) +
+                               " bytes) starts with neither '" + kWholeAsked + "' nor '" +
+                               kPartAsked + "'");
+        }
+        SP_ASSIGN_OR_RETURN(ChunkFilter boxes,
+                            DecodeChunkFilter(std::string_view(asked).substr(1),
+                                              "the chunk filter of rank " +
+                                                  std::to_string(first_rank + i)));
+        answer += encoder.Encode(boxes);
+        return OkStatus();
+      }));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (static_cast<int>(i) != skip && first_alike[i] != i) out[i] = out[first_alike[i]];
+  }
+  return OkStatus();
+}
 
 Result<CheckpointMetadata> ReadCheckpointMetadata(std::string_view path, Store* store) {
   std::unique_ptr<Store> owned;

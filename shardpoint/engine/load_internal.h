@@ -4,6 +4,8 @@
 #ifndef SHARDPOINT_ENGINE_LOAD_INTERNAL_H_
 #define SHARDPOINT_ENGINE_LOAD_INTERNAL_H_
 
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -14,9 +16,24 @@
 #include "shardpoint/engine/read_executor.h"
 #include "shardpoint/exec/io_tuner.h"
 #include "shardpoint/format/metadata.h"
+#include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/plan/load_plan.h"
 
 namespace sp {
+
+// What a load rank asks the coordinator for when each rank is sent its part of the metadata
+// (LoadOptions::own_chunks_only): with `filter`, the chunks it reaches; without, the whole.
+std::string MetadataRequest(const ChunkFilter* filter);
+
+// The coordinator's answers to one round of those requests, ranks first_rank + i for each i of
+// `requests`, into `out` (as many): `prefix` and the wire encoding of the rank's part (`encoder`)
+// or of the whole metadata (into `whole` once, when some rank asks for it). Rank `skip` (the
+// coordinator) is left out. Ranks that ask alike (replicas that load the same boxes) are answered
+// from one encoding. kDataLoss naming the rank for a request that is not one.
+Status AnswerMetadataRequests(const MetadataPartEncoder& encoder,
+                              std::span<const std::string> requests, int first_rank,
+                              std::string_view prefix, int skip, std::string* whole,
+                              std::span<std::string> out, ThreadPool* pool);
 
 // One rank's load before any read: the result without bytes_read, and its read requests.
 struct Prepared {

@@ -218,35 +218,47 @@ void EndPart(const std::vector<Box>* keep, uint64_t total, std::vector<uint32_t>
   t->kept = std::move(kept);
 }
 
+// A grid over `t`'s shape: per dimension its cut points (0 first, the dimension last,
+// increasing), and its strides. With `min_cell`, its cells travel behind it, each of at least
+// that many bytes, so the bytes left bound the cells; without (a part, whose cells do not all
+// travel), kMaxPartGridCuts and kMaxPartGridCells do.
+Status GetGrid(ByteReader& r, const TensorMetadata& t, uint64_t min_cell, ChunkGrid* grid) {
+  grid->bounds.resize(t.shape.size());
+  grid->strides.resize(t.shape.size());
+  uint64_t so_far = 1;  // cells of the dimensions before
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    std::vector<int64_t>& b = grid->bounds[d];
+    const uint64_t max_cuts =
+        min_cell != 0 ? r.remaining() / min_cell / so_far + 1 : kMaxPartGridCuts;
+    SP_RETURN_IF_ERROR(GetBounds(r, t.shape[d], max_cuts, &b));
+    // At most the remaining bytes (checked above when cells travel): no overflow.
+    if (min_cell != 0 && b.size() >= 2) so_far *= b.size() - 1;
+    if (b.size() < 2 || b.front() != 0 || b.back() != t.shape[d]) {
+      return DataLossError(r.what() + ": bad grid bounds of tensor " + t.name);
+    }
+    for (size_t k = 1; k < b.size(); ++k) {
+      if (b[k] <= b[k - 1]) return DataLossError(r.what() + ": bad grid bounds of tensor " + t.name);
+    }
+  }
+  const uint64_t max_cells = min_cell != 0 ? r.remaining() / min_cell : kMaxPartGridCells;
+  uint64_t cells = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    grid->strides[d] = cells;
+    if (__builtin_mul_overflow(cells, grid->bounds[d].size() - 1, &cells) || cells > max_cells) {
+      return DataLossError(r.what() + ": too many grid cells for tensor " + t.name);
+    }
+  }
+  return OkStatus();
+}
+
 // A grid: per dimension its cut points (0 first, the dimension last, increasing), then every
 // cell's placement in row-major order. With `keep`, only the cells it reaches are kept, and every
 // cell is checked all the same.
 Status GetGridTensor(ByteReader& r, const HeldFiles& files, bool raw, const std::vector<Box>* keep,
                      TensorMetadata* t) {
   ChunkGrid grid;
-  grid.bounds.resize(t->shape.size());
-  grid.strides.resize(t->shape.size());
-  const uint64_t min_cell = raw ? 4 + 8 + 4 : kPlacementBytes;
-  uint64_t so_far = 1;  // cells of the dimensions before
-  for (size_t d = 0; d < t->shape.size(); ++d) {
-    std::vector<int64_t>& b = grid.bounds[d];
-    SP_RETURN_IF_ERROR(GetBounds(r, t->shape[d], r.remaining() / min_cell / so_far + 1, &b));
-    if (b.size() >= 2) so_far *= b.size() - 1;  // at most the remaining bytes: no overflow
-    if (b.size() < 2 || b.front() != 0 || b.back() != t->shape[d]) {
-      return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
-    }
-    for (size_t k = 1; k < b.size(); ++k) {
-      if (b[k] <= b[k - 1]) return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
-    }
-  }
-  uint64_t cells = 1;
-  for (size_t d = t->shape.size(); d-- > 0;) {
-    grid.strides[d] = cells;
-    if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) ||
-        cells > r.remaining() / min_cell) {
-      return DataLossError(r.what() + ": too many grid cells for tensor " + t->name);
-    }
-  }
+  SP_RETURN_IF_ERROR(GetGrid(r, *t, raw ? 4 + 8 + 4 : kPlacementBytes, &grid));
+  const uint64_t cells = grid.cell_count();
   t->chunks.reserve(keep == nullptr ? cells : 0);
   std::vector<uint32_t> kept;
   const uint64_t item = DTypeSize(t->dtype);
@@ -374,26 +386,8 @@ Status GetPartGridTensor(ByteReader& r, const HeldFiles& files, const std::vecto
   SP_ASSIGN_OR_RETURN(uint8_t raw, r.ReadU8());
   if (raw > 1) return DataLossError(r.what() + ": bad raw-cells flag of tensor " + t->name);
   ChunkGrid grid;
-  grid.bounds.resize(t->shape.size());
-  grid.strides.resize(t->shape.size());
-  for (size_t d = 0; d < t->shape.size(); ++d) {
-    std::vector<int64_t>& b = grid.bounds[d];
-    SP_RETURN_IF_ERROR(GetBounds(r, t->shape[d], kMaxPartGridCuts, &b));
-    if (b.size() < 2 || b.front() != 0 || b.back() != t->shape[d]) {
-      return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
-    }
-    for (size_t k = 1; k < b.size(); ++k) {
-      if (b[k] <= b[k - 1]) return DataLossError(r.what() + ": bad grid bounds of tensor " + t->name);
-    }
-  }
-  uint64_t cells = 1;
-  for (size_t d = t->shape.size(); d-- > 0;) {
-    grid.strides[d] = cells;
-    if (__builtin_mul_overflow(cells, grid.bounds[d].size() - 1, &cells) ||
-        cells > kMaxPartGridCells) {
-      return DataLossError(r.what() + ": too many grid cells for tensor " + t->name);
-    }
-  }
+  SP_RETURN_IF_ERROR(GetGrid(r, *t, 0, &grid));
+  const uint64_t cells = grid.cell_count();
   SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + (raw ? 4 + 8 + 4 : kPlacementBytes)));
   if (count >= cells) {
     return DataLossError(r.what() + ": the part of tensor " + t->name + " keeps " +

@@ -50,6 +50,7 @@ class MetadataPartEncoder {
   MetadataPartEncoder& operator=(const MetadataPartEncoder&) = delete;
 
   std::string Encode(const ChunkFilter& filter) const;
+  const CheckpointMetadata& metadata() const { return metadata_; }
 
  private:
   const CheckpointMetadata& metadata_;
