@@ -2,7 +2,11 @@
 // decode from the coordinator's broadcast.
 //
 // A decoded model must re-encode to bytes that decode to the same model and encode to the same
-// bytes again. The encoding is never longer than the input (a repeated attribute key is the only
+// bytes again. A decoded part (a load rank's: a tensor with kept chunks, or a data file without a
+// name, which a part does not hold) re-encodes only from the whole it came from, which the input
+// does not carry: its kept numbers are checked instead. For a whole model whose sizes are sound
+// (what a coordinator encodes parts of), the part that a filter taken from the input keeps
+// decodes to what the whole encoding decodes to with that filter, files not held aside. The encoding is never longer than the input (a repeated attribute key is the only
 // thing decoding drops, at least 8 bytes each) and, with at most one attribute (nothing to
 // reorder), equals the input when it is as long. A re-encoding cut by one byte is refused.
 #include <cstdint>
@@ -10,6 +14,7 @@
 #include <string>
 
 #include "shardpoint/format/metadata_wire.h"
+#include "shardpoint/geometry/box.h"
 
 namespace {
 
@@ -23,6 +28,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   sp::Result<sp::CheckpointMetadata> decoded = sp::DecodeMetadataFromWire(bytes);
   if (!decoded.ok()) return 0;
+  bool part = false;
+  for (const sp::DataFile& f : decoded->files) part = part || f.name.empty();
+  for (const sp::TensorMetadata& t : decoded->tensors) {
+    if (!t.kept) continue;
+    part = true;
+    Check(t.kept->size() == t.chunks.size() && !t.grid && !t.index);
+    for (size_t k = 1; k < t.kept->size(); ++k) Check((*t.kept)[k - 1] < (*t.kept)[k]);
+  }
+  if (part) return 0;
   std::string encoded = sp::EncodeMetadataForWire(*decoded);
   Check(encoded.size() <= size);
   if (encoded.size() == size && decoded->attributes.size() <= 1) Check(encoded == bytes);
@@ -32,5 +46,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sp::Result<sp::CheckpointMetadata> cut =
       sp::DecodeMetadataFromWire(std::string_view(encoded).substr(0, encoded.size() - 1));
   Check(!cut.ok());
+  if (!sp::ValidateCheckpointSizes(*decoded, "fuzz").ok()) return 0;
+  sp::ChunkFilter filter;
+  for (size_t i = 0; i < decoded->tensors.size(); ++i) {
+    const sp::TensorMetadata& t = decoded->tensors[i];
+    if (i % 3 == 2) continue;  // not named: keeps none
+    filter[t.name] = {t.chunks.empty() || i % 3 == 1 ? sp::Box::Whole(t.shape)
+                                                     : t.chunks[size % t.chunks.size()].box};
+  }
+  sp::Result<sp::CheckpointMetadata> mine =
+      sp::DecodeMetadataFromWire(sp::EncodeMetadataPartForWire(*decoded, filter));
+  sp::Result<sp::CheckpointMetadata> expected =
+      sp::DecodeMetadataFromWire(encoded, nullptr, &filter);
+  Check(mine.ok() && expected.ok());
+  Check(mine->tensors == expected->tensors && mine->objects == expected->objects &&
+        mine->attributes == expected->attributes && mine->save_id == expected->save_id);
+  Check(mine->files.size() == expected->files.size());
+  for (size_t f = 0; f < mine->files.size(); ++f) {
+    Check(mine->files[f] == expected->files[f] || mine->files[f] == sp::DataFile());
+  }
   return 0;
 }

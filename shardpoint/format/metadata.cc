@@ -32,9 +32,19 @@ bool FilterBoxReaches(const Box& box, const Shape& shape) {
 }
 
 bool FilterKeeps(const std::vector<Box>& boxes, const Shape& shape, const Box& chunk) {
-  if (chunk.rank() != shape.size()) return false;
+  if (chunk.rank() != shape.size() || chunk.offsets.size() != shape.size()) return false;
   for (const Box& box : boxes) {
-    if (FilterBoxReaches(box, shape) && Intersect(box, chunk).has_value()) return true;
+    if (!FilterBoxReaches(box, shape)) continue;
+    // Whether they share a point, in wide arithmetic: a decoder asks before it checks the
+    // chunk's box, whose numbers may be anything.
+    bool shared = true;
+    for (size_t d = 0; d < shape.size() && shared; ++d) {
+      const __int128 lo = std::max<__int128>(box.offsets[d], chunk.offsets[d]);
+      const __int128 hi = std::min<__int128>(__int128{box.offsets[d]} + box.sizes[d],
+                                             __int128{chunk.offsets[d]} + chunk.sizes[d]);
+      shared = lo < hi;
+    }
+    if (shared) return true;
   }
   return false;
 }

@@ -11,6 +11,9 @@ namespace sp {
 namespace {
 
 constexpr uint32_t kWireMagic = 0x57505053;  // "SPPW"
+// A load rank's part (EncodeMetadataPartForWire): the data files travel as their count and the
+// files the part holds, each behind its index.
+constexpr uint32_t kWirePartMagic = 0x50505053;  // "SPPP"
 constexpr uint32_t kMaxRank = 64;
 // The most data files a part names (it holds few of them; the others take a default entry each).
 constexpr uint32_t kMaxWireFiles = uint32_t{1} << 22;
@@ -480,13 +483,8 @@ Status GetObject(ByteReader& r, const HeldFiles& files, ObjectEntry* o) {
   return OkStatus();
 }
 
-// How the data files travel: every one in order, or (a part) the count and those held, each
-// behind its index.
-enum WireFiles : uint8_t { kEveryFile = 0, kHeldFiles = 1 };
-
 Status GetFile(ByteReader& r, DataFile* f) {
   SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
-  if (name.empty()) return DataLossError(r.what() + ": a data file without a name");
   f->name = std::string(name);
   SP_ASSIGN_OR_RETURN(f->data_start, r.ReadU64());
   SP_ASSIGN_OR_RETURN(f->size, r.ReadU64());
@@ -497,7 +495,9 @@ Status GetFile(ByteReader& r, DataFile* f) {
 
 Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
   SP_ASSIGN_OR_RETURN(uint32_t magic, r.ReadU32());
-  if (magic != kWireMagic) return DataLossError(r.what() + ": bad magic");
+  if (magic != kWireMagic && magic != kWirePartMagic) {
+    return DataLossError(r.what() + ": bad magic");
+  }
   SP_ASSIGN_OR_RETURN(m->version_major, r.ReadU32());
   SP_ASSIGN_OR_RETURN(m->version_minor, r.ReadU32());
   SP_ASSIGN_OR_RETURN(std::string_view save_id, r.ReadString());
@@ -510,12 +510,11 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
   }
   m->format = static_cast<CheckpointFormat>(format);
   SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(uint8_t how, r.ReadU8());
-  if (how == kEveryFile) {
-    SP_ASSIGN_OR_RETURN(files->count, r.ReadCount(4 + 1 + 8 + 8 + 4));
+  if (magic == kWireMagic) {
+    SP_ASSIGN_OR_RETURN(files->count, r.ReadCount(4 + 8 + 8 + 4));
     m->files.resize(files->count);
     for (DataFile& f : m->files) SP_RETURN_IF_ERROR(GetFile(r, &f));
-  } else if (how == kHeldFiles) {
+  } else {
     // Files not held stay without a name (CheckpointMetadata::files); the count is bounded by
     // what a receiver may allocate for them, not by the bytes left.
     SP_ASSIGN_OR_RETURN(files->count, r.ReadU32());
@@ -523,7 +522,7 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
       return DataLossError(r.what() + ": " + std::to_string(files->count) + " data files (at most " +
                            std::to_string(kMaxWireFiles) + ")");
     }
-    SP_ASSIGN_OR_RETURN(uint32_t held, r.ReadCount(4 + 4 + 1 + 8 + 8 + 4));
+    SP_ASSIGN_OR_RETURN(uint32_t held, r.ReadCount(4 + 4 + 8 + 8 + 4));
     m->files.resize(files->count);
     files->held.assign(files->count, false);
     int64_t previous = -1;
@@ -538,8 +537,6 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
       files->held[index] = true;
       SP_RETURN_IF_ERROR(GetFile(r, &m->files[index]));
     }
-  } else {
-    return DataLossError(r.what() + ": unknown data file list " + std::to_string(how));
   }
   SP_ASSIGN_OR_RETURN(uint32_t attributes, r.ReadCount(8));
   for (uint32_t i = 0; i < attributes; ++i) {
@@ -559,14 +556,13 @@ void PutFile(ByteWriter& w, const DataFile& f) {
 
 // Everything before the tensors. With `held`, only the files it marks travel, behind their index.
 void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>* held) {
-  w.PutU32(kWireMagic);
+  w.PutU32(held == nullptr ? kWireMagic : kWirePartMagic);
   w.PutU32(m.version_major);
   w.PutU32(m.version_minor);
   w.PutString(m.save_id);
   w.PutU32(static_cast<uint32_t>(m.world_size));
   w.PutU8(static_cast<uint8_t>(m.format));
   w.PutU64(m.checksum_block_bytes);
-  w.PutU8(held == nullptr ? kEveryFile : kHeldFiles);
   w.PutU32(static_cast<uint32_t>(m.files.size()));
   if (held == nullptr) {
     for (const DataFile& f : m.files) PutFile(w, f);
@@ -646,7 +642,7 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, const std::vector<uin
 }  // namespace
 
 uint64_t WireMetadataBound(const CheckpointMetadata& m) {
-  uint64_t bound = 12 + 4 + m.save_id.size() + 4 + 1 + 8 + 1 + 4 + 4 + 4 + 4;
+  uint64_t bound = 12 + 4 + m.save_id.size() + 4 + 1 + 8 + 4 + 4 + 4 + 4;
   for (const DataFile& f : m.files) bound += 4 + f.name.size() + 20;
   for (const auto& [key, value] : m.attributes) bound += 8 + key.size() + value.size();
   for (const TensorMetadata& t : m.tensors) bound += WireTensorBound(t);
