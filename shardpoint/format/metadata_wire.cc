@@ -349,12 +349,12 @@ uint64_t WireTensorBound(const TensorMetadata& t) {
   return bytes;
 }
 
-// A part (kWirePart): the tensor's chunk count, then the chunks kept, each behind its stored
-// number (ascending, fewer than the count). With `keep`, only those of them it reaches are kept.
-Status GetPartTensor(ByteReader& r, const HeldFiles& files, const std::vector<Box>* keep,
-                     TensorMetadata* t) {
-  SP_ASSIGN_OR_RETURN(uint32_t total, r.ReadU32());
-  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + 4 + 4 + 8 + kPlacementBytes));
+// The `count` chunks of a part of a tensor of `total` chunks, each behind its stored number
+// (ascending, below `total`), fewer than all; `read` reads the chunk numbered its first argument.
+// With `keep`, only those of them it reaches are kept.
+template <typename Read>
+Status GetPartChunks(ByteReader& r, uint64_t total, uint32_t count, const std::vector<Box>* keep,
+                     TensorMetadata* t, Read read) {
   if (count >= total) {
     return DataLossError(r.what() + ": the part of tensor " + t->name + " keeps " +
                          std::to_string(count) + " of its " + std::to_string(total) +
@@ -373,7 +373,7 @@ Status GetPartTensor(ByteReader& r, const HeldFiles& files, const std::vector<Bo
     }
     previous = number;
     StoredChunk chunk;
-    SP_RETURN_IF_ERROR(GetChunk(r, files, &chunk));
+    SP_RETURN_IF_ERROR(read(number, &chunk));
     if (keep != nullptr && !FilterKeeps(*keep, t->shape, chunk.box)) continue;
     t->chunks.push_back(std::move(chunk));
     kept.push_back(number);
@@ -382,49 +382,36 @@ Status GetPartTensor(ByteReader& r, const HeldFiles& files, const std::vector<Bo
   return OkStatus();
 }
 
-// A part of a grid (kWirePartGrid): the cells kept, each behind its number, their boxes and byte
-// lengths those of the grid's cells. With `keep`, only those of them it reaches are kept.
+// A part (kWirePart): the tensor's chunk count, then the chunks kept, as GetPartChunks reads them.
+Status GetPartTensor(ByteReader& r, const HeldFiles& files, const std::vector<Box>* keep,
+                     TensorMetadata* t) {
+  SP_ASSIGN_OR_RETURN(uint32_t total, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + 4 + 4 + 8 + kPlacementBytes));
+  return GetPartChunks(r, total, count, keep, t, [&](uint32_t, StoredChunk* chunk) {
+    return GetChunk(r, files, chunk);
+  });
+}
+
+// A part of a grid (kWirePartGrid): the cells kept, as GetPartChunks reads them, their boxes and
+// byte lengths those of the grid's cells.
 Status GetPartGridTensor(ByteReader& r, const HeldFiles& files, const std::vector<Box>* keep,
                          TensorMetadata* t) {
   SP_ASSIGN_OR_RETURN(uint8_t raw, r.ReadU8());
   if (raw > 1) return DataLossError(r.what() + ": bad raw-cells flag of tensor " + t->name);
   ChunkGrid grid;
   SP_RETURN_IF_ERROR(GetGrid(r, *t, 0, &grid));
-  const uint64_t cells = grid.cell_count();
   SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + (raw ? 4 + 8 + 4 : kPlacementBytes)));
-  if (count >= cells) {
-    return DataLossError(r.what() + ": the part of tensor " + t->name + " keeps " +
-                         std::to_string(count) + " of its " + std::to_string(cells) +
-                         " chunks (a part keeps fewer; all of them travel whole)");
-  }
-  std::vector<uint32_t> kept;
-  kept.reserve(count);
-  t->chunks.reserve(count);
   const uint64_t item = DTypeSize(t->dtype);
-  int64_t previous = -1;
-  for (uint32_t c = 0; c < count; ++c) {
-    SP_ASSIGN_OR_RETURN(uint32_t number, r.ReadU32());
-    if (static_cast<int64_t>(number) <= previous || number >= cells) {
-      return DataLossError(r.what() + ": chunk number " + std::to_string(number) +
-                           " of the part of tensor " + t->name + " is not above " +
-                           std::to_string(previous) + " and below " + std::to_string(cells));
-    }
-    previous = number;
-    StoredChunk chunk;
-    chunk.box = GridCellBox(grid, number);
-    const std::optional<uint64_t> bytes = CellBytes(chunk.box, item);
+  return GetPartChunks(r, grid.cell_count(), count, keep, t,
+                       [&](uint32_t number, StoredChunk* chunk) -> Status {
+    chunk->box = GridCellBox(grid, number);
+    const std::optional<uint64_t> bytes = CellBytes(chunk->box, item);
     if (!bytes) {
       return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
     }
-    chunk.byte_length = *bytes;
-    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, files, &chunk)
-                           : GetChunkPlacement(r, files, &chunk));
-    if (keep != nullptr && !FilterKeeps(*keep, t->shape, chunk.box)) continue;
-    t->chunks.push_back(std::move(chunk));
-    kept.push_back(number);
-  }
-  t->kept = std::move(kept);
-  return OkStatus();
+    chunk->byte_length = *bytes;
+    return raw ? GetRawPlacement(r, files, chunk) : GetChunkPlacement(r, files, chunk);
+  });
 }
 
 // With `filter`, the tensor keeps only the chunks it reaches (ChunkFilter), every chunk decoded
