@@ -890,6 +890,8 @@ int main(int argc, char** argv) {
     for (const sp::LocalTensor& t : locals[r].tensors) boxes[t.name] = t.boxes;
     requests[r] = sp::MetadataRequest(&boxes);
   }
+  uint64_t request_bytes = 0;
+  for (const std::string& request : requests) request_bytes += request.size();
   std::vector<uint64_t> part_bytes(static_cast<size_t>(ranks), 0);
   size_t distinct_requests = 0;
   {
@@ -1002,11 +1004,15 @@ int main(int argc, char** argv) {
               static_cast<double>(sp::ChunkListBytes(received.tensors)) / (1 << 20),
               own_part_load.cpu_s, own_part_items);
   std::printf("    each rank sent its part (LoadOptions::own_chunks_only): the coordinator answers "
-              "the %lld ranks but rank 0 (%zu distinct requests) in %.4f s wall, %.4f s cpu "
+              "the %lld ranks but rank 0 (%zu distinct requests, %.1f MiB in all, %.3f MiB from "
+              "rank %lld) in %.4f s wall, %.4f s cpu "
               "(median of 5, on the pool, in rounds of 512), %.1f MiB in all; a rank is sent "
               "%.3f MiB (rank %lld; the largest %.3f MiB) against the whole file's %.1f MiB, "
               "and decodes it in %.4f s wall\n",
-              static_cast<long long>(ranks - 1), distinct_requests, parts.wall_s, parts.cpu_s,
+              static_cast<long long>(ranks - 1), distinct_requests,
+              static_cast<double>(request_bytes) / (1 << 20),
+              static_cast<double>(requests[ranks / 2 + 3].size()) / (1 << 20),
+              static_cast<long long>(ranks / 2 + 3), parts.wall_s, parts.cpu_s,
               static_cast<double>(parts_total) / (1 << 20),
               static_cast<double>(sent.size()) / (1 << 20),
               static_cast<long long>(ranks / 2 + 3),
