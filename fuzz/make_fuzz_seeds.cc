@@ -117,9 +117,11 @@ void MetadataSeeds(const sp::CheckpointMetadata& md, const std::string& name,
   // A load rank's part of it: the first chunk of every other tensor.
   sp::ChunkFilter first_chunks;
   for (size_t t = 0; t < md.tensors.size(); t += 2) {
-    if (!md.tensors[t].chunks.empty()) first_chunks[md.tensors[t].name] = {md.tensors[t].chunks[0].box};
+    const sp::TensorMetadata& tensor = md.tensors[t];
+    if (!tensor.chunks.empty()) first_chunks[tensor.name] = {tensor.chunks[0].box};
   }
-  Write(corpus + "/metadata_wire/" + name + "-part", sp::EncodeMetadataPartForWire(md, first_chunks));
+  Write(corpus + "/metadata_wire/" + name + "-part",
+        sp::EncodeMetadataPartForWire(md, first_chunks));
   for (size_t i = 0; i < md.objects.size(); ++i) {
     Write(corpus + "/objects/" + name + "-object" + std::to_string(i), md.objects[i].payload);
   }

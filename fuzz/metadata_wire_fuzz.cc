@@ -1,14 +1,16 @@
 // libFuzzer target for the metadata wire codec (shardpoint/format/metadata_wire.h), which ranks
-// decode from the coordinator's broadcast.
+// decode from the coordinator of a load: the whole metadata, or a rank's part of it.
 //
 // A decoded model must re-encode to bytes that decode to the same model and encode to the same
-// bytes again. A decoded part (a load rank's: a tensor with kept chunks, or a data file without a
-// name, which a part does not hold) re-encodes only from the whole it came from, which the input
-// does not carry: its kept numbers are checked instead. For a whole model whose sizes are sound
-// (what a coordinator encodes parts of), the part that a filter taken from the input keeps
-// decodes to what the whole encoding decodes to with that filter, files not held aside. The encoding is never longer than the input (a repeated attribute key is the only
+// bytes again. The encoding is never longer than the input (a repeated attribute key is the only
 // thing decoding drops, at least 8 bytes each) and, with at most one attribute (nothing to
 // reorder), equals the input when it is as long. A re-encoding cut by one byte is refused.
+//
+// A decoded part (a load rank's: a tensor with kept chunks, or a data file without a name, which
+// a part does not hold) re-encodes only from the whole it came from, which the input does not
+// carry: its kept numbers are checked instead. For a whole model whose sizes are sound (what a
+// coordinator encodes parts of), the part that a filter taken from the input keeps decodes to
+// what the whole encoding decodes to with that filter, files not held aside.
 #include <cstdint>
 #include <cstdlib>
 #include <string>

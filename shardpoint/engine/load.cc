@@ -1,7 +1,7 @@
-// Load: the coordinator reads the metadata and broadcasts it; every rank plans its reads from box
-// intersections; with several ranks they share the reads of stored chunks that several of them
-// need (engine/read_exchange.h); the read executor does the reads; every rank returns the same
-// outcome.
+// Load: the coordinator reads the metadata and sends each rank its part of it (or all of it);
+// every rank plans its reads from box intersections; with several ranks they share the reads of
+// stored chunks that several of them need (engine/read_exchange.h); the read executor does the
+// reads; every rank returns the same outcome.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -348,9 +348,9 @@ Status AnswerMetadataRequests(const MetadataPartEncoder& encoder,
         }
         if (asked.empty() || asked[0] != kPartAsked) {
           return DataLossError("the load's metadata request of rank " +
-                               std::to_string(first_rank + i) + " (" + std::to_string(asked.size()) +
-                               " bytes) starts with neither '" + kWholeAsked + "' nor '" +
-                               kPartAsked + "'");
+                               std::to_string(first_rank + i) + " (" +
+                               std::to_string(asked.size()) + " bytes) starts with neither '" +
+                               kWholeAsked + "' nor '" + kPartAsked + "'");
         }
         SP_ASSIGN_OR_RETURN(ChunkFilter boxes,
                             DecodeChunkFilter(std::string_view(asked).substr(1),

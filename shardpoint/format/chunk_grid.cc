@@ -217,7 +217,8 @@ std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vec
     if (!FilterBoxReaches(box, tensor.shape)) continue;
     if (tensor.grid) {
       GridChunksIntersecting(*tensor.grid, box, &out);
-    } else if (!tensor.index || !IndexedChunksIntersecting(*tensor.index, tensor.chunks, box, &out)) {
+    } else if (!tensor.index ||
+               !IndexedChunksIntersecting(*tensor.index, tensor.chunks, box, &out)) {
       found = false;
       break;
     }
@@ -225,7 +226,9 @@ std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vec
   if (!found) {  // no search: every chunk is looked at once
     out.clear();
     for (size_t c = 0; c < tensor.chunks.size(); ++c) {
-      if (FilterKeeps(boxes, tensor.shape, tensor.chunks[c].box)) out.push_back(static_cast<uint32_t>(c));
+      if (FilterKeeps(boxes, tensor.shape, tensor.chunks[c].box)) {
+        out.push_back(static_cast<uint32_t>(c));
+      }
     }
     return out;
   }

@@ -240,7 +240,9 @@ Status GetGrid(ByteReader& r, const TensorMetadata& t, uint64_t min_cell, ChunkG
       return DataLossError(r.what() + ": bad grid bounds of tensor " + t.name);
     }
     for (size_t k = 1; k < b.size(); ++k) {
-      if (b[k] <= b[k - 1]) return DataLossError(r.what() + ": bad grid bounds of tensor " + t.name);
+      if (b[k] <= b[k - 1]) {
+        return DataLossError(r.what() + ": bad grid bounds of tensor " + t.name);
+      }
     }
   }
   const uint64_t max_cells = min_cell != 0 ? r.remaining() / min_cell : kMaxPartGridCells;
@@ -506,8 +508,8 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
     // what a receiver may allocate for them, not by the bytes left.
     SP_ASSIGN_OR_RETURN(files->count, r.ReadU32());
     if (files->count > kMaxWireFiles) {
-      return DataLossError(r.what() + ": " + std::to_string(files->count) + " data files (at most " +
-                           std::to_string(kMaxWireFiles) + ")");
+      return DataLossError(r.what() + ": " + std::to_string(files->count) +
+                           " data files (at most " + std::to_string(kMaxWireFiles) + ")");
     }
     SP_ASSIGN_OR_RETURN(uint32_t held, r.ReadCount(4 + 4 + 8 + 8 + 4));
     m->files.resize(files->count);

@@ -1,6 +1,6 @@
 // The wire encoding of a CheckpointMetadata, for sending a decoded checkpoint from one rank to the
-// others (the coordinator opens the checkpoint once, whatever its format, and every rank gets the
-// same model). Not an on-disk format: both ends run the same build. Every field of the model is
+// others (the coordinator of a load opens the checkpoint once, whatever its format, and sends
+// every rank the same model, or each rank its part of it). Not an on-disk format: both ends run the same build. Every field of the model is
 // carried, so Decode(Encode(m)) == m, grids included (TensorMetadata::grid); a tensor with a grid
 // travels as its cut points and one placement per cell, without boxes. Decoding is bounds-checked
 // and refuses trailing bytes.

@@ -302,7 +302,9 @@ CheckpointMetadata RandomTensors(std::mt19937_64& rng) {
       grid.bounds.push_back(cuts);
     }
     grid.strides.assign(rank, 1);
-    for (size_t d = rank; d-- > 1;) grid.strides[d - 1] = grid.strides[d] * (grid.bounds[d].size() - 1);
+    for (size_t d = rank; d-- > 1;) {
+      grid.strides[d - 1] = grid.strides[d] * (grid.bounds[d].size() - 1);
+    }
     const bool placed = rng() % 4 == 0;
     for (uint64_t c = 0; c < grid.cell_count(); ++c) {
       const Box box = GridCellBox(grid, c);
