@@ -74,8 +74,9 @@ bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredCh
 
 // The stored numbers of the chunks of `tensor` that a ChunkFilter's `boxes` keep (FilterKeeps),
 // ascending: found through the tensor's grid or index when it has one (O(its own chunks) per box),
-// else by looking at every chunk. `tensor` holds every chunk (no TensorMetadata::kept). What the
-// coordinator of a load sends a rank of its part of the metadata (EncodeMetadataPartForWire).
+// else by looking at every chunk. `tensor` holds every chunk (no TensorMetadata::kept); with a
+// grid, its chunks are not looked at (a decoder asks before it builds them). What the coordinator
+// of a load sends a rank of its part of the metadata (EncodeMetadataPartForWire).
 std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vector<Box>& boxes);
 
 // Indexes every tensor of `metadata` that has neither a grid nor an index yet and holds all its

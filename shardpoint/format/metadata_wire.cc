@@ -317,11 +317,16 @@ CellsAs HowCellsTravel(const TensorMetadata& t) {
   return how;
 }
 
-// One tensor's bytes on the wire (behind its length), its chunks as `how` says.
-void PutTensor(ByteWriter& w, const TensorMetadata& t, const CellsAs& how) {
+// A tensor's name, dtype and shape.
+void PutTensorHead(ByteWriter& w, const TensorMetadata& t) {
   w.PutString(t.name);
   w.PutU8(DTypeCode(t.dtype));
   PutShape(w, t.shape);
+}
+
+// One tensor's bytes on the wire (behind its length), its chunks as `how` says.
+void PutTensor(ByteWriter& w, const TensorMetadata& t, const CellsAs& how) {
+  PutTensorHead(w, t);
   w.PutU8(how.layout);
   if (how.layout != kWireChunks) {
     w.PutRaw(how.bounds);
@@ -599,9 +604,7 @@ void PutBehindLength(std::string& out, Put put) {
 // and that takes fewer bytes than their boxes, else as a list of chunks.
 void PutPartTensor(ByteWriter& w, const TensorMetadata& t, const std::vector<uint32_t>& kept,
                    const CellsAs& how) {
-  w.PutString(t.name);
-  w.PutU8(DTypeCode(t.dtype));
-  PutShape(w, t.shape);
+  PutTensorHead(w, t);
   if (how.layout != kWireChunks) {
     const bool raw = how.layout == kWireRawGrid;
     // Per kept chunk beside its checksums: a cell's placement, or a box, length and placement.

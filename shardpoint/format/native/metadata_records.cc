@@ -261,18 +261,6 @@ bool CellBytesHold(uint32_t file, uint64_t data_offset, uint64_t byte_length,
   return file < summary.files.size() && InDataBytes(summary.files[file], data_offset, byte_length);
 }
 
-// The cells of `grid` that share a point with one of `keep`, sorted and unique.
-std::vector<uint32_t> KeptCells(const ChunkGrid& grid, const Shape& shape,
-                                const std::vector<Box>& keep) {
-  std::vector<uint32_t> cells;
-  for (const Box& box : keep) {
-    if (FilterBoxReaches(box, shape)) GridChunksIntersecting(grid, box, &cells);
-  }
-  std::sort(cells.begin(), cells.end());
-  cells.erase(std::unique(cells.begin(), cells.end()), cells.end());
-  return cells;
-}
-
 // Every cell is checked (its file and bytes, then its checksum count against the bytes left), in
 // the order and with the messages of a decoding that keeps them all, so that every copy of the
 // metadata decoded from the same bytes fails alike, whatever it keeps. With `keep`, only the
@@ -290,7 +278,7 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   SP_ASSIGN_OR_RETURN(std::string_view table, r.ReadRaw(cells * 12));
   std::vector<uint32_t> kept;
   if (keep != nullptr) {
-    kept = KeptCells(grid, tensor->shape, *keep);
+    kept = ChunksReached(*tensor, *keep);  // through the grid: no chunk is built yet
     if (kept.size() == cells) keep = nullptr;  // every cell: the whole grid, as without a filter
   }
   const uint64_t item = DTypeSize(tensor->dtype);
