@@ -9,12 +9,12 @@
 // ranks build the headers of their own files instead, timed for one rank), of PlanLoad for one
 // rank reading every tensor whole (the consolidation case: every stored chunk intersects the
 // target), of PlanLoad for one rank loading its own boxes (with the grids the metadata carries,
-// and without), and the size of the metadata with the time to encode and decode it (format 2,
-// format 1, and the wire encoding a load sends its ranks for checkpoints of other formats;
-// decoded on the pool, as a load does), the time from a native metadata file's bytes on a load's
-// coordinator to its ranks' decoded metadata (as loads did it, through the wire encoding, and as
-// they do now, each rank decoding the file), and of the commit's collection of the reports the
-// ranks send once they have written (every chunk's checksums and every file's size;
+// and without), and the size of the metadata with the time to encode and decode it (format 3,
+// format 2, format 1, and the wire encoding a load sends its ranks for checkpoints of other
+// formats; decoded on the pool, as a load does), the time from a native metadata file's bytes on
+// a load's coordinator to its ranks' decoded metadata (as loads did it, through the wire encoding,
+// and as they do now, each rank decoding the file), and of the commit's collection of the reports
+// the ranks send once they have written (every chunk's checksums and every file's size;
 // engine/write_reports.h), on the pool, on one thread, and as it was collected before.
 //
 // First, once and in a process of its own (so that its heap does not weigh on the timings after
@@ -48,8 +48,9 @@
 //
 // `--open-only` times opening the committed metadata file alone: decoding it
 // (`DecodeMetadata`), and as a load's rank takes it (`DecodeNativeCheckpointMetadata`: decoded,
-// checked and indexed). With either of these two, `--runs N` sets how many times each figure is
-// measured (medians; 5 by default): comparing two builds on a noisy machine wants more.
+// checked and indexed), and the latter for the same metadata in format 2 (tables at fixed width)
+// beside it, with both sizes. With either of these two, `--runs N` sets how many times each
+// figure is measured (medians; 5 by default): comparing two builds on a noisy machine wants more.
 //
 // Usage: plan_bench [ranks] [tensors] [--coordinator-only |
 //                   --coordinator-ruled [--cached-commit apart|copy] [--keep-writes] |
@@ -530,7 +531,7 @@ Timing Median(Fn&& fn) {
 }
 
 // --open-only: the plan's metadata laid out and committed (a checksum per block), encoded as the
-// native file, and the times to open it.
+// native file (format 3, and format 2 as the baseline), and the times to open it.
 bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
   sp::MemoryStore store;
   std::unique_ptr<sp::CheckpointWriter> writer =
@@ -542,6 +543,7 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
   }
   FillCommittedChecksums(metadata.checksum_block_bytes, &metadata.tensors);
   const std::string native = sp::EncodeMetadata(metadata);
+  const std::string native_v2 = sp::EncodeMetadata(metadata, 2);  // the baseline: fixed width
   metadata = {};
   if (sp::Result<sp::CheckpointMetadata> decoded =
           sp::DecodeNativeCheckpointMetadata(native, "/bench", pool);
@@ -554,8 +556,12 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
       Median([&] { return sp::DecodeMetadata(native, "/bench/.metadata", pool); });
   const Timing open =
       Median([&] { return sp::DecodeNativeCheckpointMetadata(native, "/bench", pool); });
-  std::printf("open metadata_mib=%.1f runs=%d decode_s=%.6f open_s=%.6f\n",
-              static_cast<double>(native.size()) / (1 << 20), g_runs, decode.wall_s, open.wall_s);
+  const Timing open_v2 =
+      Median([&] { return sp::DecodeNativeCheckpointMetadata(native_v2, "/bench", pool); });
+  std::printf("open metadata_mib=%.1f runs=%d decode_s=%.6f open_s=%.6f "
+              "format2_mib=%.1f format2_open_s=%.6f\n",
+              static_cast<double>(native.size()) / (1 << 20), g_runs, decode.wall_s, open.wall_s,
+              static_cast<double>(native_v2.size()) / (1 << 20), open_v2.wall_s);
   return true;
 }
 
@@ -796,8 +802,9 @@ int main(int argc, char** argv) {
   // Decoded on the pool, as the engine does (the coordinator of a load and each of its ranks).
   sp::ThreadPool* const on = pool.get();
   const std::string native = sp::EncodeMetadata(committed);
+  const std::string native_v2 = sp::EncodeMetadata(committed, 2);
   const std::string native_v1 = sp::EncodeMetadata(committed, 1);
-  for (const std::string* bytes : {&native, &native_v1}) {
+  for (const std::string* bytes : {&native, &native_v2, &native_v1}) {
     if (sp::Result<sp::CheckpointMetadata> decoded =
             sp::DecodeMetadata(*bytes, "/bench/.metadata", on);
         !decoded.ok()) {
@@ -809,6 +816,8 @@ int main(int argc, char** argv) {
       Median([&]() -> sp::Result<std::string> { return sp::EncodeMetadata(committed); });
   const Timing open_native =
       Median([&] { return sp::DecodeMetadata(native, "/bench/.metadata", on); });
+  const Timing open_v2 =
+      Median([&] { return sp::DecodeMetadata(native_v2, "/bench/.metadata", on); });
   const Timing open_v1 =
       Median([&] { return sp::DecodeMetadata(native_v1, "/bench/.metadata", on); });
   // Encoded first with the process's peak resident set reset: how far encoding the broadcast
@@ -978,13 +987,15 @@ int main(int argc, char** argv) {
   std::printf("  without chunk grids (every tensor swept): PlanLoad %.4f s cpu, of one rank %.4f s "
               "cpu\n",
               load_swept.cpu_s, own_swept.cpu_s);
-  std::printf("  metadata: %.1f MiB native (format 2), encoded in %.4f s and opened in %.4f s "
-              "(medians of 5); format 1 (every chunk listed) %.1f MiB, opened in %.4f s; "
+  std::printf("  metadata: %.1f MiB native (format 3, packed tables), encoded in %.4f s and "
+              "opened in %.4f s (medians of 5); format 2 (tables at fixed width) %.1f MiB, "
+              "opened in %.4f s; format 1 (every chunk listed) %.1f MiB, opened in %.4f s; "
               "encoded for the wire (a load's broadcast of another format's metadata) %.1f MiB, "
               "encoded in %.4f s (raising the peak resident set by %.0f MiB) and decoded in "
               "%.4f s\n",
               static_cast<double>(native.size()) / (1 << 20), encode_native.wall_s,
-              open_native.wall_s, static_cast<double>(native_v1.size()) / (1 << 20),
+              open_native.wall_s, static_cast<double>(native_v2.size()) / (1 << 20),
+              open_v2.wall_s, static_cast<double>(native_v1.size()) / (1 << 20),
               open_v1.wall_s, static_cast<double>(wire.size()) / (1 << 20), encode_wire.wall_s,
               wire_peak, open_wire.wall_s);
   std::printf("  a load's metadata, from the file's bytes on the coordinator to a rank's decoded "

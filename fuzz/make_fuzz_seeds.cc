@@ -185,6 +185,7 @@ int main(int argc, char** argv) {
     sp::CheckpointMetadata m = Seed(variant);
     Write(corpus + "/metadata/seed" + std::to_string(variant), sp::EncodeMetadata(m));
     Write(corpus + "/metadata/seed" + std::to_string(variant) + "-v1", sp::EncodeMetadata(m, 1));
+    Write(corpus + "/metadata/seed" + std::to_string(variant) + "-v2", sp::EncodeMetadata(m, 2));
     for (uint32_t f = 0; f < m.files.size(); ++f) {
       std::string file = sp::BuildDataFileHeader(m, f);
       file.resize(m.files[f].size, '\0');

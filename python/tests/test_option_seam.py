@@ -541,7 +541,7 @@ def test_metadata_objects_are_read_only(tmp_path):
     tensor, obj, data_file = md.tensors[0], md.objects[0], md.files[0]
     chunk = tensor.chunks[0]
     for owner, name, value in [(md, "world_size", 2), (md, "save_id", "x"), (md, "attributes", {}),
-                               (md, "tensors", []), (md, "version", "3.0"), (tensor, "shape", (7,)),
+                               (md, "tensors", []), (md, "version", "9.0"), (tensor, "shape", (7,)),
                                (tensor, "name", "v"), (tensor, "dtype", "int64"), (chunk, "sizes", (1,)),
                                (obj, "encoding", "bytes"), (data_file, "name", "x"), (data_file, "size", 0)]:
         with pytest.raises(AttributeError):

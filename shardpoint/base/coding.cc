@@ -25,6 +25,35 @@ Result<std::string_view> ByteReader::ReadString(uint32_t max_len) {
   return ReadRaw(len);
 }
 
+Result<uint64_t> ByteReader::ReadLongVarint() {
+  const size_t start = pos_;
+  uint64_t v = 0;
+  for (int shift = 0; shift < 70; shift += 7) {
+    if (remaining() < 1) {
+      return DataLossError(what_ + ": varint at byte " + std::to_string(start) +
+                           " is cut off by the end of the input");
+    }
+    const uint8_t b = static_cast<uint8_t>(in_[pos_++]);
+    if (shift == 63 && b > 1) break;  // bits past the 64th
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (b < 0x80) return v;
+  }
+  return DataLossError(what_ + ": varint at byte " + std::to_string(start) +
+                       " does not fit in 64 bits");
+}
+
+Result<uint32_t> ByteReader::ReadVarintCount(size_t min_element_bytes) {
+  const size_t start = pos_;
+  SP_ASSIGN_OR_RETURN(uint64_t count, ReadVarint());
+  if (count > UINT32_MAX ||
+      (min_element_bytes > 0 && count > remaining() / min_element_bytes)) {
+    return DataLossError(what_ + ": count " + std::to_string(count) + " at byte " +
+                         std::to_string(start) + " cannot fit in the " +
+                         std::to_string(remaining()) + " remaining bytes");
+  }
+  return static_cast<uint32_t>(count);
+}
+
 Result<uint32_t> ByteReader::ReadCount(size_t min_element_bytes) {
   SP_ASSIGN_OR_RETURN(uint32_t count, ReadU32());
   if (min_element_bytes > 0 && count > remaining() / min_element_bytes) {

@@ -1,4 +1,9 @@
-// Little-endian fixed-width encoding, and a bounds-checked reader for hostile bytes.
+// Little-endian fixed-width and variable-length encoding, and a bounds-checked reader for hostile
+// bytes.
+//
+// A varint is an unsigned integer in groups of 7 bits, lowest first, each byte's top bit set when
+// another follows (LEB128): 0-127 take one byte, a u64 at most 10. A signed value travels
+// zigzagged (0, -1, 1, -2, ... as 0, 1, 2, 3, ...), so small magnitudes take few bytes either way.
 //
 // ByteWriter appends to a std::string. ByteReader never reads past its input: every Read*
 // returns kDataLoss naming `what` when the input is too short. Lengths read from input are
@@ -28,6 +33,13 @@ inline uint64_t DecodeFixed64(const char* src) {
   return v;
 }
 
+inline uint64_t ZigZag(int64_t v) {
+  return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63);
+}
+inline int64_t UnZigZag(uint64_t v) {
+  return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1);
+}
+
 class ByteWriter {
  public:
   explicit ByteWriter(std::string* out) : out_(out) {}
@@ -43,6 +55,14 @@ class ByteWriter {
     out_->append(b, 8);
   }
   void PutI64(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
+  void PutVarint(uint64_t v) {
+    char b[10];
+    size_t n = 0;
+    for (; v >= 0x80; v >>= 7) b[n++] = static_cast<char>(v | 0x80);
+    b[n++] = static_cast<char>(v);
+    out_->append(b, n);
+  }
+  void PutSignedVarint(int64_t v) { PutVarint(ZigZag(v)); }
   // u32 length, then the bytes.
   void PutString(std::string_view s) {
     PutU32(static_cast<uint32_t>(s.size()));
@@ -83,6 +103,20 @@ class ByteReader {
     pos_ += 8;
     return static_cast<int64_t>(v);
   }
+  // A varint (see above); one of more than 10 bytes, or whose tenth byte carries bits past the
+  // 64th, is kDataLoss.
+  Result<uint64_t> ReadVarint() {
+    if (remaining() > 0 && static_cast<uint8_t>(in_[pos_]) < 0x80) {
+      return static_cast<uint8_t>(in_[pos_++]);  // the common case: one byte
+    }
+    return ReadLongVarint();
+  }
+  Result<int64_t> ReadSignedVarint() {
+    SP_ASSIGN_OR_RETURN(uint64_t v, ReadVarint());
+    return UnZigZag(v);
+  }
+  // A varint count, checked as ReadCount checks a u32 one.
+  Result<uint32_t> ReadVarintCount(size_t min_element_bytes);
   // A u32 length then that many bytes, at most `max_len`.
   Result<std::string_view> ReadString(uint32_t max_len = 1u << 20);
   Result<std::string_view> ReadRaw(size_t n);
@@ -96,6 +130,7 @@ class ByteReader {
 
  private:
   Status Short(size_t needed) const;
+  Result<uint64_t> ReadLongVarint();
   std::string_view in_;
   size_t pos_ = 0;
   std::string what_;

@@ -828,7 +828,7 @@ TEST_F(EngineCorruptionTest, EveryBitFlipInMetadataIsDetected) {
     Result<CheckpointMetadata> md = DecodeMetadata(bytes, kMetadataPath);
     ASSERT_FALSE(md.ok()) << "a flip of bit " << i % 8 << " of byte " << i << " went unnoticed";
     // A flip in the major version may make it a newer one; anything else is corruption.
-    const bool newer_major = i >= 8 && i < 12 && DecodeFixed32(bytes.data() + 8) > 1;
+    const bool newer_major = i >= 8 && i < 12 && DecodeFixed32(bytes.data() + 8) > 3;
     EXPECT_EQ(md.status().code(),
               newer_major ? StatusCode::kFailedPrecondition : StatusCode::kDataLoss)
         << md.status();
@@ -864,40 +864,50 @@ TEST_F(EngineCorruptionTest, TruncatedMetadataFile) {
 
 TEST_F(EngineCorruptionTest, MetadataOfAFutureMajorVersionIsRefusedByVersion) {
   std::string bytes = metadata_bytes_;
-  EncodeFixed32(bytes.data() + 8, 3);
+  EncodeFixed32(bytes.data() + 8, 4);
   ResealHeader(bytes);
   Put(base_, kMetadataPath, bytes);
   ExpectUnreadableMetadata(StatusCode::kFailedPrecondition,
                            "metadata file /ckpt/shardpoint.metadata: checkpoint format version "
-                           "3.0 is newer than this reader (2.x)");
+                           "4.0 is newer than this reader (3.x)");
 }
 
-// What a version-1 writer left (every chunk listed in the metadata, data files saying 1.0) still
-// opens, loads and verifies, with its grids found when it is opened.
-TEST_F(EngineCorruptionTest, VersionOneCheckpointsStillLoadAndVerify) {
-  ASSERT_EQ(md_.version_major, 2u);
+// What a version-1 writer left (every chunk listed in the metadata, data files saying 1.0) and
+// what a version-2 writer left (tables at fixed width, data files saying 2.0) still open, load
+// and verify, with their grids found or read when they are opened.
+TEST_F(EngineCorruptionTest, VersionOneAndTwoCheckpointsStillLoadAndVerify) {
+  ASSERT_EQ(md_.version_major, 3u);
   size_t grids = 0;
   for (const TensorMetadata& t : md_.tensors) grids += t.grid.has_value();
   ASSERT_GT(grids, 0u);
-  Put(base_, kMetadataPath, EncodeMetadata(md_, 1));
+  std::vector<std::string> current_files;
   for (const DataFile& f : md_.files) {
-    std::string bytes = base_.ReadFile(JoinPath(kPath, f.name)).value();
-    const size_t at = bytes.find("\"format_version\":\"2.0\"");
-    ASSERT_LT(at, f.data_start) << f.name;
-    bytes[at + 18] = '1';
-    Put(base_, JoinPath(kPath, f.name), bytes);
+    current_files.push_back(base_.ReadFile(JoinPath(kPath, f.name)).value());
   }
-  CheckpointMetadata md = ReadCheckpointMetadata(kPath, &base_).value();
-  EXPECT_EQ(md.version_major, 1u);
-  md.version_major = 2;
-  EXPECT_EQ(md, md_);
-  size_t found = 0;
-  for (const TensorMetadata& t : md.tensors) found += t.grid.has_value();
-  EXPECT_EQ(found, grids);
-  EXPECT_EQ(Identify(&base_).value(), 'A');
-  Result<VerifyReport> report = Verify(kPath, &base_, &pool_);
-  ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_TRUE(report->defects.empty()) << report->defects.front();
+  for (const uint32_t major : {1u, 2u}) {
+    SCOPED_TRACE(major);
+    const std::string metadata = EncodeMetadata(md_, major);
+    ASSERT_EQ(DecodeFixed32(metadata.data() + 8), major);
+    Put(base_, kMetadataPath, metadata);
+    for (size_t i = 0; i < md_.files.size(); ++i) {
+      std::string bytes = current_files[i];
+      const size_t at = bytes.find("\"format_version\":\"3.0\"");
+      ASSERT_LT(at, md_.files[i].data_start) << md_.files[i].name;
+      bytes[at + 18] = static_cast<char>('0' + major);
+      Put(base_, JoinPath(kPath, md_.files[i].name), bytes);
+    }
+    CheckpointMetadata md = ReadCheckpointMetadata(kPath, &base_).value();
+    EXPECT_EQ(md.version_major, major);
+    md.version_major = 3;
+    EXPECT_EQ(md, md_);
+    size_t found = 0;
+    for (const TensorMetadata& t : md.tensors) found += t.grid.has_value();
+    EXPECT_EQ(found, grids);
+    EXPECT_EQ(Identify(&base_).value(), 'A');
+    Result<VerifyReport> report = Verify(kPath, &base_, &pool_);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_TRUE(report->defects.empty()) << report->defects.front();
+  }
 }
 
 // Also shows that the resealed header above is valid: only the major version made it fail.

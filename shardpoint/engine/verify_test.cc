@@ -129,11 +129,11 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
   const std::vector<std::pair<std::string, std::string>> edits = {
       {"\"shardpoint\"", "\"shardpoinu\""},
       {"\"format_version\"", "\"format_versioo\""},
-      {"\"2.0\"", "\"2.1\""},  // a minor newer than the metadata's
-      {"\"2.0\"", "\"3.0\""},  // a newer major
-      {"\"2.0\"", "\"0.9\""},  // no such version
-      {"\"2.0\"", "\"2.x\""},
-      {"\"2.0\"", "\"02.\""},
+      {"\"3.0\"", "\"3.1\""},  // a minor newer than the metadata's
+      {"\"3.0\"", "\"4.0\""},  // a newer major
+      {"\"3.0\"", "\"0.9\""},  // no such version
+      {"\"3.0\"", "\"3.x\""},
+      {"\"3.0\"", "\"03.\""},
       {"\"" + md.save_id + "\"", "\"" + std::string(md.save_id.size(), 'z') + "\""},
   };
   for (const auto& [from, to] : edits) {
@@ -149,16 +149,18 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
               std::string::npos)
         << report.defects[0];
     EXPECT_NE(report.defects[0].find("does not match the metadata (expected {format=shardpoint, "
-                                     "format_version=2.0, save_id=" + md.save_id + "})"),
+                                     "format_version=3.0, save_id=" + md.save_id + "})"),
               std::string::npos)
         << report.defects[0];
   }
-  // A data file of version 1 under version-2 metadata (a prune of a version-1 checkpoint keeps
-  // its untouched files): the data file format did not change.
-  std::string older = original;
-  older.replace(older.find("\"2.0\""), 5, "\"1.0\"");
-  WriteFile(store, path, older);
-  EXPECT_TRUE(VerifyOk(store, "/ckpt").defects.empty());
+  // Data files of versions 1 and 2 under version-3 metadata (a prune of an older checkpoint
+  // keeps its untouched files): the data file format did not change.
+  for (const char* version : {"\"1.0\"", "\"2.0\""}) {
+    std::string older = original;
+    older.replace(older.find("\"3.0\""), 5, version);
+    WriteFile(store, path, older);
+    EXPECT_TRUE(VerifyOk(store, "/ckpt").defects.empty()) << version;
+  }
   WriteFile(store, path, original);
   EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
 }

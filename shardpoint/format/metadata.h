@@ -292,7 +292,7 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
 Status FillChecksums(const ChunkChecksums& checksums, std::vector<TensorMetadata>* tensors);
 
 struct CheckpointMetadata {
-  uint32_t version_major = 2;  // the native format's (format/native/metadata_codec.h)
+  uint32_t version_major = 3;  // the native format's (format/native/metadata_codec.h)
   uint32_t version_minor = 0;
   std::string save_id;  // unique per save; data file names carry it
   int32_t world_size = 1;

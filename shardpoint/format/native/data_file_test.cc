@@ -33,7 +33,7 @@ TEST(DataFileTest, HeadersDescribeEachFilesChunks) {
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       EXPECT_EQ(parsed->data_start, m.files[f].data_start);
       EXPECT_EQ(parsed->metadata, (std::map<std::string, std::string>{
-                                      {"format", "shardpoint"}, {"format_version", "2.0"}, {"save_id", m.save_id}}));
+                                      {"format", "shardpoint"}, {"format_version", "3.0"}, {"save_id", m.save_id}}));
       uint64_t previous_end = 0;
       for (const SafetensorsEntry& e : parsed->entries) {
         EXPECT_EQ(e.begin, previous_end);
@@ -83,7 +83,7 @@ TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
       EXPECT_EQ(headers[f],
                 EncodeSafetensorsHeader(entries,
                                         {{"format", "shardpoint"},
-                                         {"format_version", "2.0"},
+                                         {"format_version", "3.0"},
                                          {"save_id", m.save_id}},
                                         kDataAlignmentBytes))
           << "seed " << seed << " file " << f;

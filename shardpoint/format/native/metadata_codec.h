@@ -32,15 +32,17 @@ namespace sp {
 class ThreadPool;  // exec/thread_pool.h
 
 inline constexpr char kMetadataFileName[] = "shardpoint.metadata";
-// The format version this code writes; it reads every 1.x and 2.x (docs/FORMAT.md §3.2).
-inline constexpr uint32_t kNativeFormatMajor = 2;
+// The format version this code writes; it reads every 1.x, 2.x and 3.x (docs/FORMAT.md §3.2).
+inline constexpr uint32_t kNativeFormatMajor = 3;
 inline constexpr uint32_t kNativeFormatMinor = 0;
 inline constexpr uint32_t kOldestNativeFormatMajor = 1;
 
-// Encodes `metadata` as a metadata file of version `major`.0 (2, or 1 for readers that predate
-// version 2; the version fields of `metadata` are not used). Version 2 stores a tensor whose
+// Encodes `metadata` as a metadata file of version `major`.0 (3, or 2 or 1 for readers that
+// predate it; the version fields of `metadata` are not used). Version 2 stores a tensor whose
 // chunks form a grid (format/chunk_grid.h) as the grid's cut points and a file, an offset and
-// checksums per cell; version 1 lists every chunk's box. Tensors and objects are written sorted
+// checksums per cell; version 1 lists every chunk's box. Version 3 is version 2 with the files,
+// offsets and boxes of those tables packed (varints, files and offsets as steps from the chunk
+// before). Tensors and objects are written sorted
 // by name; the caller guarantees unique names and consistent chunks (a file that breaks the rules
 // of docs/FORMAT.md is refused by the decoder).
 std::string EncodeMetadata(const CheckpointMetadata& metadata,

@@ -118,7 +118,7 @@ TEST(MetadataCodecTest, TheInPlaceEncodingIsThePlainLayoutByteForByte) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
-    for (uint32_t major : {1u, 2u}) {
+    for (uint32_t major : {1u, 2u, 3u}) {
       EXPECT_EQ(EncodeMetadata(m, major), ReferenceEncoding(m, major)) << "version " << major;
       for (const TensorMetadata& t : m.tensors) {
         EXPECT_GE(native_metadata::TensorRecordBound(t),
@@ -217,7 +217,7 @@ TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
     }
     CheckpointMetadata summary = m;
     summary.tensors.clear();
-    for (uint32_t major : {1u, 2u}) {
+    for (uint32_t major : {1u, 2u, 3u}) {
       EXPECT_EQ(EncodeMetadata(summary, planned, checksums, major), EncodeMetadata(m, major))
           << "version " << major;
       for (size_t k = 0; k < planned.size(); ++k) {
@@ -250,13 +250,13 @@ TEST(MetadataCodecTest, ChecksumsThatDoNotFitTheTensorsAreRefused) {
   EXPECT_NE(s.message().find("checksums of 5 tensors for metadata of 6"), std::string::npos) << s;
 }
 
-TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionOneStillReads) {
+TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionsOneAndTwoStillRead) {
   size_t grids = 0, lists = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
-    const std::string v2 = EncodeMetadata(m);
-    Result<CheckpointMetadata> decoded = DecodeMetadata(v2, "/ckpt/shardpoint.metadata");
+    const std::string v3 = EncodeMetadata(m);
+    Result<CheckpointMetadata> decoded = DecodeMetadata(v3, "/ckpt/shardpoint.metadata");
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     size_t seed_grids = 0;
     for (size_t i = 0; i < m.tensors.size(); ++i) {
@@ -271,6 +271,23 @@ TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionOneStillReads) {
       (grid ? seed_grids : lists) += 1;
     }
     grids += seed_grids;
+    // The same checkpoint as version 2: its tables at fixed width, read back the same, grids
+    // included; larger wherever there are chunks (a packed cell or chunk costs fewer bytes here,
+    // where files and offsets move by little from one chunk to the next).
+    const std::string v2 = EncodeMetadata(m, 2);
+    EXPECT_EQ(DecodeFixed32(v2.data() + 8), 2u);
+    Result<CheckpointMetadata> fixed = DecodeMetadata(v2, "/ckpt/shardpoint.metadata");
+    ASSERT_TRUE(fixed.ok()) << fixed.status();
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      EXPECT_EQ(fixed->tensors[i].grid, decoded->tensors[i].grid) << m.tensors[i].name;
+    }
+    CheckpointMetadata as_v2 = m;
+    as_v2.version_major = 2;
+    ExpectMetadataEq(as_v2, *fixed);
+    ExpectMetadataEq(m, *decoded);
+    if (!m.tensors.empty()) {
+      EXPECT_LT(v3.size(), v2.size());
+    }
     // The same checkpoint as version 1: every chunk listed, read back the same.
     const std::string v1 = EncodeMetadata(m, 1);
     EXPECT_EQ(DecodeFixed32(v1.data() + 8), 1u);
@@ -345,7 +362,7 @@ TEST(MetadataCodecTest, EncoderSortsTensorsAndObjects) {
 TEST(MetadataCodecTest, FileStartsWithMagicAndVersion) {
   std::string bytes = EncodeMetadata(RandomMetadata(3));
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x89SPMD\r\n\x1a", 8));
-  EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 2u);
+  EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 3u);
   EXPECT_EQ(DecodeFixed32(bytes.data() + 12), 0u);
   EXPECT_EQ(DecodeFixed32(bytes.data() + 16), 156u);
   EXPECT_EQ(DecodeFixed64(bytes.data() + 24), bytes.size());
@@ -370,7 +387,23 @@ TEST(MetadataReaderTest, PartialReadsTouchOnlyTheRecordsAskedFor) {
   Result<TensorMetadata> tensor = (*reader)->ReadTensor(wanted.name);
   ASSERT_TRUE(tensor.ok()) << tensor.status();
   ExpectTensorEq(wanted, *tensor);
-  // dtype, rank, shape, layout; then a grid's interval counts, cut points and cells, or a list.
+  // dtype, rank, shape, layout; then a grid's interval counts, cut points and cells, or a list,
+  // as version 3 packs them: files and offsets as zigzag varints of their steps from the chunk
+  // before, box values and counts as varints, checksums at 4 bytes.
+  const auto varint = [](uint64_t v) {
+    uint64_t n = 1;
+    for (; v >= 0x80; v >>= 7) ++n;
+    return n;
+  };
+  const auto steps = [&](const StoredChunk& c, uint32_t* file, uint64_t* offset) {
+    const uint64_t n = varint(ZigZag(static_cast<int64_t>(c.file) - *file)) +
+                       varint(ZigZag(static_cast<int64_t>(c.data_offset - *offset)));
+    *file = c.file;
+    *offset = c.data_offset;
+    return n;
+  };
+  uint32_t file = 0;
+  uint64_t offset = 0;
   uint64_t record_length = 2 + 8 * wanted.shape.size() + 1;
   if (tensor->grid) {
     for (const std::vector<int64_t>& bounds : tensor->grid->bounds) {
@@ -379,11 +412,17 @@ TEST(MetadataReaderTest, PartialReadsTouchOnlyTheRecordsAskedFor) {
       for (size_t k = 2; k < n; ++k) even = even && bounds[k] - bounds[k - 1] == bounds[1];
       record_length += 4 + 1 + (even ? 8 : 8 * (n - 1));
     }
-    for (const StoredChunk& c : wanted.chunks) record_length += 4 + 8 + 4 * c.block_crc32c.size();
-  } else {
-    record_length += 4;
     for (const StoredChunk& c : wanted.chunks) {
-      record_length += 4 + 8 + 8 + 16 * wanted.shape.size() + 4 + 4 * c.block_crc32c.size();
+      record_length += steps(c, &file, &offset) + 4 * c.block_crc32c.size();
+    }
+  } else {
+    record_length += varint(wanted.chunks.size());
+    for (const StoredChunk& c : wanted.chunks) {
+      record_length += steps(c, &file, &offset) + varint(c.block_crc32c.size()) +
+                       4 * c.block_crc32c.size();
+      for (size_t d = 0; d < wanted.shape.size(); ++d) {
+        record_length += varint(c.box.offsets[d]) + varint(c.box.sizes[d]);
+      }
     }
   }
   EXPECT_EQ(bytes_read.load() - before, record_length);

@@ -88,9 +88,10 @@ TEST(MetadataHostileTest, EverySingleBitFlipIsDetected) {
       flipped[i] ^= static_cast<char>(1 << bit);
       Result<CheckpointMetadata> r = DecodeMetadata(flipped, kPath);
       ASSERT_FALSE(r.ok()) << "byte " << i << " bit " << bit;
-      // Major 2 with one bit flipped is 3 or more (newer), or 0 (corrupt).
+      // Major 3 with one bit flipped is 4 or more (newer), or 2 or 1 (older: read, and then
+      // the header's checksum fails).
       bool in_major = i >= 8 && i < 12;
-      StatusCode expected = in_major && !(i == 8 && bit == 1) ? StatusCode::kFailedPrecondition
+      StatusCode expected = in_major && !(i == 8 && bit <= 1) ? StatusCode::kFailedPrecondition
                                                               : StatusCode::kDataLoss;
       ASSERT_EQ(r.status().code(), expected) << "byte " << i << " bit " << bit << ": " << r.status();
     }
@@ -119,12 +120,12 @@ TEST(MetadataHostileTest, RandomCorruptionWithFixedChecksumsNeverCrashes) {
 
 TEST(MetadataHostileTest, NewerMajorIsFailedPrecondition) {
   std::string bytes = EncodeMetadata(RandomMetadata(34, 3));
-  EncodeFixed32(bytes.data() + 8, 3);
+  EncodeFixed32(bytes.data() + 8, 4);
   EncodeFixed32(bytes.data() + 152, Crc32c(bytes.data(), 152));
   Result<CheckpointMetadata> r = DecodeMetadata(bytes, kPath);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(), std::string("metadata file ") + kPath +
-                                      ": checkpoint format version 3.0 is newer than this reader (2.x)");
+                                      ": checkpoint format version 4.0 is newer than this reader (3.x)");
   EncodeFixed32(bytes.data() + 8, 0);
   EncodeFixed32(bytes.data() + 152, Crc32c(bytes.data(), 152));
   ExpectDataLoss(DecodeMetadata(bytes, kPath), "unknown format version 0.0");
@@ -157,7 +158,9 @@ TEST(MetadataHostileTest, NewerMinorMayAppendSectionsAndSummaryBytes) {
 TEST(MetadataHostileTest, NewerMinorMayAppendRecordBytes) {
   CheckpointMetadata m = RandomMetadata(36, 2);
   std::string record =
-      native_metadata::EncodeTensorRecord(m.tensors[0], m.checksum_block_bytes, 2) + "extension";
+      native_metadata::EncodeTensorRecord(m.tensors[0], m.checksum_block_bytes,
+                                          kNativeFormatMajor) +
+      "extension";
   EXPECT_TRUE(native_metadata::DecodeTensorRecord(record, m.tensors[0].name, m, true, kPath).ok());
   Result<TensorMetadata> strict =
       native_metadata::DecodeTensorRecord(record, m.tensors[0].name, m, false, kPath);
@@ -239,6 +242,7 @@ TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
   summary.save_id = "s";
   summary.checksum_block_bytes = 64;
   summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + 120, 0}};
+  summary.version_major = 2;
   auto decode = [&](const std::string& record) {
     return native_metadata::DecodeTensorRecord(record, "g", summary, false, kPath);
   };
@@ -333,6 +337,139 @@ TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
             std::string::npos);
 }
 
+// A version-3 record of an int8 tensor [12, 10] up to its layout byte.
+std::string PackedRecordHead(native_metadata::TensorLayout layout) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU8(DTypeCode(DType::kInt8));
+  w.PutU8(2);
+  w.PutI64(12);
+  w.PutI64(10);
+  w.PutU8(layout);
+  return out;
+}
+
+// A version-3 grid record of that tensor, rows cut at 4 and 8 and columns at 5 (six cells of 20
+// bytes), whose cells' files and offsets are the steps given, each cell with one checksum.
+std::string PackedGridRecord(const std::vector<std::pair<int64_t, int64_t>>& steps) {
+  std::string out = PackedRecordHead(native_metadata::kGrid);
+  ByteWriter w(&out);
+  w.PutU32(3);
+  w.PutU8(native_metadata::kListedCuts);
+  w.PutI64(4);
+  w.PutI64(8);
+  w.PutU32(2);
+  w.PutU8(native_metadata::kListedCuts);
+  w.PutI64(5);
+  for (const auto& [file, offset] : steps) {
+    w.PutSignedVarint(file);
+    w.PutSignedVarint(offset);
+  }
+  for (size_t c = 0; c < steps.size(); ++c) w.PutU32(static_cast<uint32_t>(100 + c));
+  return out;
+}
+
+// Version 3 packs the tables: files and offsets as steps from the chunk before, boxes and counts
+// as varints, no byte lengths. Every packed value that cannot hold is refused by name.
+TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
+  CheckpointMetadata summary;
+  summary.save_id = "s";
+  summary.checksum_block_bytes = 64;
+  summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + 120, 0}};
+  ASSERT_EQ(summary.version_major, 3u);
+  const std::vector<Box> first_cell = {Box({0, 0}, {1, 1})};
+  auto decode = [&](const std::string& record, const std::vector<Box>* keep = nullptr) {
+    return native_metadata::DecodeTensorRecord(record, "g", summary, false, kPath, keep);
+  };
+  // The six cells back to back in file 0: offsets 0, 20, ..., 100.
+  const std::vector<std::pair<int64_t, int64_t>> back_to_back = {{0, 0},  {0, 20}, {0, 20},
+                                                                 {0, 20}, {0, 20}, {0, 20}};
+  Result<TensorMetadata> good = decode(PackedGridRecord(back_to_back));
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_EQ(good->chunks.size(), 6u);
+  for (size_t c = 0; c < 6; ++c) {
+    EXPECT_EQ(good->chunks[c].data_offset, 20 * c);
+    EXPECT_EQ(good->chunks[c].file, 0u);
+    EXPECT_EQ(good->chunks[c].block_crc32c, (InlineVector<uint32_t, 2>{100 + uint32_t(c)}));
+  }
+  EXPECT_EQ(good->chunks[3].box, Box({4, 5}, {4, 5}));
+  EXPECT_EQ(good->chunks[3].byte_length, 20u);
+  // The encoder packs them as this record does (it gives the rows' cuts as an even step).
+  const std::string encoded = native_metadata::EncodeTensorRecord(*good, 64, 3);
+  const std::string forged_good = PackedGridRecord(back_to_back);
+  const size_t table_bytes = 6 * 2 + 6 * 4;
+  ASSERT_GT(encoded.size(), table_bytes);
+  EXPECT_EQ(encoded.substr(encoded.size() - table_bytes),
+            forged_good.substr(forged_good.size() - table_bytes));
+
+  std::vector<std::pair<std::string, std::string>> forged;
+  auto with_step = [&](size_t cell, std::pair<int64_t, int64_t> step) {
+    std::vector<std::pair<int64_t, int64_t>> steps = back_to_back;
+    steps[cell] = step;
+    return PackedGridRecord(steps);
+  };
+  forged.push_back({with_step(0, {-1, 0}), "chunk 0: file index 0 + -1 is out of range (1 files)"});
+  forged.push_back({with_step(4, {1, 20}), "chunk 4: file index 1 is out of range (1 files)"});
+  forged.push_back({with_step(1, {INT64_MAX, 0}), "is out of range (1 files)"});
+  forged.push_back({with_step(2, {0, 160}), "chunk 2: bytes [180, +20) lie outside the 120 data"});
+  forged.push_back(
+      {with_step(0, {0, -1}), "chunk 0: bytes [18446744073709551615, +20) lie outside"});
+  // Six cells need at least 36 bytes, a checksum and a byte for each of file and offset: checked
+  // once the column count is read, before its cut point (8 bytes) and the cells (13).
+  std::string few = PackedGridRecord(back_to_back);
+  few.resize(few.size() - 4 * 6 + 1);
+  forged.push_back({few, "6 grid cells cannot fit in the 22 remaining bytes"});
+  // A varint of eleven bytes where the first cell's file should be.
+  std::string overlong = PackedGridRecord(back_to_back);
+  const size_t cells_at = PackedRecordHead(native_metadata::kGrid).size() + (4 + 1 + 16) +
+                          (4 + 1 + 8);
+  overlong.insert(cells_at, std::string(10, '\x80'));
+  forged.push_back({overlong, "does not fit in 64 bits"});
+  // Checksums cut short.
+  std::string short_crcs = PackedGridRecord(back_to_back);
+  short_crcs.resize(short_crcs.size() - 2);
+  short_crcs += std::string(12, '\0');  // enough bytes for the cells, misplaced
+  forged.push_back({short_crcs, "unexpected bytes"});
+
+  // A chunk list: rows [0, 6) and [6, 12), of 60 bytes each at offsets 0 and 60, one checksum
+  // each (blocks of 64 bytes).
+  auto list = [](uint64_t count, int64_t second_offset_step, uint64_t blocks, uint64_t row) {
+    std::string out = PackedRecordHead(native_metadata::kChunkList);
+    ByteWriter w(&out);
+    w.PutVarint(count);
+    for (int c = 0; c < 2; ++c) {
+      w.PutSignedVarint(0);
+      w.PutSignedVarint(c == 0 ? 0 : second_offset_step);
+      for (uint64_t v : {c == 0 ? 0 : row, uint64_t{0}, uint64_t{6}, uint64_t{10}}) w.PutVarint(v);
+      w.PutVarint(c == 0 ? 1 : blocks);
+      for (uint64_t b = 0; b < (c == 0 ? 1 : std::min<uint64_t>(blocks, 2)); ++b) w.PutU32(7);
+    }
+    return out;
+  };
+  Result<TensorMetadata> listed = decode(list(2, 60, 1, 6));
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->chunks.size(), 2u);
+  EXPECT_EQ(listed->chunks[1], StoredChunk(Box({6, 0}, {6, 10}), 0, 60, 60, {7}));
+  forged.push_back({list(2, 60, 2, 6), "chunk 1: 2 block checksums, expected 1"});
+  forged.push_back({list(2, 60, uint64_t{1} << 40, 6), "block checksums, expected 1"});
+  forged.push_back({list(2, 60, 1, uint64_t{1} << 63), "chunk 1: dimension 0"});
+  forged.push_back({list(2, 61, 1, 6), "chunk 1: bytes [61, +60) lie outside the 120 data"});
+  forged.push_back({list(1, 60, 1, 6), "chunks hold 60 elements, the shape [12, 10] has 120"});
+  forged.push_back({list(1000, 60, 1, 6), "count 1000 at byte 19 cannot fit"});
+  forged.push_back({list(uint64_t{1} << 32, 60, 1, 6), "cannot fit"});
+
+  for (const auto& [record, message] : forged) {
+    SCOPED_TRACE(message);
+    Result<TensorMetadata> r = decode(record);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("tensor \"g\""), std::string::npos) << r.status();
+    // A rank that keeps only the first cell fails alike.
+    EXPECT_EQ(decode(record, &first_cell).status(), r.status());
+  }
+}
+
 TEST(MetadataHostileTest, EveryTruncatedOrFlippedRecordFailsCleanly) {
   CheckpointMetadata m = RandomMetadata(38, 12);
   std::mt19937_64 rng(38);
@@ -357,37 +494,44 @@ TEST(MetadataHostileTest, EveryTruncatedOrFlippedRecordFailsCleanly) {
 
 // The file of `sections` with one to six bytes of its tensor records changed, behind checksums
 // that match them (so that the records' decoding, not a CRC, finds what is wrong).
-std::string WithRecordsDamaged(std::vector<SectionBytes> sections, std::mt19937_64& rng) {
+std::string WithRecordsDamaged(std::vector<SectionBytes> sections, std::mt19937_64& rng,
+                               uint32_t major = kNativeFormatMajor) {
   std::string& records = sections[2].bytes;
   for (int n = 1 + rng() % 6; n > 0; --n) records[rng() % records.size()] ^= 1 + rng() % 255;
-  return Assemble(sections, 0);
+  return Assemble(sections, 0, major);
 }
 
 TEST(MetadataHostileTest, APoolDecodesAlikeAndReportsTheSameFirstBadRecord) {
   ThreadPool pool(4);
   CheckpointMetadata m = RandomMetadata(41, 64);
-  const std::string bytes = EncodeMetadata(m);
-  Result<CheckpointMetadata> pooled = DecodeMetadata(bytes, kPath, &pool);
-  ASSERT_TRUE(pooled.ok()) << pooled.status();
-  ExpectMetadataEq(*pooled, *DecodeMetadata(bytes, kPath));
-  // Damaged records behind fixed checksums: the same error (the first bad record by name) with
-  // the pool as without, whichever record is damaged first.
-  std::vector<SectionBytes> sections = SplitSections(bytes);
-  std::mt19937_64 rng(41);
-  int rejected = 0;
-  for (int trial = 0; trial < 400; ++trial) {
-    const std::string damaged = WithRecordsDamaged(sections, rng);
-    Result<CheckpointMetadata> inline_result = DecodeMetadata(damaged, kPath);
-    Result<CheckpointMetadata> pooled_result = DecodeMetadata(damaged, kPath, &pool);
-    ASSERT_EQ(pooled_result.ok(), inline_result.ok());
-    if (!inline_result.ok()) {
-      ASSERT_EQ(pooled_result.status().message(), inline_result.status().message());
-      ++rejected;
-    } else {  // a change the checks cannot see (a checksum value, an offset within its file)
-      ExpectMetadataEq(*pooled_result, *inline_result);
+  // Fixed-width tables (version 2) and packed ones (version 3). Packed records are mostly
+  // checksums, whose damage no check can see, so fewer damaged files are refused.
+  for (const auto& [major, least_rejected] : {std::pair{2u, 250}, std::pair{3u, 150}}) {
+    SCOPED_TRACE(major);
+    m.version_major = major;
+    const std::string bytes = EncodeMetadata(m, major);
+    Result<CheckpointMetadata> pooled = DecodeMetadata(bytes, kPath, &pool);
+    ASSERT_TRUE(pooled.ok()) << pooled.status();
+    ExpectMetadataEq(*pooled, *DecodeMetadata(bytes, kPath));
+    // Damaged records behind fixed checksums: the same error (the first bad record by name) with
+    // the pool as without, whichever record is damaged first.
+    std::vector<SectionBytes> sections = SplitSections(bytes);
+    std::mt19937_64 rng(41);
+    int rejected = 0;
+    for (int trial = 0; trial < 400; ++trial) {
+      const std::string damaged = WithRecordsDamaged(sections, rng, major);
+      Result<CheckpointMetadata> inline_result = DecodeMetadata(damaged, kPath);
+      Result<CheckpointMetadata> pooled_result = DecodeMetadata(damaged, kPath, &pool);
+      ASSERT_EQ(pooled_result.ok(), inline_result.ok());
+      if (!inline_result.ok()) {
+        ASSERT_EQ(pooled_result.status().message(), inline_result.status().message());
+        ++rejected;
+      } else {  // a change the checks cannot see (a checksum value, an offset within its file)
+        ExpectMetadataEq(*pooled_result, *inline_result);
+      }
     }
+    EXPECT_GT(rejected, least_rejected);
   }
-  EXPECT_GT(rejected, 250);
 }
 
 // A rank that keeps part of the chunks (DecodeMetadata with a filter) checks every byte and every
@@ -429,12 +573,15 @@ struct Violation {
   const char* what;
   std::function<void(CheckpointMetadata&)> mutate;
   const char* message;
+  // The first version whose records do not store what is violated (0: every version stores it).
+  uint32_t not_stored_from = 0;
 };
 
 TEST(MetadataHostileTest, InconsistentContentsAreDataLoss) {
   const std::vector<Violation> violations = {
       {"file index", [](auto& m) { m.tensors[0].chunks[0].file = 99; }, "file index 99 is out of range"},
-      {"byte length", [](auto& m) { m.tensors[0].chunks[0].byte_length += 1; }, "byte length"},
+      // Version 3 stores no byte length: a chunk's is its box's.
+      {"byte length", [](auto& m) { m.tensors[0].chunks[0].byte_length += 1; }, "byte length", 3},
       {"block count", [](auto& m) { m.tensors[0].chunks[0].block_crc32c.push_back(1); }, "block checksums, expected"},
       {"box outside", [](auto& m) { m.tensors[0].chunks[0].box.offsets[0] = 5; }, "lies outside the shape"},
       {"negative box", [](auto& m) { m.tensors[0].chunks[0].box.sizes[0] = -1; }, "lies outside the shape"},
@@ -456,22 +603,25 @@ TEST(MetadataHostileTest, InconsistentContentsAreDataLoss) {
       {"block size", [](auto& m) { m.checksum_block_bytes = 0; }, "checksum block size 0"},
       {"data start", [](auto& m) { m.files[0].data_start = m.files[0].size + 1; }, "data_start"},
   };
-  for (const Violation& v : violations) {
-    SCOPED_TRACE(v.what);
-    CheckpointMetadata m;
-    m.save_id = "s1";
-    m.world_size = 2;
-    m.checksum_block_bytes = 16;
-    m.files = {{"d-s1-r00000-f000.safetensors", 64, 64 + 64, 0}};
-    TensorMetadata t{"a", DType::kFloat32, {4, 4}, {}};
-    t.chunks.push_back({Box({0, 0}, {2, 4}), 0, 0, 32, {1, 2}});
-    t.chunks.push_back({Box({2, 0}, {2, 4}), 0, 32, 32, {3, 4}});
-    m.tensors.push_back(t);
-    m.tensors.push_back({"b", DType::kInt8, {0}, {}});
-    m.objects.push_back({"o", ObjectEncoding::kJson, "{}"});
-    ASSERT_TRUE(DecodeMetadata(EncodeMetadata(m), kPath).ok());
-    v.mutate(m);
-    ExpectDataLoss(DecodeMetadata(EncodeMetadata(m), kPath), v.message);
+  for (const uint32_t major : {2u, 3u}) {
+    for (const Violation& v : violations) {
+      SCOPED_TRACE(std::string(v.what) + ", version " + std::to_string(major));
+      if (v.not_stored_from != 0 && major >= v.not_stored_from) continue;
+      CheckpointMetadata m;
+      m.save_id = "s1";
+      m.world_size = 2;
+      m.checksum_block_bytes = 16;
+      m.files = {{"d-s1-r00000-f000.safetensors", 64, 64 + 64, 0}};
+      TensorMetadata t{"a", DType::kFloat32, {4, 4}, {}};
+      t.chunks.push_back({Box({0, 0}, {2, 4}), 0, 0, 32, {1, 2}});
+      t.chunks.push_back({Box({2, 0}, {2, 4}), 0, 32, 32, {3, 4}});
+      m.tensors.push_back(t);
+      m.tensors.push_back({"b", DType::kInt8, {0}, {}});
+      m.objects.push_back({"o", ObjectEncoding::kJson, "{}"});
+      ASSERT_TRUE(DecodeMetadata(EncodeMetadata(m, major), kPath).ok());
+      v.mutate(m);
+      ExpectDataLoss(DecodeMetadata(EncodeMetadata(m, major), kPath), v.message);
+    }
   }
 }
 

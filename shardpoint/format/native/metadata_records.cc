@@ -38,17 +38,23 @@ struct ChunkWhere {
   std::string str() const { return std::string(tensor) + " chunk " + std::to_string(index); }
 };
 
-// Reads one chunk's box, checks it lies in `shape`, and returns its volume.
+// Reads one chunk's box (i64 values, or varints in a packed record), checks it lies in `shape`,
+// and returns its volume.
 Result<uint64_t> DecodeBox(ByteReader& r, const Shape& shape, const ChunkWhere& where,
-                           std::string_view path, Box* box) {
+                           std::string_view path, bool packed, Box* box) {
   box->offsets.resize(shape.size());
   box->sizes.resize(shape.size());
-  for (int64_t& v : box->offsets) {
-    SP_ASSIGN_OR_RETURN(v, r.ReadI64());
-  }
-  for (int64_t& v : box->sizes) {
-    SP_ASSIGN_OR_RETURN(v, r.ReadI64());
-  }
+  const auto read = [&](int64_t* v) -> Status {
+    if (packed) {
+      SP_ASSIGN_OR_RETURN(uint64_t u, r.ReadVarint());
+      *v = static_cast<int64_t>(u);  // past 2^63: negative, refused below
+    } else {
+      SP_ASSIGN_OR_RETURN(*v, r.ReadI64());
+    }
+    return OkStatus();
+  };
+  for (int64_t& v : box->offsets) SP_RETURN_IF_ERROR(read(&v));
+  for (int64_t& v : box->sizes) SP_RETURN_IF_ERROR(read(&v));
   uint64_t volume = 1;
   for (size_t d = 0; d < shape.size(); ++d) {
     int64_t offset = box->offsets[d];
@@ -70,6 +76,11 @@ bool InDataBytes(const DataFile& file, uint64_t data_offset, uint64_t byte_lengt
   const uint64_t data_bytes = file.size - file.data_start;
   return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
 }
+
+// The fewest bytes a grid cell takes in a record: its file and offset (12 bytes at fixed width,
+// at least one byte each packed) and, packed, a checksum (a cell holds at least one element).
+// Its count is checked against them before anything is allocated for it.
+constexpr uint64_t GridCellBytes(bool packed) { return packed ? 6 : 12; }
 
 Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
                        const CheckpointMetadata& summary, const ChunkWhere& where,
@@ -94,20 +105,61 @@ Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
   return OkStatus();
 }
 
+// The file a packed record gives as `delta` past `previous`, or kDataLoss when it cannot be one
+// (a file index is a u32; CheckChunkBytes checks it against the summary's files).
+Result<uint32_t> PackedFile(int64_t previous, int64_t delta, const CheckpointMetadata& summary,
+                            const ChunkWhere& where, std::string_view path) {
+  int64_t file = 0;
+  if (__builtin_add_overflow(previous, delta, &file) || file < 0 || file > UINT32_MAX) {
+    return Corrupt(path, where.str() + ": file index " +
+                             (file < 0 || file > UINT32_MAX ? std::to_string(previous) + " + " +
+                                                                  std::to_string(delta)
+                                                            : std::to_string(file)) +
+                             " is out of range (" + std::to_string(summary.files.size()) +
+                             " files)");
+  }
+  return static_cast<uint32_t>(file);
+}
+
+// One chunk of a chunk list. A packed record (version 3) gives the file and the data offset as
+// signed varints past the previous chunk's (`previous`, updated), the box as varints, no byte
+// length (the box's) and the block count as a varint; version 1 and 2 records give them all at
+// fixed width.
 Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const CheckpointMetadata& summary,
-                   const ChunkWhere& where, std::string_view path, StoredChunk* chunk,
-                   uint64_t* volume) {
-  SP_ASSIGN_OR_RETURN(chunk->file, r.ReadU32());
-  SP_ASSIGN_OR_RETURN(chunk->data_offset, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(chunk->byte_length, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(*volume, DecodeBox(r, tensor.shape, where, path, &chunk->box));
+                   const ChunkWhere& where, std::string_view path, bool packed,
+                   StoredChunk* previous, StoredChunk* chunk, uint64_t* volume) {
+  uint32_t block_count = 0;
+  if (packed) {
+    SP_ASSIGN_OR_RETURN(int64_t file_delta, r.ReadSignedVarint());
+    SP_ASSIGN_OR_RETURN(chunk->file, PackedFile(previous->file, file_delta, summary, where, path));
+    SP_ASSIGN_OR_RETURN(int64_t offset_delta, r.ReadSignedVarint());
+    chunk->data_offset = previous->data_offset + static_cast<uint64_t>(offset_delta);  // wraps
+    SP_ASSIGN_OR_RETURN(*volume, DecodeBox(r, tensor.shape, where, path, true, &chunk->box));
+    chunk->byte_length = *volume * DTypeSize(tensor.dtype);  // within the tensor's 2^62 bytes
+    SP_ASSIGN_OR_RETURN(uint64_t count, r.ReadVarint());
+    block_count = count > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(count);
+    previous->file = chunk->file;
+    previous->data_offset = chunk->data_offset;
+  } else {
+    SP_ASSIGN_OR_RETURN(chunk->file, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(chunk->data_offset, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(chunk->byte_length, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(*volume, DecodeBox(r, tensor.shape, where, path, false, &chunk->box));
+  }
   SP_RETURN_IF_ERROR(
       CheckChunkBytes(*chunk, *volume * DTypeSize(tensor.dtype), summary, where, path));
-  SP_ASSIGN_OR_RETURN(uint32_t block_count, r.ReadCount(4));
+  if (!packed) {
+    SP_ASSIGN_OR_RETURN(block_count, r.ReadCount(4));
+  }
   uint64_t expected = ChecksumBlockCount(chunk->byte_length, summary.checksum_block_bytes);
   if (block_count != expected) {
     return Corrupt(path, where.str() + ": " + std::to_string(block_count) +
                              " block checksums, expected " + std::to_string(expected));
+  }
+  if (block_count > r.remaining() / 4) {
+    return Corrupt(path, where.str() + ": " + std::to_string(block_count) +
+                             " block checksums cannot fit in the " +
+                             std::to_string(r.remaining()) + " remaining bytes");
   }
   chunk->block_crc32c.resize(block_count);
   for (uint32_t& crc : chunk->block_crc32c) {
@@ -142,27 +194,47 @@ std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
   return FindChunkGrid(tensor.chunks, tensor.shape);
 }
 
+// Every chunk with its file, data offset, box and block checksums: at fixed width before version
+// 3, packed from version 3 (DecodeChunk).
 void EncodeChunkList(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
-                     ByteWriter& w) {
-  w.PutU32(static_cast<uint32_t>(tensor.chunks.size()));
+                     uint32_t major, ByteWriter& w) {
+  const bool packed = major >= 3;
+  if (packed) {
+    w.PutVarint(tensor.chunks.size());
+  } else {
+    w.PutU32(static_cast<uint32_t>(tensor.chunks.size()));
+  }
+  uint32_t file = 0;
+  uint64_t data_offset = 0;
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
     const StoredChunk& chunk = tensor.chunks[c];
-    w.PutU32(chunk.file);
-    w.PutU64(chunk.data_offset);
-    w.PutU64(chunk.byte_length);
-    for (int64_t v : chunk.box.offsets) w.PutI64(v);
-    for (int64_t v : chunk.box.sizes) w.PutI64(v);
     const std::span<const uint32_t> crcs = BlockCrcs(tensor, apart, c);
-    w.PutU32(static_cast<uint32_t>(crcs.size()));
+    if (packed) {
+      w.PutSignedVarint(static_cast<int64_t>(chunk.file) - file);
+      w.PutSignedVarint(static_cast<int64_t>(chunk.data_offset - data_offset));
+      file = chunk.file;
+      data_offset = chunk.data_offset;
+      for (int64_t v : chunk.box.offsets) w.PutVarint(static_cast<uint64_t>(v));
+      for (int64_t v : chunk.box.sizes) w.PutVarint(static_cast<uint64_t>(v));
+      w.PutVarint(crcs.size());
+    } else {
+      w.PutU32(chunk.file);
+      w.PutU64(chunk.data_offset);
+      w.PutU64(chunk.byte_length);
+      for (int64_t v : chunk.box.offsets) w.PutI64(v);
+      for (int64_t v : chunk.box.sizes) w.PutI64(v);
+      w.PutU32(static_cast<uint32_t>(crcs.size()));
+    }
     for (uint32_t crc : crcs) w.PutU32(crc);
   }
 }
 
 // Per dimension the interval count and its cut points (an even step, or the interior points);
-// then file and offset of every cell, row-major; then every cell's block checksums, in the same
-// order.
+// then file and offset of every cell, row-major (at fixed width before version 3; from version 3
+// as signed varints past the cell before's, the first past file 0 and offset 0); then every
+// cell's block checksums, in the same order.
 void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
-                const ChunkGrid& grid, ByteWriter& w) {
+                const ChunkGrid& grid, uint32_t major, ByteWriter& w) {
   for (const std::vector<int64_t>& bounds : grid.bounds) {
     w.PutU32(static_cast<uint32_t>(bounds.size() - 1));
     if (const int64_t step = GridEvenStep(bounds)) {
@@ -173,9 +245,18 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apar
       for (size_t k = 1; k + 1 < bounds.size(); ++k) w.PutI64(bounds[k]);
     }
   }
+  uint32_t file = 0;
+  uint64_t data_offset = 0;
   for (const StoredChunk& chunk : tensor.chunks) {
-    w.PutU32(chunk.file);
-    w.PutU64(chunk.data_offset);
+    if (major >= 3) {
+      w.PutSignedVarint(static_cast<int64_t>(chunk.file) - file);
+      w.PutSignedVarint(static_cast<int64_t>(chunk.data_offset - data_offset));
+      file = chunk.file;
+      data_offset = chunk.data_offset;
+    } else {
+      w.PutU32(chunk.file);
+      w.PutU64(chunk.data_offset);
+    }
   }
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
     for (uint32_t crc : BlockCrcs(tensor, apart, c)) w.PutU32(crc);
@@ -185,9 +266,9 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apar
 // The cut points of a grid record (after the layout byte): per dimension an interval count n in
 // [1, shape[d]], then either an even step s (cut k at k * s, with (n - 1) * s < shape[d] <= n * s)
 // or n - 1 interior cut points, strictly increasing inside (0, shape[d]). The cell count is at
-// most kMaxChunks.
+// most kMaxChunks, and each cell must be able to fit in `cell_bytes` of what remains.
 Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std::string& where,
-                                   std::string_view path) {
+                                   std::string_view path, uint64_t cell_bytes) {
   const size_t rank = shape.size();
   ChunkGrid grid;
   grid.bounds.resize(rank);
@@ -200,10 +281,11 @@ Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std:
       return Corrupt(path, dimension + " of size " + std::to_string(shape[d]) + " cut into " +
                                std::to_string(intervals) + " intervals");
     }
-    // Every cell takes 12 bytes of the record: its count bounds what the cut points may allocate.
+    // Every cell takes `cell_bytes` of the record: its count bounds what the cut points may
+    // allocate.
     cells *= intervals;  // both at most 2^24
     if (cells > kMaxChunks) return Corrupt(path, where + ": too many chunks");
-    if (cells > r.remaining() / 12) {
+    if (cells > r.remaining() / cell_bytes) {
       return Corrupt(path, where + ": " + std::to_string(cells) +
                                " grid cells cannot fit in the " + std::to_string(r.remaining()) +
                                " remaining bytes");
@@ -270,12 +352,30 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
                        TensorMetadata* tensor) {
   const ChunkGrid& grid = *tensor->grid;
   const uint64_t cells = grid.cell_count();
-  if (cells > r.remaining() / 12) {
+  const bool packed = summary.version_major >= 3;
+  if (cells > r.remaining() / GridCellBytes(packed)) {
     return Corrupt(path, where + ": " + std::to_string(cells) + " grid cells cannot fit in the " +
                              std::to_string(r.remaining()) + " remaining bytes");
   }
-  // The (file, data_offset) table has fixed width and fits (checked above): read it in place.
-  SP_ASSIGN_OR_RETURN(std::string_view table, r.ReadRaw(cells * 12));
+  // The (file, data_offset) table: before version 3 of fixed width, and it fits (checked above),
+  // so it is read in place; from version 3 packed, decoded first (its end is where the checksums
+  // begin).
+  std::string_view table;
+  std::vector<std::pair<uint32_t, uint64_t>> placed;
+  if (packed) {
+    placed.resize(cells);
+    int64_t file = 0;
+    uint64_t data_offset = 0;
+    for (uint64_t c = 0; c < cells; ++c) {
+      SP_ASSIGN_OR_RETURN(int64_t file_delta, r.ReadSignedVarint());
+      SP_ASSIGN_OR_RETURN(file, PackedFile(file, file_delta, summary, ChunkWhere{where, c}, path));
+      SP_ASSIGN_OR_RETURN(int64_t offset_delta, r.ReadSignedVarint());
+      data_offset += static_cast<uint64_t>(offset_delta);  // wraps; checked with the cell
+      placed[c] = {static_cast<uint32_t>(file), data_offset};
+    }
+  } else {
+    SP_ASSIGN_OR_RETURN(table, r.ReadRaw(cells * 12));
+  }
   std::vector<uint32_t> kept;
   if (keep != nullptr) {
     kept = ChunksReached(*tensor, *keep);  // through the grid: no chunk is built yet
@@ -305,9 +405,9 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   std::optional<Status> crcs_overflow;
   size_t next_kept = 0;
   for (uint64_t c = 0; c < cells; ++c) {
-    const char* entry = table.data() + c * 12;
-    const uint32_t file = DecodeFixed32(entry);
-    const uint64_t data_offset = DecodeFixed64(entry + 4);
+    const char* entry = table.data() + c * 12;  // unused when packed
+    const uint32_t file = packed ? placed[c].first : DecodeFixed32(entry);
+    const uint64_t data_offset = packed ? placed[c].second : DecodeFixed64(entry + 4);
     const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * item;  // within the shape
     const bool kept_here = keep == nullptr || (next_kept < kept.size() && kept[next_kept] == c);
     if (!CellBytesHold(file, data_offset, byte_length, summary)) {
@@ -368,10 +468,17 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
                        std::string_view path, const std::vector<Box>* keep,
                        TensorMetadata* tensor) {
   const size_t rank = tensor->shape.size();
-  SP_ASSIGN_OR_RETURN(uint32_t chunk_count, r.ReadCount(4 + 8 + 8 + 16 * rank + 4));
+  const bool packed = summary.version_major >= 3;
+  uint32_t chunk_count = 0;
+  if (packed) {  // at least a byte for the file, the offset, each box value and the block count
+    SP_ASSIGN_OR_RETURN(chunk_count, r.ReadVarintCount(3 + 2 * rank));
+  } else {
+    SP_ASSIGN_OR_RETURN(chunk_count, r.ReadCount(4 + 8 + 8 + 16 * rank + 4));
+  }
   if (chunk_count > kMaxChunks) return Corrupt(path, where + ": too many chunks");
   std::vector<uint32_t> kept;
   StoredChunk scratch;
+  StoredChunk previous;  // a packed record's file and offset are given past the chunk before's
   if (keep == nullptr) tensor->chunks.resize(chunk_count);
   const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor->shape));
   uint64_t covered = 0;
@@ -379,7 +486,8 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
     uint64_t volume = 0;
     StoredChunk* chunk = keep == nullptr ? &tensor->chunks[i] : &scratch;
     SP_RETURN_IF_ERROR(
-        DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, chunk, &volume));
+        DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, packed, &previous, chunk,
+                    &volume));
     covered += volume;  // both terms <= 2^62 here: no overflow
     if (keep != nullptr && FilterKeeps(*keep, tensor->shape, scratch.box)) {
       tensor->chunks.push_back(scratch);
@@ -404,13 +512,13 @@ void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_by
   w.PutU8(static_cast<uint8_t>(tensor.shape.size()));
   for (int64_t dim : tensor.shape) w.PutI64(dim);
   if (major < 2) {
-    EncodeChunkList(tensor, apart, w);
+    EncodeChunkList(tensor, apart, major, w);
   } else if (std::optional<ChunkGrid> grid = StoredGrid(tensor, apart, checksum_block_bytes)) {
     w.PutU8(kGrid);
-    EncodeGrid(tensor, apart, *grid, w);
+    EncodeGrid(tensor, apart, *grid, major, w);
   } else {
     w.PutU8(kChunkList);
-    EncodeChunkList(tensor, apart, w);
+    EncodeChunkList(tensor, apart, major, w);
   }
 }
 
@@ -422,13 +530,15 @@ std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_b
 }
 
 uint64_t TensorRecordBound(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart) {
-  // dtype, rank, shape, layout byte and chunk count; then each chunk as a chunk list stores it.
-  // A grid costs less per cell (12 bytes and its checksums) and at most 13 bytes per dimension
-  // and 8 per interval (at most a chunk's offsets) more.
+  // dtype, rank, shape, layout byte and chunk count (a varint: 10 bytes at most); then each chunk
+  // as a chunk list stores it, at fixed width (28 + 16 * rank bytes) or packed (at most 5 for the
+  // file, 10 for the offset and the block count, 10 for each box value). A grid costs less per
+  // cell (at most 15 bytes and its checksums) and at most 13 bytes per dimension and 8 per
+  // interval (at most a chunk's offsets) more.
   const uint64_t rank = tensor.shape.size();
-  uint64_t bytes = 16 + 21 * rank;
+  uint64_t bytes = 22 + 21 * rank;
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
-    bytes += 28 + 16 * rank + 4 * static_cast<uint64_t>(BlockCrcs(tensor, apart, c).size());
+    bytes += 28 + 20 * rank + 4 * static_cast<uint64_t>(BlockCrcs(tensor, apart, c).size());
   }
   return bytes;
 }
@@ -454,7 +564,8 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
   if (layout == kChunkList) {
     SP_RETURN_IF_ERROR(DecodeChunkList(r, summary, where, path, keep, &tensor));
   } else if (layout == kGrid) {
-    SP_ASSIGN_OR_RETURN(tensor.grid, DecodeGridBounds(r, tensor.shape, where, path));
+    SP_ASSIGN_OR_RETURN(tensor.grid, DecodeGridBounds(r, tensor.shape, where, path,
+                                                      GridCellBytes(summary.version_major >= 3)));
     SP_RETURN_IF_ERROR(DecodeGridCells(r, summary, where, path, keep, &tensor));
   } else {
     return Corrupt(path, where + ": unknown layout " + std::to_string(layout));

@@ -76,8 +76,8 @@ Status DecodeIndex(std::string_view bytes, uint32_t count, uint64_t records_leng
                    std::string_view what, std::string_view path, std::vector<std::string>* names,
                    std::vector<RecordSlot>* slots);
 
-// Tensor record layouts of version 2 (docs/FORMAT.md §3.5): a list of chunks, as in version 1,
-// or a grid.
+// Tensor record layouts of versions 2 and 3 (docs/FORMAT.md §3.5): a list of chunks, as in
+// version 1, or a grid.
 enum TensorLayout : uint8_t {
   kChunkList = 0,
   kGrid = 1,
@@ -88,7 +88,7 @@ enum GridCuts : uint8_t {
   kEvenCuts = 1,    // a step: cut k at k * step, the last interval at most a step
 };
 
-// A record of format version `major` (1 or 2).
+// A record of format version `major` (1, 2 or 3).
 std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                                uint32_t major);
 // The same, appended to `out`; with `apart`, the chunks' block checksums are those it holds for
