@@ -389,7 +389,8 @@ TEST(MetadataReaderTest, PartialReadsTouchOnlyTheRecordsAskedFor) {
   ExpectTensorEq(wanted, *tensor);
   // dtype, rank, shape, layout; then a grid's interval counts, cut points and cells, or a list,
   // as version 3 packs them: files and offsets as zigzag varints of their steps from the chunk
-  // before, box values and counts as varints, checksums at 4 bytes.
+  // before (a grid's in runs of cells that repeat a step), box values and counts as varints,
+  // checksums at 4 bytes.
   const auto varint = [](uint64_t v) {
     uint64_t n = 1;
     for (; v >= 0x80; v >>= 7) ++n;
@@ -412,9 +413,34 @@ TEST(MetadataReaderTest, PartialReadsTouchOnlyTheRecordsAskedFor) {
       for (size_t k = 2; k < n; ++k) even = even && bounds[k] - bounds[k - 1] == bounds[1];
       record_length += 4 + 1 + (even ? 8 : 8 * (n - 1));
     }
+    // The runs: a new one wherever the step from the cell before changes.
+    uint64_t runs = 0;
+    std::pair<int64_t, int64_t> run_step;
     for (const StoredChunk& c : wanted.chunks) {
-      record_length += steps(c, &file, &offset) + 4 * c.block_crc32c.size();
+      const std::pair<int64_t, int64_t> step = {
+          static_cast<int64_t>(c.file) - file, static_cast<int64_t>(c.data_offset - offset)};
+      file = c.file;
+      offset = c.data_offset;
+      if (runs == 0 || step != run_step) {
+        ++runs;
+        run_step = step;
+        record_length += varint(ZigZag(step.first)) + varint(ZigZag(step.second));
+        uint64_t length = 1;  // the run's length
+        const size_t at = &c - wanted.chunks.data();
+        for (size_t n = at + 1; n < wanted.chunks.size(); ++n, ++length) {
+          const StoredChunk& x = wanted.chunks[n];
+          const StoredChunk& before = wanted.chunks[n - 1];
+          if (std::pair<int64_t, int64_t>{static_cast<int64_t>(x.file) - before.file,
+                                          static_cast<int64_t>(x.data_offset -
+                                                               before.data_offset)} != step) {
+            break;
+          }
+        }
+        record_length += varint(length);
+      }
+      record_length += 4 * c.block_crc32c.size();
     }
+    record_length += varint(runs);
   } else {
     record_length += varint(wanted.chunks.size());
     for (const StoredChunk& c : wanted.chunks) {

@@ -349,9 +349,17 @@ std::string PackedRecordHead(native_metadata::TensorLayout layout) {
   return out;
 }
 
+// A run of grid cells in a version-3 record: its length and the step from each cell's file and
+// data offset to the next's.
+struct CellRun {
+  uint64_t length;
+  int64_t file_step;
+  int64_t offset_step;
+};
+
 // A version-3 grid record of that tensor, rows cut at 4 and 8 and columns at 5 (six cells of 20
-// bytes), whose cells' files and offsets are the steps given, each cell with one checksum.
-std::string PackedGridRecord(const std::vector<std::pair<int64_t, int64_t>>& steps) {
+// bytes), whose cells' files and offsets are the runs given, each cell with one checksum.
+std::string PackedGridRecord(const std::vector<CellRun>& runs) {
   std::string out = PackedRecordHead(native_metadata::kGrid);
   ByteWriter w(&out);
   w.PutU32(3);
@@ -361,11 +369,13 @@ std::string PackedGridRecord(const std::vector<std::pair<int64_t, int64_t>>& ste
   w.PutU32(2);
   w.PutU8(native_metadata::kListedCuts);
   w.PutI64(5);
-  for (const auto& [file, offset] : steps) {
-    w.PutSignedVarint(file);
-    w.PutSignedVarint(offset);
+  w.PutVarint(runs.size());
+  for (const CellRun& run : runs) {
+    w.PutVarint(run.length);
+    w.PutSignedVarint(run.file_step);
+    w.PutSignedVarint(run.offset_step);
   }
-  for (size_t c = 0; c < steps.size(); ++c) w.PutU32(static_cast<uint32_t>(100 + c));
+  for (uint32_t c = 0; c < 6; ++c) w.PutU32(100 + c);
   return out;
 }
 
@@ -381,9 +391,9 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
   auto decode = [&](const std::string& record, const std::vector<Box>* keep = nullptr) {
     return native_metadata::DecodeTensorRecord(record, "g", summary, false, kPath, keep);
   };
-  // The six cells back to back in file 0: offsets 0, 20, ..., 100.
-  const std::vector<std::pair<int64_t, int64_t>> back_to_back = {{0, 0},  {0, 20}, {0, 20},
-                                                                 {0, 20}, {0, 20}, {0, 20}};
+  // The six cells back to back in file 0, offsets 0, 20, ..., 100: the first cell, then a run
+  // of five cells 20 bytes apart.
+  const std::vector<CellRun> back_to_back = {{1, 0, 0}, {5, 0, 20}};
   Result<TensorMetadata> good = decode(PackedGridRecord(back_to_back));
   ASSERT_TRUE(good.ok()) << good.status();
   ASSERT_EQ(good->chunks.size(), 6u);
@@ -394,42 +404,60 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
   }
   EXPECT_EQ(good->chunks[3].box, Box({4, 5}, {4, 5}));
   EXPECT_EQ(good->chunks[3].byte_length, 20u);
-  // The encoder packs them as this record does (it gives the rows' cuts as an even step).
+  // The encoder writes the same runs (it gives the rows' cuts as an even step).
   const std::string encoded = native_metadata::EncodeTensorRecord(*good, 64, 3);
   const std::string forged_good = PackedGridRecord(back_to_back);
-  const size_t table_bytes = 6 * 2 + 6 * 4;
+  const size_t table_bytes = 1 + 2 * 3 + 6 * 4;
   ASSERT_GT(encoded.size(), table_bytes);
   EXPECT_EQ(encoded.substr(encoded.size() - table_bytes),
             forged_good.substr(forged_good.size() - table_bytes));
+  // The same cells in one file each, at one offset, as a tensor sharded over six ranks.
+  summary.files.resize(6, summary.files[0]);
+  Result<TensorMetadata> spread = decode(PackedGridRecord({{1, 0, 0}, {5, 1, 0}}));
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  for (uint32_t c = 0; c < 6; ++c) {
+    EXPECT_EQ(spread->chunks[c].file, c);
+    EXPECT_EQ(spread->chunks[c].data_offset, 0u);
+  }
+  summary.files.resize(1);
 
-  std::vector<std::pair<std::string, std::string>> forged;
-  auto with_step = [&](size_t cell, std::pair<int64_t, int64_t> step) {
-    std::vector<std::pair<int64_t, int64_t>> steps = back_to_back;
-    steps[cell] = step;
-    return PackedGridRecord(steps);
+  std::vector<std::pair<std::string, std::string>> forged = {
+      {PackedGridRecord({{1, -1, 0}, {5, 0, 20}}),
+       "chunk 0: file index 0 + -1 is out of range (1 files)"},
+      {PackedGridRecord({{1, 0, 0}, {3, 0, 20}, {1, 1, 20}, {1, -1, 20}}),
+       "chunk 4: file index 1 is out of range (1 files)"},
+      {PackedGridRecord({{1, 0, 0}, {1, INT64_MAX, 0}, {4, 0, 20}}),
+       "chunk 1: file index 0 + 9223372036854775807 is out of range (1 files)"},
+      {PackedGridRecord({{1, 0, 0}, {1, 0, 20}, {1, 0, 160}, {3, 0, 20}}),
+       "chunk 2: bytes [180, +20) lie outside the 120 data"},
+      {PackedGridRecord({{1, 0, -1}, {5, 0, 20}}),
+       "chunk 0: bytes [18446744073709551615, +20) lie outside"},
+      {PackedGridRecord({}), "0 runs of cells for 6 grid cells"},
+      {PackedGridRecord({{1, 0, 0}, {6, 0, 20}}),
+       "run 1 of 6 cells from cell 1 does not end at the 6 grid cells"},
+      {PackedGridRecord({{1, 0, 0}, {4, 0, 20}}),
+       "run 1 of 4 cells from cell 1 does not end at the 6 grid cells"},
+      {PackedGridRecord({{0, 0, 0}, {6, 0, 20}}),
+       "run 0 of 0 cells from cell 0 does not end within the 6 grid cells"},
+      {PackedGridRecord({{1, 0, 0}, {1, 0, 20}, {1, 0, 20}, {1, 0, 20}, {1, 0, 20}, {1, 0, 20},
+                         {1, 0, 20}}),
+       "7 runs of cells for 6 grid cells"},
   };
-  forged.push_back({with_step(0, {-1, 0}), "chunk 0: file index 0 + -1 is out of range (1 files)"});
-  forged.push_back({with_step(4, {1, 20}), "chunk 4: file index 1 is out of range (1 files)"});
-  forged.push_back({with_step(1, {INT64_MAX, 0}), "is out of range (1 files)"});
-  forged.push_back({with_step(2, {0, 160}), "chunk 2: bytes [180, +20) lie outside the 120 data"});
-  forged.push_back(
-      {with_step(0, {0, -1}), "chunk 0: bytes [18446744073709551615, +20) lie outside"});
-  // Six cells need at least 36 bytes, a checksum and a byte for each of file and offset: checked
-  // once the column count is read, before its cut point (8 bytes) and the cells (13).
+  // Six cells need at least 24 bytes, a checksum each.
   std::string few = PackedGridRecord(back_to_back);
-  few.resize(few.size() - 4 * 6 + 1);
-  forged.push_back({few, "6 grid cells cannot fit in the 22 remaining bytes"});
-  // A varint of eleven bytes where the first cell's file should be.
+  few.resize(few.size() - 4 * 6 + 3);
+  forged.push_back({few, "6 grid cells cannot fit in the"});
+  // A varint of eleven bytes where the count of runs should be.
   std::string overlong = PackedGridRecord(back_to_back);
-  const size_t cells_at = PackedRecordHead(native_metadata::kGrid).size() + (4 + 1 + 16) +
-                          (4 + 1 + 8);
-  overlong.insert(cells_at, std::string(10, '\x80'));
+  const size_t runs_at = PackedRecordHead(native_metadata::kGrid).size() + (4 + 1 + 16) +
+                         (4 + 1 + 8);
+  overlong.insert(runs_at, std::string(10, '\x80'));
   forged.push_back({overlong, "does not fit in 64 bits"});
   // Checksums cut short.
   std::string short_crcs = PackedGridRecord(back_to_back);
   short_crcs.resize(short_crcs.size() - 2);
-  short_crcs += std::string(12, '\0');  // enough bytes for the cells, misplaced
-  forged.push_back({short_crcs, "unexpected bytes"});
+  forged.push_back(
+      {short_crcs, "chunk 5: 1 block checksums cannot fit in the 2 remaining bytes"});
 
   // A chunk list: rows [0, 6) and [6, 12), of 60 bytes each at offsets 0 and 60, one checksum
   // each (blocks of 64 bytes).

@@ -77,10 +77,10 @@ bool InDataBytes(const DataFile& file, uint64_t data_offset, uint64_t byte_lengt
   return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
 }
 
-// The fewest bytes a grid cell takes in a record: its file and offset (12 bytes at fixed width,
-// at least one byte each packed) and, packed, a checksum (a cell holds at least one element).
-// Its count is checked against them before anything is allocated for it.
-constexpr uint64_t GridCellBytes(bool packed) { return packed ? 6 : 12; }
+// The fewest bytes a grid cell takes in a record: its file and offset at fixed width (12 bytes),
+// or, packed, its checksum (a cell holds at least one element; runs of cells share their file and
+// offset steps). Its count is checked against them before anything is allocated for it.
+constexpr uint64_t GridCellBytes(bool packed) { return packed ? 4 : 12; }
 
 Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
                        const CheckpointMetadata& summary, const ChunkWhere& where,
@@ -229,10 +229,47 @@ void EncodeChunkList(const TensorMetadata& tensor, const ChunkChecksums::Tensor*
   }
 }
 
+// The step from one cell's file and data offset to the next's (from file 0 and offset 0 to the
+// first cell's): what a run of cells repeats.
+struct CellStep {
+  int64_t file = 0;
+  int64_t data_offset = 0;  // the difference of two u64, wrapped
+  friend bool operator==(const CellStep&, const CellStep&) = default;
+};
+
+CellStep StepTo(const StoredChunk& chunk, const StoredChunk* before) {
+  const uint32_t file = before == nullptr ? 0 : before->file;
+  const uint64_t data_offset = before == nullptr ? 0 : before->data_offset;
+  return {static_cast<int64_t>(chunk.file) - file,
+          static_cast<int64_t>(chunk.data_offset - data_offset)};
+}
+
+// The cells' files and offsets as runs of cells that repeat one step: a varint count of runs,
+// then each run's length (varint) and step (two signed varints). Each run is as long as it can
+// be, so the runs of given cells are one sequence. A tensor sharded over ranks, one cell per rank
+// at the same offset of each rank's file, is two runs (the first cell, then a step of one file).
+void EncodeCellRuns(const std::vector<StoredChunk>& cells, ByteWriter& w) {
+  for (int pass = 0; pass < 2; ++pass) {  // the runs counted, then written
+    uint64_t runs = 0;
+    for (size_t c = 0; c < cells.size();) {
+      const CellStep step = StepTo(cells[c], c == 0 ? nullptr : &cells[c - 1]);
+      size_t end = c + 1;
+      while (end < cells.size() && StepTo(cells[end], &cells[end - 1]) == step) ++end;
+      if (pass == 1) {
+        w.PutVarint(end - c);
+        w.PutSignedVarint(step.file);
+        w.PutSignedVarint(step.data_offset);
+      }
+      ++runs;
+      c = end;
+    }
+    if (pass == 0) w.PutVarint(runs);
+  }
+}
+
 // Per dimension the interval count and its cut points (an even step, or the interior points);
 // then file and offset of every cell, row-major (at fixed width before version 3; from version 3
-// as signed varints past the cell before's, the first past file 0 and offset 0); then every
-// cell's block checksums, in the same order.
+// as runs of cells, EncodeCellRuns); then every cell's block checksums, in the same order.
 void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
                 const ChunkGrid& grid, uint32_t major, ByteWriter& w) {
   for (const std::vector<int64_t>& bounds : grid.bounds) {
@@ -245,15 +282,10 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apar
       for (size_t k = 1; k + 1 < bounds.size(); ++k) w.PutI64(bounds[k]);
     }
   }
-  uint32_t file = 0;
-  uint64_t data_offset = 0;
-  for (const StoredChunk& chunk : tensor.chunks) {
-    if (major >= 3) {
-      w.PutSignedVarint(static_cast<int64_t>(chunk.file) - file);
-      w.PutSignedVarint(static_cast<int64_t>(chunk.data_offset - data_offset));
-      file = chunk.file;
-      data_offset = chunk.data_offset;
-    } else {
+  if (major >= 3) {
+    EncodeCellRuns(tensor.chunks, w);
+  } else {
+    for (const StoredChunk& chunk : tensor.chunks) {
       w.PutU32(chunk.file);
       w.PutU64(chunk.data_offset);
     }
@@ -358,20 +390,37 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
                              std::to_string(r.remaining()) + " remaining bytes");
   }
   // The (file, data_offset) table: before version 3 of fixed width, and it fits (checked above),
-  // so it is read in place; from version 3 packed, decoded first (its end is where the checksums
-  // begin).
+  // so it is read in place; from version 3 runs of cells (EncodeCellRuns), decoded first (their
+  // end is where the checksums begin).
   std::string_view table;
   std::vector<std::pair<uint32_t, uint64_t>> placed;
   if (packed) {
     placed.resize(cells);
+    // Runs of cells (EncodeCellRuns): each at least 3 bytes and a cell long.
+    SP_ASSIGN_OR_RETURN(uint32_t runs, r.ReadVarintCount(3));
+    if (runs == 0 || runs > cells) {
+      return Corrupt(path, where + ": " + std::to_string(runs) + " runs of cells for " +
+                               std::to_string(cells) + " grid cells");
+    }
     int64_t file = 0;
     uint64_t data_offset = 0;
-    for (uint64_t c = 0; c < cells; ++c) {
-      SP_ASSIGN_OR_RETURN(int64_t file_delta, r.ReadSignedVarint());
-      SP_ASSIGN_OR_RETURN(file, PackedFile(file, file_delta, summary, ChunkWhere{where, c}, path));
-      SP_ASSIGN_OR_RETURN(int64_t offset_delta, r.ReadSignedVarint());
-      data_offset += static_cast<uint64_t>(offset_delta);  // wraps; checked with the cell
-      placed[c] = {static_cast<uint32_t>(file), data_offset};
+    uint64_t c = 0;
+    for (uint32_t run = 0; run < runs; ++run) {
+      SP_ASSIGN_OR_RETURN(uint64_t length, r.ReadVarint());
+      SP_ASSIGN_OR_RETURN(int64_t file_step, r.ReadSignedVarint());
+      SP_ASSIGN_OR_RETURN(int64_t offset_step, r.ReadSignedVarint());
+      if (length == 0 || length > cells - c || (run + 1 == runs && length != cells - c)) {
+        return Corrupt(path, where + ": run " + std::to_string(run) + " of " +
+                                 std::to_string(length) + " cells from cell " +
+                                 std::to_string(c) + " does not end " +
+                                 (run + 1 == runs ? "at" : "within") + " the " +
+                                 std::to_string(cells) + " grid cells");
+      }
+      for (const uint64_t end = c + length; c < end; ++c) {
+        SP_ASSIGN_OR_RETURN(file, PackedFile(file, file_step, summary, ChunkWhere{where, c}, path));
+        data_offset += static_cast<uint64_t>(offset_step);  // wraps; checked with the cell
+        placed[c] = {static_cast<uint32_t>(file), data_offset};
+      }
     }
   } else {
     SP_ASSIGN_OR_RETURN(table, r.ReadRaw(cells * 12));
@@ -533,8 +582,9 @@ uint64_t TensorRecordBound(const TensorMetadata& tensor, const ChunkChecksums::T
   // dtype, rank, shape, layout byte and chunk count (a varint: 10 bytes at most); then each chunk
   // as a chunk list stores it, at fixed width (28 + 16 * rank bytes) or packed (at most 5 for the
   // file, 10 for the offset and the block count, 10 for each box value). A grid costs less per
-  // cell (at most 15 bytes and its checksums) and at most 13 bytes per dimension and 8 per
-  // interval (at most a chunk's offsets) more.
+  // cell (at most 12 bytes at fixed width, or a run of its own: 25 bytes, and its checksums; and
+  // 10 for the count of runs) and at most 13 bytes per dimension and 8 per interval (at most a
+  // chunk's offsets) more.
   const uint64_t rank = tensor.shape.size();
   uint64_t bytes = 22 + 21 * rank;
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
