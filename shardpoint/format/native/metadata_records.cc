@@ -454,9 +454,9 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   std::optional<Status> crcs_overflow;
   size_t next_kept = 0;
   for (uint64_t c = 0; c < cells; ++c) {
-    const char* entry = table.data() + c * 12;  // unused when packed
-    const uint32_t file = packed ? placed[c].first : DecodeFixed32(entry);
-    const uint64_t data_offset = packed ? placed[c].second : DecodeFixed64(entry + 4);
+    const uint32_t file = packed ? placed[c].first : DecodeFixed32(table.data() + c * 12);
+    const uint64_t data_offset =
+        packed ? placed[c].second : DecodeFixed64(table.data() + c * 12 + 4);
     const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * item;  // within the shape
     const bool kept_here = keep == nullptr || (next_kept < kept.size() && kept[next_kept] == c);
     if (!CellBytesHold(file, data_offset, byte_length, summary)) {
