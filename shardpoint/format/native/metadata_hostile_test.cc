@@ -208,17 +208,24 @@ TEST(MetadataHostileTest, AbsurdCountsAreRejectedBeforeAllocation) {
   }
 }
 
-// A version-2 grid record of an int8 tensor [12, 10] with listed cut points (an even step where
-// `steps` has one) and `cells` cells, each at offset 0 of file 0 with one checksum.
-std::string GridRecord(const std::vector<std::vector<int64_t>>& cuts, uint32_t cells,
-                       std::vector<uint32_t> intervals = {}, std::vector<int64_t> steps = {}) {
+// A record of an int8 tensor [12, 10] (version 2 or 3) up to its layout byte.
+std::string RecordHead(native_metadata::TensorLayout layout) {
   std::string out;
   ByteWriter w(&out);
   w.PutU8(DTypeCode(DType::kInt8));
   w.PutU8(2);
   w.PutI64(12);
   w.PutI64(10);
-  w.PutU8(native_metadata::kGrid);
+  w.PutU8(layout);
+  return out;
+}
+
+// A grid record of that tensor up to its cells: listed cut points (an even step where `steps`
+// has one), as versions 2 and 3 give them.
+std::string GridHead(const std::vector<std::vector<int64_t>>& cuts,
+                     std::vector<uint32_t> intervals = {}, std::vector<int64_t> steps = {}) {
+  std::string out = RecordHead(native_metadata::kGrid);
+  ByteWriter w(&out);
   for (size_t d = 0; d < cuts.size(); ++d) {
     w.PutU32(d < intervals.size() ? intervals[d] : static_cast<uint32_t>(cuts[d].size() + 1));
     if (d < steps.size() && steps[d] != 0) {
@@ -229,6 +236,15 @@ std::string GridRecord(const std::vector<std::vector<int64_t>>& cuts, uint32_t c
     w.PutU8(native_metadata::kListedCuts);
     for (int64_t cut : cuts[d]) w.PutI64(cut);
   }
+  return out;
+}
+
+// A version-2 grid record of that tensor (GridHead) with `cells` cells, each at offset 0 of file
+// 0 with one checksum.
+std::string GridRecord(const std::vector<std::vector<int64_t>>& cuts, uint32_t cells,
+                       std::vector<uint32_t> intervals = {}, std::vector<int64_t> steps = {}) {
+  std::string out = GridHead(cuts, std::move(intervals), std::move(steps));
+  ByteWriter w(&out);
   for (uint32_t c = 0; c < cells; ++c) {
     w.PutU32(0);
     w.PutU64(0);
@@ -237,12 +253,19 @@ std::string GridRecord(const std::vector<std::vector<int64_t>>& cuts, uint32_t c
   return out;
 }
 
-TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
+// The summary the forged grids are decoded against: one data file of 120 bytes, checksums in
+// blocks of 64 bytes, records of version `major`.
+CheckpointMetadata ForgedGridSummary(uint32_t major) {
   CheckpointMetadata summary;
   summary.save_id = "s";
   summary.checksum_block_bytes = 64;
   summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + 120, 0}};
-  summary.version_major = 2;
+  summary.version_major = major;
+  return summary;
+}
+
+TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
+  const CheckpointMetadata summary = ForgedGridSummary(2);
   auto decode = [&](const std::string& record) {
     return native_metadata::DecodeTensorRecord(record, "g", summary, false, kPath);
   };
@@ -337,18 +360,6 @@ TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
             std::string::npos);
 }
 
-// A version-3 record of an int8 tensor [12, 10] up to its layout byte.
-std::string PackedRecordHead(native_metadata::TensorLayout layout) {
-  std::string out;
-  ByteWriter w(&out);
-  w.PutU8(DTypeCode(DType::kInt8));
-  w.PutU8(2);
-  w.PutI64(12);
-  w.PutI64(10);
-  w.PutU8(layout);
-  return out;
-}
-
 // A run of grid cells in a version-3 record: its length and the step from each cell's file and
 // data offset to the next's.
 struct CellRun {
@@ -360,15 +371,8 @@ struct CellRun {
 // A version-3 grid record of that tensor, rows cut at 4 and 8 and columns at 5 (six cells of 20
 // bytes), whose cells' files and offsets are the runs given, each cell with one checksum.
 std::string PackedGridRecord(const std::vector<CellRun>& runs) {
-  std::string out = PackedRecordHead(native_metadata::kGrid);
+  std::string out = GridHead({{4, 8}, {5}});
   ByteWriter w(&out);
-  w.PutU32(3);
-  w.PutU8(native_metadata::kListedCuts);
-  w.PutI64(4);
-  w.PutI64(8);
-  w.PutU32(2);
-  w.PutU8(native_metadata::kListedCuts);
-  w.PutI64(5);
   w.PutVarint(runs.size());
   for (const CellRun& run : runs) {
     w.PutVarint(run.length);
@@ -382,11 +386,8 @@ std::string PackedGridRecord(const std::vector<CellRun>& runs) {
 // Version 3 packs the tables: files and offsets as steps from the chunk before, boxes and counts
 // as varints, no byte lengths. Every packed value that cannot hold is refused by name.
 TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
-  CheckpointMetadata summary;
-  summary.save_id = "s";
-  summary.checksum_block_bytes = 64;
-  summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + 120, 0}};
-  ASSERT_EQ(summary.version_major, 3u);
+  CheckpointMetadata summary = ForgedGridSummary(3);
+  ASSERT_EQ(CheckpointMetadata().version_major, 3u);  // what a save writes
   const std::vector<Box> first_cell = {Box({0, 0}, {1, 1})};
   auto decode = [&](const std::string& record, const std::vector<Box>* keep = nullptr) {
     return native_metadata::DecodeTensorRecord(record, "g", summary, false, kPath, keep);
@@ -449,7 +450,7 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
   forged.push_back({few, "6 grid cells cannot fit in the"});
   // A varint of eleven bytes where the count of runs should be.
   std::string overlong = PackedGridRecord(back_to_back);
-  const size_t runs_at = PackedRecordHead(native_metadata::kGrid).size() + (4 + 1 + 16) +
+  const size_t runs_at = RecordHead(native_metadata::kGrid).size() + (4 + 1 + 16) +
                          (4 + 1 + 8);
   overlong.insert(runs_at, std::string(10, '\x80'));
   forged.push_back({overlong, "does not fit in 64 bits"});
@@ -462,7 +463,7 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
   // A chunk list: rows [0, 6) and [6, 12), of 60 bytes each at offsets 0 and 60, one checksum
   // each (blocks of 64 bytes).
   auto list = [](uint64_t count, int64_t second_offset_step, uint64_t blocks, uint64_t row) {
-    std::string out = PackedRecordHead(native_metadata::kChunkList);
+    std::string out = RecordHead(native_metadata::kChunkList);
     ByteWriter w(&out);
     w.PutVarint(count);
     for (int c = 0; c < 2; ++c) {
