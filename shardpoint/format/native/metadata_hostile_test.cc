@@ -264,6 +264,15 @@ CheckpointMetadata ForgedGridSummary(uint32_t major) {
   return summary;
 }
 
+// Expects the decoding of a forged record of tensor "g" to be refused as kDataLoss naming the
+// tensor, with `message` in its message.
+void ExpectForgedGridRefused(const Result<TensorMetadata>& r, std::string_view message) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("tensor \"g\""), std::string::npos) << r.status();
+}
+
 TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
   const CheckpointMetadata summary = ForgedGridSummary(2);
   auto decode = [&](const std::string& record) {
@@ -300,11 +309,7 @@ TEST(MetadataHostileTest, ForgedGridsAreDataLoss) {
   };
   for (const auto& [record, message] : forged) {
     SCOPED_TRACE(message);
-    Result<TensorMetadata> r = decode(record);
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
-    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status();
-    EXPECT_NE(r.status().message().find("tensor \"g\""), std::string::npos) << r.status();
+    ExpectForgedGridRefused(decode(record), message);
   }
   // A cell outside its file, and an unknown layout byte.
   std::string far = GridRecord({{4, 8}, {5}}, 6);
@@ -490,10 +495,7 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
   for (const auto& [record, message] : forged) {
     SCOPED_TRACE(message);
     Result<TensorMetadata> r = decode(record);
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
-    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status();
-    EXPECT_NE(r.status().message().find("tensor \"g\""), std::string::npos) << r.status();
+    ExpectForgedGridRefused(r, message);
     // A rank that keeps only the first cell fails alike.
     EXPECT_EQ(decode(record, &first_cell).status(), r.status());
   }
