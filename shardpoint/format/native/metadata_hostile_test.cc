@@ -485,7 +485,8 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
   ASSERT_EQ(listed->chunks.size(), 2u);
   EXPECT_EQ(listed->chunks[1], StoredChunk(Box({6, 0}, {6, 10}), 0, 60, 60, {7}));
   forged.push_back({list(2, 60, 2, 6), "chunk 1: 2 block checksums, expected 1"});
-  forged.push_back({list(2, 60, uint64_t{1} << 40, 6), "block checksums, expected 1"});
+  forged.push_back(
+      {list(2, 60, uint64_t{1} << 40, 6), "chunk 1: 1099511627776 block checksums, expected 1"});
   forged.push_back({list(2, 60, 1, uint64_t{1} << 63), "chunk 1: dimension 0"});
   forged.push_back({list(2, 61, 1, 6), "chunk 1: bytes [61, +60) lie outside the 120 data"});
   forged.push_back({list(1, 60, 1, 6), "chunks hold 60 elements, the shape [12, 10] has 120"});

@@ -128,7 +128,7 @@ Result<uint32_t> PackedFile(int64_t previous, int64_t delta, const CheckpointMet
 Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const CheckpointMetadata& summary,
                    const ChunkWhere& where, std::string_view path, bool packed,
                    StoredChunk* previous, StoredChunk* chunk, uint64_t* volume) {
-  uint32_t block_count = 0;
+  uint64_t block_count = 0;
   if (packed) {
     SP_ASSIGN_OR_RETURN(int64_t file_delta, r.ReadSignedVarint());
     SP_ASSIGN_OR_RETURN(chunk->file, PackedFile(previous->file, file_delta, summary, where, path));
@@ -136,8 +136,7 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
     chunk->data_offset = previous->data_offset + static_cast<uint64_t>(offset_delta);  // wraps
     SP_ASSIGN_OR_RETURN(*volume, DecodeBox(r, tensor.shape, where, path, true, &chunk->box));
     chunk->byte_length = *volume * DTypeSize(tensor.dtype);  // within the tensor's 2^62 bytes
-    SP_ASSIGN_OR_RETURN(uint64_t count, r.ReadVarint());
-    block_count = count > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(count);
+    SP_ASSIGN_OR_RETURN(block_count, r.ReadVarint());
     previous->file = chunk->file;
     previous->data_offset = chunk->data_offset;
   } else {
@@ -149,9 +148,10 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
   SP_RETURN_IF_ERROR(
       CheckChunkBytes(*chunk, *volume * DTypeSize(tensor.dtype), summary, where, path));
   if (!packed) {
-    SP_ASSIGN_OR_RETURN(block_count, r.ReadCount(4));
+    SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4));
+    block_count = count;
   }
-  uint64_t expected = ChecksumBlockCount(chunk->byte_length, summary.checksum_block_bytes);
+  const uint64_t expected = ChecksumBlockCount(chunk->byte_length, summary.checksum_block_bytes);
   if (block_count != expected) {
     return Corrupt(path, where.str() + ": " + std::to_string(block_count) +
                              " block checksums, expected " + std::to_string(expected));
