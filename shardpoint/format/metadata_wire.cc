@@ -1,6 +1,7 @@
 #include "shardpoint/format/metadata_wire.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "shardpoint/base/coding.h"
@@ -10,47 +11,129 @@
 namespace sp {
 namespace {
 
-constexpr uint32_t kWireMagic = 0x57505053;  // "SPPW"
+// Numbers travel as varints (base/coding.h): counts, lengths and offsets unsigned, values that
+// may be negative (shapes, boxes, steps) zigzagged. A chunk's file and offset travel as their
+// steps from the chunk before it in the same tensor, so that cells laid out alike take a byte or
+// two each.
+constexpr uint32_t kWireMagic = 0x32575053;  // "SPW2"
 // A load rank's part (EncodeMetadataPartForWire): the data files travel as their count and the
-// files the part holds, each behind its index.
-constexpr uint32_t kWirePartMagic = 0x50505053;  // "SPPP"
+// files the part holds, each behind the step of its index.
+constexpr uint32_t kWirePartMagic = 0x32505053;  // "SPP2"
 constexpr uint32_t kMaxRank = 64;
 // The most data files a part names (it holds few of them; the others take a default entry each).
 constexpr uint32_t kMaxWireFiles = uint32_t{1} << 22;
+// The longest tensor name, file name, save id and attribute key.
+constexpr uint32_t kMaxNameBytes = uint32_t{1} << 20;
+
+// The bytes of `v` as a varint.
+size_t VarintBytes(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
+}
+
+size_t SignedVarintBytes(int64_t v) { return VarintBytes(ZigZag(v)); }
+
+void PutName(ByteWriter& w, std::string_view s) {
+  w.PutVarint(s.size());
+  w.PutRaw(s);
+}
+
+Result<std::string_view> GetName(ByteReader& r, uint64_t max_bytes = kMaxNameBytes) {
+  const size_t at = r.position();
+  SP_ASSIGN_OR_RETURN(uint64_t length, r.ReadVarint());
+  if (length > max_bytes) {
+    return DataLossError(r.what() + ": string length " + std::to_string(length) + " at byte " +
+                         std::to_string(at) + " exceeds the limit " + std::to_string(max_bytes));
+  }
+  return r.ReadRaw(length);
+}
 
 void PutShape(ByteWriter& w, std::span<const int64_t> v) {
-  w.PutU32(static_cast<uint32_t>(v.size()));
-  for (int64_t x : v) w.PutI64(x);
+  w.PutVarint(v.size());
+  for (int64_t x : v) w.PutSignedVarint(x);
+}
+
+size_t ShapeBytes(std::span<const int64_t> v) {
+  size_t bytes = VarintBytes(v.size());
+  for (int64_t x : v) bytes += SignedVarintBytes(x);
+  return bytes;
 }
 
 template <typename Values>  // Shape or Dims
 Status GetShape(ByteReader& r, Values* v) {
-  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadCount(8));
+  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadVarintCount(1));
   if (n > kMaxRank) return DataLossError(r.what() + ": rank " + std::to_string(n));
   v->resize(n);
   for (int64_t& x : *v) {
-    SP_ASSIGN_OR_RETURN(x, r.ReadI64());
+    SP_ASSIGN_OR_RETURN(x, r.ReadSignedVarint());
   }
   return OkStatus();
 }
 
-// Everything of a chunk but its box and byte length (which a grid cell implies).
-void PutChunkPlacement(ByteWriter& w, const StoredChunk& c) {
-  w.PutU32(c.file);
-  w.PutU64(c.data_offset);
-  w.PutU8(static_cast<uint8_t>(c.encoding));
-  w.PutU64(c.stored_length);
-  w.PutU32(c.driver_tag);
-  w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+// The file and data offset of the chunk before, in the same tensor: each chunk's travel as their
+// steps from these (the first chunk's from file 0, offset 0).
+struct Steps {
+  int64_t file = 0;
+  uint64_t offset = 0;
+};
+
+int64_t FileStep(const StoredChunk& c, const Steps& s) { return int64_t{c.file} - s.file; }
+int64_t OffsetStep(const StoredChunk& c, const Steps& s) {
+  return static_cast<int64_t>(c.data_offset - s.offset);  // modulo 2^64, undone by the reader
+}
+
+// A chunk's file and offset, as steps.
+void PutPlace(ByteWriter& w, const StoredChunk& c, Steps* s) {
+  w.PutSignedVarint(FileStep(c, *s));
+  w.PutSignedVarint(OffsetStep(c, *s));
+  *s = {int64_t{c.file}, c.data_offset};
+}
+
+void PutChecksums(ByteWriter& w, const StoredChunk& c) {
+  w.PutVarint(c.block_crc32c.size());
   for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
 }
 
-void PutChunk(ByteWriter& w, const StoredChunk& c) {
+// A placed chunk's kind: its encoding, with this bit when a stored length and driver tag follow.
+constexpr uint8_t kKindExtras = 0x80;
+
+// Everything of a chunk but its box and byte length (which a grid cell implies).
+void PutChunkPlacement(ByteWriter& w, const StoredChunk& c, Steps* s) {
+  const bool extras = c.stored_length != 0 || c.driver_tag != 0;
+  w.PutU8(static_cast<uint8_t>(c.encoding) | (extras ? kKindExtras : 0));
+  if (extras) {
+    w.PutVarint(c.stored_length);
+    w.PutVarint(c.driver_tag);
+  }
+  PutPlace(w, c, s);
+  PutChecksums(w, c);
+}
+
+size_t PlacementBytes(const StoredChunk& c, const Steps& s, bool raw) {
+  size_t bytes = SignedVarintBytes(FileStep(c, s)) + SignedVarintBytes(OffsetStep(c, s)) +
+                 VarintBytes(c.block_crc32c.size()) + 4 * c.block_crc32c.size();
+  if (!raw) {
+    bytes += 1;
+    if (c.stored_length != 0 || c.driver_tag != 0) {
+      bytes += VarintBytes(c.stored_length) + VarintBytes(c.driver_tag);
+    }
+  }
+  return bytes;
+}
+
+void PutChunk(ByteWriter& w, const StoredChunk& c, Steps* s) {
   PutShape(w, c.box.offsets);
   PutShape(w, c.box.sizes);
-  w.PutU64(c.byte_length);
-  PutChunkPlacement(w, c);
+  w.PutVarint(c.byte_length);
+  PutChunkPlacement(w, c, s);
 }
+
+// The least bytes of a placement (kind, file and offset steps, checksum count), of a raw cell's
+// (no kind) and of a listed chunk (two empty shapes and a byte length before its placement).
+constexpr size_t kPlacementBytes = 4;
+constexpr size_t kRawPlacementBytes = 3;
+constexpr size_t kChunkBytes = 3 + kPlacementBytes;
 
 // The data files a decoding holds: all of them, or a part's (EncodeMetadataPartForWire).
 struct HeldFiles {
@@ -58,7 +141,7 @@ struct HeldFiles {
   std::vector<bool> held;  // empty: every file
 
   // kDataLoss unless `file` is a file this decoding holds.
-  Status Check(const ByteReader& r, uint32_t file, std::string_view what) const {
+  Status Check(const ByteReader& r, uint64_t file, std::string_view what) const {
     if (file >= count) return DataLossError(r.what() + ": " + std::string(what) + " out of range");
     if (!held.empty() && !held[file]) {
       return DataLossError(r.what() + ": " + std::string(what) + " " + std::to_string(file) +
@@ -68,23 +151,23 @@ struct HeldFiles {
   }
 };
 
-Status GetChunkPlacement(ByteReader& r, const HeldFiles& files, StoredChunk* c) {
-  SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
-  SP_RETURN_IF_ERROR(files.Check(r, c->file, "file index"));
-  SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (encoding > static_cast<uint8_t>(ChunkEncoding::kDriverDecoded)) {
-    return DataLossError(r.what() + ": unknown chunk encoding " + std::to_string(encoding));
+// A chunk's file and offset from their steps (PutPlace), the file checked against `files`.
+Status GetPlace(ByteReader& r, const HeldFiles& files, Steps* s, StoredChunk* c) {
+  SP_ASSIGN_OR_RETURN(int64_t file_step, r.ReadSignedVarint());
+  int64_t file = 0;
+  if (__builtin_add_overflow(s->file, file_step, &file) || file < 0) {
+    return DataLossError(r.what() + ": file index out of range");
   }
-  c->encoding = static_cast<ChunkEncoding>(encoding);
-  SP_ASSIGN_OR_RETURN(c->stored_length, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(uint32_t driver_tag, r.ReadU32());
-  if (driver_tag > UINT16_MAX) {
-    return DataLossError(r.what() + ": driver tag " + std::to_string(driver_tag) +
-                         " out of range (at most " + std::to_string(UINT16_MAX) + ")");
-  }
-  c->driver_tag = static_cast<uint16_t>(driver_tag);
-  SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
+  SP_RETURN_IF_ERROR(files.Check(r, static_cast<uint64_t>(file), "file index"));
+  SP_ASSIGN_OR_RETURN(int64_t offset_step, r.ReadSignedVarint());
+  c->file = static_cast<uint32_t>(file);
+  c->data_offset = s->offset + static_cast<uint64_t>(offset_step);
+  *s = {file, c->data_offset};
+  return OkStatus();
+}
+
+Status GetChecksums(ByteReader& r, StoredChunk* c) {
+  SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadVarintCount(4));
   c->block_crc32c.resize(crcs);
   for (uint32_t& crc : c->block_crc32c) {
     SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
@@ -92,14 +175,32 @@ Status GetChunkPlacement(ByteReader& r, const HeldFiles& files, StoredChunk* c) 
   return OkStatus();
 }
 
-Status GetChunk(ByteReader& r, const HeldFiles& files, StoredChunk* c) {
-  SP_RETURN_IF_ERROR(GetShape(r, &c->box.offsets));
-  SP_RETURN_IF_ERROR(GetShape(r, &c->box.sizes));
-  SP_ASSIGN_OR_RETURN(c->byte_length, r.ReadU64());
-  return GetChunkPlacement(r, files, c);
+Status GetChunkPlacement(ByteReader& r, const HeldFiles& files, Steps* s, StoredChunk* c) {
+  SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
+  const uint8_t encoding = kind & ~kKindExtras;
+  if (encoding > static_cast<uint8_t>(ChunkEncoding::kDriverDecoded)) {
+    return DataLossError(r.what() + ": unknown chunk encoding " + std::to_string(encoding));
+  }
+  c->encoding = static_cast<ChunkEncoding>(encoding);
+  if ((kind & kKindExtras) != 0) {
+    SP_ASSIGN_OR_RETURN(c->stored_length, r.ReadVarint());
+    SP_ASSIGN_OR_RETURN(uint64_t driver_tag, r.ReadVarint());
+    if (driver_tag > UINT16_MAX) {
+      return DataLossError(r.what() + ": driver tag " + std::to_string(driver_tag) +
+                           " out of range (at most " + std::to_string(UINT16_MAX) + ")");
+    }
+    c->driver_tag = static_cast<uint16_t>(driver_tag);
+  }
+  SP_RETURN_IF_ERROR(GetPlace(r, files, s, c));
+  return GetChecksums(r, c);
 }
 
-constexpr size_t kPlacementBytes = 4 + 8 + 1 + 8 + 4 + 4;
+Status GetChunk(ByteReader& r, const HeldFiles& files, Steps* s, StoredChunk* c) {
+  SP_RETURN_IF_ERROR(GetShape(r, &c->box.offsets));
+  SP_RETURN_IF_ERROR(GetShape(r, &c->box.sizes));
+  SP_ASSIGN_OR_RETURN(c->byte_length, r.ReadVarint());
+  return GetChunkPlacement(r, files, s, c);
+}
 
 // The bytes of a cell of `item`-byte elements, computed without wrapping: nullopt past 2^62 (a
 // receiver computes them from bytes it does not trust).
@@ -134,9 +235,9 @@ enum WireLayout : uint8_t {
   kWireRawGrid = 2,   // the grid, then every cell's file, offset and checksums (all cells raw,
                       // with no stored length or driver tag)
   kWirePart = 3,      // a load rank's part (TensorMetadata::kept): the tensor's chunk count, then
-                      // the chunks it keeps, each behind its stored number, ascending
+                      // the chunks it keeps, each behind the step of its stored number, ascending
   kWirePartGrid = 4,  // a part of a grid: whether its cells are raw, the grid, then the cells it
-                      // keeps, each behind its number, ascending, as kWireGrid or kWireRawGrid
+                      // keeps, each behind the step of its number, as kWireGrid or kWireRawGrid
                       // place them
 };
 
@@ -156,52 +257,57 @@ bool AllRaw(const TensorMetadata& t) {
 }
 
 // One dimension's cut points: their count, then a step (cut k at k * step but the last, at the
-// dimension) when they have that form, else every point.
+// dimension) when they have that form, else each point's step from the one before (the first's
+// from 0).
 void PutBounds(ByteWriter& w, const std::vector<int64_t>& bounds) {
   const int64_t step = GridEvenStep(bounds);
-  w.PutU32(static_cast<uint32_t>(bounds.size()));
+  w.PutVarint(bounds.size());
   w.PutU8(step != 0 ? 1 : 0);
   if (step != 0) {
-    w.PutI64(step);
+    w.PutSignedVarint(step);
   } else {
-    for (int64_t x : bounds) w.PutI64(x);
+    int64_t previous = 0;
+    for (int64_t x : bounds) {
+      w.PutVarint(static_cast<uint64_t>(x - previous));
+      previous = x;
+    }
   }
 }
 
-// At most `max_count` cut points (what the cells behind them can pay for).
+// At most `max_count` cut points (what the cells behind them can pay for). Checked here only as
+// far as reading them needs: the caller checks that they rise from 0 to the dimension.
 Status GetBounds(ByteReader& r, int64_t dim, uint64_t max_count, std::vector<int64_t>* b) {
-  SP_ASSIGN_OR_RETURN(uint32_t n, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(uint64_t n, r.ReadVarint());
   SP_ASSIGN_OR_RETURN(uint8_t even, r.ReadU8());
   if (n > max_count) return DataLossError(r.what() + ": too many grid cells");
   if (even == 1) {
-    SP_ASSIGN_OR_RETURN(int64_t step, r.ReadI64());
+    SP_ASSIGN_OR_RETURN(int64_t step, r.ReadSignedVarint());
     // n - 1 intervals of `step` but the last, the last cut before the dimension (no overflow).
     if (n < 3 || step <= 0 || step > dim || static_cast<int64_t>(n) - 2 > (dim - 1) / step) {
       return DataLossError(r.what() + ": bad grid step");
     }
     b->resize(n);
-    for (uint32_t k = 0; k + 1 < n; ++k) (*b)[k] = static_cast<int64_t>(k) * step;
+    for (uint64_t k = 0; k + 1 < n; ++k) (*b)[k] = static_cast<int64_t>(k) * step;
     (*b)[n - 1] = dim;
     return OkStatus();
   }
-  if (even != 0 || n > r.remaining() / 8) return DataLossError(r.what() + ": bad grid bounds");
+  if (even != 0 || n > r.remaining()) return DataLossError(r.what() + ": bad grid bounds");
   b->resize(n);
+  int64_t previous = 0;
   for (int64_t& x : *b) {
-    SP_ASSIGN_OR_RETURN(x, r.ReadI64());
+    SP_ASSIGN_OR_RETURN(uint64_t step, r.ReadVarint());
+    if (step > static_cast<uint64_t>(INT64_MAX) ||
+        __builtin_add_overflow(previous, static_cast<int64_t>(step), &x)) {
+      return DataLossError(r.what() + ": bad grid bounds");
+    }
+    previous = x;
   }
   return OkStatus();
 }
 
-Status GetRawPlacement(ByteReader& r, const HeldFiles& files, StoredChunk* c) {
-  SP_ASSIGN_OR_RETURN(c->file, r.ReadU32());
-  SP_RETURN_IF_ERROR(files.Check(r, c->file, "file index"));
-  SP_ASSIGN_OR_RETURN(c->data_offset, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(uint32_t crcs, r.ReadCount(4));
-  c->block_crc32c.resize(crcs);
-  for (uint32_t& crc : c->block_crc32c) {
-    SP_ASSIGN_OR_RETURN(crc, r.ReadU32());
-  }
-  return OkStatus();
+Status GetRawPlacement(ByteReader& r, const HeldFiles& files, Steps* s, StoredChunk* c) {
+  SP_RETURN_IF_ERROR(GetPlace(r, files, s, c));
+  return GetChecksums(r, c);
 }
 
 // Keeps `chunk`, numbered `number`, in `t` when `keep` is null or reaches it (ChunkFilter).
@@ -262,11 +368,12 @@ Status GetGrid(ByteReader& r, const TensorMetadata& t, uint64_t min_cell, ChunkG
 Status GetGridTensor(ByteReader& r, const HeldFiles& files, bool raw, const std::vector<Box>* keep,
                      TensorMetadata* t) {
   ChunkGrid grid;
-  SP_RETURN_IF_ERROR(GetGrid(r, *t, raw ? 4 + 8 + 4 : kPlacementBytes, &grid));
+  SP_RETURN_IF_ERROR(GetGrid(r, *t, raw ? kRawPlacementBytes : kPlacementBytes, &grid));
   const uint64_t cells = grid.cell_count();
   t->chunks.reserve(keep == nullptr ? cells : 0);
   std::vector<uint32_t> kept;
   const uint64_t item = DTypeSize(t->dtype);
+  Steps steps;
   for (uint64_t c = 0; c < cells; ++c) {
     StoredChunk chunk;
     chunk.box = GridCellBox(grid, c);
@@ -275,8 +382,8 @@ Status GetGridTensor(ByteReader& r, const HeldFiles& files, bool raw, const std:
       return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
     }
     chunk.byte_length = *bytes;
-    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, files, &chunk)
-                           : GetChunkPlacement(r, files, &chunk));
+    SP_RETURN_IF_ERROR(raw ? GetRawPlacement(r, files, &steps, &chunk)
+                           : GetChunkPlacement(r, files, &steps, &chunk));
     KeepChunk(keep, static_cast<uint32_t>(c), std::move(chunk), &kept, t);
   }
   t->grid = std::move(grid);
@@ -285,12 +392,10 @@ Status GetGridTensor(ByteReader& r, const HeldFiles& files, bool raw, const std:
 }
 
 // A grid cell's placement: raw, its file, offset and checksums; else PutChunkPlacement.
-void PutCell(ByteWriter& w, const StoredChunk& c, bool raw) {
-  if (!raw) return PutChunkPlacement(w, c);
-  w.PutU32(c.file);
-  w.PutU64(c.data_offset);
-  w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
-  for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
+void PutCell(ByteWriter& w, const StoredChunk& c, bool raw, Steps* s) {
+  if (!raw) return PutChunkPlacement(w, c, s);
+  PutPlace(w, c, s);
+  PutChecksums(w, c);
 }
 
 }  // namespace
@@ -317,48 +422,96 @@ CellsAs HowCellsTravel(const TensorMetadata& t) {
   return how;
 }
 
-// A tensor's name, dtype and shape.
+// Every tensor's name, in order, each as the bytes it shares with the name before it and the
+// rest: tensors sorted by name share most of theirs.
+std::string EncodeNames(const CheckpointMetadata& m) {
+  std::string out;
+  ByteWriter w(&out);
+  std::string_view previous;
+  for (const TensorMetadata& t : m.tensors) {
+    const std::string_view name = t.name;
+    const size_t shared =
+        std::mismatch(previous.begin(), previous.begin() + std::min(previous.size(), name.size()),
+                      name.begin())
+            .first -
+        previous.begin();
+    w.PutVarint(shared);
+    PutName(w, name.substr(shared));
+    previous = name;
+  }
+  return out;
+}
+
+// The name after `previous` as EncodeNames wrote it, into `name`, adding its bytes to `total`:
+// names take at most `max_total` bytes in all. Each shares bytes with the one before, so few
+// bytes can name long names, and this bounds what they cost.
+Status GetNextName(ByteReader& r, std::string_view previous, uint64_t max_total, uint64_t* total,
+                   std::string* name) {
+  const size_t at = r.position();
+  SP_ASSIGN_OR_RETURN(uint64_t shared, r.ReadVarint());
+  if (shared > previous.size()) {
+    return DataLossError(r.what() + ": the name at byte " + std::to_string(at) + " shares " +
+                         std::to_string(shared) + " bytes with a name of " +
+                         std::to_string(previous.size()));
+  }
+  SP_ASSIGN_OR_RETURN(std::string_view rest, GetName(r, kMaxNameBytes - shared));
+  *total += shared + rest.size();
+  if (*total > max_total) {
+    return DataLossError(r.what() + ": the names up to byte " + std::to_string(r.position()) +
+                         " take " + std::to_string(*total) + " bytes, more than the " +
+                         std::to_string(max_total) + " the input allows");
+  }
+  name->reserve(shared + rest.size());
+  name->assign(previous.substr(0, shared));
+  name->append(rest);
+  return OkStatus();
+}
+
+// What names decoded from `input_bytes` may take in all (GetNames).
+uint64_t NameBytesAllowed(size_t input_bytes) { return 16 * uint64_t{input_bytes} + (1 << 16); }
+
+// A tensor's dtype and shape (its name travels in the table of names).
 void PutTensorHead(ByteWriter& w, const TensorMetadata& t) {
-  w.PutString(t.name);
   w.PutU8(DTypeCode(t.dtype));
   PutShape(w, t.shape);
 }
 
-// One tensor's bytes on the wire (behind its length), its chunks as `how` says.
+// One tensor's bytes on the wire, its chunks as `how` says.
 void PutTensor(ByteWriter& w, const TensorMetadata& t, const CellsAs& how) {
   PutTensorHead(w, t);
   w.PutU8(how.layout);
+  Steps steps;
   if (how.layout != kWireChunks) {
     w.PutRaw(how.bounds);
-    for (const StoredChunk& c : t.chunks) PutCell(w, c, how.layout == kWireRawGrid);
+    for (const StoredChunk& c : t.chunks) PutCell(w, c, how.layout == kWireRawGrid, &steps);
   } else {
-    w.PutU32(static_cast<uint32_t>(t.chunks.size()));
-    for (const StoredChunk& c : t.chunks) PutChunk(w, c);
+    w.PutVarint(t.chunks.size());
+    for (const StoredChunk& c : t.chunks) PutChunk(w, c, &steps);
   }
 }
 
-// At least the bytes of `t` on the wire, its length included (PutTensor): room to reserve, so
-// that the broadcast of a large checkpoint (142 MiB at 8,192 ranks x 1,000 tensors) is never
-// copied by a growing buffer.
+// At least the bytes of `t` on the wire, its name and length included (PutTensor): room to
+// reserve, so that the broadcast of a large checkpoint is never copied by a growing buffer.
 uint64_t WireTensorBound(const TensorMetadata& t) {
-  // length, name, dtype, shape, layout byte and chunk count
-  uint64_t bytes = 8 + 4 + t.name.size() + 1 + 4 + 8 * t.shape.size() + 1 + 4;
-  const bool grid = SendsGrid(t);
-  const bool raw = grid && AllRaw(t);
-  if (grid) {
-    for (const std::vector<int64_t>& bounds : t.grid->bounds) bytes += 5 + 8 * bounds.size();
-  }
+  const CellsAs how = HowCellsTravel(t);
+  // dtype, shape, layout, and the cut points or the chunk count
+  uint64_t bytes = 1 + ShapeBytes(t.shape) + 1 +
+                   (how.layout != kWireChunks ? how.bounds.size() : VarintBytes(t.chunks.size()));
+  Steps steps;
   for (const StoredChunk& c : t.chunks) {
-    // a raw cell: file, offset, checksums; a placed cell: PutChunkPlacement; a chunk: PutChunk
-    bytes += (raw ? 16 : grid ? 29 : 45 + 16 * c.box.rank()) +
-             4 * static_cast<uint64_t>(c.block_crc32c.size());
+    bytes += PlacementBytes(c, steps, how.layout == kWireRawGrid);
+    steps = {int64_t{c.file}, c.data_offset};
+    if (how.layout == kWireChunks) {
+      bytes += ShapeBytes(c.box.offsets) + ShapeBytes(c.box.sizes) + VarintBytes(c.byte_length);
+    }
   }
-  return bytes;
+  // its length, and its name in the table (at most all of it, behind two numbers)
+  return VarintBytes(bytes) + bytes + VarintBytes(t.name.size()) * 2 + t.name.size();
 }
 
-// The `count` chunks of a part of a tensor of `total` chunks, each behind its stored number
-// (ascending, below `total`), fewer than all; `read` reads the chunk numbered its first argument.
-// With `keep`, only those of them it reaches are kept.
+// The `count` chunks of a part of a tensor of `total` chunks, each behind the step of its stored
+// number from the one before (ascending, below `total`), fewer than all; `read` reads the chunk
+// numbered its first argument. With `keep`, only those of them it reaches are kept.
 template <typename Read>
 Status GetPartChunks(ByteReader& r, uint64_t total, uint32_t count, const std::vector<Box>* keep,
                      TensorMetadata* t, Read read) {
@@ -370,15 +523,16 @@ Status GetPartChunks(ByteReader& r, uint64_t total, uint32_t count, const std::v
   std::vector<uint32_t> kept;
   kept.reserve(count);
   t->chunks.reserve(count);
-  int64_t previous = -1;
+  uint64_t next = 0;  // the least number the next chunk may have
   for (uint32_t c = 0; c < count; ++c) {
-    SP_ASSIGN_OR_RETURN(uint32_t number, r.ReadU32());
-    if (static_cast<int64_t>(number) <= previous || number >= total) {
-      return DataLossError(r.what() + ": chunk number " + std::to_string(number) +
-                           " of the part of tensor " + t->name + " is not above " +
-                           std::to_string(previous) + " and below " + std::to_string(total));
+    SP_ASSIGN_OR_RETURN(uint64_t step, r.ReadVarint());
+    if (step >= total - next) {
+      return DataLossError(r.what() + ": chunk number " + std::to_string(next) + " + " +
+                           std::to_string(step) + " of the part of tensor " + t->name +
+                           " is not below " + std::to_string(total));
     }
-    previous = number;
+    const auto number = static_cast<uint32_t>(next + step);
+    next = uint64_t{number} + 1;
     StoredChunk chunk;
     SP_RETURN_IF_ERROR(read(number, &chunk));
     if (keep != nullptr && !FilterKeeps(*keep, t->shape, chunk.box)) continue;
@@ -392,10 +546,15 @@ Status GetPartChunks(ByteReader& r, uint64_t total, uint32_t count, const std::v
 // A part (kWirePart): the tensor's chunk count, then the chunks kept, as GetPartChunks reads them.
 Status GetPartTensor(ByteReader& r, const HeldFiles& files, const std::vector<Box>* keep,
                      TensorMetadata* t) {
-  SP_ASSIGN_OR_RETURN(uint32_t total, r.ReadU32());
-  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + 4 + 4 + 8 + kPlacementBytes));
+  SP_ASSIGN_OR_RETURN(uint64_t total, r.ReadVarint());
+  if (total > UINT32_MAX) {
+    return DataLossError(r.what() + ": tensor " + t->name + " of " + std::to_string(total) +
+                         " chunks (chunk numbers are 32-bit)");
+  }
+  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadVarintCount(1 + kChunkBytes));
+  Steps steps;
   return GetPartChunks(r, total, count, keep, t, [&](uint32_t, StoredChunk* chunk) {
-    return GetChunk(r, files, chunk);
+    return GetChunk(r, files, &steps, chunk);
   });
 }
 
@@ -407,8 +566,10 @@ Status GetPartGridTensor(ByteReader& r, const HeldFiles& files, const std::vecto
   if (raw > 1) return DataLossError(r.what() + ": bad raw-cells flag of tensor " + t->name);
   ChunkGrid grid;
   SP_RETURN_IF_ERROR(GetGrid(r, *t, 0, &grid));
-  SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + (raw ? 4 + 8 + 4 : kPlacementBytes)));
+  SP_ASSIGN_OR_RETURN(uint32_t count,
+                      r.ReadVarintCount(1 + (raw ? kRawPlacementBytes : kPlacementBytes)));
   const uint64_t item = DTypeSize(t->dtype);
+  Steps steps;
   return GetPartChunks(r, grid.cell_count(), count, keep, t,
                        [&](uint32_t number, StoredChunk* chunk) -> Status {
     chunk->box = GridCellBox(grid, number);
@@ -417,16 +578,16 @@ Status GetPartGridTensor(ByteReader& r, const HeldFiles& files, const std::vecto
       return DataLossError(r.what() + ": a grid cell of tensor " + t->name + " is too large");
     }
     chunk->byte_length = *bytes;
-    return raw ? GetRawPlacement(r, files, chunk) : GetChunkPlacement(r, files, chunk);
+    return raw ? GetRawPlacement(r, files, &steps, chunk)
+               : GetChunkPlacement(r, files, &steps, chunk);
   });
 }
 
-// With `filter`, the tensor keeps only the chunks it reaches (ChunkFilter), every chunk decoded
-// and checked all the same.
+// A tensor whose name is set (the table of names travels before the tensors). With `filter`,
+// the tensor keeps only the chunks it reaches (ChunkFilter), every chunk decoded and checked all
+// the same.
 Status GetTensor(ByteReader& r, const HeldFiles& files, const ChunkFilter* filter,
                  TensorMetadata* t) {
-  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
-  t->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t code, r.ReadU8());
   SP_ASSIGN_OR_RETURN(t->dtype, DTypeFromCode(code));
   SP_RETURN_IF_ERROR(GetShape(r, &t->shape));
@@ -443,12 +604,13 @@ Status GetTensor(ByteReader& r, const HeldFiles& files, const ChunkFilter* filte
   if (layout == kWirePart) return GetPartTensor(r, files, keep, t);
   if (layout == kWirePartGrid) return GetPartGridTensor(r, files, keep, t);
   if (layout != kWireChunks) return DataLossError(r.what() + ": unknown tensor layout");
-  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(4 + 4 + 8 + kPlacementBytes));
+  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadVarintCount(kChunkBytes));
   t->chunks.reserve(keep == nullptr ? chunks : 0);
   std::vector<uint32_t> kept;
+  Steps steps;
   for (uint32_t c = 0; c < chunks; ++c) {
     StoredChunk chunk;
-    SP_RETURN_IF_ERROR(GetChunk(r, files, &chunk));
+    SP_RETURN_IF_ERROR(GetChunk(r, files, &steps, &chunk));
     KeepChunk(keep, c, std::move(chunk), &kept, t);
   }
   EndPart(keep, chunks, std::move(kept), t);
@@ -456,33 +618,48 @@ Status GetTensor(ByteReader& r, const HeldFiles& files, const ChunkFilter* filte
 }
 
 Status GetObject(ByteReader& r, const HeldFiles& files, ObjectEntry* o) {
-  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+  SP_ASSIGN_OR_RETURN(std::string_view name, GetName(r));
   o->name = std::string(name);
   SP_ASSIGN_OR_RETURN(uint8_t encoding, r.ReadU8());
-  if (!IsKnownObjectEncoding(encoding)) return DataLossError(r.what() + ": unknown object encoding");
+  if (!IsKnownObjectEncoding(encoding)) {
+    return DataLossError(r.what() + ": unknown object encoding");
+  }
   o->encoding = static_cast<ObjectEncoding>(encoding);
-  SP_ASSIGN_OR_RETURN(std::string_view payload, r.ReadString(UINT32_MAX));
+  SP_ASSIGN_OR_RETURN(std::string_view payload, GetName(r, UINT32_MAX));
   o->payload = std::string(payload);
   SP_ASSIGN_OR_RETURN(uint8_t stored, r.ReadU8());
   if (stored > 1) return DataLossError(r.what() + ": bad stored-object flag");
   if (stored == 1) {
     StoredObjectItem item;
-    SP_ASSIGN_OR_RETURN(item.file, r.ReadU32());
-    SP_RETURN_IF_ERROR(files.Check(r, item.file, "object file index"));
-    SP_ASSIGN_OR_RETURN(item.offset, r.ReadU64());
-    SP_ASSIGN_OR_RETURN(item.length, r.ReadU64());
-    SP_ASSIGN_OR_RETURN(item.driver_tag, r.ReadU32());
+    SP_ASSIGN_OR_RETURN(uint64_t file, r.ReadVarint());
+    SP_RETURN_IF_ERROR(files.Check(r, file, "object file index"));
+    item.file = static_cast<uint32_t>(file);
+    SP_ASSIGN_OR_RETURN(item.offset, r.ReadVarint());
+    SP_ASSIGN_OR_RETURN(item.length, r.ReadVarint());
+    SP_ASSIGN_OR_RETURN(uint64_t driver_tag, r.ReadVarint());
+    if (driver_tag > UINT32_MAX) {
+      return DataLossError(r.what() + ": object driver tag " + std::to_string(driver_tag) +
+                           " out of range");
+    }
+    item.driver_tag = static_cast<uint32_t>(driver_tag);
     o->stored = item;
   }
   return OkStatus();
 }
 
+// The least bytes of a data file on the wire: an empty name and three one-byte numbers.
+constexpr size_t kFileBytes = 4;
+
 Status GetFile(ByteReader& r, DataFile* f) {
-  SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+  SP_ASSIGN_OR_RETURN(std::string_view name, GetName(r));
   f->name = std::string(name);
-  SP_ASSIGN_OR_RETURN(f->data_start, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(f->size, r.ReadU64());
-  SP_ASSIGN_OR_RETURN(uint32_t writer, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(f->data_start, r.ReadVarint());
+  SP_ASSIGN_OR_RETURN(f->size, r.ReadVarint());
+  SP_ASSIGN_OR_RETURN(int64_t writer, r.ReadSignedVarint());
+  if (writer < INT32_MIN || writer > INT32_MAX) {
+    return DataLossError(r.what() + ": writer rank " + std::to_string(writer) + " of data file '" +
+                         f->name + "' out of range");
+  }
   f->writer_rank = static_cast<int32_t>(writer);
   return OkStatus();
 }
@@ -492,112 +669,136 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
   if (magic != kWireMagic && magic != kWirePartMagic) {
     return DataLossError(r.what() + ": bad magic");
   }
-  SP_ASSIGN_OR_RETURN(m->version_major, r.ReadU32());
-  SP_ASSIGN_OR_RETURN(m->version_minor, r.ReadU32());
-  SP_ASSIGN_OR_RETURN(std::string_view save_id, r.ReadString());
+  SP_ASSIGN_OR_RETURN(uint64_t major, r.ReadVarint());
+  SP_ASSIGN_OR_RETURN(uint64_t minor, r.ReadVarint());
+  if (major > UINT32_MAX || minor > UINT32_MAX) {
+    return DataLossError(r.what() + ": format version " + std::to_string(major) + "." +
+                         std::to_string(minor) + " out of range");
+  }
+  m->version_major = static_cast<uint32_t>(major);
+  m->version_minor = static_cast<uint32_t>(minor);
+  SP_ASSIGN_OR_RETURN(std::string_view save_id, GetName(r));
   m->save_id = std::string(save_id);
-  SP_ASSIGN_OR_RETURN(uint32_t world, r.ReadU32());
+  SP_ASSIGN_OR_RETURN(int64_t world, r.ReadSignedVarint());
+  if (world < INT32_MIN || world > INT32_MAX) {
+    return DataLossError(r.what() + ": world size " + std::to_string(world) + " out of range");
+  }
   m->world_size = static_cast<int32_t>(world);
   SP_ASSIGN_OR_RETURN(uint8_t format, r.ReadU8());
   if (format > static_cast<uint8_t>(CheckpointFormat::kSafetensors)) {
     return DataLossError(r.what() + ": unknown format " + std::to_string(format));
   }
   m->format = static_cast<CheckpointFormat>(format);
-  SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadU64());
+  SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadVarint());
   if (magic == kWireMagic) {
-    SP_ASSIGN_OR_RETURN(files->count, r.ReadCount(4 + 8 + 8 + 4));
+    SP_ASSIGN_OR_RETURN(files->count, r.ReadVarintCount(kFileBytes));
     m->files.resize(files->count);
     for (DataFile& f : m->files) SP_RETURN_IF_ERROR(GetFile(r, &f));
   } else {
     // Files not held stay without a name (CheckpointMetadata::files); the count is bounded by
     // what a receiver may allocate for them, not by the bytes left.
-    SP_ASSIGN_OR_RETURN(files->count, r.ReadU32());
-    if (files->count > kMaxWireFiles) {
-      return DataLossError(r.what() + ": " + std::to_string(files->count) +
-                           " data files (at most " + std::to_string(kMaxWireFiles) + ")");
+    SP_ASSIGN_OR_RETURN(uint64_t count, r.ReadVarint());
+    if (count > kMaxWireFiles) {
+      return DataLossError(r.what() + ": " + std::to_string(count) + " data files (at most " +
+                           std::to_string(kMaxWireFiles) + ")");
     }
-    SP_ASSIGN_OR_RETURN(uint32_t held, r.ReadCount(4 + 4 + 8 + 8 + 4));
+    files->count = static_cast<uint32_t>(count);
+    SP_ASSIGN_OR_RETURN(uint32_t held, r.ReadVarintCount(1 + kFileBytes));
     m->files.resize(files->count);
     files->held.assign(files->count, false);
-    int64_t previous = -1;
+    uint64_t next = 0;  // the least index the next file may have
     for (uint32_t i = 0; i < held; ++i) {
-      SP_ASSIGN_OR_RETURN(uint32_t index, r.ReadU32());
-      if (static_cast<int64_t>(index) <= previous || index >= files->count) {
-        return DataLossError(r.what() + ": data file index " + std::to_string(index) +
-                             " is not above " + std::to_string(previous) + " and below " +
+      SP_ASSIGN_OR_RETURN(uint64_t step, r.ReadVarint());
+      if (next >= files->count || step >= files->count - next) {
+        return DataLossError(r.what() + ": data file index " + std::to_string(next) + " + " +
+                             std::to_string(step) + " is not below " +
                              std::to_string(files->count));
       }
-      previous = index;
+      const uint64_t index = next + step;
+      next = index + 1;
       files->held[index] = true;
       SP_RETURN_IF_ERROR(GetFile(r, &m->files[index]));
     }
   }
-  SP_ASSIGN_OR_RETURN(uint32_t attributes, r.ReadCount(8));
+  SP_ASSIGN_OR_RETURN(uint32_t attributes, r.ReadVarintCount(2));
   for (uint32_t i = 0; i < attributes; ++i) {
-    SP_ASSIGN_OR_RETURN(std::string_view key, r.ReadString());
-    SP_ASSIGN_OR_RETURN(std::string_view value, r.ReadString(UINT32_MAX));
+    SP_ASSIGN_OR_RETURN(std::string_view key, GetName(r));
+    SP_ASSIGN_OR_RETURN(std::string_view value, GetName(r, UINT32_MAX));
     m->attributes.emplace(std::string(key), std::string(value));
   }
   return OkStatus();
 }
 
 void PutFile(ByteWriter& w, const DataFile& f) {
-  w.PutString(f.name);
-  w.PutU64(f.data_start);
-  w.PutU64(f.size);
-  w.PutU32(static_cast<uint32_t>(f.writer_rank));
+  PutName(w, f.name);
+  w.PutVarint(f.data_start);
+  w.PutVarint(f.size);
+  w.PutSignedVarint(f.writer_rank);
 }
 
-// Everything before the tensors. With `held`, only the files it marks travel, behind their index.
+// Everything before the tensors. With `held`, only the files it marks travel, behind the step of
+// their index.
 void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>* held) {
   w.PutU32(held == nullptr ? kWireMagic : kWirePartMagic);
-  w.PutU32(m.version_major);
-  w.PutU32(m.version_minor);
-  w.PutString(m.save_id);
-  w.PutU32(static_cast<uint32_t>(m.world_size));
+  w.PutVarint(m.version_major);
+  w.PutVarint(m.version_minor);
+  PutName(w, m.save_id);
+  w.PutSignedVarint(m.world_size);
   w.PutU8(static_cast<uint8_t>(m.format));
-  w.PutU64(m.checksum_block_bytes);
-  w.PutU32(static_cast<uint32_t>(m.files.size()));
+  w.PutVarint(m.checksum_block_bytes);
+  w.PutVarint(m.files.size());
   if (held == nullptr) {
     for (const DataFile& f : m.files) PutFile(w, f);
   } else {
-    w.PutU32(static_cast<uint32_t>(std::count(held->begin(), held->end(), true)));
+    w.PutVarint(static_cast<uint64_t>(std::count(held->begin(), held->end(), true)));
+    uint64_t next = 0;
     for (uint32_t i = 0; i < m.files.size(); ++i) {
       if (!(*held)[i]) continue;
-      w.PutU32(i);
+      w.PutVarint(i - next);
+      next = uint64_t{i} + 1;
       PutFile(w, m.files[i]);
     }
   }
-  w.PutU32(static_cast<uint32_t>(m.attributes.size()));
+  w.PutVarint(m.attributes.size());
   for (const auto& [key, value] : m.attributes) {
-    w.PutString(key);
-    w.PutString(value);
+    PutName(w, key);
+    PutName(w, value);
   }
 }
 
 void PutObjects(ByteWriter& w, const CheckpointMetadata& m) {
-  w.PutU32(static_cast<uint32_t>(m.objects.size()));
+  w.PutVarint(m.objects.size());
   for (const ObjectEntry& o : m.objects) {
-    w.PutString(o.name);
+    PutName(w, o.name);
     w.PutU8(static_cast<uint8_t>(o.encoding));
-    w.PutString(o.payload);
+    PutName(w, o.payload);
     w.PutU8(o.stored ? 1 : 0);
     if (o.stored) {
-      w.PutU32(o.stored->file);
-      w.PutU64(o.stored->offset);
-      w.PutU64(o.stored->length);
-      w.PutU32(o.stored->driver_tag);
+      w.PutVarint(o.stored->file);
+      w.PutVarint(o.stored->offset);
+      w.PutVarint(o.stored->length);
+      w.PutVarint(o.stored->driver_tag);
     }
   }
 }
 
-// One tensor behind its length, so that a receiver decodes the tensors in parallel.
+// What `put` writes to `out`, behind its length as a varint, so that a receiver decodes the
+// tensors in parallel. Most tensors of a part take less than 128 bytes, and their length one
+// byte; a longer one is moved up by the bytes its length takes past that one.
 template <typename Put>
 void PutBehindLength(std::string& out, Put put) {
   const size_t at = out.size();
-  ByteWriter(&out).PutU64(0);
+  out.push_back('\0');
   put();
-  EncodeFixed64(out.data() + at, out.size() - at - 8);
+  const size_t length = out.size() - at - 1;
+  if (length < 0x80) {
+    out[at] = static_cast<char>(length);
+    return;
+  }
+  std::string prefix;
+  ByteWriter(&prefix).PutVarint(length);
+  out.insert(at + 1, prefix.size() - 1, '\0');
+  std::memcpy(out.data() + at, prefix.data(), prefix.size());
 }
 
 // The chunks `kept` of `t` (fewer than all), as a part of its grid when it travels as one (`how`)
@@ -607,38 +808,63 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, const std::vector<uin
   PutTensorHead(w, t);
   if (how.layout != kWireChunks) {
     const bool raw = how.layout == kWireRawGrid;
-    // Per kept chunk beside its checksums: a cell's placement, or a box, length and placement.
-    const uint64_t cell = raw ? 4 + 8 + 4 : kPlacementBytes;
-    const uint64_t chunk = 4 + 4 + 16 * t.shape.size() + 8 + kPlacementBytes;
-    if (how.bounds.size() + kept.size() * cell < kept.size() * chunk) {
+    // The bytes of the kept chunks as cells and as a list, their numbers' steps aside (alike).
+    uint64_t as_cells = 1 + how.bounds.size(), as_list = VarintBytes(t.chunks.size());
+    Steps steps;
+    for (uint32_t c : kept) {
+      const StoredChunk& chunk = t.chunks[c];
+      as_cells += PlacementBytes(chunk, steps, raw);
+      as_list += PlacementBytes(chunk, steps, false) + ShapeBytes(chunk.box.offsets) +
+                 ShapeBytes(chunk.box.sizes) + VarintBytes(chunk.byte_length);
+      steps = {int64_t{chunk.file}, chunk.data_offset};
+    }
+    if (as_cells < as_list) {
       w.PutU8(kWirePartGrid);
       w.PutU8(raw ? 1 : 0);
       w.PutRaw(how.bounds);
-      w.PutU32(static_cast<uint32_t>(kept.size()));
+      w.PutVarint(kept.size());
+      uint64_t next = 0;
+      Steps places;
       for (uint32_t c : kept) {
-        w.PutU32(c);
-        PutCell(w, t.chunks[c], raw);
+        w.PutVarint(c - next);
+        next = uint64_t{c} + 1;
+        PutCell(w, t.chunks[c], raw, &places);
       }
       return;
     }
   }
   w.PutU8(kWirePart);
-  w.PutU32(static_cast<uint32_t>(t.chunks.size()));
-  w.PutU32(static_cast<uint32_t>(kept.size()));
+  w.PutVarint(t.chunks.size());
+  w.PutVarint(kept.size());
+  uint64_t next = 0;
+  Steps places;
   for (uint32_t c : kept) {
-    w.PutU32(c);
-    PutChunk(w, t.chunks[c]);
+    w.PutVarint(c - next);
+    next = uint64_t{c} + 1;
+    PutChunk(w, t.chunks[c], &places);
   }
 }
 
 }  // namespace
 
 uint64_t WireMetadataBound(const CheckpointMetadata& m) {
-  uint64_t bound = 12 + 4 + m.save_id.size() + 4 + 1 + 8 + 4 + 4 + 4 + 4;
-  for (const DataFile& f : m.files) bound += 4 + f.name.size() + 20;
-  for (const auto& [key, value] : m.attributes) bound += 8 + key.size() + value.size();
+  uint64_t bound = 4 + VarintBytes(m.version_major) + VarintBytes(m.version_minor) +
+                   VarintBytes(m.save_id.size()) + m.save_id.size() +
+                   SignedVarintBytes(m.world_size) + 1 + VarintBytes(m.checksum_block_bytes) +
+                   VarintBytes(m.files.size()) + VarintBytes(m.attributes.size()) +
+                   VarintBytes(m.tensors.size()) + VarintBytes(m.objects.size());
+  for (const DataFile& f : m.files) {
+    bound += VarintBytes(f.name.size()) + f.name.size() + VarintBytes(f.data_start) +
+             VarintBytes(f.size) + SignedVarintBytes(f.writer_rank);
+  }
+  for (const auto& [key, value] : m.attributes) {
+    bound += VarintBytes(key.size()) + key.size() + VarintBytes(value.size()) + value.size();
+  }
   for (const TensorMetadata& t : m.tensors) bound += WireTensorBound(t);
-  for (const ObjectEntry& o : m.objects) bound += 4 + o.name.size() + 5 + o.payload.size() + 25;
+  for (const ObjectEntry& o : m.objects) {
+    bound += VarintBytes(o.name.size()) + o.name.size() + 1 + VarintBytes(o.payload.size()) +
+             o.payload.size() + 1 + (o.stored ? 4 * 10 : 0);
+  }
   return bound;
 }
 
@@ -647,7 +873,8 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
   out.reserve(WireMetadataBound(m));
   ByteWriter w(&out);
   PutHead(w, m, nullptr);
-  w.PutU32(static_cast<uint32_t>(m.tensors.size()));
+  w.PutVarint(m.tensors.size());
+  w.PutRaw(EncodeNames(m));
   for (const TensorMetadata& t : m.tensors) {
     PutBehindLength(out, [&] { PutTensor(w, t, HowCellsTravel(t)); });
   }
@@ -656,7 +883,7 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
 }
 
 MetadataPartEncoder::MetadataPartEncoder(const CheckpointMetadata& metadata, ThreadPool* pool)
-    : metadata_(metadata), how_(metadata.tensors.size()) {
+    : metadata_(metadata), how_(metadata.tensors.size()), names_(EncodeNames(metadata)) {
   (void)ParallelFor(pool, static_cast<int64_t>(how_.size()), [&](int64_t t) {
     how_[t] = HowCellsTravel(metadata_.tensors[t]);
     return OkStatus();
@@ -687,7 +914,8 @@ std::string MetadataPartEncoder::Encode(const ChunkFilter& filter) const {
   std::string out;
   ByteWriter w(&out);
   PutHead(w, m, &held);
-  w.PutU32(static_cast<uint32_t>(m.tensors.size()));
+  w.PutVarint(m.tensors.size());
+  w.PutRaw(names_);
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const TensorMetadata& tensor = m.tensors[t];
     PutBehindLength(out, [&] {
@@ -703,13 +931,23 @@ std::string EncodeMetadataPartForWire(const CheckpointMetadata& m, const ChunkFi
   return MetadataPartEncoder(m).Encode(filter);
 }
 
+// Names sorted, each as the bytes it shares with the one before and the rest (EncodeNames), and
+// its boxes.
 std::string EncodeChunkFilter(const ChunkFilter& filter) {
   std::string out;
   ByteWriter w(&out);
-  w.PutU32(static_cast<uint32_t>(filter.size()));
+  w.PutVarint(filter.size());
+  std::string_view previous;
   for (const auto& [name, boxes] : filter) {
-    w.PutString(name);
-    w.PutU32(static_cast<uint32_t>(boxes.size()));
+    const size_t shared =
+        std::mismatch(previous.begin(), previous.begin() + std::min(previous.size(), name.size()),
+                      name.begin())
+            .first -
+        previous.begin();
+    w.PutVarint(shared);
+    PutName(w, std::string_view(name).substr(shared));
+    previous = name;
+    w.PutVarint(boxes.size());
     for (const Box& box : boxes) {
       PutShape(w, box.offsets);
       PutShape(w, box.sizes);
@@ -721,26 +959,28 @@ std::string EncodeChunkFilter(const ChunkFilter& filter) {
 Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what) {
   ByteReader r(bytes, std::string(what));
   ChunkFilter filter;
-  SP_ASSIGN_OR_RETURN(uint32_t names, r.ReadCount(4 + 4));
-  std::string_view previous;
+  SP_ASSIGN_OR_RETURN(uint32_t names, r.ReadVarintCount(3));
+  std::string previous, name;
+  uint64_t name_bytes = 0;
   for (uint32_t i = 0; i < names; ++i) {
-    SP_ASSIGN_OR_RETURN(std::string_view name, r.ReadString());
+    SP_RETURN_IF_ERROR(
+        GetNextName(r, previous, NameBytesAllowed(bytes.size()), &name_bytes, &name));
     if (i > 0 && name <= previous) {
-      return DataLossError(r.what() + ": tensor names out of order at '" + std::string(name) + "'");
+      return DataLossError(r.what() + ": tensor names out of order at '" + name + "'");
     }
-    previous = name;
-    SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadCount(4 + 4));
+    SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadVarintCount(2));
     std::vector<Box>& boxes = filter.emplace_hint(filter.end(), name, std::vector<Box>())->second;
     boxes.resize(count);
     for (Box& box : boxes) {
       SP_RETURN_IF_ERROR(GetShape(r, &box.offsets));
       SP_RETURN_IF_ERROR(GetShape(r, &box.sizes));
       if (box.offsets.size() != box.sizes.size()) {
-        return DataLossError(r.what() + ": a box of tensor '" + std::string(name) + "' has " +
+        return DataLossError(r.what() + ": a box of tensor '" + name + "' has " +
                              std::to_string(box.offsets.size()) + " offsets and " +
                              std::to_string(box.sizes.size()) + " sizes");
       }
     }
+    std::swap(previous, name);
   }
   if (!r.done()) {
     return DataLossError(r.what() + ": " + std::to_string(r.remaining()) + " trailing bytes");
@@ -754,11 +994,19 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
   CheckpointMetadata m;
   HeldFiles files;
   SP_RETURN_IF_ERROR(GetHead(r, &m, &files));
-  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadCount(8 + 4 + 1 + 4 + 1));
+  // Per tensor, at least a name (two bytes), a length (one) and dtype, rank and layout.
+  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadVarintCount(2 + 1 + 3));
+  m.tensors.resize(tensors);
+  uint64_t name_bytes = 0;
+  for (uint32_t i = 0; i < tensors; ++i) {
+    const std::string_view previous = i == 0 ? std::string_view() : m.tensors[i - 1].name;
+    SP_RETURN_IF_ERROR(GetNextName(r, previous, NameBytesAllowed(bytes.size()), &name_bytes,
+                                   &m.tensors[i].name));
+  }
   // Where each tensor's bytes are, then the tensors, on `pool`; the first error by position.
   std::vector<std::pair<size_t, std::string_view>> records(tensors);
   for (auto& [at, record] : records) {
-    SP_ASSIGN_OR_RETURN(uint64_t length, r.ReadU64());
+    SP_ASSIGN_OR_RETURN(uint64_t length, r.ReadVarint());
     at = r.position();
     if (length > r.remaining()) {
       return DataLossError(r.what() + ": tensor of " + std::to_string(length) + " bytes at byte " +
@@ -766,7 +1014,6 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
     }
     SP_ASSIGN_OR_RETURN(record, r.ReadRaw(length));
   }
-  m.tensors.resize(tensors);
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, tensors, [&](int64_t i) -> Status {
     const auto& [at, record] = records[i];
     ByteReader tr(record, r.what() + ", tensor at byte " + std::to_string(at));
@@ -775,7 +1022,7 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
     return DataLossError(tr.what() + ": " + std::to_string(tr.remaining()) + " trailing bytes");
   }));
   IndexChunkGrids(&m, pool);  // grids travel; the other tensors are indexed here
-  SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadCount(4 + 1 + 4 + 1));
+  SP_ASSIGN_OR_RETURN(uint32_t objects, r.ReadVarintCount(1 + 1 + 1 + 1));
   m.objects.resize(objects);
   for (ObjectEntry& o : m.objects) SP_RETURN_IF_ERROR(GetObject(r, files, &o));
   if (!r.done()) {

@@ -1,9 +1,11 @@
 // The wire encoding of a CheckpointMetadata, for sending a decoded checkpoint from one rank to the
 // others (the coordinator of a load opens the checkpoint once, whatever its format, and sends
-// every rank the same model, or each rank its part of it). Not an on-disk format: both ends run the same build. Every field of the model is
-// carried, so Decode(Encode(m)) == m, grids included (TensorMetadata::grid); a tensor with a grid
-// travels as its cut points and one placement per cell, without boxes. Decoding is bounds-checked
-// and refuses trailing bytes.
+// every rank the same model, or each rank its part of it). Not an on-disk format: both ends run
+// the same build. Every field of the model is carried, so Decode(Encode(m)) == m, grids included
+// (TensorMetadata::grid); a tensor with a grid travels as its cut points and one placement per
+// cell, without boxes. Numbers travel as varints, a chunk's file and offset as their steps from
+// the chunk before, and the tensors' names as one table in which each name gives only what it
+// does not share with the name before it. Decoding is bounds-checked and refuses trailing bytes.
 #ifndef SHARDPOINT_FORMAT_METADATA_WIRE_H_
 #define SHARDPOINT_FORMAT_METADATA_WIRE_H_
 
@@ -55,6 +57,7 @@ class MetadataPartEncoder {
  private:
   const CheckpointMetadata& metadata_;
   std::vector<wire_internal::CellsAs> how_;
+  std::string names_;  // every tensor's name, as every part sends them
 };
 
 // A ChunkFilter on the wire (what a load rank asks the coordinator for), and back: kDataLoss

@@ -64,12 +64,17 @@ TEST(MetadataWireTest, ADriverTagTravelsWholeAndOneBeyond16BitsIsRefused) {
   Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->tensors[0].chunks[1].driver_tag, 0xBEEF);
-  const std::string tag("\xEF\xBE\x00\x00", 4);
+  // The chunk's stored length and driver tag, as varints.
+  std::string tag;
+  ByteWriter t(&tag);
+  t.PutVarint(90);
+  t.PutVarint(0xBEEF);
   const size_t at = bytes.find(tag);
   ASSERT_NE(at, std::string::npos);
   ASSERT_EQ(bytes.find(tag, at + 1), std::string::npos);
+  ASSERT_EQ(tag.size(), 4u);
   std::string forged = bytes;
-  forged[at + 2] = '\x01';
+  forged[at + 3] = '\x06';  // the tag's top 7 bits: 0x1BEEF
   back = DecodeMetadataFromWire(forged);
   ASSERT_FALSE(back.ok());
   EXPECT_EQ(back.status().code(), StatusCode::kDataLoss);
@@ -475,25 +480,128 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
             DataLossError("f: 1 trailing bytes"));
   std::string swapped;  // names out of order
   ByteWriter w(&swapped);
-  w.PutU32(2);
-  w.PutString("b");
-  w.PutU32(0);
-  w.PutString("a");
-  w.PutU32(0);
+  w.PutVarint(2);
+  for (const char* name : {"b", "a"}) {
+    w.PutVarint(0);  // bytes shared with the name before
+    w.PutVarint(1);
+    w.PutRaw(name);
+    w.PutVarint(0);  // boxes
+  }
   EXPECT_EQ(DecodeChunkFilter(swapped, "f").status().message(),
             "f: tensor names out of order at 'a'");
   std::string ranks;  // a box of 1 offset and 2 sizes
   ByteWriter v(&ranks);
-  v.PutU32(1);
-  v.PutString("a");
-  v.PutU32(1);
-  v.PutU32(1);
-  v.PutI64(0);
-  v.PutU32(2);
-  v.PutI64(1);
-  v.PutI64(1);
+  v.PutVarint(1);
+  v.PutVarint(0);
+  v.PutVarint(1);
+  v.PutRaw("a");
+  v.PutVarint(1);
+  v.PutVarint(1);
+  v.PutSignedVarint(0);
+  v.PutVarint(2);
+  v.PutSignedVarint(1);
+  v.PutSignedVarint(1);
   EXPECT_EQ(DecodeChunkFilter(ranks, "f").status().message(),
             "f: a box of tensor 'a' has 1 offsets and 2 sizes");
+}
+
+// Names travel as what each does not share with the one before: a name that claims more of the
+// one before than it has is refused, and so are names that would decode to more than sixteen
+// times the bytes sent (a few bytes can name a long name again and again).
+TEST(MetadataWireTest, NamesSharedWithTheOneBeforeAreCheckedAndBounded) {
+  std::string claims;
+  ByteWriter c(&claims);
+  c.PutVarint(2);
+  c.PutVarint(0);
+  c.PutVarint(2);
+  c.PutRaw("ab");
+  c.PutVarint(0);
+  c.PutVarint(3);  // shares 3 bytes of "ab"
+  c.PutVarint(1);
+  c.PutRaw("c");
+  c.PutVarint(0);
+  EXPECT_EQ(DecodeChunkFilter(claims, "f").status().message(),
+            "f: the name at byte 6 shares 3 bytes with a name of 2");
+  // A name of 1 MiB, then 120 names, each above the one before, that each share all of it but
+  // its last byte: 120 MiB of names from 1 MiB of bytes.
+  const std::string first(size_t{1} << 20, 'x');
+  std::string long_names;
+  ByteWriter l(&long_names);
+  l.PutVarint(121);
+  l.PutVarint(0);
+  l.PutVarint(first.size());
+  l.PutRaw(first);
+  l.PutVarint(0);
+  for (int i = 0; i < 120; ++i) {
+    l.PutVarint(first.size() - 1);
+    l.PutVarint(1);
+    l.PutRaw(std::string(1, static_cast<char>(0x80 + i)));
+    l.PutVarint(0);
+  }
+  const Result<ChunkFilter> refused = DecodeChunkFilter(long_names, "f");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("the input allows"), std::string::npos)
+      << refused.status();
+  // Names of a model, sorted: the whole encoding takes fewer bytes than the names alone, and
+  // so does a request naming them all; both give them back.
+  CheckpointMetadata m;
+  m.save_id = "n";
+  m.files = {{"f", 0, 1 << 20, 0}};
+  uint64_t name_bytes = 0;
+  for (int layer = 0; layer < 20; ++layer) {
+    for (const char* leaf : {"attention.wk.weight", "attention.wq.weight", "mlp.w1.weight"}) {
+      TensorMetadata t{"model.layers." + std::to_string(100 + layer) + "." + leaf,
+                       DType::kFloat32, {2}, {}};
+      t.chunks = {StoredChunk{Box{{0}, {2}}, 0, 8u * m.tensors.size(), 8, {}, {}, 0}};
+      name_bytes += t.name.size();
+      m.tensors.push_back(std::move(t));
+    }
+  }
+  IndexChunkGrids(&m);
+  const std::string bytes = EncodeMetadataForWire(m);
+  EXPECT_LT(bytes.size(), name_bytes);
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == m);
+  ChunkFilter filter;
+  for (const TensorMetadata& t : m.tensors) filter[t.name] = {Box{{0}, {1}}};
+  EXPECT_LT(EncodeChunkFilter(filter).size(), name_bytes);
+  EXPECT_EQ(DecodeChunkFilter(EncodeChunkFilter(filter), "f").value(), filter);
+}
+
+// What a load rank is sent for a tensor sharded over the ranks: its own cell of the grid, in a
+// few bytes beside its name (the cut points are an even step), not every cell.
+TEST(MetadataWireTest, APartOfOneCellPerTensorTakesAFewBytesATensor) {
+  CheckpointMetadata m;
+  m.save_id = "p";
+  m.world_size = 64;
+  m.checksum_block_bytes = uint64_t{1} << 30;
+  for (int f = 0; f < 64; ++f) m.files.push_back({"rank" + std::to_string(f), 4096, 1 << 30, f});
+  for (int t = 0; t < 200; ++t) {
+    TensorMetadata tensor{"layers." + std::to_string(1000 + t) + ".w", DType::kBFloat16,
+                          {64 * 128, 512}, {}};
+    for (int64_t r = 0; r < 64; ++r) {
+      tensor.chunks.push_back(StoredChunk{Box{{128 * r, 0}, {128, 512}},
+                                          static_cast<uint32_t>(r), 131072u * t, 131072,
+                                          {static_cast<uint32_t>(t * 64 + r)}, {}, 0});
+    }
+    m.tensors.push_back(std::move(tensor));
+  }
+  IndexChunkGrids(&m);
+  ChunkFilter filter;
+  for (const TensorMetadata& t : m.tensors) filter[t.name] = {Box{{128 * 5, 0}, {128, 512}}};
+  const std::string part = EncodeMetadataPartForWire(m, filter);
+  // Per tensor: its name's entry (7 bytes), length, dtype, shape, layout and raw flag (9), cut
+  // points (9), the cell's number, file and offset steps and one checksum (12 at most); at fixed
+  // width these took about 110.
+  EXPECT_LT(part.size(), 200u * 40) << part.size();
+  Result<CheckpointMetadata> back = DecodeMetadataFromWire(part);
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    ASSERT_EQ(back->tensors[t].chunks.size(), 1u);
+    EXPECT_EQ(back->tensors[t].chunks[0], m.tensors[t].chunks[5]);
+    EXPECT_EQ(back->tensors[t].kept, std::vector<uint32_t>{5});
+  }
 }
 
 TEST(MetadataWireTest, SizesAreValidatedOnAPoolWithTheFirstErrorInOrder) {
@@ -625,18 +733,19 @@ TEST(MetadataWireTest, AForgedGridCannotAllocateMoreThanItsBytesPayFor) {
   IndexChunkGrids(&m);
   std::string bytes = EncodeMetadataForWire(m);
   // The cut points as sent: 5 bounds, an even step of 2^38.
-  std::string sent(13, '\0'), forged(13, '\0');
-  EncodeFixed32(sent.data(), 5);
-  sent[4] = 1;
-  EncodeFixed64(sent.data() + 5, static_cast<uint64_t>(quarter));
+  std::string sent, forged;
+  ByteWriter(&sent).PutVarint(5);
+  ByteWriter(&sent).PutU8(1);
+  ByteWriter(&sent).PutSignedVarint(quarter);
   const size_t at = bytes.find(sent);
   ASSERT_NE(at, std::string::npos);
   ASSERT_TRUE(DecodeMetadataFromWire(bytes).ok());
   // 2^30 bounds 1,024 apart fit the dimension, and would take 8 GiB: refused before allocating.
-  EncodeFixed32(forged.data(), uint32_t{1} << 30);
-  forged[4] = 1;
-  EncodeFixed64(forged.data() + 5, 1024);
-  bytes.replace(at, 13, forged);
+  ByteWriter(&forged).PutVarint(uint64_t{1} << 30);
+  ByteWriter(&forged).PutU8(1);
+  ByteWriter(&forged).PutSignedVarint(1024);
+  ASSERT_EQ(forged.size(), sent.size());  // the tensor keeps its length
+  bytes.replace(at, sent.size(), forged);
   Result<CheckpointMetadata> back = DecodeMetadataFromWire(bytes);
   ASSERT_FALSE(back.ok());
   EXPECT_NE(back.status().message().find("too many grid cells"), std::string::npos)
