@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
@@ -48,6 +49,29 @@ TEST(SaveMessagesTest, WriteReportRoundTrips) {
   EXPECT_EQ(back->chunks[0].block_crc32c, (std::vector<uint32_t>{0xdeadbeef, 1, 2}));
   EXPECT_TRUE(back->chunks[1].block_crc32c.empty());
   EXPECT_EQ(back->files, report.files);
+}
+
+// A report of one chunk per tensor, each with one checksum, takes the checksum and a few bytes
+// (16 at fixed width); a step past 32 bits is refused naming the field.
+TEST(SaveMessagesTest, WriteReportsTakeFewBytesAChunkAndRefuseIndicesPast32Bits) {
+  WriteReport report;
+  for (uint32_t t = 0; t < 1000; ++t) report.chunks.push_back(ChunkReport{t, 8191, {t * 7919}});
+  report.files.push_back(FileReport{8191, 4096, uint64_t{1} << 33});
+  const std::string bytes = EncodeWriteReport(report);
+  EXPECT_LT(bytes.size(), 1000u * 8) << bytes.size();
+  Result<WriteReport> back = DecodeWriteReport(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->chunks.size(), 1000u);
+  EXPECT_EQ(back->chunks[999].tensor, 999u);
+  EXPECT_EQ(back->chunks[999].chunk, 8191u);
+  EXPECT_EQ(back->chunks[999].block_crc32c, std::vector<uint32_t>{999 * 7919});
+  EXPECT_EQ(back->files, report.files);
+  std::string forged;
+  ByteWriter w(&forged);
+  w.PutVarint(1);
+  w.PutSignedVarint(int64_t{1} << 32);
+  EXPECT_EQ(DecodeWriteReport(forged).status().message(),
+            "write report: tensor 0 + 4294967296 out of range at byte 1");
 }
 
 TEST(SaveMessagesTest, EveryTruncationAndTrailingBytesAreDataLoss) {

@@ -115,45 +115,74 @@ Result<PlanReply> DecodePlanReply(std::string_view bytes) {
   return reply;
 }
 
+// A write report's numbers are varints: a chunk's tensor and chunk numbers the zigzagged steps
+// from the chunk's before (from 0 for the first), its checksum count, then the checksums at four
+// bytes each (ChunkReportView points at them); a file's index the step past the file's before.
 std::string EncodeWriteReport(const WriteReport& report) {
   std::string out;
   ByteWriter w(&out);
-  w.PutU32(static_cast<uint32_t>(report.chunks.size()));
+  w.PutVarint(report.chunks.size());
+  int64_t tensor = 0, chunk = 0;
   for (const ChunkReport& c : report.chunks) {
-    w.PutU32(c.tensor);
-    w.PutU32(c.chunk);
-    w.PutU32(static_cast<uint32_t>(c.block_crc32c.size()));
+    w.PutSignedVarint(int64_t{c.tensor} - tensor);
+    w.PutSignedVarint(int64_t{c.chunk} - chunk);
+    tensor = c.tensor;
+    chunk = c.chunk;
+    w.PutVarint(c.block_crc32c.size());
     for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
   }
-  w.PutU32(static_cast<uint32_t>(report.files.size()));
+  w.PutVarint(report.files.size());
+  int64_t file = 0;
   for (const FileReport& f : report.files) {
-    w.PutU32(f.index);
-    w.PutU64(f.data_start);
-    w.PutU64(f.size);
+    w.PutSignedVarint(int64_t{f.index} - file);
+    file = f.index;
+    w.PutVarint(f.data_start);
+    w.PutVarint(f.size);
   }
   return out;
 }
+
+namespace {
+
+// A 32-bit number from its step after `previous` (EncodeWriteReport).
+Status ReadReportIndex(ByteReader& r, const char* field, int64_t* previous, uint32_t* value) {
+  const size_t at = r.position();
+  SP_ASSIGN_OR_RETURN(int64_t step, r.ReadSignedVarint());
+  int64_t v = 0;
+  if (__builtin_add_overflow(*previous, step, &v) || v < 0 || v > UINT32_MAX) {
+    return DataLossError("write report: " + std::string(field) + " " +
+                         std::to_string(*previous) + " + " + std::to_string(step) +
+                         " out of range at byte " + std::to_string(at));
+  }
+  *previous = v;
+  *value = static_cast<uint32_t>(v);
+  return OkStatus();
+}
+
+}  // namespace
 
 Status ScanWriteReport(std::string_view bytes,
                        const std::function<Status(const ChunkReportView&)>& on_chunk,
                        const std::function<Status(const FileReport&)>& on_file) {
   ByteReader r(bytes, "write report");
-  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadCount(12));
+  SP_ASSIGN_OR_RETURN(uint32_t chunks, r.ReadVarintCount(3));
+  int64_t tensor = 0, chunk = 0;
   for (uint32_t i = 0; i < chunks; ++i) {
     ChunkReportView c;
-    SP_ASSIGN_OR_RETURN(c.tensor, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(c.chunk, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(c.crc_count, r.ReadCount(4));
+    SP_RETURN_IF_ERROR(ReadReportIndex(r, "tensor", &tensor, &c.tensor));
+    SP_RETURN_IF_ERROR(ReadReportIndex(r, "chunk", &chunk, &c.chunk));
+    SP_ASSIGN_OR_RETURN(c.crc_count, r.ReadVarintCount(4));
     SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(sizeof(uint32_t) * c.crc_count));
     c.crcs = crcs.data();
     SP_RETURN_IF_ERROR(on_chunk(c));
   }
-  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadCount(20));
+  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadVarintCount(3));
+  int64_t file = 0;
   for (uint32_t i = 0; i < files; ++i) {
     FileReport f;
-    SP_ASSIGN_OR_RETURN(f.index, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(f.data_start, r.ReadU64());
-    SP_ASSIGN_OR_RETURN(f.size, r.ReadU64());
+    SP_RETURN_IF_ERROR(ReadReportIndex(r, "file", &file, &f.index));
+    SP_ASSIGN_OR_RETURN(f.data_start, r.ReadVarint());
+    SP_ASSIGN_OR_RETURN(f.size, r.ReadVarint());
     SP_RETURN_IF_ERROR(on_file(f));
   }
   if (!r.done()) return DataLossError("write report: trailing bytes");

@@ -23,10 +23,10 @@ using plan_codec_internal::ReadObject;
 using plan_codec_internal::Seal;
 
 constexpr uint32_t kLocalSavePlanMagic = 0x31504C53;  // "SLP1"
-constexpr uint32_t kRankSavePlanMagic = 0x31505253;   // "SRP1"
+constexpr uint32_t kRankSavePlanMagic = 0x32505253;   // "SRP2"
 // Smallest encodings, used to bound counts by the bytes that remain.
 constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4;
-constexpr size_t kWriteBytes = 5 * 4 + 2 * 8;
+constexpr size_t kWriteBytes = 7;  // seven one-byte varints
 
 // Reads one tensor into `tensor`, except its name, which `name` views in the message. The
 // vectors are reused: a decoder that reads many tensors into one LocalTensor allocates only
@@ -105,21 +105,54 @@ Status DecodeLocalSavePlanInto(std::string_view bytes, GatheredPlans* plans) {
   return ExpectDone(r);
 }
 
+namespace {
+
+// The step from `previous` to `value`, as the rank plan stores an index.
+int64_t IndexStep(uint32_t value, int64_t previous) { return int64_t{value} - previous; }
+
+// An index from its step after `previous`: kDataLoss naming `field` when it leaves 32 bits.
+Status ReadIndex(ByteReader& r, const char* field, int64_t* previous, uint32_t* value) {
+  const size_t at = r.position();
+  SP_ASSIGN_OR_RETURN(int64_t step, r.ReadSignedVarint());
+  int64_t v = 0;
+  if (__builtin_add_overflow(*previous, step, &v) || v < 0 || v > UINT32_MAX) {
+    return DataLossError(r.what() + ": " + field + " " + std::to_string(*previous) + " + " +
+                         std::to_string(step) + " out of range at byte " +
+                         std::to_string(at));
+  }
+  *value = static_cast<uint32_t>(v);
+  *previous = v;
+  return OkStatus();
+}
+
+}  // namespace
+
 std::string EncodeRankSavePlan(const RankSavePlan& plan) {
   std::string out;
   ByteWriter w(&out);
   w.PutU32(kRankSavePlanMagic);
-  w.PutU32(static_cast<uint32_t>(plan.files.size()));
-  for (uint32_t file : plan.files) w.PutU32(file);
-  w.PutU32(static_cast<uint32_t>(plan.writes.size()));
+  w.PutVarint(plan.files.size());
+  int64_t file = 0;
+  for (uint32_t f : plan.files) {
+    w.PutSignedVarint(IndexStep(f, file));
+    file = f;
+  }
+  w.PutVarint(plan.writes.size());
+  int64_t local_tensor = 0, write_file = 0, tensor = 0, chunk = 0;
+  uint64_t next_offset = 0;  // where the write before ends
   for (const ChunkWrite& write : plan.writes) {
-    w.PutU32(write.local_tensor);
-    w.PutU32(write.local_box);
-    w.PutU32(write.file);
-    w.PutU32(write.tensor);
-    w.PutU32(write.chunk);
-    w.PutU64(write.data_offset);
-    w.PutU64(write.byte_length);
+    w.PutSignedVarint(IndexStep(write.local_tensor, local_tensor));
+    w.PutVarint(write.local_box);
+    w.PutSignedVarint(IndexStep(write.file, write_file));
+    w.PutSignedVarint(IndexStep(write.tensor, tensor));
+    w.PutSignedVarint(IndexStep(write.chunk, chunk));
+    w.PutSignedVarint(static_cast<int64_t>(write.data_offset - next_offset));
+    w.PutVarint(write.byte_length);
+    local_tensor = write.local_tensor;
+    write_file = write.file;
+    tensor = write.tensor;
+    chunk = write.chunk;
+    next_offset = write.data_offset + write.byte_length;
   }
   return Seal(std::move(out));
 }
@@ -129,21 +162,29 @@ Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes) {
                       Open(bytes, kRankSavePlanMagic,
                            "rank save plan of " + std::to_string(bytes.size()) + " bytes"));
   RankSavePlan plan;
-  SP_ASSIGN_OR_RETURN(uint32_t num_files, r.ReadCount(4));
+  SP_ASSIGN_OR_RETURN(uint32_t num_files, r.ReadVarintCount(1));
   plan.files.resize(num_files);
-  for (uint32_t& file : plan.files) {
-    SP_ASSIGN_OR_RETURN(file, r.ReadU32());
-  }
-  SP_ASSIGN_OR_RETURN(uint32_t num_writes, r.ReadCount(kWriteBytes));
+  int64_t file = 0;
+  for (uint32_t& f : plan.files) SP_RETURN_IF_ERROR(ReadIndex(r, "file", &file, &f));
+  SP_ASSIGN_OR_RETURN(uint32_t num_writes, r.ReadVarintCount(kWriteBytes));
   plan.writes.resize(num_writes);
+  int64_t local_tensor = 0, write_file = 0, tensor = 0, chunk = 0;
+  uint64_t next_offset = 0;
   for (ChunkWrite& write : plan.writes) {
-    SP_ASSIGN_OR_RETURN(write.local_tensor, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(write.local_box, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(write.file, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(write.tensor, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(write.chunk, r.ReadU32());
-    SP_ASSIGN_OR_RETURN(write.data_offset, r.ReadU64());
-    SP_ASSIGN_OR_RETURN(write.byte_length, r.ReadU64());
+    SP_RETURN_IF_ERROR(ReadIndex(r, "local tensor", &local_tensor, &write.local_tensor));
+    SP_ASSIGN_OR_RETURN(uint64_t local_box, r.ReadVarint());
+    if (local_box > UINT32_MAX) {
+      return DataLossError(r.what() + ": local box " + std::to_string(local_box) +
+                           " out of range at byte " + std::to_string(r.position()));
+    }
+    write.local_box = static_cast<uint32_t>(local_box);
+    SP_RETURN_IF_ERROR(ReadIndex(r, "file", &write_file, &write.file));
+    SP_RETURN_IF_ERROR(ReadIndex(r, "tensor", &tensor, &write.tensor));
+    SP_RETURN_IF_ERROR(ReadIndex(r, "chunk", &chunk, &write.chunk));
+    SP_ASSIGN_OR_RETURN(int64_t offset_step, r.ReadSignedVarint());
+    write.data_offset = next_offset + static_cast<uint64_t>(offset_step);
+    SP_ASSIGN_OR_RETURN(write.byte_length, r.ReadVarint());
+    next_offset = write.data_offset + write.byte_length;
   }
   SP_RETURN_IF_ERROR(ExpectDone(r));
   return plan;

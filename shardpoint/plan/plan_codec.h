@@ -10,9 +10,14 @@
 //     tensor     := name:string dtype:u8 (DType code) shape:list<i64> boxes:list<box>
 //     box        := offsets:list<i64> sizes:list<i64>
 //     object     := name:string encoding:u8 payload:string
-//   rank plan    := magic "SRP1", files:list<u32>, writes:list<write>
-//     write      := local_tensor:u32 local_box:u32 file:u32 tensor:u32 chunk:u32
-//                   data_offset:u64 byte_length:u64
+//   rank plan    := magic "SRP2", files:vlist<index>, writes:vlist<write>
+//     write      := local_tensor:index local_box:varint file:index tensor:index chunk:index
+//                   data_offset:svarint byte_length:varint
+//   A rank plan's numbers are LEB128 varints (svarint: zigzagged), a vlist a varint count then
+//   the items. An index is the svarint step from the same field of the item before (from 0 for
+//   the first), and a write's data_offset the step from where the write before it ends (its
+//   offset plus its length, modulo 2^64): a rank writes its chunks back to back, so most of a
+//   write's numbers take a byte. Decoded indices must fit 32 bits.
 // The format is internal to one job (both ends run the same build); it is not stored on disk.
 //
 // Decoders treat their input as hostile: every length is checked against the bytes that remain
