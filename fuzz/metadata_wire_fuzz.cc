@@ -2,11 +2,10 @@
 // decode from the coordinator of a load: the whole metadata, or a rank's part of it.
 //
 // A decoded model must re-encode to bytes that decode to the same model and encode to the same
-// bytes again. The encoding is never longer than the input (decoding drops repeated attribute
-// keys; varints may come padded, names may share less with the name before than they could,
-// grids may come as lists) and, with at most one attribute (nothing to reorder) and names under
-// 128 bytes, equals the input when it is as long: a name sharing 127 bytes with the one before
-// takes as many bytes as one sharing 128. A re-encoding cut by one byte is refused.
+// bytes again. The encoding is never longer than the input: decoding drops repeated attribute
+// keys, varints may come padded, names may share less with the name before than they could, and
+// grids may come as lists. (It may differ from an input as long: "aaa" after "aa" shares two
+// bytes either at the start or at the end.) A re-encoding cut by one byte is refused.
 //
 // A decoded part (a load rank's: a tensor with kept chunks, or a data file without a name, which
 // a part does not hold) re-encodes only from the whole it came from, which the input does not
@@ -43,13 +42,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (part) return 0;
   std::string encoded = sp::EncodeMetadataForWire(*decoded);
   Check(encoded.size() <= size);
-  bool short_names = true;
-  for (const sp::TensorMetadata& t : decoded->tensors) {
-    short_names = short_names && t.name.size() < 128;
-  }
-  if (encoded.size() == size && decoded->attributes.size() <= 1 && short_names) {
-    Check(encoded == bytes);
-  }
   sp::Result<sp::CheckpointMetadata> again = sp::DecodeMetadataFromWire(encoded);
   Check(again.ok() && *again == *decoded);
   Check(sp::EncodeMetadataForWire(*again) == encoded);

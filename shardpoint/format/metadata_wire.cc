@@ -422,53 +422,79 @@ CellsAs HowCellsTravel(const TensorMetadata& t) {
   return how;
 }
 
-// Every tensor's name, in order, each as the bytes it shares with the name before it and the
-// rest: tensors sorted by name share most of theirs.
+// `name` after `previous`: the bytes it shares with the start of `previous`, those it shares
+// with its end, and the rest between them. Names in order (tensors sorted by name, data files
+// by rank) share most of theirs: "d-<id>-r00017-f000.safetensors" after "d-<id>-r00003-f000..."
+// takes five bytes. Of the ways to split what they share, the fewest bytes (a start of 128 bytes
+// takes a byte more than one of 127, which may leave one more byte to the end); so no input
+// names a name in fewer bytes than its encoding again.
+void PutNameAfter(ByteWriter& w, std::string_view previous, std::string_view name) {
+  const size_t most = std::min(previous.size(), name.size());
+  size_t front = 0;
+  while (front < most && previous[front] == name[front]) ++front;
+  size_t back = 0;  // the most both end with, whatever the start takes
+  while (back < most && previous[previous.size() - 1 - back] == name[name.size() - 1 - back]) {
+    ++back;
+  }
+  const auto cost = [&](size_t f) {
+    const size_t b = std::min(back, most - f);
+    const size_t rest = name.size() - f - b;
+    return VarintBytes(f) + VarintBytes(b) + VarintBytes(rest) + rest;
+  };
+  size_t best = front;
+  for (const size_t edge : {size_t{(1 << 21) - 1}, size_t{(1 << 14) - 1}, size_t{(1 << 7) - 1}}) {
+    if (edge < front && cost(edge) < cost(best)) best = edge;
+  }
+  const size_t b = std::min(back, most - best);
+  w.PutVarint(best);
+  w.PutVarint(b);
+  PutName(w, name.substr(best, name.size() - best - b));
+}
+
+// Every tensor's name, in order, each after the one before (PutNameAfter).
 std::string EncodeNames(const CheckpointMetadata& m) {
   std::string out;
   ByteWriter w(&out);
   std::string_view previous;
   for (const TensorMetadata& t : m.tensors) {
-    const std::string_view name = t.name;
-    const size_t shared =
-        std::mismatch(previous.begin(), previous.begin() + std::min(previous.size(), name.size()),
-                      name.begin())
-            .first -
-        previous.begin();
-    w.PutVarint(shared);
-    PutName(w, name.substr(shared));
-    previous = name;
+    PutNameAfter(w, previous, t.name);
+    previous = t.name;
   }
   return out;
 }
 
-// The name after `previous` as EncodeNames wrote it, into `name`, adding its bytes to `total`:
-// names take at most `max_total` bytes in all. Each shares bytes with the one before, so few
-// bytes can name long names, and this bounds what they cost.
-Status GetNextName(ByteReader& r, std::string_view previous, uint64_t max_total, uint64_t* total,
-                   std::string* name) {
+// What the names of one input may take in all. Each shares bytes with the one before, so few
+// bytes can name long names again and again: decoders stop at sixteen times the input's bytes.
+struct NameBudget {
+  explicit NameBudget(size_t input_bytes) : most(16 * uint64_t{input_bytes} + (1 << 16)) {}
+  uint64_t most;
+  uint64_t used = 0;
+};
+
+// The name PutNameAfter wrote after `previous`, into `name` (not `previous`), within `budget`.
+Status GetNameAfter(ByteReader& r, std::string_view previous, NameBudget* budget,
+                    std::string* name) {
   const size_t at = r.position();
-  SP_ASSIGN_OR_RETURN(uint64_t shared, r.ReadVarint());
-  if (shared > previous.size()) {
+  SP_ASSIGN_OR_RETURN(uint64_t front, r.ReadVarint());
+  SP_ASSIGN_OR_RETURN(uint64_t back, r.ReadVarint());
+  if (front > previous.size() || back > previous.size() - front) {
     return DataLossError(r.what() + ": the name at byte " + std::to_string(at) + " shares " +
-                         std::to_string(shared) + " bytes with a name of " +
-                         std::to_string(previous.size()));
+                         std::to_string(front) + " + " + std::to_string(back) +
+                         " bytes with a name of " + std::to_string(previous.size()));
   }
-  SP_ASSIGN_OR_RETURN(std::string_view rest, GetName(r, kMaxNameBytes - shared));
-  *total += shared + rest.size();
-  if (*total > max_total) {
+  SP_ASSIGN_OR_RETURN(std::string_view rest, GetName(r, kMaxNameBytes - front - back));
+  budget->used += front + back + rest.size();
+  if (budget->used > budget->most) {
     return DataLossError(r.what() + ": the names up to byte " + std::to_string(r.position()) +
-                         " take " + std::to_string(*total) + " bytes, more than the " +
-                         std::to_string(max_total) + " the input allows");
+                         " take " + std::to_string(budget->used) + " bytes, more than the " +
+                         std::to_string(budget->most) + " the input allows");
   }
-  name->reserve(shared + rest.size());
-  name->assign(previous.substr(0, shared));
+  name->reserve(front + rest.size() + back);
+  name->assign(previous.substr(0, front));
   name->append(rest);
+  name->append(previous.substr(previous.size() - back));
   return OkStatus();
 }
-
-// What names decoded from `input_bytes` may take in all (GetNames).
-uint64_t NameBytesAllowed(size_t input_bytes) { return 16 * uint64_t{input_bytes} + (1 << 16); }
 
 // A tensor's dtype and shape (its name travels in the table of names).
 void PutTensorHead(ByteWriter& w, const TensorMetadata& t) {
@@ -505,8 +531,8 @@ uint64_t WireTensorBound(const TensorMetadata& t) {
       bytes += ShapeBytes(c.box.offsets) + ShapeBytes(c.box.sizes) + VarintBytes(c.byte_length);
     }
   }
-  // its length, and its name in the table (at most all of it, behind two numbers)
-  return VarintBytes(bytes) + bytes + VarintBytes(t.name.size()) * 2 + t.name.size();
+  // its length, and its name in the table (at most all of it, behind three numbers)
+  return VarintBytes(bytes) + bytes + VarintBytes(t.name.size()) * 3 + t.name.size();
 }
 
 // The `count` chunks of a part of a tensor of `total` chunks, each behind the step of its stored
@@ -647,12 +673,13 @@ Status GetObject(ByteReader& r, const HeldFiles& files, ObjectEntry* o) {
   return OkStatus();
 }
 
-// The least bytes of a data file on the wire: an empty name and three one-byte numbers.
-constexpr size_t kFileBytes = 4;
+// The least bytes of a data file on the wire: an empty name after the one before (three bytes)
+// and three one-byte numbers.
+constexpr size_t kFileBytes = 6;
 
-Status GetFile(ByteReader& r, DataFile* f) {
-  SP_ASSIGN_OR_RETURN(std::string_view name, GetName(r));
-  f->name = std::string(name);
+// A data file, its name after `previous` (the file before it in the message).
+Status GetFile(ByteReader& r, std::string_view previous, NameBudget* names, DataFile* f) {
+  SP_RETURN_IF_ERROR(GetNameAfter(r, previous, names, &f->name));
   SP_ASSIGN_OR_RETURN(f->data_start, r.ReadVarint());
   SP_ASSIGN_OR_RETURN(f->size, r.ReadVarint());
   SP_ASSIGN_OR_RETURN(int64_t writer, r.ReadSignedVarint());
@@ -664,7 +691,7 @@ Status GetFile(ByteReader& r, DataFile* f) {
   return OkStatus();
 }
 
-Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
+Status GetHead(ByteReader& r, NameBudget* names, CheckpointMetadata* m, HeldFiles* files) {
   SP_ASSIGN_OR_RETURN(uint32_t magic, r.ReadU32());
   if (magic != kWireMagic && magic != kWirePartMagic) {
     return DataLossError(r.what() + ": bad magic");
@@ -693,7 +720,11 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
   if (magic == kWireMagic) {
     SP_ASSIGN_OR_RETURN(files->count, r.ReadVarintCount(kFileBytes));
     m->files.resize(files->count);
-    for (DataFile& f : m->files) SP_RETURN_IF_ERROR(GetFile(r, &f));
+    std::string_view previous;
+    for (DataFile& f : m->files) {
+      SP_RETURN_IF_ERROR(GetFile(r, previous, names, &f));
+      previous = f.name;
+    }
   } else {
     // Files not held stay without a name (CheckpointMetadata::files); the count is bounded by
     // what a receiver may allocate for them, not by the bytes left.
@@ -707,6 +738,7 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
     m->files.resize(files->count);
     files->held.assign(files->count, false);
     uint64_t next = 0;  // the least index the next file may have
+    std::string_view previous;
     for (uint32_t i = 0; i < held; ++i) {
       SP_ASSIGN_OR_RETURN(uint64_t step, r.ReadVarint());
       if (next >= files->count || step >= files->count - next) {
@@ -717,7 +749,8 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
       const uint64_t index = next + step;
       next = index + 1;
       files->held[index] = true;
-      SP_RETURN_IF_ERROR(GetFile(r, &m->files[index]));
+      SP_RETURN_IF_ERROR(GetFile(r, previous, names, &m->files[index]));
+      previous = m->files[index].name;
     }
   }
   SP_ASSIGN_OR_RETURN(uint32_t attributes, r.ReadVarintCount(2));
@@ -729,8 +762,8 @@ Status GetHead(ByteReader& r, CheckpointMetadata* m, HeldFiles* files) {
   return OkStatus();
 }
 
-void PutFile(ByteWriter& w, const DataFile& f) {
-  PutName(w, f.name);
+void PutFile(ByteWriter& w, std::string_view previous, const DataFile& f) {
+  PutNameAfter(w, previous, f.name);
   w.PutVarint(f.data_start);
   w.PutVarint(f.size);
   w.PutSignedVarint(f.writer_rank);
@@ -747,8 +780,12 @@ void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>
   w.PutU8(static_cast<uint8_t>(m.format));
   w.PutVarint(m.checksum_block_bytes);
   w.PutVarint(m.files.size());
+  std::string_view previous;
   if (held == nullptr) {
-    for (const DataFile& f : m.files) PutFile(w, f);
+    for (const DataFile& f : m.files) {
+      PutFile(w, previous, f);
+      previous = f.name;
+    }
   } else {
     w.PutVarint(static_cast<uint64_t>(std::count(held->begin(), held->end(), true)));
     uint64_t next = 0;
@@ -756,7 +793,8 @@ void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>
       if (!(*held)[i]) continue;
       w.PutVarint(i - next);
       next = uint64_t{i} + 1;
-      PutFile(w, m.files[i]);
+      PutFile(w, previous, m.files[i]);
+      previous = m.files[i].name;
     }
   }
   w.PutVarint(m.attributes.size());
@@ -854,7 +892,7 @@ uint64_t WireMetadataBound(const CheckpointMetadata& m) {
                    VarintBytes(m.files.size()) + VarintBytes(m.attributes.size()) +
                    VarintBytes(m.tensors.size()) + VarintBytes(m.objects.size());
   for (const DataFile& f : m.files) {
-    bound += VarintBytes(f.name.size()) + f.name.size() + VarintBytes(f.data_start) +
+    bound += 3 * VarintBytes(f.name.size()) + f.name.size() + VarintBytes(f.data_start) +
              VarintBytes(f.size) + SignedVarintBytes(f.writer_rank);
   }
   for (const auto& [key, value] : m.attributes) {
@@ -931,21 +969,14 @@ std::string EncodeMetadataPartForWire(const CheckpointMetadata& m, const ChunkFi
   return MetadataPartEncoder(m).Encode(filter);
 }
 
-// Names sorted, each as the bytes it shares with the one before and the rest (EncodeNames), and
-// its boxes.
+// Names sorted, each after the one before (PutNameAfter), and their boxes.
 std::string EncodeChunkFilter(const ChunkFilter& filter) {
   std::string out;
   ByteWriter w(&out);
   w.PutVarint(filter.size());
   std::string_view previous;
   for (const auto& [name, boxes] : filter) {
-    const size_t shared =
-        std::mismatch(previous.begin(), previous.begin() + std::min(previous.size(), name.size()),
-                      name.begin())
-            .first -
-        previous.begin();
-    w.PutVarint(shared);
-    PutName(w, std::string_view(name).substr(shared));
+    PutNameAfter(w, previous, name);
     previous = name;
     w.PutVarint(boxes.size());
     for (const Box& box : boxes) {
@@ -959,12 +990,11 @@ std::string EncodeChunkFilter(const ChunkFilter& filter) {
 Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what) {
   ByteReader r(bytes, std::string(what));
   ChunkFilter filter;
-  SP_ASSIGN_OR_RETURN(uint32_t names, r.ReadVarintCount(3));
+  SP_ASSIGN_OR_RETURN(uint32_t names, r.ReadVarintCount(4));
   std::string previous, name;
-  uint64_t name_bytes = 0;
+  NameBudget budget(bytes.size());
   for (uint32_t i = 0; i < names; ++i) {
-    SP_RETURN_IF_ERROR(
-        GetNextName(r, previous, NameBytesAllowed(bytes.size()), &name_bytes, &name));
+    SP_RETURN_IF_ERROR(GetNameAfter(r, previous, &budget, &name));
     if (i > 0 && name <= previous) {
       return DataLossError(r.what() + ": tensor names out of order at '" + name + "'");
     }
@@ -993,15 +1023,14 @@ Result<CheckpointMetadata> DecodeMetadataFromWire(std::string_view bytes, Thread
   ByteReader r(bytes, "checkpoint metadata received from the coordinator");
   CheckpointMetadata m;
   HeldFiles files;
-  SP_RETURN_IF_ERROR(GetHead(r, &m, &files));
-  // Per tensor, at least a name (two bytes), a length (one) and dtype, rank and layout.
-  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadVarintCount(2 + 1 + 3));
+  NameBudget names(bytes.size());
+  SP_RETURN_IF_ERROR(GetHead(r, &names, &m, &files));
+  // Per tensor, at least a name (three bytes), a length (one) and dtype, rank and layout.
+  SP_ASSIGN_OR_RETURN(uint32_t tensors, r.ReadVarintCount(3 + 1 + 3));
   m.tensors.resize(tensors);
-  uint64_t name_bytes = 0;
   for (uint32_t i = 0; i < tensors; ++i) {
     const std::string_view previous = i == 0 ? std::string_view() : m.tensors[i - 1].name;
-    SP_RETURN_IF_ERROR(GetNextName(r, previous, NameBytesAllowed(bytes.size()), &name_bytes,
-                                   &m.tensors[i].name));
+    SP_RETURN_IF_ERROR(GetNameAfter(r, previous, &names, &m.tensors[i].name));
   }
   // Where each tensor's bytes are, then the tensors, on `pool`; the first error by position.
   std::vector<std::pair<size_t, std::string_view>> records(tensors);

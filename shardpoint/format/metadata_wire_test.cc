@@ -409,7 +409,8 @@ TEST(MetadataWireTest, APartDecodesToWhatTheWholeEncodingGivesWithItsFilter) {
     few[t.name] = {Box::Whole(t.shape)};
     if (!t.shape.empty()) few[t.name][0].sizes[0] = 1;
   }
-  EXPECT_LT(EncodeMetadataPartForWire(m, few).size(), EncodeMetadataForWire(m).size() / 2);
+  // (Each tensor's name and header travel in both, about 10 bytes of its 50 in the whole.)
+  EXPECT_LT(EncodeMetadataPartForWire(m, few).size(), EncodeMetadataForWire(m).size() * 2 / 3);
   TensorMetadata big{"big", DType::kFloat32, {4096, 64}, {}};
   for (int64_t row = 0; row < 4096; row += 64) {
     for (int64_t col = 0; col < 64; col += 2) {
@@ -482,7 +483,8 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
   ByteWriter w(&swapped);
   w.PutVarint(2);
   for (const char* name : {"b", "a"}) {
-    w.PutVarint(0);  // bytes shared with the name before
+    w.PutVarint(0);  // bytes shared with the start and the end of the name before
+    w.PutVarint(0);
     w.PutVarint(1);
     w.PutRaw(name);
     w.PutVarint(0);  // boxes
@@ -492,6 +494,7 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
   std::string ranks;  // a box of 1 offset and 2 sizes
   ByteWriter v(&ranks);
   v.PutVarint(1);
+  v.PutVarint(0);
   v.PutVarint(0);
   v.PutVarint(1);
   v.PutRaw("a");
@@ -505,23 +508,25 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
             "f: a box of tensor 'a' has 1 offsets and 2 sizes");
 }
 
-// Names travel as what each does not share with the one before: a name that claims more of the
-// one before than it has is refused, and so are names that would decode to more than sixteen
+// Names travel as what each does not share with the start and the end of the one before: a name
+// that claims more of the one before than it has is refused, and so are names that would decode to more than sixteen
 // times the bytes sent (a few bytes can name a long name again and again).
 TEST(MetadataWireTest, NamesSharedWithTheOneBeforeAreCheckedAndBounded) {
   std::string claims;
   ByteWriter c(&claims);
   c.PutVarint(2);
+  c.PutVarint(0);  // shares no byte of the start of the name before, nor of its end
   c.PutVarint(0);
   c.PutVarint(2);
   c.PutRaw("ab");
-  c.PutVarint(0);
-  c.PutVarint(3);  // shares 3 bytes of "ab"
+  c.PutVarint(0);  // boxes
+  c.PutVarint(2);  // all of "ab" at the start, and one more byte at the end
+  c.PutVarint(1);
   c.PutVarint(1);
   c.PutRaw("c");
   c.PutVarint(0);
   EXPECT_EQ(DecodeChunkFilter(claims, "f").status().message(),
-            "f: the name at byte 6 shares 3 bytes with a name of 2");
+            "f: the name at byte 7 shares 2 + 1 bytes with a name of 2");
   // A name of 1 MiB, then 120 names, each above the one before, that each share all of it but
   // its last byte: 120 MiB of names from 1 MiB of bytes.
   const std::string first(size_t{1} << 20, 'x');
@@ -529,11 +534,13 @@ TEST(MetadataWireTest, NamesSharedWithTheOneBeforeAreCheckedAndBounded) {
   ByteWriter l(&long_names);
   l.PutVarint(121);
   l.PutVarint(0);
+  l.PutVarint(0);
   l.PutVarint(first.size());
   l.PutRaw(first);
   l.PutVarint(0);
   for (int i = 0; i < 120; ++i) {
     l.PutVarint(first.size() - 1);
+    l.PutVarint(0);
     l.PutVarint(1);
     l.PutRaw(std::string(1, static_cast<char>(0x80 + i)));
     l.PutVarint(0);
@@ -542,6 +549,11 @@ TEST(MetadataWireTest, NamesSharedWithTheOneBeforeAreCheckedAndBounded) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("the input allows"), std::string::npos)
       << refused.status();
+  // 129 x after 128 x: sharing 127 bytes at the start and one at the end takes a byte less than
+  // sharing 128 at the start (4 bytes against 5), and is what is sent.
+  const ChunkFilter xs = {{std::string(128, 'x'), {}}, {std::string(129, 'x'), {}}};
+  EXPECT_EQ(EncodeChunkFilter(xs).size(), 1u + (1 + 1 + 2 + 128 + 1) + (4 + 1));
+  EXPECT_EQ(DecodeChunkFilter(EncodeChunkFilter(xs), "f").value(), xs);
   // Names of a model, sorted: the whole encoding takes fewer bytes than the names alone, and
   // so does a request naming them all; both give them back.
   CheckpointMetadata m;
@@ -576,7 +588,10 @@ TEST(MetadataWireTest, APartOfOneCellPerTensorTakesAFewBytesATensor) {
   m.save_id = "p";
   m.world_size = 64;
   m.checksum_block_bytes = uint64_t{1} << 30;
-  for (int f = 0; f < 64; ++f) m.files.push_back({"rank" + std::to_string(f), 4096, 1 << 30, f});
+  for (int f = 0; f < 64; ++f) {
+    m.files.push_back({"d-0123456789ab-r000" + std::to_string(10 + f) + "-f000.safetensors", 4096,
+                       1 << 30, f});
+  }
   for (int t = 0; t < 200; ++t) {
     TensorMetadata tensor{"layers." + std::to_string(1000 + t) + ".w", DType::kBFloat16,
                           {64 * 128, 512}, {}};
@@ -591,10 +606,10 @@ TEST(MetadataWireTest, APartOfOneCellPerTensorTakesAFewBytesATensor) {
   ChunkFilter filter;
   for (const TensorMetadata& t : m.tensors) filter[t.name] = {Box{{128 * 5, 0}, {128, 512}}};
   const std::string part = EncodeMetadataPartForWire(m, filter);
-  // Per tensor: its name's entry (7 bytes), length, dtype, shape, layout and raw flag (9), cut
+  // Per tensor: its name's entry (4 bytes), length, dtype, shape, layout and raw flag (9), cut
   // points (9), the cell's number, file and offset steps and one checksum (12 at most); at fixed
-  // width these took about 110.
-  EXPECT_LT(part.size(), 200u * 40) << part.size();
+  // width these took about 110. The file it names: 5 bytes of name, then 8.
+  EXPECT_LT(part.size(), 200u * 36 + 100) << part.size();
   Result<CheckpointMetadata> back = DecodeMetadataFromWire(part);
   ASSERT_TRUE(back.ok()) << back.status();
   for (size_t t = 0; t < m.tensors.size(); ++t) {
