@@ -508,9 +508,10 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
             "f: a box of tensor 'a' has 1 offsets and 2 sizes");
 }
 
-// Names travel as what each does not share with the start and the end of the one before: a name
-// that claims more of the one before than it has is refused, and so are names that would decode to more than sixteen
-// times the bytes sent (a few bytes can name a long name again and again).
+// Names travel as what each does not share with the start and the end of the one before: a
+// name that claims more of the one before than it has is refused, and so are names that would
+// decode to more than sixteen times the bytes sent (a few bytes can name a long name again and
+// again).
 TEST(MetadataWireTest, NamesSharedWithTheOneBeforeAreCheckedAndBounded) {
   std::string claims;
   ByteWriter c(&claims);

@@ -103,8 +103,9 @@ TEST(PlanCodecTest, RankSavePlansTakeFewBytesAWriteAndRoundTripAnyNumbers) {
     RankSavePlan random;
     for (int f = static_cast<int>(rng() % 4); f > 0; --f) random.files.push_back(any32());
     for (int w = static_cast<int>(rng() % 20); w > 0; --w) {
-      random.writes.push_back({any32(), any32(), any32(), any32(), any32(),
-                               rng() % 3 ? rng() % 100000 : rng(), rng() % 3 ? rng() % 999 : rng()});
+      const uint64_t offset = rng() % 3 ? rng() % 100000 : rng();
+      const uint64_t length = rng() % 3 ? rng() % 999 : rng();
+      random.writes.push_back({any32(), any32(), any32(), any32(), any32(), offset, length});
     }
     Result<RankSavePlan> back = DecodeRankSavePlan(EncodeRankSavePlan(random));
     ASSERT_TRUE(back.ok()) << back.status();
