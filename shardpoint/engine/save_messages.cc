@@ -115,9 +115,10 @@ Result<PlanReply> DecodePlanReply(std::string_view bytes) {
   return reply;
 }
 
-// A write report's numbers are varints: a chunk's tensor and chunk numbers the zigzagged steps
-// from the chunk's before (from 0 for the first), its checksum count, then the checksums at four
-// bytes each (ChunkReportView points at them); a file's index the step past the file's before.
+// A write report's numbers are varints: a chunk's tensor and chunk numbers as the zigzagged steps
+// from those of the chunk before (from 0 for the first), its checksum count, then the checksums
+// at four bytes each (ChunkReportView points at them); a file's index as the step from the index
+// of the file before.
 std::string EncodeWriteReport(const WriteReport& report) {
   std::string out;
   ByteWriter w(&out);

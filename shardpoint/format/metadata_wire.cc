@@ -71,8 +71,8 @@ Status GetShape(ByteReader& r, Values* v) {
   return OkStatus();
 }
 
-// The file and data offset of the chunk before, in the same tensor: each chunk's travel as their
-// steps from these (the first chunk's from file 0, offset 0).
+// The file and data offset of the chunk before, in the same tensor: a chunk's file and offset
+// travel as their steps from these (the first chunk's from file 0, offset 0).
 struct Steps {
   int64_t file = 0;
   uint64_t offset = 0;
@@ -425,9 +425,9 @@ CellsAs HowCellsTravel(const TensorMetadata& t) {
 // `name` after `previous`: the bytes it shares with the start of `previous`, those it shares
 // with its end, and the rest between them. Names in order (tensors sorted by name, data files
 // by rank) share most of theirs: "d-<id>-r00017-f000.safetensors" after "d-<id>-r00003-f000..."
-// takes five bytes. Of the ways to split what they share, the fewest bytes (a start of 128 bytes
-// takes a byte more than one of 127, which may leave one more byte to the end); so no input
-// names a name in fewer bytes than its encoding again.
+// takes five bytes. Of the ways to split what they share, the one that takes fewest bytes is
+// written (a start of 128 bytes takes a byte more than one of 127, which may leave one more
+// byte to the end), so that no input names a name in fewer bytes than its encoding again.
 void PutNameAfter(ByteWriter& w, std::string_view previous, std::string_view name) {
   const size_t most = std::min(previous.size(), name.size());
   size_t front = 0;

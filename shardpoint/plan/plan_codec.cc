@@ -172,10 +172,11 @@ Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes) {
   uint64_t next_offset = 0;
   for (ChunkWrite& write : plan.writes) {
     SP_RETURN_IF_ERROR(ReadIndex(r, "local tensor", &local_tensor, &write.local_tensor));
+    const size_t at = r.position();
     SP_ASSIGN_OR_RETURN(uint64_t local_box, r.ReadVarint());
     if (local_box > UINT32_MAX) {
       return DataLossError(r.what() + ": local box " + std::to_string(local_box) +
-                           " out of range at byte " + std::to_string(r.position()));
+                           " out of range at byte " + std::to_string(at));
     }
     write.local_box = static_cast<uint32_t>(local_box);
     SP_RETURN_IF_ERROR(ReadIndex(r, "file", &write_file, &write.file));
