@@ -42,6 +42,19 @@ Result<uint64_t> ByteReader::ReadLongVarint() {
                        " does not fit in 64 bits");
 }
 
+Result<uint32_t> ByteReader::ReadIndexStep(std::string_view field, int64_t* previous) {
+  const size_t start = pos_;
+  SP_ASSIGN_OR_RETURN(int64_t step, ReadSignedVarint());
+  int64_t index = 0;
+  if (__builtin_add_overflow(*previous, step, &index) || index < 0 || index > UINT32_MAX) {
+    return DataLossError(what_ + ": " + std::string(field) + " " + std::to_string(*previous) +
+                         " + " + std::to_string(step) + " out of range at byte " +
+                         std::to_string(start));
+  }
+  *previous = index;
+  return static_cast<uint32_t>(index);
+}
+
 Result<uint32_t> ByteReader::ReadVarintCount(size_t min_element_bytes) {
   const size_t start = pos_;
   SP_ASSIGN_OR_RETURN(uint64_t count, ReadVarint());

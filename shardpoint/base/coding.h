@@ -63,6 +63,13 @@ class ByteWriter {
     out_->append(b, n);
   }
   void PutSignedVarint(int64_t v) { PutVarint(ZigZag(v)); }
+  // A 32-bit index as the signed varint step from `*previous` (the index before it in a list,
+  // 0 for the first), which it then becomes: a list of indices that rise or repeat takes a byte
+  // an index. ByteReader::ReadIndexStep reads it.
+  void PutIndexStep(uint32_t index, int64_t* previous) {
+    PutSignedVarint(int64_t{index} - *previous);
+    *previous = index;
+  }
   // u32 length, then the bytes.
   void PutString(std::string_view s) {
     PutU32(static_cast<uint32_t>(s.size()));
@@ -115,6 +122,9 @@ class ByteReader {
     SP_ASSIGN_OR_RETURN(uint64_t v, ReadVarint());
     return UnZigZag(v);
   }
+  // An index written by ByteWriter::PutIndexStep after `*previous`, which it then becomes:
+  // kDataLoss "<what>: <field> <previous> + <step> out of range at byte N" when it leaves 32 bits.
+  Result<uint32_t> ReadIndexStep(std::string_view field, int64_t* previous);
   // A varint count, checked as ReadCount checks a u32 one.
   Result<uint32_t> ReadVarintCount(size_t min_element_bytes);
   // A u32 length then that many bytes, at most `max_len`.

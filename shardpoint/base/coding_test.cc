@@ -117,5 +117,39 @@ TEST(CodingTest, BadVarintsAreDataLossNamingThePlace) {
   EXPECT_EQ(wide.ReadVarintCount(0).status().code(), StatusCode::kDataLoss);
 }
 
+// Indices as steps from the one before: a rising list takes a byte each, any 32-bit values
+// round-trip, and a step that leaves [0, 2^32) names the field, the sum and the byte.
+TEST(CodingTest, IndexStepsRoundTripAndRefuseIndicesOutside32Bits) {
+  const std::vector<uint32_t> rising = {0, 1, 2, 5, 5, 6, 40, 41};
+  std::string buf;
+  ByteWriter w(&buf);
+  int64_t previous = 0;
+  for (uint32_t index : rising) w.PutIndexStep(index, &previous);
+  EXPECT_EQ(buf.size(), rising.size());
+  const std::vector<uint32_t> edges = {UINT32_MAX, 0, UINT32_MAX, UINT32_MAX - 1, 1u << 31, 7};
+  for (uint32_t index : edges) w.PutIndexStep(index, &previous);
+  ByteReader r(buf, "x");
+  previous = 0;
+  for (uint32_t index : rising) EXPECT_EQ(*r.ReadIndexStep("file", &previous), index);
+  for (uint32_t index : edges) EXPECT_EQ(*r.ReadIndexStep("file", &previous), index);
+  EXPECT_TRUE(r.done());
+  std::string bad;
+  ByteWriter b(&bad);
+  b.PutSignedVarint(3);
+  b.PutSignedVarint(-4);
+  b.PutSignedVarint(INT64_MAX);
+  ByteReader below(bad, "report");
+  previous = 0;
+  EXPECT_EQ(*below.ReadIndexStep("chunk", &previous), 3u);
+  ExpectDataLoss(below.ReadIndexStep("chunk", &previous).status(),
+                 "report: chunk 3 + -4 out of range at byte 1");
+  ByteReader above(bad, "report");
+  previous = 5;
+  EXPECT_EQ(*above.ReadIndexStep("chunk", &previous), 8u);
+  EXPECT_EQ(*above.ReadIndexStep("chunk", &previous), 4u);
+  ExpectDataLoss(above.ReadIndexStep("chunk", &previous).status(),
+                 "report: chunk 4 + 9223372036854775807 out of range at byte 2");
+}
+
 }  // namespace
 }  // namespace sp

@@ -125,42 +125,20 @@ std::string EncodeWriteReport(const WriteReport& report) {
   w.PutVarint(report.chunks.size());
   int64_t tensor = 0, chunk = 0;
   for (const ChunkReport& c : report.chunks) {
-    w.PutSignedVarint(int64_t{c.tensor} - tensor);
-    w.PutSignedVarint(int64_t{c.chunk} - chunk);
-    tensor = c.tensor;
-    chunk = c.chunk;
+    w.PutIndexStep(c.tensor, &tensor);
+    w.PutIndexStep(c.chunk, &chunk);
     w.PutVarint(c.block_crc32c.size());
     for (uint32_t crc : c.block_crc32c) w.PutU32(crc);
   }
   w.PutVarint(report.files.size());
   int64_t file = 0;
   for (const FileReport& f : report.files) {
-    w.PutSignedVarint(int64_t{f.index} - file);
-    file = f.index;
+    w.PutIndexStep(f.index, &file);
     w.PutVarint(f.data_start);
     w.PutVarint(f.size);
   }
   return out;
 }
-
-namespace {
-
-// A 32-bit number from its step after `previous` (EncodeWriteReport).
-Status ReadReportIndex(ByteReader& r, const char* field, int64_t* previous, uint32_t* value) {
-  const size_t at = r.position();
-  SP_ASSIGN_OR_RETURN(int64_t step, r.ReadSignedVarint());
-  int64_t v = 0;
-  if (__builtin_add_overflow(*previous, step, &v) || v < 0 || v > UINT32_MAX) {
-    return DataLossError("write report: " + std::string(field) + " " +
-                         std::to_string(*previous) + " + " + std::to_string(step) +
-                         " out of range at byte " + std::to_string(at));
-  }
-  *previous = v;
-  *value = static_cast<uint32_t>(v);
-  return OkStatus();
-}
-
-}  // namespace
 
 Status ScanWriteReport(std::string_view bytes,
                        const std::function<Status(const ChunkReportView&)>& on_chunk,
@@ -170,8 +148,8 @@ Status ScanWriteReport(std::string_view bytes,
   int64_t tensor = 0, chunk = 0;
   for (uint32_t i = 0; i < chunks; ++i) {
     ChunkReportView c;
-    SP_RETURN_IF_ERROR(ReadReportIndex(r, "tensor", &tensor, &c.tensor));
-    SP_RETURN_IF_ERROR(ReadReportIndex(r, "chunk", &chunk, &c.chunk));
+    SP_ASSIGN_OR_RETURN(c.tensor, r.ReadIndexStep("tensor", &tensor));
+    SP_ASSIGN_OR_RETURN(c.chunk, r.ReadIndexStep("chunk", &chunk));
     SP_ASSIGN_OR_RETURN(c.crc_count, r.ReadVarintCount(4));
     SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(sizeof(uint32_t) * c.crc_count));
     c.crcs = crcs.data();
@@ -181,7 +159,7 @@ Status ScanWriteReport(std::string_view bytes,
   int64_t file = 0;
   for (uint32_t i = 0; i < files; ++i) {
     FileReport f;
-    SP_RETURN_IF_ERROR(ReadReportIndex(r, "file", &file, &f.index));
+    SP_ASSIGN_OR_RETURN(f.index, r.ReadIndexStep("file", &file));
     SP_ASSIGN_OR_RETURN(f.data_start, r.ReadVarint());
     SP_ASSIGN_OR_RETURN(f.size, r.ReadVarint());
     SP_RETURN_IF_ERROR(on_file(f));

@@ -105,53 +105,24 @@ Status DecodeLocalSavePlanInto(std::string_view bytes, GatheredPlans* plans) {
   return ExpectDone(r);
 }
 
-namespace {
-
-// The step from `previous` to `value`, as the rank plan stores an index.
-int64_t IndexStep(uint32_t value, int64_t previous) { return int64_t{value} - previous; }
-
-// An index from its step after `previous`: kDataLoss naming `field` when it leaves 32 bits.
-Status ReadIndex(ByteReader& r, const char* field, int64_t* previous, uint32_t* value) {
-  const size_t at = r.position();
-  SP_ASSIGN_OR_RETURN(int64_t step, r.ReadSignedVarint());
-  int64_t v = 0;
-  if (__builtin_add_overflow(*previous, step, &v) || v < 0 || v > UINT32_MAX) {
-    return DataLossError(r.what() + ": " + field + " " + std::to_string(*previous) + " + " +
-                         std::to_string(step) + " out of range at byte " +
-                         std::to_string(at));
-  }
-  *value = static_cast<uint32_t>(v);
-  *previous = v;
-  return OkStatus();
-}
-
-}  // namespace
-
 std::string EncodeRankSavePlan(const RankSavePlan& plan) {
   std::string out;
   ByteWriter w(&out);
   w.PutU32(kRankSavePlanMagic);
   w.PutVarint(plan.files.size());
   int64_t file = 0;
-  for (uint32_t f : plan.files) {
-    w.PutSignedVarint(IndexStep(f, file));
-    file = f;
-  }
+  for (uint32_t f : plan.files) w.PutIndexStep(f, &file);
   w.PutVarint(plan.writes.size());
   int64_t local_tensor = 0, write_file = 0, tensor = 0, chunk = 0;
   uint64_t next_offset = 0;  // where the write before ends
   for (const ChunkWrite& write : plan.writes) {
-    w.PutSignedVarint(IndexStep(write.local_tensor, local_tensor));
+    w.PutIndexStep(write.local_tensor, &local_tensor);
     w.PutVarint(write.local_box);
-    w.PutSignedVarint(IndexStep(write.file, write_file));
-    w.PutSignedVarint(IndexStep(write.tensor, tensor));
-    w.PutSignedVarint(IndexStep(write.chunk, chunk));
+    w.PutIndexStep(write.file, &write_file);
+    w.PutIndexStep(write.tensor, &tensor);
+    w.PutIndexStep(write.chunk, &chunk);
     w.PutSignedVarint(static_cast<int64_t>(write.data_offset - next_offset));
     w.PutVarint(write.byte_length);
-    local_tensor = write.local_tensor;
-    write_file = write.file;
-    tensor = write.tensor;
-    chunk = write.chunk;
     next_offset = write.data_offset + write.byte_length;
   }
   return Seal(std::move(out));
@@ -165,13 +136,15 @@ Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes) {
   SP_ASSIGN_OR_RETURN(uint32_t num_files, r.ReadVarintCount(1));
   plan.files.resize(num_files);
   int64_t file = 0;
-  for (uint32_t& f : plan.files) SP_RETURN_IF_ERROR(ReadIndex(r, "file", &file, &f));
+  for (uint32_t& f : plan.files) {
+    SP_ASSIGN_OR_RETURN(f, r.ReadIndexStep("file", &file));
+  }
   SP_ASSIGN_OR_RETURN(uint32_t num_writes, r.ReadVarintCount(kWriteBytes));
   plan.writes.resize(num_writes);
   int64_t local_tensor = 0, write_file = 0, tensor = 0, chunk = 0;
   uint64_t next_offset = 0;
   for (ChunkWrite& write : plan.writes) {
-    SP_RETURN_IF_ERROR(ReadIndex(r, "local tensor", &local_tensor, &write.local_tensor));
+    SP_ASSIGN_OR_RETURN(write.local_tensor, r.ReadIndexStep("local tensor", &local_tensor));
     const size_t at = r.position();
     SP_ASSIGN_OR_RETURN(uint64_t local_box, r.ReadVarint());
     if (local_box > UINT32_MAX) {
@@ -179,9 +152,9 @@ Result<RankSavePlan> DecodeRankSavePlan(std::string_view bytes) {
                            " out of range at byte " + std::to_string(at));
     }
     write.local_box = static_cast<uint32_t>(local_box);
-    SP_RETURN_IF_ERROR(ReadIndex(r, "file", &write_file, &write.file));
-    SP_RETURN_IF_ERROR(ReadIndex(r, "tensor", &tensor, &write.tensor));
-    SP_RETURN_IF_ERROR(ReadIndex(r, "chunk", &chunk, &write.chunk));
+    SP_ASSIGN_OR_RETURN(write.file, r.ReadIndexStep("file", &write_file));
+    SP_ASSIGN_OR_RETURN(write.tensor, r.ReadIndexStep("tensor", &tensor));
+    SP_ASSIGN_OR_RETURN(write.chunk, r.ReadIndexStep("chunk", &chunk));
     SP_ASSIGN_OR_RETURN(int64_t offset_step, r.ReadSignedVarint());
     write.data_offset = next_offset + static_cast<uint64_t>(offset_step);
     SP_ASSIGN_OR_RETURN(write.byte_length, r.ReadVarint());
