@@ -78,6 +78,7 @@
 #include "shardpoint/engine/write_reports.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -341,7 +342,7 @@ enum class Commit { kInPlace, kApart, kCopied };
 // from rank 0 alone; otherwise every rank's whole local plan (as saves sent them before).
 // Returns false on a failure (printed).
 bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, bool keep_writes,
-                        sp::ThreadPool* pool) {
+                        bool grid_cells, sp::ThreadPool* pool) {
   std::vector<std::string> gathered(ranks);
   size_t gathered_bytes = 0;
   for (int64_t r = 0; r < ranks; ++r) {
@@ -376,6 +377,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     sp::SavePlanOptions options;
     options.save_id = "bench";
     options.pool = pool;
+    options.grid_cells = grid_cells;  // as a native save plans (engine/save.cc)
     sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(plans, options);
     if (!plan.ok()) {
       std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());
@@ -391,8 +393,10 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     // (CheckpointWriter::ranks_build_headers), so the coordinator only names the files.
     if (!writer->NameFiles(store, "/bench", &plan->metadata).ok()) return false;
     std::vector<uint64_t> data_bytes(plan->metadata.files.size(), 0);
+    std::vector<uint64_t> lengths;
     for (const sp::TensorMetadata& t : plan->metadata.tensors) {
-      for (const sp::StoredChunk& c : t.chunks) data_bytes[c.file] += c.byte_length;
+      sp::ChunkByteLengths(t, &lengths);
+      for (size_t c = 0; c < lengths.size(); ++c) data_bytes[sp::ChunkFile(t, c)] += lengths[c];
     }
     for (size_t f = 0; f < data_bytes.size(); ++f) {  // as the reports set them
       plan->metadata.files[f].data_start = 4096;
@@ -410,7 +414,13 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     for (const std::string& reply : replies) reply_bytes += reply.size();
     replies = {};
     const uint64_t block_bytes = plan->metadata.checksum_block_bytes;
-    if (commit == Commit::kInPlace) {
+    if (commit == Commit::kInPlace && grid_cells) {
+      // As engine/save.cc commits a plan holding grid cells: the checksums in a table apart.
+      metadata_bytes = sp::EncodeMetadata(sp::WithoutTensors(plan->metadata),
+                                          plan->metadata.tensors,
+                                          ReportedChecksums(plan->metadata.tensors, block_bytes))
+                           .size();
+    } else if (commit == Commit::kInPlace) {
       FillCommittedChecksums(block_bytes, &plan->metadata.tensors);
       metadata_bytes = sp::EncodeMetadata(plan->metadata).size();
     } else {
@@ -438,7 +448,8 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
   const double peak = StatusMiB("VmHWM");
   if (ruled) {
     std::printf("  coordinator, ruled plans (layout rules; a digest from each rank, the shared "
-                "part from rank 0)%s:\n",
+                "part from rank 0)%s%s:\n",
+                grid_cells ? "" : ", every chunk listed (grid tensors not held as cells; before)",
                 commit == Commit::kApart    ? ", committed as with a plan cache"
                 : commit == Commit::kCopied ? ", committed as with a plan cache through a copy of "
                                               "the plan (as before)"
@@ -487,7 +498,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
 // Runs the coordinator's measurement in a child process (so that its heap neither counts in the
 // other's peak nor weighs on the timings after it). Returns false when it failed.
 bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool ruled,
-                             int threads) {
+                             bool grid_cells, int threads) {
   std::fflush(stdout);
   const std::string ranks_arg = std::to_string(ranks), tensors_arg = std::to_string(tensors);
   const std::string threads_arg = std::to_string(threads);
@@ -495,6 +506,7 @@ bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool 
   if (child == 0) {
     execl("/proc/self/exe", self, ranks_arg.c_str(), tensors_arg.c_str(),
           ruled ? "--coordinator-ruled" : "--coordinator-only", "--threads", threads_arg.c_str(),
+          grid_cells ? static_cast<char*>(nullptr) : "--chunk-lists",
           static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -570,6 +582,7 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
 int main(int argc, char** argv) {
   bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false;
   bool open_only = false, runs_given = false, usage = false, keep_writes = false;
+  bool grid_cells = true;
   Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
   std::vector<const char*> positional;
@@ -594,6 +607,8 @@ int main(int argc, char** argv) {
       usage = usage || commit == Commit::kInPlace;
     } else if (std::strcmp(argv[i], "--keep-writes") == 0) {
       keep_writes = true;
+    } else if (std::strcmp(argv[i], "--chunk-lists") == 0) {
+      grid_cells = false;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
       usage = usage || threads < 1;
@@ -608,11 +623,12 @@ int main(int argc, char** argv) {
   if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
       coordinator_only + coordinator_ruled + plan_save_only + open_only > 1 ||
       (runs_given && !plan_save_only && !open_only) ||
-      ((commit != Commit::kInPlace || keep_writes) && !coordinator_ruled)) {
+      ((commit != Commit::kInPlace || keep_writes) && !coordinator_ruled) ||
+      (!grid_cells && !coordinator_ruled && !coordinator_only)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
                  "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] "
-                 "[--keep-writes] | "
+                 "[--keep-writes] [--chunk-lists] | "
                  "--plan-save-only | --open-only] [--threads N >= 1] [--runs N >= 1]\n");
     return 2;
   }
@@ -620,15 +636,23 @@ int main(int argc, char** argv) {
   std::unique_ptr<sp::ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<sp::ThreadPool>(threads);
   if (coordinator_ruled) {
-    return MeasureCoordinator(ranks, tensors, true, commit, keep_writes, pool.get()) ? 0 : 1;
+    return MeasureCoordinator(ranks, tensors, true, commit, keep_writes, grid_cells, pool.get())
+               ? 0
+               : 1;
   }
   if (coordinator_only) {
-    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, false, pool.get()) ? 0 : 1;
+    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, false, grid_cells,
+                              pool.get())
+               ? 0
+               : 1;
   }
   if (!plan_save_only && !open_only) {
     std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
-    for (bool ruled : {false, true}) {
-      if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, threads)) {
+    // The whole plans, then the ruled ones as a save plans them (grid tensors held as cells), then
+    // the ruled ones with every chunk listed (the plans before grid cells, the baseline).
+    const std::pair<bool, bool> runs[] = {{false, true}, {true, true}, {true, false}};
+    for (const auto& [ruled, cells] : runs) {
+      if (!MeasureCoordinatorApart(argv[0], ranks, tensors, ruled, cells, threads)) {
         std::fprintf(stderr, "the coordinator's measurement failed\n");
         return 1;
       }
@@ -657,7 +681,7 @@ int main(int argc, char** argv) {
   const Timing save_gathered = Median([&] { return sp::PlanSave(gathered_plans, options); });
   gathered_plans = {};
   // And on the ruled plans a save sends (its layouts' rules, the irregular tenth as boxes).
-  Timing save_ruled;
+  Timing save_ruled, save_ruled_cells;
   {
     std::vector<std::string> messages(ranks);
     for (int64_t r = 0; r < ranks; ++r) {
@@ -667,16 +691,19 @@ int main(int argc, char** argv) {
     sp::GatheredPlans ruled_plans(messages.size());
     if (!DecodeRuled(messages, &ruled_plans)) return 1;
     save_ruled = Median([&] { return sp::PlanSave(ruled_plans, options); });
+    sp::SavePlanOptions as_cells = options;
+    as_cells.grid_cells = true;
+    save_ruled_cells = Median([&] { return sp::PlanSave(ruled_plans, as_cells); });
   }
   if (plan_save_only) {
     // One line for bench/dcp_plan_bench.py, which plans the same layout with torch DCP's planner
     // and checks that both find the same chunks.
     std::printf("plan_save ranks=%lld tensors=%d threads=%d chunks=%zu chunk_bytes=%llu "
-                "digest=%llu whole_s=%.6f gathered_s=%.6f ruled_s=%.6f\n",
+                "digest=%llu whole_s=%.6f gathered_s=%.6f ruled_s=%.6f ruled_cells_s=%.6f\n",
                 static_cast<long long>(ranks), tensors, threads, chunks,
                 static_cast<unsigned long long>(chunk_bytes),
                 static_cast<unsigned long long>(ChunkDigest(plan->metadata)), save.wall_s,
-                save_gathered.wall_s, save_ruled.wall_s);
+                save_gathered.wall_s, save_ruled.wall_s, save_ruled_cells.wall_s);
     return 0;
   }
 
@@ -947,8 +974,10 @@ int main(int argc, char** argv) {
               "%.4f s cpu\n",
               save_gathered.wall_s, save_gathered.cpu_s);
   std::printf("    and on the ruled plans a save sends (the layouts' rules; the irregular tenth as "
-              "boxes): %.4f s wall, %.4f s cpu\n",
-              save_ruled.wall_s, save_ruled.cpu_s);
+              "boxes): %.4f s wall, %.4f s cpu; with grid tensors held as cells, as a native save "
+              "plans them: %.4f s wall, %.4f s cpu\n",
+              save_ruled.wall_s, save_ruled.cpu_s, save_ruled_cells.wall_s,
+              save_ruled_cells.cpu_s);
   std::printf(
       "  native file layout median of 5: %.4f s wall, %.4f s cpu  (%zu files: names and "
       "headers, with a copy of the metadata)\n",

@@ -2249,20 +2249,23 @@ TEST_F(PlanCacheTest, ASmallPlanIsKeptWholeByDefault) {
   w.save = MeshOf(w.shape, Mesh({2, 2}, {Placement::Shard(0), Placement::Shard(1)}));
   w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(1)}));
   Case c = MakeCase({w}, 4, 3);
-  for (uint64_t above : {SavePlanCache::kDefaultKeepFileAboveBytes, uint64_t{4 * 128}}) {
+  // A native plan holds the tensor's four chunks, a grid, as four cells of 12 bytes each (its
+  // file and offset; SavePlanOptions::grid_cells): kept whole at the threshold, as the file above
+  // it.
+  const uint64_t cells_bytes = 4 * (sizeof(uint32_t) + sizeof(uint64_t));
+  for (uint64_t above : {SavePlanCache::kDefaultKeepFileAboveBytes, cells_bytes}) {
     SCOPED_TRACE("keep_file_above_bytes " + std::to_string(above));
     SavePlanCache cache(above);
     const std::string dir = "/small" + std::to_string(above);
     ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, dir + "/0", false));
-    // Four chunks of 128 bytes each: kept whole at the threshold, as the file above it.
-    EXPECT_EQ(cache.plan_bytes(), 4 * sizeof(StoredChunk));
+    EXPECT_EQ(cache.plan_bytes(), cells_bytes);
     NewValues(&c, 5);
     ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, dir + "/1", true));
-    EXPECT_EQ(cache.plan_bytes(), 4 * sizeof(StoredChunk));
+    EXPECT_EQ(cache.plan_bytes(), cells_bytes);
     ASSERT_NO_FATAL_FAILURE(LoadOk(c, dir + "/1"));
     ExpectLoaded(c, initial_, loaded_);
   }
-  SavePlanCache cache(4 * 128 - 1);
+  SavePlanCache cache(cells_bytes - 1);
   ASSERT_NO_FATAL_FAILURE(SaveThrough(c, cache, "/small/file", false));
   ExpectPlanKeptAsItsFile(cache, "/small/file");
 }

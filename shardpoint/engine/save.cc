@@ -421,6 +421,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_options.checksum_block_bytes = options.checksum_block_bytes;
     plan_options.separate_key_prefixes = options.separate_key_prefixes;
     plan_options.pool = &pool;
+    // A format whose ranks build their headers only names the files here: its plan may hold grid
+    // tensors as their cells (12 bytes a chunk instead of 128), which the commit encodes as they
+    // are.
+    plan_options.grid_cells = writer->ranks_build_headers();
     SP_ASSIGN_OR_RETURN(plan, PlanSave(gathered, plan_options));
   }
   // A new plan for the cache. Where the ranks build their files' headers, the coordinator only
@@ -459,7 +463,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   std::vector<char> rank_moved(plan.ranks.size(), 0);
   SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(plan.ranks.size()), [&](int64_t r) {
     for (ChunkWrite& w : plan.ranks[r].writes) {
-      const uint64_t placed = plan.metadata.tensors.at(w.tensor).chunks.at(w.chunk).data_offset;
+      const uint64_t placed = ChunkDataOffset(plan.metadata.tensors.at(w.tensor), w.chunk);
       rank_moved[r] |= placed != w.data_offset;
       w.data_offset = placed;
     }
@@ -693,13 +697,17 @@ std::shared_ptr<const GlobalSavePlan> WithoutChunks(const GlobalSavePlan& plan) 
 
 // The plan `compact` (WithoutChunks) with its chunks decoded from `file`, the metadata file a save
 // from that plan committed: the same tensors in the same order, each with the plan's chunks in
-// the plan's order (the ranks' cached writes name them by index), holding that save's checksums.
+// the plan's order (the ranks' cached writes name them by index), a grid tensor's as its cells.
+// Their checksums are not needed: the commit takes the ranks' apart.
 // Anything else is an internal error: the cache holds a file that is not its plan's.
 Result<std::shared_ptr<const GlobalSavePlan>> RestoreChunks(const GlobalSavePlan& compact,
                                                            const std::string& file,
                                                            std::string_view path,
                                                            ThreadPool* pool) {
-  Result<CheckpointMetadata> decoded = DecodeMetadata(file, JoinPath(path, "(cached plan)"), pool);
+  // Its grid tensors as cells, as PlanSave holds them (SavePlanOptions::grid_cells), each as it is
+  // decoded: the chunks of all of them at once would be 600 MiB at 8,192 ranks x 1,000 tensors.
+  Result<CheckpointMetadata> decoded =
+      DecodeMetadata(file, JoinPath(path, "(cached plan)"), pool, nullptr, /*grid_cells=*/true);
   if (!decoded.ok()) {
     return InternalError("the save plan cache's copy of its plan does not decode: " +
                          decoded.status().ToString());
@@ -745,10 +753,13 @@ Status CommitOnCoordinator(std::vector<std::string> reports, std::string_view pa
                            const std::vector<TensorMetadata>& tensors,
                            CheckpointMetadata* metadata, ThreadPool* pool,
                            std::string* committed_file) {
-  // The checksums are kept apart only where the tensors are not the metadata's own: a table of
-  // them costs 12 bytes a chunk more than filling them in.
+  // The checksums are kept apart only where the tensors are not the metadata's own or hold grid
+  // cells (which have no checksums to fill in): a table of them costs 12 bytes a chunk more than
+  // filling them in.
   std::string encoded;
-  if (&tensors == &metadata->tensors) {
+  const bool cells = std::any_of(tensors.begin(), tensors.end(),
+                                 [](const TensorMetadata& t) { return t.cells.has_value(); });
+  if (&tensors == &metadata->tensors && !cells) {
     SP_RETURN_IF_ERROR(CollectReports(reports, tensors, metadata, nullptr, pool));
     std::vector<std::string>().swap(reports);
     SP_ASSIGN_OR_RETURN(encoded, writer.PrepareCommit(store, path, coordinator, metadata));

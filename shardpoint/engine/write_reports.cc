@@ -5,6 +5,7 @@
 
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
 
@@ -20,7 +21,11 @@ Status CollectReports(const std::vector<std::string>& reports,
   // checksums at once; a file is taken only from its writer's report, so by one thread.
   std::vector<uint64_t> first_chunk(tensors.size() + 1, 0);
   for (size_t t = 0; t < tensors.size(); ++t) {
-    first_chunk[t + 1] = first_chunk[t] + tensors[t].chunks.size();
+    if (tensors[t].cells && checksums == nullptr) {  // no chunks to fill in
+      return InternalError("tensor '" + tensors[t].name +
+                           "' is held as grid cells: its checksums must be kept apart");
+    }
+    first_chunk[t + 1] = first_chunk[t] + ChunkCount(tensors[t]);
   }
   const std::unique_ptr<std::atomic<uint8_t>[]> chunk_reported(
       new std::atomic<uint8_t>[first_chunk.back()]());
@@ -31,7 +36,7 @@ Status CollectReports(const std::vector<std::string>& reports,
     Status scanned = ScanWriteReport(
         reports[r],
         [&](const ChunkReportView& c) -> Status {
-          if (c.tensor >= tensors.size() || c.chunk >= tensors[c.tensor].chunks.size()) {
+          if (c.tensor >= tensors.size() || c.chunk >= ChunkCount(tensors[c.tensor])) {
             return InternalError(rank + " reported an unknown chunk (tensor " +
                                  std::to_string(c.tensor) + ", chunk " + std::to_string(c.chunk) +
                                  ")");
@@ -49,13 +54,13 @@ Status CollectReports(const std::vector<std::string>& reports,
           if (c.crc_count != expected) {
             return InternalError(rank + " reported " + std::to_string(c.crc_count) +
                                  " block checksums of tensor '" + tensor.name + "' chunk " +
-                                 tensor.chunks[c.chunk].box.ToString() + ", expected " +
+                                 ChunkBox(tensor, c.chunk).ToString() + ", expected " +
                                  std::to_string(expected));
           }
           if (chunk_reported[first_chunk[c.tensor] + c.chunk].exchange(
                   1, std::memory_order_relaxed) != 0) {
             return InternalError(rank + " reported tensor '" + tensor.name + "' chunk " +
-                                 tensor.chunks[c.chunk].box.ToString() +
+                                 ChunkBox(tensor, c.chunk).ToString() +
                                  ", which another rank reported too");
           }
           if (table != nullptr) {
@@ -107,10 +112,10 @@ Status CollectReports(const std::vector<std::string>& reports,
     }
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
-    for (size_t c = 0; c < tensors[t].chunks.size(); ++c) {
+    for (size_t c = 0; c < ChunkCount(tensors[t]); ++c) {
       if (chunk_reported[first_chunk[t] + c].load(std::memory_order_relaxed) == 0) {
         return InternalError("no rank reported writing tensor '" + tensors[t].name + "' chunk " +
-                             tensors[t].chunks[c].box.ToString());
+                             ChunkBox(tensors[t], c).ToString());
       }
     }
   }

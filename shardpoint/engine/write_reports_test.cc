@@ -10,6 +10,7 @@
 
 #include "shardpoint/engine/save_messages.h"
 #include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
 namespace {
@@ -108,13 +109,33 @@ Result<std::vector<TensorMetadata>> CollectInPlace(const Case& c, ThreadPool* po
   return metadata.tensors;
 }
 
+// CollectReports of `c` with every tensor whose chunks form a grid held as its cells, as a save
+// plan holds it (SavePlanOptions::grid_cells): the checksums kept apart, then filled into a copy
+// of the plan's tensors, which gives them their chunks.
+Result<std::vector<TensorMetadata>> CollectAsCells(const Case& c, ThreadPool* pool,
+                                                   std::vector<DataFile>* files) {
+  std::vector<TensorMetadata> tensors = c.metadata.tensors;
+  for (TensorMetadata& t : tensors) {
+    t.grid = FindChunkGrid(t.chunks, t.shape);
+    CompactGridCells(&t);
+  }
+  CheckpointMetadata summary = c.metadata;
+  summary.tensors.clear();
+  ChunkChecksums checksums;
+  SP_RETURN_IF_ERROR(CollectReports(Encoded(c.reports), tensors, &summary, &checksums, pool));
+  SP_RETURN_IF_ERROR(FillChecksums(checksums, &tensors));
+  for (TensorMetadata& t : tensors) t.grid.reset();  // not in the cases' tensors
+  *files = summary.files;
+  return tensors;
+}
+
 TEST(WriteReportsTest, RandomPlansCollectTheReportedChecksumsAndFilesOnOneThreadOrAPool) {
   std::mt19937_64 rng(20261129);
   ThreadPool pool(3);
   for (int trial = 0; trial < 200; ++trial) {
     const Case c = RandomCase(rng, 1 + trial % 6);
     for (ThreadPool* on : {static_cast<ThreadPool*>(nullptr), &pool}) {
-      for (auto* collect : {&CollectApart, &CollectInPlace}) {
+      for (auto* collect : {&CollectApart, &CollectInPlace, &CollectAsCells}) {
         std::vector<DataFile> files;
         Result<std::vector<TensorMetadata>> tensors = collect(c, on, &files);
         ASSERT_TRUE(tensors.ok()) << "trial " << trial << ": " << tensors.status();
@@ -134,6 +155,8 @@ std::string ErrorOf(const Case& c, ThreadPool* pool) {
   EXPECT_EQ(CollectApart(c, pool, &files).status(), one);
   EXPECT_EQ(CollectInPlace(c, nullptr, &files).status(), one);
   EXPECT_EQ(CollectInPlace(c, pool, &files).status(), one);
+  EXPECT_EQ(CollectAsCells(c, nullptr, &files).status(), one);
+  EXPECT_EQ(CollectAsCells(c, pool, &files).status(), one);
   return one.message();
 }
 
@@ -250,6 +273,19 @@ TEST(WriteReportsTest, AChunkTwoRanksReportIsRefused) {
       }
     }
   }
+}
+
+TEST(WriteReportsTest, GridCellsTakeTheirChecksumsOnlyApart) {
+  std::mt19937_64 rng(11);
+  Case c = RandomCase(rng, 2);
+  TensorMetadata& t = c.metadata.tensors[0];
+  t.chunks = {StoredChunk(Box(Dims{0}, Dims{4}), 0, 0, 4), StoredChunk(Box(Dims{4}, Dims{4}), 0, 4, 4)};
+  t.shape = Shape{8};
+  t.grid = FindChunkGrid(t.chunks, t.shape);
+  ASSERT_TRUE(CompactGridCells(&t));
+  const Status s = CollectReports(Encoded(c.reports), c.metadata.tensors, &c.metadata, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "tensor 't0' is held as grid cells: its checksums must be kept apart");
 }
 
 }  // namespace

@@ -129,6 +129,75 @@ Box GridCellBox(const ChunkGrid& grid, uint64_t index) {
   return box;
 }
 
+void GridCellByteLengths(const ChunkGrid& grid, uint64_t element_bytes,
+                         std::vector<uint64_t>* out) {
+  const size_t rank = grid.bounds.size();
+  out->resize(grid.cell_count());
+  if (out->empty()) return;
+  // An odometer over the cells, the last dimension fastest, with the volume of every prefix of
+  // the dimensions: a step recomputes the products from the dimension that moved.
+  std::vector<size_t> k(rank, 0);
+  std::vector<uint64_t> prefix(rank + 1, element_bytes);
+  const auto length = [&](size_t d) {
+    return static_cast<uint64_t>(grid.bounds[d][k[d] + 1] - grid.bounds[d][k[d]]);
+  };
+  for (size_t d = 0; d < rank; ++d) prefix[d + 1] = prefix[d] * length(d);
+  for (uint64_t& bytes : *out) {
+    bytes = prefix[rank];
+    size_t d = rank;
+    while (d-- > 0) {
+      if (++k[d] + 1 < grid.bounds[d].size()) break;
+      k[d] = 0;
+    }
+    if (d == static_cast<size_t>(-1)) break;
+    for (size_t e = d; e < rank; ++e) prefix[e + 1] = prefix[e] * length(e);
+  }
+}
+
+void ChunkByteLengths(const TensorMetadata& tensor, std::vector<uint64_t>* out) {
+  if (tensor.cells) {
+    GridCellByteLengths(*tensor.grid, DTypeSize(tensor.dtype), out);
+    return;
+  }
+  out->resize(tensor.chunks.size());
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) (*out)[c] = tensor.chunks[c].byte_length;
+}
+
+Box ChunkBox(const TensorMetadata& tensor, size_t c) {
+  return tensor.cells ? GridCellBox(*tensor.grid, c) : tensor.chunks[c].box;
+}
+
+void ExpandGridCells(TensorMetadata* tensor) {
+  if (!tensor->cells) return;
+  const GridCells& cells = *tensor->cells;
+  std::vector<uint64_t> lengths;
+  GridCellByteLengths(*tensor->grid, DTypeSize(tensor->dtype), &lengths);
+  tensor->chunks.clear();
+  tensor->chunks.reserve(lengths.size());
+  for (size_t c = 0; c < lengths.size(); ++c) {
+    tensor->chunks.emplace_back(GridCellBox(*tensor->grid, c), cells.files[c],
+                                cells.data_offsets[c], lengths[c]);
+  }
+  tensor->cells.reset();
+}
+
+bool CompactGridCells(TensorMetadata* tensor) {
+  if (!tensor->grid || tensor->cells || tensor->kept) return false;
+  for (const StoredChunk& chunk : tensor->chunks) {
+    if (chunk.encoding != ChunkEncoding::kRaw) return false;
+  }
+  GridCells cells;
+  cells.files.resize(tensor->chunks.size());
+  cells.data_offsets.resize(tensor->chunks.size());
+  for (size_t c = 0; c < tensor->chunks.size(); ++c) {
+    cells.files[c] = tensor->chunks[c].file;
+    cells.data_offsets[c] = tensor->chunks[c].data_offset;
+  }
+  std::vector<StoredChunk>().swap(tensor->chunks);
+  tensor->cells = std::move(cells);
+  return true;
+}
+
 std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, const Shape& shape) {
   const size_t rank = shape.size();
   if (rank == 0 || chunks.size() > std::numeric_limits<uint32_t>::max()) return std::nullopt;

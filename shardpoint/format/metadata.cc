@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/chunk_grid.h"
 
 namespace sp {
 
@@ -22,7 +23,13 @@ CheckpointMetadata WithoutTensors(const CheckpointMetadata& metadata) {
 
 uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
   uint64_t bytes = 0;
-  for (const TensorMetadata& t : tensors) bytes += t.chunks.capacity() * sizeof(StoredChunk);
+  for (const TensorMetadata& t : tensors) {
+    bytes += t.chunks.capacity() * sizeof(StoredChunk);
+    if (t.cells) {
+      bytes += t.cells->files.capacity() * sizeof(uint32_t) +
+               t.cells->data_offsets.capacity() * sizeof(uint64_t);
+    }
+  }
   return bytes;
 }
 
@@ -231,13 +238,14 @@ Result<ChunkChecksums> LayOutChunkChecksums(const std::vector<TensorMetadata>& t
   ChunkChecksums checksums;
   checksums.tensors.resize(tensors.size());
   const auto lay_out = [&](int64_t t) {
-    const std::vector<StoredChunk>& chunks = tensors[t].chunks;
+    std::vector<uint64_t> lengths;
+    ChunkByteLengths(tensors[t], &lengths);
     ChunkChecksums::Tensor& table = checksums.tensors[t];
-    table.starts.resize(chunks.size() + 1);
+    table.starts.resize(lengths.size() + 1);
     uint64_t blocks = 0;
-    for (size_t c = 0; c < chunks.size(); ++c) {
+    for (size_t c = 0; c < lengths.size(); ++c) {
       table.starts[c] = blocks;
-      blocks += ChecksumBlockCount(chunks[c].byte_length, block_bytes);
+      blocks += ChecksumBlockCount(lengths[c], block_bytes);
     }
     table.starts.back() = blocks;
     table.crcs.resize(blocks);
@@ -258,11 +266,10 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
                          " tensors for metadata of " + std::to_string(tensors.size()));
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
-    if (checksums.tensors[t].starts.size() != tensors[t].chunks.size() + 1) {
+    if (checksums.tensors[t].starts.size() != ChunkCount(tensors[t]) + 1) {
       return InternalError("the checksums of tensor '" + tensors[t].name + "' are for " +
                            std::to_string(checksums.tensors[t].starts.size()) +
-                           " chunk boundaries, not " +
-                           std::to_string(tensors[t].chunks.size() + 1));
+                           " chunk boundaries, not " + std::to_string(ChunkCount(tensors[t]) + 1));
     }
   }
   return OkStatus();
@@ -271,6 +278,7 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
 Status FillChecksums(const ChunkChecksums& checksums, std::vector<TensorMetadata>* tensors) {
   SP_RETURN_IF_ERROR(CheckChecksumsFit(*tensors, checksums));
   for (size_t t = 0; t < tensors->size(); ++t) {
+    if ((*tensors)[t].cells) ExpandGridCells(&(*tensors)[t]);
     std::vector<StoredChunk>& chunks = (*tensors)[t].chunks;
     for (size_t c = 0; c < chunks.size(); ++c) {
       chunks[c].block_crc32c = InlineVector<uint32_t, 2>(checksums.tensors[t].of(c));

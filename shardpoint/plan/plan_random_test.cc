@@ -19,6 +19,7 @@ namespace {
 using ::sp::testing::ForEachElement;
 using ::sp::testing::LinearIndex;
 using ::sp::testing::Mesh;
+using ::sp::testing::WithCellsExpanded;
 using ::sp::testing::MeshBox;
 using ::sp::testing::RandomMesh;
 
@@ -186,6 +187,7 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   std::mt19937_64 rng(20240601);
   ThreadPool pool(3);
   int grids = 0, other = 0;  // tensors of several chunks whose chunks form a grid, or not
+  int cell_tensors = 0;      // tensors a plan made with SavePlanOptions::grid_cells holds as cells
   for (int trial = 0; trial < 400; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int64_t world = 1 + rng() % 12;
@@ -221,6 +223,14 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
     ASSERT_TRUE(again.ok());
     ASSERT_EQ(again->ranks, plan->ranks) << "planning is not deterministic";
     ASSERT_EQ(again->metadata, plan->metadata);
+    // With its grid tensors held as cells: the same plan once they are expanded.
+    SavePlanOptions as_cells = pooled;
+    as_cells.grid_cells = true;
+    Result<GlobalSavePlan> celled = PlanSave(locals, as_cells);
+    ASSERT_TRUE(celled.ok()) << celled.status();
+    const GlobalSavePlan expanded = WithCellsExpanded(*std::move(celled), &cell_tensors);
+    ASSERT_EQ(expanded.ranks, plan->ranks);
+    ASSERT_EQ(expanded.metadata, plan->metadata);
     // The coordinator's way: every rank's message decoded into one GatheredPlans.
     GatheredPlans gathered;
     for (const LocalSavePlan& local : locals) {
@@ -234,6 +244,7 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   // Device meshes cut every tensor into a grid (the shuffled copies in LoadAndCheck are not).
   EXPECT_GT(grids, 200);
   EXPECT_EQ(other, 0);
+  EXPECT_GT(cell_tensors, grids);
 }
 
 TEST(PlanRandomTest, BalancedOwnershipSpreadsReplicatedBytes) {

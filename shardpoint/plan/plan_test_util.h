@@ -9,10 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/geometry/box.h"
 #include "shardpoint/plan/save_plan.h"
 
 namespace sp::testing {
+
+// `plan` with every tensor held as grid cells given its chunks (ExpandGridCells), and the number
+// of tensors that were held so in `cell_tensors`.
+inline GlobalSavePlan WithCellsExpanded(GlobalSavePlan plan, int* cell_tensors) {
+  for (TensorMetadata& t : plan.metadata.tensors) {
+    *cell_tensors += t.cells ? 1 : 0;
+    ExpandGridCells(&t);
+  }
+  return plan;
+}
 
 // A placement per mesh dimension: kReplicate, or the tensor dimension that dimension shards.
 inline constexpr int kReplicate = -1;

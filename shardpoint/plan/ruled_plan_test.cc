@@ -16,6 +16,7 @@
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/plan/gathered_plans.h"
 #include "shardpoint/plan/plan_codec.h"
+#include "shardpoint/plan/plan_test_util.h"
 
 namespace sp {
 namespace {
@@ -167,7 +168,7 @@ Status GatherRuled(const std::vector<LocalSavePlan>& locals, GatheredPlans* gath
 
 TEST(RuledPlanTest, RandomLayoutsPlanExactlyAsTheWholePlans) {
   std::mt19937_64 rng(20261128);
-  int parts_sent = 0, parts_asked = 0, ranks = 0, ruled = 0;
+  int parts_sent = 0, parts_asked = 0, ranks = 0, ruled = 0, cell_tensors = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int64_t world = 1 + static_cast<int64_t>(rng() % 16);
@@ -198,7 +199,16 @@ TEST(RuledPlanTest, RandomLayoutsPlanExactlyAsTheWholePlans) {
     }
     ASSERT_EQ(actual->metadata, expected->metadata);
     ASSERT_EQ(actual->ranks, expected->ranks);
+    // Held as grid cells, the tensors of a rule built from their pattern's proof: the same plan.
+    SavePlanOptions as_cells = options;
+    as_cells.grid_cells = true;
+    Result<GlobalSavePlan> celled = PlanSave(from_ruled, as_cells);
+    ASSERT_TRUE(celled.ok()) << celled.status();
+    const GlobalSavePlan expanded = testing::WithCellsExpanded(*std::move(celled), &cell_tensors);
+    ASSERT_EQ(expanded.metadata, expected->metadata);
+    ASSERT_EQ(expanded.ranks, expected->ranks);
   }
+  EXPECT_GT(cell_tensors, 1000);
   EXPECT_GT(ruled, 1000);
   // Random jobs give most ranks a list of their own, so most send their part; some guessed they
   // would not need to and were asked.
@@ -314,7 +324,7 @@ std::vector<std::vector<Listing>> StagedJob(std::mt19937_64& rng, int64_t world)
 TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
   std::mt19937_64 rng(20261129);
   ThreadPool pool(3);
-  int ruled = 0, errors = 0;
+  int ruled = 0, errors = 0, cell_tensors = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int64_t world = 1 + static_cast<int64_t>(rng() % 16);
@@ -362,7 +372,22 @@ TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
     for (size_t t = 0; t < actual->metadata.tensors.size(); ++t) {
       EXPECT_EQ(actual->metadata.tensors[t].grid, expected->metadata.tensors[t].grid);
     }
+    SavePlanOptions as_cells = options;
+    as_cells.grid_cells = true;
+    Result<GlobalSavePlan> celled = PlanSave(from_ruled, as_cells);
+    ASSERT_TRUE(celled.ok()) << celled.status();
+    for (size_t t = 0; t < celled->metadata.tensors.size(); ++t) {
+      const TensorMetadata& tensor = celled->metadata.tensors[t];
+      EXPECT_EQ(tensor.grid, expected->metadata.tensors[t].grid);
+      // Held as cells exactly where the chunks form a grid, and then without any chunk.
+      EXPECT_EQ(tensor.cells.has_value(), tensor.grid.has_value());
+      if (tensor.cells) EXPECT_TRUE(tensor.chunks.empty());
+    }
+    const GlobalSavePlan expanded = testing::WithCellsExpanded(*std::move(celled), &cell_tensors);
+    ASSERT_EQ(expanded.metadata, expected->metadata);
+    ASSERT_EQ(expanded.ranks, expected->ranks);
   }
+  EXPECT_GT(cell_tensors, 1000);
   EXPECT_GT(ruled, 3000);
   EXPECT_GT(errors, 0);
 }

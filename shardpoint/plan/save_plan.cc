@@ -419,11 +419,21 @@ TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
   return md;
 }
 
+// A tensor whose chunks were proved a grid, held as its cells (SavePlanOptions::grid_cells), not
+// yet placed.
+void HoldAsCells(TensorMetadata* md) {
+  const uint64_t cells = md->grid->cell_count();
+  md->cells = GridCells{std::vector<uint32_t>(cells, 0), std::vector<uint64_t>(cells, 0)};
+  std::vector<StoredChunk>().swap(md->chunks);
+}
+
 // The metadata of every tensor, in the entries' order: its chunks (GroupReplicas,
 // MakeTensorMetadata) and the proof that they tile its shape (ProveTiling), tensor by tensor on
-// `pool`. A rule pattern's tiling is proved by its first tensor and holds for the others. Returns
-// the error of the first tensor that has one, as planning them one after the other would.
-Status BuildTensors(std::vector<TensorEntry>* entries, ThreadPool* pool,
+// `pool`. A rule pattern's tiling is proved by its first tensor and holds for the others. With
+// `grid_cells`, a grid tensor is held as its cells, and the other tensors of a pattern proved a
+// grid get the cells without their chunks being built. Returns the error of the first tensor that
+// has one, as planning them one after the other would.
+Status BuildTensors(std::vector<TensorEntry>* entries, bool grid_cells, ThreadPool* pool,
                     std::vector<TensorMetadata>* tensors) {
   for (uint32_t t = 0; t < entries->size(); ++t) {
     RulePattern* pattern = (*entries)[t].pattern;
@@ -431,20 +441,38 @@ Status BuildTensors(std::vector<TensorEntry>* entries, ThreadPool* pool,
   }
   tensors->resize(entries->size());
   const int64_t count = static_cast<int64_t>(entries->size());
+  const auto follows = [&](int64_t t) {
+    const RulePattern* pattern = (*entries)[t].pattern;
+    return pattern != nullptr && pattern->prover != t;
+  };
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, count, [&](int64_t t) {
     TensorEntry& entry = (*entries)[t];
     GroupReplicas(&entry);
+    if (grid_cells && follows(t)) return OkStatus();  // after the loop, from its prover's grid
     TensorMetadata& md = (*tensors)[t] = MakeTensorMetadata(entry);
-    if (entry.pattern != nullptr && entry.pattern->prover != t) return OkStatus();
+    if (follows(t)) return OkStatus();
     SP_RETURN_IF_ERROR(ProveTiling(entry, md));
     if (entry.pattern != nullptr) entry.pattern->grid = md.grid;  // read after the loop
+    if (grid_cells && md.grid) HoldAsCells(&md);
     return OkStatus();
   }));
-  for (uint32_t t = 0; t < entries->size(); ++t) {
-    const RulePattern* pattern = (*entries)[t].pattern;
-    if (pattern != nullptr && pattern->prover != t) (*tensors)[t].grid = pattern->grid;
-  }
-  return OkStatus();
+  return ParallelFor(pool, count, [&](int64_t t) {
+    if (!follows(t)) return OkStatus();
+    const TensorEntry& entry = (*entries)[t];
+    TensorMetadata& md = (*tensors)[t];
+    if (!grid_cells) {
+      md.grid = entry.pattern->grid;
+    } else if (entry.pattern->grid) {
+      md.name = *entry.name;
+      md.dtype = entry.dtype;
+      md.shape = *entry.shape;
+      md.grid = entry.pattern->grid;
+      HoldAsCells(&md);
+    } else {
+      md = MakeTensorMetadata(entry);
+    }
+    return OkStatus();
+  });
 }
 
 // The blocks of consecutive tensors that a pass over every chunk splits into on `pool`: one per
@@ -476,17 +504,19 @@ Status AssignOwners(const std::vector<TensorMetadata>& tensors, size_t world_siz
   SP_RETURN_IF_ERROR(ParallelFor(pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
     std::vector<uint64_t>& assigned = block_assigned[b];
     assigned.assign(world_size, 0);
+    std::vector<uint64_t> lengths;
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       TensorEntry& entry = (*entries)[t];
       const std::vector<uint32_t>& chunk_begin = ChunkBegin(entry);
       entry.owner.resize(chunk_begin.size() - 1);
+      ChunkByteLengths(tensors[t], &lengths);
       for (uint32_t c = 0; c < entry.owner.size(); ++c) {
         std::span<const Holding> holders = HoldersOf(entry, c);
         entry.owner[c] = chunk_begin[c];  // the lowest holder
         if (holders.front().rank == holders.back().rank) {
-          assigned[holders.front().rank] += tensors[t].chunks[c].byte_length;
+          assigned[holders.front().rank] += lengths[c];
         } else if (!lowest_rank) {
-          block_groups[b].push_back({tensors[t].chunks[c].byte_length, t, c});
+          block_groups[b].push_back({lengths[c], t, c});
         }
       }
     }
@@ -587,9 +617,7 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
     });
     uint64_t offset = 0;
     for (const OwnedChunk& oc : in_file) {
-      StoredChunk& chunk = plan->metadata.tensors[oc.tensor].chunks[oc.chunk];
-      chunk.file = file;
-      chunk.data_offset = offset;
+      PlaceChunk(plan->metadata.tensors[oc.tensor], oc.chunk, file, offset);
       const TensorEntry::Writer& writer = entries[oc.tensor].writers[oc.chunk];
       rank_plan.writes.push_back(ChunkWrite{writer.local_tensor, writer.local_box, file, oc.tensor,
                                             oc.chunk, offset, oc.bytes});
@@ -686,12 +714,13 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
   SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
     Kinds* kinds = at.data() + b * world_size;
     bool wraps = false;
+    std::vector<uint64_t> lengths;
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
-      const std::vector<StoredChunk>& chunks = tensors[t].chunks;
+      ChunkByteLengths(tensors[t], &lengths);
       const std::vector<TensorEntry::Writer>& writers = entries[t].writers;
       for (size_t c = 0; c < writers.size(); ++c) {
         Kinds& k = kinds[writers[c].rank];
-        const uint64_t bytes = chunks[c].byte_length;
+        const uint64_t bytes = lengths[c];
         if (bytes % kDataAlignmentBytes == 0) {
           ++k.aligned_count;
           wraps |= __builtin_add_overflow(k.aligned_bytes, bytes, &k.aligned_bytes);
@@ -744,14 +773,14 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
   std::vector<TensorMetadata>& placed = plan->metadata.tensors;
   SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
     Kinds* next = at.data() + b * world_size;
+    std::vector<uint64_t> lengths;
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
-      std::vector<StoredChunk>& chunks = placed[t].chunks;
+      ChunkByteLengths(placed[t], &lengths);
       const std::vector<TensorEntry::Writer>& writers = entries[t].writers;
       for (uint32_t c = 0; c < writers.size(); ++c) {
         const TensorEntry::Writer& writer = writers[c];
         Kinds& k = next[writer.rank];
-        StoredChunk& chunk = chunks[c];
-        const uint64_t bytes = chunk.byte_length;
+        const uint64_t bytes = lengths[c];
         uint32_t index;
         uint64_t offset;
         if (bytes % kDataAlignmentBytes == 0) {
@@ -764,8 +793,7 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
           k.other_bytes += bytes;
         }
         const uint32_t file = first_file[writer.rank];
-        chunk.file = file;
-        chunk.data_offset = offset;
+        PlaceChunk(placed[t], c, file, offset);
         plan->ranks[writer.rank].writes[index] =
             ChunkWrite{writer.local_tensor, writer.local_box, file, t, c, offset, bytes};
       }
@@ -812,10 +840,11 @@ Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOption
   const std::unique_ptr<OwnedChunk[]> owned = std::make_unique_for_overwrite<OwnedChunk[]>(total);
   SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
     uint32_t* next = at.data() + b * world_size;
+    std::vector<uint64_t> lengths;
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
-      const std::vector<StoredChunk>& chunks = plan->metadata.tensors[t].chunks;
+      ChunkByteLengths(plan->metadata.tensors[t], &lengths);
       for (uint32_t c = 0; c < entries[t].writers.size(); ++c) {
-        owned[next[entries[t].writers[c].rank]++] = {t, c, chunks[c].byte_length};
+        owned[next[entries[t].writers[c].rank]++] = {t, c, lengths[c]};
       }
     }
     return OkStatus();
@@ -889,7 +918,8 @@ Result<GlobalSavePlan> PlanSave(const GatheredPlans& plans, const SavePlanOption
   plan.metadata.save_id = options.save_id;
   plan.metadata.world_size = static_cast<int32_t>(world_size);
   plan.metadata.checksum_block_bytes = options.checksum_block_bytes;
-  SP_RETURN_IF_ERROR(BuildTensors(&entries, options.pool, &plan.metadata.tensors));
+  SP_RETURN_IF_ERROR(
+      BuildTensors(&entries, options.grid_cells, options.pool, &plan.metadata.tensors));
   SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(plans, entries));
   SP_RETURN_IF_ERROR(AssignOwners(plan.metadata.tensors, world_size,
                                   options.dedup_to_lowest_rank, options.pool, &entries));

@@ -66,6 +66,11 @@ struct SavePlanOptions {
   // wins), apart from the rank's other chunks. Each non-empty group of a rank gets
   // min(files_per_rank, its chunks) files. Prefixes must not be empty.
   std::vector<std::string> separate_key_prefixes;
+  // Holds every tensor whose chunks form a grid as its grid cells (TensorMetadata::cells), 12
+  // bytes a chunk instead of 128, and builds no chunk for the tensors of a rule pattern that
+  // another tensor proved a grid. ExpandGridCells on each tensor gives the plan made without it.
+  // For the writers that place chunks by their cells (the native format's).
+  bool grid_cells = false;
   // Where the planning of independent tensors and ranks runs (building each tensor's chunks and
   // proving their tiling; laying out each rank's files), or inline when null. Not part of the
   // plan: any pool gives the same plan and the same error.
@@ -95,10 +100,11 @@ struct RankSavePlan {
 };
 
 struct GlobalSavePlan {
-  // Tensors sorted by name; chunks sorted by box; files named and ordered by (rank, file
-  // number); every chunk's file/data_offset/byte_length set; block_crc32c EMPTY (the writers
-  // compute them); DataFile::data_start and size are 0 (the engine fills them after building
-  // each file's header); objects: one per name, from the lowest rank that has it.
+  // Tensors sorted by name; chunks sorted by box (grid cells with SavePlanOptions::grid_cells);
+  // files named and ordered by (rank, file number); every chunk's file/data_offset/byte_length
+  // set; block_crc32c EMPTY (the writers compute them); DataFile::data_start and size are 0 (the
+  // engine fills them after building each file's header); objects: one per name, from the
+  // lowest rank that has it.
   CheckpointMetadata metadata;
   std::vector<RankSavePlan> ranks;  // indexed by rank
 };

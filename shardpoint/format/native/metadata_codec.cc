@@ -6,6 +6,7 @@
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_sections.h"
 
 namespace sp {
@@ -157,10 +158,11 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata,
 }
 
 Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
-                                          ThreadPool* pool, const ChunkFilter* filter) {
+                                          ThreadPool* pool, const ChunkFilter* filter,
+                                          bool grid_cells) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<MetadataReader> reader,
                       MetadataReader::Open(std::make_unique<BytesFile>(bytes, path)));
-  return reader->ReadAll(pool, filter);
+  return reader->ReadAll(pool, filter, grid_cells);
 }
 
 Result<std::unique_ptr<MetadataReader>> MetadataReader::Open(std::unique_ptr<ReadableFile> file) {
@@ -240,8 +242,8 @@ Result<ObjectEntry> MetadataReader::ReadObject(std::string_view name) const {
   return native_metadata::DecodeObjectRecord(bytes, std::string(name), newer_minor(), path());
 }
 
-Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool,
-                                                   const ChunkFilter* filter) const {
+Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool, const ChunkFilter* filter,
+                                                   bool grid_cells) const {
   CheckpointMetadata out = summary_;
   SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
   out.tensors.resize(tensor_names_.size());
@@ -258,6 +260,7 @@ Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool,
                         native_metadata::DecodeTensorRecord(
                             std::string_view(tensors).substr(slot.offset, slot.length),
                             tensor_names_[i], summary_, newer_minor(), path(), keep));
+    if (grid_cells && filter == nullptr) CompactGridCells(&out.tensors[i]);
     return OkStatus();
   }));
   SP_ASSIGN_OR_RETURN(std::string objects, ReadSection(kObjectRecords, "object records"));

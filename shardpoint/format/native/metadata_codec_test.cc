@@ -195,6 +195,7 @@ TEST(MetadataCodecTest, AFilterKeepsExactlyTheChunksItsBoxesReachUnderTheirStore
 }
 
 TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
+  int cell_tensors = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
@@ -213,6 +214,13 @@ TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
         c.block_crc32c.clear();
       }
       table.starts.push_back(table.crcs.size());
+      // Held as a save plan with SavePlanOptions::grid_cells holds it, in every other tensor
+      // whose chunks are a grid: its cells, no chunks.
+      t.grid = FindChunkGrid(t.chunks, t.shape);
+      if (rng() % 2 == 0 && CompactGridCells(&t)) {
+        ++cell_tensors;
+        EXPECT_TRUE(t.chunks.empty());
+      }
       planned.push_back(std::move(t));
     }
     CheckpointMetadata summary = m;
@@ -230,8 +238,30 @@ TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
     }
     ASSERT_TRUE(CheckChecksumsFit(planned, checksums).ok());
     ASSERT_TRUE(FillChecksums(checksums, &planned).ok());
-    for (size_t k = 0; k < planned.size(); ++k) ExpectTensorEq(m.tensors[order[k]], planned[k]);
+    for (size_t k = 0; k < planned.size(); ++k) {
+      EXPECT_FALSE(planned[k].cells.has_value());
+      ExpectTensorEq(m.tensors[order[k]], planned[k]);
+    }
+    // Decoded as a save plan's cache restores it: every grid tensor as its cells, which are the
+    // chunks' places.
+    ThreadPool pool(2);
+    Result<CheckpointMetadata> as_plan =
+        DecodeMetadata(EncodeMetadata(m), "/ckpt/shardpoint.metadata", &pool, nullptr, true);
+    ASSERT_TRUE(as_plan.ok()) << as_plan.status();
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      TensorMetadata t = as_plan->tensors[i];
+      ASSERT_EQ(t.cells.has_value(), FindChunkGrid(m.tensors[i].chunks, m.tensors[i].shape)
+                                         .has_value()) << t.name;
+      ExpandGridCells(&t);
+      ASSERT_EQ(t.chunks.size(), m.tensors[i].chunks.size()) << t.name;
+      for (size_t c = 0; c < t.chunks.size(); ++c) {
+        StoredChunk expected = m.tensors[i].chunks[c];
+        if (as_plan->tensors[i].cells) expected.block_crc32c.clear();
+        EXPECT_EQ(t.chunks[c], expected) << t.name << " chunk " << c;
+      }
+    }
   }
+  EXPECT_GT(cell_tensors, 50);
 }
 
 TEST(MetadataCodecTest, ChecksumsThatDoNotFitTheTensorsAreRefused) {

@@ -173,6 +173,7 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
 std::span<const uint32_t> BlockCrcs(const TensorMetadata& tensor,
                                     const ChunkChecksums::Tensor* apart, size_t c) {
   if (apart != nullptr) return apart->of(c);
+  if (tensor.cells) return {};  // grid cells hold none
   const InlineVector<uint32_t, 2>& own = tensor.chunks[c].block_crc32c;
   return std::span<const uint32_t>(own.data(), own.size());
 }
@@ -183,6 +184,17 @@ std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
                                     const ChunkChecksums::Tensor* apart,
                                     uint64_t checksum_block_bytes) {
   if (checksum_block_bytes == 0) return std::nullopt;  // invalid; the list shows the decoder why
+  if (tensor.cells) {  // raw cells of the grid: a grid record when each has its checksums
+    if (apart == nullptr) return std::nullopt;
+    std::vector<uint64_t> lengths;
+    ChunkByteLengths(tensor, &lengths);
+    for (size_t c = 0; c < lengths.size(); ++c) {
+      if (apart->of(c).size() != ChecksumBlockCount(lengths[c], checksum_block_bytes)) {
+        return std::nullopt;
+      }
+    }
+    return tensor.grid;
+  }
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
     const StoredChunk& chunk = tensor.chunks[c];
     if (chunk.encoding != ChunkEncoding::kRaw ||
@@ -237,24 +249,26 @@ struct CellStep {
   friend bool operator==(const CellStep&, const CellStep&) = default;
 };
 
-CellStep StepTo(const StoredChunk& chunk, const StoredChunk* before) {
-  const uint32_t file = before == nullptr ? 0 : before->file;
-  const uint64_t data_offset = before == nullptr ? 0 : before->data_offset;
-  return {static_cast<int64_t>(chunk.file) - file,
-          static_cast<int64_t>(chunk.data_offset - data_offset)};
+// The step to cell `c` of `tensor` (its chunks, or its grid cells) from the cell before it.
+CellStep StepTo(const TensorMetadata& tensor, size_t c) {
+  const uint32_t file = c == 0 ? 0 : ChunkFile(tensor, c - 1);
+  const uint64_t data_offset = c == 0 ? 0 : ChunkDataOffset(tensor, c - 1);
+  return {static_cast<int64_t>(ChunkFile(tensor, c)) - file,
+          static_cast<int64_t>(ChunkDataOffset(tensor, c) - data_offset)};
 }
 
 // The cells' files and offsets as runs of cells that repeat one step: a varint count of runs,
 // then each run's length (varint) and step (two signed varints). Each run is as long as it can
 // be, so the runs of given cells are one sequence. A tensor sharded over ranks, one cell per rank
 // at the same offset of each rank's file, is two runs (the first cell, then a step of one file).
-void EncodeCellRuns(const std::vector<StoredChunk>& cells, ByteWriter& w) {
+void EncodeCellRuns(const TensorMetadata& tensor, ByteWriter& w) {
+  const size_t cells = ChunkCount(tensor);
   for (int pass = 0; pass < 2; ++pass) {  // the runs counted, then written
     uint64_t runs = 0;
-    for (size_t c = 0; c < cells.size();) {
-      const CellStep step = StepTo(cells[c], c == 0 ? nullptr : &cells[c - 1]);
+    for (size_t c = 0; c < cells;) {
+      const CellStep step = StepTo(tensor, c);
       size_t end = c + 1;
-      while (end < cells.size() && StepTo(cells[end], &cells[end - 1]) == step) ++end;
+      while (end < cells && StepTo(tensor, end) == step) ++end;
       if (pass == 1) {
         w.PutVarint(end - c);
         w.PutSignedVarint(step.file);
@@ -282,15 +296,16 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apar
       for (size_t k = 1; k + 1 < bounds.size(); ++k) w.PutI64(bounds[k]);
     }
   }
+  const size_t cells = ChunkCount(tensor);
   if (major >= 3) {
-    EncodeCellRuns(tensor.chunks, w);
+    EncodeCellRuns(tensor, w);
   } else {
-    for (const StoredChunk& chunk : tensor.chunks) {
-      w.PutU32(chunk.file);
-      w.PutU64(chunk.data_offset);
+    for (size_t c = 0; c < cells; ++c) {
+      w.PutU32(ChunkFile(tensor, c));
+      w.PutU64(ChunkDataOffset(tensor, c));
     }
   }
-  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+  for (size_t c = 0; c < cells; ++c) {
     for (uint32_t crc : BlockCrcs(tensor, apart, c)) w.PutU32(crc);
   }
 }
@@ -556,6 +571,12 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
 
 void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                         uint32_t major, std::string* out, const ChunkChecksums::Tensor* apart) {
+  if (tensor.cells && (major < 2 || !StoredGrid(tensor, apart, checksum_block_bytes))) {
+    TensorMetadata listed = tensor;  // a chunk list: the cells as chunks
+    ExpandGridCells(&listed);
+    AppendTensorRecord(listed, checksum_block_bytes, major, out, apart);
+    return;
+  }
   ByteWriter w(out);
   w.PutU8(DTypeCode(tensor.dtype));
   w.PutU8(static_cast<uint8_t>(tensor.shape.size()));
@@ -587,7 +608,7 @@ uint64_t TensorRecordBound(const TensorMetadata& tensor, const ChunkChecksums::T
   // chunk's offsets) more.
   const uint64_t rank = tensor.shape.size();
   uint64_t bytes = 22 + 21 * rank;
-  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+  for (size_t c = 0; c < ChunkCount(tensor); ++c) {
     bytes += 28 + 20 * rank + 4 * static_cast<uint64_t>(BlockCrcs(tensor, apart, c).size());
   }
   return bytes;

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_codec.h"
 
 namespace sp {
@@ -69,6 +70,8 @@ class NativeWriter : public CheckpointWriter {
 
   Result<std::vector<std::string>> LayOutFiles(Store&, std::string_view,
                                                CheckpointMetadata* md) const override {
+    // The headers list every chunk: a plan's grid cells become chunks.
+    for (TensorMetadata& t : md->tensors) ExpandGridCells(&t);
     SP_ASSIGN_OR_RETURN(const std::vector<uint64_t> data_bytes, Name(md));
     std::vector<std::string> headers = BuildDataFileHeaders(*md);
     for (uint32_t f = 0; f < md->files.size(); ++f) {
@@ -151,14 +154,16 @@ class NativeWriter : public CheckpointWriter {
   // Names md's data files (d-<save_id>-r<rank>-f<k>) and returns the bytes of chunks each holds.
   static Result<std::vector<uint64_t>> Name(CheckpointMetadata* md) {
     std::vector<uint64_t> data_bytes(md->files.size(), 0);
+    std::vector<uint64_t> lengths;
     for (const TensorMetadata& t : md->tensors) {
-      for (const StoredChunk& c : t.chunks) {
-        if (c.file >= md->files.size()) {
+      ChunkByteLengths(t, &lengths);
+      for (size_t c = 0; c < lengths.size(); ++c) {
+        const uint32_t file = ChunkFile(t, c);
+        if (file >= md->files.size()) {
           return InternalError("tensor '" + t.name + "' has a chunk in file " +
-                               std::to_string(c.file) + " of " +
-                               std::to_string(md->files.size()));
+                               std::to_string(file) + " of " + std::to_string(md->files.size()));
         }
-        data_bytes[c.file] += c.byte_length;
+        data_bytes[file] += lengths[c];
       }
     }
     std::map<int32_t, int> next_k;  // writer rank -> files named so far
