@@ -378,6 +378,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     options.save_id = "bench";
     options.pool = pool;
     options.grid_cells = grid_cells;  // as a native save plans (engine/save.cc)
+    options.defer_writes = grid_cells;
     sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(plans, options);
     if (!plan.ok()) {
       std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());
@@ -405,12 +406,24 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     // The replies, rank by rank on the pool as engine/save.cc encodes them, held until they are
     // scattered. Each rank's writes are freed once its reply holds them (as engine/save.cc does;
     // with --keep-writes, as it did before: kept beside the replies, and by a cache).
+    // Writes the plan defers are built a round of ranks at a time, as engine/save.cc does.
     std::vector<std::string> replies(plan->ranks.size());
-    (void)sp::ParallelFor(pool, static_cast<int64_t>(replies.size()), [&](int64_t r) {
-      replies[r] = sp::EncodeRankSavePlan(plan->ranks[r]);
-      if (!keep_writes) std::vector<sp::ChunkWrite>().swap(plan->ranks[r].writes);
-      return sp::OkStatus();
-    });
+    const uint32_t world = static_cast<uint32_t>(plan->ranks.size());
+    for (uint32_t first = 0; first < world;) {
+      uint32_t end = first;
+      uint64_t writes = 0;
+      do {
+        writes += plan->deferred.empty() ? 0 : plan->deferred_counts[end];
+      } while (++end < world && (plan->deferred.empty() || writes < (uint64_t{1} << 20)));
+      if (!sp::TakeDeferredWrites(&*plan, first, end, pool).ok()) return false;
+      (void)sp::ParallelFor(pool, end - first, [&](int64_t i) {
+        replies[first + i] = sp::EncodeRankSavePlan(plan->ranks[first + i]);
+        if (!keep_writes) std::vector<sp::ChunkWrite>().swap(plan->ranks[first + i].writes);
+        return sp::OkStatus();
+      });
+      first = end;
+    }
+    sp::DropDeferredWrites(&*plan);
     for (const std::string& reply : replies) reply_bytes += reply.size();
     replies = {};
     const uint64_t block_bytes = plan->metadata.checksum_block_bytes;

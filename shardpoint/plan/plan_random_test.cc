@@ -19,6 +19,7 @@ namespace {
 using ::sp::testing::ForEachElement;
 using ::sp::testing::LinearIndex;
 using ::sp::testing::Mesh;
+using ::sp::testing::TakeDeferredInRounds;
 using ::sp::testing::WithCellsExpanded;
 using ::sp::testing::MeshBox;
 using ::sp::testing::RandomMesh;
@@ -188,6 +189,7 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   ThreadPool pool(3);
   int grids = 0, other = 0;  // tensors of several chunks whose chunks form a grid, or not
   int cell_tensors = 0;      // tensors a plan made with SavePlanOptions::grid_cells holds as cells
+  int deferred_plans = 0;    // plans made with SavePlanOptions::defer_writes that deferred them
   for (int trial = 0; trial < 400; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int64_t world = 1 + rng() % 12;
@@ -224,10 +226,15 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
     ASSERT_EQ(again->ranks, plan->ranks) << "planning is not deterministic";
     ASSERT_EQ(again->metadata, plan->metadata);
     // With its grid tensors held as cells: the same plan once they are expanded.
-    SavePlanOptions as_cells = pooled;
+    // And with its writes deferred, taken a few ranks at a time (on the pool or not).
+    SavePlanOptions as_cells = trial % 2 == 0 ? pooled : options;
     as_cells.grid_cells = true;
+    as_cells.defer_writes = trial % 3 != 0;
     Result<GlobalSavePlan> celled = PlanSave(locals, as_cells);
     ASSERT_TRUE(celled.ok()) << celled.status();
+    ASSERT_TRUE(TakeDeferredInRounds(rng, trial % 2 == 0 ? &pool : nullptr, &*celled,
+                                     &deferred_plans).ok());
+    EXPECT_TRUE(celled->deferred.empty());
     const GlobalSavePlan expanded = WithCellsExpanded(*std::move(celled), &cell_tensors);
     ASSERT_EQ(expanded.ranks, plan->ranks);
     ASSERT_EQ(expanded.metadata, plan->metadata);
@@ -245,6 +252,7 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   EXPECT_GT(grids, 200);
   EXPECT_EQ(other, 0);
   EXPECT_GT(cell_tensors, grids);
+  EXPECT_GT(deferred_plans, 50);
 }
 
 TEST(PlanRandomTest, BalancedOwnershipSpreadsReplicatedBytes) {

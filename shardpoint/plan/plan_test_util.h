@@ -25,6 +25,21 @@ inline GlobalSavePlan WithCellsExpanded(GlobalSavePlan plan, int* cell_tensors) 
   return plan;
 }
 
+// Takes every write `plan` defers (SavePlanOptions::defer_writes) in rounds of random sizes, as a
+// coordinator sends its replies, and counts in `deferred` the plans that deferred any.
+inline Status TakeDeferredInRounds(std::mt19937_64& rng, ThreadPool* pool, GlobalSavePlan* plan,
+                                   int* deferred) {
+  *deferred += plan->deferred.empty() ? 0 : 1;
+  const uint32_t world = static_cast<uint32_t>(plan->ranks.size());
+  for (uint32_t first = 0; first < world;) {
+    const uint32_t end = first + 1 + static_cast<uint32_t>(rng() % 4);
+    if (Status s = TakeDeferredWrites(plan, first, end, pool); !s.ok()) return s;
+    first = end;
+  }
+  DropDeferredWrites(plan);
+  return OkStatus();
+}
+
 // A placement per mesh dimension: kReplicate, or the tensor dimension that dimension shards.
 inline constexpr int kReplicate = -1;
 

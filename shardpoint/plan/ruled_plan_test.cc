@@ -324,7 +324,7 @@ std::vector<std::vector<Listing>> StagedJob(std::mt19937_64& rng, int64_t world)
 TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
   std::mt19937_64 rng(20261129);
   ThreadPool pool(3);
-  int ruled = 0, errors = 0, cell_tensors = 0;
+  int ruled = 0, errors = 0, cell_tensors = 0, deferred_plans = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     const int64_t world = 1 + static_cast<int64_t>(rng() % 16);
@@ -374,8 +374,11 @@ TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
     }
     SavePlanOptions as_cells = options;
     as_cells.grid_cells = true;
+    as_cells.defer_writes = true;
     Result<GlobalSavePlan> celled = PlanSave(from_ruled, as_cells);
     ASSERT_TRUE(celled.ok()) << celled.status();
+    ASSERT_TRUE(
+        testing::TakeDeferredInRounds(rng, options.pool, &*celled, &deferred_plans).ok());
     for (size_t t = 0; t < celled->metadata.tensors.size(); ++t) {
       const TensorMetadata& tensor = celled->metadata.tensors[t];
       EXPECT_EQ(tensor.grid, expected->metadata.tensors[t].grid);
@@ -388,6 +391,7 @@ TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
     ASSERT_EQ(expanded.ranks, expected->ranks);
   }
   EXPECT_GT(cell_tensors, 1000);
+  EXPECT_GT(deferred_plans, 100);
   EXPECT_GT(ruled, 3000);
   EXPECT_GT(errors, 0);
 }

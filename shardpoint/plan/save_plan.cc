@@ -696,7 +696,7 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t fir
 // places them: the first pass counts each kind per block of tensors and rank, the second places
 // each block's chunks from where the blocks before it end. Returns false, having changed
 // nothing, when a rank's bytes would exceed 2^64: the pass per rank then reports which file.
-Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
+Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
                                   const SavePlanOptions& options, GlobalSavePlan* plan) {
   const size_t world_size = plan->ranks.size();
   const TensorBlocks blocks(entries.size(), options.pool);
@@ -766,10 +766,16 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
     plan->metadata.files[first_file[rank]].writer_rank = static_cast<int32_t>(rank);
     plan->ranks[rank].files.push_back(first_file[rank]);
   }
-  SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
-    plan->ranks[r].writes.resize(write_count[r]);
-    return OkStatus();
-  }));
+  const bool defer = options.defer_writes;
+  if (defer) {
+    plan->deferred.resize(entries.size());
+    plan->deferred_counts = write_count;
+  } else {
+    SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(world_size), [&](int64_t r) {
+      plan->ranks[r].writes.resize(write_count[r]);
+      return OkStatus();
+    }));
+  }
   std::vector<TensorMetadata>& placed = plan->metadata.tensors;
   SP_RETURN_IF_ERROR(ParallelFor(options.pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
     Kinds* next = at.data() + b * world_size;
@@ -777,6 +783,7 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       ChunkByteLengths(placed[t], &lengths);
       const std::vector<TensorEntry::Writer>& writers = entries[t].writers;
+      if (defer) plan->deferred[t].resize(writers.size());
       for (uint32_t c = 0; c < writers.size(); ++c) {
         const TensorEntry::Writer& writer = writers[c];
         Kinds& k = next[writer.rank];
@@ -794,9 +801,15 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
         }
         const uint32_t file = first_file[writer.rank];
         PlaceChunk(placed[t], c, file, offset);
-        plan->ranks[writer.rank].writes[index] =
-            ChunkWrite{writer.local_tensor, writer.local_box, file, t, c, offset, bytes};
+        if (defer) {
+          plan->deferred[t][c] = {writer.rank, writer.local_tensor, writer.local_box, index};
+        } else {
+          plan->ranks[writer.rank].writes[index] =
+              ChunkWrite{writer.local_tensor, writer.local_box, file, t, c, offset, bytes};
+        }
       }
+      // Deferred, the writers are what the plan keeps: not both at once.
+      if (defer) std::vector<TensorEntry::Writer>().swap(entries[t].writers);
     }
     return OkStatus();
   }));
@@ -806,7 +819,7 @@ Result<bool> AssignOneFilePerRank(const std::vector<TensorEntry>& entries,
 // Creates every rank's files, in rank order, and lays out the ranks' chunks in them, rank by
 // rank on `options.pool` (each rank's writes and its chunks' places are its own). Returns the
 // error of the first rank that has one.
-Status AssignFiles(const std::vector<TensorEntry>& entries, const SavePlanOptions& options,
+Status AssignFiles(std::vector<TensorEntry>& entries, const SavePlanOptions& options,
                    GlobalSavePlan* plan) {
   if (options.files_per_rank == 1 && options.separate_key_prefixes.empty()) {
     SP_ASSIGN_OR_RETURN(bool laid_out, AssignOneFilePerRank(entries, options, plan));
@@ -900,6 +913,46 @@ Result<std::vector<ObjectEntry>> MergeObjects(const GatheredPlans& plans,
 }
 
 }  // namespace
+
+Status TakeDeferredWrites(GlobalSavePlan* plan, uint32_t first, uint32_t end, ThreadPool* pool) {
+  if (plan->deferred.empty()) return OkStatus();
+  end = std::min<uint32_t>(end, static_cast<uint32_t>(plan->ranks.size()));
+  for (uint32_t r = first; r < end; ++r) {
+    if (!plan->ranks[r].writes.empty()) {
+      return InternalError("save plan: rank " + std::to_string(r) +
+                           " already holds its writes; they were taken before");
+    }
+    plan->ranks[r].writes.resize(plan->deferred_counts[r]);
+  }
+  const std::vector<TensorMetadata>& tensors = plan->metadata.tensors;
+  const TensorBlocks blocks(tensors.size(), pool);
+  return ParallelFor(pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
+    std::vector<uint64_t> lengths;
+    for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
+      const std::vector<GlobalSavePlan::DeferredWrite>& deferred = plan->deferred[t];
+      bool any = false;
+      for (const GlobalSavePlan::DeferredWrite& d : deferred) {
+        any = any || (d.rank >= first && d.rank < end);
+      }
+      if (!any) continue;
+      ChunkByteLengths(tensors[t], &lengths);
+      for (uint32_t c = 0; c < deferred.size(); ++c) {
+        const GlobalSavePlan::DeferredWrite& d = deferred[c];
+        if (d.rank < first || d.rank >= end) continue;
+        // Distinct chunks have distinct places: no two threads write one element.
+        plan->ranks[d.rank].writes[d.index] =
+            ChunkWrite{d.local_tensor, d.local_box,      ChunkFile(tensors[t], c), t, c,
+                       ChunkDataOffset(tensors[t], c), lengths[c]};
+      }
+    }
+    return OkStatus();
+  });
+}
+
+void DropDeferredWrites(GlobalSavePlan* plan) {
+  std::vector<std::vector<GlobalSavePlan::DeferredWrite>>().swap(plan->deferred);
+  std::vector<uint32_t>().swap(plan->deferred_counts);
+}
 
 Result<GlobalSavePlan> PlanSave(std::span<const LocalSavePlan> locals,
                                 const SavePlanOptions& options) {

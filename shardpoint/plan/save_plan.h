@@ -71,6 +71,12 @@ struct SavePlanOptions {
   // another tensor proved a grid. ExpandGridCells on each tensor gives the plan made without it.
   // For the writers that place chunks by their cells (the native format's).
   bool grid_cells = false;
+  // Leaves every rank's writes out of the plan where the files are laid out in one pass (one file
+  // per rank, nothing to separate): the plan keeps, per chunk, the rank that writes it, from which
+  // of its boxes and at which place of its list (GlobalSavePlan::deferred, 16 bytes a chunk where
+  // the writes take 40), and TakeDeferredWrites builds the writes of some ranks at a time. For a
+  // coordinator that sends each rank its writes and keeps none.
+  bool defer_writes = false;
   // Where the planning of independent tensors and ranks runs (building each tensor's chunks and
   // proving their tiling; laying out each rank's files), or inline when null. Not part of the
   // plan: any pool gives the same plan and the same error.
@@ -107,7 +113,30 @@ struct GlobalSavePlan {
   // lowest rank that has it.
   CheckpointMetadata metadata;
   std::vector<RankSavePlan> ranks;  // indexed by rank
+
+  // With SavePlanOptions::defer_writes, the writes not yet in `ranks`: per tensor and chunk, its
+  // write's rank, local tensor and box, and index in the rank's writes; and per rank the count of
+  // its writes. Empty when none are deferred.
+  struct DeferredWrite {
+    uint32_t rank = 0;
+    uint32_t local_tensor = 0;
+    uint32_t local_box = 0;
+    uint32_t index = 0;
+  };
+  std::vector<std::vector<DeferredWrite>> deferred;
+  std::vector<uint32_t> deferred_counts;
 };
+
+// Builds the writes of ranks [first, end) that `plan` defers (SavePlanOptions::defer_writes):
+// each such rank's `writes` become exactly what PlanSave without defer_writes gives it, from the
+// places of the chunks in the plan's metadata. One pass over the plan's chunks, in blocks of
+// tensors on `pool` (null: on the calling thread). Nothing when no write is deferred.
+// kInternal when a rank of the range already holds writes.
+Status TakeDeferredWrites(GlobalSavePlan* plan, uint32_t first, uint32_t end,
+                          ThreadPool* pool = nullptr);
+
+// Forgets the writes `plan` defers.
+void DropDeferredWrites(GlobalSavePlan* plan);
 
 // Plans a save from `locals` (indexed by rank; world size = locals.size()).
 //

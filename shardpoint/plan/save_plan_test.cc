@@ -79,6 +79,58 @@ TEST(SavePlanTest, RowShardedTensorOneChunkPerRank) {
   }
 }
 
+TEST(SavePlanTest, GridCellsAndDeferredWritesHoldTheSamePlanAndAreTakenOnce) {
+  // The row-sharded tensor above, and a tensor two ranks hold in uneven pieces (not a grid).
+  std::vector<LocalSavePlan> locals(4);
+  const int64_t rows[4][2] = {{0, 3}, {3, 3}, {6, 3}, {9, 1}};
+  for (int r = 0; r < 4; ++r) {
+    locals[r].tensors.push_back(
+        Tensor("w", DType::kFloat32, {10, 4}, {Box({rows[r][0], 0}, {rows[r][1], 4})}));
+  }
+  locals[0].tensors.push_back(Tensor("v", DType::kInt8, {4, 4}, {Box({0, 0}, {1, 4})}));
+  locals[1].tensors.push_back(
+      Tensor("v", DType::kInt8, {4, 4}, {Box({1, 0}, {3, 2}), Box({1, 2}, {3, 2})}));
+  const Result<GlobalSavePlan> expected = PlanSave(locals, Options());
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  SavePlanOptions options = Options();
+  options.grid_cells = true;
+  options.defer_writes = true;
+  Result<GlobalSavePlan> plan = PlanSave(locals, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const TensorMetadata& v = plan->metadata.tensors[0];
+  const TensorMetadata& w = plan->metadata.tensors[1];
+  EXPECT_FALSE(v.cells.has_value());  // three chunks that are no grid: listed
+  EXPECT_EQ(v.chunks, expected->metadata.tensors[0].chunks);
+  ASSERT_TRUE(w.cells.has_value());   // four rows: a grid, as cells
+  EXPECT_TRUE(w.chunks.empty());
+  EXPECT_EQ(w.cells->files, (std::vector<uint32_t>{0, 1, 2, 3}));
+  // After v's chunks in the files of ranks 0 (4 bytes) and 1 (12).
+  EXPECT_EQ(w.cells->data_offsets, (std::vector<uint64_t>{4, 12, 0, 0}));
+  EXPECT_EQ(ChunkBox(w, 3), Box({9, 0}, {1, 4}));
+  // No rank holds a write until it is taken; then each has exactly its planned writes, once.
+  for (const RankSavePlan& r : plan->ranks) EXPECT_TRUE(r.writes.empty());
+  EXPECT_EQ(plan->deferred_counts, (std::vector<uint32_t>{2, 3, 1, 1}));
+  ASSERT_TRUE(TakeDeferredWrites(&*plan, 1, 3).ok());
+  EXPECT_TRUE(plan->ranks[0].writes.empty());
+  EXPECT_EQ(plan->ranks[1], expected->ranks[1]);
+  EXPECT_EQ(plan->ranks[2], expected->ranks[2]);
+  const Status twice = TakeDeferredWrites(&*plan, 2, 4);
+  EXPECT_EQ(twice.code(), StatusCode::kInternal);
+  EXPECT_THAT(twice.message(), HasSubstr("rank 2 already holds its writes"));
+  ASSERT_TRUE(TakeDeferredWrites(&*plan, 0, 1).ok());
+  ASSERT_TRUE(TakeDeferredWrites(&*plan, 3, 9).ok());  // past the last rank: to it
+  EXPECT_EQ(plan->ranks, expected->ranks);
+  DropDeferredWrites(&*plan);
+  EXPECT_TRUE(plan->deferred.empty());
+  EXPECT_TRUE(TakeDeferredWrites(&*plan, 0, 4).ok());  // nothing deferred: nothing to do
+  // Two files a rank lay out rank by rank: nothing is deferred.
+  options.files_per_rank = 2;
+  Result<GlobalSavePlan> two = PlanSave(locals, options);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_TRUE(two->deferred.empty());
+  EXPECT_EQ(two->ranks[1].writes.size(), 3u);
+}
+
 TEST(SavePlanTest, ReplicasAreBalancedByBytesLargestFirst) {
   // Every rank holds all four tensors. Largest first to the lightest holder:
   // a(100) -> r0, b(60) -> r1, c(50) -> r1 (60 < 100), d(40) -> r0 (100 < 110).
