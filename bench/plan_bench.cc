@@ -342,7 +342,7 @@ enum class Commit { kInPlace, kApart, kCopied };
 // from rank 0 alone; otherwise every rank's whole local plan (as saves sent them before).
 // Returns false on a failure (printed).
 bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, bool keep_writes,
-                        bool grid_cells, sp::ThreadPool* pool) {
+                        bool chunk_cells, sp::ThreadPool* pool) {
   std::vector<std::string> gathered(ranks);
   size_t gathered_bytes = 0;
   for (int64_t r = 0; r < ranks; ++r) {
@@ -377,8 +377,8 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     sp::SavePlanOptions options;
     options.save_id = "bench";
     options.pool = pool;
-    options.grid_cells = grid_cells;  // as a native save plans (engine/save.cc)
-    options.defer_writes = grid_cells;
+    options.chunk_cells = chunk_cells;  // as a native save plans (engine/save.cc)
+    options.defer_writes = chunk_cells;
     sp::Result<sp::GlobalSavePlan> plan = sp::PlanSave(plans, options);
     if (!plan.ok()) {
       std::fprintf(stderr, "PlanSave failed: %s\n", plan.status().ToString().c_str());
@@ -427,7 +427,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     for (const std::string& reply : replies) reply_bytes += reply.size();
     replies = {};
     const uint64_t block_bytes = plan->metadata.checksum_block_bytes;
-    if (commit == Commit::kInPlace && grid_cells) {
+    if (commit == Commit::kInPlace && chunk_cells) {
       // As engine/save.cc commits a plan holding grid cells: the checksums in a table apart.
       metadata_bytes = sp::EncodeMetadata(sp::WithoutTensors(plan->metadata),
                                           plan->metadata.tensors,
@@ -462,7 +462,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
   if (ruled) {
     std::printf("  coordinator, ruled plans (layout rules; a digest from each rank, the shared "
                 "part from rank 0)%s%s:\n",
-                grid_cells ? "" : ", every chunk listed (grid tensors not held as cells; before)",
+                chunk_cells ? "" : ", every chunk listed (grid tensors not held as cells; before)",
                 commit == Commit::kApart    ? ", committed as with a plan cache"
                 : commit == Commit::kCopied ? ", committed as with a plan cache through a copy of "
                                               "the plan (as before)"
@@ -511,7 +511,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
 // Runs the coordinator's measurement in a child process (so that its heap neither counts in the
 // other's peak nor weighs on the timings after it). Returns false when it failed.
 bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool ruled,
-                             bool grid_cells, int threads) {
+                             bool chunk_cells, int threads) {
   std::fflush(stdout);
   const std::string ranks_arg = std::to_string(ranks), tensors_arg = std::to_string(tensors);
   const std::string threads_arg = std::to_string(threads);
@@ -519,7 +519,7 @@ bool MeasureCoordinatorApart(const char* self, int64_t ranks, int tensors, bool 
   if (child == 0) {
     execl("/proc/self/exe", self, ranks_arg.c_str(), tensors_arg.c_str(),
           ruled ? "--coordinator-ruled" : "--coordinator-only", "--threads", threads_arg.c_str(),
-          grid_cells ? static_cast<char*>(nullptr) : "--chunk-lists",
+          chunk_cells ? static_cast<char*>(nullptr) : "--chunk-lists",
           static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -595,7 +595,7 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
 int main(int argc, char** argv) {
   bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false;
   bool open_only = false, runs_given = false, usage = false, keep_writes = false;
-  bool grid_cells = true;
+  bool chunk_cells = true;
   Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
   std::vector<const char*> positional;
@@ -621,7 +621,7 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--keep-writes") == 0) {
       keep_writes = true;
     } else if (std::strcmp(argv[i], "--chunk-lists") == 0) {
-      grid_cells = false;
+      chunk_cells = false;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
       usage = usage || threads < 1;
@@ -637,7 +637,7 @@ int main(int argc, char** argv) {
       coordinator_only + coordinator_ruled + plan_save_only + open_only > 1 ||
       (runs_given && !plan_save_only && !open_only) ||
       ((commit != Commit::kInPlace || keep_writes) && !coordinator_ruled) ||
-      (!grid_cells && !coordinator_ruled && !coordinator_only)) {
+      (!chunk_cells && !coordinator_ruled && !coordinator_only)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
                  "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] "
@@ -649,12 +649,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<sp::ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<sp::ThreadPool>(threads);
   if (coordinator_ruled) {
-    return MeasureCoordinator(ranks, tensors, true, commit, keep_writes, grid_cells, pool.get())
+    return MeasureCoordinator(ranks, tensors, true, commit, keep_writes, chunk_cells, pool.get())
                ? 0
                : 1;
   }
   if (coordinator_only) {
-    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, false, grid_cells,
+    return MeasureCoordinator(ranks, tensors, false, Commit::kInPlace, false, chunk_cells,
                               pool.get())
                ? 0
                : 1;
@@ -705,7 +705,7 @@ int main(int argc, char** argv) {
     if (!DecodeRuled(messages, &ruled_plans)) return 1;
     save_ruled = Median([&] { return sp::PlanSave(ruled_plans, options); });
     sp::SavePlanOptions as_cells = options;
-    as_cells.grid_cells = true;
+    as_cells.chunk_cells = true;
     save_ruled_cells = Median([&] { return sp::PlanSave(ruled_plans, as_cells); });
   }
   if (plan_save_only) {

@@ -2250,7 +2250,7 @@ TEST_F(PlanCacheTest, ASmallPlanIsKeptWholeByDefault) {
   w.load = MeshOf(w.shape, Mesh({3}, {Placement::Shard(1)}));
   Case c = MakeCase({w}, 4, 3);
   // A native plan holds the tensor's four chunks, a grid, as four cells of 12 bytes each (its
-  // file and offset; SavePlanOptions::grid_cells): kept whole at the threshold, as the file above
+  // file and offset; SavePlanOptions::chunk_cells): kept whole at the threshold, as the file above
   // it.
   const uint64_t cells_bytes = 4 * (sizeof(uint32_t) + sizeof(uint64_t));
   for (uint64_t above : {SavePlanCache::kDefaultKeepFileAboveBytes, cells_bytes}) {

@@ -421,10 +421,10 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     plan_options.checksum_block_bytes = options.checksum_block_bytes;
     plan_options.separate_key_prefixes = options.separate_key_prefixes;
     plan_options.pool = &pool;
-    // A format whose ranks build their headers only names the files here: its plan may hold grid
-    // tensors as their cells (12 bytes a chunk instead of 128), which the commit encodes as they
-    // are.
-    plan_options.grid_cells = writer->ranks_build_headers();
+    // A format whose ranks build their headers only names the files here: its plan may hold its
+    // tensors as cells (12 bytes a chunk of a grid instead of 128), which the commit encodes as
+    // they are.
+    plan_options.chunk_cells = writer->ranks_build_headers();
     // Nor does such a layout move any chunk: the ranks' writes are built a round of ranks at a
     // time, as their replies are (below), from 16 bytes a chunk instead of 40.
     plan_options.defer_writes = writer->ranks_build_headers();
@@ -717,17 +717,17 @@ std::shared_ptr<const GlobalSavePlan> WithoutChunks(const GlobalSavePlan& plan) 
 
 // The plan `compact` (WithoutChunks) with its chunks decoded from `file`, the metadata file a save
 // from that plan committed: the same tensors in the same order, each with the plan's chunks in
-// the plan's order (the ranks' cached writes name them by index), a grid tensor's as its cells.
+// the plan's order (the ranks' cached writes name them by index), held as cells.
 // Their checksums are not needed: the commit takes the ranks' apart.
 // Anything else is an internal error: the cache holds a file that is not its plan's.
 Result<std::shared_ptr<const GlobalSavePlan>> RestoreChunks(const GlobalSavePlan& compact,
                                                            const std::string& file,
                                                            std::string_view path,
                                                            ThreadPool* pool) {
-  // Its grid tensors as cells, as PlanSave holds them (SavePlanOptions::grid_cells), each as it is
+  // Its tensors as cells, as PlanSave holds them (SavePlanOptions::chunk_cells), each as it is
   // decoded: the chunks of all of them at once would be 600 MiB at 8,192 ranks x 1,000 tensors.
   Result<CheckpointMetadata> decoded =
-      DecodeMetadata(file, JoinPath(path, "(cached plan)"), pool, nullptr, /*grid_cells=*/true);
+      DecodeMetadata(file, JoinPath(path, "(cached plan)"), pool, nullptr, /*chunk_cells=*/true);
   if (!decoded.ok()) {
     return InternalError("the save plan cache's copy of its plan does not decode: " +
                          decoded.status().ToString());

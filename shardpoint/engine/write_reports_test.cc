@@ -110,14 +110,14 @@ Result<std::vector<TensorMetadata>> CollectInPlace(const Case& c, ThreadPool* po
 }
 
 // CollectReports of `c` with every tensor whose chunks form a grid held as its cells, as a save
-// plan holds it (SavePlanOptions::grid_cells): the checksums kept apart, then filled into a copy
+// plan holds it (SavePlanOptions::chunk_cells): the checksums kept apart, then filled into a copy
 // of the plan's tensors, which gives them their chunks.
 Result<std::vector<TensorMetadata>> CollectAsCells(const Case& c, ThreadPool* pool,
                                                    std::vector<DataFile>* files) {
   std::vector<TensorMetadata> tensors = c.metadata.tensors;
   for (TensorMetadata& t : tensors) {
     t.grid = FindChunkGrid(t.chunks, t.shape);
-    CompactGridCells(&t);
+    CompactChunkCells(&t);
   }
   CheckpointMetadata summary = c.metadata;
   summary.tensors.clear();
@@ -282,7 +282,7 @@ TEST(WriteReportsTest, GridCellsTakeTheirChecksumsOnlyApart) {
   t.chunks = {StoredChunk(Box(Dims{0}, Dims{4}), 0, 0, 4), StoredChunk(Box(Dims{4}, Dims{4}), 0, 4, 4)};
   t.shape = Shape{8};
   t.grid = FindChunkGrid(t.chunks, t.shape);
-  ASSERT_TRUE(CompactGridCells(&t));
+  ASSERT_TRUE(CompactChunkCells(&t));
   const Status s = CollectReports(Encoded(c.reports), c.metadata.tensors, &c.metadata, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInternal);
   EXPECT_EQ(s.message(), "tensor 't0' is held as grid cells: its checksums must be kept apart");

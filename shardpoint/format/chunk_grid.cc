@@ -154,44 +154,79 @@ void GridCellByteLengths(const ChunkGrid& grid, uint64_t element_bytes,
   }
 }
 
+namespace {
+
+// The box of chunk `c` of a tensor held as listed cells (no grid) of rank `rank`.
+Box ListedCellBox(const ChunkCells& cells, size_t rank, size_t c) {
+  const int64_t* values = cells.boxes.data() + c * 2 * rank;
+  Box box;
+  box.offsets.assign(values, values + rank);
+  box.sizes.assign(values + rank, values + 2 * rank);
+  return box;
+}
+
+}  // namespace
+
 void ChunkByteLengths(const TensorMetadata& tensor, std::vector<uint64_t>* out) {
-  if (tensor.cells) {
-    GridCellByteLengths(*tensor.grid, DTypeSize(tensor.dtype), out);
-    return;
+  const uint64_t element_bytes = DTypeSize(tensor.dtype);
+  if (tensor.cells && tensor.grid) {
+    GridCellByteLengths(*tensor.grid, element_bytes, out);
+  } else if (tensor.cells) {
+    const size_t rank = tensor.shape.size();
+    out->resize(tensor.cells->files.size());
+    for (size_t c = 0; c < out->size(); ++c) {
+      const int64_t* sizes = tensor.cells->boxes.data() + c * 2 * rank + rank;
+      uint64_t bytes = element_bytes;
+      for (size_t d = 0; d < rank; ++d) bytes *= static_cast<uint64_t>(sizes[d]);
+      (*out)[c] = bytes;
+    }
+  } else {
+    out->resize(tensor.chunks.size());
+    for (size_t c = 0; c < tensor.chunks.size(); ++c) (*out)[c] = tensor.chunks[c].byte_length;
   }
-  out->resize(tensor.chunks.size());
-  for (size_t c = 0; c < tensor.chunks.size(); ++c) (*out)[c] = tensor.chunks[c].byte_length;
 }
 
 Box ChunkBox(const TensorMetadata& tensor, size_t c) {
-  return tensor.cells ? GridCellBox(*tensor.grid, c) : tensor.chunks[c].box;
+  if (!tensor.cells) return tensor.chunks[c].box;
+  return tensor.grid ? GridCellBox(*tensor.grid, c)
+                     : ListedCellBox(*tensor.cells, tensor.shape.size(), c);
 }
 
-void ExpandGridCells(TensorMetadata* tensor) {
+void ExpandChunkCells(TensorMetadata* tensor) {
   if (!tensor->cells) return;
-  const GridCells& cells = *tensor->cells;
+  const ChunkCells& cells = *tensor->cells;
   std::vector<uint64_t> lengths;
-  GridCellByteLengths(*tensor->grid, DTypeSize(tensor->dtype), &lengths);
-  tensor->chunks.clear();
-  tensor->chunks.reserve(lengths.size());
+  ChunkByteLengths(*tensor, &lengths);
+  std::vector<StoredChunk> chunks;
+  chunks.reserve(lengths.size());
   for (size_t c = 0; c < lengths.size(); ++c) {
-    tensor->chunks.emplace_back(GridCellBox(*tensor->grid, c), cells.files[c],
-                                cells.data_offsets[c], lengths[c]);
+    chunks.emplace_back(ChunkBox(*tensor, c), cells.files[c], cells.data_offsets[c], lengths[c]);
   }
+  tensor->chunks = std::move(chunks);
   tensor->cells.reset();
 }
 
-bool CompactGridCells(TensorMetadata* tensor) {
-  if (!tensor->grid || tensor->cells || tensor->kept) return false;
+bool CompactChunkCells(TensorMetadata* tensor) {
+  if (tensor->cells || tensor->kept) return false;
   for (const StoredChunk& chunk : tensor->chunks) {
     if (chunk.encoding != ChunkEncoding::kRaw) return false;
   }
-  GridCells cells;
+  const size_t rank = tensor->shape.size();
+  for (const StoredChunk& chunk : tensor->chunks) {
+    if (chunk.box.offsets.size() != rank || chunk.box.sizes.size() != rank) return false;
+  }
+  ChunkCells cells;
   cells.files.resize(tensor->chunks.size());
   cells.data_offsets.resize(tensor->chunks.size());
+  if (!tensor->grid) cells.boxes.reserve(tensor->chunks.size() * 2 * rank);
   for (size_t c = 0; c < tensor->chunks.size(); ++c) {
-    cells.files[c] = tensor->chunks[c].file;
-    cells.data_offsets[c] = tensor->chunks[c].data_offset;
+    const StoredChunk& chunk = tensor->chunks[c];
+    cells.files[c] = chunk.file;
+    cells.data_offsets[c] = chunk.data_offset;
+    if (!tensor->grid) {
+      cells.boxes.insert(cells.boxes.end(), chunk.box.offsets.begin(), chunk.box.offsets.end());
+      cells.boxes.insert(cells.boxes.end(), chunk.box.sizes.begin(), chunk.box.sizes.end());
+    }
   }
   std::vector<StoredChunk>().swap(tensor->chunks);
   tensor->cells = std::move(cells);

@@ -64,21 +64,21 @@ Box GridCellBox(const ChunkGrid& grid, uint64_t index);
 void GridCellByteLengths(const ChunkGrid& grid, uint64_t element_bytes, std::vector<uint64_t>* out);
 
 // The byte length of every stored chunk of `tensor`, in order, into `out`: its chunks', or its
-// grid cells' (TensorMetadata::cells).
+// cells' (TensorMetadata::cells).
 void ChunkByteLengths(const TensorMetadata& tensor, std::vector<uint64_t>* out);
 
-// The box of stored chunk `c` of `tensor`, a chunk or a grid cell.
+// The box of stored chunk `c` of `tensor`, a chunk or a cell.
 Box ChunkBox(const TensorMetadata& tensor, size_t c);
 
-// Gives a tensor held as grid cells (TensorMetadata::cells) its chunks, each raw with no
-// checksums, and resets `cells`; the grid stays. Does nothing to another tensor.
-void ExpandGridCells(TensorMetadata* tensor);
+// Gives a tensor held as cells (TensorMetadata::cells) its chunks, each raw with no checksums,
+// and resets `cells`; a grid stays. Does nothing to another tensor.
+void ExpandChunkCells(TensorMetadata* tensor);
 
-// Holds a tensor whose chunks are the cells of its grid (TensorMetadata::grid), every one raw, as
-// grid cells: its chunks' files and offsets kept, their boxes and checksums dropped. Returns
-// whether it did (not for a tensor without a grid or with a chunk of another encoding, a part
+// Holds a tensor whose chunks are all raw as cells: their files and offsets kept, and their boxes
+// listed unless the tensor has a grid (TensorMetadata::grid, which gives them); their checksums
+// dropped. Returns whether it did (not for a tensor with a chunk of another encoding, a part
 // (TensorMetadata::kept), or one held so already).
-bool CompactGridCells(TensorMetadata* tensor);
+bool CompactChunkCells(TensorMetadata* tensor);
 
 // An index over `chunks` (of a tensor of `shape`) along the dimension in which they are shortest
 // relative to the shape, or nullopt for a rank-0 shape or a chunk whose box does not have its

@@ -27,7 +27,8 @@ uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
     bytes += t.chunks.capacity() * sizeof(StoredChunk);
     if (t.cells) {
       bytes += t.cells->files.capacity() * sizeof(uint32_t) +
-               t.cells->data_offsets.capacity() * sizeof(uint64_t);
+               t.cells->data_offsets.capacity() * sizeof(uint64_t) +
+               t.cells->boxes.capacity() * sizeof(int64_t);
     }
   }
   return bytes;
@@ -278,7 +279,7 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
 Status FillChecksums(const ChunkChecksums& checksums, std::vector<TensorMetadata>* tensors) {
   SP_RETURN_IF_ERROR(CheckChecksumsFit(*tensors, checksums));
   for (size_t t = 0; t < tensors->size(); ++t) {
-    if ((*tensors)[t].cells) ExpandGridCells(&(*tensors)[t]);
+    if ((*tensors)[t].cells) ExpandChunkCells(&(*tensors)[t]);
     std::vector<StoredChunk>& chunks = (*tensors)[t].chunks;
     for (size_t c = 0; c < chunks.size(); ++c) {
       chunks[c].block_crc32c = InlineVector<uint32_t, 2>(checksums.tensors[t].of(c));

@@ -133,13 +133,16 @@ struct ChunkIndex {
   friend bool operator==(const ChunkIndex&, const ChunkIndex&) = default;
 };
 
-// Where the cells of a grid tensor held without its chunks lie (TensorMetadata::cells): cell i in
-// file files[i] at data_offsets[i]. 12 bytes a cell, where a StoredChunk takes 128.
-struct GridCells {
+// The chunks of a tensor held without a StoredChunk each (TensorMetadata::cells): chunk i lies in
+// file files[i] at data_offsets[i], and its box is cell i of the tensor's grid or, for a tensor
+// without one, boxes[i * 2 * rank, (i + 1) * 2 * rank): its offsets, then its sizes. 12 bytes a
+// chunk of a grid, 12 + 16 x rank of a list, where a StoredChunk takes 128.
+struct ChunkCells {
   std::vector<uint32_t> files;          // indices into CheckpointMetadata::files
   std::vector<uint64_t> data_offsets;  // relative to the file's data_start
+  std::vector<int64_t> boxes;          // empty for a grid tensor
 
-  friend bool operator==(const GridCells&, const GridCells&) = default;
+  friend bool operator==(const ChunkCells&, const ChunkCells&) = default;
 };
 
 struct TensorMetadata {
@@ -165,13 +168,14 @@ struct TensorMetadata {
   // plans of shared reads); ChunkNumber and ChunkIndexOfNumber translate. Unset: every chunk,
   // chunks[i] numbered i. A copy with `kept` set has neither `grid` nor `index`.
   std::optional<std::vector<uint32_t>> kept;
-  // Set, with `grid`, for a grid tensor held without its chunks: `chunks` is empty, and chunk i is
-  // cell i of the grid (GridCellBox in format/chunk_grid.h), raw, its byte_length the cell's
-  // volume times the dtype size, in cells->files[i] at cells->data_offsets[i], its checksums kept
-  // apart (ChunkChecksums). Only a save plan holds tensors so (SavePlanOptions::grid_cells): at
-  // 8,192 ranks x 1,000 tensors its grid cells take 53 MiB instead of 600. Metadata that is
-  // decoded, received, loaded or shown never has them; ExpandGridCells gives the chunks.
-  std::optional<GridCells> cells;
+  // Set for a tensor held without a StoredChunk per chunk: `chunks` is empty, and chunk i is raw,
+  // in cells->files[i] at cells->data_offsets[i], its box cell i of `grid` (GridCellBox in
+  // format/chunk_grid.h) when the tensor has one, else listed in cells->boxes, its byte_length
+  // the box's volume times the dtype size, its checksums kept apart (ChunkChecksums). Only a save
+  // plan holds tensors so (SavePlanOptions::chunk_cells): at 8,192 ranks x 1,000 tensors its
+  // chunks take 83 MiB instead of 600. Metadata that is decoded, received, loaded or shown never
+  // has them; ExpandChunkCells gives the chunks.
+  std::optional<ChunkCells> cells;
 
   uint64_t total_bytes() const { return static_cast<uint64_t>(ShapeVolume(shape)) * DTypeSize(dtype); }
   friend bool operator==(const TensorMetadata& a, const TensorMetadata& b) {
@@ -180,7 +184,7 @@ struct TensorMetadata {
   }
 };
 
-// How many stored chunks `tensor` holds: its chunks, or its grid's cells (TensorMetadata::cells).
+// How many stored chunks `tensor` holds: its chunks, or its cells (TensorMetadata::cells).
 inline uint64_t ChunkCount(const TensorMetadata& tensor) {
   return tensor.cells ? tensor.cells->files.size() : tensor.chunks.size();
 }
@@ -328,7 +332,7 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
                          const ChunkChecksums& checksums);
 
 // Sets the block checksums of every chunk of `tensors` to those `checksums` holds for it (after
-// CheckChecksumsFit). A tensor held as grid cells is given its chunks first (ExpandGridCells).
+// CheckChecksumsFit). A tensor held as cells is given its chunks first (ExpandChunkCells).
 Status FillChecksums(const ChunkChecksums& checksums, std::vector<TensorMetadata>* tensors);
 
 struct CheckpointMetadata {

@@ -188,7 +188,7 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
   std::mt19937_64 rng(20240601);
   ThreadPool pool(3);
   int grids = 0, other = 0;  // tensors of several chunks whose chunks form a grid, or not
-  int cell_tensors = 0;      // tensors a plan made with SavePlanOptions::grid_cells holds as cells
+  int cell_tensors = 0;      // tensors a plan made with SavePlanOptions::chunk_cells holds as cells
   int deferred_plans = 0;    // plans made with SavePlanOptions::defer_writes that deferred them
   for (int trial = 0; trial < 400; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -228,7 +228,7 @@ TEST(PlanRandomTest, RandomMeshesSaveEveryElementOnceAndLoadItBack) {
     // With its grid tensors held as cells: the same plan once they are expanded.
     // And with its writes deferred, taken a few ranks at a time (on the pool or not).
     SavePlanOptions as_cells = trial % 2 == 0 ? pooled : options;
-    as_cells.grid_cells = true;
+    as_cells.chunk_cells = true;
     as_cells.defer_writes = trial % 3 != 0;
     Result<GlobalSavePlan> celled = PlanSave(locals, as_cells);
     ASSERT_TRUE(celled.ok()) << celled.status();

@@ -15,12 +15,12 @@
 
 namespace sp::testing {
 
-// `plan` with every tensor held as grid cells given its chunks (ExpandGridCells), and the number
+// `plan` with every tensor held as grid cells given its chunks (ExpandChunkCells), and the number
 // of tensors that were held so in `cell_tensors`.
 inline GlobalSavePlan WithCellsExpanded(GlobalSavePlan plan, int* cell_tensors) {
   for (TensorMetadata& t : plan.metadata.tensors) {
     *cell_tensors += t.cells ? 1 : 0;
-    ExpandGridCells(&t);
+    ExpandChunkCells(&t);
   }
   return plan;
 }

@@ -201,7 +201,7 @@ TEST(RuledPlanTest, RandomLayoutsPlanExactlyAsTheWholePlans) {
     ASSERT_EQ(actual->ranks, expected->ranks);
     // Held as grid cells, the tensors of a rule built from their pattern's proof: the same plan.
     SavePlanOptions as_cells = options;
-    as_cells.grid_cells = true;
+    as_cells.chunk_cells = true;
     Result<GlobalSavePlan> celled = PlanSave(from_ruled, as_cells);
     ASSERT_TRUE(celled.ok()) << celled.status();
     const GlobalSavePlan expanded = testing::WithCellsExpanded(*std::move(celled), &cell_tensors);
@@ -373,7 +373,7 @@ TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
       EXPECT_EQ(actual->metadata.tensors[t].grid, expected->metadata.tensors[t].grid);
     }
     SavePlanOptions as_cells = options;
-    as_cells.grid_cells = true;
+    as_cells.chunk_cells = true;
     as_cells.defer_writes = true;
     Result<GlobalSavePlan> celled = PlanSave(from_ruled, as_cells);
     ASSERT_TRUE(celled.ok()) << celled.status();
@@ -382,9 +382,11 @@ TEST(RuledPlanTest, StagesPlanTheirRuledTensorsFromTheRulesExactlyAsFromBoxes) {
     for (size_t t = 0; t < celled->metadata.tensors.size(); ++t) {
       const TensorMetadata& tensor = celled->metadata.tensors[t];
       EXPECT_EQ(tensor.grid, expected->metadata.tensors[t].grid);
-      // Held as cells exactly where the chunks form a grid, and then without any chunk.
-      EXPECT_EQ(tensor.cells.has_value(), tensor.grid.has_value());
-      if (tensor.cells) EXPECT_TRUE(tensor.chunks.empty());
+      // Held as cells, with no chunk; their boxes listed where they form no grid.
+      ASSERT_TRUE(tensor.cells.has_value());
+      EXPECT_TRUE(tensor.chunks.empty());
+      EXPECT_EQ(tensor.cells->boxes.size(),
+                tensor.grid ? 0 : ChunkCount(tensor) * 2 * tensor.shape.size());
     }
     const GlobalSavePlan expanded = testing::WithCellsExpanded(*std::move(celled), &cell_tensors);
     ASSERT_EQ(expanded.metadata, expected->metadata);

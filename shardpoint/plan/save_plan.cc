@@ -66,12 +66,10 @@ struct TensorEntry {
   std::vector<uint32_t> chunk_begin;  // chunk c's holders: holdings[chunk_begin[c], [c+1])
   std::vector<uint32_t> owner;        // per chunk: the index into holdings of its writer
   // Per chunk, once owners are chosen: its writer's holding without the box (KeepOnlyWriters),
-  // when holdings, chunk_begin and owner are gone.
-  struct Writer {
-    uint32_t rank;
-    uint32_t local_tensor;
-    uint32_t local_box;
-  };
+  // when holdings, chunk_begin and owner are gone; `index` is the write's place in the rank's
+  // list once the files are laid out, and a plan that defers its writes takes the list as it is
+  // (SavePlanOptions::defer_writes).
+  using Writer = GlobalSavePlan::DeferredWrite;
   std::vector<Writer> writers;
 };
 
@@ -419,21 +417,21 @@ TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
   return md;
 }
 
-// A tensor whose chunks were proved a grid, held as its cells (SavePlanOptions::grid_cells), not
-// yet placed.
+// A tensor whose chunks were proved a grid, held as its cells (SavePlanOptions::chunk_cells)
+// without a chunk being built, not yet placed.
 void HoldAsCells(TensorMetadata* md) {
   const uint64_t cells = md->grid->cell_count();
-  md->cells = GridCells{std::vector<uint32_t>(cells, 0), std::vector<uint64_t>(cells, 0)};
+  md->cells = ChunkCells{std::vector<uint32_t>(cells, 0), std::vector<uint64_t>(cells, 0)};
   std::vector<StoredChunk>().swap(md->chunks);
 }
 
 // The metadata of every tensor, in the entries' order: its chunks (GroupReplicas,
 // MakeTensorMetadata) and the proof that they tile its shape (ProveTiling), tensor by tensor on
 // `pool`. A rule pattern's tiling is proved by its first tensor and holds for the others. With
-// `grid_cells`, a grid tensor is held as its cells, and the other tensors of a pattern proved a
+// `chunk_cells`, a grid tensor is held as its cells, and the other tensors of a pattern proved a
 // grid get the cells without their chunks being built. Returns the error of the first tensor that
 // has one, as planning them one after the other would.
-Status BuildTensors(std::vector<TensorEntry>* entries, bool grid_cells, ThreadPool* pool,
+Status BuildTensors(std::vector<TensorEntry>* entries, bool chunk_cells, ThreadPool* pool,
                     std::vector<TensorMetadata>* tensors) {
   for (uint32_t t = 0; t < entries->size(); ++t) {
     RulePattern* pattern = (*entries)[t].pattern;
@@ -448,19 +446,19 @@ Status BuildTensors(std::vector<TensorEntry>* entries, bool grid_cells, ThreadPo
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, count, [&](int64_t t) {
     TensorEntry& entry = (*entries)[t];
     GroupReplicas(&entry);
-    if (grid_cells && follows(t)) return OkStatus();  // after the loop, from its prover's grid
+    if (chunk_cells && follows(t)) return OkStatus();  // after the loop, from its prover's grid
     TensorMetadata& md = (*tensors)[t] = MakeTensorMetadata(entry);
     if (follows(t)) return OkStatus();
     SP_RETURN_IF_ERROR(ProveTiling(entry, md));
     if (entry.pattern != nullptr) entry.pattern->grid = md.grid;  // read after the loop
-    if (grid_cells && md.grid) HoldAsCells(&md);
+    if (chunk_cells) CompactChunkCells(&md);
     return OkStatus();
   }));
   return ParallelFor(pool, count, [&](int64_t t) {
     if (!follows(t)) return OkStatus();
     const TensorEntry& entry = (*entries)[t];
     TensorMetadata& md = (*tensors)[t];
-    if (!grid_cells) {
+    if (!chunk_cells) {
       md.grid = entry.pattern->grid;
     } else if (entry.pattern->grid) {
       md.name = *entry.name;
@@ -470,6 +468,7 @@ Status BuildTensors(std::vector<TensorEntry>* entries, bool grid_cells, ThreadPo
       HoldAsCells(&md);
     } else {
       md = MakeTensorMetadata(entry);
+      CompactChunkCells(&md);
     }
     return OkStatus();
   });
@@ -547,7 +546,7 @@ Status AssignOwners(const std::vector<TensorMetadata>& tensors, size_t world_siz
 }
 
 // Keeps of every tensor's holdings only each chunk's writer: a holding per rank and tensor is
-// 24 bytes (200 MiB at 8,192 ranks x 1,000 tensors), a writer 12 bytes per chunk, and they are
+// 24 bytes (200 MiB at 8,192 ranks x 1,000 tensors), a writer 16 bytes per chunk, and they are
 // freed before the writes are laid out. On one thread: the writers then take the memory the
 // freed holdings leave in the same allocator arena (on the pool's threads, the coordinator's
 // peak at 8,192 x 1,000 was 40 MiB higher, for 0.02 s saved).
@@ -557,7 +556,7 @@ void KeepOnlyWriters(std::vector<TensorEntry>* entries) {
     for (size_t c = 0; c < entry.owner.size(); ++c) {
       const Holding& h = Holdings(entry)[entry.owner[c]];
       entry.writers[c] = {h.rank, entry.pattern ? entry.pattern_local : h.local_tensor,
-                          h.local_box};
+                          h.local_box, 0};
     }
     entry.pattern = nullptr;
     std::vector<Holding>().swap(entry.holdings);
@@ -782,10 +781,9 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
     std::vector<uint64_t> lengths;
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       ChunkByteLengths(placed[t], &lengths);
-      const std::vector<TensorEntry::Writer>& writers = entries[t].writers;
-      if (defer) plan->deferred[t].resize(writers.size());
+      std::vector<TensorEntry::Writer>& writers = entries[t].writers;
       for (uint32_t c = 0; c < writers.size(); ++c) {
-        const TensorEntry::Writer& writer = writers[c];
+        TensorEntry::Writer& writer = writers[c];
         Kinds& k = next[writer.rank];
         const uint64_t bytes = lengths[c];
         uint32_t index;
@@ -802,14 +800,14 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
         const uint32_t file = first_file[writer.rank];
         PlaceChunk(placed[t], c, file, offset);
         if (defer) {
-          plan->deferred[t][c] = {writer.rank, writer.local_tensor, writer.local_box, index};
+          writer.index = index;
         } else {
           plan->ranks[writer.rank].writes[index] =
               ChunkWrite{writer.local_tensor, writer.local_box, file, t, c, offset, bytes};
         }
       }
-      // Deferred, the writers are what the plan keeps: not both at once.
-      if (defer) std::vector<TensorEntry::Writer>().swap(entries[t].writers);
+      // Deferred, the writers with their places are what the plan keeps: moved, not copied.
+      if (defer) plan->deferred[t] = std::move(writers);
     }
     return OkStatus();
   }));
@@ -972,7 +970,7 @@ Result<GlobalSavePlan> PlanSave(const GatheredPlans& plans, const SavePlanOption
   plan.metadata.world_size = static_cast<int32_t>(world_size);
   plan.metadata.checksum_block_bytes = options.checksum_block_bytes;
   SP_RETURN_IF_ERROR(
-      BuildTensors(&entries, options.grid_cells, options.pool, &plan.metadata.tensors));
+      BuildTensors(&entries, options.chunk_cells, options.pool, &plan.metadata.tensors));
   SP_ASSIGN_OR_RETURN(plan.metadata.objects, MergeObjects(plans, entries));
   SP_RETURN_IF_ERROR(AssignOwners(plan.metadata.tensors, world_size,
                                   options.dedup_to_lowest_rank, options.pool, &entries));

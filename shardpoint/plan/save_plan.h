@@ -66,11 +66,12 @@ struct SavePlanOptions {
   // wins), apart from the rank's other chunks. Each non-empty group of a rank gets
   // min(files_per_rank, its chunks) files. Prefixes must not be empty.
   std::vector<std::string> separate_key_prefixes;
-  // Holds every tensor whose chunks form a grid as its grid cells (TensorMetadata::cells), 12
-  // bytes a chunk instead of 128, and builds no chunk for the tensors of a rule pattern that
-  // another tensor proved a grid. ExpandGridCells on each tensor gives the plan made without it.
-  // For the writers that place chunks by their cells (the native format's).
-  bool grid_cells = false;
+  // Holds every tensor as cells (TensorMetadata::cells): a tensor whose chunks form a grid in 12
+  // bytes a chunk, any other with its boxes listed, where a StoredChunk takes 128; and builds no
+  // chunk for the tensors of a rule pattern that another tensor proved a grid. ExpandChunkCells
+  // on each tensor gives the plan made without it. For the writers that place chunks by their
+  // cells (the native format's).
+  bool chunk_cells = false;
   // Leaves every rank's writes out of the plan where the files are laid out in one pass (one file
   // per rank, nothing to separate): the plan keeps, per chunk, the rank that writes it, from which
   // of its boxes and at which place of its list (GlobalSavePlan::deferred, 16 bytes a chunk where
@@ -106,7 +107,7 @@ struct RankSavePlan {
 };
 
 struct GlobalSavePlan {
-  // Tensors sorted by name; chunks sorted by box (grid cells with SavePlanOptions::grid_cells);
+  // Tensors sorted by name; chunks sorted by box (as cells with SavePlanOptions::chunk_cells);
   // files named and ordered by (rank, file number); every chunk's file/data_offset/byte_length
   // set; block_crc32c EMPTY (the writers compute them); DataFile::data_start and size are 0 (the
   // engine fills them after building each file's header); objects: one per name, from the

@@ -93,15 +93,20 @@ TEST(SavePlanTest, GridCellsAndDeferredWritesHoldTheSamePlanAndAreTakenOnce) {
   const Result<GlobalSavePlan> expected = PlanSave(locals, Options());
   ASSERT_TRUE(expected.ok()) << expected.status();
   SavePlanOptions options = Options();
-  options.grid_cells = true;
+  options.chunk_cells = true;
   options.defer_writes = true;
   Result<GlobalSavePlan> plan = PlanSave(locals, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const TensorMetadata& v = plan->metadata.tensors[0];
   const TensorMetadata& w = plan->metadata.tensors[1];
-  EXPECT_FALSE(v.cells.has_value());  // three chunks that are no grid: listed
-  EXPECT_EQ(v.chunks, expected->metadata.tensors[0].chunks);
-  ASSERT_TRUE(w.cells.has_value());   // four rows: a grid, as cells
+  ASSERT_TRUE(v.cells.has_value());  // three chunks that are no grid: their boxes listed
+  EXPECT_EQ(v.cells->boxes, (std::vector<int64_t>{0, 0, 1, 4, 1, 0, 3, 2, 1, 2, 3, 2}));
+  EXPECT_EQ(ChunkBox(v, 2), Box({1, 2}, {3, 2}));
+  TensorMetadata v_listed = v;
+  ExpandChunkCells(&v_listed);
+  EXPECT_EQ(v_listed.chunks, expected->metadata.tensors[0].chunks);
+  ASSERT_TRUE(w.cells.has_value());  // four rows: a grid, its cells' boxes the grid's
+  EXPECT_TRUE(w.cells->boxes.empty());
   EXPECT_TRUE(w.chunks.empty());
   EXPECT_EQ(w.cells->files, (std::vector<uint32_t>{0, 1, 2, 3}));
   // After v's chunks in the files of ranks 0 (4 bytes) and 1 (12).

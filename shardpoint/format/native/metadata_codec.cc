@@ -159,10 +159,10 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata,
 
 Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
                                           ThreadPool* pool, const ChunkFilter* filter,
-                                          bool grid_cells) {
+                                          bool chunk_cells) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<MetadataReader> reader,
                       MetadataReader::Open(std::make_unique<BytesFile>(bytes, path)));
-  return reader->ReadAll(pool, filter, grid_cells);
+  return reader->ReadAll(pool, filter, chunk_cells);
 }
 
 Result<std::unique_ptr<MetadataReader>> MetadataReader::Open(std::unique_ptr<ReadableFile> file) {
@@ -243,7 +243,7 @@ Result<ObjectEntry> MetadataReader::ReadObject(std::string_view name) const {
 }
 
 Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool, const ChunkFilter* filter,
-                                                   bool grid_cells) const {
+                                                   bool chunk_cells) const {
   CheckpointMetadata out = summary_;
   SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
   out.tensors.resize(tensor_names_.size());
@@ -260,7 +260,7 @@ Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool, const Chunk
                         native_metadata::DecodeTensorRecord(
                             std::string_view(tensors).substr(slot.offset, slot.length),
                             tensor_names_[i], summary_, newer_minor(), path(), keep));
-    if (grid_cells && filter == nullptr) CompactGridCells(&out.tensors[i]);
+    if (chunk_cells && filter == nullptr) CompactChunkCells(&out.tensors[i]);
     return OkStatus();
   }));
   SP_ASSIGN_OR_RETURN(std::string objects, ReadSection(kObjectRecords, "object records"));

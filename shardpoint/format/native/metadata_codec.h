@@ -63,14 +63,13 @@ std::string EncodeMetadata(const CheckpointMetadata& metadata,
 // order), is the same. With `filter`, each tensor holds only the chunks the filter keeps
 // (TensorMetadata::kept), and the file is checked as without it: every byte against its CRC, every
 // chunk and cell as a chunk, so that the same bytes give the same error whatever the filter.
-// With `grid_cells` (and no filter), a tensor whose chunks are the cells of its grid is held as
-// its grid cells as soon as it is decoded (CompactGridCells in format/chunk_grid.h, which drops
-// the checksums): what a save plan holds (SavePlanOptions::grid_cells), at a fraction of the
-// memory.
+// With `chunk_cells` (and no filter), a tensor whose chunks are all raw is held as cells as soon
+// as it is decoded (CompactChunkCells in format/chunk_grid.h, which drops the checksums): what a
+// save plan holds (SavePlanOptions::chunk_cells), at a fraction of the memory.
 Result<CheckpointMetadata> DecodeMetadata(std::string_view bytes, std::string_view path,
                                           ThreadPool* pool = nullptr,
                                           const ChunkFilter* filter = nullptr,
-                                          bool grid_cells = false);
+                                          bool chunk_cells = false);
 
 // Reads a metadata file in part. Open reads and validates the header, the summary and the two
 // name indexes; ReadTensor / ReadObject read and validate one record each.
@@ -94,10 +93,10 @@ class MetadataReader {
   Result<ObjectEntry> ReadObject(std::string_view name) const;
   // Everything, reading the two record sections whole and checking their section CRCs; the
   // tensor records decoded on `pool` as DecodeMetadata does.
-  // With `filter`, each tensor holds only the chunks it keeps, and with `grid_cells` a grid
-  // tensor is held as its cells (DecodeMetadata).
+  // With `filter`, each tensor holds only the chunks it keeps, and with `chunk_cells` a tensor of
+  // raw chunks is held as cells (DecodeMetadata).
   Result<CheckpointMetadata> ReadAll(ThreadPool* pool = nullptr, const ChunkFilter* filter = nullptr,
-                                     bool grid_cells = false) const;
+                                     bool chunk_cells = false) const;
 
   // A record's place, relative to its records section, and its CRC32C (public for the codec's
   // own helpers; not part of the reader's contract).

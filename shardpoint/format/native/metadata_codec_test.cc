@@ -214,10 +214,10 @@ TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
         c.block_crc32c.clear();
       }
       table.starts.push_back(table.crcs.size());
-      // Held as a save plan with SavePlanOptions::grid_cells holds it, in every other tensor
-      // whose chunks are a grid: its cells, no chunks.
+      // Held as a save plan with SavePlanOptions::chunk_cells holds it, in every other tensor
+      // whose chunks are raw: as cells, no chunks.
       t.grid = FindChunkGrid(t.chunks, t.shape);
-      if (rng() % 2 == 0 && CompactGridCells(&t)) {
+      if (rng() % 2 == 0 && CompactChunkCells(&t)) {
         ++cell_tensors;
         EXPECT_TRUE(t.chunks.empty());
       }
@@ -242,17 +242,24 @@ TEST(MetadataCodecTest, ChecksumsKeptApartEncodeAsFilledIn) {
       EXPECT_FALSE(planned[k].cells.has_value());
       ExpectTensorEq(m.tensors[order[k]], planned[k]);
     }
-    // Decoded as a save plan's cache restores it: every grid tensor as its cells, which are the
-    // chunks' places.
+    // Decoded as a save plan's cache restores it: every tensor of raw chunks as cells, which are
+    // the chunks' places and boxes.
     ThreadPool pool(2);
     Result<CheckpointMetadata> as_plan =
         DecodeMetadata(EncodeMetadata(m), "/ckpt/shardpoint.metadata", &pool, nullptr, true);
     ASSERT_TRUE(as_plan.ok()) << as_plan.status();
     for (size_t i = 0; i < m.tensors.size(); ++i) {
       TensorMetadata t = as_plan->tensors[i];
-      ASSERT_EQ(t.cells.has_value(), FindChunkGrid(m.tensors[i].chunks, m.tensors[i].shape)
-                                         .has_value()) << t.name;
-      ExpandGridCells(&t);
+      const bool raw = std::all_of(
+          m.tensors[i].chunks.begin(), m.tensors[i].chunks.end(),
+          [](const StoredChunk& c) { return c.encoding == ChunkEncoding::kRaw; });
+      ASSERT_EQ(t.cells.has_value(), raw) << t.name;
+      if (t.cells) {
+        EXPECT_EQ(t.cells->boxes.empty(),
+                  FindChunkGrid(m.tensors[i].chunks, m.tensors[i].shape).has_value())
+            << t.name;
+      }
+      ExpandChunkCells(&t);
       ASSERT_EQ(t.chunks.size(), m.tensors[i].chunks.size()) << t.name;
       for (size_t c = 0; c < t.chunks.size(); ++c) {
         StoredChunk expected = m.tensors[i].chunks[c];

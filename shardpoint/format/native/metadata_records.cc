@@ -184,8 +184,8 @@ std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
                                     const ChunkChecksums::Tensor* apart,
                                     uint64_t checksum_block_bytes) {
   if (checksum_block_bytes == 0) return std::nullopt;  // invalid; the list shows the decoder why
-  if (tensor.cells) {  // raw cells of the grid: a grid record when each has its checksums
-    if (apart == nullptr) return std::nullopt;
+  if (tensor.cells) {  // raw cells of a grid: a grid record when each has its checksums
+    if (!tensor.grid || apart == nullptr) return std::nullopt;
     std::vector<uint64_t> lengths;
     ChunkByteLengths(tensor, &lengths);
     for (size_t c = 0; c < lengths.size(); ++c) {
@@ -573,7 +573,7 @@ void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_by
                         uint32_t major, std::string* out, const ChunkChecksums::Tensor* apart) {
   if (tensor.cells && (major < 2 || !StoredGrid(tensor, apart, checksum_block_bytes))) {
     TensorMetadata listed = tensor;  // a chunk list: the cells as chunks
-    ExpandGridCells(&listed);
+    ExpandChunkCells(&listed);
     AppendTensorRecord(listed, checksum_block_bytes, major, out, apart);
     return;
   }
