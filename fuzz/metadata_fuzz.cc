@@ -3,7 +3,9 @@
 // Each input is decoded twice: as given, and with the header and section checksums recomputed
 // so that mutations reach the section and record decoders instead of stopping at a CRC. A
 // decoded file must re-encode to bytes that decode to the same metadata, and every tensor and
-// object must also be readable one at a time through MetadataReader.
+// object must also be readable one at a time through MetadataReader. Decoded as a save plan holds
+// it (tensors as cells, format/chunk_grid.h), it must encode to the same bytes with its checksums
+// kept apart and expand to the same chunks.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,7 @@
 
 #include "shardpoint/base/coding.h"
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/format/chunk_grid.h"
 #include "shardpoint/format/native/metadata_codec.h"
 
 namespace {
@@ -68,6 +71,32 @@ void DecodeOne(const std::string& bytes) {
   Check(again.ok());
   Check(sp::EncodeMetadata(*again) == encoded);
   for (uint32_t f = 0; f < again->files.size(); ++f) sp::BuildDataFileHeader(*again, f);
+  // Decoded as a save plan holds it (every tensor of raw chunks as cells, no checksums): the same
+  // file from the cells and the checksums kept apart, and the same chunks once expanded.
+  sp::Result<sp::CheckpointMetadata> as_cells =
+      sp::DecodeMetadata(bytes, "fuzz", nullptr, nullptr, /*chunk_cells=*/true);
+  Check(as_cells.ok() && as_cells->tensors.size() == decoded->tensors.size());
+  sp::ChunkChecksums checksums;
+  for (const sp::TensorMetadata& t : decoded->tensors) {
+    sp::ChunkChecksums::Tensor& table = checksums.tensors.emplace_back();
+    for (const sp::StoredChunk& c : t.chunks) {
+      table.starts.push_back(table.crcs.size());
+      table.crcs.insert(table.crcs.end(), c.block_crc32c.begin(), c.block_crc32c.end());
+    }
+    table.starts.push_back(table.crcs.size());
+  }
+  Check(sp::EncodeMetadata(sp::WithoutTensors(*decoded), as_cells->tensors, checksums) ==
+        encoded);
+  for (size_t t = 0; t < decoded->tensors.size(); ++t) {
+    sp::TensorMetadata expanded = as_cells->tensors[t];
+    sp::ExpandChunkCells(&expanded);
+    Check(expanded.chunks.size() == decoded->tensors[t].chunks.size());
+    for (size_t c = 0; c < expanded.chunks.size(); ++c) {
+      sp::StoredChunk chunk = decoded->tensors[t].chunks[c];
+      if (as_cells->tensors[t].cells) chunk.block_crc32c.clear();
+      Check(expanded.chunks[c] == chunk);
+    }
+  }
 }
 
 }  // namespace
