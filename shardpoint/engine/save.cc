@@ -111,12 +111,12 @@ struct SavePlanCacheState {
   std::shared_ptr<const GlobalSavePlan> plan;
   bool plan_has_writes = true;
   // Between saves, a native plan without writes whose chunk lists take more than the cache's
-  // keep_file_above_bytes is kept without its chunks either (the chunks are most of the plan: 128
-  // bytes each, 600 MiB at 8,192 x 1,000): its tensors keep their names, dtypes and shapes, and
+  // keep_file_above_bytes is kept without its chunks either (the chunks are most of the plan: as
+  // cells, 83 MiB at 8,192 x 1,000): its tensors keep their names, dtypes and shapes, and
   // `committed_file` holds the bytes of the metadata file the last save from the plan committed,
-  // whose tensors are the plan's chunks with that save's checksums (the file is about a fifth of
-  // the chunks' memory). A save that takes the plan decodes them back while the ranks write
-  // (RestoreChunks) and commits from them; null while the plan holds its chunks.
+  // whose tensors are the plan's chunks with that save's checksums (39 MiB there). A save that
+  // takes the plan decodes them back, as cells, while the ranks write (RestoreChunks) and commits
+  // from them; null while the plan holds its chunks.
   std::shared_ptr<const std::string> committed_file;
   // Every rank's writes as last sent, where that layout moved chunks (torch-dcp); nullopt when
   // they were plan.ranks.

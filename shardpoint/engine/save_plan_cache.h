@@ -25,10 +25,10 @@
 // copy of the global plan with the names of the files of its last layout. The coordinator's copy
 // keeps every rank's writes only where the ranks do not rename their files (torch-dcp); a save
 // that must lay out a plan kept without them plans afresh. Between saves, a native plan is kept
-// as the metadata file last committed from it (about a fifth of its chunks' memory), and the next
-// save from it decodes the chunks back while the ranks write (for plans above a size the cache is
-// made with). A cache used with another group or another state plans afresh, correctly, and then
-// caches that plan instead.
+// as the metadata file last committed from it (about half of its cells' memory), and the next
+// save from it decodes the chunks back, as cells, while the ranks write (for plans above a size
+// the cache is made with). A cache used with another group or another state plans afresh,
+// correctly, and then caches that plan instead.
 #ifndef SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 #define SHARDPOINT_ENGINE_SAVE_PLAN_CACHE_H_
 
@@ -42,7 +42,8 @@ struct SavePlanCacheState;  // engine/save.cc
 
 class SavePlanCache {
  public:
-  // The default of keep_file_above_bytes: 64 MiB of chunk lists, about 500,000 chunks.
+  // The default of keep_file_above_bytes: 64 MiB of chunk lists, about 5.6 million chunks held as
+  // the cells of grids (12 bytes each), 1.5 million of two-dimensional lists (44 bytes each).
   static constexpr uint64_t kDefaultKeepFileAboveBytes = uint64_t{64} << 20;
 
   // Between saves, the coordinator keeps a native plan whose chunk lists take more than

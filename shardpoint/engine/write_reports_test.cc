@@ -279,7 +279,8 @@ TEST(WriteReportsTest, GridCellsTakeTheirChecksumsOnlyApart) {
   std::mt19937_64 rng(11);
   Case c = RandomCase(rng, 2);
   TensorMetadata& t = c.metadata.tensors[0];
-  t.chunks = {StoredChunk(Box(Dims{0}, Dims{4}), 0, 0, 4), StoredChunk(Box(Dims{4}, Dims{4}), 0, 4, 4)};
+  t.chunks = {StoredChunk(Box(Dims{0}, Dims{4}), 0, 0, 4),
+              StoredChunk(Box(Dims{4}, Dims{4}), 0, 4, 4)};
   t.shape = Shape{8};
   t.grid = FindChunkGrid(t.chunks, t.shape);
   ASSERT_TRUE(CompactChunkCells(&t));

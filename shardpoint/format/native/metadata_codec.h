@@ -95,7 +95,8 @@ class MetadataReader {
   // tensor records decoded on `pool` as DecodeMetadata does.
   // With `filter`, each tensor holds only the chunks it keeps, and with `chunk_cells` a tensor of
   // raw chunks is held as cells (DecodeMetadata).
-  Result<CheckpointMetadata> ReadAll(ThreadPool* pool = nullptr, const ChunkFilter* filter = nullptr,
+  Result<CheckpointMetadata> ReadAll(ThreadPool* pool = nullptr,
+                                     const ChunkFilter* filter = nullptr,
                                      bool chunk_cells = false) const;
 
   // A record's place, relative to its records section, and its CRC32C (public for the codec's
