@@ -43,14 +43,20 @@ Status PlanError(const std::vector<LocalSavePlan>& locals, SavePlanOptions optio
   return plan.status();
 }
 
-TEST(SavePlanTest, RowShardedTensorOneChunkPerRank) {
-  // 10 x 4 float32 saved by 4 ranks with Shard(0): rows 3, 3, 3, 1 (torch.chunk).
+// 10 x 4 float32 "w" saved by 4 ranks with Shard(0): rows 3, 3, 3, 1 (torch.chunk).
+constexpr int64_t kRows[4][2] = {{0, 3}, {3, 3}, {6, 3}, {9, 1}};
+std::vector<LocalSavePlan> RowShardedLocals() {
   std::vector<LocalSavePlan> locals(4);
-  const int64_t rows[4][2] = {{0, 3}, {3, 3}, {6, 3}, {9, 1}};
   for (int r = 0; r < 4; ++r) {
     locals[r].tensors.push_back(
-        Tensor("w", DType::kFloat32, {10, 4}, {Box({rows[r][0], 0}, {rows[r][1], 4})}));
+        Tensor("w", DType::kFloat32, {10, 4}, {Box({kRows[r][0], 0}, {kRows[r][1], 4})}));
   }
+  return locals;
+}
+
+TEST(SavePlanTest, RowShardedTensorOneChunkPerRank) {
+  const std::vector<LocalSavePlan> locals = RowShardedLocals();
+  const auto& rows = kRows;
   Result<GlobalSavePlan> plan = PlanSave(locals, Options());
   ASSERT_TRUE(plan.ok()) << plan.status();
   const CheckpointMetadata& md = plan->metadata;
@@ -81,12 +87,7 @@ TEST(SavePlanTest, RowShardedTensorOneChunkPerRank) {
 
 TEST(SavePlanTest, GridCellsAndDeferredWritesHoldTheSamePlanAndAreTakenOnce) {
   // The row-sharded tensor above, and a tensor two ranks hold in uneven pieces (not a grid).
-  std::vector<LocalSavePlan> locals(4);
-  const int64_t rows[4][2] = {{0, 3}, {3, 3}, {6, 3}, {9, 1}};
-  for (int r = 0; r < 4; ++r) {
-    locals[r].tensors.push_back(
-        Tensor("w", DType::kFloat32, {10, 4}, {Box({rows[r][0], 0}, {rows[r][1], 4})}));
-  }
+  std::vector<LocalSavePlan> locals = RowShardedLocals();
   locals[0].tensors.push_back(Tensor("v", DType::kInt8, {4, 4}, {Box({0, 0}, {1, 4})}));
   locals[1].tensors.push_back(
       Tensor("v", DType::kInt8, {4, 4}, {Box({1, 0}, {3, 2}), Box({1, 2}, {3, 2})}));
