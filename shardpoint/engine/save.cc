@@ -773,7 +773,7 @@ Status CommitOnCoordinator(std::vector<std::string> reports, std::string_view pa
                            const std::vector<TensorMetadata>& tensors,
                            CheckpointMetadata* metadata, ThreadPool* pool,
                            std::string* committed_file) {
-  // The checksums are kept apart only where the tensors are not the metadata's own or hold grid
+  // The checksums are kept apart only where the tensors are not the metadata's own or are held as
   // cells (which have no checksums to fill in): a table of them costs 12 bytes a chunk more than
   // filling them in.
   std::string encoded;

@@ -23,7 +23,7 @@ Status CollectReports(const std::vector<std::string>& reports,
   for (size_t t = 0; t < tensors.size(); ++t) {
     if (tensors[t].cells && checksums == nullptr) {  // no chunks to fill in
       return InternalError("tensor '" + tensors[t].name +
-                           "' is held as grid cells: its checksums must be kept apart");
+                           "' is held as cells: its checksums must be kept apart");
     }
     first_chunk[t + 1] = first_chunk[t] + ChunkCount(tensors[t]);
   }

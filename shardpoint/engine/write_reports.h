@@ -20,7 +20,7 @@ class ThreadPool;  // exec/thread_pool.h
 // - every chunk of `tensors` must be reported once, with as many block checksums as its byte
 //   length has blocks of metadata->checksum_block_bytes (ChecksumBlockCount). The checksums go
 //   into `checksums` when given (laid out here for `tensors`), or else into the chunks of
-//   metadata->tensors, which are then `tensors` (and hold no grid cells, TensorMetadata::cells:
+//   metadata->tensors, which are then `tensors` (and hold no cells, TensorMetadata::cells:
 //   kInternal).
 // A report that breaks any of this is kInternal naming the rank, and the tensor and chunk or the
 // file (a chunk or file nobody reports: the tensor and chunk, or the file); bytes that are not a

@@ -286,7 +286,7 @@ TEST(WriteReportsTest, GridCellsTakeTheirChecksumsOnlyApart) {
   ASSERT_TRUE(CompactChunkCells(&t));
   const Status s = CollectReports(Encoded(c.reports), c.metadata.tensors, &c.metadata, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInternal);
-  EXPECT_EQ(s.message(), "tensor 't0' is held as grid cells: its checksums must be kept apart");
+  EXPECT_EQ(s.message(), "tensor 't0' is held as cells: its checksums must be kept apart");
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 
 namespace sp::testing {
 
-// `plan` with every tensor held as grid cells given its chunks (ExpandChunkCells), and the number
+// `plan` with every tensor held as cells given its chunks (ExpandChunkCells), and the number
 // of tensors that were held so in `cell_tensors`.
 inline GlobalSavePlan WithCellsExpanded(GlobalSavePlan plan, int* cell_tensors) {
   for (TensorMetadata& t : plan.metadata.tensors) {

@@ -199,7 +199,7 @@ TEST(RuledPlanTest, RandomLayoutsPlanExactlyAsTheWholePlans) {
     }
     ASSERT_EQ(actual->metadata, expected->metadata);
     ASSERT_EQ(actual->ranks, expected->ranks);
-    // Held as grid cells, the tensors of a rule built from their pattern's proof: the same plan.
+    // Held as cells, the tensors of a rule built from their pattern's proof: the same plan.
     SavePlanOptions as_cells = options;
     as_cells.chunk_cells = true;
     Result<GlobalSavePlan> celled = PlanSave(from_ruled, as_cells);

@@ -428,9 +428,9 @@ void HoldAsCells(TensorMetadata* md) {
 // The metadata of every tensor, in the entries' order: its chunks (GroupReplicas,
 // MakeTensorMetadata) and the proof that they tile its shape (ProveTiling), tensor by tensor on
 // `pool`. A rule pattern's tiling is proved by its first tensor and holds for the others. With
-// `chunk_cells`, a grid tensor is held as its cells, and the other tensors of a pattern proved a
-// grid get the cells without their chunks being built. Returns the error of the first tensor that
-// has one, as planning them one after the other would.
+// `chunk_cells`, every tensor is held as cells once proved, and the other tensors of a pattern
+// proved a grid get their cells without their chunks being built. Returns the error of the first
+// tensor that has one, as planning them one after the other would.
 Status BuildTensors(std::vector<TensorEntry>* entries, bool chunk_cells, ThreadPool* pool,
                     std::vector<TensorMetadata>* tensors) {
   for (uint32_t t = 0; t < entries->size(); ++t) {
@@ -693,8 +693,10 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t fir
 // "Laying out the files tensor by tensor"). Within a rank, the chunks whose length is a multiple
 // of kDataAlignmentBytes come first and each kind keeps (tensor, chunk) order, as LayOutGroup
 // places them: the first pass counts each kind per block of tensors and rank, the second places
-// each block's chunks from where the blocks before it end. Returns false, having changed
-// nothing, when a rank's bytes would exceed 2^64: the pass per rank then reports which file.
+// each block's chunks from where the blocks before it end. With SavePlanOptions::defer_writes
+// the second pass writes no ChunkWrite: it notes each writer's index and moves a tensor's writers
+// into the plan (GlobalSavePlan::deferred). Returns false, having changed nothing, when a rank's
+// bytes would exceed 2^64: the pass per rank then reports which file.
 Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
                                   const SavePlanOptions& options, GlobalSavePlan* plan) {
   const size_t world_size = plan->ranks.size();

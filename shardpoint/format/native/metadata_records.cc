@@ -173,7 +173,7 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
 std::span<const uint32_t> BlockCrcs(const TensorMetadata& tensor,
                                     const ChunkChecksums::Tensor* apart, size_t c) {
   if (apart != nullptr) return apart->of(c);
-  if (tensor.cells) return {};  // grid cells hold none
+  if (tensor.cells) return {};  // cells hold none
   const InlineVector<uint32_t, 2>& own = tensor.chunks[c].block_crc32c;
   return std::span<const uint32_t>(own.data(), own.size());
 }
@@ -249,7 +249,7 @@ struct CellStep {
   friend bool operator==(const CellStep&, const CellStep&) = default;
 };
 
-// The step to cell `c` of `tensor` (its chunks, or its grid cells) from the cell before it.
+// The step to cell `c` of `tensor` (its chunks, or its cells) from the cell before it.
 CellStep StepTo(const TensorMetadata& tensor, size_t c) {
   const uint32_t file = c == 0 ? 0 : ChunkFile(tensor, c - 1);
   const uint64_t data_offset = c == 0 ? 0 : ChunkDataOffset(tensor, c - 1);
