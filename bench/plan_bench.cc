@@ -64,6 +64,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <malloc.h>
 #include <memory>
 #include <optional>
 #include <span>
@@ -426,6 +427,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     sp::DropDeferredWrites(&*plan);
     for (const std::string& reply : replies) reply_bytes += reply.size();
     replies = {};
+    malloc_trim(0);  // as engine/save.cc does once the replies are scattered (ReturnFreedHeap)
     const uint64_t block_bytes = plan->metadata.checksum_block_bytes;
     if (commit == Commit::kInPlace && chunk_cells) {
       // As engine/save.cc commits a plan holding grid cells: the checksums in a table apart.
