@@ -74,8 +74,9 @@ struct SavePlanOptions {
   bool chunk_cells = false;
   // Leaves every rank's writes out of the plan where the files are laid out in one pass (one file
   // per rank, nothing to separate): the plan keeps, per chunk, the rank that writes it, from which
-  // of its boxes and at which place of its list (GlobalSavePlan::deferred, 16 bytes a chunk where
-  // the writes take 40), and TakeDeferredWrites builds the writes of some ranks at a time. For a
+  // of its boxes and at which place of its list (GlobalSavePlan::deferred, 8 bytes a chunk of a
+  // tensor laid out by a rule, where the writes take 40), and TakeDeferredWrites builds the writes
+  // of some ranks at a time. For a
   // coordinator that sends each rank its writes and keeps none.
   bool defer_writes = false;
   // Where the planning of independent tensors and ranks runs (building each tensor's chunks and
@@ -115,16 +116,27 @@ struct GlobalSavePlan {
   CheckpointMetadata metadata;
   std::vector<RankSavePlan> ranks;  // indexed by rank
 
-  // With SavePlanOptions::defer_writes, the writes not yet in `ranks`: per tensor and chunk, its
-  // write's rank, local tensor and box, and index in the rank's writes; and per rank the count of
-  // its writes. Empty when none are deferred.
+  // With SavePlanOptions::defer_writes, the writes not yet in `ranks`, per tensor: each chunk's
+  // write's rank and index in the rank's writes, and the local tensor and box it is written
+  // from, one for all its chunks unless they differ (a tensor laid out by a rule is at one place
+  // of every rank's list: 8 bytes a chunk); and per rank the count of its writes. Empty when none
+  // are deferred.
   struct DeferredWrite {
     uint32_t rank = 0;
-    uint32_t local_tensor = 0;
-    uint32_t local_box = 0;
     uint32_t index = 0;
   };
-  std::vector<std::vector<DeferredWrite>> deferred;
+  struct LocalBox {
+    uint32_t tensor = 0;  // index into the writing rank's LocalSavePlan::tensors
+    uint32_t box = 0;     // index into that LocalTensor's boxes
+    friend bool operator==(const LocalBox&, const LocalBox&) = default;
+  };
+  struct DeferredTensor {
+    std::vector<DeferredWrite> writes;  // per chunk
+    LocalBox local;                     // every chunk's, when `locals` is empty
+    std::vector<LocalBox> locals;       // per chunk, where they differ
+    LocalBox LocalOf(size_t chunk) const { return locals.empty() ? local : locals[chunk]; }
+  };
+  std::vector<DeferredTensor> deferred;
   std::vector<uint32_t> deferred_counts;
 };
 

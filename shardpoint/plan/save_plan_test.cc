@@ -116,10 +116,21 @@ TEST(SavePlanTest, GridCellsAndDeferredWritesHoldTheSamePlanAndAreTakenOnce) {
   // No rank holds a write until it is taken; then each has exactly its planned writes, once.
   for (const RankSavePlan& r : plan->ranks) EXPECT_TRUE(r.writes.empty());
   EXPECT_EQ(plan->deferred_counts, (std::vector<uint32_t>{2, 3, 1, 1}));
+  // w is at the same place of every rank's list: one local tensor and box for its chunks; v's
+  // chunks come from boxes 0 and 1 of rank 1's second tensor.
+  ASSERT_EQ(plan->deferred.size(), 2u);
+  EXPECT_EQ(plan->deferred[0].locals,
+            (std::vector<GlobalSavePlan::LocalBox>{{1, 0}, {1, 0}, {1, 1}}));
+  EXPECT_TRUE(plan->deferred[1].locals.empty());
+  EXPECT_EQ(plan->deferred[1].local, (GlobalSavePlan::LocalBox{0, 0}));
   ASSERT_TRUE(TakeDeferredWrites(&*plan, 1, 3).ok());
   EXPECT_TRUE(plan->ranks[0].writes.empty());
   EXPECT_EQ(plan->ranks[1], expected->ranks[1]);
   EXPECT_EQ(plan->ranks[2], expected->ranks[2]);
+  // Rank 1 writes v's chunks 1 and 2 (its boxes 0 and 1, 6 bytes each), then its rows of w.
+  ASSERT_EQ(plan->ranks[1].writes.size(), 3u);
+  EXPECT_EQ(plan->ranks[1].writes[1], (ChunkWrite{1, 1, 1, 0, 2, 6, 6}));
+  EXPECT_EQ(plan->ranks[1].writes[2], (ChunkWrite{0, 0, 1, 1, 1, 12, 48}));
   const Status twice = TakeDeferredWrites(&*plan, 2, 4);
   EXPECT_EQ(twice.code(), StatusCode::kInternal);
   EXPECT_THAT(twice.message(), HasSubstr("rank 2 already holds its writes"));
