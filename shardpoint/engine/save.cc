@@ -430,7 +430,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
     // they are.
     plan_options.chunk_cells = writer->ranks_build_headers();
     // Nor does such a layout move any chunk: the ranks' writes are built a round of ranks at a
-    // time, as their replies are (below), from 16 bytes a chunk instead of 40.
+    // time, as their replies are (below), from 8 bytes a chunk instead of 40.
     plan_options.defer_writes = writer->ranks_build_headers();
     SP_ASSIGN_OR_RETURN(plan, PlanSave(gathered, plan_options));
   }
