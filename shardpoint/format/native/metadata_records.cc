@@ -571,7 +571,9 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
 
 void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                         uint32_t major, std::string* out, const ChunkChecksums::Tensor* apart) {
-  if (tensor.cells && (major < 2 || !StoredGrid(tensor, apart, checksum_block_bytes))) {
+  std::optional<ChunkGrid> grid;
+  if (major >= 2) grid = StoredGrid(tensor, apart, checksum_block_bytes);
+  if (tensor.cells && !grid) {
     TensorMetadata listed = tensor;  // a chunk list: the cells as chunks
     ExpandChunkCells(&listed);
     AppendTensorRecord(listed, checksum_block_bytes, major, out, apart);
@@ -583,7 +585,7 @@ void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_by
   for (int64_t dim : tensor.shape) w.PutI64(dim);
   if (major < 2) {
     EncodeChunkList(tensor, apart, major, w);
-  } else if (std::optional<ChunkGrid> grid = StoredGrid(tensor, apart, checksum_block_bytes)) {
+  } else if (grid) {
     w.PutU8(kGrid);
     EncodeGrid(tensor, apart, *grid, major, w);
   } else {

@@ -70,7 +70,7 @@ class NativeWriter : public CheckpointWriter {
 
   Result<std::vector<std::string>> LayOutFiles(Store&, std::string_view,
                                                CheckpointMetadata* md) const override {
-    // The headers list every chunk: a plan's grid cells become chunks.
+    // The headers list every chunk: a plan's cells become chunks.
     for (TensorMetadata& t : md->tensors) ExpandChunkCells(&t);
     SP_ASSIGN_OR_RETURN(const std::vector<uint64_t> data_bytes, Name(md));
     std::vector<std::string> headers = BuildDataFileHeaders(*md);
