@@ -411,11 +411,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
     std::vector<std::string> replies(plan->ranks.size());
     const uint32_t world = static_cast<uint32_t>(plan->ranks.size());
     for (uint32_t first = 0; first < world;) {
-      uint32_t end = first;
-      uint64_t writes = 0;
-      do {
-        writes += plan->deferred.empty() ? 0 : plan->deferred_counts[end];
-      } while (++end < world && (plan->deferred.empty() || writes < (uint64_t{1} << 20)));
+      const uint32_t end = sp::DeferredRoundEnd(*plan, first, uint64_t{1} << 20);
       if (!sp::TakeDeferredWrites(&*plan, first, end, pool).ok()) return false;
       (void)sp::ParallelFor(pool, end - first, [&](int64_t i) {
         replies[first + i] = sp::EncodeRankSavePlan(plan->ranks[first + i]);

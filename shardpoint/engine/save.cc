@@ -526,11 +526,7 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
   // at 8,192 ranks x 1,000 tensors), and each round costs a pass over the plan's chunks.
   constexpr uint64_t kRoundWrites = uint64_t{1} << 20;
   for (uint32_t first = 0; first < plan.ranks.size();) {
-    uint32_t end = first;
-    uint64_t writes = 0;
-    do {
-      writes += plan.deferred.empty() ? 0 : plan.deferred_counts[end];
-    } while (++end < plan.ranks.size() && (plan.deferred.empty() || writes < kRoundWrites));
+    const uint32_t end = DeferredRoundEnd(plan, first, kRoundWrites);
     SP_RETURN_IF_ERROR(TakeDeferredWrites(&plan, first, end, &pool));
     SP_RETURN_IF_ERROR(ParallelFor(&pool, end - first, [&](int64_t i) {
       return encode_reply(first + i);

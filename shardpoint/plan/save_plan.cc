@@ -966,6 +966,15 @@ Status TakeDeferredWrites(GlobalSavePlan* plan, uint32_t first, uint32_t end, Th
   });
 }
 
+uint32_t DeferredRoundEnd(const GlobalSavePlan& plan, uint32_t first, uint64_t round_writes) {
+  const uint32_t world = static_cast<uint32_t>(plan.ranks.size());
+  if (plan.deferred.empty()) return world;
+  uint32_t end = first;
+  uint64_t writes = 0;
+  while (end < world && writes < round_writes) writes += plan.deferred_counts[end++];
+  return std::max(end, std::min(first + 1, world));
+}
+
 void DropDeferredWrites(GlobalSavePlan* plan) {
   std::vector<GlobalSavePlan::DeferredTensor>().swap(plan->deferred);
   std::vector<uint32_t>().swap(plan->deferred_counts);

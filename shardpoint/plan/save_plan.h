@@ -76,8 +76,7 @@ struct SavePlanOptions {
   // per rank, nothing to separate): the plan keeps, per chunk, the rank that writes it, from which
   // of its boxes and at which place of its list (GlobalSavePlan::deferred, 8 bytes a chunk of a
   // tensor laid out by a rule, where the writes take 40), and TakeDeferredWrites builds the writes
-  // of some ranks at a time. For a
-  // coordinator that sends each rank its writes and keeps none.
+  // of some ranks at a time. For a coordinator that sends each rank its writes and keeps none.
   bool defer_writes = false;
   // Where the planning of independent tensors and ranks runs (building each tensor's chunks and
   // proving their tiling; laying out each rank's files), or inline when null. Not part of the
@@ -147,6 +146,11 @@ struct GlobalSavePlan {
 // kInternal when a rank of the range already holds writes.
 Status TakeDeferredWrites(GlobalSavePlan* plan, uint32_t first, uint32_t end,
                           ThreadPool* pool = nullptr);
+
+// The end of a round of ranks from `first` (< the world size) whose deferred writes to take at
+// once: the ranks up to the one whose writes bring the round to `round_writes` or more, or the
+// last; every rank when `plan` defers nothing.
+uint32_t DeferredRoundEnd(const GlobalSavePlan& plan, uint32_t first, uint64_t round_writes);
 
 // Forgets the writes `plan` defers.
 void DropDeferredWrites(GlobalSavePlan* plan);

@@ -116,6 +116,12 @@ TEST(SavePlanTest, GridCellsAndDeferredWritesHoldTheSamePlanAndAreTakenOnce) {
   // No rank holds a write until it is taken; then each has exactly its planned writes, once.
   for (const RankSavePlan& r : plan->ranks) EXPECT_TRUE(r.writes.empty());
   EXPECT_EQ(plan->deferred_counts, (std::vector<uint32_t>{2, 3, 1, 1}));
+  // Rounds of at least 4 writes: ranks 0 and 1 (5 writes), then 2 and 3 (2, the last ones); a
+  // round of at least 1 write ends after rank 0, and one of 0 still takes a rank.
+  EXPECT_EQ(DeferredRoundEnd(*plan, 0, 4), 2u);
+  EXPECT_EQ(DeferredRoundEnd(*plan, 2, 4), 4u);
+  EXPECT_EQ(DeferredRoundEnd(*plan, 0, 1), 1u);
+  EXPECT_EQ(DeferredRoundEnd(*plan, 1, 0), 2u);
   // w is at the same place of every rank's list: one local tensor and box for its chunks; v's
   // chunks come from boxes 0 and 1 of rank 1's second tensor.
   ASSERT_EQ(plan->deferred.size(), 2u);
@@ -140,6 +146,7 @@ TEST(SavePlanTest, GridCellsAndDeferredWritesHoldTheSamePlanAndAreTakenOnce) {
   DropDeferredWrites(&*plan);
   EXPECT_TRUE(plan->deferred.empty());
   EXPECT_TRUE(TakeDeferredWrites(&*plan, 0, 4).ok());  // nothing deferred: nothing to do
+  EXPECT_EQ(DeferredRoundEnd(*plan, 1, 4), 4u);          // and one round of every rank
   // Two files a rank lay out rank by rank: nothing is deferred.
   options.files_per_rank = 2;
   Result<GlobalSavePlan> two = PlanSave(locals, options);
