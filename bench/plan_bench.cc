@@ -52,10 +52,14 @@
 // beside it, with both sizes. With either of these two, `--runs N` sets how many times each
 // figure is measured (medians; 5 by default): comparing two builds on a noisy machine wants more.
 //
+// `--load-coordinator-only` times what a load's coordinator does before its ranks can plan when
+// each is sent its part: opening the committed file, then answering every other rank's boxes
+// (`--runs N` as above).
+//
 // Usage: plan_bench [ranks] [tensors] [--coordinator-only |
 //                   --coordinator-ruled [--cached-commit apart|copy] [--keep-writes] |
 //                   --plan-save-only |
-//                   --open-only] [--threads N] [--runs N]
+//                   --open-only | --load-coordinator-only] [--threads N] [--runs N]
 //        (ranks must be a multiple of 128; the flags run one coordinator measurement alone)
 #include <algorithm>
 #include <chrono>
@@ -291,7 +295,7 @@ sp::Status CollectReportsAsBefore(const std::vector<std::string>& reports,
       reported[c.tensor][c.chunk] = true;
       std::copy(c.block_crc32c.begin(), c.block_crc32c.end(),
                 checksums->tensors[c.tensor].crcs.begin() +
-                    checksums->tensors[c.tensor].starts[c.chunk]);
+                    checksums->tensors[c.tensor].start(c.chunk));
     }
     for (const sp::FileReport& f : report.files) {
       sp::DataFile& file = metadata->files.at(f.index);
@@ -375,6 +379,7 @@ bool MeasureCoordinator(int64_t ranks, int tensors, bool ruled, Commit commit, b
       }
     }
     decoded_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    gathered = {};  // as engine/save.cc releases the ranks' messages once they are in the table
     sp::SavePlanOptions options;
     options.save_id = "bench";
     options.pool = pool;
@@ -598,11 +603,71 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
   return true;
 }
 
+// --load-coordinator-only: what the coordinator of a load does before any rank can plan when each
+// rank is sent its part (engine/load.cc, MetadataPartsOfLoad): it opens the committed native file
+// (decoded, checked and indexed), then answers every rank but rank 0, in rounds of 512, from the
+// boxes it saved with. Times both, and prints the bytes asked for and answered.
+bool MeasureLoadCoordinator(sp::CheckpointMetadata metadata, int64_t ranks, int tensors,
+                            sp::ThreadPool* pool) {
+  sp::MemoryStore store;
+  std::unique_ptr<sp::CheckpointWriter> writer =
+      sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
+  metadata.save_id = "0123456789ab";
+  if (sp::Status s = writer->LayOutFiles(store, "/bench", &metadata).status(); !s.ok()) {
+    std::fprintf(stderr, "LayOutFiles failed: %s\n", s.ToString().c_str());
+    return false;
+  }
+  FillCommittedChecksums(metadata.checksum_block_bytes, &metadata.tensors);
+  const std::string native = sp::EncodeMetadata(metadata);
+  metadata = {};
+  std::vector<std::string> requests(static_cast<size_t>(ranks));
+  uint64_t request_bytes = 0;
+  for (int64_t r = 1; r < ranks; ++r) {
+    sp::ChunkFilter boxes;
+    sp::LocalSavePlan local = MakeLocal(r, ranks, tensors);
+    for (sp::LocalTensor& t : local.tensors) boxes[t.name] = std::move(t.boxes);
+    requests[r] = sp::MetadataRequest(&boxes);
+    request_bytes += requests[r].size();
+  }
+  const Timing open =
+      Median([&] { return sp::DecodeNativeCheckpointMetadata(native, "/bench", pool); });
+  const sp::Result<sp::CheckpointMetadata> opened =
+      sp::DecodeNativeCheckpointMetadata(native, "/bench", pool);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "DecodeNativeCheckpointMetadata failed: %s\n",
+                 opened.status().ToString().c_str());
+    return false;
+  }
+  uint64_t answer_bytes = 0;
+  const Timing answers = Median([&]() -> sp::Result<size_t> {
+    const sp::MetadataPartEncoder encoder(*opened, pool);
+    std::string whole;
+    answer_bytes = 0;
+    for (int64_t first = 0; first < ranks; first += 512) {
+      const int64_t end = std::min<int64_t>(ranks, first + 512);
+      std::vector<std::string> out(static_cast<size_t>(end - first));
+      SP_RETURN_IF_ERROR(sp::AnswerMetadataRequests(
+          encoder, std::span<const std::string>(requests).subspan(first, end - first),
+          static_cast<int>(first), std::string(17, 'n'), 0, &whole, out, pool));
+      for (const std::string& answer : out) answer_bytes += answer.size();
+    }
+    return size_t{0};
+  });
+  std::printf("load_coordinator ranks=%lld tensors=%d runs=%d metadata_mib=%.1f open_s=%.6f "
+              "requests_mib=%.1f answers_s=%.6f answers_cpu_s=%.6f answers_mib=%.1f\n",
+              static_cast<long long>(ranks), tensors, g_runs,
+              static_cast<double>(native.size()) / (1 << 20), open.wall_s,
+              static_cast<double>(request_bytes) / (1 << 20), answers.wall_s, answers.cpu_s,
+              static_cast<double>(answer_bytes) / (1 << 20));
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool coordinator_only = false, coordinator_ruled = false, plan_save_only = false;
-  bool open_only = false, runs_given = false, usage = false, keep_writes = false;
+  bool open_only = false, load_coordinator_only = false;
+  bool runs_given = false, usage = false, keep_writes = false;
   bool chunk_cells = true;
   Commit commit = Commit::kInPlace;
   int threads = sp::DefaultIoThreads();
@@ -616,6 +681,8 @@ int main(int argc, char** argv) {
       plan_save_only = true;
     } else if (std::strcmp(argv[i], "--open-only") == 0) {
       open_only = true;
+    } else if (std::strcmp(argv[i], "--load-coordinator-only") == 0) {
+      load_coordinator_only = true;
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       g_runs = std::atoi(argv[++i]);
       runs_given = true;
@@ -642,15 +709,18 @@ int main(int argc, char** argv) {
   const int64_t ranks = positional.size() > 0 ? std::atoll(positional[0]) : 1024;
   const int tensors = positional.size() > 1 ? std::atoi(positional[1]) : 500;
   if (usage || positional.size() > 2 || ranks < 128 || ranks % 128 != 0 || tensors < 1 ||
-      coordinator_only + coordinator_ruled + plan_save_only + open_only > 1 ||
-      (runs_given && !plan_save_only && !open_only) ||
+      coordinator_only + coordinator_ruled + plan_save_only + open_only +
+              load_coordinator_only >
+          1 ||
+      (runs_given && !plan_save_only && !open_only && !load_coordinator_only) ||
       ((commit != Commit::kInPlace || keep_writes) && !coordinator_ruled) ||
       (!chunk_cells && !coordinator_ruled && !coordinator_only)) {
     std::fprintf(stderr,
                  "usage: plan_bench [ranks: multiple of 128] [tensors >= 1] "
                  "[--coordinator-only | --coordinator-ruled [--cached-commit apart|copy] "
                  "[--keep-writes] [--chunk-lists] | "
-                 "--plan-save-only | --open-only] [--threads N >= 1] [--runs N >= 1]\n");
+                 "--plan-save-only | --open-only | --load-coordinator-only] [--threads N >= 1] "
+                 "[--runs N >= 1]\n");
     return 2;
   }
   // A pool of one thread plans as without one: on the calling thread.
@@ -667,7 +737,7 @@ int main(int argc, char** argv) {
                ? 0
                : 1;
   }
-  if (!plan_save_only && !open_only) {
+  if (!plan_save_only && !open_only && !load_coordinator_only) {
     std::printf("plan_bench: PlanSave on %d thread(s)\n", threads);
     // The whole plans, then the ruled ones as a save plans them (grid tensors held as cells), then
     // the ruled ones with a StoredChunk per chunk and all writes at once (before; the baseline).
@@ -695,6 +765,9 @@ int main(int argc, char** argv) {
     for (const sp::StoredChunk& c : t.chunks) chunk_bytes += c.byte_length;
   }
   if (open_only) return MeasureOpen(plan->metadata, pool.get()) ? 0 : 1;
+  if (load_coordinator_only) {
+    return MeasureLoadCoordinator(plan->metadata, ranks, tensors, pool.get()) ? 0 : 1;
+  }
   const Timing save = Median([&] { return sp::PlanSave(locals, options); });
   // The coordinator plans on the ranks' messages decoded into one table (plan/gathered_plans.h).
   sp::GatheredPlans gathered_plans(locals.size());
@@ -976,9 +1049,8 @@ int main(int argc, char** argv) {
   const std::string sent = sp::EncodeMetadataPartForWire(received, filter);
   const Timing decode_sent = Median([&] { return sp::DecodeMetadataFromWire(sent, on); });
   size_t sent_chunks = 0;
-  for (const sp::TensorMetadata& t : sp::DecodeMetadataFromWire(sent, on)->tensors) {
-    sent_chunks += t.chunks.size();
-  }
+  const sp::Result<sp::CheckpointMetadata> sent_decoded = sp::DecodeMetadataFromWire(sent, on);
+  for (const sp::TensorMetadata& t : sent_decoded->tensors) sent_chunks += t.chunks.size();
   if (sent_chunks != part_chunks) {
     std::fprintf(stderr, "the part sent holds %zu chunks, the part decoded from the file %zu\n",
                  sent_chunks, part_chunks);

@@ -352,11 +352,11 @@ Status AnswerMetadataRequests(const MetadataPartEncoder& encoder,
                                std::to_string(asked.size()) + " bytes) starts with neither '" +
                                kWholeAsked + "' nor '" + kPartAsked + "'");
         }
-        SP_ASSIGN_OR_RETURN(ChunkFilter boxes,
-                            DecodeChunkFilter(std::string_view(asked).substr(1),
-                                              "the chunk filter of rank " +
-                                                  std::to_string(first_rank + i)));
-        answer += encoder.Encode(boxes);
+        SP_ASSIGN_OR_RETURN(const ChunkFilterList boxes,
+                            DecodeChunkFilterList(std::string_view(asked).substr(1),
+                                                  "the chunk filter of rank " +
+                                                      std::to_string(first_rank + i)));
+        encoder.EncodeTo(boxes, &answer);
         return OkStatus();
       }));
   for (size_t i = 0; i < requests.size(); ++i) {

@@ -310,10 +310,11 @@ Result<std::optional<std::vector<std::string>>> AskForMissing(
 // every rank sent the id of the plan `cache` holds, takes that plan), has the writer lay out the
 // data files, creates the directory, and returns one reply per rank; or, when a plan is needed
 // but some ranks sent only an id or no rank sent a shared part, the replies that ask for them
-// (AskForMissing). `requests` are the ranks' PlanRequests, decoded. The save's metadata is
+// (AskForMissing). `requests` are the ranks' PlanRequests, decoded; once they are in the table it
+// plans from, their plans are released. The save's metadata is
 // `metadata`, or, for a save whose tensors are those of the plan the cache holds, what `pending`
 // holds.
-Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest>& requests,
+Result<std::vector<std::string>> PlanOnCoordinator(std::vector<PlanRequest>& requests,
                                                    std::string_view path,
                                                    const SaveOptions& options, Store& store,
                                                    ThreadPool& pool, SavePlanCache* cache,
@@ -418,6 +419,11 @@ Result<std::vector<std::string>> PlanOnCoordinator(const std::vector<PlanRequest
         SP_RETURN_IF_ERROR(DecodeLocalSavePlanInto(requests[r].plan, &gathered));
       }
     }
+    // The table holds the ranks' plans now, and no later exchange asks for them (a request is
+    // asked for again only before a plan is made): 35 MiB at 8,192 ranks x 1,000 tensors that
+    // would otherwise stay under the planning, the replies and the commit.
+    opened.clear();
+    for (PlanRequest& request : requests) std::string().swap(request.plan);
     SavePlanOptions plan_options;
     plan_options.files_per_rank = std::max(1, options.files_per_rank);
     plan_options.dedup_to_lowest_rank = options.dedup_to_lowest_rank;

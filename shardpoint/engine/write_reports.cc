@@ -49,7 +49,7 @@ Status CollectReports(const std::vector<std::string>& reports,
               checksums != nullptr ? &checksums->tensors[c.tensor] : nullptr;
           const uint64_t expected =
               table != nullptr
-                  ? table->starts[c.chunk + 1] - table->starts[c.chunk]
+                  ? table->start(c.chunk + 1) - table->start(c.chunk)
                   : ChecksumBlockCount(tensor.chunks[c.chunk].byte_length, block_bytes);
           if (c.crc_count != expected) {
             return InternalError(rank + " reported " + std::to_string(c.crc_count) +
@@ -64,7 +64,7 @@ Status CollectReports(const std::vector<std::string>& reports,
                                  ", which another rank reported too");
           }
           if (table != nullptr) {
-            c.CopyCrcs(table->crcs.data() + table->starts[c.chunk]);
+            c.CopyCrcs(table->crcs.data() + table->start(c.chunk));
           } else {
             InlineVector<uint32_t, 2>& crcs =
                 metadata->tensors[c.tensor].chunks[c.chunk].block_crc32c;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "shardpoint/base/inline_vector.h"
 #include "shardpoint/exec/task_group.h"
 
 namespace sp {
@@ -80,8 +81,9 @@ bool GridMatches(const ChunkGrid& grid, std::span<const StoredChunk> chunks) {
 void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<uint32_t>* out) {
   if (box.empty()) return;
   const size_t rank = grid.bounds.size();
-  // Per dimension, the intervals [first, last) that share a point with the box's.
-  std::vector<size_t> first(rank), last(rank);
+  // Per dimension, the intervals [first, last) that share a point with the box's (inline: a load's
+  // coordinator asks this for every tensor of every rank).
+  InlineVector<size_t, 4> first(rank), last(rank);
   for (size_t d = 0; d < rank; ++d) {
     const std::vector<int64_t>& bounds = grid.bounds[d];
     // The first interval ending after the box's start, up to the last starting before its end.
@@ -91,7 +93,7 @@ void GridChunksIntersecting(const ChunkGrid& grid, const Box& box, std::vector<u
         std::lower_bound(bounds.begin(), bounds.end() - 1, box.exclusive_max(d)) - bounds.begin());
     if (first[d] >= last[d]) return;
   }
-  std::vector<size_t> cell = first;
+  InlineVector<size_t, 4> cell = first;
   while (true) {
     uint64_t number = 0;
     for (size_t d = 0; d < rank; ++d) number += cell[d] * grid.strides[d];
@@ -314,30 +316,38 @@ bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredCh
   return true;
 }
 
-std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vector<Box>& boxes) {
-  std::vector<uint32_t> out;
+void AppendChunksReached(const TensorMetadata& tensor, std::span<const Box> boxes,
+                         std::vector<uint32_t>* out) {
+  const size_t first = out->size();
   bool found = true;
   for (const Box& box : boxes) {
     if (!FilterBoxReaches(box, tensor.shape)) continue;
     if (tensor.grid) {
-      GridChunksIntersecting(*tensor.grid, box, &out);
+      GridChunksIntersecting(*tensor.grid, box, out);
     } else if (!tensor.index ||
-               !IndexedChunksIntersecting(*tensor.index, tensor.chunks, box, &out)) {
+               !IndexedChunksIntersecting(*tensor.index, tensor.chunks, box, out)) {
       found = false;
       break;
     }
   }
   if (!found) {  // no search: every chunk is looked at once
-    out.clear();
+    out->resize(first);
     for (size_t c = 0; c < tensor.chunks.size(); ++c) {
       if (FilterKeeps(boxes, tensor.shape, tensor.chunks[c].box)) {
-        out.push_back(static_cast<uint32_t>(c));
+        out->push_back(static_cast<uint32_t>(c));
       }
     }
-    return out;
+    return;
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  const auto begin = out->begin() + static_cast<std::ptrdiff_t>(first);
+  // One box (a rank's usual request) gives its chunks once each, ascending already.
+  if (!std::is_sorted(begin, out->end())) std::sort(begin, out->end());
+  out->erase(std::unique(begin, out->end()), out->end());
+}
+
+std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, std::span<const Box> boxes) {
+  std::vector<uint32_t> out;
+  AppendChunksReached(tensor, boxes, &out);
   return out;
 }
 

@@ -98,7 +98,10 @@ bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredCh
 // else by looking at every chunk. `tensor` holds every chunk (no TensorMetadata::kept); with a
 // grid, its chunks are not looked at (a decoder asks before it builds them). What the coordinator
 // of a load sends a rank of its part of the metadata (EncodeMetadataPartForWire).
-std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, const std::vector<Box>& boxes);
+std::vector<uint32_t> ChunksReached(const TensorMetadata& tensor, std::span<const Box> boxes);
+// The same, appended to `out` (what it held stays).
+void AppendChunksReached(const TensorMetadata& tensor, std::span<const Box> boxes,
+                         std::vector<uint32_t>* out);
 
 // Indexes every tensor of `metadata` that has neither a grid nor an index yet and holds all its
 // chunks (a part, TensorMetadata::kept, is swept: it holds a rank's few): its grid when its

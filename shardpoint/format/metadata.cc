@@ -39,7 +39,7 @@ bool FilterBoxReaches(const Box& box, const Shape& shape) {
   return box.rank() == shape.size() && WithinShape(box, shape) && !box.empty();
 }
 
-bool FilterKeeps(const std::vector<Box>& boxes, const Shape& shape, const Box& chunk) {
+bool FilterKeeps(std::span<const Box> boxes, const Shape& shape, const Box& chunk) {
   if (chunk.rank() != shape.size() || chunk.offsets.size() != shape.size()) return false;
   for (const Box& box : boxes) {
     if (!FilterBoxReaches(box, shape)) continue;
@@ -242,6 +242,16 @@ Result<ChunkChecksums> LayOutChunkChecksums(const std::vector<TensorMetadata>& t
     std::vector<uint64_t> lengths;
     ChunkByteLengths(tensors[t], &lengths);
     ChunkChecksums::Tensor& table = checksums.tensors[t];
+    const uint64_t per_chunk =
+        lengths.empty() ? 0 : ChecksumBlockCount(lengths.front(), block_bytes);
+    if (std::all_of(lengths.begin(), lengths.end(), [&](uint64_t length) {
+          return ChecksumBlockCount(length, block_bytes) == per_chunk;
+        })) {
+      table.chunks = lengths.size();
+      table.per_chunk = per_chunk;
+      table.crcs.resize(lengths.size() * per_chunk);
+      return OkStatus();
+    }
     table.starts.resize(lengths.size() + 1);
     uint64_t blocks = 0;
     for (size_t c = 0; c < lengths.size(); ++c) {
@@ -267,10 +277,22 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
                          " tensors for metadata of " + std::to_string(tensors.size()));
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
-    if (checksums.tensors[t].starts.size() != ChunkCount(tensors[t]) + 1) {
+    const ChunkChecksums::Tensor& table = checksums.tensors[t];
+    if (!table.starts.empty() && table.starts.size() != ChunkCount(tensors[t]) + 1) {
       return InternalError("the checksums of tensor '" + tensors[t].name + "' are for " +
-                           std::to_string(checksums.tensors[t].starts.size()) +
-                           " chunk boundaries, not " + std::to_string(ChunkCount(tensors[t]) + 1));
+                           std::to_string(table.starts.size()) + " chunk boundaries, not " +
+                           std::to_string(ChunkCount(tensors[t]) + 1));
+    }
+    uint64_t blocks = 0;
+    if (table.starts.empty() &&
+        (table.chunks != ChunkCount(tensors[t]) ||
+         __builtin_mul_overflow(table.chunks, table.per_chunk, &blocks) ||
+         blocks != table.crcs.size())) {
+      return InternalError("the checksums of tensor '" + tensors[t].name + "' are for " +
+                           std::to_string(table.chunks) + " chunks of " +
+                           std::to_string(table.per_chunk) + " in " +
+                           std::to_string(table.crcs.size()) + ", not for its " +
+                           std::to_string(ChunkCount(tensors[t])) + " chunks");
     }
   }
   return OkStatus();

@@ -220,7 +220,7 @@ bool FilterBoxReaches(const Box& box, const Shape& shape);
 
 // Whether a chunk whose box is `chunk` of a tensor of `shape` shares a point with one of `boxes`
 // that can reach chunks (a chunk of another rank than the shape's is kept by none).
-bool FilterKeeps(const std::vector<Box>& boxes, const Shape& shape, const Box& chunk);
+bool FilterKeeps(std::span<const Box> boxes, const Shape& shape, const Box& chunk);
 
 // The stored number of chunks[index] of `tensor` (TensorMetadata::kept).
 inline uint32_t ChunkNumber(const TensorMetadata& tensor, size_t index) {
@@ -296,19 +296,29 @@ struct ObjectEntry {
 };
 
 // Block checksums kept apart from the chunks they belong to, tensor by tensor in the order of a
-// list of TensorMetadata: chunk c of tensor t has tensors[t].crcs[starts[c], starts[c + 1]). A
+// list of TensorMetadata: chunk c of tensor t has tensors[t].crcs[start(c), start(c + 1)). A
 // save's commit collects the ranks' checksums into one (engine/write_reports.h) and encodes the
 // metadata from the plan's chunks and these (EncodeMetadata in format/native/metadata_codec.h),
 // so that a plan its cache holds is not copied to fill them in: at 8,192 ranks x 1,000 tensors
-// the plan's chunks take 600 MiB, this table about 60 MiB (12 bytes for a chunk of one block).
+// the plan's chunks take 600 MiB, this table 19 MiB (4 bytes for a chunk of one block).
 struct ChunkChecksums {
   struct Tensor {
-    std::vector<uint64_t> starts;  // one per chunk, and one more: the end
+    // Where each chunk's checksums start: `starts` (one per chunk, and one more: the end), or,
+    // with `starts` empty, `per_chunk` of them for each of `chunks` chunks (what LayOutChunkChecksums
+    // gives a tensor whose chunks all have as many blocks: a grid of even cuts, or one of chunks
+    // within a block each, which would take 8 bytes a chunk of starts for 4 of checksums).
+    std::vector<uint64_t> starts;
+    uint64_t chunks = 0;
+    uint64_t per_chunk = 0;
     std::vector<uint32_t> crcs;
 
+    uint64_t chunk_count() const { return starts.empty() ? chunks : starts.size() - 1; }
+    uint64_t start(size_t chunk) const {
+      return starts.empty() ? chunk * per_chunk : starts[chunk];
+    }
     std::span<const uint32_t> of(size_t chunk) const {
-      return std::span<const uint32_t>(crcs).subspan(starts[chunk],
-                                                     starts[chunk + 1] - starts[chunk]);
+      const uint64_t first = start(chunk);
+      return std::span<const uint32_t>(crcs).subspan(first, start(chunk + 1) - first);
     }
   };
   std::vector<Tensor> tensors;
@@ -321,13 +331,15 @@ inline uint64_t ChecksumBlockCount(uint64_t byte_length, uint64_t block_bytes) {
 }
 
 // The table of `tensors`' checksums, laid out and zero: every chunk's start for
-// ChecksumBlockCount(byte_length, block_bytes) checksums. Tensor by tensor on `pool` when given
+// ChecksumBlockCount(byte_length, block_bytes) checksums, given as a count per chunk for a tensor
+// whose chunks all have the same count. Tensor by tensor on `pool` when given
 // (an allocation failing there is kResourceExhausted).
 Result<ChunkChecksums> LayOutChunkChecksums(const std::vector<TensorMetadata>& tensors,
                                             uint64_t block_bytes, ThreadPool* pool = nullptr);
 
 // kInternal naming the tensor unless `checksums` has an entry for every tensor of `tensors` and a
-// start for every chunk of each, and one more.
+// start for every chunk of each, and one more (or a count per chunk for as many chunks as the
+// tensor has and as many checksums as they take).
 Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
                          const ChunkChecksums& checksums);
 

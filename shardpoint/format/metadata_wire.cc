@@ -841,7 +841,7 @@ void PutBehindLength(std::string& out, Put put) {
 
 // The chunks `kept` of `t` (fewer than all), as a part of its grid when it travels as one (`how`)
 // and that takes fewer bytes than their boxes, else as a list of chunks.
-void PutPartTensor(ByteWriter& w, const TensorMetadata& t, const std::vector<uint32_t>& kept,
+void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint32_t> kept,
                    const CellsAs& how) {
   PutTensorHead(w, t);
   if (how.layout != kWireChunks) {
@@ -931,38 +931,69 @@ MetadataPartEncoder::MetadataPartEncoder(const CheckpointMetadata& metadata, Thr
 MetadataPartEncoder::~MetadataPartEncoder() = default;
 
 std::string MetadataPartEncoder::Encode(const ChunkFilter& filter) const {
+  // The filter's names and the tensors' are in the same order: one walk pairs them.
+  std::vector<std::span<const Box>> boxes(metadata_.tensors.size());
+  auto it = filter.begin();
+  for (size_t t = 0; t < boxes.size() && it != filter.end(); ++t) {
+    const std::string& name = metadata_.tensors[t].name;
+    while (it != filter.end() && it->first < name) ++it;
+    if (it != filter.end() && it->first == name) boxes[t] = it->second;
+  }
+  std::string out;
+  EncodeBoxes(boxes, &out);
+  return out;
+}
+
+void MetadataPartEncoder::EncodeTo(const ChunkFilterList& filter, std::string* out) const {
+  std::vector<std::span<const Box>> boxes(metadata_.tensors.size());
+  size_t f = 0;
+  for (size_t t = 0; t < boxes.size() && f < filter.size(); ++t) {
+    const std::string_view name = metadata_.tensors[t].name;
+    while (f < filter.size() && filter.name(f) < name) ++f;
+    if (f < filter.size() && filter.name(f) == name) boxes[t] = filter.boxes(f);
+  }
+  EncodeBoxes(boxes, out);
+}
+
+void MetadataPartEncoder::EncodeBoxes(std::span<const std::span<const Box>> boxes,
+                                      std::string* out) const {
   const CheckpointMetadata& m = metadata_;
-  // Per tensor, the chunks the filter keeps; all of them: the tensor travels whole.
-  static const std::vector<Box> kNone;
-  std::vector<std::vector<uint32_t>> reached(m.tensors.size());
+  // The chunks each tensor's boxes reach, one tensor after the other in `reached`; a tensor whose
+  // chunks are all reached travels whole.
+  std::vector<uint32_t> reached;
+  std::vector<size_t> reached_end(m.tensors.size());
   std::vector<bool> held(m.files.size(), false);
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const TensorMetadata& tensor = m.tensors[t];
-    auto it = filter.find(tensor.name);
-    reached[t] = ChunksReached(tensor, it != filter.end() ? it->second : kNone);
-    if (reached[t].size() == tensor.chunks.size()) {
+    const size_t first = reached.size();
+    AppendChunksReached(tensor, boxes[t], &reached);
+    reached_end[t] = reached.size();
+    if (reached.size() - first == tensor.chunks.size()) {
       for (const StoredChunk& c : tensor.chunks) held[c.file] = true;
     } else {
-      for (uint32_t c : reached[t]) held[tensor.chunks[c].file] = true;
+      for (size_t i = first; i < reached.size(); ++i) held[tensor.chunks[reached[i]].file] = true;
     }
   }
   for (const ObjectEntry& o : m.objects) {
     if (o.stored) held[o.stored->file] = true;
   }
-  std::string out;
-  ByteWriter w(&out);
+  // About a hundred bytes a tensor besides the names (a chunk's box, place and checksum, the
+  // tensor's shape), so that the part is seldom moved as it grows.
+  out->reserve(out->size() + names_.size() + 128 * m.tensors.size());
+  ByteWriter w(out);
   PutHead(w, m, &held);
   w.PutVarint(m.tensors.size());
   w.PutRaw(names_);
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const TensorMetadata& tensor = m.tensors[t];
-    PutBehindLength(out, [&] {
-      if (reached[t].size() == tensor.chunks.size()) return PutTensor(w, tensor, how_[t]);
-      PutPartTensor(w, tensor, reached[t], how_[t]);
+    const size_t first = t == 0 ? 0 : reached_end[t - 1];
+    const std::span<const uint32_t> kept(reached.data() + first, reached_end[t] - first);
+    PutBehindLength(*out, [&] {
+      if (kept.size() == tensor.chunks.size()) return PutTensor(w, tensor, how_[t]);
+      PutPartTensor(w, tensor, kept, how_[t]);
     });
   }
   PutObjects(w, m);
-  return out;
 }
 
 std::string EncodeMetadataPartForWire(const CheckpointMetadata& m, const ChunkFilter& filter) {
@@ -987,10 +1018,12 @@ std::string EncodeChunkFilter(const ChunkFilter& filter) {
   return out;
 }
 
-Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what) {
+Result<ChunkFilterList> DecodeChunkFilterList(std::string_view bytes, std::string_view what) {
   ByteReader r(bytes, std::string(what));
-  ChunkFilter filter;
+  ChunkFilterList filter;
   SP_ASSIGN_OR_RETURN(uint32_t names, r.ReadVarintCount(4));
+  filter.name_ends_.reserve(names);
+  filter.box_ends_.reserve(names);
   std::string previous, name;
   NameBudget budget(bytes.size());
   for (uint32_t i = 0; i < names; ++i) {
@@ -998,10 +1031,13 @@ Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view w
     if (i > 0 && name <= previous) {
       return DataLossError(r.what() + ": tensor names out of order at '" + name + "'");
     }
+    filter.names_ += name;
+    filter.name_ends_.push_back(filter.names_.size());
     SP_ASSIGN_OR_RETURN(uint32_t count, r.ReadVarintCount(2));
-    std::vector<Box>& boxes = filter.emplace_hint(filter.end(), name, std::vector<Box>())->second;
-    boxes.resize(count);
-    for (Box& box : boxes) {
+    const size_t first = filter.boxes_.size();
+    filter.boxes_.resize(first + count);
+    for (size_t b = first; b < filter.boxes_.size(); ++b) {
+      Box& box = filter.boxes_[b];
       SP_RETURN_IF_ERROR(GetShape(r, &box.offsets));
       SP_RETURN_IF_ERROR(GetShape(r, &box.sizes));
       if (box.offsets.size() != box.sizes.size()) {
@@ -1010,10 +1046,21 @@ Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view w
                              std::to_string(box.sizes.size()) + " sizes");
       }
     }
+    filter.box_ends_.push_back(filter.boxes_.size());
     std::swap(previous, name);
   }
   if (!r.done()) {
     return DataLossError(r.what() + ": " + std::to_string(r.remaining()) + " trailing bytes");
+  }
+  return filter;
+}
+
+Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what) {
+  SP_ASSIGN_OR_RETURN(const ChunkFilterList list, DecodeChunkFilterList(bytes, what));
+  ChunkFilter filter;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::span<const Box> boxes = list.boxes(i);
+    filter.emplace_hint(filter.end(), list.name(i), std::vector<Box>(boxes.begin(), boxes.end()));
   }
   return filter;
 }

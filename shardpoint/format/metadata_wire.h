@@ -10,6 +10,7 @@
 #define SHARDPOINT_FORMAT_METADATA_WIRE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,31 @@ namespace wire_internal {
 struct CellsAs;  // how a tensor's chunks travel (metadata_wire.cc)
 }  // namespace wire_internal
 
+// A ChunkFilter as the coordinator of a load takes it from a rank's request: its names in one
+// buffer and its boxes in one array, in name order, so that a request of a thousand tensors is
+// decoded into a few allocations instead of a map with a name and a vector per tensor
+// (DecodeChunkFilterList; the coordinator decodes one for every rank).
+class ChunkFilterList {
+ public:
+  size_t size() const { return name_ends_.size(); }
+  std::string_view name(size_t i) const {
+    const size_t begin = i == 0 ? 0 : name_ends_[i - 1];
+    return std::string_view(names_).substr(begin, name_ends_[i] - begin);
+  }
+  std::span<const Box> boxes(size_t i) const {
+    const size_t begin = i == 0 ? 0 : box_ends_[i - 1];
+    return std::span<const Box>(boxes_).subspan(begin, box_ends_[i] - begin);
+  }
+
+ private:
+  friend Result<ChunkFilterList> DecodeChunkFilterList(std::string_view bytes,
+                                                       std::string_view what);
+  std::string names_;
+  std::vector<size_t> name_ends_;
+  std::vector<Box> boxes_;
+  std::vector<size_t> box_ends_;
+};
+
 // Encodes parts of one metadata for many ranks, each as EncodeMetadataPartForWire does. What the
 // parts share is found once, when it is made, tensor by tensor on `pool` (whether a tensor's
 // chunks travel as a grid, with raw cells, and its cut points): a part then costs the chunks it
@@ -52,9 +78,14 @@ class MetadataPartEncoder {
   MetadataPartEncoder& operator=(const MetadataPartEncoder&) = delete;
 
   std::string Encode(const ChunkFilter& filter) const;
+  // The same part, appended to `out`.
+  void EncodeTo(const ChunkFilterList& filter, std::string* out) const;
   const CheckpointMetadata& metadata() const { return metadata_; }
 
  private:
+  // The part whose boxes of metadata_.tensors[t] are boxes[t], appended to `out`.
+  void EncodeBoxes(std::span<const std::span<const Box>> boxes, std::string* out) const;
+
   const CheckpointMetadata& metadata_;
   std::vector<wire_internal::CellsAs> how_;
   std::string names_;  // every tensor's name, as every part sends them
@@ -65,6 +96,8 @@ class MetadataPartEncoder {
 // out of order, a box whose offsets and sizes differ in rank).
 std::string EncodeChunkFilter(const ChunkFilter& filter);
 Result<ChunkFilter> DecodeChunkFilter(std::string_view bytes, std::string_view what);
+// The same bytes as a ChunkFilterList, with the same errors.
+Result<ChunkFilterList> DecodeChunkFilterList(std::string_view bytes, std::string_view what);
 
 // kDataLoss naming the byte offset when `bytes` is not a complete encoding. The tensors are
 // decoded on `pool` (null: on the calling thread), with the same result, or the same error (the

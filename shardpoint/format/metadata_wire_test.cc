@@ -365,7 +365,12 @@ TEST(MetadataWireTest, APartDecodesToWhatTheWholeEncodingGivesWithItsFilter) {
     ChunkFilter filter;
     for (const TensorMetadata& t : m.tensors) {
       if (rng() % 5 != 0) filter[t.name] = RandomBoxes(t.shape, rng);
+      // Names the metadata does not have, before, between and after its own: nothing is kept
+      // for them.
+      if (rng() % 4 == 0) filter[t.name + "~"] = RandomBoxes(t.shape, rng);
+      if (rng() % 8 == 0) filter[t.name.substr(0, t.name.size() - 1)] = {Box::Whole(t.shape)};
     }
+    if (trial % 2 == 0) filter["~"] = {Box{{0}, {1}}};
     for (const TensorMetadata& t : m.tensors) {
       auto it = filter.find(t.name);
       static const std::vector<Box> kNone;
@@ -375,6 +380,11 @@ TEST(MetadataWireTest, APartDecodesToWhatTheWholeEncodingGivesWithItsFilter) {
     }
     const CheckpointMetadata expected = DecodeMetadataFromWire(whole, nullptr, &filter).value();
     const std::string bytes = EncodeMetadataPartForWire(m, filter);
+    // As the coordinator answers a request: the filter decoded as a list, the part appended.
+    const ChunkFilterList list = DecodeChunkFilterList(EncodeChunkFilter(filter), "f").value();
+    std::string answered = "prefix";
+    MetadataPartEncoder(m).EncodeTo(list, &answered);
+    EXPECT_EQ(answered, "prefix" + bytes);
     Result<CheckpointMetadata> part = DecodeMetadataFromWire(bytes);
     ASSERT_TRUE(part.ok()) << part.status();
     ASSERT_EQ(part->tensors.size(), m.tensors.size());
@@ -471,11 +481,23 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
   const std::string bytes = EncodeChunkFilter(filter);
   EXPECT_EQ(DecodeChunkFilter(bytes, "x").value(), filter);
   EXPECT_EQ(DecodeChunkFilter(EncodeChunkFilter({}), "x").value(), ChunkFilter());
+  // As a list: the same names, in order, each with its boxes.
+  const ChunkFilterList list = DecodeChunkFilterList(bytes, "x").value();
+  ASSERT_EQ(list.size(), 3u);
+  size_t i = 0;
+  for (const auto& [name, boxes] : filter) {
+    EXPECT_EQ(list.name(i), name);
+    EXPECT_EQ(std::vector<Box>(list.boxes(i).begin(), list.boxes(i).end()), boxes) << name;
+    ++i;
+  }
+  EXPECT_EQ(DecodeChunkFilterList(EncodeChunkFilter({}), "x")->size(), 0u);
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
     const Result<ChunkFilter> back = DecodeChunkFilter(bytes.substr(0, cut), "rank 3's filter");
     ASSERT_FALSE(back.ok()) << cut;
     EXPECT_EQ(back.status().code(), StatusCode::kDataLoss);
     EXPECT_EQ(back.status().message().rfind("rank 3's filter", 0), 0u) << back.status();
+    EXPECT_EQ(DecodeChunkFilterList(bytes.substr(0, cut), "rank 3's filter").status(),
+              back.status());
   }
   EXPECT_EQ(DecodeChunkFilter(bytes + "z", "f").status(),
             DataLossError("f: 1 trailing bytes"));
@@ -506,6 +528,9 @@ TEST(MetadataWireTest, AChunkFilterRoundTripsAndBadBytesAreRefusedByName) {
   v.PutSignedVarint(1);
   EXPECT_EQ(DecodeChunkFilter(ranks, "f").status().message(),
             "f: a box of tensor 'a' has 1 offsets and 2 sizes");
+  EXPECT_EQ(DecodeChunkFilterList(ranks, "f").status(), DecodeChunkFilter(ranks, "f").status());
+  EXPECT_EQ(DecodeChunkFilterList(swapped, "f").status(),
+            DecodeChunkFilter(swapped, "f").status());
 }
 
 // Names travel as what each does not share with the start and the end of the one before: a

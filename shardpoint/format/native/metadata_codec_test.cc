@@ -285,6 +285,60 @@ TEST(MetadataCodecTest, ChecksumsThatDoNotFitTheTensorsAreRefused) {
   checksums.tensors.pop_back();
   s = CheckChecksumsFit(m.tensors, checksums);
   EXPECT_NE(s.message().find("checksums of 5 tensors for metadata of 6"), std::string::npos) << s;
+  // A count per chunk instead of starts: as many chunks as the tensor has, and as many checksums
+  // as they take.
+  checksums.tensors.clear();
+  for (const TensorMetadata& t : m.tensors) {
+    ChunkChecksums::Tensor& table = checksums.tensors.emplace_back();
+    table.chunks = t.chunks.size();
+    table.per_chunk = 2;
+    table.crcs.assign(2 * t.chunks.size(), 0);
+  }
+  EXPECT_TRUE(CheckChecksumsFit(m.tensors, checksums).ok());
+  checksums.tensors[3].crcs.pop_back();
+  s = CheckChecksumsFit(m.tensors, checksums);
+  EXPECT_EQ(s.message(), "the checksums of tensor '" + m.tensors[3].name + "' are for " +
+                             std::to_string(m.tensors[3].chunks.size()) + " chunks of 2 in " +
+                             std::to_string(2 * m.tensors[3].chunks.size() - 1) +
+                             ", not for its " + std::to_string(m.tensors[3].chunks.size()) +
+                             " chunks");
+  checksums.tensors[3].crcs.push_back(0);
+  checksums.tensors[1].chunks += 1;
+  checksums.tensors[1].crcs.resize(checksums.tensors[1].crcs.size() + 2);
+  EXPECT_EQ(CheckChecksumsFit(m.tensors, checksums).code(), StatusCode::kInternal);
+}
+
+// The table a commit collects checksums into gives every chunk its count of blocks, as a count per
+// chunk where they all have the same (no starts: 4 bytes a chunk of one block, not 12), else as
+// starts.
+TEST(MetadataCodecTest, AChecksumTableGivesEachChunkItsBlocksAndStartsOnlyWhereTheyDiffer) {
+  size_t uniform = 0, listed = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 9);
+    for (uint64_t block_bytes : {uint64_t{0}, uint64_t{1}, uint64_t{64}, uint64_t{1} << 20}) {
+      const ChunkChecksums table = LayOutChunkChecksums(m.tensors, block_bytes).value();
+      ASSERT_TRUE(CheckChecksumsFit(m.tensors, table).ok());
+      for (size_t t = 0; t < m.tensors.size(); ++t) {
+        const TensorMetadata& tensor = m.tensors[t];
+        const ChunkChecksums::Tensor& entry = table.tensors[t];
+        std::set<uint64_t> counts;
+        uint64_t next = 0;
+        for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+          const uint64_t count = ChecksumBlockCount(tensor.chunks[c].byte_length, block_bytes);
+          counts.insert(count);
+          EXPECT_EQ(entry.start(c), next) << tensor.name << " chunk " << c;
+          EXPECT_EQ(entry.of(c).size(), count) << tensor.name << " chunk " << c;
+          next += count;
+        }
+        EXPECT_EQ(entry.crcs.size(), next);
+        EXPECT_EQ(entry.chunk_count(), tensor.chunks.size());
+        EXPECT_EQ(entry.starts.empty(), counts.size() <= 1) << tensor.name;
+        (entry.starts.empty() ? uniform : listed) += 1;
+      }
+    }
+  }
+  EXPECT_GT(uniform, 100u);
+  EXPECT_GT(listed, 100u);
 }
 
 TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionsOneAndTwoStillRead) {
