@@ -304,9 +304,10 @@ struct ObjectEntry {
 struct ChunkChecksums {
   struct Tensor {
     // Where each chunk's checksums start: `starts` (one per chunk, and one more: the end), or,
-    // with `starts` empty, `per_chunk` of them for each of `chunks` chunks (what LayOutChunkChecksums
-    // gives a tensor whose chunks all have as many blocks: a grid of even cuts, or one of chunks
-    // within a block each, which would take 8 bytes a chunk of starts for 4 of checksums).
+    // with `starts` empty, `per_chunk` of them for each of `chunks` chunks (what
+    // LayOutChunkChecksums gives a tensor whose chunks all have as many blocks: a grid of even
+    // cuts, or one of chunks within a block each, which would take 8 bytes a chunk of starts for
+    // 4 of checksums).
     std::vector<uint64_t> starts;
     uint64_t chunks = 0;
     uint64_t per_chunk = 0;
