@@ -267,9 +267,14 @@ TEST(ChunkGridTest, IntersectingChunksAreThoseOfTheBruteForce) {
     Shape shape;
     std::vector<std::vector<int64_t>> cuts(rank);
     for (size_t d = 0; d < rank; ++d) {
-      shape.push_back(1 + static_cast<int64_t>(rng() % 12));
+      shape.push_back(1 + static_cast<int64_t>(rng() % (trial % 2 == 0 ? 12 : 40)));
+      if (trial % 4 == 1) {  // even, or as torch.chunk cuts: every interval `step` but the last
+        const int64_t step = 1 + static_cast<int64_t>(rng() % shape[d]);
+        for (int64_t at = step; at < shape[d]; at += step) cuts[d].push_back(at);
+        continue;
+      }
       for (int64_t at = 1; at < shape[d]; ++at) {
-        if (rng() % 3 == 0) cuts[d].push_back(at);
+        if (rng() % (trial % 4 == 3 ? 9 : 3) == 0) cuts[d].push_back(at);
       }
     }
     const std::vector<StoredChunk> chunks = GridChunks(shape, cuts);
@@ -282,6 +287,8 @@ TEST(ChunkGridTest, IntersectingChunksAreThoseOfTheBruteForce) {
         const int64_t b = static_cast<int64_t>(rng() % (shape[d] + 1));
         box.offsets.push_back(std::min(a, b));
         box.sizes.push_back(std::max(a, b) - std::min(a, b));
+        if (q % 5 == 4) box.sizes.back() += 3;  // past the shape's end
+        if (q % 7 == 6) box.offsets.back() -= 2, box.sizes.back() += 2;  // before its start
       }
       std::vector<uint32_t> expected;
       for (uint32_t c = 0; c < chunks.size(); ++c) {

@@ -964,14 +964,19 @@ void MetadataPartEncoder::EncodeBoxes(std::span<const std::span<const Box>> boxe
   std::vector<size_t> reached_end(m.tensors.size());
   std::vector<bool> held(m.files.size(), false);
   for (size_t t = 0; t < m.tensors.size(); ++t) {
-    const TensorMetadata& tensor = m.tensors[t];
-    const size_t first = reached.size();
-    AppendChunksReached(tensor, boxes[t], &reached);
+    AppendChunksReached(m.tensors[t], boxes[t], &reached);
     reached_end[t] = reached.size();
-    if (reached.size() - first == tensor.chunks.size()) {
+  }
+  // In a pass of its own: each chunk reached is most likely a cache miss (a rank reaches one
+  // chunk of most tensors, 128 bytes among hundreds of MiB of them), and here the misses do not
+  // wait for one another or for the searches above.
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorMetadata& tensor = m.tensors[t];
+    const size_t first = t == 0 ? 0 : reached_end[t - 1];
+    if (reached_end[t] - first == tensor.chunks.size()) {
       for (const StoredChunk& c : tensor.chunks) held[c.file] = true;
     } else {
-      for (size_t i = first; i < reached.size(); ++i) held[tensor.chunks[reached[i]].file] = true;
+      for (size_t i = first; i < reached_end[t]; ++i) held[tensor.chunks[reached[i]].file] = true;
     }
   }
   for (const ObjectEntry& o : m.objects) {
