@@ -122,6 +122,8 @@ void MetadataSeeds(const sp::CheckpointMetadata& md, const std::string& name,
   }
   Write(corpus + "/metadata_wire/" + name + "-part",
         sp::EncodeMetadataPartForWire(md, first_chunks));
+  // And that rank's request for it, as the coordinator receives it.
+  Write(corpus + "/metadata_wire/" + name + "-request", sp::EncodeChunkFilter(first_chunks));
   for (size_t i = 0; i < md.objects.size(); ++i) {
     Write(corpus + "/objects/" + name + "-object" + std::to_string(i), md.objects[i].payload);
   }

@@ -11,10 +11,16 @@
 // a part does not hold) re-encodes only from the whole it came from, which the input does not
 // carry: its kept numbers are checked instead. For a whole model whose sizes are sound (what a
 // coordinator encodes parts of), the part that a filter taken from the input keeps decodes to
-// what the whole encoding decodes to with that filter, files not held aside.
+// what the whole encoding decodes to with that filter, files not held aside, and the part the
+// coordinator appends for that filter's request decoded as a list is the same bytes.
+//
+// The input is also read as a rank's request (a chunk filter): as a map and as a list it decodes
+// to the same names and boxes or fails with the same error, and a filter decoded re-encodes to
+// bytes that decode to it again.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/geometry/box.h"
@@ -25,10 +31,32 @@ void Check(bool condition) {
   if (!condition) std::abort();
 }
 
+// The input as a rank's request for its part of the metadata.
+void CheckAsChunkFilter(std::string_view bytes) {
+  const sp::Result<sp::ChunkFilter> filter = sp::DecodeChunkFilter(bytes, "fuzz");
+  const sp::Result<sp::ChunkFilterList> list = sp::DecodeChunkFilterList(bytes, "fuzz");
+  Check(filter.ok() == list.ok());
+  if (!filter.ok()) {
+    Check(filter.status() == list.status());
+    return;
+  }
+  Check(filter->size() == list->size());
+  size_t i = 0;
+  for (const auto& [name, boxes] : *filter) {
+    Check(list->name(i) == name && list->boxes(i).size() == boxes.size());
+    for (size_t b = 0; b < boxes.size(); ++b) Check(list->boxes(i)[b] == boxes[b]);
+    ++i;
+  }
+  const sp::Result<sp::ChunkFilter> again =
+      sp::DecodeChunkFilter(sp::EncodeChunkFilter(*filter), "fuzz");
+  Check(again.ok() && *again == *filter);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  CheckAsChunkFilter(bytes);
   sp::Result<sp::CheckpointMetadata> decoded = sp::DecodeMetadataFromWire(bytes);
   if (!decoded.ok()) return 0;
   bool part = false;
@@ -56,8 +84,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     filter[t.name] = {t.chunks.empty() || i % 3 == 1 ? sp::Box::Whole(t.shape)
                                                      : t.chunks[size % t.chunks.size()].box};
   }
-  sp::Result<sp::CheckpointMetadata> mine =
-      sp::DecodeMetadataFromWire(sp::EncodeMetadataPartForWire(*decoded, filter));
+  const std::string part_bytes = sp::EncodeMetadataPartForWire(*decoded, filter);
+  std::string answered = "n";  // as the coordinator answers: behind a prefix, from the request
+  sp::MetadataPartEncoder(*decoded).EncodeTo(
+      sp::DecodeChunkFilterList(sp::EncodeChunkFilter(filter), "fuzz").value(), &answered);
+  Check(answered == "n" + part_bytes);
+  sp::Result<sp::CheckpointMetadata> mine = sp::DecodeMetadataFromWire(part_bytes);
   sp::Result<sp::CheckpointMetadata> expected =
       sp::DecodeMetadataFromWire(encoded, nullptr, &filter);
   Check(mine.ok() && expected.ok());
