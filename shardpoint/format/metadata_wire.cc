@@ -407,11 +407,27 @@ struct CellsAs {
   uint8_t layout = 0;  // a WireLayout
   std::string bounds;
 };
+
+// A tensor's parts that most ranks are sent, encoded once, each behind its length: piece 0 holds
+// none of its chunks and, for a tensor of at most kReadyChunks chunks, piece 1 all of them and
+// piece 2 + c chunk c alone (a replicated tensor, or one split over a few tensor-parallel ranks,
+// which a thousand ranks reach alike). Piece k is bytes[k == 0 ? 0 : ends[k - 1], ends[k]).
+struct ReadyParts {
+  static constexpr size_t kReadyChunks = 64;
+  std::string bytes;
+  std::vector<size_t> ends;
+
+  std::string_view piece(size_t k) const {
+    const size_t begin = k == 0 ? 0 : ends[k - 1];
+    return std::string_view(bytes).substr(begin, ends[k] - begin);
+  }
+};
 }  // namespace wire_internal
 
 namespace {
 
 using wire_internal::CellsAs;
+using wire_internal::ReadyParts;
 
 CellsAs HowCellsTravel(const TensorMetadata& t) {
   CellsAs how;
@@ -921,9 +937,27 @@ std::string EncodeMetadataForWire(const CheckpointMetadata& m) {
 }
 
 MetadataPartEncoder::MetadataPartEncoder(const CheckpointMetadata& metadata, ThreadPool* pool)
-    : metadata_(metadata), how_(metadata.tensors.size()), names_(EncodeNames(metadata)) {
+    : metadata_(metadata),
+      how_(metadata.tensors.size()),
+      ready_(metadata.tensors.size()),
+      names_(EncodeNames(metadata)) {
   (void)ParallelFor(pool, static_cast<int64_t>(how_.size()), [&](int64_t t) {
-    how_[t] = HowCellsTravel(metadata_.tensors[t]);
+    const TensorMetadata& tensor = metadata_.tensors[t];
+    how_[t] = HowCellsTravel(tensor);
+    ReadyParts& ready = ready_[t];
+    ByteWriter w(&ready.bytes);
+    PutBehindLength(ready.bytes, [&] { PutPartTensor(w, tensor, {}, how_[t]); });
+    ready.ends.push_back(ready.bytes.size());
+    if (tensor.chunks.size() > ReadyParts::kReadyChunks) return OkStatus();
+    PutBehindLength(ready.bytes, [&] { PutTensor(w, tensor, how_[t]); });
+    ready.ends.push_back(ready.bytes.size());
+    for (uint32_t c = 0; c < tensor.chunks.size(); ++c) {
+      PutBehindLength(ready.bytes, [&] {
+        if (tensor.chunks.size() == 1) return PutTensor(w, tensor, how_[t]);
+        PutPartTensor(w, tensor, std::span<const uint32_t>(&c, 1), how_[t]);
+      });
+      ready.ends.push_back(ready.bytes.size());
+    }
     return OkStatus();
   });
 }
@@ -993,10 +1027,18 @@ void MetadataPartEncoder::EncodeBoxes(std::span<const std::span<const Box>> boxe
     const TensorMetadata& tensor = m.tensors[t];
     const size_t first = t == 0 ? 0 : reached_end[t - 1];
     const std::span<const uint32_t> kept(reached.data() + first, reached_end[t] - first);
-    PutBehindLength(*out, [&] {
-      if (kept.size() == tensor.chunks.size()) return PutTensor(w, tensor, how_[t]);
-      PutPartTensor(w, tensor, kept, how_[t]);
-    });
+    const bool whole = kept.size() == tensor.chunks.size();
+    const ReadyParts& ready = ready_[t];
+    if (kept.empty() && !whole) {
+      out->append(ready.piece(0));
+    } else if (ready.ends.size() > 1 && (whole || kept.size() == 1)) {
+      out->append(ready.piece(whole ? 1 : 2 + kept[0]));
+    } else {
+      PutBehindLength(*out, [&] {
+        if (whole) return PutTensor(w, tensor, how_[t]);
+        PutPartTensor(w, tensor, kept, how_[t]);
+      });
+    }
   }
   PutObjects(w, m);
 }

@@ -37,7 +37,8 @@ std::string EncodeMetadataPartForWire(const CheckpointMetadata& metadata,
                                       const ChunkFilter& filter);
 
 namespace wire_internal {
-struct CellsAs;  // how a tensor's chunks travel (metadata_wire.cc)
+struct CellsAs;     // how a tensor's chunks travel (metadata_wire.cc)
+struct ReadyParts;  // a tensor's parts encoded once (metadata_wire.cc)
 }  // namespace wire_internal
 
 // A ChunkFilter as the coordinator of a load takes it from a rank's request: its names in one
@@ -67,7 +68,8 @@ class ChunkFilterList {
 
 // Encodes parts of one metadata for many ranks, each as EncodeMetadataPartForWire does. What the
 // parts share is found once, when it is made, tensor by tensor on `pool` (whether a tensor's
-// chunks travel as a grid, with raw cells, and its cut points): a part then costs the chunks it
+// chunks travel as a grid, with raw cells, and its cut points; each tensor without its chunks,
+// and a tensor of few chunks whole and with each chunk alone): a part then costs the chunks it
 // holds and a look at every tensor's header, not a pass over every chunk. Encode may be called
 // from several threads at once. `metadata` must outlive it and stay unchanged.
 class MetadataPartEncoder {
@@ -88,6 +90,7 @@ class MetadataPartEncoder {
 
   const CheckpointMetadata& metadata_;
   std::vector<wire_internal::CellsAs> how_;
+  std::vector<wire_internal::ReadyParts> ready_;
   std::string names_;  // every tensor's name, as every part sends them
 };
 
