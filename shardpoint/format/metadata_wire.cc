@@ -940,7 +940,11 @@ MetadataPartEncoder::MetadataPartEncoder(const CheckpointMetadata& metadata, Thr
     : metadata_(metadata),
       how_(metadata.tensors.size()),
       ready_(metadata.tensors.size()),
-      names_(EncodeNames(metadata)) {
+      names_(EncodeNames(metadata)),
+      names_sorted_(std::adjacent_find(metadata.tensors.begin(), metadata.tensors.end(),
+                                       [](const TensorMetadata& a, const TensorMetadata& b) {
+                                         return !(a.name < b.name);
+                                       }) == metadata.tensors.end()) {
   (void)ParallelFor(pool, static_cast<int64_t>(how_.size()), [&](int64_t t) {
     const TensorMetadata& tensor = metadata_.tensors[t];
     how_[t] = HowCellsTravel(tensor);
@@ -965,12 +969,15 @@ MetadataPartEncoder::MetadataPartEncoder(const CheckpointMetadata& metadata, Thr
 MetadataPartEncoder::~MetadataPartEncoder() = default;
 
 std::string MetadataPartEncoder::Encode(const ChunkFilter& filter) const {
-  // The filter's names and the tensors' are in the same order: one walk pairs them.
   std::vector<std::span<const Box>> boxes(metadata_.tensors.size());
   auto it = filter.begin();
-  for (size_t t = 0; t < boxes.size() && it != filter.end(); ++t) {
+  for (size_t t = 0; t < boxes.size(); ++t) {
     const std::string& name = metadata_.tensors[t].name;
-    while (it != filter.end() && it->first < name) ++it;
+    if (!names_sorted_) {
+      it = filter.find(name);
+    } else {  // the filter's names and the tensors' are in the same order: one walk pairs them
+      while (it != filter.end() && it->first < name) ++it;
+    }
     if (it != filter.end() && it->first == name) boxes[t] = it->second;
   }
   std::string out;
@@ -981,9 +988,22 @@ std::string MetadataPartEncoder::Encode(const ChunkFilter& filter) const {
 void MetadataPartEncoder::EncodeTo(const ChunkFilterList& filter, std::string* out) const {
   std::vector<std::span<const Box>> boxes(metadata_.tensors.size());
   size_t f = 0;
-  for (size_t t = 0; t < boxes.size() && f < filter.size(); ++t) {
+  for (size_t t = 0; t < boxes.size(); ++t) {
     const std::string_view name = metadata_.tensors[t].name;
-    while (f < filter.size() && filter.name(f) < name) ++f;
+    if (!names_sorted_) {  // a binary search of the filter's names, which are sorted
+      size_t lo = 0, hi = filter.size();
+      while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (filter.name(mid) < name) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      f = lo;
+    } else {
+      while (f < filter.size() && filter.name(f) < name) ++f;
+    }
     if (f < filter.size() && filter.name(f) == name) boxes[t] = filter.boxes(f);
   }
   EncodeBoxes(boxes, out);

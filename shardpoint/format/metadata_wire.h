@@ -92,6 +92,10 @@ class MetadataPartEncoder {
   std::vector<wire_internal::CellsAs> how_;
   std::vector<wire_internal::ReadyParts> ready_;
   std::string names_;  // every tensor's name, as every part sends them
+  // Whether the tensors are sorted by name with no name twice, as CheckpointMetadata promises: a
+  // filter is then walked beside them, else each tensor is looked up in it (metadata received
+  // from the wire is not checked for order).
+  bool names_sorted_ = true;
 };
 
 // A ChunkFilter on the wire (what a load rank asks the coordinator for), and back: kDataLoss
