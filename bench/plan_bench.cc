@@ -568,18 +568,24 @@ Timing Median(Fn&& fn) {
   return Timing{wall[wall.size() / 2], cpu[cpu.size() / 2], first};
 }
 
-// --open-only: the plan's metadata laid out and committed (a checksum per block), encoded as the
-// native file (format 3, and format 2 as the baseline), and the times to open it.
-bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
+// The plan's metadata as a save commits it: its files laid out, a checksum per block.
+bool Committed(sp::CheckpointMetadata* metadata) {
   sp::MemoryStore store;
   std::unique_ptr<sp::CheckpointWriter> writer =
       sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
-  metadata.save_id = "0123456789ab";
-  if (sp::Status s = writer->LayOutFiles(store, "/bench", &metadata).status(); !s.ok()) {
+  metadata->save_id = "0123456789ab";
+  if (sp::Status s = writer->LayOutFiles(store, "/bench", metadata).status(); !s.ok()) {
     std::fprintf(stderr, "LayOutFiles failed: %s\n", s.ToString().c_str());
     return false;
   }
-  FillCommittedChecksums(metadata.checksum_block_bytes, &metadata.tensors);
+  FillCommittedChecksums(metadata->checksum_block_bytes, &metadata->tensors);
+  return true;
+}
+
+// --open-only: the plan's metadata committed, encoded as the native file (format 3, and format 2
+// as the baseline), and the times to open it.
+bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
+  if (!Committed(&metadata)) return false;
   const std::string native = sp::EncodeMetadata(metadata);
   const std::string native_v2 = sp::EncodeMetadata(metadata, 2);  // the baseline: fixed width
   metadata = {};
@@ -609,15 +615,7 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
 // boxes it saved with. Times both, and prints the bytes asked for and answered.
 bool MeasureLoadCoordinator(sp::CheckpointMetadata metadata, int64_t ranks, int tensors,
                             sp::ThreadPool* pool) {
-  sp::MemoryStore store;
-  std::unique_ptr<sp::CheckpointWriter> writer =
-      sp::MakeCheckpointWriter(sp::CheckpointFormat::kNative, false).value();
-  metadata.save_id = "0123456789ab";
-  if (sp::Status s = writer->LayOutFiles(store, "/bench", &metadata).status(); !s.ok()) {
-    std::fprintf(stderr, "LayOutFiles failed: %s\n", s.ToString().c_str());
-    return false;
-  }
-  FillCommittedChecksums(metadata.checksum_block_bytes, &metadata.tensors);
+  if (!Committed(&metadata)) return false;
   const std::string native = sp::EncodeMetadata(metadata);
   metadata = {};
   std::vector<std::string> requests(static_cast<size_t>(ranks));
