@@ -54,7 +54,7 @@ case "${mode}" in
     # crash driver, the engine's MPI tests, MPI, a Python with torch or the benchmarks.
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
       run_ctest "${build}" \
-        -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^mpi_scale_|^crash_trials_sample$|^s3_(client|store|engine)_test$|^dcp_plan_bench_sample$"
+        -E "_NOT_BUILT|^torch_dcp_torch_reads$|^cli_|^mpi_comm_test$|^mpi_load_test$|^mpi_scale_|^crash_trials_sample$|^s3_(client|store|engine)_test$|^dcp_plan_bench_sample$|^plan_bench_coordinators_sample$"
     ;;
   tsan)
     build="${2:-${root}/build-tsan}"
