@@ -152,7 +152,8 @@ TEST_F(S3FaultTest, ServerGoneMidSaveEveryRankFailsAndThePreviousCheckpointStays
   }
   EXPECT_THAT(statuses[0].message(), HasSubstr("s3://faults/run/step-3/"));
   EXPECT_THAT(statuses[0].message(), HasSubstr("(after 3 attempts)"));
-  ASSERT_TRUE(server_->Restart().ok());
+  const Status restarted = server_->Restart();
+  ASSERT_TRUE(restarted.ok()) << restarted;
   // A server just started answers 500 for a while: a client that retries longer reads.
   std::unique_ptr<S3Store> patient = StoreAt(server_->endpoint(), 200);
   Status loaded = LoadAndCheck(patient.get(), url, 1);
