@@ -79,7 +79,7 @@ class ReadableFile {
   virtual void Prefetch(uint64_t offset, uint64_t length) const {}
   // The fraction (0 to 1) of bytes [offset, offset + length) that the store holds in memory
   // (the page cache), so that reading them costs no device access; nullopt when it cannot tell
-  // (the default) or the range is empty. Ranges of more than 256 MiB may be sampled. Loads use it
+  // (the default) or the range is empty. Ranges of more than 16 MiB may be sampled. Loads use it
   // to read cold files with direct I/O and warm ones through the cache (LoadOptions::direct_io).
   // Thread-safe.
   virtual std::optional<double> CachedFraction(uint64_t offset, uint64_t length) const {

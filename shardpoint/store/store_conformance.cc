@@ -349,7 +349,7 @@ TEST_P(StoreConformanceTest, CachedFractionSeesReadAndDroppedBytes) {
   EXPECT_EQ(file.CachedFraction(0, 8 * 4096), 1.0);
 }
 
-// Ranges of more than 256 MiB are sampled: a sparse file read in its first half only.
+// Ranges of more than 16 MiB are sampled: a sparse file read in its first half only.
 TEST_P(StoreConformanceTest, CachedFractionSamplesLargeRanges) {
   if (!GetParam().large_sparse_files) GTEST_SKIP() << "store keeps files in memory";
   constexpr uint64_t kSize = uint64_t{600} << 20;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -123,6 +124,47 @@ TEST(PosixStoreTest, FaultStoreFailsDirectWritesLikeOtherWrites) {
   Result<std::string> back = faults.ReadFile(path);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, std::string(8192, 'y'));
+}
+
+// CachedFraction counts a range of up to 16 MiB page by page and samples a larger one: both
+// see which part of a file the page cache holds.
+TEST(PosixStoreTest, CachedFractionSeesTheCachedPartOfSmallAndSampledRanges) {
+  Result<StoreTestEnv> env = MakePosixEnv();
+  ASSERT_TRUE(env.ok()) << env.status();
+  const std::string path = env->root + "/f";
+  constexpr uint64_t kMiB = uint64_t{1} << 20, kSize = 48 * kMiB;
+  {
+    auto out = env->store->NewWritableFile(path);
+    ASSERT_TRUE(out.ok());
+    std::string bytes(kSize, '\0');
+    for (uint64_t i = 0; i < kSize; ++i) bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
+    ASSERT_TRUE((*out)->WriteAt(0, AsBytes(bytes)).ok());
+    ASSERT_TRUE((*out)->Sync().ok());
+    ASSERT_TRUE((*out)->Close().ok());
+  }
+  auto reader = env->store->OpenReadable(path);
+  ASSERT_TRUE(reader.ok());
+  ReadableFile& file = **reader;
+  std::optional<double> cold = file.DropCache().ok() ? file.CachedFraction(0, kSize) : std::nullopt;
+  if (!cold.has_value() || *cold > 0.02) {
+    GTEST_SKIP() << "the file system under " << env->root << " cannot drop files from its cache";
+  }
+  // The last 16 MiB read through the cache, in 1 MiB reads (read-ahead, which caches up to
+  // several MiB past a read, stops at the end of the file).
+  std::string buffer(kMiB, '\0');
+  for (uint64_t at = kSize - 16 * kMiB; at < kSize; at += kMiB) {
+    ASSERT_TRUE(file.ReadAt(at, AsMutableBytes(buffer.data(), buffer.size())).ok());
+  }
+  const std::optional<double> tail = file.CachedFraction(kSize - 16 * kMiB, 16 * kMiB);  // each page
+  const std::optional<double> head = file.CachedFraction(0, 24 * kMiB);  // sampled
+  const std::optional<double> whole = file.CachedFraction(0, kSize);  // sampled
+  ASSERT_TRUE(head.has_value() && tail.has_value() && whole.has_value());
+  EXPECT_EQ(*tail, 1.0);
+  EXPECT_LT(*head, 0.02);
+  EXPECT_GT(*whole, 1.0 / 3 - 0.03);
+  EXPECT_LT(*whole, 1.0 / 3 + 0.06);
+  EXPECT_EQ(file.CachedFraction(0, 0), std::nullopt);
+  EXPECT_EQ(file.CachedFraction(kSize, 4096), std::nullopt);
 }
 
 TEST(PosixStoreTest, WriteErrorNamesPathAndOffset) {
