@@ -31,7 +31,8 @@
 // Load into 3 ranks with every matrix split along the other dim (the worst case). The
 // checkpoint files are evicted from the page cache before each load. Each run rotates the order of
 // the steps; medians of --runs runs, and for the resharded loads also the median of each run's
-// ratio to that run's raw read (the disk's speed drifts over minutes).
+// ratio to that run's raw read (the disk's speed drifts over minutes). Last, the time a load takes
+// to ask which of the checkpoint's files are cached (sampled), against counting every page.
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
@@ -57,6 +58,7 @@
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/thread_comm.h"
 #include "shardpoint/exec/task_group.h"
+#include "shardpoint/store/posix_store.h"
 #include "shardpoint/testing/synthetic_model.h"
 
 namespace sp {
@@ -257,6 +259,49 @@ double RawReadDirect(const std::string& dir, std::vector<AlignedBuffer>& sink, T
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// What a load spends, before its first read, asking which of the checkpoint's files are in the
+// page cache (ReadableFile::CachedFraction: it samples files over 16 MiB), against counting every
+// page of every file (mincore over the whole of each; the baseline). Cold files, as the loads
+// see them; the milliseconds for all the files, medians of 5.
+std::string ResidencyCheck(const std::string& dir) {
+  DropCache(dir);
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.file_size() > 0) paths.push_back(entry.path().string());
+  }
+  PosixStore store;
+  std::vector<double> sampled, every;
+  for (int run = 0; run < 5; ++run) {
+    auto t0 = Clock::now();
+    for (const std::string& path : paths) {
+      Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(path);
+      Check(file.status(), "residency check");
+      (void)(*file)->CachedFraction(0, (*file)->size());
+    }
+    auto t1 = Clock::now();
+    for (const std::string& path : paths) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) Check(ErrnoToStatus(errno, "open " + path), "residency check");
+      const size_t size = std::filesystem::file_size(path);
+      void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (map != MAP_FAILED) {
+        std::vector<unsigned char> resident((size + 4095) / 4096);
+        ::mincore(map, size, resident.data());
+        ::munmap(map, size);
+      }
+      ::close(fd);
+    }
+    auto t2 = Clock::now();
+    sampled.push_back(std::chrono::duration<double>(t1 - t0).count());
+    every.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  char out[160];
+  std::snprintf(out, sizeof(out),
+                "  %-20s %.2f ms for the %zu files (sampled), every page %.2f ms (the baseline)\n",
+                "residency check", Median(sampled) * 1e3, paths.size(), Median(every) * 1e3);
+  return out;
+}
+
 double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& train,
                  const std::string& dir, ThreadPool& pool, SaveStats* rank0) {
   // A fresh directory, as a training job saves each step: like the raw baseline, the time of
@@ -393,6 +438,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   for (const std::vector<double>* way : {&raw_r_file, &raw_r_robin, &raw_r_direct}) {
     if (!way->empty() && (raw_r.empty() || Median(*way) < Median(raw_r))) raw_r = *way;
   }
+  const std::string residency = ResidencyCheck(ckpt_dir);
   std::filesystem::remove_all(ckpt_dir);
 
   auto line = [&](const char* name, const std::vector<double>& t, double base, const char* vs,
@@ -457,6 +503,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     }
     std::printf("\n");
   }
+  std::printf("%s", residency.c_str());
   std::printf("  bytes read: same layout %s, resharded %s (%s without shared reads), whole by one "
               "rank %s, transposed %s (checkpoint %s); byte check: %s\n\n",
               HumanBytes(read_same).c_str(), HumanBytes(read_reshard).c_str(),
