@@ -155,9 +155,10 @@ TEST(PosixStoreTest, CachedFractionSeesTheCachedPartOfSmallAndSampledRanges) {
   for (uint64_t at = kSize - 16 * kMiB; at < kSize; at += kMiB) {
     ASSERT_TRUE(file.ReadAt(at, AsMutableBytes(buffer.data(), buffer.size())).ok());
   }
-  const std::optional<double> tail = file.CachedFraction(kSize - 16 * kMiB, 16 * kMiB);  // each page
-  const std::optional<double> head = file.CachedFraction(0, 24 * kMiB);  // sampled
-  const std::optional<double> whole = file.CachedFraction(0, kSize);  // sampled
+  // 16 MiB counted page by page; 24 and 48 MiB sampled.
+  const std::optional<double> tail = file.CachedFraction(kSize - 16 * kMiB, 16 * kMiB);
+  const std::optional<double> head = file.CachedFraction(0, 24 * kMiB);
+  const std::optional<double> whole = file.CachedFraction(0, kSize);
   ASSERT_TRUE(head.has_value() && tail.has_value() && whole.has_value());
   EXPECT_EQ(*tail, 1.0);
   EXPECT_LT(*head, 0.02);
