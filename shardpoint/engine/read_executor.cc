@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -463,12 +464,29 @@ void CopyStagedParts(const Segment& s, std::span<const Segment> layout, const st
   }
 }
 
-Status ReadExtent(Job& job, const Extent& e, DepthSlot& slot) {
-  const uint64_t a = DirectAlignment(job, e);
+// How an extent is read: with direct I/O at alignment `a`, laid out as `direct`, or through the
+// page cache (a = 0).
+struct PlannedExtent {
+  uint64_t a = 0;
   DirectLayout direct;
-  if (a > 0) direct = LayOutDirect(e, a);
+
+  uint64_t staging_bytes(const Extent& e) const {
+    return a > 0 ? direct.staging_bytes : e.staging_bytes;
+  }
+};
+
+PlannedExtent PlanExtent(const Job& job, const Extent& e) {
+  PlannedExtent out;
+  out.a = DirectAlignment(job, e);
+  if (out.a > 0) out.direct = LayOutDirect(e, out.a);
+  return out;
+}
+
+Status ReadExtent(Job& job, const Extent& e, const PlannedExtent& plan, DepthSlot& slot) {
+  const uint64_t a = plan.a;
+  const DirectLayout& direct = plan.direct;
   const std::span<const Segment> layout = a > 0 ? direct.segments : e.segments;
-  const uint64_t staging_bytes = a > 0 ? direct.staging_bytes : e.staging_bytes;
+  const uint64_t staging_bytes = plan.staging_bytes(e);
   AlignedBuffer buffer;
   if (staging_bytes > 0) buffer = job.staging.Acquire(staging_bytes, a > 0 ? a : 4096);
   Status status = [&]() -> Status {
@@ -722,6 +740,13 @@ std::vector<char> DirectFiles(std::span<const ReadRequest> requests,
 
 }  // namespace
 
+double SpreadPosition(uint32_t file, size_t k, size_t n) {
+  constexpr double kGolden = 0.6180339887498949;  // (sqrt(5) - 1) / 2
+  const double at = (static_cast<double>(k) + 0.5) / static_cast<double>(std::max<size_t>(1, n)) +
+                    kGolden * static_cast<double>(file);
+  return at - std::floor(at);
+}
+
 Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
                               const CheckpointMetadata& metadata,
                               const std::vector<std::unique_ptr<ReadableFile>>& files,
@@ -844,9 +869,14 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     }
   }
   const std::vector<Extent> extents = builder.Take();
-  for (const Extent& e : extents) {
-    tasks.push_back(Task{files[e.file].get(), e.begin, e.end - e.begin,
-                         [&job, &e](DepthSlot& slot) { return ReadExtent(job, e, slot); }});
+  std::vector<PlannedExtent> planned(extents.size());
+  for (size_t i = 0; i < extents.size(); ++i) {
+    planned[i] = PlanExtent(job, extents[i]);
+    tasks.push_back(Task{files[extents[i].file].get(), extents[i].begin,
+                         extents[i].end - extents[i].begin,
+                         [&job, &e = extents[i], &p = planned[i]](DepthSlot& slot) {
+                           return ReadExtent(job, e, p, slot);
+                         }});
   }
   for (const auto& [chunk, users] : decoded) {
     const uint64_t offset = metadata.files[chunk->file].data_start + chunk->data_offset;
@@ -866,6 +896,27 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   for (size_t i = 0; i < tasks.size(); ++i) {
     const uint64_t size = std::max<uint64_t>(1, tasks[i].file->size());
     position[i] = static_cast<double>(tasks[i].offset) / static_cast<double>(size);
+  }
+  // Mostly staged direct extents (at least kSpreadFromBytes, more than half staged) of the files
+  // that also have others are spread over the load (SpreadPosition).
+  constexpr uint64_t kSpreadFromBytes = uint64_t{1} << 20;
+  const size_t first_extent = slabs.size();
+  std::map<uint32_t, std::vector<size_t>> staged_most;  // per file, in file order
+  std::set<uint32_t> files_with_others;
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const uint64_t bytes = extents[i].end - extents[i].begin;
+    if (planned[i].a > 0 && bytes >= kSpreadFromBytes &&
+        2 * planned[i].staging_bytes(extents[i]) > bytes) {
+      staged_most[extents[i].file].push_back(i);
+    } else {
+      files_with_others.insert(extents[i].file);
+    }
+  }
+  for (const auto& [file, list] : staged_most) {
+    if (files_with_others.count(file) == 0) continue;
+    for (size_t k = 0; k < list.size(); ++k) {
+      position[first_extent + list[k]] = SpreadPosition(file, k, list.size());
+    }
   }
   std::vector<size_t> order(tasks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -27,7 +27,9 @@
 // window). Extents run on the pool in the order of their relative position in their file, so
 // that several files are read at once, each front to back, and as many at once as the pool's
 // IoTuner allows (or `io_depth`); a read leaves the tuner's gate once its bytes have arrived, so
-// verifying and copying overlap the next reads. Staging comes from the pool's BufferPool and
+// verifying and copying overlap the next reads. Direct extents that are mostly staged (the end of
+// a native data file, where the chunks that are not a whole number of pages lie) are spread over
+// the load instead (SpreadPosition). Staging comes from the pool's BufferPool and
 // never exceeds min(`window`, kMaxSpanBytes) bytes per running extent (with direct I/O, at most
 // `window` bytes: the extent widened to the alignment, less what lands in place). Thread-safe for
 // one call at a time.
@@ -122,6 +124,17 @@ struct ReadExecutorOptions {
   // (exec/shared_io_tuner.h) shared with the other processes of the machine. Not owned.
   IoGate* gate = nullptr;
 };
+
+// Where the k-th of the n mostly staged direct extents of file `file` runs, as a relative
+// position in [0, 1) among the extents of every file, which otherwise run at their relative
+// position in their file: spread evenly over the load, and shifted per file by the golden ratio
+// so that those of different files do not come at once. Such an extent stages most of its bytes
+// (its destinations do not agree with the file offsets modulo the alignment, or are small) and
+// copies them out after its read, and a fresh staging buffer is faulted in at its first use. At
+// their place in the files they all came last, together, with little else in flight (measured in
+// docs/PERFORMANCE.md, "Mostly staged extents"). Direct reads do not depend on the order of
+// reads within a file; page-cache reads (read-ahead) do, and keep it.
+double SpreadPosition(uint32_t file, size_t k, size_t n);
 
 // Copies `region` from `src` (laid out in the stored dtype) into the request's destination,
 // converting the dtype if the destination's differs.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -191,6 +192,34 @@ TEST_F(UncheckedReadTest, DecodedChunkWithoutADecoderIsAClearError) {
   EXPECT_EQ(read.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(read.status().message().find("tensor 'w' chunk"), std::string::npos) << read.status();
   EXPECT_NE(read.status().message().find("model.safetensors"), std::string::npos);
+}
+
+// The mostly staged extents of a file are spread evenly over the load, and those of different
+// files apart from each other: of N files with one each, no two closer than a third of 1/N.
+TEST(SpreadPositionTest, SpreadsAFilesExtentsEvenlyAndTheFilesApart) {
+  for (size_t n : {1, 2, 5}) {
+    for (size_t k = 0; k < n; ++k) {
+      EXPECT_DOUBLE_EQ(SpreadPosition(0, k, n), (static_cast<double>(k) + 0.5) / n);
+    }
+  }
+  for (uint32_t files : {2u, 4u, 8u, 16u, 64u, 1000u}) {
+    std::vector<double> at;
+    for (uint32_t f = 0; f < files; ++f) {
+      for (size_t k = 0; k < 3; ++k) {
+        const double p = SpreadPosition(f, k, 3);
+        ASSERT_GE(p, 0.0);
+        ASSERT_LT(p, 1.0);
+        // Each file's own stay a third apart, whatever the shift.
+        const double next = SpreadPosition(f, (k + 1) % 3, 3);
+        EXPECT_NEAR(std::fmod(next - p + 1.0, 1.0), 1.0 / 3, 1e-9) << f << " " << k;
+      }
+      at.push_back(SpreadPosition(f, 0, 1));
+    }
+    std::sort(at.begin(), at.end());
+    double closest = 1.0 - at.back() + at.front();
+    for (size_t i = 1; i < at.size(); ++i) closest = std::min(closest, at[i] - at[i - 1]);
+    EXPECT_GE(closest * files, 1.0 / 3) << files << " files";
+  }
 }
 
 // A file that counts the reads running at once across every file sharing `counters`.
