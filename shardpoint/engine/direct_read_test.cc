@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/read_executor.h"
 #include "shardpoint/store/posix_store.h"
 #include "shardpoint/testing/hook_store.h"
 
@@ -45,6 +46,8 @@ class RecordingStore : public testing::ForwardingStore {
     pieces_.clear();
     direct_reads_ = 0;
   }
+  // What its files say of ReadableFile::small_pages_shorten_requests.
+  bool small_pages = false;
 
  private:
   class File : public ReadableFile {
@@ -64,6 +67,7 @@ class RecordingStore : public testing::ForwardingStore {
       return base_->CachedFraction(offset, length);
     }
     uint64_t direct_io_alignment() const override { return base_->direct_io_alignment(); }
+    bool small_pages_shorten_requests() const override { return store_->small_pages; }
     Result<uint64_t> ReadDirectVAt(uint64_t offset,
                                    std::span<const MutableByteView> pieces) const override {
       {
@@ -169,6 +173,42 @@ TEST_F(DirectReadTest, ADisagreeingDestinationIsStagedAndCopied) {
   EXPECT_EQ(std::memcmp(out, big_.data(), big_.size()), 0);
   EXPECT_GT(recording_.direct_reads(), 0);
   EXPECT_EQ(recording_.PiecesInside(out, big_.size()) > 0, 64 % alignment_ == 0);
+}
+
+TEST_F(DirectReadTest, TheStagedRangeIsStagedWhereSmallPagesShortenTheDevicesRequests) {
+  // An agreeing destination inside ReadExecutorOptions' staged range: staged (none of the direct
+  // reads' pieces lies in it) exactly where the file says that requests into small pages are
+  // shorter; read in place otherwise, and when the range lies elsewhere. Bit-exact every time.
+  const TensorMetadata* big = metadata_.FindTensor("b.big");
+  ASSERT_NE(big, nullptr);
+  Result<std::unique_ptr<ReadableFile>> file = recording_.OpenReadable(DataPath());
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::unique_ptr<ReadableFile>> files;
+  files.push_back(std::move(file).value());
+  AlignedBuffer out(big_.size(), kDataAlignmentBytes);
+  AlignedBuffer elsewhere(4096, 4096);
+  for (const bool small_pages : {true, false}) {
+    for (const bool in_range : {true, false}) {
+      SCOPED_TRACE(std::string(small_pages ? "small pages" : "no small pages") +
+                   (in_range ? ", in the range" : ", the range elsewhere"));
+      recording_.small_pages = small_pages;
+      recording_.Reset();
+      std::memset(out.data(), 0, out.size());
+      const std::vector<ReadRequest> requests = {MakeReadRequest(
+          *big, 0, ReadDestination{out.data(), big->chunks[0].box, DType::kFloat32},
+          big->chunks[0].box)};
+      ReadExecutorOptions options;
+      options.direct_io = true;
+      std::byte* range = in_range ? out.data() : elsewhere.data();
+      options.staged_from = range;
+      options.staged_to = range + (in_range ? out.size() : elsewhere.size());
+      Result<uint64_t> read = ExecuteReads(requests, metadata_, files, pool_, options);
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_EQ(std::memcmp(out.data(), big_.data(), big_.size()), 0);
+      EXPECT_GT(recording_.direct_reads(), 0);
+      EXPECT_EQ(recording_.PiecesInside(out.data(), out.size()) == 0, small_pages && in_range);
+    }
+  }
 }
 
 TEST_F(DirectReadTest, CorruptionInABlockReadInPlaceIsCaught) {

@@ -425,7 +425,15 @@ struct DirectLayout {
   uint64_t staging_bytes = 0;
 };
 
-DirectLayout LayOutDirect(const Extent& e, uint64_t a) {
+DirectLayout LayOutDirect(const Job& job, const Extent& e, uint64_t a) {
+  // Destinations in the staged range, where the device takes shorter requests into them.
+  const bool small_pages = job.options.staged_from != job.options.staged_to &&
+                           job.files[e.file]->small_pages_shorten_requests();
+  auto staged = [&](const std::byte* dest) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(dest);
+    return small_pages && at >= reinterpret_cast<uintptr_t>(job.options.staged_from) &&
+           at < reinterpret_cast<uintptr_t>(job.options.staged_to);
+  };
   DirectLayout out;
   out.begin = e.begin / a * a;
   out.end = (e.end + a - 1) / a * a;
@@ -438,6 +446,7 @@ DirectLayout LayOutDirect(const Extent& e, uint64_t a) {
   };
   for (const Segment& s : e.segments) {
     if (s.dest == nullptr) continue;
+    if (staged(s.dest)) continue;
     const uint64_t address = reinterpret_cast<uintptr_t>(s.dest) % a;
     if (address != s.begin % a) continue;
     const uint64_t lo = (s.begin + a - 1) / a * a;
@@ -478,7 +487,7 @@ struct PlannedExtent {
 PlannedExtent PlanExtent(const Job& job, const Extent& e) {
   PlannedExtent out;
   out.a = DirectAlignment(job, e);
-  if (out.a > 0) out.direct = LayOutDirect(e, out.a);
+  if (out.a > 0) out.direct = LayOutDirect(job, e, out.a);
   return out;
 }
 

@@ -123,6 +123,14 @@ struct ReadExecutorOptions {
   // With io_depth 0, the gate the reads go through instead of the pool's tuner: a SharedIoTuner
   // (exec/shared_io_tuner.h) shared with the other processes of the machine. Not owned.
   IoGate* gate = nullptr;
+  // Destinations in [staged_from, staged_to) take the bytes of direct reads through staging even
+  // where they could land in place, on files whose device takes shorter requests into scattered
+  // 4 KiB pages (ReadableFile::small_pages_shorten_requests): shared memory, which gets no
+  // transparent huge pages unless the administrator allows it. Read in place there, the test
+  // machine's disk delivered about half its speed; the staging buffers are huge pages
+  // (docs/PERFORMANCE.md, "Shared memory's pages").
+  const std::byte* staged_from = nullptr;
+  const std::byte* staged_to = nullptr;
 };
 
 // Where the k-th of the n mostly staged direct extents of file `file` runs, as a relative

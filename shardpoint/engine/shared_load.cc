@@ -687,6 +687,11 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
     return {ReadOwn(std::move(prepared).value(), metadata, path, options, ctx, gate), false};
   }
   const MachineSlots& slots = **mapped;
+  // What is read into the slots lands in staging first (ReadExecutorOptions::staged_from), and
+  // the staging buffers stay with the pool from round to round.
+  read_options.staged_from = slots.memory.data();
+  read_options.staged_to = slots.memory.data() + slots.memory.size();
+  BufferPool::Stay staging_stays(ctx.pool().staging());
   RoundBoard board(slots.memory.data(), comm.size(), me);
   Prepared& p = *prepared;
   const std::vector<ReadRequest> planned = RequestsOfPlan(p, plan);

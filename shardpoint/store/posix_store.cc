@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -81,6 +82,25 @@ uint64_t DirectIoAlignment(int fd) {
   }
 #endif
   return 4096;
+}
+
+// The first unsigned number in file `path`, or 0.
+uint64_t ReadNumberFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[32] = {};
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  return n > 0 ? std::strtoull(text, nullptr, 10) : 0;
+}
+
+// The limits of the block device that holds the open file `fd` (nothing for file systems without
+// one: tmpfs, network file systems).
+BlockQueueLimits QueueLimitsOf(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || major(st.st_dev) == 0) return {};
+  return ReadBlockQueueLimits("/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                              std::to_string(minor(st.st_dev)));
 }
 
 // A second descriptor of the open file `fd` with O_DIRECT and `access` (O_RDONLY, O_WRONLY),
@@ -233,6 +253,11 @@ class PosixReadableFile : public ReadableFile {
     return direct_alignment_;
   }
 
+  bool small_pages_shorten_requests() const override {
+    std::call_once(limits_once_, [this] { limits_ = QueueLimitsOf(fd_); });
+    return limits_.small_pages_shorten_requests();
+  }
+
   Result<uint64_t> ReadDirectVAt(uint64_t offset,
                                  std::span<const MutableByteView> pieces) const override {
     const uint64_t a = direct_io_alignment();
@@ -367,6 +392,8 @@ class PosixReadableFile : public ReadableFile {
   mutable std::once_flag direct_once_;
   mutable int direct_fd_ = -1;
   mutable uint64_t direct_alignment_ = 0;
+  mutable std::once_flag limits_once_;
+  mutable BlockQueueLimits limits_;
 };
 
 // mkdir of one component; OK when a directory is already there.
@@ -416,6 +443,16 @@ bool IsInside(const std::string& root, const std::string& target) {
 }
 
 }  // namespace
+
+BlockQueueLimits ReadBlockQueueLimits(const std::string& dir) {
+  for (const char* queue : {"/queue/", "/../queue/"}) {
+    BlockQueueLimits limits;
+    limits.max_segments = ReadNumberFile(dir + queue + "max_segments");
+    limits.max_request_bytes = ReadNumberFile(dir + queue + "max_sectors_kb") * 1024;
+    if (limits.max_segments > 0 || limits.max_request_bytes > 0) return limits;
+  }
+  return {};
+}
 
 Result<std::unique_ptr<WritableFile>> PosixStore::NewWritableFile(std::string_view path) {
   std::string p(path);

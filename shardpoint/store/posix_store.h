@@ -37,6 +37,23 @@ struct PosixStoreOptions {
   bool allow_external_links = false;
 };
 
+// What a block device's request queue takes (Linux sysfs, `<dir>/queue/max_segments` and
+// `max_sectors_kb`; a partition's are its disk's, `<dir>/../queue`): the most segments (runs of
+// physically contiguous memory) and the most bytes one request carries. 0 where unknown.
+struct BlockQueueLimits {
+  uint64_t max_segments = 0;
+  uint64_t max_request_bytes = 0;
+
+  // A request into 4 KiB pages that are not contiguous is cut at max_segments pages, before its
+  // largest size.
+  bool small_pages_shorten_requests() const {
+    return max_segments > 0 && max_request_bytes > 0 && max_segments * 4096 < max_request_bytes;
+  }
+};
+// The limits of the block device directory `dir` (/sys/dev/block/MAJOR:MINOR for the device
+// that holds a file: PosixStore's readable files ask for their own).
+BlockQueueLimits ReadBlockQueueLimits(const std::string& dir);
+
 class PosixStore : public Store {
  public:
   explicit PosixStore(PosixStoreOptions options = {}) : options_(options) {}

@@ -91,6 +91,12 @@ class ReadableFile {
   // ReadDirectAt must have, or 0 when this file cannot be read that way (the store or the file
   // system does not support it; decided on the first call). The default: 0. Thread-safe.
   virtual uint64_t direct_io_alignment() const { return 0; }
+  // Whether a direct read into 4 KiB pages that lie apart in physical memory reaches the device
+  // in shorter requests than one into contiguous memory: the device takes fewer segments (pages)
+  // per request than its largest request holds pages. Then readers land direct reads meant for
+  // such pages (shared memory) in their staging buffers, which are huge pages, and copy them
+  // (ReadExecutorOptions::staged_from). The default: false. Thread-safe.
+  virtual bool small_pages_shorten_requests() const { return false; }
   // Reads up to out.size() bytes at `offset` bypassing the page cache, where offset, out.size()
   // and out.data() are multiples of direct_io_alignment() (> 0). Returns the bytes read: all of
   // them, or fewer only where the file ends (the tail past the end is left as it was). Errors name

@@ -1,7 +1,9 @@
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -166,6 +168,67 @@ TEST(PosixStoreTest, CachedFractionSeesTheCachedPartOfSmallAndSampledRanges) {
   EXPECT_LT(*whole, 1.0 / 3 + 0.06);
   EXPECT_EQ(file.CachedFraction(0, 0), std::nullopt);
   EXPECT_EQ(file.CachedFraction(kSize, 4096), std::nullopt);
+}
+
+// A block device's queue limits come from its sysfs directory, a partition's from its disk's;
+// requests into scattered 4 KiB pages are shorter where the segments per request hold fewer
+// pages than the largest request.
+TEST(PosixStoreTest, BlockQueueLimitsComeFromTheDeviceOrItsDisk) {
+  Result<std::string> dir = MakeTempDir();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto write = [](const std::string& path, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr) << path;
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  // A virtio disk (254 segments, 4 MiB requests) with a partition; an NVMe-like device (127
+  // segments, 128 KiB requests); a directory without a queue.
+  write(*dir + "/vda/queue/max_segments", "254\n");
+  write(*dir + "/vda/queue/max_sectors_kb", "4096\n");
+  std::filesystem::create_directories(*dir + "/vda/vda1");
+  write(*dir + "/nvme/queue/max_segments", "127\n");
+  write(*dir + "/nvme/queue/max_sectors_kb", "128\n");
+  std::filesystem::create_directories(*dir + "/none");
+  const BlockQueueLimits disk = ReadBlockQueueLimits(*dir + "/vda");
+  EXPECT_EQ(disk.max_segments, 254u);
+  EXPECT_EQ(disk.max_request_bytes, 4u << 20);
+  EXPECT_TRUE(disk.small_pages_shorten_requests());
+  const BlockQueueLimits partition = ReadBlockQueueLimits(*dir + "/vda/vda1");
+  EXPECT_EQ(partition.max_segments, 254u);
+  EXPECT_TRUE(partition.small_pages_shorten_requests());
+  const BlockQueueLimits nvme = ReadBlockQueueLimits(*dir + "/nvme");
+  EXPECT_EQ(nvme.max_request_bytes, 128u << 10);
+  EXPECT_FALSE(nvme.small_pages_shorten_requests());
+  const BlockQueueLimits none = ReadBlockQueueLimits(*dir + "/none");
+  EXPECT_EQ(none.max_segments, 0u);
+  EXPECT_FALSE(none.small_pages_shorten_requests());
+  std::filesystem::remove_all(*dir);
+
+  // A file on this machine answers as its device's directory does; one in shared memory (tmpfs:
+  // no block device) does not shorten.
+  Result<StoreTestEnv> env = MakePosixEnv();
+  ASSERT_TRUE(env.ok()) << env.status();
+  const std::string path = env->root + "/f";
+  write(path, "x");
+  auto reader = env->store->OpenReadable(path);
+  ASSERT_TRUE(reader.ok());
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  const std::string device = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                             std::to_string(minor(st.st_dev));
+  EXPECT_EQ((*reader)->small_pages_shorten_requests(),
+            major(st.st_dev) != 0 &&
+                ReadBlockQueueLimits(device).small_pages_shorten_requests());
+  if (std::filesystem::is_directory("/dev/shm")) {
+    const std::string shm = "/dev/shm/sp-store-limits-" + std::to_string(::getpid());
+    write(shm, "x");
+    auto in_memory = env->store->OpenReadable(shm);
+    ASSERT_TRUE(in_memory.ok());
+    EXPECT_FALSE((*in_memory)->small_pages_shorten_requests());
+    ::unlink(shm.c_str());
+  }
 }
 
 TEST(PosixStoreTest, WriteErrorNamesPathAndOffset) {
