@@ -147,6 +147,9 @@ class FaultStore::ReadableHandle : public ReadableFile {
     if (store_->epoch() == epoch_) base_->Prefetch(offset, length);
   }
   uint64_t direct_io_alignment() const override { return base_->direct_io_alignment(); }
+  bool small_pages_shorten_requests() const override {
+    return base_->small_pages_shorten_requests();
+  }
   // A read like any other: it fails with the read faults, and after a crash.
   Result<uint64_t> ReadDirectVAt(uint64_t offset,
                                  std::span<const MutableByteView> pieces) const override {
