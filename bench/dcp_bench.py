@@ -20,7 +20,11 @@ that raw read of the same run (separate processes on one machine; target >= 0.85
 same loads again with a read gate per process (machine_read_gate=False) to show what one gate for
 the machine's processes changes, and the resharded load with each process reading every chunk it
 needs itself (share_reads=False) instead of the default, where each stored chunk is read once and
-handed over through shared memory. Each run rotates the order of the loads and the raw read.
+handed over through shared memory. Each run rotates the order of the loads and the raw read;
+a number of runs that is a multiple of the steps (4, or 8 with --cold) puts every step in every
+position equally often. With --cold and 5 runs the default resharded load follows the resharded
+dcp.load in four of them, and looked slower than the same load with a gate per process, which
+takes the same path (docs/PERFORMANCE.md, "Shared memory's pages").
 
     python bench/dcp_bench.py --dir /mnt/fast/bench --gib 1 --tensors 300 --runs 3
     python bench/dcp_bench.py --gib 1 --runs 5 --cold --only-loads
