@@ -582,12 +582,56 @@ bool Committed(sp::CheckpointMetadata* metadata) {
   return true;
 }
 
+// Where the bytes of the encoded metadata (`total` bytes) go: the block checksums; the records of
+// grid tensors without them (cut points and the runs of their cells' files and offsets) and the
+// runs they hold; the records of listed tensors without them; and the rest (header, summary with
+// the files, indexes). A tensor's record is measured as the growth of a file holding only it.
+void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total) {
+  uint64_t checksum_bytes = 0, grid_bytes = 0, list_bytes = 0, grids = 0, runs = 0, chunks = 0;
+  sp::CheckpointMetadata one = metadata;
+  one.tensors.clear();
+  one.objects.clear();
+  const uint64_t base = sp::EncodeMetadata(one).size();
+  for (const sp::TensorMetadata& tensor : metadata.tensors) {
+    uint64_t crcs = 0;
+    for (const sp::StoredChunk& chunk : tensor.chunks) crcs += 4 * chunk.block_crc32c.size();
+    one.tensors.assign(1, tensor);
+    const uint64_t record = sp::EncodeMetadata(one).size() - base - crcs;
+    checksum_bytes += crcs;
+    chunks += tensor.chunks.size();
+    if (!sp::FindChunkGrid(tensor.chunks, tensor.shape)) {
+      list_bytes += record;
+      continue;
+    }
+    ++grids;
+    grid_bytes += record;
+    int64_t last_file = -1, last_offset = -1;
+    for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+      const int64_t file = c == 0 ? 0 : tensor.chunks[c].file - tensor.chunks[c - 1].file;
+      const int64_t offset = static_cast<int64_t>(
+          tensor.chunks[c].data_offset - (c == 0 ? 0 : tensor.chunks[c - 1].data_offset));
+      if (c == 0 || file != last_file || offset != last_offset) ++runs;
+      last_file = file;
+      last_offset = offset;
+    }
+  }
+  const double mib = 1 << 20;
+  std::printf("metadata_bytes total_mib=%.1f chunks=%llu checksums_mib=%.1f grids=%llu "
+              "grid_records_mib=%.1f grid_runs=%llu listed=%zu listed_records_mib=%.1f "
+              "rest_mib=%.1f\n",
+              total / mib, static_cast<unsigned long long>(chunks), checksum_bytes / mib,
+              static_cast<unsigned long long>(grids), grid_bytes / mib,
+              static_cast<unsigned long long>(runs), metadata.tensors.size() - grids,
+              list_bytes / mib, (total - checksum_bytes - grid_bytes - list_bytes) / mib);
+}
+
 // --open-only: the plan's metadata committed, encoded as the native file (format 3, and format 2
 // as the baseline), and the times to open it.
 bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
   if (!Committed(&metadata)) return false;
   const std::string native = sp::EncodeMetadata(metadata);
   const std::string native_v2 = sp::EncodeMetadata(metadata, 2);  // the baseline: fixed width
+  PrintMetadataBytes(metadata, native.size());
   metadata = {};
   if (sp::Result<sp::CheckpointMetadata> decoded =
           sp::DecodeNativeCheckpointMetadata(native, "/bench", pool);

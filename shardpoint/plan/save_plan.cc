@@ -63,6 +63,8 @@ struct TensorEntry {
   RulePattern* pattern = nullptr;
   uint32_t pattern_local = 0;  // with a pattern: the tensor's index in its ranks' lists
   std::vector<Holding> holdings;  // after grouping: sorted by (box, rank, local_box)
+  // Its chunks go first in their files (MarkLeadingTensors).
+  bool leads_files = false;
   std::vector<uint32_t> chunk_begin;  // chunk c's holders: holdings[chunk_begin[c], [c+1])
   std::vector<uint32_t> owner;        // per chunk: the index into holdings of its writer
   // Per chunk, once owners are chosen: its writer's holding without the box (KeepOnlyWriters),
@@ -420,7 +422,7 @@ TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
 // without a chunk being built, not yet placed.
 void HoldAsCells(TensorMetadata* md) {
   const uint64_t cells = md->grid->cell_count();
-  md->cells = ChunkCells{std::vector<uint32_t>(cells, 0), std::vector<uint64_t>(cells, 0)};
+  md->cells = ChunkCells{std::vector<uint32_t>(cells, 0), std::vector<uint64_t>(cells, 0), {}};
   std::vector<StoredChunk>().swap(md->chunks);
 }
 
@@ -619,14 +621,18 @@ Result<uint32_t> LayOutGroup(uint32_t rank, std::span<const OwnedChunk> owned, u
   RankSavePlan& rank_plan = plan->ranks[rank];
   for (uint32_t k = 0; k < num_files; ++k) {
     const uint32_t file = first_file + k;
-    // Chunks whose length is a multiple of kDataAlignmentBytes first, then the others, each in
-    // (tensor, chunk) order: the data section starts aligned (the native writer pads its
-    // header), so the large chunks start aligned too, and the small ones do not cut the long runs
-    // of large ones that a load reads.
+    // The chunks of the tensors that lead the files first (MarkLeadingTensors), then the other
+    // chunks whose length is a multiple of kDataAlignmentBytes, then the rest, each in (tensor,
+    // chunk) order: the data section starts aligned (the native writer pads its header), so the
+    // large chunks start aligned too, and the small ones do not cut the long runs of large ones
+    // that a load reads.
     std::span<const OwnedChunk> chunks = num_files == 1 ? owned : packed[k];
     std::vector<OwnedChunk> in_file(chunks.begin(), chunks.end());
     std::stable_partition(in_file.begin(), in_file.end(), [](const OwnedChunk& oc) {
       return oc.bytes % kDataAlignmentBytes == 0;
+    });
+    std::stable_partition(in_file.begin(), in_file.end(), [&](const OwnedChunk& oc) {
+      return entries[oc.tensor].leads_files;
     });
     uint64_t offset = 0;
     for (const OwnedChunk& oc : in_file) {
@@ -704,9 +710,9 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t fir
 // together, and each write goes straight to its place in its rank's list; the pass per rank
 // needs every rank's list of owned chunks built first (16 bytes a chunk) and reaches the chunks
 // and their writers through it, out of the order they lie in memory (docs/PERFORMANCE.md,
-// "Laying out the files tensor by tensor"). Within a rank, the chunks whose length is a multiple
-// of kDataAlignmentBytes come first and each kind keeps (tensor, chunk) order, as LayOutGroup
-// places them: the first pass counts each kind per block of tensors and rank, the second places
+// "Laying out the files tensor by tensor"). Within a rank, the chunks of the tensors that lead
+// the files come first, then the others whose length is a multiple of kDataAlignmentBytes, then
+// the rest, and each kind keeps (tensor, chunk) order, as LayOutGroup places them: the first pass counts each kind per block of tensors and rank, the second places
 // each block's chunks from where the blocks before it end. With SavePlanOptions::defer_writes
 // the second pass writes no ChunkWrite: it notes each writer's index and moves a tensor's writers
 // into the plan (GlobalSavePlan::deferred). Returns false, having changed nothing, when a rank's
@@ -718,8 +724,10 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
   // Per block b and rank r, at [b * world_size + r]: the counts and bytes of its chunks of each
   // kind, then where the block's chunks of each kind start in the rank's writes and file.
   struct Kinds {
+    uint32_t lead_count = 0;  // of the tensors that lead the files (MarkLeadingTensors)
     uint32_t aligned_count = 0;
     uint32_t other_count = 0;
+    uint64_t lead_bytes = 0;
     uint64_t aligned_bytes = 0;
     uint64_t other_bytes = 0;
   };
@@ -733,10 +741,14 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       ChunkByteLengths(tensors[t], &lengths);
       const std::vector<GlobalSavePlan::DeferredWrite>& writers = entries[t].writers.writes;
+      const bool leads = entries[t].leads_files;
       for (size_t c = 0; c < writers.size(); ++c) {
         Kinds& k = kinds[writers[c].rank];
         const uint64_t bytes = lengths[c];
-        if (bytes % kDataAlignmentBytes == 0) {
+        if (leads) {
+          ++k.lead_count;
+          wraps |= __builtin_add_overflow(k.lead_bytes, bytes, &k.lead_bytes);
+        } else if (bytes % kDataAlignmentBytes == 0) {
           ++k.aligned_count;
           wraps |= __builtin_add_overflow(k.aligned_bytes, bytes, &k.aligned_bytes);
         } else {
@@ -749,23 +761,35 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
     return OkStatus();
   }));
   if (std::find(wrapped.begin(), wrapped.end(), 1) != wrapped.end()) return false;
-  // Turn the counts into starts, rank by rank: aligned chunks from 0, the others after every
-  // aligned chunk of the rank.
+  // Turn the counts into starts, rank by rank: the leading chunks from 0, the other aligned ones
+  // after every leading chunk of the rank, the rest after every aligned one.
   std::vector<uint32_t> first_file(world_size + 1, 0);
   std::vector<uint32_t> write_count(world_size, 0);
   for (size_t r = 0; r < world_size; ++r) {
-    uint64_t aligned_count = 0, aligned_bytes = 0;
+    uint64_t lead_count = 0, lead_bytes = 0, aligned_count = 0, aligned_bytes = 0;
     for (size_t b = 0; b < blocks.count; ++b) {
       const Kinds& k = at[b * world_size + r];
+      lead_count += k.lead_count;
       aligned_count += k.aligned_count;
-      if (__builtin_add_overflow(aligned_bytes, k.aligned_bytes, &aligned_bytes)) return false;
+      if (__builtin_add_overflow(lead_bytes, k.lead_bytes, &lead_bytes) ||
+          __builtin_add_overflow(aligned_bytes, k.aligned_bytes, &aligned_bytes)) {
+        return false;
+      }
     }
-    uint64_t count = aligned_count, bytes = aligned_bytes;
-    uint64_t next_aligned_count = 0, next_aligned_bytes = 0;
+    uint64_t next_aligned_count = lead_count, next_aligned_bytes = lead_bytes;
+    uint64_t count = lead_count + aligned_count, bytes;
+    if (__builtin_add_overflow(lead_bytes, aligned_bytes, &bytes)) return false;
+    uint64_t next_lead_count = 0, next_lead_bytes = 0;
     for (size_t b = 0; b < blocks.count; ++b) {
       Kinds& k = at[b * world_size + r];
-      const Kinds start{static_cast<uint32_t>(next_aligned_count), static_cast<uint32_t>(count),
-                        next_aligned_bytes, bytes};
+      const Kinds start{static_cast<uint32_t>(next_lead_count),
+                        static_cast<uint32_t>(next_aligned_count),
+                        static_cast<uint32_t>(count),
+                        next_lead_bytes,
+                        next_aligned_bytes,
+                        bytes};
+      next_lead_count += k.lead_count;
+      next_lead_bytes += k.lead_bytes;
       next_aligned_count += k.aligned_count;
       next_aligned_bytes += k.aligned_bytes;
       count += k.other_count;
@@ -798,13 +822,18 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       ChunkByteLengths(placed[t], &lengths);
       std::vector<GlobalSavePlan::DeferredWrite>& writers = entries[t].writers.writes;
+      const bool leads = entries[t].leads_files;
       for (uint32_t c = 0; c < writers.size(); ++c) {
         GlobalSavePlan::DeferredWrite& writer = writers[c];
         Kinds& k = next[writer.rank];
         const uint64_t bytes = lengths[c];
         uint32_t index;
         uint64_t offset;
-        if (bytes % kDataAlignmentBytes == 0) {
+        if (leads) {
+          index = k.lead_count++;
+          offset = k.lead_bytes;
+          k.lead_bytes += bytes;
+        } else if (bytes % kDataAlignmentBytes == 0) {
           index = k.aligned_count++;
           offset = k.aligned_bytes;
           k.aligned_bytes += bytes;
@@ -831,11 +860,61 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
   return true;
 }
 
+// Marks the tensors whose chunks lead the files they are in (TensorEntry::leads_files): in a
+// save of two ranks or more, those of which every rank writes exactly one chunk, all of one
+// length that is a multiple of kDataAlignmentBytes (a weight sharded evenly over every rank, as
+// FSDP shards it). They go first in each file, in tensor order, so that with one file per rank
+// each such chunk lies at the same offset of every file and the metadata stores the tensor's
+// cells as two runs whatever the number of ranks (docs/FORMAT.md, sections 2 and 3.5). Being
+// aligned, they keep the aligned chunks after them aligned.
+Status MarkLeadingTensors(std::vector<TensorEntry>& entries, const GlobalSavePlan& plan,
+                          ThreadPool* pool) {
+  const size_t world_size = plan.ranks.size();
+  if (world_size < 2) return OkStatus();
+  const TensorBlocks blocks(entries.size(), pool);
+  return ParallelFor(pool, static_cast<int64_t>(blocks.count), [&](int64_t b) {
+    std::vector<uint8_t> seen;
+    std::vector<uint64_t> lengths;
+    for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
+      const std::vector<GlobalSavePlan::DeferredWrite>& writers = entries[t].writers.writes;
+      if (writers.size() != world_size) continue;
+      const TensorMetadata& tensor = plan.metadata.tensors[t];
+      uint64_t length = 0;
+      if (tensor.grid) {  // cells of one length exactly when every dimension is cut evenly
+        length = DTypeSize(tensor.dtype);
+        for (const std::vector<int64_t>& bounds : tensor.grid->bounds) {
+          const int64_t step = bounds[1] - bounds[0];
+          for (size_t k = 1; k + 1 < bounds.size() && length != 0; ++k) {
+            if (bounds[k + 1] - bounds[k] != step) length = 0;
+          }
+          length *= static_cast<uint64_t>(step);
+        }
+      } else {
+        ChunkByteLengths(tensor, &lengths);
+        length = lengths[0];
+        if (std::any_of(lengths.begin(), lengths.end(), [&](uint64_t l) { return l != length; })) {
+          continue;
+        }
+      }
+      if (length == 0 || length % kDataAlignmentBytes != 0) continue;
+      seen.assign(world_size, 0);
+      bool once = true;
+      for (const GlobalSavePlan::DeferredWrite& w : writers) {
+        once = once && seen[w.rank] == 0;
+        seen[w.rank] = 1;
+      }
+      entries[t].leads_files = once;
+    }
+    return OkStatus();
+  });
+}
+
 // Creates every rank's files, in rank order, and lays out the ranks' chunks in them, rank by
 // rank on `options.pool` (each rank's writes and its chunks' places are its own). Returns the
 // error of the first rank that has one.
 Status AssignFiles(std::vector<TensorEntry>& entries, const SavePlanOptions& options,
                    GlobalSavePlan* plan) {
+  SP_RETURN_IF_ERROR(MarkLeadingTensors(entries, *plan, options.pool));
   if (options.files_per_rank == 1 && options.separate_key_prefixes.empty()) {
     SP_ASSIGN_OR_RETURN(bool laid_out, AssignOneFilePerRank(entries, options, plan));
     if (laid_out) return OkStatus();

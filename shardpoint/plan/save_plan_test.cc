@@ -644,6 +644,79 @@ TEST(SavePlanTest, OneFilePerRankIsLaidOutAsThePassPerRankLaysItOut) {
   EXPECT_EQ(aligned_after_other, 0);
 }
 
+// A tensor of which every rank writes one chunk, all of one length that is a multiple of 4096,
+// leads every file: each of its chunks lies at the same offset of its rank's file, whatever
+// other chunks the ranks own before it in name order. Such a tensor's cells are then two runs in
+// the metadata (docs/FORMAT.md, section 3.5). A tensor that misses a rank, has chunks of two
+// lengths or of an unaligned length does not lead; and the pass per rank lays the files out alike.
+TEST(SavePlanTest, TensorsEvenOverEveryRankLeadEveryFileAtOneOffset) {
+  std::mt19937_64 rng(4411);
+  ThreadPool pool(3);
+  for (int trial = 0; trial < 20; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int ranks = 2 + static_cast<int>(rng() % 7);
+    std::vector<LocalSavePlan> locals(ranks);
+    std::set<std::string> leading;
+    for (int t = 0; t < 12; ++t) {
+      const std::string name = "t" + std::to_string(10 + t);
+      const int kind = static_cast<int>(rng() % 5);
+      // kind 0: even and aligned over every rank (leads); 1: replicated; 2: even, unaligned
+      // (1000 columns); 3: even over all ranks but the last; 4: rows 1 and 3 by turns.
+      const int64_t cols = kind == 2 ? 1000 : 1024;
+      for (int r = 0; r < ranks; ++r) {
+        if (kind == 1) {
+          locals[r].tensors.push_back(Replicated(name, 4096 * (1 + t % 3)));
+        } else if (kind == 4) {
+          const int64_t first = 4 * (r / 2) + (r % 2 == 0 ? 0 : 1);
+          const int64_t size = r % 2 == 0 ? 1 : 3;
+          locals[r].tensors.push_back(Tensor(name, DType::kFloat32, {4 * ((ranks + 1) / 2), cols},
+                                             {Box({first, 0}, {size, cols})}));
+        } else if (kind != 3 || r + 1 < ranks) {
+          const int64_t holders = kind == 3 ? ranks - 1 : ranks;
+          locals[r].tensors.push_back(Tensor(name, DType::kFloat32, {2 * holders, cols},
+                                             {Box({2 * r, 0}, {2, cols})}));
+        }
+      }
+      if (kind == 4 && ranks % 2 == 1) {  // the last band's second part, on rank 0
+        const int64_t band = (ranks - 1) / 2;
+        locals[0].tensors.back() = Tensor(name, DType::kFloat32, {4 * ((ranks + 1) / 2), cols},
+                                          {Box({0, 0}, {1, cols}), Box({4 * band + 1, 0}, {3, cols})});
+      }
+      if (kind == 0) leading.insert(name);
+    }
+    SavePlanOptions options = Options(1, rng() % 4 == 0);
+    if (trial % 2 == 1) options.pool = &pool;
+    Result<GlobalSavePlan> plan = PlanSave(locals, options);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    options.separate_key_prefixes = {"\x01no key starts so"};
+    Result<GlobalSavePlan> per_rank = PlanSave(locals, options);
+    ASSERT_TRUE(per_rank.ok()) << per_rank.status().ToString();
+    ASSERT_EQ(plan->metadata, per_rank->metadata);
+    ASSERT_EQ(plan->ranks, per_rank->ranks);
+    // Every leading tensor at one offset in every file, the leading tensors back to back from 0
+    // in name order.
+    uint64_t expected = 0;
+    for (const TensorMetadata& tensor : plan->metadata.tensors) {
+      if (!leading.contains(tensor.name)) continue;
+      ASSERT_EQ(tensor.chunks.size(), static_cast<size_t>(ranks));
+      for (const StoredChunk& chunk : tensor.chunks) {
+        EXPECT_EQ(chunk.data_offset, expected) << tensor.name;
+      }
+      expected += tensor.chunks[0].byte_length;
+    }
+    // In each file: the leading chunks, then the other aligned ones, then the rest.
+    for (const RankSavePlan& rank : plan->ranks) {
+      int kind = 0;
+      for (const ChunkWrite& w : rank.writes) {
+        const bool leads = leading.contains(plan->metadata.tensors[w.tensor].name);
+        const int this_kind = leads ? 0 : w.byte_length % kDataAlignmentBytes == 0 ? 1 : 2;
+        EXPECT_GE(this_kind, kind) << plan->metadata.tensors[w.tensor].name;
+        kind = std::max(kind, this_kind);
+      }
+    }
+  }
+}
+
 // Five tensors of 2^62 bytes on one rank cannot be laid out in one file: the offsets would wrap.
 TEST(SavePlanTest, AFileOfMoreThan2To64BytesIsRefused) {
   std::vector<LocalSavePlan> locals(2);
