@@ -712,8 +712,9 @@ Status LayOutRank(uint32_t rank, std::span<const OwnedChunk> owned, uint32_t fir
 // and their writers through it, out of the order they lie in memory (docs/PERFORMANCE.md,
 // "Laying out the files tensor by tensor"). Within a rank, the chunks of the tensors that lead
 // the files come first, then the others whose length is a multiple of kDataAlignmentBytes, then
-// the rest, and each kind keeps (tensor, chunk) order, as LayOutGroup places them: the first pass counts each kind per block of tensors and rank, the second places
-// each block's chunks from where the blocks before it end. With SavePlanOptions::defer_writes
+// the rest, and each kind keeps (tensor, chunk) order, as LayOutGroup places them: the first
+// pass counts each kind per block of tensors and rank, the second places each block's chunks
+// from where the blocks before it end. With SavePlanOptions::defer_writes
 // the second pass writes no ChunkWrite: it notes each writer's index and moves a tensor's writers
 // into the plan (GlobalSavePlan::deferred). Returns false, having changed nothing, when a rank's
 // bytes would exceed 2^64: the pass per rank then reports which file.
@@ -861,12 +862,13 @@ Result<bool> AssignOneFilePerRank(std::vector<TensorEntry>& entries,
 }
 
 // Marks the tensors whose chunks lead the files they are in (TensorEntry::leads_files): in a
-// save of two ranks or more, those of which every rank writes exactly one chunk, all of one
-// length that is a multiple of kDataAlignmentBytes (a weight sharded evenly over every rank, as
-// FSDP shards it). They go first in each file, in tensor order, so that with one file per rank
-// each such chunk lies at the same offset of every file and the metadata stores the tensor's
-// cells as two runs whatever the number of ranks (docs/FORMAT.md, sections 2 and 3.5). Being
-// aligned, they keep the aligned chunks after them aligned.
+// save of two ranks or more, those of which every rank writes exactly one chunk, of a length that
+// is a multiple of kDataAlignmentBytes (a weight sharded over every rank, as FSDP shards it). They
+// go first in each file, in tensor order, so that with one file per rank each such chunk lies at
+// the same offset of every file where the ranks' chunks before it have the same lengths: the
+// metadata then stores the tensor's cells as two runs whatever the number of ranks, and a few
+// more where the last ranks hold shorter pieces (torch.chunk) (docs/FORMAT.md, sections 2 and
+// 3.5). Being aligned, they keep the aligned chunks after them aligned.
 Status MarkLeadingTensors(std::vector<TensorEntry>& entries, const GlobalSavePlan& plan,
                           ThreadPool* pool) {
   const size_t world_size = plan.ranks.size();
@@ -878,25 +880,12 @@ Status MarkLeadingTensors(std::vector<TensorEntry>& entries, const GlobalSavePla
     for (uint32_t t = blocks.tensor_begin(b); t < blocks.tensor_begin(b + 1); ++t) {
       const std::vector<GlobalSavePlan::DeferredWrite>& writers = entries[t].writers.writes;
       if (writers.size() != world_size) continue;
-      const TensorMetadata& tensor = plan.metadata.tensors[t];
-      uint64_t length = 0;
-      if (tensor.grid) {  // cells of one length exactly when every dimension is cut evenly
-        length = DTypeSize(tensor.dtype);
-        for (const std::vector<int64_t>& bounds : tensor.grid->bounds) {
-          const int64_t step = bounds[1] - bounds[0];
-          for (size_t k = 1; k + 1 < bounds.size() && length != 0; ++k) {
-            if (bounds[k + 1] - bounds[k] != step) length = 0;
-          }
-          length *= static_cast<uint64_t>(step);
-        }
-      } else {
-        ChunkByteLengths(tensor, &lengths);
-        length = lengths[0];
-        if (std::any_of(lengths.begin(), lengths.end(), [&](uint64_t l) { return l != length; })) {
-          continue;
-        }
+      ChunkByteLengths(plan.metadata.tensors[t], &lengths);
+      if (std::any_of(lengths.begin(), lengths.end(), [](uint64_t l) {
+            return l == 0 || l % kDataAlignmentBytes != 0;
+          })) {
+        continue;
       }
-      if (length == 0 || length % kDataAlignmentBytes != 0) continue;
       seen.assign(world_size, 0);
       bool once = true;
       for (const GlobalSavePlan::DeferredWrite& w : writers) {

@@ -161,8 +161,11 @@ void DropDeferredWrites(GlobalSavePlan* plan);
 // ranks) are taken largest first (ties: tensor name, then box) and each is given to the holder
 // with the fewest bytes assigned so far (ties: lowest rank); with dedup_to_lowest_rank the
 // lowest holder always writes. Each rank's owned chunks are bin-packed, largest first into the
-// lightest file, into min(files_per_rank, chunks owned) files k = 0, 1, ..., packed back to back
-// in (tensor name, box) order. The plan leaves file names empty: the save format's writer names
+// lightest file, into min(files_per_rank, chunks owned) files k = 0, 1, ..., packed back to back:
+// first the chunks of the tensors that lead the files (with two ranks or more, those of which
+// every rank writes one chunk of a length that is a multiple of kDataAlignmentBytes), then the
+// other chunks of such lengths, then the rest, each in (tensor name, box) order (docs/FORMAT.md
+// §2). The plan leaves file names empty: the save format's writer names
 // the files (format/writer.h; the native writer's d-<save_id>-r<rank:05>-f<k:03>.safetensors),
 // and a rank's files appear in metadata.files in the order of k.
 // With separate_key_prefixes, a rank's chunks are first grouped (the others, then one group per

@@ -644,12 +644,14 @@ TEST(SavePlanTest, OneFilePerRankIsLaidOutAsThePassPerRankLaysItOut) {
   EXPECT_EQ(aligned_after_other, 0);
 }
 
-// A tensor of which every rank writes one chunk, all of one length that is a multiple of 4096,
-// leads every file: each of its chunks lies at the same offset of its rank's file, whatever
+// A tensor of which every rank writes one chunk, each of a length that is a multiple of 4096,
+// leads every file: its chunks come first, in name order, so each lies at the same offset of its
+// rank's file as long as the ranks' leading chunks before it have the same lengths, whatever
 // other chunks the ranks own before it in name order. Such a tensor's cells are then two runs in
-// the metadata (docs/FORMAT.md, section 3.5). A tensor that misses a rank, has chunks of two
-// lengths or of an unaligned length does not lead; and the pass per rank lays the files out alike.
-TEST(SavePlanTest, TensorsEvenOverEveryRankLeadEveryFileAtOneOffset) {
+// the metadata (docs/FORMAT.md, section 3.5), or three where the last rank holds fewer rows. A
+// tensor that misses a rank, has a rank write two chunks or has an unaligned chunk does not lead;
+// and the pass per rank lays the files out alike.
+TEST(SavePlanTest, TensorsOverEveryRankLeadEveryFile) {
   std::mt19937_64 rng(4411);
   ThreadPool pool(3);
   for (int trial = 0; trial < 20; ++trial) {
@@ -657,32 +659,43 @@ TEST(SavePlanTest, TensorsEvenOverEveryRankLeadEveryFileAtOneOffset) {
     const int ranks = 2 + static_cast<int>(rng() % 7);
     std::vector<LocalSavePlan> locals(ranks);
     std::set<std::string> leading;
+    std::set<std::string> uneven;  // leading, with chunks of other lengths than on the last rank
     for (int t = 0; t < 12; ++t) {
       const std::string name = "t" + std::to_string(10 + t);
-      const int kind = static_cast<int>(rng() % 5);
-      // kind 0: even and aligned over every rank (leads); 1: replicated; 2: even, unaligned
-      // (1000 columns); 3: even over all ranks but the last; 4: rows 1 and 3 by turns.
+      const int kind = static_cast<int>(rng() % 7);
+      // kind 0: two rows of 1024 float32 on every rank (leads); 1: replicated; 2: the same with
+      // 1000 columns (unaligned); 3: every rank but the last; 4: rows 1 and 3 by turns (leads
+      // when the ranks are even; else rank 0 also holds the last band's 3 and it does not); 5:
+      // torch.chunk's rows, 3 on every rank and 1 on the last (leads); 6: as many chunks as
+      // ranks, but the last rank's two rows held by rank 0.
       const int64_t cols = kind == 2 ? 1000 : 1024;
       for (int r = 0; r < ranks; ++r) {
         if (kind == 1) {
           locals[r].tensors.push_back(Replicated(name, 4096 * (1 + t % 3)));
         } else if (kind == 4) {
-          const int64_t first = 4 * (r / 2) + (r % 2 == 0 ? 0 : 1);
-          const int64_t size = r % 2 == 0 ? 1 : 3;
-          locals[r].tensors.push_back(Tensor(name, DType::kFloat32, {4 * ((ranks + 1) / 2), cols},
-                                             {Box({first, 0}, {size, cols})}));
+          const Shape shape = {4 * ((ranks + 1) / 2), cols};
+          std::vector<Box> boxes = {r % 2 == 0 ? Box({4 * (r / 2), 0}, {1, cols})
+                                               : Box({4 * (r / 2) + 1, 0}, {3, cols})};
+          if (r == 0 && ranks % 2 == 1) boxes.push_back(Box({4 * (ranks / 2) + 1, 0}, {3, cols}));
+          locals[r].tensors.push_back(Tensor(name, DType::kFloat32, shape, boxes));
+        } else if (kind == 6) {
+          std::vector<Box> boxes = {Box({2 * r, 0}, {2, cols})};
+          if (r == 0) boxes.push_back(Box({2 * (ranks - 1), 0}, {2, cols}));
+          if (r + 1 < ranks) {
+            locals[r].tensors.push_back(Tensor(name, DType::kFloat32, {2 * ranks, cols}, boxes));
+          }
+        } else if (kind == 5) {
+          const int64_t rows = r + 1 < ranks ? 3 : 1;
+          locals[r].tensors.push_back(Tensor(name, DType::kFloat32, {3 * ranks - 2, cols},
+                                             {Box({3 * r, 0}, {rows, cols})}));
         } else if (kind != 3 || r + 1 < ranks) {
           const int64_t holders = kind == 3 ? ranks - 1 : ranks;
           locals[r].tensors.push_back(Tensor(name, DType::kFloat32, {2 * holders, cols},
                                              {Box({2 * r, 0}, {2, cols})}));
         }
       }
-      if (kind == 4 && ranks % 2 == 1) {  // the last band's second part, on rank 0
-        const int64_t band = (ranks - 1) / 2;
-        locals[0].tensors.back() = Tensor(name, DType::kFloat32, {4 * ((ranks + 1) / 2), cols},
-                                          {Box({0, 0}, {1, cols}), Box({4 * band + 1, 0}, {3, cols})});
-      }
-      if (kind == 0) leading.insert(name);
+      if (kind == 0 || kind == 5 || (kind == 4 && ranks % 2 == 0)) leading.insert(name);
+      if (kind == 4 && ranks % 2 == 0) uneven.insert(name);
     }
     SavePlanOptions options = Options(1, rng() % 4 == 0);
     if (trial % 2 == 1) options.pool = &pool;
@@ -693,24 +706,34 @@ TEST(SavePlanTest, TensorsEvenOverEveryRankLeadEveryFileAtOneOffset) {
     ASSERT_TRUE(per_rank.ok()) << per_rank.status().ToString();
     ASSERT_EQ(plan->metadata, per_rank->metadata);
     ASSERT_EQ(plan->ranks, per_rank->ranks);
-    // Every leading tensor at one offset in every file, the leading tensors back to back from 0
-    // in name order.
-    uint64_t expected = 0;
-    for (const TensorMetadata& tensor : plan->metadata.tensors) {
+    // The leading tensors back to back from 0 in every file, in name order: each chunk where the
+    // rank's leading chunks before it end, so at the same offset on every rank but the last until
+    // a leading tensor with chunks of other lengths.
+    const CheckpointMetadata& md = plan->metadata;
+    std::vector<uint64_t> end(ranks, 0);
+    bool even_so_far = true;
+    for (const TensorMetadata& tensor : md.tensors) {
       if (!leading.contains(tensor.name)) continue;
       ASSERT_EQ(tensor.chunks.size(), static_cast<size_t>(ranks));
+      std::set<uint64_t> offsets;
       for (const StoredChunk& chunk : tensor.chunks) {
-        EXPECT_EQ(chunk.data_offset, expected) << tensor.name;
+        const int32_t rank = md.files[chunk.file].writer_rank;
+        EXPECT_EQ(chunk.data_offset, end[rank]) << tensor.name << " rank " << rank;
+        if (rank + 1 < ranks) offsets.insert(chunk.data_offset);
+        end[rank] += chunk.byte_length;
       }
-      expected += tensor.chunks[0].byte_length;
+      if (even_so_far) {
+        EXPECT_EQ(offsets.size(), 1u) << tensor.name;
+      }
+      even_so_far = even_so_far && !uneven.contains(tensor.name);
     }
     // In each file: the leading chunks, then the other aligned ones, then the rest.
     for (const RankSavePlan& rank : plan->ranks) {
       int kind = 0;
       for (const ChunkWrite& w : rank.writes) {
-        const bool leads = leading.contains(plan->metadata.tensors[w.tensor].name);
+        const bool leads = leading.contains(md.tensors[w.tensor].name);
         const int this_kind = leads ? 0 : w.byte_length % kDataAlignmentBytes == 0 ? 1 : 2;
-        EXPECT_GE(this_kind, kind) << plan->metadata.tensors[w.tensor].name;
+        EXPECT_GE(this_kind, kind) << md.tensors[w.tensor].name;
         kind = std::max(kind, this_kind);
       }
     }
