@@ -32,7 +32,10 @@
 // checkpoint files are evicted from the page cache before each load. Each run rotates the order of
 // the steps; medians of --runs runs, and for the resharded loads also the median of each run's
 // ratio to that run's raw read (the disk's speed drifts over minutes). Last, the time a load takes
-// to ask which of the checkpoint's files are cached (sampled), against counting every page.
+// to ask which of the checkpoint's files are cached (sampled), against counting every page, and
+// per read step the device's average read request in each run (`device reads`, from the block
+// device's counters: every process's reads count), which tells a load whose requests were cut
+// short by its destinations' pages from one the device itself slowed.
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
@@ -40,6 +43,8 @@
 //                         [--scatter-min-run BYTES|off] [--small-pages]
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,8 +53,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,6 +89,10 @@ bool g_small_pages = false;  // --small-pages: the loads' destinations in 4 KiB 
 // reshard, alone, whole, transposed),
 // e.g. to profile one of them; the writes always run. Empty: every step.
 std::vector<std::string> g_only;
+// The read steps by those names, in the order of the reads in BenchSize.
+constexpr const char* kReadSteps[] = {"raw-file", "raw-robin", "raw-direct", "raw-direct-4k",
+                                      "same",     "reshard",   "alone",      "whole",
+                                      "transposed"};
 
 using bench::Median;  // 0 for no values (a step left out)
 
@@ -302,6 +313,23 @@ std::string ResidencyCheck(const std::string& dir) {
   return out;
 }
 
+// The read requests the block device holding `dir` has completed, and the bytes they carried,
+// since it started (the first and third fields of /sys/dev/block/MAJOR:MINOR/stat); nullopt where
+// that file cannot be read. Every process's reads count, so the machine should be otherwise idle.
+struct DeviceReads {
+  uint64_t requests = 0;
+  uint64_t bytes = 0;
+};
+std::optional<DeviceReads> ReadDeviceReads(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
+  std::ifstream in("/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                   std::to_string(minor(st.st_dev)) + "/stat");
+  uint64_t requests = 0, merged = 0, sectors = 0;
+  if (!(in >> requests >> merged >> sectors)) return std::nullopt;
+  return DeviceReads{requests, sectors * 512};
+}
+
 double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& train,
                  const std::string& dir, ThreadPool& pool, SaveStats* rank0) {
   // A fresh directory, as a training job saves each step: like the raw baseline, the time of
@@ -365,6 +393,11 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   std::vector<double> raw_w, raw_r, save, load_same, load_reshard, load_alone, load_whole,
       load_transposed;
   std::vector<double> phases[4];  // rank 0's plan, write, sync, commit
+  // Per read step, the device's average read request in each run (KiB): a direct read into
+  // 4 KiB pages that lie apart in physical memory reaches the device in requests cut at its
+  // segment limit, far below what it takes into huge pages (docs/PERFORMANCE.md, "Requests cut
+  // by the destination's pages").
+  std::map<std::string, std::vector<double>> request_kib;
   uint64_t read_same = 0, read_reshard = 0, read_alone = 0, read_whole = 0, read_transposed = 0;
   // Each load fills destinations of its own layout, allocated (zeroed) before it is timed and
   // freed after it, so that a 4 GiB state needs room for two copies of it, not six. The last run
@@ -422,12 +455,17 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
           timed_load(testing::Which::kTransposed, load_transposed, &read_transposed, true, last);
         }};
     for (size_t i = 0; i < writes.size(); ++i) writes[(run + i) % writes.size()]();
-    const char* names[] = {"raw-file", "raw-robin", "raw-direct", "raw-direct-4k", "same",
-                           "reshard",  "alone",     "whole",      "transposed"};
     for (size_t i = 0; i < reads.size(); ++i) {
       const size_t step = (run + i) % reads.size();
-      if (g_only.empty() || std::find(g_only.begin(), g_only.end(), names[step]) != g_only.end()) {
+      const char* name = kReadSteps[step];
+      if (g_only.empty() || std::find(g_only.begin(), g_only.end(), name) != g_only.end()) {
+        const std::optional<DeviceReads> before = ReadDeviceReads(dir);
         reads[step]();
+        const std::optional<DeviceReads> after = ReadDeviceReads(dir);
+        if (before && after && after->requests > before->requests) {
+          request_kib[name].push_back(static_cast<double>(after->bytes - before->bytes) /
+                                      (after->requests - before->requests) / 1024);
+        }
       }
     }
     std::filesystem::remove_all(raw_dir);
@@ -500,6 +538,17 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     std::printf("; GB/s by depth:");
     for (int d = 1; d <= tuner.max_depth(); ++d) {
       if (tuner.throughput(d) > 0) std::printf(" %d:%.2f", d, tuner.throughput(d) / 1e9);
+    }
+    std::printf("\n");
+  }
+  if (!request_kib.empty()) {
+    std::printf("  %-20s KiB per request, median (min-max) of the runs:", "device reads");
+    for (const char* name : kReadSteps) {
+      const auto it = request_kib.find(name);
+      if (it == request_kib.end()) continue;
+      const std::vector<double>& k = it->second;
+      std::printf(" %s %.0f (%.0f-%.0f)", name, Median(k), *std::min_element(k.begin(), k.end()),
+                  *std::max_element(k.begin(), k.end()));
     }
     std::printf("\n");
   }
