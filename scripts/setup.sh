@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what shardpoint needs to build and test on Debian 12, then configures and builds it.
-# Usage: scripts/setup.sh [BUILD_DIR]   (default: build)
+# Usage: scripts/setup.sh [BUILD_DIR [CMAKE_ARG...]]   (default: build; the arguments after it go
+# to the configure step, e.g. -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
@@ -21,5 +22,5 @@ if ((${#missing[@]})); then
 fi
 
 echo "== configuring and building in $BUILD_DIR"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${@:2}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"

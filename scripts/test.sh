@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
 phase() { echo "== $* (at $(( (SECONDS - START) / 60 )) min $(( (SECONDS - START) % 60 )) s)"; }
-scripts/setup.sh build
+# Line tables only (-g1) instead of full debug information: backtraces and profiles keep their
+# files and lines, and the library compiles about a fifth faster (engine/save.cc: 17.7 s against
+# 22.7 s with -g on the 2-core test machine).
+scripts/setup.sh build "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 
 phase "python environment (venv in build/venv)"
 python3 -m venv build/venv
