@@ -35,7 +35,9 @@
 // to ask which of the checkpoint's files are cached (sampled), against counting every page, and
 // per read step the device's average read request in each run (`device reads`, from the block
 // device's counters: every process's reads count), which tells a load whose requests were cut
-// short by its destinations' pages from one the device itself slowed.
+// short by its destinations' pages from one the device itself slowed; and the CPU time each read
+// step took per GiB (`read cpu`: user and system time of the whole process while it ran), which
+// tells a read the cores held back from one the device did.
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
@@ -43,6 +45,7 @@
 //                         [--scatter-min-run BYTES|off] [--small-pages]
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -148,6 +151,18 @@ std::vector<RawPiece> RawLayout(testing::GlobalModel& model) {
   return pieces;
 }
 
+// The CPU time, user and system, of every thread of this process since it started (seconds).
+double ProcessCpuSeconds() {
+  struct rusage usage;
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+// The CPU time the last timed read (RawRead, RawReadDirect, TimedLoad) took between its clock's
+// start and stop, every thread of the process counted: what a read costs the machine beside
+// its time.
+double g_read_cpu_s = 0;
+
 double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, ThreadPool& pool,
                 bool preallocate) {
   std::filesystem::remove_all(dir);
@@ -189,6 +204,7 @@ double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
                std::vector<AlignedBuffer>& sink, ThreadPool& pool, bool per_file) {
   DropCache(dir);
   auto t0 = Clock::now();
+  const double cpu0 = ProcessCpuSeconds();
   int fds[kRawFiles];
   for (int f = 0; f < kRawFiles; ++f) {
     fds[f] = ::open((dir + "/raw-" + std::to_string(f)).c_str(), O_RDONLY | O_CLOEXEC);
@@ -229,6 +245,7 @@ double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
   }
   Check(group.Wait(), "raw read");
   for (int f = 0; f < kRawFiles; ++f) ::close(fds[f]);
+  g_read_cpu_s = ProcessCpuSeconds() - cpu0;
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -239,6 +256,7 @@ double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
 double RawReadDirect(const std::string& dir, std::vector<AlignedBuffer>& sink, ThreadPool& pool) {
   DropCache(dir);
   auto t0 = Clock::now();
+  const double cpu0 = ProcessCpuSeconds();
   int fds[kRawFiles];
   uint64_t sizes[kRawFiles];
   for (int f = 0; f < kRawFiles; ++f) {
@@ -267,6 +285,7 @@ double RawReadDirect(const std::string& dir, std::vector<AlignedBuffer>& sink, T
   }
   Check(group.Wait(), "raw direct read");
   for (int f = 0; f < kRawFiles; ++f) ::close(fds[f]);
+  g_read_cpu_s = ProcessCpuSeconds() - cpu0;
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -355,6 +374,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
   DropCache(dir);
   std::vector<uint64_t> read(dest.size(), 0);
   auto t0 = Clock::now();
+  const double cpu0 = ProcessCpuSeconds();
   Check(FirstError(RunRanks(static_cast<int>(dest.size()), [&](Communicator& comm) -> Status {
           LoadOptions options;
           options.comm = &comm;
@@ -370,6 +390,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
         })),
         "load");
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  g_read_cpu_s = ProcessCpuSeconds() - cpu0;
   *bytes_read = 0;
   for (uint64_t b : read) *bytes_read += b;
   return secs;
@@ -398,6 +419,8 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   // segment limit, far below what it takes into huge pages (docs/PERFORMANCE.md, "Requests cut
   // by the destination's pages").
   std::map<std::string, std::vector<double>> request_kib;
+  // Per read step, the CPU seconds its read took per GiB of state in each run (g_read_cpu_s).
+  std::map<std::string, std::vector<double>> cpu_per_gib;
   uint64_t read_same = 0, read_reshard = 0, read_alone = 0, read_whole = 0, read_transposed = 0;
   // Each load fills destinations of its own layout, allocated (zeroed) before it is timed and
   // freed after it, so that a 4 GiB state needs room for two copies of it, not six. The last run
@@ -462,6 +485,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
         const std::optional<DeviceReads> before = ReadDeviceReads(dir);
         reads[step]();
         const std::optional<DeviceReads> after = ReadDeviceReads(dir);
+        cpu_per_gib[name].push_back(g_read_cpu_s / (model.total_bytes() / double(1 << 30)));
         if (before && after && after->requests > before->requests) {
           request_kib[name].push_back(static_cast<double>(after->bytes - before->bytes) /
                                       (after->requests - before->requests) / 1024);
@@ -549,6 +573,17 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
       const std::vector<double>& k = it->second;
       std::printf(" %s %.0f (%.0f-%.0f)", name, Median(k), *std::min_element(k.begin(), k.end()),
                   *std::max_element(k.begin(), k.end()));
+    }
+    std::printf("\n");
+  }
+  if (!cpu_per_gib.empty()) {
+    std::printf("  %-20s CPU seconds per GiB, median (min-max) of the runs:", "read cpu");
+    for (const char* name : kReadSteps) {
+      const auto it = cpu_per_gib.find(name);
+      if (it == cpu_per_gib.end()) continue;
+      const std::vector<double>& c = it->second;
+      std::printf(" %s %.2f (%.2f-%.2f)", name, Median(c), *std::min_element(c.begin(), c.end()),
+                  *std::max_element(c.begin(), c.end()));
     }
     std::printf("\n");
   }
