@@ -565,28 +565,23 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     }
     std::printf("\n");
   }
-  if (!request_kib.empty()) {
-    std::printf("  %-20s KiB per request, median (min-max) of the runs:", "device reads");
+  // One line of a figure per read step: its median and range over the runs, with `digits`.
+  auto print_per_step = [](const char* label, const char* what,
+                           const std::map<std::string, std::vector<double>>& per_step, int digits) {
+    if (per_step.empty()) return;
+    std::printf("  %-20s %s, median (min-max) of the runs:", label, what);
     for (const char* name : kReadSteps) {
-      const auto it = request_kib.find(name);
-      if (it == request_kib.end()) continue;
-      const std::vector<double>& k = it->second;
-      std::printf(" %s %.0f (%.0f-%.0f)", name, Median(k), *std::min_element(k.begin(), k.end()),
-                  *std::max_element(k.begin(), k.end()));
+      const auto it = per_step.find(name);
+      if (it == per_step.end()) continue;
+      const std::vector<double>& v = it->second;
+      std::printf(" %s %.*f (%.*f-%.*f)", name, digits, Median(v), digits,
+                  *std::min_element(v.begin(), v.end()), digits,
+                  *std::max_element(v.begin(), v.end()));
     }
     std::printf("\n");
-  }
-  if (!cpu_per_gib.empty()) {
-    std::printf("  %-20s CPU seconds per GiB, median (min-max) of the runs:", "read cpu");
-    for (const char* name : kReadSteps) {
-      const auto it = cpu_per_gib.find(name);
-      if (it == cpu_per_gib.end()) continue;
-      const std::vector<double>& c = it->second;
-      std::printf(" %s %.2f (%.2f-%.2f)", name, Median(c), *std::min_element(c.begin(), c.end()),
-                  *std::max_element(c.begin(), c.end()));
-    }
-    std::printf("\n");
-  }
+  };
+  print_per_step("device reads", "KiB per request", request_kib, 0);
+  print_per_step("read cpu", "CPU seconds per GiB", cpu_per_gib, 2);
   std::printf("%s", residency.c_str());
   std::printf("  bytes read: same layout %s, resharded %s (%s without shared reads), whole by one "
               "rank %s, transposed %s (checkpoint %s); byte check: %s\n\n",
