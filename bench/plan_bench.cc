@@ -587,7 +587,8 @@ bool Committed(sp::CheckpointMetadata* metadata) {
 // runs they hold; the records of listed tensors without them; and the rest (header, summary with
 // the files, indexes). A tensor's record is measured as the growth of a file holding only it.
 void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total) {
-  uint64_t checksum_bytes = 0, grid_bytes = 0, list_bytes = 0, grids = 0, runs = 0, chunks = 0;
+  uint64_t checksum_bytes = 0, grid_bytes = 0, list_bytes = 0, grids = 0, runs = 0, chunks = 0,
+           listed_chunks = 0;
   sp::CheckpointMetadata one = metadata;
   one.tensors.clear();
   one.objects.clear();
@@ -601,6 +602,7 @@ void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total) 
     chunks += tensor.chunks.size();
     if (!sp::FindChunkGrid(tensor.chunks, tensor.shape)) {
       list_bytes += record;
+      listed_chunks += tensor.chunks.size();
       continue;
     }
     ++grids;
@@ -617,12 +619,13 @@ void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total) 
   }
   const double mib = 1 << 20;
   std::printf("metadata_bytes total_mib=%.1f chunks=%llu checksums_mib=%.1f grids=%llu "
-              "grid_records_mib=%.1f grid_runs=%llu listed=%zu listed_records_mib=%.1f "
-              "rest_mib=%.1f\n",
+              "grid_records_mib=%.1f grid_runs=%llu listed=%zu listed_chunks=%llu "
+              "listed_records_mib=%.1f rest_mib=%.1f\n",
               total / mib, static_cast<unsigned long long>(chunks), checksum_bytes / mib,
               static_cast<unsigned long long>(grids), grid_bytes / mib,
               static_cast<unsigned long long>(runs), metadata.tensors.size() - grids,
-              list_bytes / mib, (total - checksum_bytes - grid_bytes - list_bytes) / mib);
+              static_cast<unsigned long long>(listed_chunks), list_bytes / mib,
+              (total - checksum_bytes - grid_bytes - list_bytes) / mib);
 }
 
 // --open-only: the plan's metadata committed, encoded as the native file (format 3, and format 2

@@ -19,7 +19,8 @@
 #   engine_reshard_test, and the S3 client and store against a real server (s3_client_test,
 #   s3_store_test: the event loops, parts sent in the background, the store's part budget; they
 #   skip when no weed binary is found, SP_TEST_WEED defaulting to the main build's venv), and the
-#   save planner on a pool (plan_test's SavePlanTest cases that plan on one).
+#   save planner on a pool (plan_test's SavePlanTest cases that plan on one), and the packed chunk
+#   lists that threads unpack at once (native_format_test's PackedChunksTest).
 #   TSAN_OPTIONS=halt_on_error=1: the first race fails the run. No suppressions are needed.
 # Prints ctest's summary lines; exits non-zero when a build or a test fails.
 set -euo pipefail
@@ -65,12 +66,14 @@ case "${mode}" in
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${SP_SANITIZER_BUILD_FLAGS}" >/dev/null
     ninja -C "${build}" -j "${jobs}" exec_test io_tuner_test shared_io_tuner_test comm_test engine_unit_test \
       engine_async_save_test \
-      engine_reshard_test s3_client_test s3_store_test plan_test > "${build}/ninja-sanitizer.log" 2>&1 ||
+      engine_reshard_test s3_client_test s3_store_test plan_test native_format_test \
+      > "${build}/ninja-sanitizer.log" 2>&1 ||
       { tail -40 "${build}/ninja-sanitizer.log"; exit 1; }
     suites="ParallelForTest|TaskGroupTest|ThreadPoolTest|ThreadCommTest|CollectiveTest|DecodeStatusTest"
     suites+="|EncodeStatusTest|AsyncSaverTest|UncheckedReadTest|ReadExchangeTest|EngineContextTest"
     suites+="|SaveMessagesTest|ChunkReaderTest|IoTunerTest|DepthControllerTest|BufferPoolTest"
     suites+="|ReadDepthTest|TunerCoreTest|SharedIoTunerTest|RangeBuffersTest|WriteReportsTest"
+    suites+="|PackedChunksTest"
     shared="ReshardTest\.(SharedReads|ManyReadsOfOneFile|CorruptSharedChunk|RankFailingBeforeSharedReads"
     shared+="|ProcessesOfOneMachine)"
     planner="SavePlanTest\.(APoolGivesTheSamePlanAndTheSameFirstError"

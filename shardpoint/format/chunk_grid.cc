@@ -194,6 +194,85 @@ Box ChunkBox(const TensorMetadata& tensor, size_t c) {
                      : ListedCellBox(*tensor.cells, tensor.shape.size(), c);
 }
 
+namespace {
+
+// The chunks `packed` describes, in cell order: each box the one before it with the last
+// dimensions stepped, as an odometer steps, instead of divided out of the cell's number.
+std::vector<StoredChunk> UnpackChunks(const PackedChunks& packed) {
+  const ChunkGrid& grid = packed.grid;
+  const size_t rank = grid.bounds.size();
+  const uint64_t cells = packed.cells.files.size();
+  std::vector<StoredChunk> chunks;
+  chunks.reserve(cells);
+  std::vector<uint32_t> at(rank, 0);
+  Box box;
+  box.offsets.resize(rank);
+  box.sizes.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    box.offsets[d] = grid.bounds[d][0];
+    box.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
+  }
+  for (uint64_t c = 0; c < cells; ++c) {
+    StoredChunk& chunk = chunks.emplace_back(
+        box, packed.cells.files[c], packed.cells.data_offsets[c],
+        static_cast<uint64_t>(box.volume()) * packed.element_bytes,
+        InlineVector<uint32_t, 2>(packed.checksums.of(c)));
+    (void)chunk;
+    for (size_t d = rank; d-- > 0;) {
+      const std::vector<int64_t>& bounds = grid.bounds[d];
+      if (++at[d] + 1 < bounds.size()) {
+        box.offsets[d] = bounds[at[d]];
+        box.sizes[d] = bounds[at[d] + 1] - bounds[at[d]];
+        break;
+      }
+      at[d] = 0;
+      box.offsets[d] = bounds[0];
+      box.sizes[d] = bounds[1] - bounds[0];
+    }
+  }
+  return chunks;
+}
+
+}  // namespace
+
+const std::vector<StoredChunk>& ChunkList::Unpacked() const {
+  PackedChunks& packed = *packed_;
+  std::call_once(packed.unpacked_once, [&] {
+    packed.unpacked = UnpackChunks(packed);
+    packed.made.store(true, std::memory_order_release);
+  });
+  return packed.unpacked;
+}
+
+bool ChunkList::unpacked() const {
+  return !packed_ || packed_->made.load(std::memory_order_acquire);
+}
+
+void ChunkList::TakeUnpacked() {
+  // The only holder of the packed form moves the chunks out; a holder among several copies them.
+  if (packed_.use_count() == 1) {
+    Unpacked();
+    list_ = std::move(packed_->unpacked);
+  } else {
+    list_ = Unpacked();
+  }
+  packed_.reset();
+}
+
+uint32_t ChunkList::file(size_t i) const {
+  return packed_ ? packed_->cells.files[i] : list_[i].file;
+}
+
+uint64_t ChunkList::data_offset(size_t i) const {
+  return packed_ ? packed_->cells.data_offsets[i] : list_[i].data_offset;
+}
+
+std::span<const uint32_t> ChunkList::block_crc32c(size_t i) const {
+  if (packed_) return packed_->checksums.of(i);
+  const InlineVector<uint32_t, 2>& crcs = list_[i].block_crc32c;
+  return std::span<const uint32_t>(crcs.data(), crcs.size());
+}
+
 void ExpandChunkCells(TensorMetadata* tensor) {
   if (!tensor->cells) return;
   const ChunkCells& cells = *tensor->cells;
@@ -230,7 +309,7 @@ bool CompactChunkCells(TensorMetadata* tensor) {
       cells.boxes.insert(cells.boxes.end(), chunk.box.sizes.begin(), chunk.box.sizes.end());
     }
   }
-  std::vector<StoredChunk>().swap(tensor->chunks);
+  tensor->chunks = ChunkList();
   tensor->cells = std::move(cells);
   return true;
 }

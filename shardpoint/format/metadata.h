@@ -8,8 +8,12 @@
 #define SHARDPOINT_FORMAT_METADATA_H_
 
 #include <cstdint>
+#include <atomic>
 #include <compare>
+#include <initializer_list>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -96,6 +100,101 @@ struct StoredChunk {
 };
 static_assert(sizeof(StoredChunk) <= 128, "StoredChunk: keep the fields packed");
 
+struct PackedChunks;  // below
+
+// A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
+// decoder kept packed (PackedChunks: a grid's cells as a file, an offset and checksums each,
+// 16 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them as
+// StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and the
+// StoredChunks are made once, for the tensors a consumer walks.
+//
+// It reads as a std::vector<StoredChunk>: size() and empty() never unpack; the element access,
+// the iterators, data() and the conversion to a vector unpack on first use (once, shared by every
+// copy, safe from several threads, as reading a vector is); anything that changes the list
+// unpacks it into a vector of its own first (a copy shares the packed form until then). file(),
+// data_offset() and block_crc32c() read one chunk's placement and checksums without unpacking.
+class ChunkList {
+ public:
+  using value_type = StoredChunk;
+  using size_type = size_t;
+  using difference_type = std::ptrdiff_t;
+  using reference = StoredChunk&;
+  using const_reference = const StoredChunk&;
+  using pointer = StoredChunk*;
+  using const_pointer = const StoredChunk*;
+  using iterator = StoredChunk*;
+  using const_iterator = const StoredChunk*;
+
+  ChunkList() = default;
+  ChunkList(std::vector<StoredChunk> chunks) : list_(std::move(chunks)) {}  // NOLINT: a vector
+  ChunkList(std::initializer_list<StoredChunk> chunks) : list_(chunks) {}
+  // Chunks kept packed; `packed` must describe `count` chunks.
+  ChunkList(std::shared_ptr<PackedChunks> packed, size_t count)
+      : packed_(std::move(packed)), count_(count) {}
+
+  size_t size() const { return packed_ ? count_ : list_.size(); }
+  bool empty() const { return size() == 0; }
+  size_t capacity() const { return packed_ ? count_ : list_.capacity(); }
+  // Whether the chunks are held packed (made by a decoder, not yet changed).
+  bool packed() const { return packed_ != nullptr; }
+  // Whether the StoredChunks exist: always for a vector, for a packed list once walked.
+  bool unpacked() const;
+  const PackedChunks* packed_chunks() const { return packed_.get(); }
+
+  // The chunks as a vector, unpacked on first use.
+  const std::vector<StoredChunk>& vec() const { return packed_ ? Unpacked() : list_; }
+  operator const std::vector<StoredChunk>&() const { return vec(); }  // NOLINT: reads as one
+  // The chunks as a vector of this list's own, to change.
+  std::vector<StoredChunk>& mut() {
+    if (packed_) TakeUnpacked();
+    return list_;
+  }
+
+  const StoredChunk& operator[](size_t i) const { return vec()[i]; }
+  StoredChunk& operator[](size_t i) { return mut()[i]; }
+  const StoredChunk& at(size_t i) const { return vec().at(i); }
+  StoredChunk& at(size_t i) { return mut().at(i); }
+  const StoredChunk& front() const { return vec().front(); }
+  StoredChunk& front() { return mut().front(); }
+  const StoredChunk& back() const { return vec().back(); }
+  StoredChunk& back() { return mut().back(); }
+  const StoredChunk* data() const { return vec().data(); }
+  StoredChunk* data() { return mut().data(); }
+  const StoredChunk* begin() const { return data(); }
+  const StoredChunk* end() const { return data() + size(); }
+  StoredChunk* begin() { return data(); }
+  StoredChunk* end() { return data() + size(); }
+
+  void reserve(size_t n) { mut().reserve(n); }
+  void resize(size_t n) { mut().resize(n); }
+  void clear() {
+    packed_.reset();
+    list_.clear();
+  }
+  void push_back(const StoredChunk& chunk) { mut().push_back(chunk); }
+  void push_back(StoredChunk&& chunk) { mut().push_back(std::move(chunk)); }
+  template <typename... Args>
+  StoredChunk& emplace_back(Args&&... args) {
+    return mut().emplace_back(std::forward<Args>(args)...);
+  }
+
+  // Chunk i's file, data offset and block checksums, read from the packed form when there is
+  // one (nothing is unpacked), else from the chunk.
+  uint32_t file(size_t i) const;
+  uint64_t data_offset(size_t i) const;
+  std::span<const uint32_t> block_crc32c(size_t i) const;
+
+  friend bool operator==(const ChunkList& a, const ChunkList& b) { return a.vec() == b.vec(); }
+
+ private:
+  const std::vector<StoredChunk>& Unpacked() const;  // packed_ set
+  void TakeUnpacked();                               // packed_ set; clears it
+
+  std::vector<StoredChunk> list_;  // the chunks, unless packed_ holds them
+  std::shared_ptr<PackedChunks> packed_;
+  size_t count_ = 0;  // with packed_: the chunk count
+};
+
 // One chunk of a data file as the file's header lists it: what the rank that writes the file
 // knows of the chunk, without the rest of the checkpoint's metadata.
 struct DataFileChunk {
@@ -153,7 +252,7 @@ struct TensorMetadata {
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
-  std::vector<StoredChunk> chunks;  // non-empty boxes, no overlaps, covering the shape
+  ChunkList chunks;  // non-empty boxes, no overlaps, covering the shape
   // Set when `chunks` are the cells of this grid, in its order: an index over them that a load
   // plan searches by arithmetic instead of scanning the chunks. Set only by whoever proved it
   // (the save planner, the native decoder of a grid record, IndexChunkGrids); code that changes
@@ -325,6 +424,21 @@ struct ChunkChecksums {
   std::vector<Tensor> tensors;
 };
 
+// The chunks of a grid tensor as the native decoder keeps them (ChunkList): cell c of `grid`
+// (format/chunk_grid.h) is raw, in cells.files[c] at cells.data_offsets[c], its byte length its
+// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that
+// checked every cell; unpacked into StoredChunks once, on first use.
+struct PackedChunks {
+  ChunkGrid grid;
+  uint64_t element_bytes = 0;
+  ChunkCells cells;  // files and data offsets; no boxes (the grid gives them)
+  ChunkChecksums::Tensor checksums;
+
+  std::once_flag unpacked_once;
+  std::vector<StoredChunk> unpacked;  // the chunks, once unpacked_once ran
+  std::atomic<bool> made{false};      // set when they are
+};
+
 // How many block checksums a chunk of `byte_length` bytes has: ceil(byte_length / block_bytes),
 // none when `block_bytes` is 0 (a format that stores no checksums). docs/FORMAT.md §3.5.
 inline uint64_t ChecksumBlockCount(uint64_t byte_length, uint64_t block_bytes) {
@@ -372,8 +486,8 @@ struct CheckpointMetadata {
 // `metadata` with no tensors: every other field copied, the tensors not.
 CheckpointMetadata WithoutTensors(const CheckpointMetadata& metadata);
 
-// The memory the chunk lists of `tensors` take (their capacity in StoredChunk, and their grid
-// cells').
+// The memory the chunk lists of `tensors` take (their capacity in StoredChunk, their grid
+// cells', and the packed form of packed chunk lists, not their StoredChunks once unpacked).
 uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors);
 
 // ---- Size validation shared by every format's reader (docs/FORMAT.md §3.7) ----

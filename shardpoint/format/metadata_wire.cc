@@ -218,6 +218,8 @@ std::optional<uint64_t> CellBytes(const Box& box, uint64_t item) {
 // Whether the chunks of `t` can travel as its grid: they are its cells, with the byte lengths
 // their boxes imply.
 bool SendsGrid(const TensorMetadata& t) {
+  // Packed chunks are a grid's raw cells, with the lengths their boxes imply (ChunkList).
+  if (t.chunks.packed()) return t.grid && t.grid->bounds.size() == t.shape.size();
   if (!t.grid || t.grid->bounds.size() != t.shape.size() || !GridMatches(*t.grid, t.chunks)) {
     return false;
   }
@@ -248,6 +250,7 @@ constexpr uint64_t kMaxPartGridCells = UINT32_MAX;
 
 // Whether every chunk is raw with no stored length or driver tag (a native checkpoint's).
 bool AllRaw(const TensorMetadata& t) {
+  if (t.chunks.packed()) return true;
   for (const StoredChunk& c : t.chunks) {
     if (c.encoding != ChunkEncoding::kRaw || c.stored_length != 0 || c.driver_tag != 0) {
       return false;
@@ -398,6 +401,31 @@ void PutCell(ByteWriter& w, const StoredChunk& c, bool raw, Steps* s) {
   PutChecksums(w, c);
 }
 
+// Chunk `c` of `t` as a raw cell (PutCell with `raw`), read through the chunk list's accessors:
+// a list kept packed (ChunkList) is not unpacked.
+void PutRawCell(ByteWriter& w, const TensorMetadata& t, size_t c, Steps* s) {
+  const uint32_t file = t.chunks.file(c);
+  const uint64_t offset = t.chunks.data_offset(c);
+  w.PutSignedVarint(int64_t{file} - s->file);
+  w.PutSignedVarint(static_cast<int64_t>(offset - s->offset));
+  *s = {int64_t{file}, offset};
+  const std::span<const uint32_t> crcs = t.chunks.block_crc32c(c);
+  w.PutVarint(crcs.size());
+  for (uint32_t crc : crcs) w.PutU32(crc);
+}
+
+// PlacementBytes of chunk `c` of `t` as a raw cell, through the accessors; `s` steps past it.
+size_t RawCellBytes(const TensorMetadata& t, size_t c, Steps* s) {
+  const uint32_t file = t.chunks.file(c);
+  const uint64_t offset = t.chunks.data_offset(c);
+  const size_t crcs = t.chunks.block_crc32c(c).size();
+  const size_t bytes = SignedVarintBytes(int64_t{file} - s->file) +
+                       SignedVarintBytes(static_cast<int64_t>(offset - s->offset)) +
+                       VarintBytes(crcs) + 4 * crcs;
+  *s = {int64_t{file}, offset};
+  return bytes;
+}
+
 }  // namespace
 
 namespace wire_internal {
@@ -525,7 +553,11 @@ void PutTensor(ByteWriter& w, const TensorMetadata& t, const CellsAs& how) {
   Steps steps;
   if (how.layout != kWireChunks) {
     w.PutRaw(how.bounds);
-    for (const StoredChunk& c : t.chunks) PutCell(w, c, how.layout == kWireRawGrid, &steps);
+    if (how.layout == kWireRawGrid) {
+      for (size_t c = 0; c < t.chunks.size(); ++c) PutRawCell(w, t, c, &steps);
+    } else {
+      for (const StoredChunk& c : t.chunks) PutCell(w, c, false, &steps);
+    }
   } else {
     w.PutVarint(t.chunks.size());
     for (const StoredChunk& c : t.chunks) PutChunk(w, c, &steps);
@@ -540,11 +572,15 @@ uint64_t WireTensorBound(const TensorMetadata& t) {
   uint64_t bytes = 1 + ShapeBytes(t.shape) + 1 +
                    (how.layout != kWireChunks ? how.bounds.size() : VarintBytes(t.chunks.size()));
   Steps steps;
-  for (const StoredChunk& c : t.chunks) {
-    bytes += PlacementBytes(c, steps, how.layout == kWireRawGrid);
-    steps = {int64_t{c.file}, c.data_offset};
-    if (how.layout == kWireChunks) {
-      bytes += ShapeBytes(c.box.offsets) + ShapeBytes(c.box.sizes) + VarintBytes(c.byte_length);
+  if (how.layout == kWireRawGrid) {
+    for (size_t c = 0; c < t.chunks.size(); ++c) bytes += RawCellBytes(t, c, &steps);
+  } else {
+    for (const StoredChunk& c : t.chunks) {
+      bytes += PlacementBytes(c, steps, false);
+      steps = {int64_t{c.file}, c.data_offset};
+      if (how.layout == kWireChunks) {
+        bytes += ShapeBytes(c.box.offsets) + ShapeBytes(c.box.sizes) + VarintBytes(c.byte_length);
+      }
     }
   }
   // its length, and its name in the table (at most all of it, behind three numbers)
@@ -865,12 +901,23 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint3
     // The bytes of the kept chunks as cells and as a list, their numbers' steps aside (alike).
     uint64_t as_cells = 1 + how.bounds.size(), as_list = VarintBytes(t.chunks.size());
     Steps steps;
-    for (uint32_t c : kept) {
-      const StoredChunk& chunk = t.chunks[c];
-      as_cells += PlacementBytes(chunk, steps, raw);
-      as_list += PlacementBytes(chunk, steps, false) + ShapeBytes(chunk.box.offsets) +
-                 ShapeBytes(chunk.box.sizes) + VarintBytes(chunk.byte_length);
-      steps = {int64_t{chunk.file}, chunk.data_offset};
+    if (t.chunks.packed()) {  // raw cells of the grid, read without unpacking them
+      const uint64_t item = DTypeSize(t.dtype);
+      for (uint32_t c : kept) {
+        const size_t placement = RawCellBytes(t, c, &steps);
+        const Box box = GridCellBox(*t.grid, c);
+        as_cells += placement;
+        as_list += placement + 1 + ShapeBytes(box.offsets) + ShapeBytes(box.sizes) +
+                   VarintBytes(static_cast<uint64_t>(box.volume()) * item);
+      }
+    } else {
+      for (uint32_t c : kept) {
+        const StoredChunk& chunk = t.chunks[c];
+        as_cells += PlacementBytes(chunk, steps, raw);
+        as_list += PlacementBytes(chunk, steps, false) + ShapeBytes(chunk.box.offsets) +
+                   ShapeBytes(chunk.box.sizes) + VarintBytes(chunk.byte_length);
+        steps = {int64_t{chunk.file}, chunk.data_offset};
+      }
     }
     if (as_cells < as_list) {
       w.PutU8(kWirePartGrid);
@@ -882,7 +929,11 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint3
       for (uint32_t c : kept) {
         w.PutVarint(c - next);
         next = uint64_t{c} + 1;
-        PutCell(w, t.chunks[c], raw, &places);
+        if (raw) {
+          PutRawCell(w, t, c, &places);
+        } else {
+          PutCell(w, t.chunks[c], false, &places);
+        }
       }
       return;
     }
@@ -895,7 +946,16 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint3
   for (uint32_t c : kept) {
     w.PutVarint(c - next);
     next = uint64_t{c} + 1;
-    PutChunk(w, t.chunks[c], &places);
+    if (t.chunks.packed()) {  // a raw cell of the grid, as PutChunk writes it, not unpacked
+      const Box box = GridCellBox(*t.grid, c);
+      PutShape(w, box.offsets);
+      PutShape(w, box.sizes);
+      w.PutVarint(static_cast<uint64_t>(box.volume()) * DTypeSize(t.dtype));
+      w.PutU8(static_cast<uint8_t>(ChunkEncoding::kRaw));
+      PutRawCell(w, t, c, &places);
+    } else {
+      PutChunk(w, t.chunks[c], &places);
+    }
   }
 }
 
@@ -1028,9 +1088,9 @@ void MetadataPartEncoder::EncodeBoxes(std::span<const std::span<const Box>> boxe
     const TensorMetadata& tensor = m.tensors[t];
     const size_t first = t == 0 ? 0 : reached_end[t - 1];
     if (reached_end[t] - first == tensor.chunks.size()) {
-      for (const StoredChunk& c : tensor.chunks) held[c.file] = true;
+      for (size_t c = 0; c < tensor.chunks.size(); ++c) held[tensor.chunks.file(c)] = true;
     } else {
-      for (size_t i = first; i < reached_end[t]; ++i) held[tensor.chunks[reached[i]].file] = true;
+      for (size_t i = first; i < reached_end[t]; ++i) held[tensor.chunks.file(reached[i])] = true;
     }
   }
   for (const ObjectEntry& o : m.objects) {

@@ -215,7 +215,7 @@ TEST(LoadPlanTest, TargetBoxOutsideShape) {
 TEST(LoadPlanTest, HoleInTheCheckpointIsDataLoss) {
   CheckpointMetadata md = RowShardedCheckpoint();
   TensorMetadata& w = md.tensors[md.FindTensor("w") - md.tensors.data()];
-  w.chunks.erase(w.chunks.begin() + 1);  // rows 3:6 lost
+  w.chunks.mut().erase(w.chunks.mut().begin() + 1);  // rows 3:6 lost
   std::vector<LocalTensor> targets = {
       Tensor("w", DType::kFloat32, {10, 4}, {Box({0, 0}, {4, 4}), Box({6, 0}, {4, 4})})};
   Result<LoadPlan> plan = PlanLoad(targets, md, LoadPlanOptions{});

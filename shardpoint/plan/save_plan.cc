@@ -423,7 +423,7 @@ TensorMetadata MakeTensorMetadata(const TensorEntry& entry) {
 void HoldAsCells(TensorMetadata* md) {
   const uint64_t cells = md->grid->cell_count();
   md->cells = ChunkCells{std::vector<uint32_t>(cells, 0), std::vector<uint64_t>(cells, 0), {}};
-  std::vector<StoredChunk>().swap(md->chunks);
+  md->chunks = ChunkList();
 }
 
 // The metadata of every tensor, in the entries' order: its chunks (GroupReplicas,

@@ -622,7 +622,7 @@ TEST(MetadataCodecTest, WithoutTensorsKeepsEveryOtherField) {
 
     uint64_t chunks = 0;
     for (TensorMetadata& t : md.tensors) {
-      t.chunks.shrink_to_fit();
+      t.chunks.mut().shrink_to_fit();
       chunks += t.chunks.size();
     }
     EXPECT_EQ(ChunkListBytes(md.tensors), chunks * sizeof(StoredChunk));

@@ -617,7 +617,7 @@ TEST(MetadataHostileTest, InconsistentContentsAreDataLoss) {
       {"block count", [](auto& m) { m.tensors[0].chunks[0].block_crc32c.push_back(1); }, "block checksums, expected"},
       {"box outside", [](auto& m) { m.tensors[0].chunks[0].box.offsets[0] = 5; }, "lies outside the shape"},
       {"negative box", [](auto& m) { m.tensors[0].chunks[0].box.sizes[0] = -1; }, "lies outside the shape"},
-      {"missing chunk", [](auto& m) { m.tensors[0].chunks.pop_back(); }, "chunks hold 8 elements, the shape [4, 4] has 16"},
+      {"missing chunk", [](auto& m) { m.tensors[0].chunks.mut().pop_back(); }, "chunks hold 8 elements, the shape [4, 4] has 16"},
       {"extra chunk", [](auto& m) { m.tensors[0].chunks.push_back(m.tensors[0].chunks[0]); }, "chunks hold"},
       {"past file end", [](auto& m) { m.tensors[0].chunks[1].data_offset = 1000; }, "lie outside the"},
       {"unknown dtype", [](auto& m) { m.tensors[1].dtype = static_cast<DType>(77); }, "unknown dtype code 77"},

@@ -408,9 +408,11 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   // so it is read in place; from version 3 runs of cells (EncodeCellRuns), decoded first (their
   // end is where the checksums begin).
   std::string_view table;
-  std::vector<std::pair<uint32_t, uint64_t>> placed;
+  std::vector<uint32_t> files;
+  std::vector<uint64_t> offsets;
   if (packed) {
-    placed.resize(cells);
+    files.resize(cells);
+    offsets.resize(cells);
     // Runs of cells (EncodeCellRuns): each at least 3 bytes and a cell long.
     SP_ASSIGN_OR_RETURN(uint32_t runs, r.ReadVarintCount(3));
     if (runs == 0 || runs > cells) {
@@ -434,7 +436,8 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
       for (const uint64_t end = c + length; c < end; ++c) {
         SP_ASSIGN_OR_RETURN(file, PackedFile(file, file_step, summary, ChunkWhere{where, c}, path));
         data_offset += static_cast<uint64_t>(offset_step);  // wraps; checked with the cell
-        placed[c] = {static_cast<uint32_t>(file), data_offset};
+        files[c] = static_cast<uint32_t>(file);
+        offsets[c] = data_offset;
       }
     }
   } else {
@@ -447,6 +450,14 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   const uint64_t item = DTypeSize(tensor->dtype);
   const size_t rank = grid.bounds.size();
+  // The whole grid is kept packed (ChunkList): each cell's file, offset and checksums, no
+  // StoredChunk until a consumer asks for one.
+  std::shared_ptr<PackedChunks> kept_packed;
+  if (keep == nullptr) {
+    kept_packed = std::make_shared<PackedChunks>();
+    kept_packed->grid = grid;
+    kept_packed->element_bytes = item;
+  }
   // The cells in chunk order, the last dimension fastest: each box is the one before it with the
   // last dimensions stepped, as an odometer steps, instead of divided out of the cell's number.
   std::vector<uint32_t> at(rank, 0);
@@ -458,22 +469,25 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     box.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
   }
   tensor->chunks.clear();
-  tensor->chunks.reserve(keep != nullptr ? kept.size() : cells);
+  if (!kept_packed) tensor->chunks.reserve(kept.size());
   // With `keep`, where each kept chunk's checksums begin among the cells' (counted in checksums);
   // and the first cell whose checksums do not fit in the bytes left (reported only when every
   // cell's bytes hold, as a decoding that checks the bytes of all cells first reports it).
   std::vector<uint64_t> crc_at;
   if (keep != nullptr) crc_at.reserve(kept.size());
+  // Packed, each cell's checksum count: the same for all (per_chunk), or where each starts
+  // (starts, from the first cell whose count differs).
+  uint64_t per_chunk = 0;
+  std::vector<uint64_t> starts;
   const uint64_t crc_bytes = r.remaining();
   uint64_t crc_count = 0;
   std::optional<Status> crcs_overflow;
   size_t next_kept = 0;
   for (uint64_t c = 0; c < cells; ++c) {
-    const uint32_t file = packed ? placed[c].first : DecodeFixed32(table.data() + c * 12);
-    const uint64_t data_offset =
-        packed ? placed[c].second : DecodeFixed64(table.data() + c * 12 + 4);
+    const uint32_t file = packed ? files[c] : DecodeFixed32(table.data() + c * 12);
+    const uint64_t data_offset = packed ? offsets[c] : DecodeFixed64(table.data() + c * 12 + 4);
     const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * item;  // within the shape
-    const bool kept_here = keep == nullptr || (next_kept < kept.size() && kept[next_kept] == c);
+    const bool kept_here = keep != nullptr && next_kept < kept.size() && kept[next_kept] == c;
     if (!CellBytesHold(file, data_offset, byte_length, summary)) {
       SP_RETURN_IF_ERROR(CheckChunkBytes(StoredChunk(box, file, data_offset, byte_length),
                                          byte_length, summary, ChunkWhere{where, c}, path));
@@ -486,12 +500,17 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
                                         std::to_string(crc_bytes - crc_count * 4) +
                                         " remaining bytes");
     }
-    if (kept_here) {
-      tensor->chunks.emplace_back(box, file, data_offset, byte_length);
-      if (keep != nullptr) {
-        crc_at.push_back(crc_count);
-        ++next_kept;
+    if (kept_packed) {
+      if (c == 0) per_chunk = blocks;
+      if (starts.empty() && blocks != per_chunk) {
+        starts.reserve(cells + 1);
+        for (uint64_t before = 0; before < c; ++before) starts.push_back(before * per_chunk);
       }
+      if (!starts.empty()) starts.push_back(crc_count);
+    } else if (kept_here) {
+      tensor->chunks.emplace_back(box, file, data_offset, byte_length);
+      crc_at.push_back(crc_count);
+      ++next_kept;
     }
     if (!crcs_overflow) crc_count += blocks;
     for (size_t d = rank; d-- > 0;) {
@@ -508,21 +527,43 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   if (crcs_overflow) return *crcs_overflow;
   SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(crc_count * 4));
-  uint64_t next_crc = 0;  // without `keep` the chunks are every cell, their checksums in order
+  if (kept_packed) {
+    ChunkCells& placed = kept_packed->cells;
+    if (packed) {
+      placed.files = std::move(files);
+      placed.data_offsets = std::move(offsets);
+    } else {
+      placed.files.resize(cells);
+      placed.data_offsets.resize(cells);
+      for (uint64_t c = 0; c < cells; ++c) {
+        placed.files[c] = DecodeFixed32(table.data() + c * 12);
+        placed.data_offsets[c] = DecodeFixed64(table.data() + c * 12 + 4);
+      }
+    }
+    ChunkChecksums::Tensor& sums = kept_packed->checksums;
+    if (!starts.empty()) {
+      starts.push_back(crc_count);
+      sums.starts = std::move(starts);
+    } else {
+      sums.chunks = cells;
+      sums.per_chunk = per_chunk;
+    }
+    sums.crcs.resize(crc_count);
+    for (uint64_t i = 0; i < crc_count; ++i) sums.crcs[i] = DecodeFixed32(crcs.data() + i * 4);
+    tensor->chunks = ChunkList(std::move(kept_packed), cells);
+    return OkStatus();
+  }
   for (size_t i = 0; i < tensor->chunks.size(); ++i) {
     StoredChunk& chunk = tensor->chunks[i];
     const uint64_t blocks = ChecksumBlockCount(chunk.byte_length, summary.checksum_block_bytes);
-    const uint64_t first = keep != nullptr ? crc_at[i] : next_crc;
-    next_crc += blocks;
+    const uint64_t first = crc_at[i];
     chunk.block_crc32c.resize(blocks);
     for (uint64_t b = 0; b < blocks; ++b) {
       chunk.block_crc32c[b] = DecodeFixed32(crcs.data() + (first + b) * 4);
     }
   }
-  if (keep != nullptr) {
-    tensor->grid.reset();
-    tensor->kept = std::move(kept);
-  }
+  tensor->grid.reset();
+  tensor->kept = std::move(kept);
   return OkStatus();
 }
 

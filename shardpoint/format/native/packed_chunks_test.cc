@@ -1,0 +1,214 @@
+// Packed chunk lists (ChunkList in format/metadata.h): the native decoder keeps a grid tensor's
+// cells packed, and they must read, copy, change and travel exactly as the chunks they stand for.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "shardpoint/exec/thread_pool.h"
+#include "shardpoint/format/chunk_grid.h"
+#include "shardpoint/format/metadata_wire.h"
+#include "shardpoint/format/native/metadata_codec.h"
+#include "shardpoint/format/native/metadata_test_util.h"
+
+namespace sp {
+namespace {
+
+using ::sp::testing::ExpectMetadataEq;
+using ::sp::testing::ExpectTensorEq;
+using ::sp::testing::RandomMetadata;
+
+constexpr char kPath[] = "/ckpt/shardpoint.metadata";
+
+// `m` with every chunk list unpacked into a vector of its own (what a decoder that kept none
+// packed gives).
+CheckpointMetadata Unpacked(CheckpointMetadata m) {
+  for (TensorMetadata& t : m.tensors) t.chunks.mut();
+  return m;
+}
+
+// The tensors of `m` whose chunks are packed, and of those the ones not unpacked yet.
+size_t PackedCount(const CheckpointMetadata& m) {
+  size_t packed = 0;
+  for (const TensorMetadata& t : m.tensors) packed += t.chunks.packed();
+  return packed;
+}
+size_t StillPackedCount(const CheckpointMetadata& m) {
+  size_t packed = 0;
+  for (const TensorMetadata& t : m.tensors) packed += !t.chunks.unpacked();
+  return packed;
+}
+
+// Boxes within `shape`, some of them empty or the whole shape.
+std::vector<Box> RandomBoxesIn(const Shape& shape, std::mt19937_64& rng) {
+  std::vector<Box> boxes(1 + rng() % 3);
+  for (Box& box : boxes) {
+    if (rng() % 6 == 0) {
+      box = Box::Whole(shape);
+      continue;
+    }
+    for (int64_t size : shape) {
+      const int64_t begin = size == 0 ? 0 : static_cast<int64_t>(rng() % size);
+      const int64_t end = begin + (size == begin ? 0 : static_cast<int64_t>(rng() % (size - begin)) + 1);
+      box.offsets.push_back(begin);
+      box.sizes.push_back(end - begin);
+    }
+  }
+  return boxes;
+}
+
+TEST(PackedChunksTest, DecodedGridsStayPackedUntilWalkedAndReadAsTheirChunks) {
+  size_t packed_tensors = 0, listed_tensors = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    for (const uint32_t version : {3u, 2u}) {
+      SCOPED_TRACE("version " + std::to_string(version));
+      const std::string bytes = EncodeMetadata(m, version);
+      Result<CheckpointMetadata> decoded = DecodeMetadata(bytes, kPath);
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      for (size_t i = 0; i < m.tensors.size(); ++i) {
+        const TensorMetadata& want = m.tensors[i];
+        const TensorMetadata& got = decoded->tensors[i];
+        SCOPED_TRACE(want.name);
+        // Packed exactly where the record is a grid (FindChunkGrid, as the encoder stores one).
+        const bool grid = FindChunkGrid(want.chunks, want.shape).has_value();
+        ASSERT_EQ(got.chunks.packed(), grid);
+        (grid ? packed_tensors : listed_tensors) += 1;
+        ASSERT_EQ(got.chunks.size(), want.chunks.size());
+        for (size_t c = 0; c < want.chunks.size(); ++c) {
+          EXPECT_EQ(got.chunks.file(c), want.chunks[c].file);
+          EXPECT_EQ(got.chunks.data_offset(c), want.chunks[c].data_offset);
+          const std::span<const uint32_t> crcs = got.chunks.block_crc32c(c);
+          EXPECT_EQ(std::vector<uint32_t>(crcs.begin(), crcs.end()),
+                    std::vector<uint32_t>(want.chunks[c].block_crc32c.begin(),
+                                          want.chunks[c].block_crc32c.end()));
+        }
+        // Sizes and the accessors read the packed form; nothing was unpacked.
+        EXPECT_EQ(got.chunks.unpacked(), !grid);
+        // A copy shares the packed form.
+        const TensorMetadata copy = got;
+        EXPECT_EQ(copy.chunks.packed_chunks(), got.chunks.packed_chunks());
+        // Walked, the chunks are the stored ones, in both the copy and the original, and the
+        // copy's walk unpacked the form they share.
+        ExpectTensorEq(want, copy);
+        if (grid) {
+          EXPECT_EQ(copy.chunks.data(), got.chunks.data());
+        }
+        ExpectTensorEq(want, got);
+      }
+      ExpectMetadataEq(version == 3 ? m : [&] {
+        CheckpointMetadata as_v2 = m;
+        as_v2.version_major = 2;
+        return as_v2;
+      }(), *decoded);
+      // Encoded again from its packed form, the file is the same.
+      EXPECT_EQ(EncodeMetadata(*DecodeMetadata(bytes, kPath), version), bytes);
+    }
+  }
+  EXPECT_GT(packed_tensors, 200u);
+  EXPECT_GT(listed_tensors, 50u);
+}
+
+TEST(PackedChunksTest, ChangingACopyUnpacksItAloneAndTheOriginalStays) {
+  const CheckpointMetadata m = RandomMetadata(7, 25);
+  const CheckpointMetadata decoded = DecodeMetadata(EncodeMetadata(m), kPath).value();
+  size_t changed = 0;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorMetadata& original = decoded.tensors[i];
+    if (!original.chunks.packed()) continue;
+    SCOPED_TRACE(original.name);
+    ++changed;
+    TensorMetadata copy = original;
+    copy.chunks[0].data_offset += 4096;  // a non-const element: the copy's own vector
+    EXPECT_FALSE(copy.chunks.packed());
+    EXPECT_TRUE(original.chunks.packed());
+    EXPECT_EQ(copy.chunks[0].data_offset, m.tensors[i].chunks[0].data_offset + 4096);
+    EXPECT_EQ(original.chunks.data_offset(0), m.tensors[i].chunks[0].data_offset);
+    EXPECT_EQ(original.chunks[0], m.tensors[i].chunks[0]);
+    EXPECT_FALSE(copy == original);
+    // Appending and clearing work on the copy's own vector too.
+    TensorMetadata grown = original;
+    grown.chunks.push_back(grown.chunks.back());
+    EXPECT_EQ(grown.chunks.size(), original.chunks.size() + 1);
+    EXPECT_EQ(grown.chunks.back(), m.tensors[i].chunks.back());
+    TensorMetadata cleared = original;
+    cleared.chunks.clear();
+    EXPECT_TRUE(cleared.chunks.empty());
+    EXPECT_FALSE(cleared.chunks.packed());
+    EXPECT_EQ(original.chunks.size(), m.tensors[i].chunks.size());
+    // The only holder of a packed form takes its chunks when it changes.
+    TensorMetadata alone = DecodeMetadata(EncodeMetadata(m), kPath).value().tensors[i];
+    ASSERT_TRUE(alone.chunks.packed());
+    alone.chunks.resize(1);
+    EXPECT_EQ(alone.chunks.size(), 1u);
+    EXPECT_EQ(alone.chunks[0], m.tensors[i].chunks[0]);
+  }
+  EXPECT_GT(changed, 5u);
+}
+
+TEST(PackedChunksTest, ThreadsThatWalkOnePackedListAtOnceSeeTheSameChunks) {
+  const CheckpointMetadata m = RandomMetadata(11, 25);
+  for (int round = 0; round < 20; ++round) {
+    const CheckpointMetadata decoded = DecodeMetadata(EncodeMetadata(m), kPath).value();
+    ASSERT_GT(PackedCount(decoded), 0u);
+    constexpr int kThreads = 4;
+    std::vector<std::vector<const StoredChunk*>> seen(kThreads);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < kThreads; ++k) {
+      threads.emplace_back([&, k] {
+        for (size_t i = 0; i < decoded.tensors.size(); ++i) {
+          const TensorMetadata& t = decoded.tensors[(i + k) % decoded.tensors.size()];
+          seen[k].push_back(t.chunks.data());
+          for (size_t c = 0; c < t.chunks.size(); ++c) (void)t.chunks[c].byte_length;
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int k = 1; k < kThreads; ++k) {
+      for (size_t i = 0; i < decoded.tensors.size(); ++i) {
+        EXPECT_EQ(seen[k][(i + decoded.tensors.size() - k) % decoded.tensors.size()],
+                  seen[0][i]);
+      }
+    }
+    ExpectMetadataEq(m, decoded);
+  }
+}
+
+// The coordinator of a load answers each rank from the packed form without unpacking it, with
+// the bytes the unpacked chunks give.
+TEST(PackedChunksTest, PartsAndWireEncodingsOfPackedChunksAreThoseOfTheUnpacked) {
+  std::mt19937_64 rng(5);
+  ThreadPool pool(3);
+  size_t parts = 0;
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    const CheckpointMetadata packed = DecodeMetadata(EncodeMetadata(m), kPath).value();
+    const size_t packed_before = PackedCount(packed);
+    EXPECT_EQ(StillPackedCount(packed), packed_before);
+    // From a decoding of its own: unpacking a copy would unpack the form the copies share.
+    const CheckpointMetadata unpacked = Unpacked(DecodeMetadata(EncodeMetadata(m), kPath).value());
+    ASSERT_EQ(PackedCount(unpacked), 0u);
+    EXPECT_EQ(EncodeMetadataForWire(packed), EncodeMetadataForWire(unpacked));
+    EXPECT_EQ(WireMetadataBound(packed), WireMetadataBound(unpacked));
+    const MetadataPartEncoder from_packed(packed, &pool);
+    const MetadataPartEncoder from_unpacked(unpacked, &pool);
+    for (int trial = 0; trial < 8; ++trial) {
+      ChunkFilter filter;
+      for (const TensorMetadata& t : m.tensors) {
+        if (rng() % 4 != 0) filter[t.name] = RandomBoxesIn(t.shape, rng);
+      }
+      const std::string part = from_packed.Encode(filter);
+      EXPECT_EQ(part, from_unpacked.Encode(filter));
+      EXPECT_EQ(part, EncodeMetadataPartForWire(unpacked, filter));
+      ++parts;
+    }
+    EXPECT_EQ(StillPackedCount(packed), packed_before);
+  }
+  EXPECT_EQ(parts, 240u);
+}
+
+}  // namespace
+}  // namespace sp
