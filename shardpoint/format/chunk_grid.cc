@@ -259,20 +259,6 @@ void ChunkList::TakeUnpacked() {
   packed_.reset();
 }
 
-uint32_t ChunkList::file(size_t i) const {
-  return packed_ ? packed_->cells.files[i] : list_[i].file;
-}
-
-uint64_t ChunkList::data_offset(size_t i) const {
-  return packed_ ? packed_->cells.data_offsets[i] : list_[i].data_offset;
-}
-
-std::span<const uint32_t> ChunkList::block_crc32c(size_t i) const {
-  if (packed_) return packed_->checksums.of(i);
-  const InlineVector<uint32_t, 2>& crcs = list_[i].block_crc32c;
-  return std::span<const uint32_t>(crcs.data(), crcs.size());
-}
-
 void ExpandChunkCells(TensorMetadata* tensor) {
   if (!tensor->cells) return;
   const ChunkCells& cells = *tensor->cells;

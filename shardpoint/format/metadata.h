@@ -100,7 +100,90 @@ struct StoredChunk {
 };
 static_assert(sizeof(StoredChunk) <= 128, "StoredChunk: keep the fields packed");
 
-struct PackedChunks;  // below
+// Stored chunks that are the cells of a regular grid (format/chunk_grid.h): per dimension the
+// shape is cut into consecutive intervals, every combination of intervals is one chunk, and the
+// chunks are listed in row-major cell order (the last dimension fastest).
+struct ChunkGrid {
+  // Per dimension d: the n_d + 1 increasing cut points 0 = bounds[d][0] < ... < bounds[d][n_d] =
+  // shape[d]; interval k is [bounds[d][k], bounds[d][k + 1]).
+  std::vector<std::vector<int64_t>> bounds;
+  // Per dimension: the chunk number of cell (k_0, ..., k_{D-1}) is the sum of k_d * strides[d].
+  std::vector<uint64_t> strides;
+
+  uint64_t cell_count() const { return strides.empty() ? 1 : strides[0] * (bounds[0].size() - 1); }
+  friend bool operator==(const ChunkGrid&, const ChunkGrid&) = default;
+};
+
+// An index over stored chunks that are not a grid: the non-empty chunks' numbers sorted by their
+// offset along one dimension, with the longest extent of any of them along it, so that the chunks
+// under a box are found by a binary search (format/chunk_grid.h: IndexedChunksIntersecting).
+struct ChunkIndex {
+  uint32_t dim = 0;             // the dimension whose offsets are sorted
+  int64_t max_extent = 0;       // the largest size of a chunk along it
+  uint64_t chunk_count = 0;     // the tensor's chunks when the index was built (empty ones too)
+  std::vector<int64_t> starts;  // sorted offsets along `dim`
+  std::vector<uint32_t> chunks; // chunk numbers, in the order of `starts`
+
+  friend bool operator==(const ChunkIndex&, const ChunkIndex&) = default;
+};
+
+// The chunks of a tensor held without a StoredChunk each (TensorMetadata::cells): chunk i lies in
+// file files[i] at data_offsets[i], and its box is cell i of the tensor's grid or, for a tensor
+// without one, boxes[i * 2 * rank, (i + 1) * 2 * rank): its offsets, then its sizes. 12 bytes a
+// chunk of a grid, 12 + 16 x rank of a list, where a StoredChunk takes 128.
+struct ChunkCells {
+  std::vector<uint32_t> files;          // indices into CheckpointMetadata::files
+  std::vector<uint64_t> data_offsets;  // relative to the file's data_start
+  std::vector<int64_t> boxes;          // empty for a grid tensor
+
+  friend bool operator==(const ChunkCells&, const ChunkCells&) = default;
+};
+
+// Block checksums kept apart from the chunks they belong to, tensor by tensor in the order of a
+// list of TensorMetadata: chunk c of tensor t has tensors[t].crcs[start(c), start(c + 1)). A
+// save's commit collects the ranks' checksums into one (engine/write_reports.h) and encodes the
+// metadata from the plan's chunks and these (EncodeMetadata in format/native/metadata_codec.h),
+// so that a plan its cache holds is not copied to fill them in: at 8,192 ranks x 1,000 tensors
+// the plan's chunks take 600 MiB, this table 19 MiB (4 bytes for a chunk of one block).
+struct ChunkChecksums {
+  struct Tensor {
+    // Where each chunk's checksums start: `starts` (one per chunk, and one more: the end), or,
+    // with `starts` empty, `per_chunk` of them for each of `chunks` chunks (what
+    // LayOutChunkChecksums gives a tensor whose chunks all have as many blocks: a grid of even
+    // cuts, or one of chunks within a block each, which would take 8 bytes a chunk of starts for
+    // 4 of checksums).
+    std::vector<uint64_t> starts;
+    uint64_t chunks = 0;
+    uint64_t per_chunk = 0;
+    std::vector<uint32_t> crcs;
+
+    uint64_t chunk_count() const { return starts.empty() ? chunks : starts.size() - 1; }
+    uint64_t start(size_t chunk) const {
+      return starts.empty() ? chunk * per_chunk : starts[chunk];
+    }
+    std::span<const uint32_t> of(size_t chunk) const {
+      const uint64_t first = start(chunk);
+      return std::span<const uint32_t>(crcs).subspan(first, start(chunk + 1) - first);
+    }
+  };
+  std::vector<Tensor> tensors;
+};
+
+// The chunks of a grid tensor as the native decoder keeps them (ChunkList): cell c of `grid`
+// (format/chunk_grid.h) is raw, in cells.files[c] at cells.data_offsets[c], its byte length its
+// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that
+// checked every cell; unpacked into StoredChunks once, on first use.
+struct PackedChunks {
+  ChunkGrid grid;
+  uint64_t element_bytes = 0;
+  ChunkCells cells;  // files and data offsets; no boxes (the grid gives them)
+  ChunkChecksums::Tensor checksums;
+
+  std::once_flag unpacked_once;
+  std::vector<StoredChunk> unpacked;  // the chunks, once unpacked_once ran
+  std::atomic<bool> made{false};      // set when they are
+};
+
 
 // A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
 // decoder kept packed (PackedChunks: a grid's cells as a file, an offset and checksums each,
@@ -180,9 +263,14 @@ class ChunkList {
 
   // Chunk i's file, data offset and block checksums, read from the packed form when there is
   // one (nothing is unpacked), else from the chunk.
-  uint32_t file(size_t i) const;
-  uint64_t data_offset(size_t i) const;
-  std::span<const uint32_t> block_crc32c(size_t i) const;
+  uint32_t file(size_t i) const { return packed_ ? packed_->cells.files[i] : list_[i].file; }
+  uint64_t data_offset(size_t i) const {
+    return packed_ ? packed_->cells.data_offsets[i] : list_[i].data_offset;
+  }
+  std::span<const uint32_t> block_crc32c(size_t i) const {
+    if (packed_) return packed_->checksums.of(i);
+    return std::span<const uint32_t>(list_[i].block_crc32c.data(), list_[i].block_crc32c.size());
+  }
 
   friend bool operator==(const ChunkList& a, const ChunkList& b) { return a.vec() == b.vec(); }
 
@@ -203,45 +291,6 @@ struct DataFileChunk {
   const Box* box = nullptr;  // global coordinates
   uint64_t data_offset = 0;  // relative to the file's data_start
   uint64_t byte_length = 0;
-};
-
-// Stored chunks that are the cells of a regular grid (format/chunk_grid.h): per dimension the
-// shape is cut into consecutive intervals, every combination of intervals is one chunk, and the
-// chunks are listed in row-major cell order (the last dimension fastest).
-struct ChunkGrid {
-  // Per dimension d: the n_d + 1 increasing cut points 0 = bounds[d][0] < ... < bounds[d][n_d] =
-  // shape[d]; interval k is [bounds[d][k], bounds[d][k + 1]).
-  std::vector<std::vector<int64_t>> bounds;
-  // Per dimension: the chunk number of cell (k_0, ..., k_{D-1}) is the sum of k_d * strides[d].
-  std::vector<uint64_t> strides;
-
-  uint64_t cell_count() const { return strides.empty() ? 1 : strides[0] * (bounds[0].size() - 1); }
-  friend bool operator==(const ChunkGrid&, const ChunkGrid&) = default;
-};
-
-// An index over stored chunks that are not a grid: the non-empty chunks' numbers sorted by their
-// offset along one dimension, with the longest extent of any of them along it, so that the chunks
-// under a box are found by a binary search (format/chunk_grid.h: IndexedChunksIntersecting).
-struct ChunkIndex {
-  uint32_t dim = 0;             // the dimension whose offsets are sorted
-  int64_t max_extent = 0;       // the largest size of a chunk along it
-  uint64_t chunk_count = 0;     // the tensor's chunks when the index was built (empty ones too)
-  std::vector<int64_t> starts;  // sorted offsets along `dim`
-  std::vector<uint32_t> chunks; // chunk numbers, in the order of `starts`
-
-  friend bool operator==(const ChunkIndex&, const ChunkIndex&) = default;
-};
-
-// The chunks of a tensor held without a StoredChunk each (TensorMetadata::cells): chunk i lies in
-// file files[i] at data_offsets[i], and its box is cell i of the tensor's grid or, for a tensor
-// without one, boxes[i * 2 * rank, (i + 1) * 2 * rank): its offsets, then its sizes. 12 bytes a
-// chunk of a grid, 12 + 16 x rank of a list, where a StoredChunk takes 128.
-struct ChunkCells {
-  std::vector<uint32_t> files;          // indices into CheckpointMetadata::files
-  std::vector<uint64_t> data_offsets;  // relative to the file's data_start
-  std::vector<int64_t> boxes;          // empty for a grid tensor
-
-  friend bool operator==(const ChunkCells&, const ChunkCells&) = default;
 };
 
 struct TensorMetadata {
@@ -392,51 +441,6 @@ struct ObjectEntry {
   // The payload's size, or the stored item's while it is not read.
   uint64_t size_bytes() const { return stored ? stored->length : payload.size(); }
   friend bool operator==(const ObjectEntry&, const ObjectEntry&) = default;
-};
-
-// Block checksums kept apart from the chunks they belong to, tensor by tensor in the order of a
-// list of TensorMetadata: chunk c of tensor t has tensors[t].crcs[start(c), start(c + 1)). A
-// save's commit collects the ranks' checksums into one (engine/write_reports.h) and encodes the
-// metadata from the plan's chunks and these (EncodeMetadata in format/native/metadata_codec.h),
-// so that a plan its cache holds is not copied to fill them in: at 8,192 ranks x 1,000 tensors
-// the plan's chunks take 600 MiB, this table 19 MiB (4 bytes for a chunk of one block).
-struct ChunkChecksums {
-  struct Tensor {
-    // Where each chunk's checksums start: `starts` (one per chunk, and one more: the end), or,
-    // with `starts` empty, `per_chunk` of them for each of `chunks` chunks (what
-    // LayOutChunkChecksums gives a tensor whose chunks all have as many blocks: a grid of even
-    // cuts, or one of chunks within a block each, which would take 8 bytes a chunk of starts for
-    // 4 of checksums).
-    std::vector<uint64_t> starts;
-    uint64_t chunks = 0;
-    uint64_t per_chunk = 0;
-    std::vector<uint32_t> crcs;
-
-    uint64_t chunk_count() const { return starts.empty() ? chunks : starts.size() - 1; }
-    uint64_t start(size_t chunk) const {
-      return starts.empty() ? chunk * per_chunk : starts[chunk];
-    }
-    std::span<const uint32_t> of(size_t chunk) const {
-      const uint64_t first = start(chunk);
-      return std::span<const uint32_t>(crcs).subspan(first, start(chunk + 1) - first);
-    }
-  };
-  std::vector<Tensor> tensors;
-};
-
-// The chunks of a grid tensor as the native decoder keeps them (ChunkList): cell c of `grid`
-// (format/chunk_grid.h) is raw, in cells.files[c] at cells.data_offsets[c], its byte length its
-// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that
-// checked every cell; unpacked into StoredChunks once, on first use.
-struct PackedChunks {
-  ChunkGrid grid;
-  uint64_t element_bytes = 0;
-  ChunkCells cells;  // files and data offsets; no boxes (the grid gives them)
-  ChunkChecksums::Tensor checksums;
-
-  std::once_flag unpacked_once;
-  std::vector<StoredChunk> unpacked;  // the chunks, once unpacked_once ran
-  std::atomic<bool> made{false};      // set when they are
 };
 
 // How many block checksums a chunk of `byte_length` bytes has: ceil(byte_length / block_bytes),

@@ -903,12 +903,22 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint3
     Steps steps;
     if (t.chunks.packed()) {  // raw cells of the grid, read without unpacking them
       const uint64_t item = DTypeSize(t.dtype);
+      const ChunkGrid& grid = *t.grid;
+      const size_t rank = grid.bounds.size();
       for (uint32_t c : kept) {
         const size_t placement = RawCellBytes(t, c, &steps);
-        const Box box = GridCellBox(*t.grid, c);
+        // The cell's box as ShapeBytes counts it, found interval by interval (GridCellBox).
+        size_t box_bytes = 2 * VarintBytes(rank);
+        uint64_t volume = 1, index = c;
+        for (size_t d = 0; d < rank; ++d) {
+          const uint64_t k = index / grid.strides[d];
+          index %= grid.strides[d];
+          const int64_t begin = grid.bounds[d][k], size = grid.bounds[d][k + 1] - begin;
+          box_bytes += SignedVarintBytes(begin) + SignedVarintBytes(size);
+          volume *= static_cast<uint64_t>(size);
+        }
         as_cells += placement;
-        as_list += placement + 1 + ShapeBytes(box.offsets) + ShapeBytes(box.sizes) +
-                   VarintBytes(static_cast<uint64_t>(box.volume()) * item);
+        as_list += placement + 1 + box_bytes + VarintBytes(volume * item);
       }
     } else {
       for (uint32_t c : kept) {

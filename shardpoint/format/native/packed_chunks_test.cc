@@ -50,7 +50,8 @@ std::vector<Box> RandomBoxesIn(const Shape& shape, std::mt19937_64& rng) {
     }
     for (int64_t size : shape) {
       const int64_t begin = size == 0 ? 0 : static_cast<int64_t>(rng() % size);
-      const int64_t end = begin + (size == begin ? 0 : static_cast<int64_t>(rng() % (size - begin)) + 1);
+      const int64_t end =
+          begin + (size == begin ? 0 : static_cast<int64_t>(rng() % (size - begin)) + 1);
       box.offsets.push_back(begin);
       box.sizes.push_back(end - begin);
     }
