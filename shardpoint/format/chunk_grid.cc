@@ -131,6 +131,30 @@ Box GridCellBox(const ChunkGrid& grid, uint64_t index) {
   return box;
 }
 
+GridCellWalk::GridCellWalk(const ChunkGrid& grid) : grid_(grid), at_(grid.bounds.size(), 0) {
+  const size_t rank = grid.bounds.size();
+  box_.offsets.resize(rank);
+  box_.sizes.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    box_.offsets[d] = grid.bounds[d][0];
+    box_.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
+  }
+}
+
+void GridCellWalk::Next() {
+  for (size_t d = at_.size(); d-- > 0;) {
+    const std::vector<int64_t>& bounds = grid_.bounds[d];
+    if (++at_[d] + 1 < bounds.size()) {
+      box_.offsets[d] = bounds[at_[d]];
+      box_.sizes[d] = bounds[at_[d] + 1] - bounds[at_[d]];
+      return;
+    }
+    at_[d] = 0;
+    box_.offsets[d] = bounds[0];
+    box_.sizes[d] = bounds[1] - bounds[0];
+  }
+}
+
 void GridCellByteLengths(const ChunkGrid& grid, uint64_t element_bytes,
                          std::vector<uint64_t>* out) {
   const size_t rank = grid.bounds.size();
@@ -196,39 +220,16 @@ Box ChunkBox(const TensorMetadata& tensor, size_t c) {
 
 namespace {
 
-// The chunks `packed` describes, in cell order: each box the one before it with the last
-// dimensions stepped, as an odometer steps, instead of divided out of the cell's number.
+// The chunks `packed` describes, in cell order.
 std::vector<StoredChunk> UnpackChunks(const PackedChunks& packed) {
-  const ChunkGrid& grid = packed.grid;
-  const size_t rank = grid.bounds.size();
   const uint64_t cells = packed.cells.files.size();
   std::vector<StoredChunk> chunks;
   chunks.reserve(cells);
-  std::vector<uint32_t> at(rank, 0);
-  Box box;
-  box.offsets.resize(rank);
-  box.sizes.resize(rank);
-  for (size_t d = 0; d < rank; ++d) {
-    box.offsets[d] = grid.bounds[d][0];
-    box.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
-  }
-  for (uint64_t c = 0; c < cells; ++c) {
-    StoredChunk& chunk = chunks.emplace_back(
-        box, packed.cells.files[c], packed.cells.data_offsets[c],
-        static_cast<uint64_t>(box.volume()) * packed.element_bytes,
-        InlineVector<uint32_t, 2>(packed.checksums.of(c)));
-    (void)chunk;
-    for (size_t d = rank; d-- > 0;) {
-      const std::vector<int64_t>& bounds = grid.bounds[d];
-      if (++at[d] + 1 < bounds.size()) {
-        box.offsets[d] = bounds[at[d]];
-        box.sizes[d] = bounds[at[d] + 1] - bounds[at[d]];
-        break;
-      }
-      at[d] = 0;
-      box.offsets[d] = bounds[0];
-      box.sizes[d] = bounds[1] - bounds[0];
-    }
+  for (GridCellWalk walk(packed.grid); chunks.size() < cells; walk.Next()) {
+    const uint64_t c = chunks.size();
+    chunks.emplace_back(walk.box(), packed.cells.files[c], packed.cells.data_offsets[c],
+                        static_cast<uint64_t>(walk.box().volume()) * packed.element_bytes,
+                        InlineVector<uint32_t, 2>(packed.checksums.of(c)));
   }
   return chunks;
 }
@@ -244,9 +245,6 @@ const std::vector<StoredChunk>& ChunkList::Unpacked() const {
   return packed.unpacked;
 }
 
-bool ChunkList::unpacked() const {
-  return !packed_ || packed_->made.load(std::memory_order_acquire);
-}
 
 void ChunkList::TakeUnpacked() {
   // The only holder of the packed form moves the chunks out; a holder among several copies them.

@@ -59,6 +59,22 @@ int64_t GridEvenStep(const std::vector<int64_t>& bounds);
 // The box of chunk number `index` of `grid` (index < the grid's cell count).
 Box GridCellBox(const ChunkGrid& grid, uint64_t index);
 
+// The boxes of `grid`'s cells in chunk order (the last dimension fastest), each the one before it
+// with its last dimensions stepped, as an odometer steps, instead of divided out of the cell's
+// number (GridCellBox). `grid` must outlive it.
+class GridCellWalk {
+ public:
+  explicit GridCellWalk(const ChunkGrid& grid);
+  const Box& box() const { return box_; }
+  // On to the next cell (after the last, back to the first).
+  void Next();
+
+ private:
+  const ChunkGrid& grid_;
+  std::vector<uint32_t> at_;  // per dimension, the interval of the current cell
+  Box box_;
+};
+
 // The byte length of every cell of `grid` of a tensor whose elements take `element_bytes`, in
 // cell order, into `out` (its size the cell count).
 void GridCellByteLengths(const ChunkGrid& grid, uint64_t element_bytes, std::vector<uint64_t>* out);

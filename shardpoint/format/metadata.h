@@ -7,9 +7,9 @@
 #ifndef SHARDPOINT_FORMAT_METADATA_H_
 #define SHARDPOINT_FORMAT_METADATA_H_
 
-#include <cstdint>
 #include <atomic>
 #include <compare>
+#include <cstdint>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -184,7 +184,6 @@ struct PackedChunks {
   std::atomic<bool> made{false};      // set when they are
 };
 
-
 // A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
 // decoder kept packed (PackedChunks: a grid's cells as a file, an offset and checksums each,
 // 16 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them as
@@ -211,17 +210,16 @@ class ChunkList {
   ChunkList() = default;
   ChunkList(std::vector<StoredChunk> chunks) : list_(std::move(chunks)) {}  // NOLINT: a vector
   ChunkList(std::initializer_list<StoredChunk> chunks) : list_(chunks) {}
-  // Chunks kept packed; `packed` must describe `count` chunks.
-  ChunkList(std::shared_ptr<PackedChunks> packed, size_t count)
-      : packed_(std::move(packed)), count_(count) {}
+  // Chunks kept packed: one per cell of `packed`.
+  explicit ChunkList(std::shared_ptr<PackedChunks> packed) : packed_(std::move(packed)) {}
 
-  size_t size() const { return packed_ ? count_ : list_.size(); }
+  size_t size() const { return packed_ ? packed_->cells.files.size() : list_.size(); }
   bool empty() const { return size() == 0; }
-  size_t capacity() const { return packed_ ? count_ : list_.capacity(); }
+  size_t capacity() const { return packed_ ? size() : list_.capacity(); }
   // Whether the chunks are held packed (made by a decoder, not yet changed).
   bool packed() const { return packed_ != nullptr; }
   // Whether the StoredChunks exist: always for a vector, for a packed list once walked.
-  bool unpacked() const;
+  bool unpacked() const { return !packed_ || packed_->made.load(std::memory_order_acquire); }
   const PackedChunks* packed_chunks() const { return packed_.get(); }
 
   // The chunks as a vector, unpacked on first use.
@@ -280,7 +278,6 @@ class ChunkList {
 
   std::vector<StoredChunk> list_;  // the chunks, unless packed_ holds them
   std::shared_ptr<PackedChunks> packed_;
-  size_t count_ = 0;  // with packed_: the chunk count
 };
 
 // One chunk of a data file as the file's header lists it: what the rank that writes the file

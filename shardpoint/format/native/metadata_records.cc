@@ -449,7 +449,6 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     if (kept.size() == cells) keep = nullptr;  // every cell: the whole grid, as without a filter
   }
   const uint64_t item = DTypeSize(tensor->dtype);
-  const size_t rank = grid.bounds.size();
   // The whole grid is kept packed (ChunkList): each cell's file, offset and checksums, no
   // StoredChunk until a consumer asks for one.
   std::shared_ptr<PackedChunks> kept_packed;
@@ -458,16 +457,8 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     kept_packed->grid = grid;
     kept_packed->element_bytes = item;
   }
-  // The cells in chunk order, the last dimension fastest: each box is the one before it with the
-  // last dimensions stepped, as an odometer steps, instead of divided out of the cell's number.
-  std::vector<uint32_t> at(rank, 0);
-  Box box;
-  box.offsets.resize(rank);
-  box.sizes.resize(rank);
-  for (size_t d = 0; d < rank; ++d) {
-    box.offsets[d] = grid.bounds[d][0];
-    box.sizes[d] = grid.bounds[d][1] - grid.bounds[d][0];
-  }
+  GridCellWalk walk(grid);  // the cells' boxes, in chunk order
+  const Box& box = walk.box();
   tensor->chunks.clear();
   if (!kept_packed) tensor->chunks.reserve(kept.size());
   // With `keep`, where each kept chunk's checksums begin among the cells' (counted in checksums);
@@ -513,17 +504,7 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
       ++next_kept;
     }
     if (!crcs_overflow) crc_count += blocks;
-    for (size_t d = rank; d-- > 0;) {
-      const std::vector<int64_t>& bounds = grid.bounds[d];
-      if (++at[d] + 1 < bounds.size()) {
-        box.offsets[d] = bounds[at[d]];
-        box.sizes[d] = bounds[at[d] + 1] - bounds[at[d]];
-        break;
-      }
-      at[d] = 0;
-      box.offsets[d] = bounds[0];
-      box.sizes[d] = bounds[1] - bounds[0];
-    }
+    walk.Next();
   }
   if (crcs_overflow) return *crcs_overflow;
   SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(crc_count * 4));
@@ -550,7 +531,7 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     }
     sums.crcs.resize(crc_count);
     for (uint64_t i = 0; i < crc_count; ++i) sums.crcs[i] = DecodeFixed32(crcs.data() + i * 4);
-    tensor->chunks = ChunkList(std::move(kept_packed), cells);
+    tensor->chunks = ChunkList(std::move(kept_packed));
     return OkStatus();
   }
   for (size_t i = 0; i < tensor->chunks.size(); ++i) {
