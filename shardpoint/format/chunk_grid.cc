@@ -222,14 +222,20 @@ namespace {
 
 // The chunks `packed` describes, in cell order.
 std::vector<StoredChunk> UnpackChunks(const PackedChunks& packed) {
-  const uint64_t cells = packed.cells.files.size();
+  const uint64_t cells = packed.cell_count;
   std::vector<StoredChunk> chunks;
   chunks.reserve(cells);
-  for (GridCellWalk walk(packed.grid); chunks.size() < cells; walk.Next()) {
-    const uint64_t c = chunks.size();
-    chunks.emplace_back(walk.box(), packed.cells.files[c], packed.cells.data_offsets[c],
-                        static_cast<uint64_t>(walk.box().volume()) * packed.element_bytes,
-                        InlineVector<uint32_t, 2>(packed.checksums.of(c)));
+  GridCellWalk walk(packed.grid);
+  for (const CellRun& run : packed.runs) {
+    uint32_t file = run.file;
+    uint64_t data_offset = run.data_offset;
+    for (uint64_t c = run.first; c < run.first + run.count; ++c, walk.Next()) {
+      chunks.emplace_back(walk.box(), file, data_offset,
+                          static_cast<uint64_t>(walk.box().volume()) * packed.element_bytes,
+                          InlineVector<uint32_t, 2>(packed.checksums.of(c)));
+      file = static_cast<uint32_t>(file + run.file_step);
+      data_offset += run.offset_step;
+    }
   }
   return chunks;
 }
@@ -332,14 +338,19 @@ std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, c
   index.dim = static_cast<uint32_t>(dim);
   index.max_extent = longest[dim];
   index.chunk_count = chunks.size();
+  // (start, chunk) pairs sorted: by start, chunks of one start in their order.
+  std::vector<std::pair<int64_t, uint32_t>> order;
+  order.reserve(chunks.size());
   for (uint32_t c = 0; c < chunks.size(); ++c) {
-    if (!empty(chunks[c].box)) index.chunks.push_back(c);
+    if (!empty(chunks[c].box)) order.emplace_back(chunks[c].box.offsets[dim], c);
   }
-  std::stable_sort(index.chunks.begin(), index.chunks.end(), [&](uint32_t a, uint32_t b) {
-    return chunks[a].box.offsets[dim] < chunks[b].box.offsets[dim];
-  });
-  index.starts.reserve(index.chunks.size());
-  for (uint32_t c : index.chunks) index.starts.push_back(chunks[c].box.offsets[dim]);
+  std::sort(order.begin(), order.end());
+  index.starts.reserve(order.size());
+  index.chunks.reserve(order.size());
+  for (const auto& [start, c] : order) {
+    index.starts.push_back(start);
+    index.chunks.push_back(c);
+  }
   return index;
 }
 

@@ -25,8 +25,7 @@ uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
   uint64_t bytes = 0;
   for (const TensorMetadata& t : tensors) {
     if (const PackedChunks* packed = t.chunks.packed_chunks()) {
-      bytes += packed->cells.files.capacity() * sizeof(uint32_t) +
-               packed->cells.data_offsets.capacity() * sizeof(uint64_t) +
+      bytes += packed->runs.capacity() * sizeof(CellRun) +
                packed->checksums.starts.capacity() * sizeof(uint64_t) +
                packed->checksums.crcs.capacity() * sizeof(uint32_t);
     } else {

@@ -169,24 +169,78 @@ struct ChunkChecksums {
   std::vector<Tensor> tensors;
 };
 
+// Consecutive cells of a packed grid whose files and data offsets step evenly: cell first + k
+// (k < count) lies in file `file + k * file_step` at `data_offset + k * offset_step` (u64
+// arithmetic, wrapping). A tensor sharded over ranks, one cell per rank at the same offset of
+// each rank's file, is one run.
+struct CellRun {
+  uint64_t first = 0;
+  uint64_t count = 0;
+  uint32_t file = 0;
+  int64_t file_step = 0;
+  uint64_t data_offset = 0;
+  uint64_t offset_step = 0;
+
+  uint32_t file_of(uint64_t cell) const {
+    return static_cast<uint32_t>(file + static_cast<int64_t>(cell - first) * file_step);
+  }
+  uint64_t data_offset_of(uint64_t cell) const { return data_offset + (cell - first) * offset_step; }
+  friend bool operator==(const CellRun&, const CellRun&) = default;
+};
+
 // The chunks of a grid tensor as the native decoder keeps them (ChunkList): cell c of `grid`
-// (format/chunk_grid.h) is raw, in cells.files[c] at cells.data_offsets[c], its byte length its
-// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that
-// checked every cell; unpacked into StoredChunks once, on first use.
+// (format/chunk_grid.h) is raw, placed by the run that holds it (`runs`, in cell order, covering
+// every cell once), its byte length its box's volume times `element_bytes`, its block checksums
+// checksums.of(c). Made by a decoder that checked every cell; unpacked into StoredChunks once, on
+// first use.
 struct PackedChunks {
   ChunkGrid grid;
   uint64_t element_bytes = 0;
-  ChunkCells cells;  // files and data offsets; no boxes (the grid gives them)
+  uint64_t cell_count = 0;
+  std::vector<CellRun> runs;  // files and data offsets; the grid gives the boxes
   ChunkChecksums::Tensor checksums;
+
+  // The run that holds `cell` (< cell_count).
+  const CellRun& run_of(uint64_t cell) const {
+    if (runs.size() == 1) return runs[0];
+    size_t lo = 0, hi = runs.size();  // the last run whose first cell is <= cell
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      (runs[mid].first <= cell ? lo : hi) = mid;
+    }
+    return runs[lo];
+  }
 
   std::once_flag unpacked_once;
   std::vector<StoredChunk> unpacked;  // the chunks, once unpacked_once ran
   std::atomic<bool> made{false};      // set when they are
 };
 
+// Appends cell `cell` (the one after the last of `runs`), placed in `file` at `data_offset`, to
+// `runs`: the last run grows when the cell takes its step (or gives a run of one cell its step).
+inline void AppendCellRun(std::vector<CellRun>* runs, uint64_t cell, uint32_t file,
+                          uint64_t data_offset) {
+  if (!runs->empty()) {
+    CellRun& last = runs->back();
+    const int64_t file_step = static_cast<int64_t>(file) - last.file_of(cell - 1);
+    const uint64_t offset_step = data_offset - last.data_offset_of(cell - 1);
+    if (last.count == 1) {
+      last.file_step = file_step;
+      last.offset_step = offset_step;
+      ++last.count;
+      return;
+    }
+    if (file_step == last.file_step && offset_step == last.offset_step) {
+      ++last.count;
+      return;
+    }
+  }
+  runs->push_back(CellRun{cell, 1, file, 0, data_offset, 0});
+}
+
 // A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
-// decoder kept packed (PackedChunks: a grid's cells as a file, an offset and checksums each,
-// 16 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them as
+// decoder kept packed (PackedChunks: a grid's cells as runs of files and offsets and checksums
+// each, 4 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them as
 // StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and the
 // StoredChunks are made once, for the tensors a consumer walks.
 //
@@ -213,7 +267,7 @@ class ChunkList {
   // Chunks kept packed: one per cell of `packed`.
   explicit ChunkList(std::shared_ptr<PackedChunks> packed) : packed_(std::move(packed)) {}
 
-  size_t size() const { return packed_ ? packed_->cells.files.size() : list_.size(); }
+  size_t size() const { return packed_ ? packed_->cell_count : list_.size(); }
   bool empty() const { return size() == 0; }
   size_t capacity() const { return packed_ ? size() : list_.capacity(); }
   // Whether the chunks are held packed (made by a decoder, not yet changed).
@@ -261,9 +315,11 @@ class ChunkList {
 
   // Chunk i's file, data offset and block checksums, read from the packed form when there is
   // one (nothing is unpacked), else from the chunk.
-  uint32_t file(size_t i) const { return packed_ ? packed_->cells.files[i] : list_[i].file; }
+  uint32_t file(size_t i) const {
+    return packed_ ? packed_->run_of(i).file_of(i) : list_[i].file;
+  }
   uint64_t data_offset(size_t i) const {
-    return packed_ ? packed_->cells.data_offsets[i] : list_[i].data_offset;
+    return packed_ ? packed_->run_of(i).data_offset_of(i) : list_[i].data_offset;
   }
   std::span<const uint32_t> block_crc32c(size_t i) const {
     if (packed_) return packed_->checksums.of(i);

@@ -259,7 +259,8 @@ Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool, const Chunk
     SP_ASSIGN_OR_RETURN(out.tensors[i],
                         native_metadata::DecodeTensorRecord(
                             std::string_view(tensors).substr(slot.offset, slot.length),
-                            tensor_names_[i], summary_, newer_minor(), path(), keep));
+                            tensor_names_[i], summary_, newer_minor(), path(), keep,
+                            /*index_lists=*/!chunk_cells));
     if (chunk_cells && filter == nullptr) CompactChunkCells(&out.tensors[i]);
     return OkStatus();
   }));

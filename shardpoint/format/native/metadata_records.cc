@@ -406,39 +406,63 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   }
   // The (file, data_offset) table: before version 3 of fixed width, and it fits (checked above),
   // so it is read in place; from version 3 runs of cells (EncodeCellRuns), decoded first (their
-  // end is where the checksums begin).
+  // end is where the checksums begin), each run checked to name only u32 files.
   std::string_view table;
-  std::vector<uint32_t> files;
-  std::vector<uint64_t> offsets;
+  std::vector<CellRun> runs;
   if (packed) {
-    files.resize(cells);
-    offsets.resize(cells);
     // Runs of cells (EncodeCellRuns): each at least 3 bytes and a cell long.
-    SP_ASSIGN_OR_RETURN(uint32_t runs, r.ReadVarintCount(3));
-    if (runs == 0 || runs > cells) {
-      return Corrupt(path, where + ": " + std::to_string(runs) + " runs of cells for " +
+    SP_ASSIGN_OR_RETURN(uint32_t run_count, r.ReadVarintCount(3));
+    if (run_count == 0 || run_count > cells) {
+      return Corrupt(path, where + ": " + std::to_string(run_count) + " runs of cells for " +
                                std::to_string(cells) + " grid cells");
     }
+    runs.reserve(run_count);
     int64_t file = 0;
     uint64_t data_offset = 0;
     uint64_t c = 0;
-    for (uint32_t run = 0; run < runs; ++run) {
+    for (uint32_t run = 0; run < run_count; ++run) {
       SP_ASSIGN_OR_RETURN(uint64_t length, r.ReadVarint());
       SP_ASSIGN_OR_RETURN(int64_t file_step, r.ReadSignedVarint());
       SP_ASSIGN_OR_RETURN(int64_t offset_step, r.ReadSignedVarint());
-      if (length == 0 || length > cells - c || (run + 1 == runs && length != cells - c)) {
+      if (length == 0 || length > cells - c || (run + 1 == run_count && length != cells - c)) {
         return Corrupt(path, where + ": run " + std::to_string(run) + " of " +
                                  std::to_string(length) + " cells from cell " +
                                  std::to_string(c) + " does not end " +
-                                 (run + 1 == runs ? "at" : "within") + " the " +
+                                 (run + 1 == run_count ? "at" : "within") + " the " +
                                  std::to_string(cells) + " grid cells");
       }
-      for (const uint64_t end = c + length; c < end; ++c) {
-        SP_ASSIGN_OR_RETURN(file, PackedFile(file, file_step, summary, ChunkWhere{where, c}, path));
-        data_offset += static_cast<uint64_t>(offset_step);  // wraps; checked with the cell
-        files[c] = static_cast<uint32_t>(file);
-        offsets[c] = data_offset;
+      // The files step evenly: when the run's first and last are u32 files, so is every one
+      // between; otherwise the cell that leaves the range is found one by one.
+      int64_t first = 0, span = 0, last = 0;
+      const bool fits =
+          !__builtin_add_overflow(file, file_step, &first) && first >= 0 && first <= UINT32_MAX &&
+          !__builtin_mul_overflow(static_cast<int64_t>(length - 1), file_step, &span) &&
+          !__builtin_add_overflow(first, span, &last) && last >= 0 && last <= UINT32_MAX;
+      if (!fits) {
+        int64_t at = file;
+        for (uint64_t k = 0; k < length; ++k) {
+          SP_ASSIGN_OR_RETURN(at, PackedFile(at, file_step, summary, ChunkWhere{where, c + k},
+                                             path));
+        }
+        return InternalError(where + ": a run of files out of range passed every cell's check");
       }
+      // Held as AppendCellRun would hold the cells: a run of one cell takes the step after it.
+      CellRun* last_run = runs.empty() ? nullptr : &runs.back();
+      if (last_run != nullptr &&
+          (last_run->count == 1 || (last_run->file_step == file_step &&
+                                    last_run->offset_step == static_cast<uint64_t>(offset_step)))) {
+        last_run->count += length;
+        last_run->file_step = file_step;
+        last_run->offset_step = static_cast<uint64_t>(offset_step);
+      } else {
+        const bool one = length == 1;  // a run of one cell has no step
+        runs.push_back(CellRun{c, length, static_cast<uint32_t>(first), one ? 0 : file_step,
+                               data_offset + static_cast<uint64_t>(offset_step),
+                               one ? 0 : static_cast<uint64_t>(offset_step)});
+      }
+      file = last;
+      data_offset += length * static_cast<uint64_t>(offset_step);  // wraps; checked per cell
+      c += length;
     }
   } else {
     SP_ASSIGN_OR_RETURN(table, r.ReadRaw(cells * 12));
@@ -474,16 +498,39 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   uint64_t crc_count = 0;
   std::optional<Status> crcs_overflow;
   size_t next_kept = 0;
+  size_t run = 0;  // packed: the run of cell c, and its file and data offset
+  uint32_t run_file = 0;
+  uint64_t run_offset = 0;
+  std::vector<CellRun> placed;  // fixed width, kept packed: the cells' runs
   for (uint64_t c = 0; c < cells; ++c) {
-    const uint32_t file = packed ? files[c] : DecodeFixed32(table.data() + c * 12);
-    const uint64_t data_offset = packed ? offsets[c] : DecodeFixed64(table.data() + c * 12 + 4);
+    uint32_t file = 0;
+    uint64_t data_offset = 0;
+    if (packed) {
+      if (c == runs[run].first + runs[run].count) ++run;
+      if (c == runs[run].first) {
+        run_file = runs[run].file;
+        run_offset = runs[run].data_offset;
+      } else {
+        run_file = static_cast<uint32_t>(run_file + runs[run].file_step);
+        run_offset += runs[run].offset_step;
+      }
+      file = run_file;
+      data_offset = run_offset;
+    } else {
+      file = DecodeFixed32(table.data() + c * 12);
+      data_offset = DecodeFixed64(table.data() + c * 12 + 4);
+      if (kept_packed) AppendCellRun(&placed, c, file, data_offset);
+    }
     const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * item;  // within the shape
     const bool kept_here = keep != nullptr && next_kept < kept.size() && kept[next_kept] == c;
     if (!CellBytesHold(file, data_offset, byte_length, summary)) {
       SP_RETURN_IF_ERROR(CheckChunkBytes(StoredChunk(box, file, data_offset, byte_length),
                                          byte_length, summary, ChunkWhere{where, c}, path));
     }
-    const uint64_t blocks = ChecksumBlockCount(byte_length, summary.checksum_block_bytes);
+    // A cell within one block (most are) has one checksum: no division.
+    const uint64_t blocks = byte_length <= summary.checksum_block_bytes
+                                ? 1
+                                : ChecksumBlockCount(byte_length, summary.checksum_block_bytes);
     if (!crcs_overflow && blocks > (crc_bytes - crc_count * 4) / 4) {
       crcs_overflow = Corrupt(path, where + " chunk " + std::to_string(c) + ": " +
                                         std::to_string(blocks) +
@@ -509,18 +556,8 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   if (crcs_overflow) return *crcs_overflow;
   SP_ASSIGN_OR_RETURN(std::string_view crcs, r.ReadRaw(crc_count * 4));
   if (kept_packed) {
-    ChunkCells& placed = kept_packed->cells;
-    if (packed) {
-      placed.files = std::move(files);
-      placed.data_offsets = std::move(offsets);
-    } else {
-      placed.files.resize(cells);
-      placed.data_offsets.resize(cells);
-      for (uint64_t c = 0; c < cells; ++c) {
-        placed.files[c] = DecodeFixed32(table.data() + c * 12);
-        placed.data_offsets[c] = DecodeFixed64(table.data() + c * 12 + 4);
-      }
-    }
+    kept_packed->cell_count = cells;
+    kept_packed->runs = packed ? std::move(runs) : std::move(placed);
     ChunkChecksums::Tensor& sums = kept_packed->checksums;
     if (!starts.empty()) {
       starts.push_back(crc_count);
@@ -565,12 +602,12 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
   std::vector<uint32_t> kept;
   StoredChunk scratch;
   StoredChunk previous;  // a packed record's file and offset are given past the chunk before's
-  if (keep == nullptr) tensor->chunks.resize(chunk_count);
+  if (keep == nullptr) tensor->chunks.reserve(chunk_count);
   const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor->shape));
   uint64_t covered = 0;
   for (uint32_t i = 0; i < chunk_count && covered <= shape_volume; ++i) {
     uint64_t volume = 0;
-    StoredChunk* chunk = keep == nullptr ? &tensor->chunks[i] : &scratch;
+    StoredChunk* chunk = keep == nullptr ? &tensor->chunks.emplace_back() : &scratch;
     SP_RETURN_IF_ERROR(
         DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, packed, &previous, chunk,
                     &volume));
@@ -640,7 +677,8 @@ uint64_t TensorRecordBound(const TensorMetadata& tensor, const ChunkChecksums::T
 
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
                                           const CheckpointMetadata& summary, bool newer_minor,
-                                          std::string_view path, const std::vector<Box>* keep) {
+                                          std::string_view path, const std::vector<Box>* keep,
+                                          bool index_lists) {
   const std::string where = "tensor \"" + name + "\"";
   ByteReader r(bytes, "metadata file " + std::string(path) + ", " + where);
   TensorMetadata tensor;
@@ -658,6 +696,12 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
   }
   if (layout == kChunkList) {
     SP_RETURN_IF_ERROR(DecodeChunkList(r, summary, where, path, keep, &tensor));
+    // From version 2 the encoder lists a tensor's chunks only when they are no grid
+    // (FindChunkGrid): the list is indexed here, on the decoder's thread, and not searched for
+    // a grid again (IndexChunkGrids).
+    if (keep == nullptr && index_lists && summary.version_major >= 2) {
+      tensor.index = BuildChunkIndex(tensor.chunks, tensor.shape);
+    }
   } else if (layout == kGrid) {
     SP_ASSIGN_OR_RETURN(tensor.grid, DecodeGridBounds(r, tensor.shape, where, path,
                                                       GridCellBytes(summary.version_major >= 3)));

@@ -104,11 +104,13 @@ uint64_t TensorRecordBound(const TensorMetadata& tensor,
 // `summary` supplies the files, the checksum block size the chunks are checked against and the
 // version of the record. With `keep`, the result holds only the chunks that share a point with
 // one of its boxes (TensorMetadata::kept; none for an empty list), and every chunk is checked as
-// without it, with the same error for the same bytes.
+// without it, with the same error for the same bytes. Without `keep`, a chunk list of version 2
+// or later comes with its index (TensorMetadata::index) unless `index_lists` is false.
 Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string name,
                                           const CheckpointMetadata& summary, bool newer_minor,
                                           std::string_view path,
-                                          const std::vector<Box>* keep = nullptr);
+                                          const std::vector<Box>* keep = nullptr,
+                                          bool index_lists = true);
 
 std::string EncodeObjectRecord(const ObjectEntry& object);
 Result<ObjectEntry> DecodeObjectRecord(std::string_view bytes, std::string name, bool newer_minor,

@@ -86,6 +86,22 @@ TEST(PackedChunksTest, DecodedGridsStayPackedUntilWalkedAndReadAsTheirChunks) {
                     std::vector<uint32_t>(want.chunks[c].block_crc32c.begin(),
                                           want.chunks[c].block_crc32c.end()));
         }
+        if (grid) {  // the cells' placement as runs: in order, each cell in one
+          const PackedChunks& packed = *got.chunks.packed_chunks();
+          std::vector<CellRun> greedy;
+          for (size_t c = 0; c < want.chunks.size(); ++c) {
+            AppendCellRun(&greedy, c, want.chunks[c].file, want.chunks[c].data_offset);
+          }
+          uint64_t next = 0;
+          for (const CellRun& run : packed.runs) {
+            EXPECT_EQ(run.first, next);
+            EXPECT_GT(run.count, 0u);
+            next = run.first + run.count;
+          }
+          EXPECT_EQ(next, want.chunks.size());
+          // As few as the steps allow, whatever runs the record stores.
+          EXPECT_EQ(packed.runs, greedy);
+        }
         // Sizes and the accessors read the packed form; nothing was unpacked.
         EXPECT_EQ(got.chunks.unpacked(), !grid);
         // A copy shares the packed form.
@@ -110,6 +126,39 @@ TEST(PackedChunksTest, DecodedGridsStayPackedUntilWalkedAndReadAsTheirChunks) {
   }
   EXPECT_GT(packed_tensors, 200u);
   EXPECT_GT(listed_tensors, 50u);
+}
+
+// A weight sharded over 1,000 ranks, one cell at the same offset of each rank's file (FSDP): its
+// thousand cells are held as one run, whatever the version, and read back cell by cell.
+TEST(PackedChunksTest, ACellPerFileAtOneOffsetIsHeldAsARun) {
+  constexpr uint32_t kRanks = 1000;
+  CheckpointMetadata m;
+  m.save_id = "s";
+  m.world_size = kRanks;
+  m.checksum_block_bytes = 1 << 20;
+  TensorMetadata t("w", DType::kFloat32, {kRanks * 4, 8});
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    m.files.push_back(DataFile{"d-s-r" + std::to_string(r), 8, 8 + 4096 + 128, static_cast<int32_t>(r)});
+    t.chunks.push_back(StoredChunk(Box({int64_t{4} * r, 0}, {4, 8}), r, 4096, 128, {r * 7 + 1}));
+  }
+  m.tensors.push_back(std::move(t));
+  for (const uint32_t version : {3u, 2u}) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    Result<CheckpointMetadata> decoded = DecodeMetadata(EncodeMetadata(m, version), kPath);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    const ChunkList& chunks = decoded->tensors[0].chunks;
+    ASSERT_TRUE(chunks.packed());
+    // Version 3 stores the first cell as a step from file 0 and offset 0, then a run of steps
+    // of one file; version 2 lists each cell. The decoder holds one run for both.
+    EXPECT_EQ(chunks.packed_chunks()->runs.size(), 1u);
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      ASSERT_EQ(chunks.file(r), r);
+      ASSERT_EQ(chunks.data_offset(r), 4096u);
+      ASSERT_EQ(chunks.block_crc32c(r)[0], r * 7 + 1);
+    }
+    EXPECT_LT(ChunkListBytes(decoded->tensors), 5u * kRanks);  // the checksums, and the runs
+    ExpectTensorEq(m.tensors[0], decoded->tensors[0]);
+  }
 }
 
 TEST(PackedChunksTest, ChangingACopyUnpacksItAloneAndTheOriginalStays) {
