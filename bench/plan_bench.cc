@@ -867,7 +867,9 @@ int main(int argc, char** argv) {
         const sp::StoredChunk& c = t.chunks[w.chunk];
         chunks.push_back(sp::DataFileChunk{t.name, t.dtype, &c.box, c.data_offset, c.byte_length});
       }
-      bytes += writer->BuildFileHeader(plan->metadata.save_id, std::move(chunks)).size();
+      bytes += writer->BuildFileHeader(plan->metadata.save_id, std::move(chunks),
+                                       plan->metadata.checksum_block_bytes)
+                   .size();
     }
     return bytes;
   });

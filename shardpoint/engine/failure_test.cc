@@ -864,12 +864,13 @@ TEST_F(EngineCorruptionTest, TruncatedMetadataFile) {
 
 TEST_F(EngineCorruptionTest, MetadataOfAFutureMajorVersionIsRefusedByVersion) {
   std::string bytes = metadata_bytes_;
+  ASSERT_EQ(DecodeFixed32(bytes.data() + 12), 1u);  // a save writes 3.1
   EncodeFixed32(bytes.data() + 8, 4);
   ResealHeader(bytes);
   Put(base_, kMetadataPath, bytes);
   ExpectUnreadableMetadata(StatusCode::kFailedPrecondition,
                            "metadata file /ckpt/shardpoint.metadata: checkpoint format version "
-                           "4.0 is newer than this reader (3.x)");
+                           "4.1 is newer than this reader (3.x)");
 }
 
 // What a version-1 writer left (every chunk listed in the metadata, data files saying 1.0) and
@@ -891,14 +892,23 @@ TEST_F(EngineCorruptionTest, VersionOneAndTwoCheckpointsStillLoadAndVerify) {
     Put(base_, kMetadataPath, metadata);
     for (size_t i = 0; i < md_.files.size(); ++i) {
       std::string bytes = current_files[i];
-      const size_t at = bytes.find("\"format_version\":\"3.0\"");
+      const size_t at = bytes.find("\"format_version\":\"3.1\"");
       ASSERT_LT(at, md_.files[i].data_start) << md_.files[i].name;
       bytes[at + 18] = static_cast<char>('0' + major);
+      bytes[at + 20] = '0';
       Put(base_, JoinPath(kPath, md_.files[i].name), bytes);
     }
     CheckpointMetadata md = ReadCheckpointMetadata(kPath, &base_).value();
     EXPECT_EQ(md.version_major, major);
+    // Before 3.1 the metadata does not say that the data files hold checksums (they still do).
+    EXPECT_FALSE(md.data_file_checksums);
     md.version_major = 3;
+    md.version_minor = 1;
+    md.data_file_checksums = true;
+    for (size_t i = 0; i < md.files.size(); ++i) {
+      EXPECT_EQ(md.files[i].header_crc32c, 0u);
+      md.files[i].header_crc32c = md_.files[i].header_crc32c;
+    }
     EXPECT_EQ(md, md_);
     size_t found = 0;
     for (const TensorMetadata& t : md.tensors) found += t.grid.has_value();

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardpoint/base/crc32c.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/comm/comm_test_util.h"
 #include "shardpoint/comm/thread_comm.h"
@@ -725,11 +726,30 @@ void ExpectMetadata(const Case& c, const CheckpointMetadata& md) {
 }
 
 // The ranks built their native files' headers themselves (CheckpointWriter::ranks_build_headers):
-// each file holds, byte for byte, the header the committed metadata implies, and is as long as
-// the metadata says.
+// each file holds, byte for byte, the header the committed metadata implies, with its chunks'
+// checksums (docs/FORMAT.md §2.2) and the CRC the metadata records, and is as long as the
+// metadata says.
 void ExpectHeadersOfMetadata(Store& store, const std::string& path, const CheckpointMetadata& md) {
   if (md.format != CheckpointFormat::kNative) return;
-  const std::vector<std::string> headers = BuildDataFileHeaders(md);
+  ASSERT_TRUE(md.data_file_checksums);
+  std::vector<std::string> headers = BuildDataFileHeaders(md);
+  std::vector<std::vector<std::pair<std::pair<uint64_t, uint64_t>, const StoredChunk*>>> chunks(
+      md.files.size());
+  for (const TensorMetadata& t : md.tensors) {
+    for (const StoredChunk& c : t.chunks) {
+      chunks.at(c.file).push_back({{c.data_offset, c.data_offset + c.byte_length}, &c});
+    }
+  }
+  for (size_t f = 0; f < md.files.size(); ++f) {
+    std::stable_sort(chunks[f].begin(), chunks[f].end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<uint32_t> crcs;
+    for (const auto& [extent, c] : chunks[f]) {
+      crcs.insert(crcs.end(), c->block_crc32c.begin(), c->block_crc32c.end());
+    }
+    ASSERT_TRUE(FillDataFileChecksums(&headers[f], crcs).ok()) << md.files[f].name;
+    EXPECT_EQ(Crc32c(headers[f]), md.files[f].header_crc32c) << md.files[f].name;
+  }
   for (size_t f = 0; f < md.files.size(); ++f) {
     Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(path + "/" + md.files[f].name);
     ASSERT_TRUE(file.ok()) << file.status();
@@ -1876,7 +1896,7 @@ void NewValues(Case* c, size_t step) {
 void ExpectSamePlan(CheckpointMetadata a, CheckpointMetadata b) {
   for (CheckpointMetadata* m : {&a, &b}) {
     m->save_id.clear();
-    for (DataFile& f : m->files) f.name.clear();
+    for (DataFile& f : m->files) f.name.clear(), f.header_crc32c = 0;  // headers name the save
     for (TensorMetadata& t : m->tensors) {
       for (StoredChunk& chunk : t.chunks) chunk.block_crc32c.clear();
     }

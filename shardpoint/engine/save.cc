@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #if defined(__GLIBC__)  // defined by the C++ headers above
@@ -16,6 +17,7 @@
 #endif
 
 #include "shardpoint/base/coding.h"
+#include "shardpoint/base/crc32c.h"
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/engine/save.h"
 #include "shardpoint/comm/collective.h"
@@ -153,13 +155,15 @@ struct PendingMetadata {
   std::map<std::string, std::string> attributes;
 
   // Everything but the tensors: the plan gives the version and the checksum block, and every
-  // other field is this save's.
+  // other field is this save's. A native save's files hold their checksums in their headers
+  // (whatever format the cached plan was laid out for before).
   CheckpointMetadata WithoutTensors() && {
     const CheckpointMetadata& planned = plan->metadata;
     CheckpointMetadata md;
     md.version_major = planned.version_major;
     md.version_minor = planned.version_minor;
     md.checksum_block_bytes = planned.checksum_block_bytes;
+    md.data_file_checksums = format == CheckpointFormat::kNative;
     md.world_size = world_size;
     md.format = format;
     md.files = std::move(files);
@@ -576,7 +580,8 @@ void RemoveFiles(Store& store, const std::vector<OpenFile>& files) {
 // Every rank, where the order's format has the ranks build their files' headers
 // (CheckpointWriter::ranks_build_headers): builds the header and size of each file of `order`
 // from the chunks it writes there.
-Status BuildOwnHeaders(const SaveState& state, std::string_view save_id, RankWriteOrder* order) {
+Status BuildOwnHeaders(const SaveState& state, std::string_view save_id,
+                       uint64_t checksum_block_bytes, RankWriteOrder* order) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                       MakeCheckpointWriter(order->format, /*megatron=*/false));
   if (!writer->ranks_build_headers()) return OkStatus();
@@ -605,8 +610,42 @@ Status BuildOwnHeaders(const SaveState& state, std::string_view save_id, RankWri
     entries.reserve(chunks[i].size());
     for (auto& [key, chunk] : chunks[i]) entries.push_back(chunk);
     FileOrder& file = order->files[i];
-    file.header = writer->BuildFileHeader(save_id, std::move(entries));
+    file.header = writer->BuildFileHeader(save_id, std::move(entries), checksum_block_bytes);
     file.size = file.header.size() + data_bytes[i];
+  }
+  return OkStatus();
+}
+
+// Every rank, once the chunks of its files are written: writes each file's header at offset 0
+// with the block checksums of its chunks (`report`'s, in data offset order) where the format
+// keeps them there, and reports each file's extents and header CRC.
+Status WriteHeaders(const RankWriteOrder& order, const CheckpointWriter& format_writer,
+                    const std::vector<OpenFile>& files,
+                    const std::map<uint32_t, size_t>& file_slot, WriteReport* report) {
+  // Per file: its writes' (data offset, end, position in the order), sorted as its header's
+  // entries are (by data offset, then end; only empty chunks tie, and they have no checksums).
+  std::vector<std::vector<std::tuple<uint64_t, uint64_t, size_t>>> writes(order.files.size());
+  for (size_t w = 0; w < order.plan.writes.size(); ++w) {
+    const ChunkWrite& write = order.plan.writes[w];
+    writes[file_slot.at(write.file)].emplace_back(write.data_offset,
+                                                  write.data_offset + write.byte_length, w);
+  }
+  std::vector<uint32_t> crcs;
+  for (size_t i = 0; i < order.files.size(); ++i) {
+    const FileOrder& f = order.files[i];
+    std::sort(writes[i].begin(), writes[i].end());
+    crcs.clear();
+    for (const auto& [begin, end, w] : writes[i]) {
+      const std::vector<uint32_t>& own = report->chunks[w].block_crc32c;
+      crcs.insert(crcs.end(), own.begin(), own.end());
+    }
+    std::string header = f.header;
+    if (!header.empty()) {
+      SP_RETURN_IF_ERROR(format_writer.FillFileChecksums(&header, crcs)
+                             .WithContext("data file " + f.name));
+    }
+    SP_RETURN_IF_ERROR(files[file_slot.at(f.index)].file->WriteAt(0, AsBytes(header)));
+    report->files.push_back(FileReport{f.index, header.size(), f.size, Crc32c(header)});
   }
   return OkStatus();
 }
@@ -639,12 +678,8 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
     files->push_back(std::move(open));
     WritableFile& file = *files->back().file;
     SP_RETURN_IF_ERROR(file.Preallocate(f.size));
-    SP_RETURN_IF_ERROR(file.WriteAt(0, AsBytes(f.header)));
   }
   WriteReport report;
-  for (const FileOrder& f : order.files) {
-    report.files.push_back(FileReport{f.index, f.header.size(), f.size});
-  }
   // Direct writes stage through the pool's buffers, kept for reuse until the save is done.
   BufferPool::Stay stay(pool.staging());
   report.chunks.resize(order.plan.writes.size());
@@ -688,6 +723,8 @@ Result<std::string> WriteRankFiles(const RankWriteOrder& order, const SaveState&
   }
   SP_RETURN_IF_ERROR(group.Wait());
   SP_RETURN_IF_ERROR(writer->Finish());
+  // The headers last: a native one holds the checksums of its file's chunks, known now.
+  SP_RETURN_IF_ERROR(WriteHeaders(order, *format_writer, *files, file_slot, &report));
   Lap(clock, &stats->write_seconds);
   SP_RETURN_IF_ERROR(ParallelFor(&pool, static_cast<int64_t>(files->size()), [&](int64_t i) {
     OpenFile& f = (*files)[i];
@@ -989,7 +1026,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
           mine.plan_id = reply.plan_id;
           mine.writes = order.plan;
         }
-        SP_RETURN_IF_ERROR(BuildOwnHeaders(state, reply.save_id, &order));
+        SP_RETURN_IF_ERROR(
+            BuildOwnHeaders(state, reply.save_id, options.checksum_block_bytes, &order));
         if (reply.plan_id != 0) {
           mine.files = order.files;
           mine.save_id = reply.save_id;
@@ -1000,7 +1038,8 @@ Status SaveWithLocalStatus(const SaveState& state, std::string_view path,
     } else if (reply.kind != PlanReply::Kind::kOrder) {
       return InternalError("a cached save plan was used without a cache");
     } else {
-      SP_RETURN_IF_ERROR(BuildOwnHeaders(state, reply.save_id, &order));
+      SP_RETURN_IF_ERROR(
+          BuildOwnHeaders(state, reply.save_id, options.checksum_block_bytes, &order));
     }
     stats.plan_cached = from_cache;
     for (const ChunkWrite& w : order.plan.writes) stats.bytes_written += w.byte_length;

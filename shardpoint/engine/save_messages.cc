@@ -118,7 +118,7 @@ Result<PlanReply> DecodePlanReply(std::string_view bytes) {
 // A write report's numbers are varints: a chunk's tensor and chunk numbers as the zigzagged steps
 // from those of the chunk before (from 0 for the first), its checksum count, then the checksums
 // at four bytes each (ChunkReportView points at them); a file's index as the step from the index
-// of the file before.
+// of the file before, its data start and size, then its header's CRC at four bytes.
 std::string EncodeWriteReport(const WriteReport& report) {
   std::string out;
   ByteWriter w(&out);
@@ -136,6 +136,7 @@ std::string EncodeWriteReport(const WriteReport& report) {
     w.PutIndexStep(f.index, &file);
     w.PutVarint(f.data_start);
     w.PutVarint(f.size);
+    w.PutU32(f.header_crc32c);
   }
   return out;
 }
@@ -155,13 +156,14 @@ Status ScanWriteReport(std::string_view bytes,
     c.crcs = crcs.data();
     SP_RETURN_IF_ERROR(on_chunk(c));
   }
-  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadVarintCount(3));
+  SP_ASSIGN_OR_RETURN(uint32_t files, r.ReadVarintCount(7));
   int64_t file = 0;
   for (uint32_t i = 0; i < files; ++i) {
     FileReport f;
     SP_ASSIGN_OR_RETURN(f.index, r.ReadIndexStep("file", &file));
     SP_ASSIGN_OR_RETURN(f.data_start, r.ReadVarint());
     SP_ASSIGN_OR_RETURN(f.size, r.ReadVarint());
+    SP_ASSIGN_OR_RETURN(f.header_crc32c, r.ReadU32());
     SP_RETURN_IF_ERROR(on_file(f));
   }
   if (!r.done()) return DataLossError("write report: trailing bytes");

@@ -80,6 +80,7 @@ struct FileReport {
   uint32_t index = 0;       // into the checkpoint's file list
   uint64_t data_start = 0;  // the length of its header
   uint64_t size = 0;        // the file's size
+  uint32_t header_crc32c = 0;  // the CRC32C of its bytes [0, data_start)
 
   friend bool operator==(const FileReport&, const FileReport&) = default;
 };

@@ -1,6 +1,7 @@
 // Verify: checks a committed checkpoint end to end and reports every defect it finds.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "shardpoint/engine/verify.h"
+#include "shardpoint/base/crc32c.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/context.h"
 #include "shardpoint/engine/opened_checkpoint.h"
@@ -62,9 +64,11 @@ void CheckCoverage(const TensorMetadata& t, DefectList& defects) {
   }
 }
 
+// The block's pairs but the checksums (version 3.1: 8 hex digits a block), checked apart.
 std::string MetadataBlockToString(const std::map<std::string, std::string>& block) {
   std::string out = "{";
   for (const auto& [key, value] : block) {
+    if (key == "crc32c") continue;
     out += (out.size() > 1 ? ", " : "") + key + "=" + value;
   }
   return out + "}";
@@ -94,6 +98,8 @@ std::optional<std::pair<uint32_t, uint32_t>> ParseVersion(std::string_view text)
 // "MAJOR.MINOR", at least 1.0 and at most the metadata's: the files of a checkpoint are written
 // before its metadata, by the same or an older writer (a prune of a version-1 checkpoint keeps
 // its untouched version-1 files under version-2 metadata; data files are the same in both).
+// The block checksums ("crc32c", from version 3.1) are checked apart (CheckHeaderChecksums): the
+// built header holds room for them, the written one their values.
 bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, std::string> found,
                           std::map<std::string, std::string> built) {
   auto version = found.find("format_version");
@@ -105,14 +111,75 @@ bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, st
   }
   found.erase(version);
   built.erase("format_version");
+  found.erase("crc32c");
+  built.erase("crc32c");
   return found == built;
+}
+
+std::string Hex32(uint32_t v) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08x", v);
+  return text;
+}
+
+// Where the metadata says data file f's header holds its chunks' checksums (version 3.1): that
+// the header's bytes have the CRC the metadata records, and the checksums they hold.
+std::optional<DataFileChecksums> CheckHeaderChecksums(const CheckpointMetadata& md, uint32_t f,
+                                                      const ReadableFile& handle,
+                                                      const SafetensorsHeader& header,
+                                                      DefectList& defects) {
+  const DataFile& file = md.files[f];
+  std::string bytes(header.data_start, '\0');
+  Status read = handle.ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
+                                                 bytes.size()));
+  if (!read.ok()) {
+    defects.Add("data file " + file.name + ": its header cannot be read: " + read.message());
+    return std::nullopt;
+  }
+  const uint32_t crc = Crc32c(bytes);
+  if (crc != file.header_crc32c) {
+    defects.Add("data file " + file.name + ": its header's CRC32C is " + Hex32(crc) +
+                ", the metadata records " + Hex32(file.header_crc32c));
+    return std::nullopt;
+  }
+  Result<DataFileChecksums> checksums =
+      ReadDataFileChecksums(header, md.checksum_block_bytes, file.name);
+  if (!checksums.ok()) {
+    defects.Add(checksums.status().message());
+    return std::nullopt;
+  }
+  return std::move(*checksums);
+}
+
+// Whether chunk `c`'s checksums in its file's header (`in_file`) are those of the metadata.
+void CheckChunkChecksums(const CheckpointMetadata& md, const TensorMetadata& t,
+                         const StoredChunk& c, const DataFileChecksums& in_file,
+                         DefectList& defects) {
+  if (c.byte_length == 0) return;  // an empty chunk has none
+  // Of the entries at its offset, the last: those before it are empty.
+  const auto after = std::upper_bound(in_file.entry_begin.begin(), in_file.entry_begin.end(),
+                                      c.data_offset);
+  std::span<const uint32_t> found;
+  if (after != in_file.entry_begin.begin() && *std::prev(after) == c.data_offset) {
+    const size_t e = static_cast<size_t>(after - in_file.entry_begin.begin()) - 1;
+    const uint64_t first = in_file.entry_first[e];
+    const uint64_t end = in_file.entry_first[e + 1];
+    found = std::span<const uint32_t>(in_file.crcs).subspan(first, end - first);
+  }
+  const std::span<const uint32_t> want(c.block_crc32c.data(), c.block_crc32c.size());
+  if (!std::equal(found.begin(), found.end(), want.begin(), want.end())) {
+    defects.Add("data file " + md.files[c.file].name + ": its header's block checksums of " +
+                "tensor '" + t.name + "' chunk " + c.box.ToString() +
+                " differ from the metadata's");
+  }
 }
 
 // Opens data file f and checks its size and its safetensors header against `expected_bytes`, the
 // header the metadata implies (BuildDataFileHeaders).
 std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f,
                                         const std::string& expected_bytes, Store& store,
-                                        std::string_view path, DefectList& defects) {
+                                        std::string_view path, DefectList& defects,
+                                        std::optional<DataFileChecksums>* checksums) {
   const DataFile& file = md.files[f];
   DataFileAttempt opened = TryOpenDataFile(store, path, md, f);
   if (opened.file == nullptr) {
@@ -153,6 +220,9 @@ std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f
                 " does not match the metadata (expected " +
                 MetadataBlockToString(expected->metadata) + ")");
     return nullptr;
+  }
+  if (md.data_file_checksums) {
+    *checksums = CheckHeaderChecksums(md, f, *handle, *found, defects);
   }
   return handle;
 }
@@ -225,8 +295,9 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
   const std::vector<std::string> headers =
       md.format == CheckpointFormat::kNative ? BuildDataFileHeaders(md)
                                              : std::vector<std::string>(md.files.size());
+  std::vector<std::optional<DataFileChecksums>> in_headers(md.files.size());
   for (uint32_t f = 0; f < md.files.size(); ++f) {
-    files[f] = CheckFile(md, f, headers[f], ctx->store(), path, defects);
+    files[f] = CheckFile(md, f, headers[f], ctx->store(), path, defects, &in_headers[f]);
     if (files[f]) ++report.files_checked;
   }
   std::atomic<uint64_t> bytes{0};
@@ -236,6 +307,7 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
     for (const StoredChunk& c : t.chunks) {
       if (c.file >= files.size() || !files[c.file]) continue;
       ++report.chunks_checked;
+      if (in_headers[c.file]) CheckChunkChecksums(md, t, c, *in_headers[c.file], defects);
       if (c.encoding == ChunkEncoding::kDriverDecoded) {
         group.Run([&md, &t, &c, file = files[c.file].get(), &bytes, &defects]() -> Status {
           Status s = CheckDecodedChunk(md, t, c, *file, &bytes);

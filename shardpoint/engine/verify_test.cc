@@ -3,9 +3,15 @@
 // __metadata__ block disagrees with the metadata.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "shardpoint/base/crc32c.h"
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/manage/consolidate.h"
 #include "shardpoint/manage/diff.h"
 #include "shardpoint/engine/edit_test_util.h"
@@ -129,11 +135,11 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
   const std::vector<std::pair<std::string, std::string>> edits = {
       {"\"shardpoint\"", "\"shardpoinu\""},
       {"\"format_version\"", "\"format_versioo\""},
-      {"\"3.0\"", "\"3.1\""},  // a minor newer than the metadata's
-      {"\"3.0\"", "\"4.0\""},  // a newer major
-      {"\"3.0\"", "\"0.9\""},  // no such version
-      {"\"3.0\"", "\"3.x\""},
-      {"\"3.0\"", "\"03.\""},
+      {"\"3.1\"", "\"3.2\""},  // a minor newer than the metadata's
+      {"\"3.1\"", "\"4.0\""},  // a newer major
+      {"\"3.1\"", "\"0.9\""},  // no such version
+      {"\"3.1\"", "\"3.x\""},
+      {"\"3.1\"", "\"03.\""},
       {"\"" + md.save_id + "\"", "\"" + std::string(md.save_id.size(), 'z') + "\""},
   };
   for (const auto& [from, to] : edits) {
@@ -149,18 +155,129 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
               std::string::npos)
         << report.defects[0];
     EXPECT_NE(report.defects[0].find("does not match the metadata (expected {format=shardpoint, "
-                                     "format_version=3.0, save_id=" + md.save_id + "})"),
+                                     "format_version=3.1, save_id=" + md.save_id + "})"),
               std::string::npos)
         << report.defects[0];
   }
-  // Data files of versions 1 and 2 under version-3 metadata (a prune of an older checkpoint
-  // keeps its untouched files): the data file format did not change.
-  for (const char* version : {"\"1.0\"", "\"2.0\""}) {
+  // Data files of older versions under newer metadata (a prune of an older checkpoint keeps its
+  // untouched files): the metadata records the header's CRC, which a prune would have taken
+  // from the file.
+  const std::string metadata_path = JoinPath("/ckpt", kMetadataFileName);
+  const std::string metadata = store.ReadFile(metadata_path).value();
+  for (const char* version : {"\"1.0\"", "\"2.0\"", "\"3.0\""}) {
     std::string older = original;
-    older.replace(older.find("\"3.0\""), 5, version);
+    older.replace(older.find("\"3.1\""), 5, version);
     WriteFile(store, path, older);
+    CheckpointMetadata with_crc = md;
+    with_crc.files[0].header_crc32c = Crc32c(older.substr(0, md.files[0].data_start));
+    WriteFile(store, metadata_path, EncodeMetadata(with_crc));
     EXPECT_TRUE(VerifyOk(store, "/ckpt").defects.empty()) << version;
   }
+  WriteFile(store, metadata_path, metadata);
+  WriteFile(store, path, original);
+  EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
+}
+
+// A save writes each data file's block checksums into its header (docs/FORMAT.md §2.2) and the
+// header's CRC into the metadata (version 3.1); verify checks both.
+TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
+  MemoryStore store;
+  ASSERT_TRUE(store.CreateDirs("/ckpt").ok());
+  SaveOptions options;
+  options.checksum_block_bytes = 16;  // several blocks a chunk
+  ASSERT_TRUE(testing::SaveWhole(&store, "/ckpt",
+                                 {testing::Iota("a", {6, 5}), testing::Iota("b", {7}, 100),
+                                  testing::Iota("c", {2, 2}, 7, /*owner=*/1),
+                                  testing::Iota("empty", {0, 3})},
+                                 {}, 3, options)
+                  .ok());
+  const CheckpointMetadata md = ReadCheckpointMetadata("/ckpt", &store).value();
+  EXPECT_EQ(md.version_major, 3u);
+  EXPECT_EQ(md.version_minor, 1u);
+  ASSERT_TRUE(md.data_file_checksums);
+  ASSERT_EQ(md.files.size(), 3u);
+  for (uint32_t f = 0; f < md.files.size(); ++f) {
+    const DataFile& file = md.files[f];
+    const std::string bytes = store.ReadFile(JoinPath("/ckpt", file.name)).value();
+    EXPECT_EQ(Crc32c(bytes.substr(0, file.data_start)), file.header_crc32c) << file.name;
+    Result<SafetensorsHeader> header = ParseSafetensorsHeader(bytes, bytes.size(), file.name);
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->metadata.at("format_version"), "3.1");
+    // The metadata's checksums of the file's chunks, in data offset order.
+    std::vector<std::pair<uint64_t, std::vector<uint32_t>>> chunks;
+    for (const TensorMetadata& t : md.tensors) {
+      for (const StoredChunk& c : t.chunks) {
+        if (c.file != f || c.byte_length == 0) continue;
+        chunks.emplace_back(c.data_offset,
+                            std::vector<uint32_t>(c.block_crc32c.begin(), c.block_crc32c.end()));
+        // Each checksum is that of its block of the file.
+        for (size_t b = 0; b < c.block_crc32c.size(); ++b) {
+          const uint64_t at = file.data_start + c.data_offset + 16 * b;
+          EXPECT_EQ(c.block_crc32c[b],
+                    Crc32c(bytes.substr(at, std::min<uint64_t>(16, c.byte_length - 16 * b))));
+        }
+      }
+    }
+    std::sort(chunks.begin(), chunks.end());
+    std::vector<uint32_t> want;
+    for (const auto& [offset, crcs] : chunks) want.insert(want.end(), crcs.begin(), crcs.end());
+    Result<DataFileChecksums> found = ReadDataFileChecksums(*header, 16, file.name);
+    ASSERT_TRUE(found.ok()) << found.status();
+    EXPECT_EQ(found->crcs, want) << file.name;
+    EXPECT_GT(want.size(), 2u);
+  }
+  EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
+
+  // One hex digit of the first file's checksums changed: its header no longer has the CRC the
+  // metadata records.
+  const DataFile& file = md.files[0];
+  const std::string path = JoinPath("/ckpt", file.name);
+  const std::string original = store.ReadFile(path).value();
+  const size_t digits = original.find("\"crc32c\":\"") + 10;
+  std::string changed = original;
+  changed[digits] = changed[digits] == 'a' ? 'b' : 'a';
+  WriteFile(store, path, changed);
+  VerifyReport report = VerifyOk(store, "/ckpt");
+  ASSERT_EQ(report.defects.size(), 1u);
+  char want_crc[16];
+  std::snprintf(want_crc, sizeof(want_crc), "0x%08x", file.header_crc32c);
+  EXPECT_NE(report.defects[0].find("data file " + file.name + ": its header's CRC32C is 0x"),
+            std::string::npos)
+      << report.defects[0];
+  EXPECT_NE(report.defects[0].find(std::string(", the metadata records ") + want_crc),
+            std::string::npos)
+      << report.defects[0];
+
+  // The same header with the metadata recording its CRC: the checksum in it is not the chunk's.
+  const std::string metadata_path = JoinPath("/ckpt", kMetadataFileName);
+  const std::string metadata = store.ReadFile(metadata_path).value();
+  CheckpointMetadata edited = md;
+  edited.files[0].header_crc32c = Crc32c(changed.substr(0, file.data_start));
+  WriteFile(store, metadata_path, EncodeMetadata(edited));
+  report = VerifyOk(store, "/ckpt");
+  ASSERT_EQ(report.defects.size(), 1u);
+  EXPECT_NE(report.defects[0].find("data file " + file.name +
+                                   ": its header's block checksums of tensor '"),
+            std::string::npos)
+      << report.defects[0];
+  EXPECT_NE(report.defects[0].find("differ from the metadata's"), std::string::npos)
+      << report.defects[0];
+
+  // A digit that is not one.
+  changed[digits] = 'G';
+  WriteFile(store, path, changed);
+  edited.files[0].header_crc32c = Crc32c(changed.substr(0, file.data_start));
+  WriteFile(store, metadata_path, EncodeMetadata(edited));
+  report = VerifyOk(store, "/ckpt");
+  ASSERT_EQ(report.defects.size(), 1u);
+  EXPECT_NE(report.defects[0].find("data file " + file.name + ": its header's block checksums "
+                                   "hold 'G' at digit 0, not a lowercase hex digit"),
+            std::string::npos)
+      << report.defects[0];
+
+  // Loads read the chunks against the metadata's checksums: the header's do not matter to them.
+  EXPECT_TRUE(testing::LoadWhole(&store, "/ckpt", "a").ok());
+  WriteFile(store, metadata_path, metadata);
   WriteFile(store, path, original);
   EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
 }

@@ -92,6 +92,7 @@ Status CollectReports(const std::vector<std::string>& reports,
           file_reported[f.index] = 1;
           file.data_start = f.data_start;
           file.size = f.size;
+          file.header_crc32c = f.header_crc32c;
           return OkStatus();
         });
     if (scanned.code() == StatusCode::kDataLoss) {  // the bytes; the checks above are kInternal

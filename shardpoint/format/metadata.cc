@@ -15,6 +15,7 @@ CheckpointMetadata WithoutTensors(const CheckpointMetadata& metadata) {
   out.world_size = metadata.world_size;
   out.format = metadata.format;
   out.checksum_block_bytes = metadata.checksum_block_bytes;
+  out.data_file_checksums = metadata.data_file_checksums;
   out.files = metadata.files;
   out.objects = metadata.objects;
   out.attributes = metadata.attributes;

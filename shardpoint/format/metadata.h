@@ -46,6 +46,9 @@ struct DataFile {
   uint64_t data_start = 0;  // byte offset of the data section (safetensors: 8 + header length)
   uint64_t size = 0;        // total file size in bytes
   int32_t writer_rank = 0;  // the rank that wrote it
+  // Where CheckpointMetadata::data_file_checksums: the CRC32C of the file's bytes [0, data_start)
+  // (its length and header, which holds the checksums of its chunks); 0 otherwise.
+  uint32_t header_crc32c = 0;
 
   friend bool operator==(const DataFile&, const DataFile&) = default;
 };
@@ -184,7 +187,9 @@ struct CellRun {
   uint32_t file_of(uint64_t cell) const {
     return static_cast<uint32_t>(file + static_cast<int64_t>(cell - first) * file_step);
   }
-  uint64_t data_offset_of(uint64_t cell) const { return data_offset + (cell - first) * offset_step; }
+  uint64_t data_offset_of(uint64_t cell) const {
+    return data_offset + (cell - first) * offset_step;
+  }
   friend bool operator==(const CellRun&, const CellRun&) = default;
 };
 
@@ -240,9 +245,9 @@ inline void AppendCellRun(std::vector<CellRun>* runs, uint64_t cell, uint32_t fi
 
 // A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
 // decoder kept packed (PackedChunks: a grid's cells as runs of files and offsets and checksums
-// each, 4 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them as
-// StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and the
-// StoredChunks are made once, for the tensors a consumer walks.
+// each, 4 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them
+// as StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and
+// the StoredChunks are made once, for the tensors a consumer walks.
 //
 // It reads as a std::vector<StoredChunk>: size() and empty() never unpack; the element access,
 // the iterators, data() and the conversion to a vector unpack on first use (once, shared by every
@@ -527,6 +532,10 @@ struct CheckpointMetadata {
   CheckpointFormat format = CheckpointFormat::kNative;
   // 0: the format stores no checksums (foreign formats); chunks are read unverified.
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
+  // Native only: every data file's header holds the block checksums of its chunks and the
+  // metadata each header's CRC32C (DataFile::header_crc32c; docs/FORMAT.md, version 3.1). Set by
+  // a native save and by the decoder of a version 3.1 file; the encoder writes 3.1 when set.
+  bool data_file_checksums = false;
   // A load rank's part of the metadata received from the coordinator (EncodeMetadataPartForWire
   // in format/metadata_wire.h) holds only the files its chunks and objects name; the others keep
   // their place, without a name.

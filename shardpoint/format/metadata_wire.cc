@@ -725,9 +725,9 @@ Status GetObject(ByteReader& r, const HeldFiles& files, ObjectEntry* o) {
   return OkStatus();
 }
 
-// The least bytes of a data file on the wire: an empty name after the one before (three bytes)
-// and three one-byte numbers.
-constexpr size_t kFileBytes = 6;
+// The least bytes of a data file on the wire: an empty name after the one before (three bytes),
+// three one-byte numbers and the header CRC.
+constexpr size_t kFileBytes = 10;
 
 // A data file, its name after `previous` (the file before it in the message).
 Status GetFile(ByteReader& r, std::string_view previous, NameBudget* names, DataFile* f) {
@@ -740,6 +740,7 @@ Status GetFile(ByteReader& r, std::string_view previous, NameBudget* names, Data
                          f->name + "' out of range");
   }
   f->writer_rank = static_cast<int32_t>(writer);
+  SP_ASSIGN_OR_RETURN(f->header_crc32c, r.ReadU32());
   return OkStatus();
 }
 
@@ -769,6 +770,12 @@ Status GetHead(ByteReader& r, NameBudget* names, CheckpointMetadata* m, HeldFile
   }
   m->format = static_cast<CheckpointFormat>(format);
   SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadVarint());
+  SP_ASSIGN_OR_RETURN(uint8_t file_checksums, r.ReadU8());
+  if (file_checksums > 1) {
+    return DataLossError(r.what() + ": data file checksums flag " +
+                         std::to_string(file_checksums));
+  }
+  m->data_file_checksums = file_checksums == 1;
   if (magic == kWireMagic) {
     SP_ASSIGN_OR_RETURN(files->count, r.ReadVarintCount(kFileBytes));
     m->files.resize(files->count);
@@ -819,6 +826,7 @@ void PutFile(ByteWriter& w, std::string_view previous, const DataFile& f) {
   w.PutVarint(f.data_start);
   w.PutVarint(f.size);
   w.PutSignedVarint(f.writer_rank);
+  w.PutU32(f.header_crc32c);
 }
 
 // Everything before the tensors. With `held`, only the files it marks travel, behind the step of
@@ -831,6 +839,7 @@ void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>
   w.PutSignedVarint(m.world_size);
   w.PutU8(static_cast<uint8_t>(m.format));
   w.PutVarint(m.checksum_block_bytes);
+  w.PutU8(m.data_file_checksums ? 1 : 0);
   w.PutVarint(m.files.size());
   std::string_view previous;
   if (held == nullptr) {
@@ -974,12 +983,12 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint3
 uint64_t WireMetadataBound(const CheckpointMetadata& m) {
   uint64_t bound = 4 + VarintBytes(m.version_major) + VarintBytes(m.version_minor) +
                    VarintBytes(m.save_id.size()) + m.save_id.size() +
-                   SignedVarintBytes(m.world_size) + 1 + VarintBytes(m.checksum_block_bytes) +
+                   SignedVarintBytes(m.world_size) + 2 + VarintBytes(m.checksum_block_bytes) +
                    VarintBytes(m.files.size()) + VarintBytes(m.attributes.size()) +
                    VarintBytes(m.tensors.size()) + VarintBytes(m.objects.size());
   for (const DataFile& f : m.files) {
     bound += 3 * VarintBytes(f.name.size()) + f.name.size() + VarintBytes(f.data_start) +
-             VarintBytes(f.size) + SignedVarintBytes(f.writer_rank);
+             VarintBytes(f.size) + SignedVarintBytes(f.writer_rank) + 4;
   }
   for (const auto& [key, value] : m.attributes) {
     bound += VarintBytes(key.size()) + key.size() + VarintBytes(value.size()) + value.size();

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -160,10 +161,18 @@ class CheckpointWriter {
 
   // The rank writing a data file of save `save_id`, where ranks_build_headers(): the header to
   // write at its offset 0 (its length is the file's data_start), from the file's chunks in the
-  // metadata's order (by tensor, then by chunk). The same bytes LayOutFiles returns for the file.
-  virtual std::string BuildFileHeader(std::string_view save_id,
-                                      std::vector<DataFileChunk> chunks) const {
+  // metadata's order (by tensor, then by chunk), with checksums of `checksum_block_bytes` blocks.
+  // The same bytes LayOutFiles returns for the file.
+  virtual std::string BuildFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks,
+                                      uint64_t checksum_block_bytes) const {
     return std::string();
+  }
+
+  // The rank that wrote a data file's chunks, before it writes the file's header: puts `crcs`,
+  // the block checksums of the file's chunks in data offset order, into `header` where the
+  // format keeps them there (native, docs/FORMAT.md §2); nothing elsewhere.
+  virtual Status FillFileChecksums(std::string* header, std::span<const uint32_t> crcs) const {
+    return OkStatus();
   }
 
   // For a save whose plan comes from a SavePlanCache (engine/save_plan_cache.h): turns the name

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "shardpoint/base/bytes.h"
+#include "shardpoint/base/crc32c.h"
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
@@ -117,9 +118,10 @@ void AssignFiles(const CheckpointMetadata& md, const std::vector<bool>& has_prun
 }
 
 // Points the kept chunks at their new files, packs the chunks of rewritten files back to back in
-// their old order, and builds each rewritten file's header and sizes.
-void LayOutRewrites(const CheckpointMetadata& md, const std::vector<int64_t>& file_map,
-                    PrunePlan* plan) {
+// their old order, and builds each rewritten file's header and sizes: with the checksums of its
+// chunks, and its CRC in the metadata, where the data files hold them (version 3.1).
+Status LayOutRewrites(const CheckpointMetadata& md, const std::vector<int64_t>& file_map,
+                      PrunePlan* plan) {
   std::map<uint32_t, RewrittenFile*> by_old;
   for (RewrittenFile& r : plan->rewrites) by_old[r.old_file] = &r;
   // Old chunk pointers, found by name in the old metadata (both are sorted by name).
@@ -148,10 +150,19 @@ void LayOutRewrites(const CheckpointMetadata& md, const std::vector<int64_t>& fi
     for (const ChunkCopy& c : r.copies) data_bytes += c.chunk->byte_length;
     r.header = BuildDataFileHeader(plan->next, r.new_file);
     DataFile& file = plan->next.files[r.new_file];
+    if (plan->next.data_file_checksums) {
+      std::vector<uint32_t> crcs;  // the copies are in data offset order, as the entries
+      for (const ChunkCopy& c : r.copies) {
+        crcs.insert(crcs.end(), c.chunk->block_crc32c.begin(), c.chunk->block_crc32c.end());
+      }
+      SP_RETURN_IF_ERROR(FillDataFileChecksums(&r.header, crcs));
+      file.header_crc32c = Crc32c(r.header);
+    }
     file.data_start = r.header.size();
     file.size = r.header.size() + data_bytes;
     plan->report.bytes_copied += data_bytes;
   }
+  return OkStatus();
 }
 
 Result<PrunePlan> MakePlan(const CheckpointMetadata& md, const std::vector<std::string>& prefixes,
@@ -167,7 +178,7 @@ Result<PrunePlan> MakePlan(const CheckpointMetadata& md, const std::vector<std::
   SP_RETURN_IF_ERROR(SplitKeys(md, prefixes, path, &plan, &has_pruned, &has_kept));
   std::vector<int64_t> file_map;
   AssignFiles(md, has_pruned, has_kept, &plan, &file_map);
-  LayOutRewrites(md, file_map, &plan);
+  SP_RETURN_IF_ERROR(LayOutRewrites(md, file_map, &plan));
   return plan;
 }
 

@@ -43,24 +43,42 @@ std::string HeaderOf(const CheckpointMetadata& metadata, const std::vector<FileC
         DataFileChunk{tensor->name, tensor->dtype, &chunk->box, chunk->data_offset,
                       chunk->byte_length});
   }
-  return BuildDataFileHeader(metadata.save_id, std::move(entries));
+  return BuildDataFileHeader(metadata.save_id, std::move(entries),
+                             metadata.data_file_checksums ? metadata.checksum_block_bytes : 0);
 }
+
+constexpr char kChecksumsKey[] = "crc32c";
+// Where the checksums' room starts in a header: its "__metadata__" is the JSON object's first
+// member, and "crc32c" the first of its keys (they are sorted; a save id needs no escapes).
+constexpr std::string_view kChecksumsToken = "{\"__metadata__\":{\"crc32c\":\"";
+
+char HexDigit(uint32_t v) { return "0123456789abcdef"[v & 15]; }
 
 }  // namespace
 
-std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks) {
+std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks,
+                                uint64_t checksum_block_bytes) {
   // Listed by data offset; ties (empty chunks) keep the metadata's order.
   auto by_offset = [](const DataFileChunk& x, const DataFileChunk& y) {
     if (x.data_offset != y.data_offset) return x.data_offset < y.data_offset;
     return x.data_offset + x.byte_length < y.data_offset + y.byte_length;
   };
   std::stable_sort(chunks.begin(), chunks.end(), by_offset);
-  SafetensorsHeaderBuilder builder({
+  // Version 3.1 files keep room for their checksums: 8 hex digits a block.
+  std::map<std::string, std::string> pairs = {
       {"format", "shardpoint"},
-      {"format_version",
-       std::to_string(kNativeFormatMajor) + "." + std::to_string(kNativeFormatMinor)},
+      {"format_version", std::to_string(kNativeFormatMajor) + "." +
+                             std::to_string(checksum_block_bytes > 0 ? kNativeFormatMinor : 0)},
       {"save_id", std::string(save_id)},
-  });
+  };
+  if (checksum_block_bytes > 0) {
+    uint64_t blocks = 0;
+    for (const DataFileChunk& chunk : chunks) {
+      blocks += ChecksumBlockCount(chunk.byte_length, checksum_block_bytes);
+    }
+    pairs.emplace(kChecksumsKey, std::string(8 * blocks, '0'));
+  }
+  SafetensorsHeaderBuilder builder(pairs);
   std::string name;  // reused: ChunkEntryName without an allocation per entry
   for (const DataFileChunk& chunk : chunks) {
     name.assign(chunk.tensor);
@@ -75,6 +93,64 @@ std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileCh
                 chunk.data_offset + chunk.byte_length);
   }
   return std::move(builder).Finish(kDataAlignmentBytes);
+}
+
+Status FillDataFileChecksums(std::string* header, std::span<const uint32_t> crcs) {
+  const size_t at = header->find(kChecksumsToken);
+  const size_t begin = at + kChecksumsToken.size();
+  const size_t end = at == std::string::npos ? at : header->find('"', begin);
+  if (end == std::string::npos || end - begin != 8 * crcs.size()) {
+    return InternalError("a data file header keeps no room for its " +
+                         std::to_string(crcs.size()) + " block checksums");
+  }
+  char* out = header->data() + begin;
+  for (uint32_t crc : crcs) {
+    for (int shift = 28; shift >= 0; shift -= 4) *out++ = HexDigit(crc >> shift);
+  }
+  return OkStatus();
+}
+
+Result<DataFileChecksums> ReadDataFileChecksums(const SafetensorsHeader& header,
+                                                uint64_t checksum_block_bytes,
+                                                std::string_view path) {
+  const auto found = header.metadata.find(kChecksumsKey);
+  if (found == header.metadata.end()) {
+    return DataLossError("data file " + std::string(path) +
+                         ": its header holds no block checksums (\"crc32c\" in __metadata__)");
+  }
+  const std::string& hex = found->second;
+  DataFileChecksums out;
+  out.entry_begin.reserve(header.entries.size());
+  out.entry_first.reserve(header.entries.size() + 1);
+  uint64_t blocks = 0;
+  for (const SafetensorsEntry& entry : header.entries) {
+    out.entry_begin.push_back(entry.begin);
+    out.entry_first.push_back(blocks);
+    blocks += ChecksumBlockCount(entry.end - entry.begin, checksum_block_bytes);
+  }
+  out.entry_first.push_back(blocks);
+  if (hex.size() != 8 * blocks) {
+    return DataLossError("data file " + std::string(path) + ": its header holds " +
+                         std::to_string(hex.size()) + " hex digits of block checksums, its " +
+                         std::to_string(header.entries.size()) + " entries need " +
+                         std::to_string(8 * blocks));
+  }
+  out.crcs.resize(blocks);
+  for (uint64_t b = 0; b < blocks; ++b) {
+    uint32_t crc = 0;
+    for (size_t i = 8 * b; i < 8 * b + 8; ++i) {
+      const char c = hex[i];
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (digit < 0) {
+        return DataLossError("data file " + std::string(path) + ": its header's block checksums "
+                             "hold '" + std::string(1, c) + "' at digit " + std::to_string(i) +
+                             ", not a lowercase hex digit");
+      }
+      crc = crc << 4 | static_cast<uint32_t>(digit);
+    }
+    out.crcs[b] = crc;
+  }
+  return out;
 }
 
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index) {

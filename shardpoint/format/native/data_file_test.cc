@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/native/metadata_test_util.h"
 #include "shardpoint/format/safetensors/safetensors.h"
@@ -89,6 +94,93 @@ TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
           << "seed " << seed << " file " << f;
     }
   }
+}
+
+// Version 3.1: a header keeps room for its chunks' block checksums (8 hex digits a block, first
+// in __metadata__), which FillDataFileChecksums fills and ReadDataFileChecksums reads back.
+TEST(DataFileTest, Version31HeadersHoldTheirChunksChecksums) {
+  size_t blocks_seen = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    CheckpointMetadata m = testing::RandomMetadata(seed, 10);
+    m.data_file_checksums = true;
+    for (uint32_t f = 0; f < m.files.size(); ++f) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " file " + std::to_string(f));
+      // The file's chunks in data order (empty ones first at an offset), with checksums.
+      std::vector<std::pair<std::pair<uint64_t, uint64_t>, std::vector<uint32_t>>> chunks;
+      for (const TensorMetadata& t : m.tensors) {
+        for (const StoredChunk& c : t.chunks) {
+          if (c.file != f) continue;
+          chunks.push_back({{c.data_offset, c.data_offset + c.byte_length},
+                            std::vector<uint32_t>(c.block_crc32c.begin(), c.block_crc32c.end())});
+        }
+      }
+      std::stable_sort(chunks.begin(), chunks.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<uint32_t> crcs;
+      for (const auto& [extent, own] : chunks) crcs.insert(crcs.end(), own.begin(), own.end());
+      blocks_seen += crcs.size();
+
+      std::string header = BuildDataFileHeader(m, f);
+      EXPECT_EQ(header.substr(8, 27), "{\"__metadata__\":{\"crc32c\":\"");
+      const uint64_t size = header.size() + m.files[f].size - m.files[f].data_start;
+      Result<SafetensorsHeader> room = ParseSafetensorsHeader(header, size, "f");
+      ASSERT_TRUE(room.ok()) << room.status();
+      EXPECT_EQ(room->metadata.at("crc32c"), std::string(8 * crcs.size(), '0'));
+      EXPECT_EQ(room->metadata.at("format_version"), "3.1");
+      const size_t length = header.size();
+      ASSERT_TRUE(FillDataFileChecksums(&header, crcs).ok());
+      EXPECT_EQ(header.size(), length);
+      Result<SafetensorsHeader> filled = ParseSafetensorsHeader(header, size, "f");
+      ASSERT_TRUE(filled.ok()) << filled.status();
+      Result<DataFileChecksums> read = ReadDataFileChecksums(*filled, m.checksum_block_bytes, "f");
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_EQ(read->crcs, crcs);
+      ASSERT_EQ(read->entry_begin.size(), chunks.size());
+      for (size_t e = 0; e < chunks.size(); ++e) {
+        EXPECT_EQ(read->entry_begin[e], chunks[e].first.first);
+        EXPECT_EQ(read->entry_first[e + 1] - read->entry_first[e], chunks[e].second.size());
+      }
+      // Room for another count is an internal error; the header is left as it was.
+      crcs.push_back(1);
+      Status wrong = FillDataFileChecksums(&header, crcs);
+      EXPECT_EQ(wrong.code(), StatusCode::kInternal);
+      EXPECT_NE(wrong.message().find("keeps no room for its " + std::to_string(crcs.size()) +
+                                     " block checksums"),
+                std::string::npos)
+          << wrong;
+    }
+  }
+  EXPECT_GT(blocks_seen, 100u);
+
+  // What a reader refuses: no checksums, too few digits, a digit that is not one.
+  CheckpointMetadata m = testing::RandomMetadata(3, 4);
+  const std::string plain = BuildDataFileHeader(m, 0);  // 3.0: no room
+  Result<SafetensorsHeader> parsed = ParseSafetensorsHeader(plain, m.files[0].size, "f");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->metadata.at("format_version"), "3.0");
+  Result<DataFileChecksums> none = ReadDataFileChecksums(*parsed, m.checksum_block_bytes, "f0");
+  EXPECT_EQ(none.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(none.status().message().find("data file f0: its header holds no block checksums"),
+            std::string::npos)
+      << none.status();
+  uint64_t blocks = 0;
+  for (const SafetensorsEntry& e : parsed->entries) {
+    blocks += ChecksumBlockCount(e.end - e.begin, m.checksum_block_bytes);
+  }
+  parsed->metadata["crc32c"] = std::string(8 * blocks - 1, '0');
+  Result<DataFileChecksums> short_ = ReadDataFileChecksums(*parsed, m.checksum_block_bytes, "f0");
+  EXPECT_NE(short_.status().message().find(
+                "data file f0: its header holds " + std::to_string(8 * blocks - 1) +
+                " hex digits of block checksums, its " + std::to_string(parsed->entries.size()) +
+                " entries need " + std::to_string(8 * blocks)),
+            std::string::npos)
+      << short_.status();
+  parsed->metadata["crc32c"] = std::string(8 * blocks - 1, '0') + "A";
+  Result<DataFileChecksums> upper = ReadDataFileChecksums(*parsed, m.checksum_block_bytes, "f0");
+  EXPECT_NE(upper.status().message().find("hold 'A' at digit " + std::to_string(8 * blocks - 1) +
+                                          ", not a lowercase hex digit"),
+            std::string::npos)
+      << upper.status();
 }
 
 }  // namespace

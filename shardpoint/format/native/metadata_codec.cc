@@ -76,8 +76,11 @@ std::string EncodeMetadataOf(const CheckpointMetadata& metadata,
   // the summary and the tensor index, in a buffer reserved to a bound of their size, so that they
   // are never copied and never moved by a growing buffer. Reserved bytes that are not written
   // are never touched, and cost the process no memory.
+  // Version 3.1 where the data files hold their checksums (the summary ends with their headers'
+  // CRCs); 3.0 for metadata without such files.
+  const uint32_t minor = major == 3 && metadata.data_file_checksums ? 1 : 0;
   std::string sections[native_metadata::kSectionCount];
-  sections[kSummary] = native_metadata::EncodeSummary(metadata);
+  sections[kSummary] = native_metadata::EncodeSummary(metadata, minor);
   EncodeNamed(
       metadata.objects,
       [](const ObjectEntry& object, std::string* out) {
@@ -128,7 +131,7 @@ std::string EncodeMetadataOf(const CheckpointMetadata& metadata,
   ByteWriter w(&header);
   w.PutRaw(std::string_view(native_metadata::kMagic, sizeof(native_metadata::kMagic)));
   w.PutU32(major);
-  w.PutU32(0);
+  w.PutU32(minor);
   w.PutU32(header_length);
   w.PutU32(native_metadata::kSectionCount);
   w.PutU64(out.size());

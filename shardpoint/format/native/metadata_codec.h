@@ -18,12 +18,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/format/metadata.h"
+#include "shardpoint/format/safetensors/safetensors.h"
 #include "shardpoint/geometry/box.h"
 #include "shardpoint/store/store.h"
 
@@ -33,12 +35,15 @@ class ThreadPool;  // exec/thread_pool.h
 
 inline constexpr char kMetadataFileName[] = "shardpoint.metadata";
 // The format version this code writes; it reads every 1.x, 2.x and 3.x (docs/FORMAT.md §3.2).
+// Version 3.1 is 3.0 with each data file's checksums in its header as well, and the headers'
+// CRCs in the summary: what a save writes (CheckpointMetadata::data_file_checksums).
 inline constexpr uint32_t kNativeFormatMajor = 3;
-inline constexpr uint32_t kNativeFormatMinor = 0;
+inline constexpr uint32_t kNativeFormatMinor = 1;
 inline constexpr uint32_t kOldestNativeFormatMajor = 1;
 
-// Encodes `metadata` as a metadata file of version `major`.0 (3, or 2 or 1 for readers that
-// predate it; the version fields of `metadata` are not used). Version 2 stores a tensor whose
+// Encodes `metadata` as a metadata file of version `major` (3, or 2 or 1 for readers that
+// predate it; the version fields of `metadata` are not used): 3.1 where
+// `metadata.data_file_checksums`, else `major`.0. Version 2 stores a tensor whose
 // chunks form a grid (format/chunk_grid.h) as the grid's cut points and a file, an offset and
 // checksums per cell; version 1 lists every chunk's box. Version 3 is version 2 with the files,
 // offsets and boxes of those tables packed (varints, files and offsets as steps from the chunk
@@ -121,7 +126,11 @@ class MetadataReader {
   Result<std::string> ReadSection(size_t index, std::string_view what) const;
   Result<std::string> ReadRecord(const Section& section, const RecordSlot& slot,
                                  std::string_view kind, std::string_view name) const;
-  bool newer_minor() const { return summary_.version_minor > kNativeFormatMinor; }
+  // A minor version newer than this reader knows of the file's major (3.1; 2.0; 1.0).
+  bool newer_minor() const {
+    return summary_.version_minor >
+           (summary_.version_major == kNativeFormatMajor ? kNativeFormatMinor : 0);
+  }
 
   std::unique_ptr<ReadableFile> file_;
   std::vector<Section> sections_;
@@ -134,12 +143,32 @@ class MetadataReader {
 
 // The safetensors header for data file `file_index` of `metadata`: entries are that file's chunks
 // in data_offset order, keyed by ChunkEntryName, and "__metadata__" holds format, format_version
-// and save_id. The engine writes it at offset 0; its size is the file's data_start.
+// and save_id and, where metadata.data_file_checksums, "crc32c": room for the chunks' block
+// checksums (zeros until FillDataFileChecksums). The engine writes it at offset 0; its size is
+// the file's data_start.
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index);
 // The same header built by the rank that writes the file, from that file's chunks alone: the
 // header of save `save_id` listing `chunks`, which must be given in the metadata's order (by
-// tensor, then by chunk). Equal to BuildDataFileHeader of the metadata the save commits.
-std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks);
+// tensor, then by chunk), with room for their checksums of `checksum_block_bytes` blocks unless
+// that is 0. Equal to BuildDataFileHeader of the metadata the save commits.
+std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks,
+                                uint64_t checksum_block_bytes);
+// Writes `crcs`, the block checksums of a data file's chunks in the order of its header's entries
+// (by data offset), into the room `header` (BuildDataFileHeader) keeps for them. kInternal when
+// the header keeps none or room for another count.
+Status FillDataFileChecksums(std::string* header, std::span<const uint32_t> crcs);
+// The block checksums a data file's header holds ("crc32c" in its "__metadata__", in the order
+// of its entries by data offset), each entry's from the entry's start: a `header` parsed from
+// file `path` with chunks of `checksum_block_bytes` blocks. kDataLoss naming the file when it
+// holds none or they do not fit its entries.
+struct DataFileChecksums {
+  std::vector<uint64_t> entry_begin;   // each entry's data offset, in the header's entry order
+  std::vector<uint64_t> entry_first;   // where its checksums start in `crcs` (one more: the end)
+  std::vector<uint32_t> crcs;
+};
+Result<DataFileChecksums> ReadDataFileChecksums(const SafetensorsHeader& header,
+                                                uint64_t checksum_block_bytes,
+                                                std::string_view path);
 // The headers of every data file of `metadata`, indexed by file: one pass over the chunks (a
 // header per file built by BuildDataFileHeader would scan every chunk once per file).
 std::vector<std::string> BuildDataFileHeaders(const CheckpointMetadata& metadata);

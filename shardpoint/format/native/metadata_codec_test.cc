@@ -608,12 +608,46 @@ TEST(MetadataReaderTest, CorruptRecordIsDataLossOnlyForThatTensor) {
 
 // WithoutTensors copies every field but the tensors: the fields set off their defaults here catch
 // one that a later change adds to CheckpointMetadata and the copy forgets.
+// Metadata whose data files hold their checksums is version 3.1: the summary ends with each
+// file's header CRC. Asked for an older major, the encoder writes that major's .0, without them.
+TEST(MetadataCodecTest, DataFileChecksumsMakeVersion31WithEachHeadersCrc) {
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    CheckpointMetadata m = RandomMetadata(seed, 4);
+    m.data_file_checksums = true;
+    for (DataFile& f : m.files) f.header_crc32c = Crc32c(f.name) ^ static_cast<uint32_t>(seed);
+    const std::string bytes = EncodeMetadata(m);
+    EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 3u);
+    EXPECT_EQ(DecodeFixed32(bytes.data() + 12), 1u);
+    Result<CheckpointMetadata> decoded = DecodeMetadata(bytes, "/ckpt/shardpoint.metadata");
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    m.version_minor = 1;
+    ExpectMetadataEq(m, *decoded);
+    EXPECT_EQ(EncodeMetadata(*decoded), bytes);
+    // Without the flag, the same metadata is 3.0 and its summary 4 bytes a file shorter.
+    CheckpointMetadata plain = m;
+    plain.data_file_checksums = false;
+    const std::string v30 = EncodeMetadata(plain);
+    EXPECT_EQ(DecodeFixed32(v30.data() + 12), 0u);
+    EXPECT_EQ(bytes.size(), v30.size() + 4 * m.files.size());
+    for (const uint32_t major : {2u, 1u}) {
+      Result<CheckpointMetadata> older =
+          DecodeMetadata(EncodeMetadata(m, major), "/ckpt/shardpoint.metadata");
+      ASSERT_TRUE(older.ok()) << older.status();
+      EXPECT_EQ(older->version_minor, 0u);
+      EXPECT_FALSE(older->data_file_checksums);
+      for (const DataFile& f : older->files) EXPECT_EQ(f.header_crc32c, 0u);
+    }
+  }
+}
+
 TEST(MetadataCodecTest, WithoutTensorsKeepsEveryOtherField) {
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     CheckpointMetadata md = RandomMetadata(seed);
     md.version_major = 1;
     md.version_minor = static_cast<uint32_t>(seed);
     md.format = CheckpointFormat::kTorchDcp;
+    md.data_file_checksums = seed % 2 == 1;
+    md.files.at(0).header_crc32c = 7;
     ASSERT_FALSE(md.tensors.empty());
     CheckpointMetadata expected = md;
     expected.tensors.clear();

@@ -142,17 +142,28 @@ TEST(MetadataHostileTest, VersionTwoRecordsReadAsVersionOneAreCorrupt) {
 
 TEST(MetadataHostileTest, NewerMinorMayAppendSectionsAndSummaryBytes) {
   CheckpointMetadata m = RandomMetadata(35, 5);
+  m.data_file_checksums = true;  // a 3.1 summary, which a newer minor extends
+  for (DataFile& f : m.files) f.header_crc32c = Crc32c(f.name);
   std::vector<SectionBytes> sections = SplitSections(EncodeMetadata(m));
   sections[0].bytes += "future summary fields";
-  sections.push_back({"a section from version 2.3", 7});
+  sections.push_back({"a section from version 3.3", 7});
   Result<CheckpointMetadata> r = DecodeMetadata(Assemble(sections, 3), kPath);
   ASSERT_TRUE(r.ok()) << r.status();
   m.version_minor = 3;
   ExpectMetadataEq(m, *r);
-  // The same bytes claiming version 2.0 are corrupt.
-  ExpectDataLoss(DecodeMetadata(Assemble(sections, 0), kPath), "unexpected bytes after the summary");
+  // The same bytes claiming version 3.1 (what this reader knows) are corrupt.
+  ExpectDataLoss(DecodeMetadata(Assemble(sections, 1), kPath),
+                 "unexpected bytes after the summary");
   sections[0].bytes.resize(sections[0].bytes.size() - 21);
-  ASSERT_TRUE(DecodeMetadata(Assemble(sections, 0), kPath).ok());  // an extra section alone is fine
+  ASSERT_TRUE(DecodeMetadata(Assemble(sections, 1), kPath).ok());  // an extra section alone is fine
+  // As 3.0, the header CRCs are bytes 3.0 does not have.
+  ExpectDataLoss(DecodeMetadata(Assemble(sections, 0), kPath),
+                 "unexpected bytes after the summary");
+  // As 3.1 without them, the summary ends too soon.
+  sections[0].bytes.resize(sections[0].bytes.size() - 4 * m.files.size() + 2);
+  ExpectDataLoss(DecodeMetadata(Assemble(sections, 1), kPath),
+                 "the summary ends before the header CRCs of its " +
+                     std::to_string(m.files.size()) + " data files");
 }
 
 TEST(MetadataHostileTest, NewerMinorMayAppendRecordBytes) {

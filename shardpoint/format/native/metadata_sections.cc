@@ -153,7 +153,7 @@ Result<std::vector<Section>> DecodeSectionTable(std::string_view header, uint64_
   return sections;
 }
 
-std::string EncodeSummary(const CheckpointMetadata& m) {
+std::string EncodeSummary(const CheckpointMetadata& m, uint32_t minor) {
   std::string out;
   ByteWriter w(&out);
   w.PutString(m.save_id);
@@ -170,6 +170,9 @@ std::string EncodeSummary(const CheckpointMetadata& m) {
   for (const auto& [key, value] : m.attributes) {
     w.PutString(key);
     w.PutString(value);
+  }
+  if (minor >= 1) {
+    for (const DataFile& f : m.files) w.PutU32(f.header_crc32c);
   }
   return out;
 }
@@ -199,6 +202,17 @@ Status DecodeSummary(std::string_view bytes, bool newer_minor, std::string_view 
     SP_RETURN_IF_ERROR(DecodeDataFile(r, out->world_size, path, &file));
   }
   SP_RETURN_IF_ERROR(DecodeAttributes(r, path, &out->attributes));
+  // From version 3.1: each data file's header CRC (its header holds its chunks' checksums).
+  out->data_file_checksums = out->version_major == 3 && out->version_minor >= 1;
+  if (out->data_file_checksums) {
+    if (out->files.size() > r.remaining() / 4) {
+      return Corrupt(path, "the summary ends before the header CRCs of its " +
+                               std::to_string(out->files.size()) + " data files");
+    }
+    for (DataFile& file : out->files) {
+      SP_ASSIGN_OR_RETURN(file.header_crc32c, r.ReadU32());
+    }
+  }
   if (!r.done() && !newer_minor) {
     return Corrupt(path, std::to_string(r.remaining()) + " unexpected bytes after the summary");
   }

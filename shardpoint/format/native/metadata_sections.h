@@ -63,8 +63,10 @@ Result<std::vector<Section>> DecodeSectionTable(std::string_view header, uint64_
 Status CheckCrc(std::string_view bytes, uint32_t expected, std::string_view what,
                 std::string_view path);
 
-std::string EncodeSummary(const CheckpointMetadata& metadata);
-// Fills everything but the version, tensors and objects.
+// Version 3.1 (`minor` 1) ends the summary with every data file's header CRC.
+std::string EncodeSummary(const CheckpointMetadata& metadata, uint32_t minor = 0);
+// Fills everything but the version (set already in `out`: it says what the summary holds),
+// tensors and objects.
 Status DecodeSummary(std::string_view bytes, bool newer_minor, std::string_view path,
                      CheckpointMetadata* out);
 

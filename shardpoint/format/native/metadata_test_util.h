@@ -136,12 +136,14 @@ inline void ExpectMetadataEq(const CheckpointMetadata& a, const CheckpointMetada
   EXPECT_EQ(a.save_id, b.save_id);
   EXPECT_EQ(a.world_size, b.world_size);
   EXPECT_EQ(a.checksum_block_bytes, b.checksum_block_bytes);
+  EXPECT_EQ(a.data_file_checksums, b.data_file_checksums);
   ASSERT_EQ(a.files.size(), b.files.size());
   for (size_t i = 0; i < a.files.size(); ++i) {
     EXPECT_EQ(a.files[i].name, b.files[i].name);
     EXPECT_EQ(a.files[i].data_start, b.files[i].data_start);
     EXPECT_EQ(a.files[i].size, b.files[i].size);
     EXPECT_EQ(a.files[i].writer_rank, b.files[i].writer_rank);
+    EXPECT_EQ(a.files[i].header_crc32c, b.files[i].header_crc32c);
   }
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) ExpectTensorEq(a.tensors[i], b.tensors[i]);

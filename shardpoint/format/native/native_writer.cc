@@ -70,7 +70,9 @@ class NativeWriter : public CheckpointWriter {
 
   Result<std::vector<std::string>> LayOutFiles(Store&, std::string_view,
                                                CheckpointMetadata* md) const override {
-    // The headers list every chunk: a plan's cells become chunks.
+    // The headers list every chunk (a plan's cells become chunks) and keep room for their
+    // checksums.
+    md->data_file_checksums = true;
     for (TensorMetadata& t : md->tensors) ExpandChunkCells(&t);
     SP_ASSIGN_OR_RETURN(const std::vector<uint64_t> data_bytes, Name(md));
     std::vector<std::string> headers = BuildDataFileHeaders(*md);
@@ -85,13 +87,18 @@ class NativeWriter : public CheckpointWriter {
 
   Status NameFiles(Store&, std::string_view, CheckpointMetadata* md) const override {
     SP_RETURN_IF_ERROR(Name(md).status());
+    md->data_file_checksums = true;  // the writers put them in their headers
     for (DataFile& file : md->files) file.data_start = file.size = 0;  // the writers report them
     return OkStatus();
   }
 
-  std::string BuildFileHeader(std::string_view save_id,
-                              std::vector<DataFileChunk> chunks) const override {
-    return BuildDataFileHeader(save_id, std::move(chunks));
+  std::string BuildFileHeader(std::string_view save_id, std::vector<DataFileChunk> chunks,
+                              uint64_t checksum_block_bytes) const override {
+    return BuildDataFileHeader(save_id, std::move(chunks), checksum_block_bytes);
+  }
+
+  Status FillFileChecksums(std::string* header, std::span<const uint32_t> crcs) const override {
+    return FillDataFileChecksums(header, crcs);
   }
 
   // The save id is in the file's name once (d-<id>-r...) and in its header once, as the value of

@@ -108,6 +108,8 @@ TEST(NativeWriterTest, HeadersBuiltFromEachFilesChunksAreTheLaidOutHeaders) {
       EXPECT_EQ(named.files[f].name, laid_out.files[f].name);
       EXPECT_EQ(named.files[f].data_start, 0u);  // reported by the writing rank
       EXPECT_EQ(named.files[f].size, 0u);
+      EXPECT_TRUE(named.data_file_checksums);  // the headers keep room for the checksums
+      EXPECT_TRUE(laid_out.data_file_checksums);
       std::vector<DataFileChunk> chunks;
       uint64_t data_bytes = 0;
       for (const TensorMetadata& t : named.tensors) {
@@ -117,7 +119,8 @@ TEST(NativeWriterTest, HeadersBuiltFromEachFilesChunksAreTheLaidOutHeaders) {
           data_bytes += c.byte_length;
         }
       }
-      const std::string header = writer->BuildFileHeader(named.save_id, std::move(chunks));
+      const std::string header =
+          writer->BuildFileHeader(named.save_id, std::move(chunks), named.checksum_block_bytes);
       EXPECT_EQ(header, (*headers)[f]) << "seed " << seed << " file " << f;
       EXPECT_EQ(header.size() + data_bytes, laid_out.files[f].size);
     }

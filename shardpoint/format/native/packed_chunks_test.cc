@@ -138,7 +138,8 @@ TEST(PackedChunksTest, ACellPerFileAtOneOffsetIsHeldAsARun) {
   m.checksum_block_bytes = 1 << 20;
   TensorMetadata t("w", DType::kFloat32, {kRanks * 4, 8});
   for (uint32_t r = 0; r < kRanks; ++r) {
-    m.files.push_back(DataFile{"d-s-r" + std::to_string(r), 8, 8 + 4096 + 128, static_cast<int32_t>(r)});
+    m.files.push_back(
+        DataFile{"d-s-r" + std::to_string(r), 8, 8 + 4096 + 128, static_cast<int32_t>(r)});
     t.chunks.push_back(StoredChunk(Box({int64_t{4} * r, 0}, {4, 8}), r, 4096, 128, {r * 7 + 1}));
   }
   m.tensors.push_back(std::move(t));
