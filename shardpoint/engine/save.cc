@@ -624,11 +624,13 @@ Status WriteHeaders(const RankWriteOrder& order, const CheckpointWriter& format_
                     const std::map<uint32_t, size_t>& file_slot, WriteReport* report) {
   // Per file: its writes' (data offset, end, position in the order), sorted as its header's
   // entries are (by data offset, then end; only empty chunks tie, and they have no checksums).
+  std::map<uint32_t, size_t> in_order;  // checkpoint file index -> position in order.files
+  for (size_t i = 0; i < order.files.size(); ++i) in_order[order.files[i].index] = i;
   std::vector<std::vector<std::tuple<uint64_t, uint64_t, size_t>>> writes(order.files.size());
   for (size_t w = 0; w < order.plan.writes.size(); ++w) {
     const ChunkWrite& write = order.plan.writes[w];
-    writes[file_slot.at(write.file)].emplace_back(write.data_offset,
-                                                  write.data_offset + write.byte_length, w);
+    writes[in_order.at(write.file)].emplace_back(write.data_offset,
+                                                 write.data_offset + write.byte_length, w);
   }
   std::vector<uint32_t> crcs;
   for (size_t i = 0; i < order.files.size(); ++i) {

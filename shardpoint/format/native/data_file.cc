@@ -96,9 +96,10 @@ std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileCh
 }
 
 Status FillDataFileChecksums(std::string* header, std::span<const uint32_t> crcs) {
-  const size_t at = header->find(kChecksumsToken);
-  const size_t begin = at + kChecksumsToken.size();
-  const size_t end = at == std::string::npos ? at : header->find('"', begin);
+  // After the header's 8-byte length, or nowhere.
+  const bool room = header->compare(8, kChecksumsToken.size(), kChecksumsToken) == 0;
+  const size_t begin = 8 + kChecksumsToken.size();
+  const size_t end = room ? header->find('"', begin) : std::string::npos;
   if (end == std::string::npos || end - begin != 8 * crcs.size()) {
     return InternalError("a data file header keeps no room for its " +
                          std::to_string(crcs.size()) + " block checksums");
@@ -122,11 +123,15 @@ Result<DataFileChecksums> ReadDataFileChecksums(const SafetensorsHeader& header,
   DataFileChecksums out;
   out.entry_begin.reserve(header.entries.size());
   out.entry_first.reserve(header.entries.size() + 1);
+  // Counted up to 2^60, whatever the entries claim: no sum or product below wraps.
+  constexpr uint64_t kMost = uint64_t{1} << 60;
   uint64_t blocks = 0;
   for (const SafetensorsEntry& entry : header.entries) {
     out.entry_begin.push_back(entry.begin);
     out.entry_first.push_back(blocks);
-    blocks += ChecksumBlockCount(entry.end - entry.begin, checksum_block_bytes);
+    blocks = std::min(
+        kMost, blocks + std::min(kMost, ChecksumBlockCount(entry.end - entry.begin,
+                                                           checksum_block_bytes)));
   }
   out.entry_first.push_back(blocks);
   if (hex.size() != 8 * blocks) {

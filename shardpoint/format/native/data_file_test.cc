@@ -175,6 +175,17 @@ TEST(DataFileTest, Version31HeadersHoldTheirChunksChecksums) {
                 " entries need " + std::to_string(8 * blocks)),
             std::string::npos)
       << short_.status();
+  // Entries that claim more blocks than any header can hold: counted without wrapping, refused.
+  SafetensorsHeader huge;
+  huge.metadata["crc32c"] = "00000000";
+  huge.entries = {{"a@0", DType::kUInt8, {}, 0, uint64_t{1} << 62},
+                  {"b@0", DType::kUInt8, {}, uint64_t{1} << 62, uint64_t{1} << 63}};
+  Result<DataFileChecksums> too_many = ReadDataFileChecksums(huge, 1, "f0");
+  EXPECT_NE(too_many.status().message().find(
+                "its header holds 8 hex digits of block checksums, its 2 entries need " +
+                std::to_string(uint64_t{1} << 63)),
+            std::string::npos)
+      << too_many.status();
   parsed->metadata["crc32c"] = std::string(8 * blocks - 1, '0') + "A";
   Result<DataFileChecksums> upper = ReadDataFileChecksums(*parsed, m.checksum_block_bytes, "f0");
   EXPECT_NE(upper.status().message().find("hold 'A' at digit " + std::to_string(8 * blocks - 1) +
