@@ -7,13 +7,14 @@
 #include "shardpoint/base/crc32c.h"
 
 namespace sp {
-namespace {
 
 std::string Hex32(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "0x%08x", v);
   return buf;
 }
+
+namespace {
 
 Status Mismatch(const StoredChunkRef& ref, uint64_t block, uint32_t expected, uint32_t found) {
   uint64_t lo = block * ref.block_bytes;

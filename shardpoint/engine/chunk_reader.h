@@ -17,6 +17,9 @@
 
 namespace sp {
 
+// "0x0000abcd": how messages about checksums write a CRC32C.
+std::string Hex32(uint32_t v);
+
 struct StoredChunkRef {
   const ReadableFile* file = nullptr;
   const TensorMetadata* tensor = nullptr;

@@ -1,7 +1,6 @@
 // Verify: checks a committed checkpoint end to end and reports every defect it finds.
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -114,12 +113,6 @@ bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, st
   found.erase("crc32c");
   built.erase("crc32c");
   return found == built;
-}
-
-std::string Hex32(uint32_t v) {
-  char text[16];
-  std::snprintf(text, sizeof(text), "0x%08x", v);
-  return text;
 }
 
 // Where the metadata says data file f's header holds its chunks' checksums (version 3.1): that
