@@ -582,22 +582,25 @@ bool Committed(sp::CheckpointMetadata* metadata) {
   return true;
 }
 
-// Where the bytes of the encoded metadata (`total` bytes) go: the block checksums; the records of
-// grid tensors without them (cut points and the runs of their cells' files and offsets) and the
-// runs they hold; the records of listed tensors without them; and the rest (header, summary with
-// the files, indexes). A tensor's record is measured as the growth of a file holding only it.
-void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total) {
+// Where the bytes of the encoded metadata (`total` bytes, of version `major`) go: the block
+// checksums (none from version 4: they are in the data files' headers); the records of grid
+// tensors without them (cut points and the runs of their cells' files and offsets) and the runs
+// they hold; the records of listed tensors without them; and the rest (header, summary with the
+// files, indexes). A tensor's record is measured as the growth of a file holding only it.
+void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total, uint32_t major) {
   uint64_t checksum_bytes = 0, grid_bytes = 0, list_bytes = 0, grids = 0, runs = 0, chunks = 0,
            listed_chunks = 0;
   sp::CheckpointMetadata one = metadata;
   one.tensors.clear();
   one.objects.clear();
-  const uint64_t base = sp::EncodeMetadata(one).size();
+  const uint64_t base = sp::EncodeMetadata(one, major).size();
   for (const sp::TensorMetadata& tensor : metadata.tensors) {
     uint64_t crcs = 0;
-    for (const sp::StoredChunk& chunk : tensor.chunks) crcs += 4 * chunk.block_crc32c.size();
+    if (major < 4) {
+      for (const sp::StoredChunk& chunk : tensor.chunks) crcs += 4 * chunk.block_crc32c.size();
+    }
     one.tensors.assign(1, tensor);
-    const uint64_t record = sp::EncodeMetadata(one).size() - base - crcs;
+    const uint64_t record = sp::EncodeMetadata(one, major).size() - base - crcs;
     checksum_bytes += crcs;
     chunks += tensor.chunks.size();
     if (!sp::FindChunkGrid(tensor.chunks, tensor.shape)) {
@@ -618,23 +621,26 @@ void PrintMetadataBytes(const sp::CheckpointMetadata& metadata, uint64_t total) 
     }
   }
   const double mib = 1 << 20;
-  std::printf("metadata_bytes total_mib=%.1f chunks=%llu checksums_mib=%.1f grids=%llu "
-              "grid_records_mib=%.1f grid_runs=%llu listed=%zu listed_chunks=%llu "
+  std::printf("metadata_bytes version=%u total_mib=%.1f chunks=%llu checksums_mib=%.1f "
+              "grids=%llu grid_records_mib=%.1f grid_runs=%llu listed=%zu listed_chunks=%llu "
               "listed_records_mib=%.1f rest_mib=%.1f\n",
-              total / mib, static_cast<unsigned long long>(chunks), checksum_bytes / mib,
+              major, total / mib, static_cast<unsigned long long>(chunks), checksum_bytes / mib,
               static_cast<unsigned long long>(grids), grid_bytes / mib,
               static_cast<unsigned long long>(runs), metadata.tensors.size() - grids,
               static_cast<unsigned long long>(listed_chunks), list_bytes / mib,
               (total - checksum_bytes - grid_bytes - list_bytes) / mib);
 }
 
-// --open-only: the plan's metadata committed, encoded as the native file (format 3, and format 2
-// as the baseline), and the times to open it.
+// --open-only: the plan's metadata committed, encoded as the native file (format 4, and formats
+// 3.1, which holds the checksums in the records as well, and 2, at fixed width, as the
+// baselines), and the times to open it.
 bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
   if (!Committed(&metadata)) return false;
   const std::string native = sp::EncodeMetadata(metadata);
-  const std::string native_v2 = sp::EncodeMetadata(metadata, 2);  // the baseline: fixed width
-  PrintMetadataBytes(metadata, native.size());
+  const std::string native_v31 = sp::EncodeMetadata(metadata, 3);  // the checksums in records
+  const std::string native_v2 = sp::EncodeMetadata(metadata, 2);   // fixed width
+  PrintMetadataBytes(metadata, native.size(), sp::kNativeFormatMajor);
+  PrintMetadataBytes(metadata, native_v31.size(), 3);
   metadata = {};
   if (sp::Result<sp::CheckpointMetadata> decoded =
           sp::DecodeNativeCheckpointMetadata(native, "/bench", pool);
@@ -647,11 +653,14 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
       Median([&] { return sp::DecodeMetadata(native, "/bench/.metadata", pool); });
   const Timing open =
       Median([&] { return sp::DecodeNativeCheckpointMetadata(native, "/bench", pool); });
+  const Timing open_v31 =
+      Median([&] { return sp::DecodeNativeCheckpointMetadata(native_v31, "/bench", pool); });
   const Timing open_v2 =
       Median([&] { return sp::DecodeNativeCheckpointMetadata(native_v2, "/bench", pool); });
   std::printf("open metadata_mib=%.1f runs=%d decode_s=%.6f open_s=%.6f "
-              "format2_mib=%.1f format2_open_s=%.6f\n",
+              "format31_mib=%.1f format31_open_s=%.6f format2_mib=%.1f format2_open_s=%.6f\n",
               static_cast<double>(native.size()) / (1 << 20), g_runs, decode.wall_s, open.wall_s,
+              static_cast<double>(native_v31.size()) / (1 << 20), open_v31.wall_s,
               static_cast<double>(native_v2.size()) / (1 << 20), open_v2.wall_s);
   return true;
 }

@@ -43,7 +43,7 @@ run inspect "$CKPT" --json
 expect_rc "inspect --json exits 0" 0
 check "inspect --json is one JSON document" python_json "pass"
 check "inspect --json has the format and version" \
-  python_json "assert d['format'] == 'shardpoint' and d['version'] == '3.1', d['version']"
+  python_json "assert d['format'] == 'shardpoint' and d['version'] == '4.0', d['version']"
 check "inspect --json lists the data files" \
   python_json "assert len(d['files']) == $NFILES, len(d['files'])"
 check "inspect --json lists the tensors" \

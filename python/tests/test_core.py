@@ -147,7 +147,7 @@ def test_pieces_reshard_and_objects(tmp_path):
     assert missing == ["absent"]
     assert objects == [("cfg", "json", b'{"lr": 0.1}')]
     md = _core.read_metadata(path)
-    assert md.version == "3.1" and md.world_size == 1
+    assert md.version == "4.0" and md.world_size == 1
     assert md.attributes == {"step": "12"}
     assert md.tensor("w").shape == (6, 10)
     assert sorted((c.offsets, c.sizes) for c in md.tensor("w").chunks) == [((0, 0), (4, 10)), ((4, 0), (2, 10))]

@@ -27,9 +27,9 @@ Status Mismatch(const StoredChunkRef& ref, uint64_t block, uint32_t expected, ui
 
 Status CheckCount(const StoredChunkRef& ref) {
   const uint64_t expected = ChecksumBlockCount(ref.chunk->byte_length, ref.block_bytes);
-  if (ref.chunk->block_crc32c.size() != expected) {
+  if (ref.crcs.size() != expected) {
     return DataLossError("tensor '" + ref.tensor->name + "' chunk " + ref.chunk->box.ToString() +
-                         " has " + std::to_string(ref.chunk->block_crc32c.size()) +
+                         " has " + std::to_string(ref.crcs.size()) +
                          " checksums, expected " + std::to_string(expected));
   }
   return OkStatus();
@@ -39,8 +39,8 @@ Status CheckCount(const StoredChunkRef& ref) {
 
 Status CheckBlockCrc(const StoredChunkRef& ref, uint64_t block, uint32_t found) {
   SP_RETURN_IF_ERROR(CheckCount(ref));
-  if (found != ref.chunk->block_crc32c[block]) {
-    return Mismatch(ref, block, ref.chunk->block_crc32c[block], found);
+  if (found != ref.crcs[block]) {
+    return Mismatch(ref, block, ref.crcs[block], found);
   }
   return OkStatus();
 }
@@ -92,8 +92,8 @@ Status ReadChunkBytes(const StoredChunkRef& ref, uint64_t begin, uint64_t end, s
         read += edge.size();
         crc = Crc32cExtend(crc, edge.data(), edge.size());
       }
-      if (crc != chunk.block_crc32c[block]) {
-        return Mismatch(ref, block, chunk.block_crc32c[block], crc);
+      if (crc != ref.crcs[block]) {
+        return Mismatch(ref, block, ref.crcs[block], crc);
       }
     }
   }

@@ -1,6 +1,6 @@
 // Verified reads of stored chunk bytes.
 //
-// A stored chunk carries one CRC32C per checksum block of its bytes. ReadChunkBytes reads any byte
+// A stored chunk has one CRC32C per checksum block of its bytes. ReadChunkBytes reads any byte
 // range of a chunk straight into the caller's buffer and verifies every block the range touches:
 // where the range starts or ends inside a block, only the missing edge bytes of that block are
 // read (into a small buffer) so the block's checksum can be completed. Thread-safe.
@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "shardpoint/base/status.h"
@@ -26,7 +27,15 @@ struct StoredChunkRef {
   const StoredChunk* chunk = nullptr;
   uint64_t file_offset = 0;   // absolute offset of the chunk's first byte in the file
   uint64_t block_bytes = 0;   // checksum block size
+  // The chunk's block checksums: its own (StoredChunk::block_crc32c), or those of its data file's
+  // header where the metadata holds none (engine/header_checksums.h).
+  std::span<const uint32_t> crcs;
 };
+
+// A chunk's own checksums, for a StoredChunkRef.
+inline std::span<const uint32_t> OwnChecksums(const StoredChunk& chunk) {
+  return std::span<const uint32_t>(chunk.block_crc32c.data(), chunk.block_crc32c.size());
+}
 
 // Reads bytes [begin, end) of the chunk into `out` (end - begin bytes). With `verify`, every
 // checksum block overlapping the range is checked; a mismatch is kDataLoss naming the tensor,

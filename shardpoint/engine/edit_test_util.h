@@ -79,9 +79,11 @@ inline Status SaveWhole(Store* store, const std::string& path,
   return OkStatus();
 }
 
-// Loads tensor `name` whole (dtype and shape from the metadata); one rank.
+// Loads tensor `name` whole (dtype and shape from the metadata); one rank, with `options` (its
+// store and threads set here).
 inline Result<std::vector<std::byte>> LoadWhole(Store* store, const std::string& path,
-                                                const std::string& name) {
+                                                const std::string& name,
+                                                LoadOptions options = {}) {
   SP_ASSIGN_OR_RETURN(CheckpointMetadata md, ReadCheckpointMetadata(path, store));
   const TensorMetadata* t = md.FindTensor(name);
   if (t == nullptr) return NotFoundError("no tensor " + name);
@@ -92,7 +94,6 @@ inline Result<std::vector<std::byte>> LoadWhole(Store* store, const std::string&
        t->dtype,
        t->shape,
        {{Box{std::vector<int64_t>(t->shape.size(), 0), t->shape}, out.data()}}});
-  LoadOptions options;
   options.store = store;
   options.threads = 2;
   SP_RETURN_IF_ERROR(Load(state, path, options).status());

@@ -177,7 +177,10 @@ class ChunkReaderTest : public ::testing::Test {
     readable_ = std::move(store_.OpenReadable("f")).value();
   }
 
-  StoredChunkRef Ref() { return StoredChunkRef{readable_.get(), &tensor_, &chunk_, kOffset, kBlock}; }
+  StoredChunkRef Ref() {
+    return StoredChunkRef{readable_.get(), &tensor_, &chunk_, kOffset, kBlock,
+                          OwnChecksums(chunk_)};
+  }
 
   MemoryStore store_;
   std::string bytes_;

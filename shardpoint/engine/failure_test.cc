@@ -24,6 +24,7 @@
 #include "shardpoint/format/metadata_wire.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/format/open_checkpoint.h"
+#include "shardpoint/format/safetensors/safetensors.h"
 #include "shardpoint/store/fault_store.h"
 #include "shardpoint/store/memory_store.h"
 #include "shardpoint/store/posix_store.h"
@@ -306,6 +307,7 @@ class EngineFailureTest : public ::testing::Test {
       options.pool = &pool_;
       options.strict = strict;
       options.own_chunks_only = own_chunks_only_;
+      options.verify_checksums = verify_checksums_;
       SP_ASSIGN_OR_RETURN(LoadResult result, Load(state, path, options));
       if (results != nullptr) (*results)[comm.rank()] = std::move(result);
       return OkStatus();
@@ -418,6 +420,7 @@ class EngineFailureTest : public ::testing::Test {
   // these every payload they receive by Broadcast, send by Gather, receive by Scatter (PayloadTap).
   PayloadTap::Tap broadcast_tap_, gather_tap_, scatter_tap_;
   bool own_chunks_only_ = true;  // LoadAll's LoadOptions::own_chunks_only
+  bool verify_checksums_ = true;  // LoadAll's LoadOptions::verify_checksums
   ThreadPool pool_;
   spt::GlobalModel a_, b_;
   std::vector<spt::RankShards> a_shards_, b_shards_;
@@ -804,9 +807,11 @@ TEST_F(EngineCorruptionTest, MissingDataFileIsReportedAsNotFound) {
   EXPECT_THAT(s.message(), HasSubstr(file_path()));
 }
 
-// A data file's safetensors header is for other readers: Load trusts the committed metadata and
-// does not parse it (docs/FORMAT.md §2), Verify compares it with the metadata.
-TEST_F(EngineCorruptionTest, AlteredDataFileHeaderIsFoundByVerifyOnly) {
+// A data file's safetensors header is for other readers but for its checksums: Load takes the
+// chunks' places from the committed metadata, and, when it verifies, their checksums from the
+// header, which it checks against the CRC the metadata records (docs/FORMAT.md §2.2). Verify
+// compares the whole header with the metadata.
+TEST_F(EngineCorruptionTest, AlteredDataFileHeaderIsFoundByVerifyAndVerifiedLoads) {
   std::string bytes = base_.ReadFile(file_path()).value();
   const size_t at = bytes.find(tensor().name + "@");
   ASSERT_LT(at, file().data_start);
@@ -816,7 +821,13 @@ TEST_F(EngineCorruptionTest, AlteredDataFileHeaderIsFoundByVerifyOnly) {
   EXPECT_THAT(report.defects, Contains("data file " + file().name +
                                        ": its safetensors header does not match the metadata"));
   std::vector<spt::RankShards> shards;
-  for (const Status& s : LoadAll(&base_, &shards)) ASSERT_TRUE(s.ok()) << s;
+  const Status s = Agreed(LoadAll(&base_, &shards));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("data file " + file().name + ": its header's CRC32C is 0x"));
+  verify_checksums_ = false;  // unverified loads do not read the headers
+  for (const Status& unverified : LoadAll(&base_, &shards)) {
+    ASSERT_TRUE(unverified.ok()) << unverified;
+  }
   std::string first;
   EXPECT_EQ(spt::CountMismatches(a_, shards, &first), 0) << first;
 }
@@ -864,52 +875,74 @@ TEST_F(EngineCorruptionTest, TruncatedMetadataFile) {
 
 TEST_F(EngineCorruptionTest, MetadataOfAFutureMajorVersionIsRefusedByVersion) {
   std::string bytes = metadata_bytes_;
-  ASSERT_EQ(DecodeFixed32(bytes.data() + 12), 1u);  // a save writes 3.1
-  EncodeFixed32(bytes.data() + 8, 4);
+  ASSERT_EQ(DecodeFixed32(bytes.data() + 8), 4u);  // a save writes 4.0
+  EncodeFixed32(bytes.data() + 8, 5);
+  EncodeFixed32(bytes.data() + 12, 1);
   ResealHeader(bytes);
   Put(base_, kMetadataPath, bytes);
   ExpectUnreadableMetadata(StatusCode::kFailedPrecondition,
                            "metadata file /ckpt/shardpoint.metadata: checkpoint format version "
-                           "4.1 is newer than this reader (3.x)");
+                           "5.1 is newer than this reader (4.x)");
 }
 
-// What a version-1 writer left (every chunk listed in the metadata, data files saying 1.0) and
-// what a version-2 writer left (tables at fixed width, data files saying 2.0) still open, load
-// and verify, with their grids found or read when they are opened.
-TEST_F(EngineCorruptionTest, VersionOneAndTwoCheckpointsStillLoadAndVerify) {
-  ASSERT_EQ(md_.version_major, 3u);
+// What a version-1 writer left (every chunk listed in the metadata, data files saying 1.0), what
+// a version-2 writer left (tables at fixed width, data files saying 2.0) and what a version-3
+// writer left (the checksums in the records, packed) still open, load and verify, with their
+// grids found or read when they are opened.
+TEST_F(EngineCorruptionTest, VersionOneTwoAndThreeCheckpointsStillLoadAndVerify) {
+  ASSERT_EQ(md_.version_major, 4u);
+  ASSERT_TRUE(md_.checksums_in_headers);
   size_t grids = 0;
   for (const TensorMetadata& t : md_.tensors) grids += t.grid.has_value();
   ASSERT_GT(grids, 0u);
   std::vector<std::string> current_files;
-  for (const DataFile& f : md_.files) {
-    current_files.push_back(base_.ReadFile(JoinPath(kPath, f.name)).value());
+  // The metadata with its chunks' checksums, as the headers hold them: what older versions store.
+  CheckpointMetadata with_checksums = md_;
+  with_checksums.checksums_in_headers = false;
+  for (uint32_t f = 0; f < md_.files.size(); ++f) {
+    current_files.push_back(base_.ReadFile(JoinPath(kPath, md_.files[f].name)).value());
+    Result<SafetensorsHeader> header = ParseSafetensorsHeader(
+        current_files.back(), current_files.back().size(), md_.files[f].name);
+    ASSERT_TRUE(header.ok()) << header.status();
+    Result<DataFileChecksums> table =
+        ReadDataFileChecksums(*header, md_.checksum_block_bytes, md_.files[f].name);
+    ASSERT_TRUE(table.ok()) << table.status();
+    for (TensorMetadata& t : with_checksums.tensors) {
+      for (StoredChunk& c : t.chunks) {
+        if (c.file != f) continue;
+        const std::span<const uint32_t> crcs = table->Of(c.data_offset, c.byte_length);
+        c.block_crc32c = InlineVector<uint32_t, 2>(crcs);
+      }
+    }
   }
-  for (const uint32_t major : {1u, 2u}) {
+  for (const uint32_t major : {1u, 2u, 3u}) {
     SCOPED_TRACE(major);
-    const std::string metadata = EncodeMetadata(md_, major);
-    ASSERT_EQ(DecodeFixed32(metadata.data() + 8), major);
-    Put(base_, kMetadataPath, metadata);
+    CheckpointMetadata written = with_checksums;
     for (size_t i = 0; i < md_.files.size(); ++i) {
       std::string bytes = current_files[i];
-      const size_t at = bytes.find("\"format_version\":\"3.1\"");
+      const size_t at = bytes.find("\"format_version\":\"4.0\"");
       ASSERT_LT(at, md_.files[i].data_start) << md_.files[i].name;
       bytes[at + 18] = static_cast<char>('0' + major);
-      bytes[at + 20] = '0';
+      bytes[at + 20] = major == 3 ? '1' : '0';
       Put(base_, JoinPath(kPath, md_.files[i].name), bytes);
+      written.files[i].header_crc32c = Crc32c(bytes.substr(0, md_.files[i].data_start));
     }
+    const std::string metadata = EncodeMetadata(written, major);
+    ASSERT_EQ(DecodeFixed32(metadata.data() + 8), major);
+    Put(base_, kMetadataPath, metadata);
     CheckpointMetadata md = ReadCheckpointMetadata(kPath, &base_).value();
     EXPECT_EQ(md.version_major, major);
     // Before 3.1 the metadata does not say that the data files hold checksums (they still do).
-    EXPECT_FALSE(md.data_file_checksums);
-    md.version_major = 3;
-    md.version_minor = 1;
+    EXPECT_EQ(md.data_file_checksums, major == 3);
+    EXPECT_FALSE(md.checksums_in_headers);
+    md.version_major = 4;
+    md.version_minor = 0;
     md.data_file_checksums = true;
     for (size_t i = 0; i < md.files.size(); ++i) {
-      EXPECT_EQ(md.files[i].header_crc32c, 0u);
+      if (major < 3) EXPECT_EQ(md.files[i].header_crc32c, 0u);
       md.files[i].header_crc32c = md_.files[i].header_crc32c;
     }
-    EXPECT_EQ(md, md_);
+    EXPECT_EQ(md, with_checksums);
     size_t found = 0;
     for (const TensorMetadata& t : md.tensors) found += t.grid.has_value();
     EXPECT_EQ(found, grids);

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "shardpoint/base/crc32c.h"
+#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/open_checkpoint.h"
@@ -68,13 +69,18 @@ struct Job {
   BufferPool& staging;  // the pool's: shared with its other callers
   uint64_t span;        // file bytes per extent at most
   std::vector<char> direct_files;  // per file: its large extents are read directly
+  // Where the metadata holds no checksums and the reads verify: those of the files' headers.
+  const HeaderChecksums* header_checksums = nullptr;
   std::atomic<uint64_t> bytes_read{0};
 };
 
 StoredChunkRef RefFor(const Job& job, const ReadRequest& r) {
   const DataFile& file = job.metadata.files[r.chunk->file];
   return StoredChunkRef{job.files[r.chunk->file].get(), r.stored, r.chunk,
-                        file.data_start + r.chunk->data_offset, job.metadata.checksum_block_bytes};
+                        file.data_start + r.chunk->data_offset, job.metadata.checksum_block_bytes,
+                        job.header_checksums != nullptr
+                            ? job.header_checksums->Of(*r.chunk)
+                            : OwnChecksums(*r.chunk)};
 }
 
 }  // namespace
@@ -778,6 +784,20 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   BufferPool::Stay stay(pool.staging());
   Job job(metadata, files, effective, pool.staging(), span, std::move(direct_files));
+  // Format 4: the checksums are in the headers of the files read; each header is read once per
+  // HeaderChecksums (the caller's, shared by its calls, or one for this call).
+  std::optional<HeaderChecksums> own_headers;
+  if (effective.verify && metadata.checksums_in_headers) {
+    HeaderChecksums* headers = options.header_checksums;
+    if (headers == nullptr) headers = &own_headers.emplace(metadata.files.size());
+    std::vector<uint32_t> read_files;
+    read_files.reserve(requests.size());
+    for (const ReadRequest& r : requests) {
+      if (r.chunk->encoding != ChunkEncoding::kDriverDecoded) read_files.push_back(r.chunk->file);
+    }
+    SP_RETURN_IF_ERROR(headers->Load(metadata, files, read_files, &pool));
+    job.header_checksums = headers;
+  }
   std::deque<Staged> staged;  // stable addresses for the extents
   std::deque<Direct> direct;
   std::vector<Task> tasks;

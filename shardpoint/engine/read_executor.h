@@ -47,6 +47,7 @@
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/geometry/strided_copy.h"
+#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/store/store.h"
 
 namespace sp {
@@ -131,6 +132,11 @@ struct ReadExecutorOptions {
   // (docs/PERFORMANCE.md, "Shared memory's pages").
   const std::byte* staged_from = nullptr;
   const std::byte* staged_to = nullptr;
+  // Where the metadata holds no block checksums (CheckpointMetadata::checksums_in_headers) and
+  // the reads verify, the headers of the files read give them: loaded into this table, which a
+  // caller of several ExecuteReads on one checkpoint shares so that each header is read once;
+  // null: a table for the call. Not owned.
+  HeaderChecksums* header_checksums = nullptr;
 };
 
 // Where the k-th of the n mostly staged direct extents of file `file` runs, as a relative

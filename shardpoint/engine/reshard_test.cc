@@ -720,14 +720,17 @@ void ExpectMetadata(const Case& c, const CheckpointMetadata& md) {
       if (c.save_options.dedup_to_lowest_rank) {
         EXPECT_EQ(writer, it->second.front());
       }
-      EXPECT_EQ(chunk.block_crc32c.size(), (chunk.byte_length + bs - 1) / bs);
+      // Format 4: the checksums are in the data files' headers (ExpectHeadersOfMetadata).
+      EXPECT_EQ(chunk.block_crc32c.size(),
+                md.checksums_in_headers ? 0 : (chunk.byte_length + bs - 1) / bs);
     }
   }
 }
 
 // The ranks built their native files' headers themselves (CheckpointWriter::ranks_build_headers):
 // each file holds, byte for byte, the header the committed metadata implies, with its chunks'
-// checksums (docs/FORMAT.md §2.2) and the CRC the metadata records, and is as long as the
+// checksums (docs/FORMAT.md §2.2: the CRC32C of each block of the chunk's bytes in the file, and
+// the metadata's where it holds them too) and the CRC the metadata records, and is as long as the
 // metadata says.
 void ExpectHeadersOfMetadata(Store& store, const std::string& path, const CheckpointMetadata& md) {
   if (md.format != CheckpointFormat::kNative) return;
@@ -740,12 +743,25 @@ void ExpectHeadersOfMetadata(Store& store, const std::string& path, const Checkp
       chunks.at(c.file).push_back({{c.data_offset, c.data_offset + c.byte_length}, &c});
     }
   }
+  const uint64_t bs = md.checksum_block_bytes;
   for (size_t f = 0; f < md.files.size(); ++f) {
+    Result<std::unique_ptr<ReadableFile>> file = store.OpenReadable(path + "/" + md.files[f].name);
+    ASSERT_TRUE(file.ok()) << file.status();
     std::stable_sort(chunks[f].begin(), chunks[f].end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<uint32_t> crcs;
     for (const auto& [extent, c] : chunks[f]) {
-      crcs.insert(crcs.end(), c->block_crc32c.begin(), c->block_crc32c.end());
+      std::string bytes(c->byte_length, '\0');
+      ASSERT_TRUE((*file)->ReadAt(md.files[f].data_start + c->data_offset,
+                                  AsMutableBytes(bytes.data(), bytes.size())).ok());
+      std::vector<uint32_t> own;
+      for (uint64_t lo = 0; lo < bytes.size(); lo += bs) {
+        own.push_back(Crc32c(std::string_view(bytes).substr(lo, bs)));
+      }
+      if (!md.checksums_in_headers) {
+        EXPECT_EQ(own, std::vector<uint32_t>(c->block_crc32c.begin(), c->block_crc32c.end()));
+      }
+      crcs.insert(crcs.end(), own.begin(), own.end());
     }
     ASSERT_TRUE(FillDataFileChecksums(&headers[f], crcs).ok()) << md.files[f].name;
     EXPECT_EQ(Crc32c(headers[f]), md.files[f].header_crc32c) << md.files[f].name;

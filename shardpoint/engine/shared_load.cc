@@ -537,6 +537,8 @@ SharedOutcome LoadShared(const LoadState& state, const CheckpointMetadata& metad
   const std::vector<ReadRequest> planned = RequestsOfPlan(p, plan);
   ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, gate);
   read_options.max_gap_bytes = 0;
+  HeaderChecksums headers(metadata.files.size());  // read once for every round
+  read_options.header_checksums = &headers;
 
   // Every data file this rank reads in any round, opened once.
   DataFiles files;
@@ -629,6 +631,8 @@ SharedOutcome LoadSharedOnMachine(const LoadState& state, const CheckpointMetada
   // copies its regions out of them (engine/read_exchange.h).
   ReadExecutorOptions read_options = ReadOptionsFor(metadata, options, ctx, nullptr);
   read_options.max_gap_bytes = 0;
+  HeaderChecksums headers(metadata.files.size());  // read once for every round
+  read_options.header_checksums = &headers;
   Result<ExchangePlan> made = PlanOnRoot(
       comm, prepared, metadata, options,
       std::clamp<uint64_t>(options.memory_budget_bytes / kMachineSlots, 1, kMachineRoundBytes),

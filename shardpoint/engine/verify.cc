@@ -149,16 +149,7 @@ void CheckChunkChecksums(const CheckpointMetadata& md, const TensorMetadata& t,
                          const StoredChunk& c, const DataFileChecksums& in_file,
                          DefectList& defects) {
   if (c.byte_length == 0) return;  // an empty chunk has none
-  // Of the entries at its offset, the last: those before it are empty.
-  const auto after = std::upper_bound(in_file.entry_begin.begin(), in_file.entry_begin.end(),
-                                      c.data_offset);
-  std::span<const uint32_t> found;
-  if (after != in_file.entry_begin.begin() && *std::prev(after) == c.data_offset) {
-    const size_t e = static_cast<size_t>(after - in_file.entry_begin.begin()) - 1;
-    const uint64_t first = in_file.entry_first[e];
-    const uint64_t end = in_file.entry_first[e + 1];
-    found = std::span<const uint32_t>(in_file.crcs).subspan(first, end - first);
-  }
+  const std::span<const uint32_t> found = in_file.Of(c.data_offset, c.byte_length);
   const std::span<const uint32_t> want(c.block_crc32c.data(), c.block_crc32c.size());
   if (!std::equal(found.begin(), found.end(), want.begin(), want.end())) {
     defects.Add("data file " + md.files[c.file].name + ": its header's block checksums of " +
@@ -300,7 +291,13 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
     for (const StoredChunk& c : t.chunks) {
       if (c.file >= files.size() || !files[c.file]) continue;
       ++report.chunks_checked;
-      if (in_headers[c.file]) CheckChunkChecksums(md, t, c, *in_headers[c.file], defects);
+      // Format 4: the header's checksums are the chunk's (a header that does not match its CRC
+      // is a defect reported above, and its chunks are not read); before, they must be the
+      // metadata's.
+      if (md.checksums_in_headers && !in_headers[c.file]) continue;
+      if (in_headers[c.file] && !md.checksums_in_headers) {
+        CheckChunkChecksums(md, t, c, *in_headers[c.file], defects);
+      }
       if (c.encoding == ChunkEncoding::kDriverDecoded) {
         group.Run([&md, &t, &c, file = files[c.file].get(), &bytes, &defects]() -> Status {
           Status s = CheckDecodedChunk(md, t, c, *file, &bytes);
@@ -310,8 +307,11 @@ Result<VerifyReport> Verify(std::string_view path, Store* store, ThreadPool* poo
         continue;
       }
       if (!report.has_checksums) continue;
+      const std::span<const uint32_t> crcs =
+          md.checksums_in_headers ? in_headers[c.file]->Of(c.data_offset, c.byte_length)
+                                  : OwnChecksums(c);
       StoredChunkRef ref{files[c.file].get(), &t, &c, md.files[c.file].data_start + c.data_offset,
-                         md.checksum_block_bytes};
+                         md.checksum_block_bytes, crcs};
       for (uint64_t lo = 0; lo < c.byte_length; lo += kVerifyTaskBytes) {
         uint64_t hi = std::min(lo + kVerifyTaskBytes, c.byte_length);
         group.Run([ref, lo, hi, &bytes, &defects]() -> Status {

@@ -135,11 +135,11 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
   const std::vector<std::pair<std::string, std::string>> edits = {
       {"\"shardpoint\"", "\"shardpoinu\""},
       {"\"format_version\"", "\"format_versioo\""},
-      {"\"3.1\"", "\"3.2\""},  // a minor newer than the metadata's
-      {"\"3.1\"", "\"4.0\""},  // a newer major
-      {"\"3.1\"", "\"0.9\""},  // no such version
-      {"\"3.1\"", "\"3.x\""},
-      {"\"3.1\"", "\"03.\""},
+      {"\"4.0\"", "\"4.2\""},  // a minor newer than the metadata's
+      {"\"4.0\"", "\"5.0\""},  // a newer major
+      {"\"4.0\"", "\"0.9\""},  // no such version
+      {"\"4.0\"", "\"4.x\""},
+      {"\"4.0\"", "\"04.\""},
       {"\"" + md.save_id + "\"", "\"" + std::string(md.save_id.size(), 'z') + "\""},
   };
   for (const auto& [from, to] : edits) {
@@ -155,7 +155,7 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
               std::string::npos)
         << report.defects[0];
     EXPECT_NE(report.defects[0].find("does not match the metadata (expected {format=shardpoint, "
-                                     "format_version=3.1, save_id=" + md.save_id + "})"),
+                                     "format_version=4.0, save_id=" + md.save_id + "})"),
               std::string::npos)
         << report.defects[0];
   }
@@ -164,9 +164,9 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
   // from the file.
   const std::string metadata_path = JoinPath("/ckpt", kMetadataFileName);
   const std::string metadata = store.ReadFile(metadata_path).value();
-  for (const char* version : {"\"1.0\"", "\"2.0\"", "\"3.0\""}) {
+  for (const char* version : {"\"1.0\"", "\"2.0\"", "\"3.0\"", "\"3.1\""}) {
     std::string older = original;
-    older.replace(older.find("\"3.1\""), 5, version);
+    older.replace(older.find("\"4.0\""), 5, version);
     WriteFile(store, path, older);
     CheckpointMetadata with_crc = md;
     with_crc.files[0].header_crc32c = Crc32c(older.substr(0, md.files[0].data_start));
@@ -179,7 +179,9 @@ TEST(VerifyTest, Defect8NativeDataFileMetadataBlockIsChecked) {
 }
 
 // A save writes each data file's block checksums into its header (docs/FORMAT.md §2.2) and the
-// header's CRC into the metadata (version 3.1); verify checks both.
+// header's CRC into the metadata (version 4, whose records hold no checksums); verify and loads
+// check the header against its CRC and the chunks against the header's checksums. Metadata of
+// version 3.1 holds the checksums as well, and verify checks that they are the header's.
 TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
   MemoryStore store;
   ASSERT_TRUE(store.CreateDirs("/ckpt").ok());
@@ -192,30 +194,43 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
                                  {}, 3, options)
                   .ok());
   const CheckpointMetadata md = ReadCheckpointMetadata("/ckpt", &store).value();
-  EXPECT_EQ(md.version_major, 3u);
-  EXPECT_EQ(md.version_minor, 1u);
+  EXPECT_EQ(md.version_major, 4u);
+  EXPECT_EQ(md.version_minor, 0u);
   ASSERT_TRUE(md.data_file_checksums);
+  ASSERT_TRUE(md.checksums_in_headers);
   ASSERT_EQ(md.files.size(), 3u);
+  // The same metadata as version 3.1: the chunks with their checksums, taken from the files.
+  CheckpointMetadata v31 = md;
+  v31.checksums_in_headers = false;
+  std::string first_tensor;  // a tensor with a chunk in the first file
+  for (TensorMetadata& t : v31.tensors) {
+    for (StoredChunk& c : t.chunks) {
+      EXPECT_TRUE(c.block_crc32c.empty()) << t.name;
+      const DataFile& file = md.files[c.file];
+      const std::string bytes = store.ReadFile(JoinPath("/ckpt", file.name)).value();
+      for (uint64_t lo = 0; lo < c.byte_length; lo += 16) {
+        const uint64_t at = file.data_start + c.data_offset + lo;
+        c.block_crc32c.push_back(
+            Crc32c(bytes.substr(at, std::min<uint64_t>(16, c.byte_length - lo))));
+      }
+      if (c.file == 0 && c.byte_length > 0 && first_tensor.empty()) first_tensor = t.name;
+    }
+  }
+  ASSERT_FALSE(first_tensor.empty());
   for (uint32_t f = 0; f < md.files.size(); ++f) {
     const DataFile& file = md.files[f];
     const std::string bytes = store.ReadFile(JoinPath("/ckpt", file.name)).value();
     EXPECT_EQ(Crc32c(bytes.substr(0, file.data_start)), file.header_crc32c) << file.name;
     Result<SafetensorsHeader> header = ParseSafetensorsHeader(bytes, bytes.size(), file.name);
     ASSERT_TRUE(header.ok()) << header.status();
-    EXPECT_EQ(header->metadata.at("format_version"), "3.1");
-    // The metadata's checksums of the file's chunks, in data offset order.
+    EXPECT_EQ(header->metadata.at("format_version"), "4.0");
+    // The header holds each block's checksum of the file's chunks, in data offset order.
     std::vector<std::pair<uint64_t, std::vector<uint32_t>>> chunks;
-    for (const TensorMetadata& t : md.tensors) {
+    for (const TensorMetadata& t : v31.tensors) {
       for (const StoredChunk& c : t.chunks) {
         if (c.file != f || c.byte_length == 0) continue;
         chunks.emplace_back(c.data_offset,
                             std::vector<uint32_t>(c.block_crc32c.begin(), c.block_crc32c.end()));
-        // Each checksum is that of its block of the file.
-        for (size_t b = 0; b < c.block_crc32c.size(); ++b) {
-          const uint64_t at = file.data_start + c.data_offset + 16 * b;
-          EXPECT_EQ(c.block_crc32c[b],
-                    Crc32c(bytes.substr(at, std::min<uint64_t>(16, c.byte_length - 16 * b))));
-        }
       }
     }
     std::sort(chunks.begin(), chunks.end());
@@ -229,7 +244,7 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
   EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
 
   // One hex digit of the first file's checksums changed: its header no longer has the CRC the
-  // metadata records.
+  // metadata records. Verify reports it, and a load of a tensor in that file refuses it.
   const DataFile& file = md.files[0];
   const std::string path = JoinPath("/ckpt", file.name);
   const std::string original = store.ReadFile(path).value();
@@ -247,13 +262,55 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
   EXPECT_NE(report.defects[0].find(std::string(", the metadata records ") + want_crc),
             std::string::npos)
       << report.defects[0];
+  Status load = testing::LoadWhole(&store, "/ckpt", first_tensor).status();
+  EXPECT_EQ(load.code(), StatusCode::kDataLoss) << load;
+  EXPECT_NE(load.message().find("data file " + file.name + ": its header's CRC32C is 0x"),
+            std::string::npos)
+      << load;
+  EXPECT_NE(load.message().find(std::string(", the metadata records ") + want_crc +
+                                ": the header, which holds its chunks' checksums, is damaged"),
+            std::string::npos)
+      << load;
+  // Loads that do not verify do not read headers.
+  LoadOptions unverified;
+  unverified.verify_checksums = false;
+  EXPECT_TRUE(testing::LoadWhole(&store, "/ckpt", first_tensor, unverified).ok());
 
-  // The same header with the metadata recording its CRC: the checksum in it is not the chunk's.
+  // The same header with the metadata recording its CRC: the checksum changed is no longer its
+  // block's, which verify and the load find in the chunk's bytes.
   const std::string metadata_path = JoinPath("/ckpt", kMetadataFileName);
   const std::string metadata = store.ReadFile(metadata_path).value();
   CheckpointMetadata edited = md;
   edited.files[0].header_crc32c = Crc32c(changed.substr(0, file.data_start));
   WriteFile(store, metadata_path, EncodeMetadata(edited));
+  report = VerifyOk(store, "/ckpt");
+  ASSERT_EQ(report.defects.size(), 1u);
+  EXPECT_NE(report.defects[0].find("checksum mismatch in tensor '"), std::string::npos)
+      << report.defects[0];
+  EXPECT_NE(report.defects[0].find("(file /ckpt/" + file.name + ", chunk bytes 0..16)"),
+            std::string::npos)
+      << report.defects[0];
+  load = testing::LoadWhole(&store, "/ckpt", first_tensor).status();
+  EXPECT_EQ(load.code(), StatusCode::kDataLoss) << load;
+  EXPECT_NE(load.message().find("checksum mismatch in tensor '" + first_tensor + "'"),
+            std::string::npos)
+      << load;
+
+  // As version 3.1 (data files that say so) the metadata holds the checksums as well: verify
+  // finds the header's differ from them; loads read the metadata's, which the chunks' bytes
+  // match.
+  CheckpointMetadata edited31 = v31;
+  std::vector<std::string> files_as_v4;
+  for (uint32_t f = 0; f < md.files.size(); ++f) {
+    const std::string file_path = JoinPath("/ckpt", md.files[f].name);
+    files_as_v4.push_back(store.ReadFile(file_path).value());
+    std::string bytes = files_as_v4.back();
+    bytes.replace(bytes.find("\"4.0\""), 5, "\"3.1\"");
+    WriteFile(store, file_path, bytes);
+    edited31.files[f].header_crc32c = Crc32c(bytes.substr(0, md.files[f].data_start));
+  }
+  WriteFile(store, metadata_path, EncodeMetadata(edited31, 3));
+  ASSERT_EQ(ReadCheckpointMetadata("/ckpt", &store)->version_minor, 1u);
   report = VerifyOk(store, "/ckpt");
   ASSERT_EQ(report.defects.size(), 1u);
   EXPECT_NE(report.defects[0].find("data file " + file.name +
@@ -262,6 +319,10 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
       << report.defects[0];
   EXPECT_NE(report.defects[0].find("differ from the metadata's"), std::string::npos)
       << report.defects[0];
+  EXPECT_TRUE(testing::LoadWhole(&store, "/ckpt", first_tensor).ok());
+  for (uint32_t f = 0; f < md.files.size(); ++f) {
+    WriteFile(store, JoinPath("/ckpt", md.files[f].name), files_as_v4[f]);
+  }
 
   // A digit that is not one.
   changed[digits] = 'G';
@@ -274,12 +335,13 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
                                    "hold 'G' at digit 0, not a lowercase hex digit"),
             std::string::npos)
       << report.defects[0];
+  load = testing::LoadWhole(&store, "/ckpt", first_tensor).status();
+  EXPECT_NE(load.message().find("hold 'G' at digit 0"), std::string::npos) << load;
 
-  // Loads read the chunks against the metadata's checksums: the header's do not matter to them.
-  EXPECT_TRUE(testing::LoadWhole(&store, "/ckpt", "a").ok());
   WriteFile(store, metadata_path, metadata);
   WriteFile(store, path, original);
   EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
+  EXPECT_TRUE(testing::LoadWhole(&store, "/ckpt", first_tensor).ok());
 }
 
 }  // namespace

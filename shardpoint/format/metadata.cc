@@ -16,6 +16,7 @@ CheckpointMetadata WithoutTensors(const CheckpointMetadata& metadata) {
   out.format = metadata.format;
   out.checksum_block_bytes = metadata.checksum_block_bytes;
   out.data_file_checksums = metadata.data_file_checksums;
+  out.checksums_in_headers = metadata.checksums_in_headers;
   out.files = metadata.files;
   out.objects = metadata.objects;
   out.attributes = metadata.attributes;

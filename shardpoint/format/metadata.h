@@ -525,7 +525,9 @@ Status CheckChecksumsFit(const std::vector<TensorMetadata>& tensors,
 Status FillChecksums(const ChunkChecksums& checksums, std::vector<TensorMetadata>* tensors);
 
 struct CheckpointMetadata {
-  uint32_t version_major = 3;  // the native format's (format/native/metadata_codec.h)
+  // The native format's (format/native/metadata_codec.h): the version metadata without the data
+  // files' checksums is written as, and what a native save sets (4.0) and a decoder reads.
+  uint32_t version_major = 3;
   uint32_t version_minor = 0;
   std::string save_id;  // unique per save; data file names carry it
   int32_t world_size = 1;
@@ -533,9 +535,15 @@ struct CheckpointMetadata {
   // 0: the format stores no checksums (foreign formats); chunks are read unverified.
   uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   // Native only: every data file's header holds the block checksums of its chunks and the
-  // metadata each header's CRC32C (DataFile::header_crc32c; docs/FORMAT.md, version 3.1). Set by
-  // a native save and by the decoder of a version 3.1 file; the encoder writes 3.1 when set.
+  // metadata each header's CRC32C (DataFile::header_crc32c; docs/FORMAT.md §2.2). Set by a native
+  // save and by the decoder of a version 3.1 or 4 file; the encoder then writes version 4 (whose
+  // tensor records hold no checksums), and 3.0 without it.
   bool data_file_checksums = false;
+  // The chunks hold no block checksums here (StoredChunk::block_crc32c and the packed checksums
+  // are empty): the metadata was decoded from a version 4 file, and reads take each chunk's
+  // checksums from its data file's header, checked against DataFile::header_crc32c
+  // (engine/header_checksums.h). Implies data_file_checksums.
+  bool checksums_in_headers = false;
   // A load rank's part of the metadata received from the coordinator (EncodeMetadataPartForWire
   // in format/metadata_wire.h) holds only the files its chunks and objects name; the others keep
   // their place, without a name.

@@ -771,11 +771,13 @@ Status GetHead(ByteReader& r, NameBudget* names, CheckpointMetadata* m, HeldFile
   m->format = static_cast<CheckpointFormat>(format);
   SP_ASSIGN_OR_RETURN(m->checksum_block_bytes, r.ReadVarint());
   SP_ASSIGN_OR_RETURN(uint8_t file_checksums, r.ReadU8());
-  if (file_checksums > 1) {
+  // Bit 0: the data files' headers hold their checksums; bit 1: the chunks hold none (format 4).
+  if (file_checksums > 3 || file_checksums == 2) {
     return DataLossError(r.what() + ": data file checksums flag " +
                          std::to_string(file_checksums));
   }
-  m->data_file_checksums = file_checksums == 1;
+  m->data_file_checksums = (file_checksums & 1) != 0;
+  m->checksums_in_headers = (file_checksums & 2) != 0;
   if (magic == kWireMagic) {
     SP_ASSIGN_OR_RETURN(files->count, r.ReadVarintCount(kFileBytes));
     m->files.resize(files->count);
@@ -839,7 +841,7 @@ void PutHead(ByteWriter& w, const CheckpointMetadata& m, const std::vector<bool>
   w.PutSignedVarint(m.world_size);
   w.PutU8(static_cast<uint8_t>(m.format));
   w.PutVarint(m.checksum_block_bytes);
-  w.PutU8(m.data_file_checksums ? 1 : 0);
+  w.PutU8((m.data_file_checksums ? 1 : 0) | (m.checksums_in_headers ? 2 : 0));
   w.PutVarint(m.files.size());
   std::string_view previous;
   if (held == nullptr) {

@@ -126,13 +126,15 @@ std::vector<bool> FilesRead(const std::vector<Slab>& slabs, const ConsolidationP
 struct Job {
   Job(const ConsolidationPlan& plan_in, const CheckpointMetadata& md_in, ThreadPool& pool_in,
       const ConsolidateOptions& options_in)
-      : plan(plan_in), md(md_in), pool(pool_in), options(options_in) {}
+      : plan(plan_in), md(md_in), pool(pool_in), options(options_in),
+        headers(md_in.files.size()) {}
 
   const ConsolidationPlan& plan;
   const CheckpointMetadata& md;
   ThreadPool& pool;
   const ConsolidateOptions& options;
   std::vector<std::unique_ptr<ReadableFile>> sources;
+  HeaderChecksums headers;  // the sources' checksums, where their metadata holds none
   std::vector<std::unique_ptr<WritableFile>> outputs;
   uint64_t window = 0;
   std::vector<uint32_t> slab_crc32;  // torch files: the CRC-32 of each slab's bytes
@@ -163,6 +165,7 @@ Status FillSlab(Job& job, const Slab& slab, size_t index) {
   }
   ReadExecutorOptions read_options;
   read_options.window = job.window;
+  read_options.header_checksums = &job.headers;
   SP_ASSIGN_OR_RETURN(uint64_t read,
                       ExecuteReads(requests, job.md, job.sources, job.pool, read_options));
   job.bytes_read.fetch_add(read, std::memory_order_relaxed);

@@ -16,10 +16,13 @@ namespace {
 struct Source {
   CheckpointMetadata metadata;
   DataFiles files;
+  // The files' checksums, where the metadata holds none: each header read once.
+  std::unique_ptr<HeaderChecksums> headers;
 
   Status Open(Store& store, std::string_view path, ThreadPool& pool) {
     SP_ASSIGN_OR_RETURN(metadata, OpenCheckpointMetadata(store, path, &pool));
     SP_ASSIGN_OR_RETURN(files, OpenDataFiles(store, path, metadata, AllDataFiles(metadata)));
+    headers = std::make_unique<HeaderChecksums>(metadata.files.size());
     return OkStatus();
   }
 
@@ -31,6 +34,7 @@ struct Source {
         MakeReadRequest(tensor, c, ReadDestination{out.data(), chunk.box, tensor.dtype}, chunk.box);
     ReadExecutorOptions read_options;
     read_options.window = window;
+    read_options.header_checksums = headers.get();
     SP_ASSIGN_OR_RETURN(uint64_t bytes, ExecuteReads(std::span<const ReadRequest>(&request, 1),
                                                      metadata, files, pool, read_options));
     (void)bytes;

@@ -97,7 +97,8 @@ std::string Bytes(const std::vector<float>& v) {
 TEST_F(MappedConsolidateTest, FusedTargetsFromMultiChunkSourcesAreBitExact) {
   CheckpointMetadata md = *ReadCheckpointMetadata("/ckpt", &store_);
   ASSERT_EQ(md.FindTensor("experts.1.w3")->chunks.size(), 3u);
-  ASSERT_GT(md.FindTensor("experts.1.w3")->chunks[0].block_crc32c.size(), 1u);
+  // Several checksum blocks a chunk: the reads verify blocks they cut through.
+  ASSERT_GT(md.FindTensor("experts.1.w3")->chunks[0].byte_length, md.checksum_block_bytes);
   Result<ConsolidateResult> result = Consolidate("/ckpt", "/out", options_);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->tensors, 3u);

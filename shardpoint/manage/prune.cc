@@ -11,6 +11,7 @@
 #include "shardpoint/base/random_id.h"
 #include "shardpoint/checkpoint.h"
 #include "shardpoint/engine/chunk_reader.h"
+#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/store/open_store.h"
@@ -30,6 +31,8 @@ struct RewrittenFile {
   uint32_t new_file = 0;
   std::string header;
   std::vector<ChunkCopy> copies;  // in new_offset order
+  // Format 4: the old file's checksums, from its header (TakeHeaderChecksums).
+  DataFileChecksums old_checksums;
 };
 
 struct PrunePlan {
@@ -150,7 +153,8 @@ Status LayOutRewrites(const CheckpointMetadata& md, const std::vector<int64_t>& 
     for (const ChunkCopy& c : r.copies) data_bytes += c.chunk->byte_length;
     r.header = BuildDataFileHeader(plan->next, r.new_file);
     DataFile& file = plan->next.files[r.new_file];
-    if (plan->next.data_file_checksums) {
+    // Format 4: filled from the old headers once they are read (TakeHeaderChecksums).
+    if (plan->next.data_file_checksums && !md.checksums_in_headers) {
       std::vector<uint32_t> crcs;  // the copies are in data offset order, as the entries
       for (const ChunkCopy& c : r.copies) {
         crcs.insert(crcs.end(), c.chunk->block_crc32c.begin(), c.chunk->block_crc32c.end());
@@ -182,6 +186,27 @@ Result<PrunePlan> MakePlan(const CheckpointMetadata& md, const std::vector<std::
   return plan;
 }
 
+// Format 4, where the metadata holds no checksums: each rewritten file's header takes its copies'
+// checksums from the old file's header, checked against its CRC.
+Status TakeHeaderChecksums(Store& store, std::string_view path, const CheckpointMetadata& md,
+                           PrunePlan* plan) {
+  for (RewrittenFile& r : plan->rewrites) {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> in,
+                        OpenDataFile(store, path, md, r.old_file));
+    SP_ASSIGN_OR_RETURN(r.old_checksums, ReadHeaderChecksums(md, r.old_file, *in));
+    std::vector<uint32_t> crcs;  // the copies are in data offset order, as the entries
+    for (const ChunkCopy& c : r.copies) {
+      const std::span<const uint32_t> of =
+          r.old_checksums.Of(c.chunk->data_offset, c.chunk->byte_length);
+      crcs.insert(crcs.end(), of.begin(), of.end());
+    }
+    SP_RETURN_IF_ERROR(FillDataFileChecksums(&r.header, crcs)
+                           .WithContext("data file " + md.files[r.old_file].name));
+    plan->next.files[r.new_file].header_crc32c = Crc32c(r.header);
+  }
+  return OkStatus();
+}
+
 // Writes one rewritten file under its temporary name and renames it into place. `written`
 // collects the paths to remove if the prune fails before its commit.
 Status WriteRewrite(Store& store, std::string_view path, const CheckpointMetadata& md,
@@ -200,7 +225,10 @@ Status WriteRewrite(Store& store, std::string_view path, const CheckpointMetadat
   const uint64_t step = std::max<uint64_t>(block, buffer.size() / block * block);
   std::atomic<uint64_t> bytes_read{0};
   for (const ChunkCopy& c : r.copies) {
-    StoredChunkRef ref{in.get(), c.tensor, c.chunk, old.data_start + c.chunk->data_offset, block};
+    StoredChunkRef ref{in.get(), c.tensor, c.chunk, old.data_start + c.chunk->data_offset, block,
+                       md.checksums_in_headers
+                           ? r.old_checksums.Of(c.chunk->data_offset, c.chunk->byte_length)
+                           : OwnChecksums(*c.chunk)};
     for (uint64_t lo = 0; lo < c.chunk->byte_length; lo += step) {
       const uint64_t hi = std::min(lo + step, c.chunk->byte_length);
       SP_RETURN_IF_ERROR(ReadChunkBytes(ref, lo, hi, buffer.data(), true, &bytes_read));
@@ -243,6 +271,7 @@ Result<PruneReport> Prune(std::string_view path, const std::vector<std::string>&
   }
   SP_ASSIGN_OR_RETURN(PrunePlan plan, MakePlan(md, prefixes, path));
   if (options.dry_run) return plan.report;
+  if (md.checksums_in_headers) SP_RETURN_IF_ERROR(TakeHeaderChecksums(*store, path, md, &plan));
 
   AlignedBuffer buffer(std::max<uint64_t>(options.copy_buffer_bytes, md.checksum_block_bytes));
   std::vector<std::string> written;

@@ -64,11 +64,13 @@ std::string BuildDataFileHeader(std::string_view save_id, std::vector<DataFileCh
     return x.data_offset + x.byte_length < y.data_offset + y.byte_length;
   };
   std::stable_sort(chunks.begin(), chunks.end(), by_offset);
-  // Version 3.1 files keep room for their checksums: 8 hex digits a block.
+  // Files of version 3.1 and later keep room for their checksums: 8 hex digits a block. (The
+  // headers of 3.1 and 4 are alike; a header without checksums is that of version 3.0.)
   std::map<std::string, std::string> pairs = {
       {"format", "shardpoint"},
-      {"format_version", std::to_string(kNativeFormatMajor) + "." +
-                             std::to_string(checksum_block_bytes > 0 ? kNativeFormatMinor : 0)},
+      {"format_version", checksum_block_bytes > 0 ? std::to_string(kNativeFormatMajor) + "." +
+                                                        std::to_string(kNativeFormatMinor)
+                                                  : std::string("3.0")},
       {"save_id", std::string(save_id)},
   };
   if (checksum_block_bytes > 0) {
@@ -156,6 +158,16 @@ Result<DataFileChecksums> ReadDataFileChecksums(const SafetensorsHeader& header,
     out.crcs[b] = crc;
   }
   return out;
+}
+
+std::span<const uint32_t> DataFileChecksums::Of(uint64_t data_offset,
+                                                uint64_t byte_length) const {
+  if (byte_length == 0) return {};
+  const auto after = std::upper_bound(entry_begin.begin(), entry_begin.end(), data_offset);
+  if (after == entry_begin.begin() || *std::prev(after) != data_offset) return {};
+  const size_t e = static_cast<size_t>(after - entry_begin.begin()) - 1;
+  const uint64_t first = entry_first[e];
+  return std::span<const uint32_t>(crcs).subspan(first, entry_first[e + 1] - first);
 }
 
 std::string BuildDataFileHeader(const CheckpointMetadata& metadata, uint32_t file_index) {

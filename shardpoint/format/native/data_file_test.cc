@@ -98,7 +98,7 @@ TEST(DataFileTest, AllHeadersAtOnceAreEachFilesHeader) {
 
 // Version 3.1: a header keeps room for its chunks' block checksums (8 hex digits a block, first
 // in __metadata__), which FillDataFileChecksums fills and ReadDataFileChecksums reads back.
-TEST(DataFileTest, Version31HeadersHoldTheirChunksChecksums) {
+TEST(DataFileTest, Version31AndFourHeadersHoldTheirChunksChecksums) {
   size_t blocks_seen = 0;
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     CheckpointMetadata m = testing::RandomMetadata(seed, 10);
@@ -126,7 +126,7 @@ TEST(DataFileTest, Version31HeadersHoldTheirChunksChecksums) {
       Result<SafetensorsHeader> room = ParseSafetensorsHeader(header, size, "f");
       ASSERT_TRUE(room.ok()) << room.status();
       EXPECT_EQ(room->metadata.at("crc32c"), std::string(8 * crcs.size(), '0'));
-      EXPECT_EQ(room->metadata.at("format_version"), "3.1");
+      EXPECT_EQ(room->metadata.at("format_version"), "4.0");
       const size_t length = header.size();
       ASSERT_TRUE(FillDataFileChecksums(&header, crcs).ok());
       EXPECT_EQ(header.size(), length);
@@ -140,6 +140,16 @@ TEST(DataFileTest, Version31HeadersHoldTheirChunksChecksums) {
         EXPECT_EQ(read->entry_begin[e], chunks[e].first.first);
         EXPECT_EQ(read->entry_first[e + 1] - read->entry_first[e], chunks[e].second.size());
       }
+      // Each chunk's checksums by its offset (an empty chunk has none, though others start there).
+      for (const TensorMetadata& t : m.tensors) {
+        for (const StoredChunk& c : t.chunks) {
+          if (c.file != f) continue;
+          const std::span<const uint32_t> of = read->Of(c.data_offset, c.byte_length);
+          EXPECT_EQ(std::vector<uint32_t>(of.begin(), of.end()),
+                    std::vector<uint32_t>(c.block_crc32c.begin(), c.block_crc32c.end()));
+        }
+      }
+      EXPECT_TRUE(read->Of(m.files[f].size, 1).empty());  // no entry starts past the data
       // Room for another count is an internal error; the header is left as it was.
       crcs.push_back(1);
       Status wrong = FillDataFileChecksums(&header, crcs);

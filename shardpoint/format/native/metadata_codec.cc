@@ -76,11 +76,16 @@ std::string EncodeMetadataOf(const CheckpointMetadata& metadata,
   // the summary and the tensor index, in a buffer reserved to a bound of their size, so that they
   // are never copied and never moved by a growing buffer. Reserved bytes that are not written
   // are never touched, and cost the process no memory.
-  // Version 3.1 where the data files hold their checksums (the summary ends with their headers'
-  // CRCs); 3.0 for metadata without such files.
+  // Version 4 keeps the chunks' checksums in the data files' headers alone: written where they
+  // are there (data_file_checksums), and the only version for metadata that holds none itself
+  // (checksums_in_headers); otherwise 3.0, whose records hold them. Version 3.1 has them in both
+  // places (the summary of 3.1 and 4 ends with the headers' CRCs).
+  if (major >= 4 && !metadata.data_file_checksums) major = 3;
+  if (metadata.checksums_in_headers) major = 4;
   const uint32_t minor = major == 3 && metadata.data_file_checksums ? 1 : 0;
   std::string sections[native_metadata::kSectionCount];
-  sections[kSummary] = native_metadata::EncodeSummary(metadata, minor);
+  sections[kSummary] =
+      native_metadata::EncodeSummary(metadata, major >= 4 || minor >= 1);
   EncodeNamed(
       metadata.objects,
       [](const ObjectEntry& object, std::string* out) {
@@ -251,9 +256,31 @@ Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool, const Chunk
   SP_ASSIGN_OR_RETURN(std::string tensors, ReadSection(kTensorRecords, "tensor records"));
   out.tensors.resize(tensor_names_.size());
   const int64_t count = static_cast<int64_t>(tensor_names_.size());
+  // From version 4, the first record whose grid cells take the records' total past the budget
+  // (GridCellBudget), found before any is decoded; it fails as the one bad record a decoding in
+  // name order meets, and the records after it are not decoded.
+  int64_t over_budget = count;
+  if (summary_.version_major >= 4) {
+    const uint64_t budget = native_metadata::GridCellBudget(summary_);
+    uint64_t cells = 0;
+    for (int64_t i = 0; i < count && over_budget == count; ++i) {
+      const RecordSlot& slot = tensor_slots_[i];
+      cells += native_metadata::GridRecordCells(
+          std::string_view(tensors).substr(slot.offset, slot.length), summary_.version_major);
+      if (cells > budget) over_budget = i;  // each term is at most 2^62: no wrap before this
+    }
+  }
   const std::vector<Box> none;
   SP_RETURN_IF_ERROR(ParallelForInOrder(pool, count, [&](int64_t i) -> Status {
     const RecordSlot& slot = tensor_slots_[i];
+    if (i >= over_budget) {
+      return native_metadata::Corrupt(
+          path(), "tensor \"" + tensor_names_[over_budget] + "\": its grid cells take the " +
+                      "records' total past " +
+                      std::to_string(native_metadata::GridCellBudget(summary_)) +
+                      ", the budget of 2^24 cells and 1024 for each of the " +
+                      std::to_string(summary_.files.size()) + " data files");
+    }
     const std::vector<Box>* keep = nullptr;
     if (filter != nullptr) {
       auto it = filter->find(tensor_names_[i]);

@@ -34,16 +34,23 @@ namespace sp {
 class ThreadPool;  // exec/thread_pool.h
 
 inline constexpr char kMetadataFileName[] = "shardpoint.metadata";
-// The format version this code writes; it reads every 1.x, 2.x and 3.x (docs/FORMAT.md §3.2).
+// The format version this code writes; it reads every 1.x to 4.x (docs/FORMAT.md §3.2).
 // Version 3.1 is 3.0 with each data file's checksums in its header as well, and the headers'
-// CRCs in the summary: what a save writes (CheckpointMetadata::data_file_checksums).
-inline constexpr uint32_t kNativeFormatMajor = 3;
-inline constexpr uint32_t kNativeFormatMinor = 1;
+// CRCs in the summary; version 4 is 3.1 without the checksums in the tensor records: what a save
+// writes (CheckpointMetadata::data_file_checksums).
+inline constexpr uint32_t kNativeFormatMajor = 4;
+inline constexpr uint32_t kNativeFormatMinor = 0;
 inline constexpr uint32_t kOldestNativeFormatMajor = 1;
+// The newest minor version of `major` this code knows (3.1, 4.0; x.0 for the others).
+constexpr uint32_t KnownNativeFormatMinor(uint32_t major) {
+  return major == 3 ? 1 : major == kNativeFormatMajor ? kNativeFormatMinor : 0;
+}
 
-// Encodes `metadata` as a metadata file of version `major` (3, or 2 or 1 for readers that
-// predate it; the version fields of `metadata` are not used): 3.1 where
-// `metadata.data_file_checksums`, else `major`.0. Version 2 stores a tensor whose
+// Encodes `metadata` as a metadata file of version `major` (4, or 3, 2 or 1 for readers that
+// predate it; the version fields of `metadata` are not used): version 4 only where
+// `metadata.data_file_checksums` (else 3.0), and always where `metadata.checksums_in_headers`;
+// 3.1 where `major` is 3 and `metadata.data_file_checksums`; else `major`.0. Version 2 stores a
+// tensor whose
 // chunks form a grid (format/chunk_grid.h) as the grid's cut points and a file, an offset and
 // checksums per cell; version 1 lists every chunk's box. Version 3 is version 2 with the files,
 // offsets and boxes of those tables packed (varints, files and offsets as steps from the chunk
@@ -126,10 +133,9 @@ class MetadataReader {
   Result<std::string> ReadSection(size_t index, std::string_view what) const;
   Result<std::string> ReadRecord(const Section& section, const RecordSlot& slot,
                                  std::string_view kind, std::string_view name) const;
-  // A minor version newer than this reader knows of the file's major (3.1; 2.0; 1.0).
+  // A minor version newer than this reader knows of the file's major (KnownNativeFormatMinor).
   bool newer_minor() const {
-    return summary_.version_minor >
-           (summary_.version_major == kNativeFormatMajor ? kNativeFormatMinor : 0);
+    return summary_.version_minor > KnownNativeFormatMinor(summary_.version_major);
   }
 
   std::unique_ptr<ReadableFile> file_;
@@ -165,6 +171,10 @@ struct DataFileChecksums {
   std::vector<uint64_t> entry_begin;   // each entry's data offset, in the header's entry order
   std::vector<uint64_t> entry_first;   // where its checksums start in `crcs` (one more: the end)
   std::vector<uint32_t> crcs;
+
+  // The checksums of the chunk of `byte_length` bytes at `data_offset`: of the entries there, the
+  // last (those before it are empty chunks); none for an empty chunk, or where no entry starts.
+  std::span<const uint32_t> Of(uint64_t data_offset, uint64_t byte_length) const;
 };
 Result<DataFileChecksums> ReadDataFileChecksums(const SafetensorsHeader& header,
                                                 uint64_t checksum_block_bytes,

@@ -18,6 +18,7 @@
 namespace sp {
 namespace {
 
+using ::sp::testing::AsVersionFour;
 using ::sp::testing::ExpectMetadataEq;
 using ::sp::testing::ExpectTensorEq;
 using ::sp::testing::RandomMetadata;
@@ -341,6 +342,33 @@ TEST(MetadataCodecTest, AChecksumTableGivesEachChunkItsBlocksAndStartsOnlyWhereT
   EXPECT_GT(listed, 100u);
 }
 
+// Version 4 round-trips every random layout without the chunks' checksums, grids as grids (each
+// cell's checksums were most of a grid record before), in less than version 3.1 takes.
+TEST(MetadataCodecTest, VersionFourRoundTripsWithoutChecksumsAndKeepsGrids) {
+  ThreadPool pool(3);
+  size_t grids = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 25);
+    m.data_file_checksums = true;
+    const std::string bytes = EncodeMetadata(m);
+    for (ThreadPool* on : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      Result<CheckpointMetadata> decoded = DecodeMetadata(bytes, "/ckpt/shardpoint.metadata", on);
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      ExpectMetadataEq(AsVersionFour(m), *decoded);
+      EXPECT_EQ(EncodeMetadata(*decoded), bytes);
+      for (size_t i = 0; i < m.tensors.size(); ++i) {
+        const std::optional<ChunkGrid> grid =
+            FindChunkGrid(m.tensors[i].chunks, m.tensors[i].shape);
+        EXPECT_EQ(decoded->tensors[i].grid.has_value(), grid.has_value());
+        grids += grid.has_value() && on == nullptr;
+      }
+    }
+    EXPECT_LT(bytes.size(), EncodeMetadata(m, 3).size());
+  }
+  EXPECT_GT(grids, 100u);
+}
+
 TEST(MetadataCodecTest, GridsAreStoredAsGridsAndVersionsOneAndTwoStillRead) {
   size_t grids = 0, lists = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {
@@ -608,25 +636,44 @@ TEST(MetadataReaderTest, CorruptRecordIsDataLossOnlyForThatTensor) {
 
 // WithoutTensors copies every field but the tensors: the fields set off their defaults here catch
 // one that a later change adds to CheckpointMetadata and the copy forgets.
-// Metadata whose data files hold their checksums is version 3.1: the summary ends with each
-// file's header CRC. Asked for an older major, the encoder writes that major's .0, without them.
-TEST(MetadataCodecTest, DataFileChecksumsMakeVersion31WithEachHeadersCrc) {
+// Metadata whose data files hold their checksums is version 4: the summary ends with each file's
+// header CRC, and the records hold no checksums (those are in the headers). Asked for major 3, the
+// encoder writes 3.1, with both; asked for an older major, that major's .0, without the CRCs.
+TEST(MetadataCodecTest, DataFileChecksumsMakeVersionFourWithEachHeadersCrc) {
   for (uint64_t seed = 1; seed <= 10; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
     CheckpointMetadata m = RandomMetadata(seed, 4);
     m.data_file_checksums = true;
     for (DataFile& f : m.files) f.header_crc32c = Crc32c(f.name) ^ static_cast<uint32_t>(seed);
-    const std::string bytes = EncodeMetadata(m);
+    const std::string v4 = EncodeMetadata(m);
+    EXPECT_EQ(DecodeFixed32(v4.data() + 8), 4u);
+    EXPECT_EQ(DecodeFixed32(v4.data() + 12), 0u);
+    Result<CheckpointMetadata> four = DecodeMetadata(v4, "/ckpt/shardpoint.metadata");
+    ASSERT_TRUE(four.ok()) << four.status();
+    ExpectMetadataEq(AsVersionFour(m), *four);
+    EXPECT_EQ(EncodeMetadata(*four), v4);
+    // Metadata without its checksums is written as version 4 whatever the major asked for.
+    EXPECT_EQ(EncodeMetadata(*four, 2), v4);
+    const std::string bytes = EncodeMetadata(m, 3);
     EXPECT_EQ(DecodeFixed32(bytes.data() + 8), 3u);
     EXPECT_EQ(DecodeFixed32(bytes.data() + 12), 1u);
     Result<CheckpointMetadata> decoded = DecodeMetadata(bytes, "/ckpt/shardpoint.metadata");
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     m.version_minor = 1;
     ExpectMetadataEq(m, *decoded);
-    EXPECT_EQ(EncodeMetadata(*decoded), bytes);
-    // Without the flag, the same metadata is 3.0 and its summary 4 bytes a file shorter.
+    EXPECT_EQ(EncodeMetadata(*decoded, 3), bytes);
+    // The checksums are 4 bytes a block of the records, and a varint count a chunk of a list.
+    uint64_t blocks = 0;
+    for (const TensorMetadata& t : m.tensors) {
+      for (const StoredChunk& c : t.chunks) blocks += c.block_crc32c.size();
+    }
+    EXPECT_GE(bytes.size(), v4.size() + 4 * blocks);
+    // Without the flag, the same metadata is 3.0 (even asked for 4) and its summary 4 bytes a
+    // file shorter than 3.1's.
     CheckpointMetadata plain = m;
     plain.data_file_checksums = false;
     const std::string v30 = EncodeMetadata(plain);
+    EXPECT_EQ(DecodeFixed32(v30.data() + 8), 3u);
     EXPECT_EQ(DecodeFixed32(v30.data() + 12), 0u);
     EXPECT_EQ(bytes.size(), v30.size() + 4 * m.files.size());
     for (const uint32_t major : {2u, 1u}) {

@@ -37,7 +37,7 @@ std::vector<SectionBytes> SplitSections(const std::string& file) {
 
 // Lays out `sections` behind a correct header of version <major>.<minor>.
 std::string Assemble(const std::vector<SectionBytes>& sections, uint32_t minor,
-                     uint32_t major = kNativeFormatMajor) {
+                     uint32_t major = 3) {
   std::string out;
   ByteWriter w(&out);
   const uint32_t header_length = 32 + 24 * sections.size() + 4;
@@ -120,12 +120,13 @@ TEST(MetadataHostileTest, RandomCorruptionWithFixedChecksumsNeverCrashes) {
 
 TEST(MetadataHostileTest, NewerMajorIsFailedPrecondition) {
   std::string bytes = EncodeMetadata(RandomMetadata(34, 3));
-  EncodeFixed32(bytes.data() + 8, 4);
+  EncodeFixed32(bytes.data() + 8, 5);
   EncodeFixed32(bytes.data() + 152, Crc32c(bytes.data(), 152));
   Result<CheckpointMetadata> r = DecodeMetadata(bytes, kPath);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(r.status().message(), std::string("metadata file ") + kPath +
-                                      ": checkpoint format version 4.0 is newer than this reader (3.x)");
+  EXPECT_EQ(r.status().message(),
+            std::string("metadata file ") + kPath +
+                ": checkpoint format version 5.0 is newer than this reader (4.x)");
   EncodeFixed32(bytes.data() + 8, 0);
   EncodeFixed32(bytes.data() + 152, Crc32c(bytes.data(), 152));
   ExpectDataLoss(DecodeMetadata(bytes, kPath), "unknown format version 0.0");
@@ -144,7 +145,7 @@ TEST(MetadataHostileTest, NewerMinorMayAppendSectionsAndSummaryBytes) {
   CheckpointMetadata m = RandomMetadata(35, 5);
   m.data_file_checksums = true;  // a 3.1 summary, which a newer minor extends
   for (DataFile& f : m.files) f.header_crc32c = Crc32c(f.name);
-  std::vector<SectionBytes> sections = SplitSections(EncodeMetadata(m));
+  std::vector<SectionBytes> sections = SplitSections(EncodeMetadata(m, 3));
   sections[0].bytes += "future summary fields";
   sections.push_back({"a section from version 3.3", 7});
   Result<CheckpointMetadata> r = DecodeMetadata(Assemble(sections, 3), kPath);
@@ -168,6 +169,7 @@ TEST(MetadataHostileTest, NewerMinorMayAppendSectionsAndSummaryBytes) {
 
 TEST(MetadataHostileTest, NewerMinorMayAppendRecordBytes) {
   CheckpointMetadata m = RandomMetadata(36, 2);
+  m.version_major = kNativeFormatMajor;  // the summary the record is decoded against
   std::string record =
       native_metadata::EncodeTensorRecord(m.tensors[0], m.checksum_block_bytes,
                                           kNativeFormatMajor) +
@@ -511,6 +513,84 @@ TEST(MetadataHostileTest, ForgedPackedRecordsAreDataLoss) {
     // A rank that keeps only the first cell fails alike.
     EXPECT_EQ(decode(record, &first_cell).status(), r.status());
   }
+}
+
+// A version-4 grid record of an int8 tensor of `shape`, cut into elements along every dimension,
+// its cells one byte each, back to back in file 0: a few bytes whatever the cell count.
+std::string ElementGridRecord(const Shape& shape) {
+  std::string out;
+  ByteWriter w(&out);
+  w.PutU8(DTypeCode(DType::kInt8));
+  w.PutU8(static_cast<uint8_t>(shape.size()));
+  for (int64_t dim : shape) w.PutI64(dim);
+  w.PutU8(native_metadata::kGrid);
+  uint64_t cells = 1;
+  for (int64_t dim : shape) {
+    w.PutU32(static_cast<uint32_t>(dim));
+    w.PutU8(native_metadata::kEvenCuts);
+    w.PutI64(1);
+    cells *= static_cast<uint64_t>(dim);
+  }
+  w.PutVarint(2);  // the first cell at offset 0, then every other a byte on
+  w.PutVarint(1);
+  w.PutSignedVarint(0);
+  w.PutSignedVarint(0);
+  w.PutVarint(cells - 1);
+  w.PutSignedVarint(0);
+  w.PutSignedVarint(1);
+  return out;
+}
+
+// From version 4 a grid cell takes no bytes of its record, so a few bytes can claim 2^24 cells:
+// the cells of all records together are bounded by the data files (GridCellBudget), and the
+// first record past the bound is refused before it, or any after it, is decoded.
+TEST(MetadataHostileTest, VersionFourGridCellsAreBoundedByTheDataFiles) {
+  CheckpointMetadata summary;
+  summary.save_id = "s";
+  summary.data_file_checksums = true;
+  summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + (uint64_t{1} << 24), 0}};
+  const std::vector<std::pair<std::string, std::string>> records = {
+      {"a", ElementGridRecord({32, 33})},      // 1,056 cells
+      {"b", ElementGridRecord({4096, 4096})},  // 2^24 cells: 1,056 past the budget with a's
+      {"c", ElementGridRecord({2, 2})}};
+  ASSERT_EQ(native_metadata::GridCellBudget(summary), (uint64_t{1} << 24) + 1024);
+  EXPECT_EQ(native_metadata::GridRecordCells(records[0].second, 4), 1056u);
+  EXPECT_EQ(native_metadata::GridRecordCells(records[1].second, 4), uint64_t{1} << 24);
+  EXPECT_EQ(native_metadata::GridRecordCells(records[0].second.substr(0, 30), 4), 0u);
+  std::vector<SectionBytes> sections(5);
+  sections[0].bytes = native_metadata::EncodeSummary(summary, /*header_crcs=*/true);
+  for (const auto& [name, record] : records) {
+    const uint64_t at = sections[2].bytes.size();
+    native_metadata::EncodeIndexEntry(&sections[1].bytes, name,
+                                      {at, record.size(), Crc32c(record)});
+    sections[2].bytes += record;
+  }
+  sections[1].count = sections[2].count = static_cast<uint32_t>(records.size());
+  const std::string file = Assemble(sections, 0, 4);
+  ExpectDataLoss(DecodeMetadata(file, kPath),
+                 "tensor \"b\": its grid cells take the records' total past 16778240, the "
+                 "budget of 2^24 cells and 1024 for each of the 1 data files");
+  // Alike on a pool, and for a rank that keeps only a's chunks.
+  ThreadPool pool(3);
+  const ChunkFilter filter = {{"a", {Box({0, 0}, {1, 1})}}};
+  EXPECT_EQ(DecodeMetadata(file, kPath, &pool, &filter).status(),
+            DecodeMetadata(file, kPath).status());
+  // Without b, the others decode: a's 1,056 cells one byte apart.
+  sections[1].bytes.clear();
+  sections[2].bytes.clear();
+  for (size_t i : {0, 2}) {
+    const uint64_t at = sections[2].bytes.size();
+    native_metadata::EncodeIndexEntry(&sections[1].bytes, records[i].first,
+                                      {at, records[i].second.size(), Crc32c(records[i].second)});
+    sections[2].bytes += records[i].second;
+  }
+  sections[1].count = sections[2].count = 2;
+  Result<CheckpointMetadata> r = DecodeMetadata(Assemble(sections, 0, 4), kPath);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->checksums_in_headers);
+  ASSERT_EQ(r->tensors[0].chunks.size(), 1056u);
+  EXPECT_EQ(r->tensors[0].chunks[1055].data_offset, 1055u);
+  EXPECT_TRUE(r->tensors[0].chunks[7].block_crc32c.empty());
 }
 
 TEST(MetadataHostileTest, EveryTruncatedOrFlippedRecordFailsCleanly) {

@@ -77,10 +77,15 @@ bool InDataBytes(const DataFile& file, uint64_t data_offset, uint64_t byte_lengt
   return data_offset <= data_bytes && byte_length <= data_bytes - data_offset;
 }
 
-// The fewest bytes a grid cell takes in a record: its file and offset at fixed width (12 bytes),
-// or, packed, its checksum (a cell holds at least one element; runs of cells share their file and
-// offset steps). Its count is checked against them before anything is allocated for it.
-constexpr uint64_t GridCellBytes(bool packed) { return packed ? 4 : 12; }
+// The fewest bytes a grid cell takes in a record of version `major`: its file and offset at fixed
+// width (12 bytes), or, packed, its checksum (a cell holds at least one element; runs of cells
+// share their file and offset steps). Its count is checked against them before anything is
+// allocated for it. From version 4 a cell takes no bytes of its own (its checksums are in its
+// data file's header): the cells of a whole metadata file are bounded instead (GridCellBudget).
+constexpr uint64_t GridCellBytes(uint32_t major) { return major >= 4 ? 0 : major >= 3 ? 4 : 12; }
+
+// Whether records of version `major` hold their chunks' block checksums (before version 4).
+constexpr bool RecordsHoldChecksums(uint32_t major) { return major < 4; }
 
 Status CheckChunkBytes(const StoredChunk& chunk, uint64_t expected_bytes,
                        const CheckpointMetadata& summary, const ChunkWhere& where,
@@ -136,6 +141,11 @@ Status DecodeChunk(ByteReader& r, const TensorMetadata& tensor, const Checkpoint
     chunk->data_offset = previous->data_offset + static_cast<uint64_t>(offset_delta);  // wraps
     SP_ASSIGN_OR_RETURN(*volume, DecodeBox(r, tensor.shape, where, path, true, &chunk->box));
     chunk->byte_length = *volume * DTypeSize(tensor.dtype);  // within the tensor's 2^62 bytes
+    if (!RecordsHoldChecksums(summary.version_major)) {
+      previous->file = chunk->file;
+      previous->data_offset = chunk->data_offset;
+      return CheckChunkBytes(*chunk, chunk->byte_length, summary, where, path);
+    }
     SP_ASSIGN_OR_RETURN(block_count, r.ReadVarint());
     previous->file = chunk->file;
     previous->data_offset = chunk->data_offset;
@@ -178,12 +188,20 @@ std::span<const uint32_t> BlockCrcs(const TensorMetadata& tensor,
   return std::span<const uint32_t>(own.data(), own.size());
 }
 
-// The grid a version-2 record stores `tensor` as, or nullopt for a chunk list: every chunk raw
-// with the block checksums of `checksum_block_bytes`, and the chunks the cells of a grid.
+// The grid a record of version `major` (2 or later) stores `tensor` as, or nullopt for a chunk
+// list: every chunk raw (with the block checksums of `checksum_block_bytes`, before version 4),
+// and the chunks the cells of a grid.
 std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
                                     const ChunkChecksums::Tensor* apart,
-                                    uint64_t checksum_block_bytes) {
+                                    uint64_t checksum_block_bytes, uint32_t major) {
   if (checksum_block_bytes == 0) return std::nullopt;  // invalid; the list shows the decoder why
+  if (!RecordsHoldChecksums(major)) {
+    if (tensor.cells) return tensor.grid;
+    for (const StoredChunk& chunk : tensor.chunks) {
+      if (chunk.encoding != ChunkEncoding::kRaw) return std::nullopt;
+    }
+    return FindChunkGrid(tensor.chunks, tensor.shape);
+  }
   if (tensor.cells) {  // raw cells of a grid: a grid record when each has its checksums
     if (!tensor.grid || apart == nullptr) return std::nullopt;
     std::vector<uint64_t> lengths;
@@ -207,10 +225,11 @@ std::optional<ChunkGrid> StoredGrid(const TensorMetadata& tensor,
 }
 
 // Every chunk with its file, data offset, box and block checksums: at fixed width before version
-// 3, packed from version 3 (DecodeChunk).
+// 3, packed from version 3 (DecodeChunk), without the checksums from version 4.
 void EncodeChunkList(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
                      uint32_t major, ByteWriter& w) {
   const bool packed = major >= 3;
+  const bool with_crcs = RecordsHoldChecksums(major);
   if (packed) {
     w.PutVarint(tensor.chunks.size());
   } else {
@@ -220,7 +239,8 @@ void EncodeChunkList(const TensorMetadata& tensor, const ChunkChecksums::Tensor*
   uint64_t data_offset = 0;
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
     const StoredChunk& chunk = tensor.chunks[c];
-    const std::span<const uint32_t> crcs = BlockCrcs(tensor, apart, c);
+    const std::span<const uint32_t> crcs =
+        with_crcs ? BlockCrcs(tensor, apart, c) : std::span<const uint32_t>();
     if (packed) {
       w.PutSignedVarint(static_cast<int64_t>(chunk.file) - file);
       w.PutSignedVarint(static_cast<int64_t>(chunk.data_offset - data_offset));
@@ -228,7 +248,7 @@ void EncodeChunkList(const TensorMetadata& tensor, const ChunkChecksums::Tensor*
       data_offset = chunk.data_offset;
       for (int64_t v : chunk.box.offsets) w.PutVarint(static_cast<uint64_t>(v));
       for (int64_t v : chunk.box.sizes) w.PutVarint(static_cast<uint64_t>(v));
-      w.PutVarint(crcs.size());
+      if (with_crcs) w.PutVarint(crcs.size());
     } else {
       w.PutU32(chunk.file);
       w.PutU64(chunk.data_offset);
@@ -283,7 +303,8 @@ void EncodeCellRuns(const TensorMetadata& tensor, ByteWriter& w) {
 
 // Per dimension the interval count and its cut points (an even step, or the interior points);
 // then file and offset of every cell, row-major (at fixed width before version 3; from version 3
-// as runs of cells, EncodeCellRuns); then every cell's block checksums, in the same order.
+// as runs of cells, EncodeCellRuns); then, before version 4, every cell's block checksums, in the
+// same order.
 void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apart,
                 const ChunkGrid& grid, uint32_t major, ByteWriter& w) {
   for (const std::vector<int64_t>& bounds : grid.bounds) {
@@ -305,6 +326,7 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apar
       w.PutU64(ChunkDataOffset(tensor, c));
     }
   }
+  if (!RecordsHoldChecksums(major)) return;
   for (size_t c = 0; c < cells; ++c) {
     for (uint32_t crc : BlockCrcs(tensor, apart, c)) w.PutU32(crc);
   }
@@ -313,7 +335,7 @@ void EncodeGrid(const TensorMetadata& tensor, const ChunkChecksums::Tensor* apar
 // The cut points of a grid record (after the layout byte): per dimension an interval count n in
 // [1, shape[d]], then either an even step s (cut k at k * s, with (n - 1) * s < shape[d] <= n * s)
 // or n - 1 interior cut points, strictly increasing inside (0, shape[d]). The cell count is at
-// most kMaxChunks, and each cell must be able to fit in `cell_bytes` of what remains.
+// most kMaxChunks, and each cell must be able to fit in `cell_bytes` of what remains (unless 0).
 Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std::string& where,
                                    std::string_view path, uint64_t cell_bytes) {
   const size_t rank = shape.size();
@@ -332,7 +354,7 @@ Result<ChunkGrid> DecodeGridBounds(ByteReader& r, const Shape& shape, const std:
     // allocate.
     cells *= intervals;  // both at most 2^24
     if (cells > kMaxChunks) return Corrupt(path, where + ": too many chunks");
-    if (cells > r.remaining() / cell_bytes) {
+    if (cell_bytes > 0 && cells > r.remaining() / cell_bytes) {
       return Corrupt(path, where + ": " + std::to_string(cells) +
                                " grid cells cannot fit in the " + std::to_string(r.remaining()) +
                                " remaining bytes");
@@ -400,7 +422,9 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   const ChunkGrid& grid = *tensor->grid;
   const uint64_t cells = grid.cell_count();
   const bool packed = summary.version_major >= 3;
-  if (cells > r.remaining() / GridCellBytes(packed)) {
+  const bool with_crcs = RecordsHoldChecksums(summary.version_major);
+  const uint64_t cell_bytes = GridCellBytes(summary.version_major);
+  if (cell_bytes > 0 && cells > r.remaining() / cell_bytes) {
     return Corrupt(path, where + ": " + std::to_string(cells) + " grid cells cannot fit in the " +
                              std::to_string(r.remaining()) + " remaining bytes");
   }
@@ -528,8 +552,8 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
                                          byte_length, summary, ChunkWhere{where, c}, path));
     }
     // A cell within one block (most are) has one checksum: no division.
-    const uint64_t blocks = byte_length <= summary.checksum_block_bytes
-                                ? 1
+    const uint64_t blocks = !with_crcs                                   ? 0
+                            : byte_length <= summary.checksum_block_bytes ? 1
                                 : ChecksumBlockCount(byte_length, summary.checksum_block_bytes);
     if (!crcs_overflow && blocks > (crc_bytes - crc_count * 4) / 4) {
       crcs_overflow = Corrupt(path, where + " chunk " + std::to_string(c) + ": " +
@@ -571,7 +595,7 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
     tensor->chunks = ChunkList(std::move(kept_packed));
     return OkStatus();
   }
-  for (size_t i = 0; i < tensor->chunks.size(); ++i) {
+  for (size_t i = 0; with_crcs && i < tensor->chunks.size(); ++i) {
     StoredChunk& chunk = tensor->chunks[i];
     const uint64_t blocks = ChecksumBlockCount(chunk.byte_length, summary.checksum_block_bytes);
     const uint64_t first = crc_at[i];
@@ -594,7 +618,8 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
   const bool packed = summary.version_major >= 3;
   uint32_t chunk_count = 0;
   if (packed) {  // at least a byte for the file, the offset, each box value and the block count
-    SP_ASSIGN_OR_RETURN(chunk_count, r.ReadVarintCount(3 + 2 * rank));
+    const bool with_crcs = RecordsHoldChecksums(summary.version_major);
+    SP_ASSIGN_OR_RETURN(chunk_count, r.ReadVarintCount((with_crcs ? 3 : 2) + 2 * rank));
   } else {
     SP_ASSIGN_OR_RETURN(chunk_count, r.ReadCount(4 + 8 + 8 + 16 * rank + 4));
   }
@@ -631,7 +656,7 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
 void AppendTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                         uint32_t major, std::string* out, const ChunkChecksums::Tensor* apart) {
   std::optional<ChunkGrid> grid;
-  if (major >= 2) grid = StoredGrid(tensor, apart, checksum_block_bytes);
+  if (major >= 2) grid = StoredGrid(tensor, apart, checksum_block_bytes, major);
   if (tensor.cells && !grid) {
     TensorMetadata listed = tensor;  // a chunk list: the cells as chunks
     ExpandChunkCells(&listed);
@@ -704,7 +729,7 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
     }
   } else if (layout == kGrid) {
     SP_ASSIGN_OR_RETURN(tensor.grid, DecodeGridBounds(r, tensor.shape, where, path,
-                                                      GridCellBytes(summary.version_major >= 3)));
+                                                      GridCellBytes(summary.version_major)));
     SP_RETURN_IF_ERROR(DecodeGridCells(r, summary, where, path, keep, &tensor));
   } else {
     return Corrupt(path, where + ": unknown layout " + std::to_string(layout));
@@ -713,6 +738,30 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
     return Corrupt(path, where + ": " + std::to_string(r.remaining()) + " unexpected bytes");
   }
   return tensor;
+}
+
+uint64_t GridRecordCells(std::string_view bytes, uint32_t major) {
+  if (major < 2) return 0;
+  ByteReader r(bytes, "");
+  const auto cells = [&]() -> Result<uint64_t> {
+    SP_RETURN_IF_ERROR(r.ReadU8().status());  // dtype
+    SP_ASSIGN_OR_RETURN(uint8_t rank, r.ReadU8());
+    for (uint8_t d = 0; d < rank; ++d) SP_RETURN_IF_ERROR(r.ReadI64().status());
+    SP_ASSIGN_OR_RETURN(uint8_t layout, r.ReadU8());
+    if (layout != kGrid) return uint64_t{0};
+    constexpr uint64_t kMost = uint64_t{1} << 62;
+    uint64_t count = 1;
+    for (uint8_t d = 0; d < rank; ++d) {
+      SP_ASSIGN_OR_RETURN(uint32_t intervals, r.ReadU32());
+      SP_ASSIGN_OR_RETURN(uint8_t kind, r.ReadU8());
+      const uint64_t skip = kind == kEvenCuts ? 8 : 8 * (uint64_t{intervals} - 1);
+      if (intervals == 0 || skip > r.remaining()) return uint64_t{0};
+      SP_RETURN_IF_ERROR(r.ReadRaw(skip).status());
+      count = count > kMost / intervals ? kMost : count * intervals;
+    }
+    return count;
+  }();
+  return cells.ok() ? *cells : 0;
 }
 
 std::string EncodeObjectRecord(const ObjectEntry& object) {

@@ -153,7 +153,7 @@ Result<std::vector<Section>> DecodeSectionTable(std::string_view header, uint64_
   return sections;
 }
 
-std::string EncodeSummary(const CheckpointMetadata& m, uint32_t minor) {
+std::string EncodeSummary(const CheckpointMetadata& m, bool header_crcs) {
   std::string out;
   ByteWriter w(&out);
   w.PutString(m.save_id);
@@ -171,7 +171,7 @@ std::string EncodeSummary(const CheckpointMetadata& m, uint32_t minor) {
     w.PutString(key);
     w.PutString(value);
   }
-  if (minor >= 1) {
+  if (header_crcs) {
     for (const DataFile& f : m.files) w.PutU32(f.header_crc32c);
   }
   return out;
@@ -202,8 +202,11 @@ Status DecodeSummary(std::string_view bytes, bool newer_minor, std::string_view 
     SP_RETURN_IF_ERROR(DecodeDataFile(r, out->world_size, path, &file));
   }
   SP_RETURN_IF_ERROR(DecodeAttributes(r, path, &out->attributes));
-  // From version 3.1: each data file's header CRC (its header holds its chunks' checksums).
-  out->data_file_checksums = out->version_major == 3 && out->version_minor >= 1;
+  // From version 3.1: each data file's header CRC (its header holds its chunks' checksums); from
+  // version 4 the records hold none.
+  out->data_file_checksums =
+      out->version_major >= 4 || (out->version_major == 3 && out->version_minor >= 1);
+  out->checksums_in_headers = out->version_major >= 4;
   if (out->data_file_checksums) {
     if (out->files.size() > r.remaining() / 4) {
       return Corrupt(path, "the summary ends before the header CRCs of its " +

@@ -63,8 +63,8 @@ Result<std::vector<Section>> DecodeSectionTable(std::string_view header, uint64_
 Status CheckCrc(std::string_view bytes, uint32_t expected, std::string_view what,
                 std::string_view path);
 
-// Version 3.1 (`minor` 1) ends the summary with every data file's header CRC.
-std::string EncodeSummary(const CheckpointMetadata& metadata, uint32_t minor = 0);
+// With `header_crcs` (versions 3.1 and 4), the summary ends with every data file's header CRC.
+std::string EncodeSummary(const CheckpointMetadata& metadata, bool header_crcs = false);
 // Fills everything but the version (set already in `out`: it says what the summary holds),
 // tensors and objects.
 Status DecodeSummary(std::string_view bytes, bool newer_minor, std::string_view path,
@@ -90,7 +90,7 @@ enum GridCuts : uint8_t {
   kEvenCuts = 1,    // a step: cut k at k * step, the last interval at most a step
 };
 
-// A record of format version `major` (1, 2 or 3).
+// A record of format version `major` (1 to 4).
 std::string EncodeTensorRecord(const TensorMetadata& tensor, uint64_t checksum_block_bytes,
                                uint32_t major);
 // The same, appended to `out`; with `apart`, the chunks' block checksums are those it holds for
@@ -113,6 +113,19 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
                                           std::string_view path,
                                           const std::vector<Box>* keep = nullptr,
                                           bool index_lists = true);
+
+// The cells a grid record claims (the product of its interval counts, at most 2^62), read from
+// its cut points alone; 0 for a chunk list, or bytes that are no grid record (whose decoding
+// reports why). From version 4 a cell takes no bytes of a record (its checksums are in the data
+// files' headers), so the cells a whole metadata file may describe are bounded by
+// GridCellBudget, before any record is decoded (docs/FORMAT.md §3.7).
+uint64_t GridRecordCells(std::string_view bytes, uint32_t major);
+// The most grid cells, all records together, the metadata of `summary` may describe from version
+// 4: kMaxChunks, and 1,024 for each data file (8,192 ranks x 1,000 tensors have about 1,000 a
+// file). Each cell costs its decoder a check and its grid 8 bytes at most.
+inline uint64_t GridCellBudget(const CheckpointMetadata& summary) {
+  return kMaxChunks + 1024 * static_cast<uint64_t>(summary.files.size());
+}
 
 std::string EncodeObjectRecord(const ObjectEntry& object);
 Result<ObjectEntry> DecodeObjectRecord(std::string_view bytes, std::string name, bool newer_minor,

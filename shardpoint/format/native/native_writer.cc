@@ -62,6 +62,12 @@ class NativeChunkWriter : public ChunkWriter {
   const uint64_t block_bytes_;
 };
 
+// The version the metadata is written as: that of files whose headers hold their checksums.
+void SetWrittenVersion(CheckpointMetadata* md) {
+  md->version_major = kNativeFormatMajor;
+  md->version_minor = kNativeFormatMinor;
+}
+
 class NativeWriter : public CheckpointWriter {
  public:
   std::string_view kind() const override { return "native"; }
@@ -73,6 +79,7 @@ class NativeWriter : public CheckpointWriter {
     // The headers list every chunk (a plan's cells become chunks) and keep room for their
     // checksums.
     md->data_file_checksums = true;
+    SetWrittenVersion(md);
     for (TensorMetadata& t : md->tensors) ExpandChunkCells(&t);
     SP_ASSIGN_OR_RETURN(const std::vector<uint64_t> data_bytes, Name(md));
     std::vector<std::string> headers = BuildDataFileHeaders(*md);
@@ -88,6 +95,7 @@ class NativeWriter : public CheckpointWriter {
   Status NameFiles(Store&, std::string_view, CheckpointMetadata* md) const override {
     SP_RETURN_IF_ERROR(Name(md).status());
     md->data_file_checksums = true;  // the writers put them in their headers
+    SetWrittenVersion(md);
     for (DataFile& file : md->files) file.data_start = file.size = 0;  // the writers report them
     return OkStatus();
   }
