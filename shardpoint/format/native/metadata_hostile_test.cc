@@ -685,7 +685,9 @@ TEST(MetadataHostileTest, AFilteredDecodingFailsExactlyAsAWholeOne) {
       Result<CheckpointMetadata> part =
           DecodeMetadata(damaged, kPath, trial % 2 ? &pool : nullptr, &filter);
       ASSERT_EQ(part.ok(), whole.ok()) << (whole.ok() ? part.status() : whole.status());
-      if (!whole.ok()) ASSERT_EQ(part.status(), whole.status());
+      if (!whole.ok()) {
+        ASSERT_EQ(part.status(), whole.status());
+      }
     }
     rejected += !whole.ok();
   }
