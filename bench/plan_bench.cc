@@ -668,11 +668,14 @@ bool MeasureOpen(sp::CheckpointMetadata metadata, sp::ThreadPool* pool) {
 // --load-coordinator-only: what the coordinator of a load does before any rank can plan when each
 // rank is sent its part (engine/load.cc, MetadataPartsOfLoad): it opens the committed native file
 // (decoded, checked and indexed), then answers every rank but rank 0, in rounds of 512, from the
-// boxes it saved with. Times both, and prints the bytes asked for and answered.
+// boxes it saved with. Times both, and prints the bytes asked for and answered: for the file of
+// format 4, then (the baseline) for the same metadata as format 3.1, whose parts carry the chunks'
+// checksums.
 bool MeasureLoadCoordinator(sp::CheckpointMetadata metadata, int64_t ranks, int tensors,
                             sp::ThreadPool* pool) {
   if (!Committed(&metadata)) return false;
   const std::string native = sp::EncodeMetadata(metadata);
+  const std::string native_v31 = sp::EncodeMetadata(metadata, 3);
   metadata = {};
   std::vector<std::string> requests(static_cast<size_t>(ranks));
   uint64_t request_bytes = 0;
@@ -683,36 +686,39 @@ bool MeasureLoadCoordinator(sp::CheckpointMetadata metadata, int64_t ranks, int 
     requests[r] = sp::MetadataRequest(&boxes);
     request_bytes += requests[r].size();
   }
-  const Timing open =
-      Median([&] { return sp::DecodeNativeCheckpointMetadata(native, "/bench", pool); });
-  const sp::Result<sp::CheckpointMetadata> opened =
-      sp::DecodeNativeCheckpointMetadata(native, "/bench", pool);
-  if (!opened.ok()) {
-    std::fprintf(stderr, "DecodeNativeCheckpointMetadata failed: %s\n",
-                 opened.status().ToString().c_str());
-    return false;
-  }
-  uint64_t answer_bytes = 0;
-  const Timing answers = Median([&]() -> sp::Result<size_t> {
-    const sp::MetadataPartEncoder encoder(*opened, pool);
-    std::string whole;
-    answer_bytes = 0;
-    for (int64_t first = 0; first < ranks; first += 512) {
-      const int64_t end = std::min<int64_t>(ranks, first + 512);
-      std::vector<std::string> out(static_cast<size_t>(end - first));
-      SP_RETURN_IF_ERROR(sp::AnswerMetadataRequests(
-          encoder, std::span<const std::string>(requests).subspan(first, end - first),
-          static_cast<int>(first), std::string(17, 'n'), 0, &whole, out, pool));
-      for (const std::string& answer : out) answer_bytes += answer.size();
+  for (const std::string* file : {&native, &native_v31}) {
+    const Timing open =
+        Median([&] { return sp::DecodeNativeCheckpointMetadata(*file, "/bench", pool); });
+    const sp::Result<sp::CheckpointMetadata> opened =
+        sp::DecodeNativeCheckpointMetadata(*file, "/bench", pool);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "DecodeNativeCheckpointMetadata failed: %s\n",
+                   opened.status().ToString().c_str());
+      return false;
     }
-    return size_t{0};
-  });
-  std::printf("load_coordinator ranks=%lld tensors=%d runs=%d metadata_mib=%.1f open_s=%.6f "
-              "requests_mib=%.1f answers_s=%.6f answers_cpu_s=%.6f answers_mib=%.1f\n",
-              static_cast<long long>(ranks), tensors, g_runs,
-              static_cast<double>(native.size()) / (1 << 20), open.wall_s,
-              static_cast<double>(request_bytes) / (1 << 20), answers.wall_s, answers.cpu_s,
-              static_cast<double>(answer_bytes) / (1 << 20));
+    uint64_t answer_bytes = 0;
+    const Timing answers = Median([&]() -> sp::Result<size_t> {
+      const sp::MetadataPartEncoder encoder(*opened, pool);
+      std::string whole;
+      answer_bytes = 0;
+      for (int64_t first = 0; first < ranks; first += 512) {
+        const int64_t end = std::min<int64_t>(ranks, first + 512);
+        std::vector<std::string> out(static_cast<size_t>(end - first));
+        SP_RETURN_IF_ERROR(sp::AnswerMetadataRequests(
+            encoder, std::span<const std::string>(requests).subspan(first, end - first),
+            static_cast<int>(first), std::string(17, 'n'), 0, &whole, out, pool));
+        for (const std::string& answer : out) answer_bytes += answer.size();
+      }
+      return size_t{0};
+    });
+    std::printf("load_coordinator format=%u.%u ranks=%lld tensors=%d runs=%d metadata_mib=%.1f "
+                "open_s=%.6f requests_mib=%.1f answers_s=%.6f answers_cpu_s=%.6f "
+                "answers_mib=%.1f\n",
+                opened->version_major, opened->version_minor, static_cast<long long>(ranks),
+                tensors, g_runs, static_cast<double>(file->size()) / (1 << 20), open.wall_s,
+                static_cast<double>(request_bytes) / (1 << 20), answers.wall_s, answers.cpu_s,
+                static_cast<double>(answer_bytes) / (1 << 20));
+  }
   return true;
 }
 

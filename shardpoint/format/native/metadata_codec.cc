@@ -278,7 +278,7 @@ Result<CheckpointMetadata> MetadataReader::ReadAll(ThreadPool* pool, const Chunk
           path(), "tensor \"" + tensor_names_[over_budget] + "\": its grid cells take the " +
                       "records' total past " +
                       std::to_string(native_metadata::GridCellBudget(summary_)) +
-                      ", the budget of 2^24 cells and 1024 for each of the " +
+                      ", the budget of 2^24 cells and 4096 for each of the " +
                       std::to_string(summary_.files.size()) + " data files");
     }
     const std::vector<Box>* keep = nullptr;

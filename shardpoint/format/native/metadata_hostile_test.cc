@@ -550,11 +550,11 @@ TEST(MetadataHostileTest, VersionFourGridCellsAreBoundedByTheDataFiles) {
   summary.data_file_checksums = true;
   summary.files = {{"d-s-r00000-f000.safetensors", 8, 8 + (uint64_t{1} << 24), 0}};
   const std::vector<std::pair<std::string, std::string>> records = {
-      {"a", ElementGridRecord({32, 33})},      // 1,056 cells
-      {"b", ElementGridRecord({4096, 4096})},  // 2^24 cells: 1,056 past the budget with a's
+      {"a", ElementGridRecord({64, 65})},      // 4,160 cells
+      {"b", ElementGridRecord({4096, 4096})},  // 2^24 cells: 64 past the budget with a's
       {"c", ElementGridRecord({2, 2})}};
-  ASSERT_EQ(native_metadata::GridCellBudget(summary), (uint64_t{1} << 24) + 1024);
-  EXPECT_EQ(native_metadata::GridRecordCells(records[0].second, 4), 1056u);
+  ASSERT_EQ(native_metadata::GridCellBudget(summary), (uint64_t{1} << 24) + 4096);
+  EXPECT_EQ(native_metadata::GridRecordCells(records[0].second, 4), 4160u);
   EXPECT_EQ(native_metadata::GridRecordCells(records[1].second, 4), uint64_t{1} << 24);
   EXPECT_EQ(native_metadata::GridRecordCells(records[0].second.substr(0, 30), 4), 0u);
   std::vector<SectionBytes> sections(5);
@@ -568,14 +568,14 @@ TEST(MetadataHostileTest, VersionFourGridCellsAreBoundedByTheDataFiles) {
   sections[1].count = sections[2].count = static_cast<uint32_t>(records.size());
   const std::string file = Assemble(sections, 0, 4);
   ExpectDataLoss(DecodeMetadata(file, kPath),
-                 "tensor \"b\": its grid cells take the records' total past 16778240, the "
-                 "budget of 2^24 cells and 1024 for each of the 1 data files");
+                 "tensor \"b\": its grid cells take the records' total past 16781312, the "
+                 "budget of 2^24 cells and 4096 for each of the 1 data files");
   // Alike on a pool, and for a rank that keeps only a's chunks.
   ThreadPool pool(3);
   const ChunkFilter filter = {{"a", {Box({0, 0}, {1, 1})}}};
   EXPECT_EQ(DecodeMetadata(file, kPath, &pool, &filter).status(),
             DecodeMetadata(file, kPath).status());
-  // Without b, the others decode: a's 1,056 cells one byte apart.
+  // Without b, the others decode: a's 4,160 cells one byte apart.
   sections[1].bytes.clear();
   sections[2].bytes.clear();
   for (size_t i : {0, 2}) {
@@ -588,8 +588,8 @@ TEST(MetadataHostileTest, VersionFourGridCellsAreBoundedByTheDataFiles) {
   Result<CheckpointMetadata> r = DecodeMetadata(Assemble(sections, 0, 4), kPath);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->checksums_in_headers);
-  ASSERT_EQ(r->tensors[0].chunks.size(), 1056u);
-  EXPECT_EQ(r->tensors[0].chunks[1055].data_offset, 1055u);
+  ASSERT_EQ(r->tensors[0].chunks.size(), 4160u);
+  EXPECT_EQ(r->tensors[0].chunks[4159].data_offset, 4159u);
   EXPECT_TRUE(r->tensors[0].chunks[7].block_crc32c.empty());
 }
 

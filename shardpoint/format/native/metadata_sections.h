@@ -121,10 +121,11 @@ Result<TensorMetadata> DecodeTensorRecord(std::string_view bytes, std::string na
 // GridCellBudget, before any record is decoded (docs/FORMAT.md §3.7).
 uint64_t GridRecordCells(std::string_view bytes, uint32_t major);
 // The most grid cells, all records together, the metadata of `summary` may describe from version
-// 4: kMaxChunks, and 1,024 for each data file (8,192 ranks x 1,000 tensors have about 1,000 a
-// file). Each cell costs its decoder a check and its grid 8 bytes at most.
+// 4: kMaxChunks, and 4,096 for each data file (a rank's file holds a cell of each tensor sharded
+// over the ranks: 8,192 ranks x 1,000 tensors have about 500 a file). Each cell costs its decoder
+// a check and its grid 8 bytes at most, and each data file at least 25 bytes of the summary.
 inline uint64_t GridCellBudget(const CheckpointMetadata& summary) {
-  return kMaxChunks + 1024 * static_cast<uint64_t>(summary.files.size());
+  return kMaxChunks + 4096 * static_cast<uint64_t>(summary.files.size());
 }
 
 std::string EncodeObjectRecord(const ObjectEntry& object);
