@@ -939,7 +939,9 @@ TEST_F(EngineCorruptionTest, VersionOneTwoAndThreeCheckpointsStillLoadAndVerify)
     md.version_minor = 0;
     md.data_file_checksums = true;
     for (size_t i = 0; i < md.files.size(); ++i) {
-      if (major < 3) EXPECT_EQ(md.files[i].header_crc32c, 0u);
+      if (major < 3) {
+        EXPECT_EQ(md.files[i].header_crc32c, 0u);
+      }
       md.files[i].header_crc32c = md_.files[i].header_crc32c;
     }
     EXPECT_EQ(md, with_checksums);

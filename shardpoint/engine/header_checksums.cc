@@ -1,5 +1,6 @@
 #include "shardpoint/engine/header_checksums.h"
 
+#include <algorithm>
 #include <string>
 
 #include "shardpoint/base/crc32c.h"
@@ -12,6 +13,12 @@ namespace sp {
 Result<DataFileChecksums> ReadHeaderChecksums(const CheckpointMetadata& metadata, uint32_t f,
                                               const ReadableFile& handle) {
   const DataFile& file = metadata.files[f];
+  // Read whole by the length the metadata gives, which no valid header passes.
+  if (file.data_start > 8 + kMaxSafetensorsHeaderBytes) {
+    return DataLossError("data file " + file.name + ": its header of " +
+                         std::to_string(file.data_start - 8) + " bytes exceeds the limit of " +
+                         std::to_string(kMaxSafetensorsHeaderBytes) + " bytes");
+  }
   std::string bytes(file.data_start, '\0');
   SP_RETURN_IF_ERROR(handle.ReadAt(
       0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()), bytes.size())));

@@ -14,8 +14,8 @@
 #include <tuple>
 
 #include "shardpoint/base/crc32c.h"
-#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/engine/chunk_reader.h"
+#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/open_checkpoint.h"
 #include "shardpoint/geometry/convert.h"

@@ -44,10 +44,10 @@
 
 #include "shardpoint/base/result.h"
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/metadata.h"
 #include "shardpoint/geometry/strided_copy.h"
-#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/store/store.h"
 
 namespace sp {

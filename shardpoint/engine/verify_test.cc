@@ -11,6 +11,8 @@
 
 #include "shardpoint/base/crc32c.h"
 #include "shardpoint/checkpoint.h"
+#include "shardpoint/engine/header_checksums.h"
+#include "shardpoint/exec/thread_pool.h"
 #include "shardpoint/format/native/metadata_codec.h"
 #include "shardpoint/manage/consolidate.h"
 #include "shardpoint/manage/diff.h"
@@ -342,6 +344,69 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
   WriteFile(store, path, original);
   EXPECT_TRUE(VerifyOk(store, "/ckpt").ok());
   EXPECT_TRUE(testing::LoadWhole(&store, "/ckpt", first_tensor).ok());
+}
+
+// HeaderChecksums, what loads take the checksums of format 4 from: each file's table once, every
+// chunk's checksums those of its blocks (none for an empty chunk), and a clear refusal of a file
+// that is not open, or whose header the metadata gives an impossible length.
+TEST(VerifyTest, HeaderChecksumsGiveEachChunkItsBlocksChecksums) {
+  MemoryStore store;
+  ASSERT_TRUE(store.CreateDirs("/ckpt").ok());
+  SaveOptions options;
+  options.checksum_block_bytes = 8;
+  ASSERT_TRUE(testing::SaveWhole(&store, "/ckpt",
+                                 {testing::Iota("a", {6, 5}), testing::Iota("b", {7}, 100),
+                                  testing::Iota("empty", {0, 3})},
+                                 {}, 2, options)
+                  .ok());
+  CheckpointMetadata md = ReadCheckpointMetadata("/ckpt", &store).value();
+  ASSERT_TRUE(md.checksums_in_headers);
+  std::vector<std::unique_ptr<ReadableFile>> handles(md.files.size());
+  std::vector<uint32_t> all;
+  for (uint32_t f = 0; f < md.files.size(); ++f) {
+    handles[f] = store.OpenReadable(JoinPath("/ckpt", md.files[f].name)).value();
+    all.push_back(f);
+  }
+  ThreadPool pool(2);
+  HeaderChecksums headers(md.files.size());
+  const StoredChunk& first = md.tensors[0].chunks[0];
+  EXPECT_TRUE(headers.Of(first).empty());  // not loaded yet
+  all.push_back(0);  // asked twice: read once
+  ASSERT_TRUE(headers.Load(md, handles, all, &pool).ok());
+  size_t chunks = 0;
+  for (const TensorMetadata& t : md.tensors) {
+    for (const StoredChunk& c : t.chunks) {
+      std::string bytes(c.byte_length, '\0');
+      ASSERT_TRUE(handles[c.file]
+                      ->ReadAt(md.files[c.file].data_start + c.data_offset,
+                               AsMutableBytes(bytes.data(), bytes.size()))
+                      .ok());
+      std::vector<uint32_t> want;
+      for (uint64_t lo = 0; lo < bytes.size(); lo += 8) {
+        want.push_back(Crc32c(std::string_view(bytes).substr(lo, 8)));
+      }
+      const std::span<const uint32_t> found = headers.Of(c);
+      EXPECT_EQ(std::vector<uint32_t>(found.begin(), found.end()), want) << t.name;
+      ++chunks;
+    }
+  }
+  EXPECT_GE(chunks, 3u);
+  // A file that is not open.
+  std::vector<std::unique_ptr<ReadableFile>> none(md.files.size());
+  HeaderChecksums fresh(md.files.size());
+  const Status closed = fresh.Load(md, none, all, nullptr);
+  EXPECT_EQ(closed.code(), StatusCode::kInternal) << closed;
+  EXPECT_NE(closed.message().find("the header of data file 0 is needed, and the file is not open"),
+            std::string::npos)
+      << closed;
+  // A header longer than any safetensors header may be, by the metadata's word.
+  md.files[0].data_start = 8 + kMaxSafetensorsHeaderBytes + 1;
+  const Status long_header = fresh.Load(md, handles, all, nullptr);
+  EXPECT_EQ(long_header.code(), StatusCode::kDataLoss) << long_header;
+  EXPECT_NE(long_header.message().find("data file " + md.files[0].name + ": its header of " +
+                                       "100000001 bytes exceeds the limit of 100000000 bytes"),
+            std::string::npos)
+      << long_header;
 }
 
 }  // namespace

@@ -114,7 +114,7 @@ void AssignFiles(const CheckpointMetadata& md, const std::vector<bool>& has_prun
       plan->report.files_rewritten.push_back(old.name);
       plan->report.files_written.push_back(file.name);
       plan->old_files_to_remove.push_back(old.name);
-      plan->rewrites.push_back({f, static_cast<uint32_t>(plan->next.files.size()), "", {}});
+      plan->rewrites.push_back({f, static_cast<uint32_t>(plan->next.files.size()), "", {}, {}});
     }
     plan->next.files.push_back(std::move(file));
   }
