@@ -116,6 +116,12 @@ class ByteReader {
     if (remaining() > 0 && static_cast<uint8_t>(in_[pos_]) < 0x80) {
       return static_cast<uint8_t>(in_[pos_++]);  // the common case: one byte
     }
+    if (remaining() > 1 && static_cast<uint8_t>(in_[pos_ + 1]) < 0x80) {  // two: below 2^14
+      const uint64_t v = (static_cast<uint8_t>(in_[pos_]) & 0x7fu) |
+                         uint64_t{static_cast<uint8_t>(in_[pos_ + 1])} << 7;
+      pos_ += 2;
+      return v;
+    }
     return ReadLongVarint();
   }
   Result<int64_t> ReadSignedVarint() {

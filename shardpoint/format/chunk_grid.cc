@@ -225,6 +225,15 @@ std::vector<StoredChunk> UnpackChunks(const PackedChunks& packed) {
   const uint64_t cells = packed.cell_count;
   std::vector<StoredChunk> chunks;
   chunks.reserve(cells);
+  if (packed.listed) {
+    for (uint64_t c = 0; c < cells; ++c) {
+      Box box = packed.box_of(c);
+      const uint64_t byte_length = static_cast<uint64_t>(box.volume()) * packed.element_bytes;
+      chunks.emplace_back(std::move(box), packed.files[c], packed.data_offsets[c], byte_length,
+                          InlineVector<uint32_t, 2>(packed.checksums.of(c)));
+    }
+    return chunks;
+  }
   GridCellWalk walk(packed.grid);
   for (const CellRun& run : packed.runs) {
     uint32_t file = run.file;
@@ -241,6 +250,14 @@ std::vector<StoredChunk> UnpackChunks(const PackedChunks& packed) {
 }
 
 }  // namespace
+
+Box PackedChunks::box_of(uint64_t c) const {
+  if (!listed) return GridCellBox(grid, c);
+  Box box;
+  box.offsets.assign(offsets_of(c), offsets_of(c) + rank);
+  box.sizes.assign(sizes_of(c), sizes_of(c) + rank);
+  return box;
+}
 
 const std::vector<StoredChunk>& ChunkList::Unpacked() const {
   PackedChunks& packed = *packed_;
@@ -279,6 +296,29 @@ void ExpandChunkCells(TensorMetadata* tensor) {
 
 bool CompactChunkCells(TensorMetadata* tensor) {
   if (tensor->cells || tensor->kept) return false;
+  // Packed chunks are raw, of the shape's rank: their placements and listed boxes are taken as
+  // they are.
+  if (const PackedChunks* packed = tensor->chunks.packed_chunks();
+      packed != nullptr && (tensor->grid || packed->listed)) {
+    ChunkCells cells;
+    if (packed->listed) {
+      cells.files = packed->files;
+      cells.data_offsets = packed->data_offsets;
+    } else {
+      cells.files.resize(packed->cell_count);
+      cells.data_offsets.resize(packed->cell_count);
+      for (const CellRun& run : packed->runs) {
+        for (uint64_t c = run.first; c < run.first + run.count; ++c) {
+          cells.files[c] = run.file_of(c);
+          cells.data_offsets[c] = run.data_offset_of(c);
+        }
+      }
+    }
+    if (!tensor->grid) cells.boxes = packed->boxes;
+    tensor->chunks = ChunkList();
+    tensor->cells = std::move(cells);
+    return true;
+  }
   for (const StoredChunk& chunk : tensor->chunks) {
     if (chunk.encoding != ChunkEncoding::kRaw) return false;
   }
@@ -304,90 +344,127 @@ bool CompactChunkCells(TensorMetadata* tensor) {
   return true;
 }
 
-std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, const Shape& shape) {
-  const size_t rank = shape.size();
-  if (rank == 0 || chunks.size() > std::numeric_limits<uint32_t>::max()) return std::nullopt;
-  // Offsets and sizes in [0, 2^62] (what every reader accepts), so no sum below can wrap;
-  // emptiness by a zero size, not by a volume that could.
-  constexpr int64_t kMax = int64_t{1} << 62;
-  auto empty = [](const Box& box) {
-    return std::find(box.sizes.begin(), box.sizes.end(), 0) != box.sizes.end();
-  };
-  std::vector<int64_t> longest(rank, 0);
-  for (const StoredChunk& chunk : chunks) {
-    const Box& box = chunk.box;
-    if (box.offsets.size() != rank || box.sizes.size() != rank) return std::nullopt;
-    for (size_t d = 0; d < rank; ++d) {
-      if (box.offsets[d] < 0 || box.offsets[d] > kMax || box.sizes[d] < 0 || box.sizes[d] > kMax) {
-        return std::nullopt;
-      }
-    }
-    if (empty(box)) continue;
-    for (size_t d = 0; d < rank; ++d) longest[d] = std::max(longest[d], box.sizes[d]);
+namespace {
+
+// A chunk's box as values in place: of a StoredChunk, or of a packed list (PackedChunks::boxes).
+struct BoxValues {
+  const int64_t* offsets;
+  const int64_t* sizes;
+  size_t offsets_rank;
+  size_t sizes_rank;
+};
+
+// Calls `fn` with a function that gives chunk c's BoxValues: read from the packed boxes of a list
+// that a decoder kept packed, else from the StoredChunks (unpacked on first use).
+template <typename Fn>
+auto WithChunkBoxes(const ChunkList& chunks, Fn&& fn) {
+  if (const PackedChunks* packed = chunks.packed_chunks(); packed != nullptr && packed->listed) {
+    return fn([packed](size_t c) {
+      return BoxValues{packed->offsets_of(c), packed->sizes_of(c), packed->rank, packed->rank};
+    });
   }
-  // The dimension in which chunks are shortest relative to the shape: longest[d] / shape[d]
-  // smallest (compared by cross-multiplying in long double: the values reach 2^62).
-  size_t dim = 0;
-  for (size_t d = 1; d < rank; ++d) {
-    if (static_cast<long double>(longest[d]) * shape[dim] <
-        static_cast<long double>(longest[dim]) * shape[d]) {
-      dim = d;
-    }
-  }
-  ChunkIndex index;
-  index.dim = static_cast<uint32_t>(dim);
-  index.max_extent = longest[dim];
-  index.chunk_count = chunks.size();
-  // (start, chunk) pairs sorted: by start, chunks of one start in their order.
-  std::vector<std::pair<int64_t, uint32_t>> order;
-  order.reserve(chunks.size());
-  for (uint32_t c = 0; c < chunks.size(); ++c) {
-    if (!empty(chunks[c].box)) order.emplace_back(chunks[c].box.offsets[dim], c);
-  }
-  std::sort(order.begin(), order.end());
-  index.starts.reserve(order.size());
-  index.chunks.reserve(order.size());
-  for (const auto& [start, c] : order) {
-    index.starts.push_back(start);
-    index.chunks.push_back(c);
-  }
-  return index;
+  const std::vector<StoredChunk>& list = chunks.vec();
+  return fn([&list](size_t c) {
+    const Box& box = list[c].box;
+    return BoxValues{box.offsets.data(), box.sizes.data(), box.offsets.size(), box.sizes.size()};
+  });
 }
 
-bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredChunk> chunks,
-                               const Box& box, std::vector<uint32_t>* out) {
+}  // namespace
+
+std::optional<ChunkIndex> BuildChunkIndex(const ChunkList& chunks, const Shape& shape) {
+  const size_t rank = shape.size();
+  if (rank == 0 || chunks.size() > std::numeric_limits<uint32_t>::max()) return std::nullopt;
+  return WithChunkBoxes(chunks, [&](auto box_at) -> std::optional<ChunkIndex> {
+    // Offsets and sizes in [0, 2^62] (what every reader accepts), so no sum below can wrap;
+    // emptiness by a zero size, not by a volume that could.
+    constexpr int64_t kMax = int64_t{1} << 62;
+    auto empty = [rank](const BoxValues& box) {
+      return std::find(box.sizes, box.sizes + rank, 0) != box.sizes + rank;
+    };
+    std::vector<int64_t> longest(rank, 0);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const BoxValues box = box_at(c);
+      if (box.offsets_rank != rank || box.sizes_rank != rank) return std::nullopt;
+      for (size_t d = 0; d < rank; ++d) {
+        if (box.offsets[d] < 0 || box.offsets[d] > kMax || box.sizes[d] < 0 ||
+            box.sizes[d] > kMax) {
+          return std::nullopt;
+        }
+      }
+      if (empty(box)) continue;
+      for (size_t d = 0; d < rank; ++d) longest[d] = std::max(longest[d], box.sizes[d]);
+    }
+    // The dimension in which chunks are shortest relative to the shape: longest[d] / shape[d]
+    // smallest (compared by cross-multiplying in long double: the values reach 2^62).
+    size_t dim = 0;
+    for (size_t d = 1; d < rank; ++d) {
+      if (static_cast<long double>(longest[d]) * shape[dim] <
+          static_cast<long double>(longest[dim]) * shape[d]) {
+        dim = d;
+      }
+    }
+    ChunkIndex index;
+    index.dim = static_cast<uint32_t>(dim);
+    index.max_extent = longest[dim];
+    index.chunk_count = chunks.size();
+    // (start, chunk) pairs sorted: by start, chunks of one start in their order.
+    std::vector<std::pair<int64_t, uint32_t>> order;
+    order.reserve(chunks.size());
+    for (uint32_t c = 0; c < chunks.size(); ++c) {
+      const BoxValues box = box_at(c);
+      if (!empty(box)) order.emplace_back(box.offsets[dim], c);
+    }
+    // A save plan lists chunks by box, so along the first dimension they are most often in
+    // order already.
+    if (!std::is_sorted(order.begin(), order.end())) std::sort(order.begin(), order.end());
+    index.starts.reserve(order.size());
+    index.chunks.reserve(order.size());
+    for (const auto& [start, c] : order) {
+      index.starts.push_back(start);
+      index.chunks.push_back(c);
+    }
+    return index;
+  });
+}
+
+bool IndexedChunksIntersecting(const ChunkIndex& index, const ChunkList& chunks, const Box& box,
+                               std::vector<uint32_t>* out) {
   if (index.chunk_count != chunks.size() || index.starts.size() != index.chunks.size()) {
     return false;
   }
   const size_t rank = box.rank();
   if (index.dim >= rank || box.empty()) return true;
-  const size_t first_out = out->size();
-  const int64_t begin = box.offsets[index.dim], end = box.exclusive_max(index.dim);
-  // Chunks starting in (begin - max_extent, end) are the only ones that can reach the box.
-  const int64_t from = begin - index.max_extent;  // offsets and extents are at most 2^62
-  auto it = std::upper_bound(index.starts.begin(), index.starts.end(), from);
-  for (size_t i = static_cast<size_t>(it - index.starts.begin());
-       i < index.starts.size() && index.starts[i] < end; ++i) {
-    const uint32_t c = index.chunks[i];
-    if (c >= chunks.size()) {
-      out->resize(first_out);
-      return false;
+  return WithChunkBoxes(chunks, [&](auto box_at) {
+    const size_t first_out = out->size();
+    const int64_t begin = box.offsets[index.dim], end = box.exclusive_max(index.dim);
+    // Chunks starting in (begin - max_extent, end) are the only ones that can reach the box.
+    const int64_t from = begin - index.max_extent;  // offsets and extents are at most 2^62
+    auto it = std::upper_bound(index.starts.begin(), index.starts.end(), from);
+    for (size_t i = static_cast<size_t>(it - index.starts.begin());
+         i < index.starts.size() && index.starts[i] < end; ++i) {
+      const uint32_t c = index.chunks[i];
+      if (c >= chunks.size()) {
+        out->resize(first_out);
+        return false;
+      }
+      const BoxValues chunk = box_at(c);
+      if (chunk.offsets_rank != rank || chunk.sizes_rank != rank ||
+          chunk.offsets[index.dim] != index.starts[i] ||
+          chunk.sizes[index.dim] > index.max_extent) {
+        out->resize(first_out);
+        return false;
+      }
+      bool overlaps = true;
+      for (size_t d = 0; d < rank && overlaps; ++d) {
+        overlaps = chunk.sizes[d] > 0 && chunk.offsets[d] < box.offsets[d] + box.sizes[d] &&
+                   box.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
+      }
+      if (overlaps) out->push_back(c);
     }
-    const Box& chunk = chunks[c].box;
-    if (chunk.offsets.size() != rank || chunk.sizes.size() != rank ||
-        chunk.offsets[index.dim] != index.starts[i] || chunk.sizes[index.dim] > index.max_extent) {
-      out->resize(first_out);
-      return false;
-    }
-    bool overlaps = true;
-    for (size_t d = 0; d < rank && overlaps; ++d) {
-      overlaps = chunk.sizes[d] > 0 && chunk.offsets[d] < box.offsets[d] + box.sizes[d] &&
-                 box.offsets[d] < chunk.offsets[d] + chunk.sizes[d];
-    }
-    if (overlaps) out->push_back(c);
-  }
-  std::sort(out->begin() + static_cast<std::ptrdiff_t>(first_out), out->end());
-  return true;
+    std::sort(out->begin() + static_cast<std::ptrdiff_t>(first_out), out->end());
+    return true;
+  });
 }
 
 void AppendChunksReached(const TensorMetadata& tensor, std::span<const Box> boxes,

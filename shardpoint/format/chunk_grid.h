@@ -98,16 +98,17 @@ bool CompactChunkCells(TensorMetadata* tensor);
 
 // An index over `chunks` (of a tensor of `shape`) along the dimension in which they are shortest
 // relative to the shape, or nullopt for a rank-0 shape or a chunk whose box does not have its
-// rank. O(chunks log chunks).
-std::optional<ChunkIndex> BuildChunkIndex(std::span<const StoredChunk> chunks, const Shape& shape);
+// rank. O(chunks log chunks). A list the decoder kept packed is read packed (ChunkList::box).
+std::optional<ChunkIndex> BuildChunkIndex(const ChunkList& chunks, const Shape& shape);
 
 // Appends to `out` the number of every chunk of `index` that shares a point with `box` (of the
 // index's rank), in increasing order. Cost: a binary search, then the chunks whose offset along
 // the index's dimension lies within its longest extent before the box's end. False, with `out`
 // as it was, when the index does not describe `chunks` (another chunk count, or a chunk whose
-// offset is not the one indexed): the caller then looks at every chunk.
-bool IndexedChunksIntersecting(const ChunkIndex& index, std::span<const StoredChunk> chunks,
-                               const Box& box, std::vector<uint32_t>* out);
+// offset is not the one indexed): the caller then looks at every chunk. A list the decoder kept
+// packed is read packed.
+bool IndexedChunksIntersecting(const ChunkIndex& index, const ChunkList& chunks, const Box& box,
+                               std::vector<uint32_t>* out);
 
 // The stored numbers of the chunks of `tensor` that a ChunkFilter's `boxes` keep (FilterKeeps),
 // ascending: found through the tensor's grid or index when it has one (O(its own chunks) per box),

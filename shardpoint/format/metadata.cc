@@ -28,6 +28,9 @@ uint64_t ChunkListBytes(const std::vector<TensorMetadata>& tensors) {
   for (const TensorMetadata& t : tensors) {
     if (const PackedChunks* packed = t.chunks.packed_chunks()) {
       bytes += packed->runs.capacity() * sizeof(CellRun) +
+               packed->boxes.capacity() * sizeof(int64_t) +
+               packed->files.capacity() * sizeof(uint32_t) +
+               packed->data_offsets.capacity() * sizeof(uint64_t) +
                packed->checksums.starts.capacity() * sizeof(uint64_t) +
                packed->checksums.crcs.capacity() * sizeof(uint32_t);
     } else {
@@ -199,9 +202,9 @@ Status ValidateTensorSizes(const CheckpointMetadata& metadata, const TensorMetad
                            std::string_view source) {
   const std::string where = std::string(source) + ": tensor '" + tensor.name + "'";
   SP_RETURN_IF_ERROR(CheckedTensorBytes(tensor.dtype, tensor.shape, where).status());
-  // Chunks kept packed were made by the native decoder from a grid whose cut points lie within
-  // the shape, after it checked each cell's file and bytes as below (format/native): unpacking
-  // them to check again would cost what keeping them packed saves.
+  // Chunks kept packed were made by the native decoder, after it checked each one's box (a grid's
+  // cut points, or a listed box) within the shape and its file and bytes as below
+  // (format/native): unpacking them to check again would cost what keeping them packed saves.
   if (tensor.chunks.packed()) return OkStatus();
   const uint64_t item = DTypeSize(tensor.dtype);
   for (const StoredChunk& c : tensor.chunks) {
@@ -240,7 +243,8 @@ Status ValidateCheckpointSizes(const CheckpointMetadata& metadata, std::string_v
 
 uint64_t CountChunkElements(const TensorMetadata& tensor) {
   uint64_t covered = 0;
-  // Packed chunks are the cells of a grid, which tile the shape.
+  // Packed chunks are the cells of a grid, which tile the shape, or a list whose volumes the
+  // decoder checked add up to the shape's.
   if (tensor.chunks.packed()) return SaturatingVolume(tensor.shape);
   for (const StoredChunk& c : tensor.chunks) {
     if (__builtin_add_overflow(covered, SaturatingVolume(c.box.sizes), &covered)) return UINT64_MAX;

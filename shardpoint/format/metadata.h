@@ -193,19 +193,37 @@ struct CellRun {
   friend bool operator==(const CellRun&, const CellRun&) = default;
 };
 
-// The chunks of a grid tensor as the native decoder keeps them (ChunkList): cell c of `grid`
-// (format/chunk_grid.h) is raw, placed by the run that holds it (`runs`, in cell order, covering
-// every cell once), its byte length its box's volume times `element_bytes`, its block checksums
-// checksums.of(c). Made by a decoder that checked every cell; unpacked into StoredChunks once, on
-// first use.
+// The chunks of a tensor as the native decoder keeps them (ChunkList): chunk c is raw; a grid's
+// cell c of `grid` (format/chunk_grid.h), placed by the run that holds it (`runs`, in cell order,
+// covering every cell once); or, for a list (`listed`), the box boxes[c * 2 * rank, (c + 1) * 2 *
+// rank) (its offsets, then its sizes), in file files[c] at data_offsets[c]. Its byte length is its
+// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that checked every chunk (its box within the
+// shape, its bytes within its file, and the chunks' volumes adding up to the shape's); unpacked
+// into StoredChunks once, on first use.
 struct PackedChunks {
-  ChunkGrid grid;
+  ChunkGrid grid;             // unless `listed`
+  bool listed = false;
+  size_t rank = 0;
+  std::vector<int64_t> boxes;           // `listed`: each chunk's offsets, then its sizes
+  std::vector<uint32_t> files;          // `listed`: each chunk's
+  std::vector<uint64_t> data_offsets;  // `listed`: each chunk's
   uint64_t element_bytes = 0;
   uint64_t cell_count = 0;
-  std::vector<CellRun> runs;  // files and data offsets; the grid gives the boxes
+  std::vector<CellRun> runs;  // unless `listed`: the cells' files and data offsets
   ChunkChecksums::Tensor checksums;
 
-  // The run that holds `cell` (< cell_count).
+  // Chunk c's offsets and sizes, `rank` values each, for a list.
+  const int64_t* offsets_of(uint64_t c) const { return boxes.data() + c * 2 * rank; }
+  const int64_t* sizes_of(uint64_t c) const { return offsets_of(c) + rank; }
+  // Chunk c's box, of a grid or a list.
+  Box box_of(uint64_t c) const;
+  // Chunk c's file and data offset, of a grid or a list.
+  uint32_t file_of(uint64_t c) const { return listed ? files[c] : run_of(c).file_of(c); }
+  uint64_t data_offset_of(uint64_t c) const {
+    return listed ? data_offsets[c] : run_of(c).data_offset_of(c);
+  }
+
+  // The run that holds `cell` (< cell_count) of a grid.
   const CellRun& run_of(uint64_t cell) const {
     if (runs.size() == 1) return runs[0];
     size_t lo = 0, hi = runs.size();  // the last run whose first cell is <= cell
@@ -244,16 +262,17 @@ inline void AppendCellRun(std::vector<CellRun>* runs, uint64_t cell, uint32_t fi
 }
 
 // A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
-// decoder kept packed (PackedChunks: a grid's cells as runs of files and offsets and checksums
-// each, 4 bytes a cell of one block where a StoredChunk takes 128) until a consumer asks for them
-// as StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and
+// decoder kept packed (PackedChunks: a grid's cells as runs of files and offsets, and checksums
+// each, 4 bytes a cell of one block; a list's boxes, files and offsets side by side, 44 bytes a
+// chunk of rank 2; where a StoredChunk takes 128) until a consumer asks for them as StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and
 // the StoredChunks are made once, for the tensors a consumer walks.
 //
 // It reads as a std::vector<StoredChunk>: size() and empty() never unpack; the element access,
 // the iterators, data() and the conversion to a vector unpack on first use (once, shared by every
 // copy, safe from several threads, as reading a vector is); anything that changes the list
 // unpacks it into a vector of its own first (a copy shares the packed form until then). file(),
-// data_offset() and block_crc32c() read one chunk's placement and checksums without unpacking.
+// data_offset(), block_crc32c() and box() read one chunk's placement, checksums and box without
+// unpacking.
 class ChunkList {
  public:
   using value_type = StoredChunk;
@@ -275,8 +294,10 @@ class ChunkList {
   size_t size() const { return packed_ ? packed_->cell_count : list_.size(); }
   bool empty() const { return size() == 0; }
   size_t capacity() const { return packed_ ? size() : list_.capacity(); }
-  // Whether the chunks are held packed (made by a decoder, not yet changed).
+  // Whether the chunks are held packed (made by a decoder, not yet changed), and as the cells of
+  // a grid.
   bool packed() const { return packed_ != nullptr; }
+  bool packed_grid() const { return packed_ != nullptr && !packed_->listed; }
   // Whether the StoredChunks exist: always for a vector, for a packed list once walked.
   bool unpacked() const { return !packed_ || packed_->made.load(std::memory_order_acquire); }
   const PackedChunks* packed_chunks() const { return packed_.get(); }
@@ -321,15 +342,17 @@ class ChunkList {
   // Chunk i's file, data offset and block checksums, read from the packed form when there is
   // one (nothing is unpacked), else from the chunk.
   uint32_t file(size_t i) const {
-    return packed_ ? packed_->run_of(i).file_of(i) : list_[i].file;
+    return packed_ ? packed_->file_of(i) : list_[i].file;
   }
   uint64_t data_offset(size_t i) const {
-    return packed_ ? packed_->run_of(i).data_offset_of(i) : list_[i].data_offset;
+    return packed_ ? packed_->data_offset_of(i) : list_[i].data_offset;
   }
   std::span<const uint32_t> block_crc32c(size_t i) const {
     if (packed_) return packed_->checksums.of(i);
     return std::span<const uint32_t>(list_[i].block_crc32c.data(), list_[i].block_crc32c.size());
   }
+  // Chunk i's box (a copy), read from the packed form when there is one.
+  Box box(size_t i) const { return packed_ ? packed_->box_of(i) : list_[i].box; }
 
   friend bool operator==(const ChunkList& a, const ChunkList& b) { return a.vec() == b.vec(); }
 

@@ -218,7 +218,8 @@ std::optional<uint64_t> CellBytes(const Box& box, uint64_t item) {
 // Whether the chunks of `t` can travel as its grid: they are its cells, with the byte lengths
 // their boxes imply.
 bool SendsGrid(const TensorMetadata& t) {
-  // Packed chunks are a grid's raw cells, with the lengths their boxes imply (ChunkList).
+  // Packed chunks are raw, with the lengths their boxes imply (ChunkList); with a grid, which the
+  // decoder or IndexChunkGrids proved, its cells.
   if (t.chunks.packed()) return t.grid && t.grid->bounds.size() == t.shape.size();
   if (!t.grid || t.grid->bounds.size() != t.shape.size() || !GridMatches(*t.grid, t.chunks)) {
     return false;
@@ -426,6 +427,33 @@ size_t RawCellBytes(const TensorMetadata& t, size_t c, Steps* s) {
   return bytes;
 }
 
+// Chunk `c` of `t` whole, as PutChunk writes it, read through the chunk list's accessors when it
+// is packed (a packed chunk is raw, its byte length its box's): not unpacked.
+void PutChunkOf(ByteWriter& w, const TensorMetadata& t, size_t c, Steps* s) {
+  if (!t.chunks.packed()) return PutChunk(w, t.chunks[c], s);
+  const Box box = t.chunks.box(c);
+  PutShape(w, box.offsets);
+  PutShape(w, box.sizes);
+  w.PutVarint(static_cast<uint64_t>(box.volume()) * DTypeSize(t.dtype));
+  w.PutU8(static_cast<uint8_t>(ChunkEncoding::kRaw));
+  PutRawCell(w, t, c, s);
+}
+
+// The bytes PutChunkOf writes; `s` steps past the chunk.
+size_t ChunkBytesOf(const TensorMetadata& t, size_t c, Steps* s) {
+  if (!t.chunks.packed()) {
+    const StoredChunk& chunk = t.chunks[c];
+    const size_t bytes = PlacementBytes(chunk, *s, false) + ShapeBytes(chunk.box.offsets) +
+                         ShapeBytes(chunk.box.sizes) + VarintBytes(chunk.byte_length);
+    *s = {int64_t{chunk.file}, chunk.data_offset};
+    return bytes;
+  }
+  const Box box = t.chunks.box(c);
+  return ShapeBytes(box.offsets) + ShapeBytes(box.sizes) +
+         VarintBytes(static_cast<uint64_t>(box.volume()) * DTypeSize(t.dtype)) + 1 +
+         RawCellBytes(t, c, s);
+}
+
 }  // namespace
 
 namespace wire_internal {
@@ -560,7 +588,7 @@ void PutTensor(ByteWriter& w, const TensorMetadata& t, const CellsAs& how) {
     }
   } else {
     w.PutVarint(t.chunks.size());
-    for (const StoredChunk& c : t.chunks) PutChunk(w, c, &steps);
+    for (size_t c = 0; c < t.chunks.size(); ++c) PutChunkOf(w, t, c, &steps);
   }
 }
 
@@ -574,13 +602,12 @@ uint64_t WireTensorBound(const TensorMetadata& t) {
   Steps steps;
   if (how.layout == kWireRawGrid) {
     for (size_t c = 0; c < t.chunks.size(); ++c) bytes += RawCellBytes(t, c, &steps);
-  } else {
+  } else if (how.layout == kWireChunks) {
+    for (size_t c = 0; c < t.chunks.size(); ++c) bytes += ChunkBytesOf(t, c, &steps);
+  } else {  // a grid's cells, each with its kind
     for (const StoredChunk& c : t.chunks) {
       bytes += PlacementBytes(c, steps, false);
       steps = {int64_t{c.file}, c.data_offset};
-      if (how.layout == kWireChunks) {
-        bytes += ShapeBytes(c.box.offsets) + ShapeBytes(c.box.sizes) + VarintBytes(c.byte_length);
-      }
     }
   }
   // its length, and its name in the table (at most all of it, behind three numbers)
@@ -967,16 +994,7 @@ void PutPartTensor(ByteWriter& w, const TensorMetadata& t, std::span<const uint3
   for (uint32_t c : kept) {
     w.PutVarint(c - next);
     next = uint64_t{c} + 1;
-    if (t.chunks.packed()) {  // a raw cell of the grid, as PutChunk writes it, not unpacked
-      const Box box = GridCellBox(*t.grid, c);
-      PutShape(w, box.offsets);
-      PutShape(w, box.sizes);
-      w.PutVarint(static_cast<uint64_t>(box.volume()) * DTypeSize(t.dtype));
-      w.PutU8(static_cast<uint8_t>(ChunkEncoding::kRaw));
-      PutRawCell(w, t, c, &places);
-    } else {
-      PutChunk(w, t.chunks[c], &places);
-    }
+    PutChunkOf(w, t, c, &places);
   }
 }
 

@@ -757,5 +757,44 @@ TEST(MetadataHostileTest, NotAMetadataFile) {
   ExpectDataLoss(DecodeMetadata(text, kPath), "bad magic");
 }
 
+// A version-4 record that a decoding keeps whole is checked on paths of its own (a chunk list
+// read straight into its packed form, a grid's cells checked by their runs' steps); damaged, it
+// fails with the message of the chunk-by-chunk decoding that a filter keeping a part gets.
+TEST(MetadataHostileTest, DamagedVersionFourRecordsFailAsTheChunkByChunkDecodingSays) {
+  std::mt19937_64 rng(41);
+  size_t failed = 0, lists = 0, grids = 0;
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckpointMetadata m = RandomMetadata(seed, 1 + seed % 12);
+    CheckpointMetadata summary = m;
+    summary.tensors.clear();
+    summary.version_major = 4;
+    summary.data_file_checksums = summary.checksums_in_headers = true;
+    for (const TensorMetadata& t : m.tensors) {
+      SCOPED_TRACE(t.name);
+      const std::string record =
+          native_metadata::EncodeTensorRecord(t, m.checksum_block_bytes, 4);
+      const bool grid = record[2 + 8 * t.shape.size()] == native_metadata::kGrid;
+      (grid ? grids : lists) += 1;
+      // One element at the origin: a part, so every chunk is decoded one by one.
+      const std::vector<Box> part = {Box(Dims(t.shape.size(), 0), Dims(t.shape.size(), 1))};
+      for (int trial = 0; trial < 40; ++trial) {
+        std::string bad = record;
+        const size_t at = rng() % bad.size();
+        bad[at] = static_cast<char>(trial % 2 == 0 ? rng() : bad[at] + 1);
+        const Result<TensorMetadata> whole =
+            native_metadata::DecodeTensorRecord(bad, t.name, summary, false, kPath);
+        const Result<TensorMetadata> one_by_one =
+            native_metadata::DecodeTensorRecord(bad, t.name, summary, false, kPath, &part);
+        EXPECT_EQ(whole.status(), one_by_one.status()) << "byte " << at;
+        failed += !whole.ok();
+      }
+    }
+  }
+  EXPECT_GT(lists, 20u);
+  EXPECT_GT(grids, 20u);
+  EXPECT_GT(failed, 1000u);
+}
+
 }  // namespace
 }  // namespace sp

@@ -412,6 +412,54 @@ bool CellBytesHold(uint32_t file, uint64_t data_offset, uint64_t byte_length,
   return file < summary.files.size() && InDataBytes(summary.files[file], data_offset, byte_length);
 }
 
+// Every cell of a version-4 grid whose placement `runs` gives (their files checked to be u32s),
+// kept packed: each cell's file and bytes are checked as CheckChunkBytes checks them, its byte
+// length from an odometer over the grid's intervals (no box is built but for a message), and its
+// file and offset by its run's steps. The cells hold no checksums.
+Status KeepGridCells(const ChunkGrid& grid, uint64_t item, std::vector<CellRun> runs,
+                     const CheckpointMetadata& summary, const std::string& where,
+                     std::string_view path, TensorMetadata* tensor) {
+  const size_t rank = grid.bounds.size();
+  // Per dimension, the interval of the current cell, and the byte length of every prefix of the
+  // dimensions' intervals (the last: the cell's); a step recomputes them from the dimension that
+  // moved.
+  std::vector<size_t> at(rank, 0);
+  std::vector<uint64_t> prefix(rank + 1, item);
+  const auto interval = [&](size_t d) {
+    return static_cast<uint64_t>(grid.bounds[d][at[d] + 1] - grid.bounds[d][at[d]]);
+  };
+  for (size_t d = 0; d < rank; ++d) prefix[d + 1] = prefix[d] * interval(d);
+  uint64_t c = 0;
+  for (const CellRun& run : runs) {
+    uint32_t file = run.file;
+    uint64_t data_offset = run.data_offset;
+    for (uint64_t n = 0; n < run.count; ++n, ++c) {
+      const uint64_t byte_length = prefix[rank];  // within the shape's 2^62 bytes
+      if (!CellBytesHold(file, data_offset, byte_length, summary)) {
+        return CheckChunkBytes(StoredChunk(GridCellBox(grid, c), file, data_offset, byte_length),
+                               byte_length, summary, ChunkWhere{where, c}, path);
+      }
+      file = static_cast<uint32_t>(file + run.file_step);
+      data_offset += run.offset_step;
+      size_t d = rank;
+      while (d-- > 0) {
+        if (++at[d] + 1 < grid.bounds[d].size()) break;
+        at[d] = 0;
+      }
+      if (d == static_cast<size_t>(-1)) continue;  // past the last cell
+      for (size_t e = d; e < rank; ++e) prefix[e + 1] = prefix[e] * interval(e);
+    }
+  }
+  auto packed = std::make_shared<PackedChunks>();
+  packed->grid = grid;
+  packed->element_bytes = item;
+  packed->cell_count = c;
+  packed->runs = std::move(runs);
+  packed->checksums.chunks = c;
+  tensor->chunks = ChunkList(std::move(packed));
+  return OkStatus();
+}
+
 // Every cell is checked (its file and bytes, then its checksum count against the bytes left), in
 // the order and with the messages of a decoding that keeps them all, so that every copy of the
 // metadata decoded from the same bytes fails alike, whatever it keeps. With `keep`, only the
@@ -491,12 +539,14 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   } else {
     SP_ASSIGN_OR_RETURN(table, r.ReadRaw(cells * 12));
   }
+  const uint64_t item = DTypeSize(tensor->dtype);
+  if (packed && !with_crcs && keep == nullptr) return KeepGridCells(grid, item, std::move(runs),
+                                                                      summary, where, path, tensor);
   std::vector<uint32_t> kept;
   if (keep != nullptr) {
     kept = ChunksReached(*tensor, *keep);  // through the grid: no chunk is built yet
     if (kept.size() == cells) keep = nullptr;  // every cell: the whole grid, as without a filter
   }
-  const uint64_t item = DTypeSize(tensor->dtype);
   // The whole grid is kept packed (ChunkList): each cell's file, offset and checksums, no
   // StoredChunk until a consumer asks for one.
   std::shared_ptr<PackedChunks> kept_packed;
@@ -609,8 +659,92 @@ Status DecodeGridCells(ByteReader& r, const CheckpointMetadata& summary, const s
   return OkStatus();
 }
 
+// Appends `chunk` (number c) to the chunks a decoder keeps packed as a list (PackedChunks), with
+// its checksums: the same count for every chunk (per_chunk) or, from the first chunk whose count
+// differs, where each chunk's begin (`starts`).
+void AppendListed(const StoredChunk& chunk, uint64_t c, PackedChunks* packed) {
+  packed->files.push_back(chunk.file);
+  packed->data_offsets.push_back(chunk.data_offset);
+  for (int64_t offset : chunk.box.offsets) packed->boxes.push_back(offset);
+  for (int64_t size : chunk.box.sizes) packed->boxes.push_back(size);
+  ChunkChecksums::Tensor& sums = packed->checksums;
+  const uint64_t blocks = chunk.block_crc32c.size();
+  if (c == 0) sums.per_chunk = blocks;
+  if (sums.starts.empty() && blocks != sums.per_chunk) {
+    for (uint64_t before = 0; before < c; ++before) sums.starts.push_back(before * sums.per_chunk);
+  }
+  if (!sums.starts.empty()) sums.starts.push_back(sums.crcs.size());
+  sums.crcs.insert(sums.crcs.end(), chunk.block_crc32c.begin(), chunk.block_crc32c.end());
+}
+
+// The varint at `*at` of `bytes` (moving past it), or false when it is cut off or does not fit
+// in 64 bits.
+bool TakeVarint(std::string_view bytes, size_t* at, uint64_t* out) {
+  uint64_t value = 0;
+  for (int shift = 0; shift < 70 && *at < bytes.size(); shift += 7) {
+    const uint8_t b = static_cast<uint8_t>(bytes[(*at)++]);
+    if (shift == 63 && b > 1) return false;
+    value |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (b < 0x80) {
+      *out = value;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The `count` chunks of a version-4 chunk list at the start of `bytes`, checked as DecodeChunk and
+// DecodeChunkList check them, into `listed` (empty, their room reserved), and the bytes they
+// take into `taken`; false when any check fails (the caller decodes them again by DecodeChunk,
+// which says why). Without a Result per value read, a chunk costs a fraction of DecodeChunk's.
+bool TakeListedChunks(std::string_view bytes, uint32_t count, const TensorMetadata& tensor,
+                      const CheckpointMetadata& summary, PackedChunks* listed, size_t* taken) {
+  const size_t rank = tensor.shape.size();
+  const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor.shape));
+  size_t at = 0;
+  int64_t file = 0;
+  uint64_t data_offset = 0, covered = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t file_step = 0, offset_step = 0;
+    if (!TakeVarint(bytes, &at, &file_step) || !TakeVarint(bytes, &at, &offset_step) ||
+        __builtin_add_overflow(file, UnZigZag(file_step), &file) || file < 0 ||
+        static_cast<uint64_t>(file) >= summary.files.size()) {
+      return false;
+    }
+    data_offset += static_cast<uint64_t>(UnZigZag(offset_step));  // wraps, as DecodeChunk's
+    const size_t first = listed->boxes.size();
+    for (size_t v = 0; v < 2 * rank; ++v) {
+      uint64_t value = 0;
+      if (!TakeVarint(bytes, &at, &value)) return false;
+      listed->boxes.push_back(static_cast<int64_t>(value));
+    }
+    const int64_t* offsets = listed->boxes.data() + first;
+    const int64_t* sizes = offsets + rank;
+    uint64_t volume = 1;
+    for (size_t d = 0; d < rank; ++d) {
+      if (sizes[d] < 0 || sizes[d] > tensor.shape[d] || offsets[d] < 0 ||
+          offsets[d] > tensor.shape[d] - sizes[d]) {
+        return false;
+      }
+      volume *= static_cast<uint64_t>(sizes[d]);
+    }
+    const uint64_t byte_length = volume * listed->element_bytes;
+    if (!CellBytesHold(static_cast<uint32_t>(file), data_offset, byte_length, summary)) {
+      return false;
+    }
+    covered += volume;  // both terms <= 2^62: no overflow
+    if (covered > shape_volume) return false;
+    listed->files.push_back(static_cast<uint32_t>(file));
+    listed->data_offsets.push_back(data_offset);
+  }
+  *taken = at;
+  return covered == shape_volume;
+}
+
 // Every chunk is decoded and checked; with `keep`, only those that share a point with one of its
-// boxes are kept (TensorMetadata::kept).
+// boxes are kept (TensorMetadata::kept). Without, a record of version 2 or later (whose encoder
+// lists only chunks that are no grid) is kept packed (PackedChunks::listed): a StoredChunk each
+// is made only for a consumer that walks them.
 Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const std::string& where,
                        std::string_view path, const std::vector<Box>* keep,
                        TensorMetadata* tensor) {
@@ -627,17 +761,47 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
   std::vector<uint32_t> kept;
   StoredChunk scratch;
   StoredChunk previous;  // a packed record's file and offset are given past the chunk before's
-  if (keep == nullptr) tensor->chunks.reserve(chunk_count);
+  std::shared_ptr<PackedChunks> listed;
+  if (keep == nullptr && summary.version_major >= 2) {
+    listed = std::make_shared<PackedChunks>();
+    listed->listed = true;
+    listed->rank = rank;
+    listed->element_bytes = DTypeSize(tensor->dtype);
+    // The count is bounded by the record's bytes (at least 2 + 2 * rank a chunk).
+    listed->boxes.reserve(uint64_t{chunk_count} * 2 * rank);
+    listed->files.reserve(chunk_count);
+    listed->data_offsets.reserve(chunk_count);
+  } else if (keep == nullptr) {
+    tensor->chunks.reserve(chunk_count);
+  }
+  if (listed && !RecordsHoldChecksums(summary.version_major)) {
+    ByteReader rest = r;
+    SP_ASSIGN_OR_RETURN(std::string_view bytes, rest.ReadRaw(rest.remaining()));
+    if (size_t taken = 0;
+        TakeListedChunks(bytes, chunk_count, *tensor, summary, listed.get(), &taken)) {
+      SP_RETURN_IF_ERROR(r.ReadRaw(taken).status());
+      listed->cell_count = chunk_count;
+      listed->checksums.chunks = chunk_count;
+      tensor->chunks = ChunkList(std::move(listed));
+      return OkStatus();
+    }
+    listed->boxes.clear();  // a check failed: decoded again below, to say which
+    listed->files.clear();
+    listed->data_offsets.clear();
+  }
   const uint64_t shape_volume = static_cast<uint64_t>(ShapeVolume(tensor->shape));
   uint64_t covered = 0;
   for (uint32_t i = 0; i < chunk_count && covered <= shape_volume; ++i) {
     uint64_t volume = 0;
-    StoredChunk* chunk = keep == nullptr ? &tensor->chunks.emplace_back() : &scratch;
+    StoredChunk* chunk =
+        keep == nullptr && !listed ? &tensor->chunks.emplace_back() : &scratch;
     SP_RETURN_IF_ERROR(
         DecodeChunk(r, *tensor, summary, ChunkWhere{where, i}, path, packed, &previous, chunk,
                     &volume));
     covered += volume;  // both terms <= 2^62 here: no overflow
-    if (keep != nullptr && FilterKeeps(*keep, tensor->shape, scratch.box)) {
+    if (listed) {
+      AppendListed(scratch, i, listed.get());
+    } else if (keep != nullptr && FilterKeeps(*keep, tensor->shape, scratch.box)) {
       tensor->chunks.push_back(scratch);
       kept.push_back(i);
     }
@@ -646,6 +810,16 @@ Status DecodeChunkList(ByteReader& r, const CheckpointMetadata& summary, const s
     return Corrupt(path, where + ": chunks hold " + std::to_string(covered) +
                              " elements, the shape " + ShapeToString(tensor->shape) + " has " +
                              std::to_string(ShapeVolume(tensor->shape)));
+  }
+  if (listed) {
+    listed->cell_count = chunk_count;
+    ChunkChecksums::Tensor& sums = listed->checksums;
+    if (sums.starts.empty()) {
+      sums.chunks = chunk_count;
+    } else {
+      sums.starts.push_back(sums.crcs.size());
+    }
+    tensor->chunks = ChunkList(std::move(listed));
   }
   if (keep != nullptr && kept.size() != chunk_count) tensor->kept = std::move(kept);
   return OkStatus();

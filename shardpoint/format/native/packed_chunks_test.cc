@@ -1,5 +1,6 @@
 // Packed chunk lists (ChunkList in format/metadata.h): the native decoder keeps a grid tensor's
-// cells packed, and they must read, copy, change and travel exactly as the chunks they stand for.
+// cells and a listed tensor's chunks packed, and they must read, copy, change and travel exactly
+// as the chunks they stand for.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -15,6 +16,7 @@
 namespace sp {
 namespace {
 
+using ::sp::testing::AsVersionFour;
 using ::sp::testing::ExpectMetadataEq;
 using ::sp::testing::ExpectTensorEq;
 using ::sp::testing::RandomMetadata;
@@ -59,7 +61,7 @@ std::vector<Box> RandomBoxesIn(const Shape& shape, std::mt19937_64& rng) {
   return boxes;
 }
 
-TEST(PackedChunksTest, DecodedGridsStayPackedUntilWalkedAndReadAsTheirChunks) {
+TEST(PackedChunksTest, DecodedGridsAndListsStayPackedUntilWalkedAndReadAsTheirChunks) {
   size_t packed_tensors = 0, listed_tensors = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -73,14 +75,20 @@ TEST(PackedChunksTest, DecodedGridsStayPackedUntilWalkedAndReadAsTheirChunks) {
         const TensorMetadata& want = m.tensors[i];
         const TensorMetadata& got = decoded->tensors[i];
         SCOPED_TRACE(want.name);
-        // Packed exactly where the record is a grid (FindChunkGrid, as the encoder stores one).
+        // Packed, as the cells of a grid exactly where the record is one (FindChunkGrid, as the
+        // encoder stores one).
         const bool grid = FindChunkGrid(want.chunks, want.shape).has_value();
-        ASSERT_EQ(got.chunks.packed(), grid);
+        ASSERT_TRUE(got.chunks.packed());
+        ASSERT_EQ(got.chunks.packed_grid(), grid);
+        if (!grid) {  // indexed from the packed boxes, as from the chunks
+          EXPECT_EQ(got.index, BuildChunkIndex(want.chunks, want.shape));
+        }
         (grid ? packed_tensors : listed_tensors) += 1;
         ASSERT_EQ(got.chunks.size(), want.chunks.size());
         for (size_t c = 0; c < want.chunks.size(); ++c) {
           EXPECT_EQ(got.chunks.file(c), want.chunks[c].file);
           EXPECT_EQ(got.chunks.data_offset(c), want.chunks[c].data_offset);
+          EXPECT_EQ(got.chunks.box(c), want.chunks[c].box);
           const std::span<const uint32_t> crcs = got.chunks.block_crc32c(c);
           EXPECT_EQ(std::vector<uint32_t>(crcs.begin(), crcs.end()),
                     std::vector<uint32_t>(want.chunks[c].block_crc32c.begin(),
@@ -103,16 +111,14 @@ TEST(PackedChunksTest, DecodedGridsStayPackedUntilWalkedAndReadAsTheirChunks) {
           EXPECT_EQ(packed.runs, greedy);
         }
         // Sizes and the accessors read the packed form; nothing was unpacked.
-        EXPECT_EQ(got.chunks.unpacked(), !grid);
+        EXPECT_FALSE(got.chunks.unpacked());
         // A copy shares the packed form.
         const TensorMetadata copy = got;
         EXPECT_EQ(copy.chunks.packed_chunks(), got.chunks.packed_chunks());
         // Walked, the chunks are the stored ones, in both the copy and the original, and the
         // copy's walk unpacked the form they share.
         ExpectTensorEq(want, copy);
-        if (grid) {
-          EXPECT_EQ(copy.chunks.data(), got.chunks.data());
-        }
+        EXPECT_EQ(copy.chunks.data(), got.chunks.data());
         ExpectTensorEq(want, got);
       }
       ExpectMetadataEq(version == 3 ? m : [&] {
@@ -160,6 +166,100 @@ TEST(PackedChunksTest, ACellPerFileAtOneOffsetIsHeldAsARun) {
     EXPECT_LT(ChunkListBytes(decoded->tensors), 5u * kRanks);  // the checksums, and the runs
     ExpectTensorEq(m.tensors[0], decoded->tensors[0]);
   }
+}
+
+// An irregular tensor (row bands cut into columns unevenly: no grid) is kept packed as a list:
+// each chunk's box, file, offset and checksums (of uneven counts) read back without unpacking,
+// its index and the chunks a filter reaches are those of its chunks, it becomes cells as they do,
+// and it takes a fraction of their bytes.
+TEST(PackedChunksTest, AListKeepsEachChunksBoxAndChecksumsAndIsSearchedPacked) {
+  CheckpointMetadata m;
+  m.save_id = "s";
+  m.world_size = 2;
+  m.checksum_block_bytes = 16;
+  m.files.push_back(DataFile{"d-s-r0", 8, 8 + 4096, 0});
+  m.files.push_back(DataFile{"d-s-r1", 8, 8 + 4096, 1});
+  TensorMetadata t("w", DType::kFloat32, {10, 7});
+  // 84, 56 and 140 bytes: 6, 4 and 9 checksums of 16-byte blocks.
+  const std::vector<Box> boxes = {Box({0, 0}, {3, 7}), Box({3, 0}, {7, 2}), Box({3, 2}, {7, 5})};
+  const std::vector<std::pair<uint32_t, uint64_t>> places = {{1, 0}, {0, 64}, {1, 84}};
+  uint32_t crc = 1;
+  for (size_t c = 0; c < boxes.size(); ++c) {
+    const uint64_t bytes = static_cast<uint64_t>(boxes[c].volume()) * 4;
+    InlineVector<uint32_t, 2> crcs;
+    for (uint64_t b = 0; b < ChecksumBlockCount(bytes, 16); ++b) crcs.push_back(crc++);
+    t.chunks.push_back(StoredChunk(boxes[c], places[c].first, places[c].second, bytes, crcs));
+  }
+  ASSERT_FALSE(FindChunkGrid(t.chunks, t.shape).has_value());
+  m.tensors.push_back(t);
+  for (const uint32_t version : {3u, 2u}) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    const std::string bytes = EncodeMetadata(m, version);
+    CheckpointMetadata decoded = DecodeMetadata(bytes, kPath).value();
+    const TensorMetadata& got = decoded.tensors[0];
+    ASSERT_TRUE(got.chunks.packed());
+    EXPECT_FALSE(got.chunks.packed_grid());
+    EXPECT_FALSE(got.grid.has_value());
+    const PackedChunks& packed = *got.chunks.packed_chunks();
+    EXPECT_EQ(packed.checksums.starts, (std::vector<uint64_t>{0, 6, 10, 19}));
+    for (size_t c = 0; c < boxes.size(); ++c) {
+      EXPECT_EQ(got.chunks.box(c), boxes[c]);
+      EXPECT_EQ(got.chunks.file(c), places[c].first);
+      EXPECT_EQ(got.chunks.data_offset(c), places[c].second);
+      const std::span<const uint32_t> sums = got.chunks.block_crc32c(c);
+      EXPECT_EQ(std::vector<uint32_t>(sums.begin(), sums.end()),
+                std::vector<uint32_t>(t.chunks[c].block_crc32c.begin(),
+                                      t.chunks[c].block_crc32c.end()));
+    }
+    EXPECT_EQ(got.index, BuildChunkIndex(t.chunks, t.shape));
+    ASSERT_TRUE(got.index.has_value());
+    // The chunks under a box, found through the index on the packed boxes.
+    const std::vector<Box> under = {Box({2, 1}, {2, 1})};
+    EXPECT_EQ(ChunksReached(got, under), (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(ChunksReached(got, std::vector<Box>{Box({5, 4}, {1, 3})}),
+              (std::vector<uint32_t>{2}));
+    // Held as cells (the save plan's form), straight from the packed form.
+    TensorMetadata as_cells = got;
+    TensorMetadata from_chunks = t;
+    ASSERT_TRUE(CompactChunkCells(&as_cells));
+    ASSERT_TRUE(CompactChunkCells(&from_chunks));
+    EXPECT_EQ(as_cells.cells, from_chunks.cells);
+    EXPECT_FALSE(got.chunks.unpacked());
+    ExpectTensorEq(t, got);  // walked: the chunks themselves
+    EXPECT_TRUE(got.chunks.unpacked());
+    EXPECT_EQ(EncodeMetadata(DecodeMetadata(bytes, kPath).value(), version), bytes);
+  }
+  // Version 1 lists every chunk at fixed width and holds no grids: its chunks are not packed.
+  EXPECT_FALSE(DecodeMetadata(EncodeMetadata(m, 1), kPath).value().tensors[0].chunks.packed());
+}
+
+// 8,192 flat ranges of uneven length (a Megatron-style flat optimizer shard) are held in about a
+// quarter of the bytes of their StoredChunks.
+TEST(PackedChunksTest, AListOfFlatRangesTakesAQuarterOfItsChunksBytes) {
+  constexpr uint32_t kRanks = 8192;
+  CheckpointMetadata m;
+  m.save_id = "s";
+  m.world_size = kRanks;
+  m.checksum_block_bytes = 1 << 20;
+  m.data_file_checksums = true;
+  TensorMetadata t("flat", DType::kFloat32, {0});
+  int64_t at = 0;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    const int64_t length = 100 + (r * 37) % 61;
+    m.files.push_back(DataFile{"d-s-r" + std::to_string(r), 8, 8 + 4096 + 1024,
+                               static_cast<int32_t>(r)});
+    t.chunks.push_back(StoredChunk(Box({at}, {length}), r, 4096,
+                                   static_cast<uint64_t>(length) * 4, {r}));
+    at += length;
+  }
+  t.shape = {at};
+  m.tensors.push_back(std::move(t));
+  const CheckpointMetadata decoded = DecodeMetadata(EncodeMetadata(m), kPath).value();
+  ASSERT_EQ(decoded.version_major, 4u);
+  ASSERT_TRUE(decoded.tensors[0].chunks.packed());
+  EXPECT_LT(ChunkListBytes(decoded.tensors) * 4, ChunkListBytes(m.tensors));
+  EXPECT_FALSE(decoded.tensors[0].chunks.unpacked());
+  ExpectTensorEq(AsVersionFour(m).tensors[0], decoded.tensors[0]);
 }
 
 TEST(PackedChunksTest, ChangingACopyUnpacksItAloneAndTheOriginalStays) {
