@@ -20,8 +20,12 @@ Result<DataFileChecksums> ReadHeaderChecksums(const CheckpointMetadata& metadata
                          std::to_string(kMaxSafetensorsHeaderBytes) + " bytes");
   }
   std::string bytes(file.data_start, '\0');
-  SP_RETURN_IF_ERROR(handle.ReadAt(
-      0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()), bytes.size())));
+  if (Status read = handle.ReadAt(
+          0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()), bytes.size()));
+      !read.ok()) {
+    return Status(read.code(),
+                  "data file " + file.name + ": its header cannot be read: " + read.message());
+  }
   const uint32_t crc = Crc32c(bytes);
   if (crc != file.header_crc32c) {
     return DataLossError("data file " + file.name + ": its header's CRC32C is " + Hex32(crc) +

@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "shardpoint/engine/verify.h"
-#include "shardpoint/base/crc32c.h"
 #include "shardpoint/engine/chunk_reader.h"
 #include "shardpoint/engine/context.h"
+#include "shardpoint/engine/header_checksums.h"
 #include "shardpoint/engine/opened_checkpoint.h"
 #include "shardpoint/exec/task_group.h"
 #include "shardpoint/format/native/metadata_codec.h"
@@ -97,7 +97,7 @@ std::optional<std::pair<uint32_t, uint32_t>> ParseVersion(std::string_view text)
 // "MAJOR.MINOR", at least 1.0 and at most the metadata's: the files of a checkpoint are written
 // before its metadata, by the same or an older writer (a prune of a version-1 checkpoint keeps
 // its untouched version-1 files under version-2 metadata; data files are the same in both).
-// The block checksums ("crc32c", from version 3.1) are checked apart (CheckHeaderChecksums): the
+// The block checksums ("crc32c", from version 3.1) are checked apart (ReadHeaderChecksums): the
 // built header holds room for them, the written one their values.
 bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, std::string> found,
                           std::map<std::string, std::string> built) {
@@ -113,35 +113,6 @@ bool MetadataBlockMatches(const CheckpointMetadata& md, std::map<std::string, st
   found.erase("crc32c");
   built.erase("crc32c");
   return found == built;
-}
-
-// Where the metadata says data file f's header holds its chunks' checksums (version 3.1): that
-// the header's bytes have the CRC the metadata records, and the checksums they hold.
-std::optional<DataFileChecksums> CheckHeaderChecksums(const CheckpointMetadata& md, uint32_t f,
-                                                      const ReadableFile& handle,
-                                                      const SafetensorsHeader& header,
-                                                      DefectList& defects) {
-  const DataFile& file = md.files[f];
-  std::string bytes(header.data_start, '\0');
-  Status read = handle.ReadAt(0, MutableByteView(reinterpret_cast<std::byte*>(bytes.data()),
-                                                 bytes.size()));
-  if (!read.ok()) {
-    defects.Add("data file " + file.name + ": its header cannot be read: " + read.message());
-    return std::nullopt;
-  }
-  const uint32_t crc = Crc32c(bytes);
-  if (crc != file.header_crc32c) {
-    defects.Add("data file " + file.name + ": its header's CRC32C is " + Hex32(crc) +
-                ", the metadata records " + Hex32(file.header_crc32c));
-    return std::nullopt;
-  }
-  Result<DataFileChecksums> checksums =
-      ReadDataFileChecksums(header, md.checksum_block_bytes, file.name);
-  if (!checksums.ok()) {
-    defects.Add(checksums.status().message());
-    return std::nullopt;
-  }
-  return std::move(*checksums);
 }
 
 // Whether chunk `c`'s checksums in its file's header (`in_file`) are those of the metadata.
@@ -206,7 +177,13 @@ std::unique_ptr<ReadableFile> CheckFile(const CheckpointMetadata& md, uint32_t f
     return nullptr;
   }
   if (md.data_file_checksums) {
-    *checksums = CheckHeaderChecksums(md, f, *handle, *found, defects);
+    // That the header's bytes have the CRC the metadata records, and the checksums they hold.
+    Result<DataFileChecksums> in_header = ReadHeaderChecksums(md, f, *handle);
+    if (in_header.ok()) {
+      *checksums = std::move(*in_header);
+    } else {
+      defects.Add(in_header.status().message());
+    }
   }
   return handle;
 }
