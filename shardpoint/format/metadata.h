@@ -197,9 +197,9 @@ struct CellRun {
 // cell c of `grid` (format/chunk_grid.h), placed by the run that holds it (`runs`, in cell order,
 // covering every cell once); or, for a list (`listed`), the box boxes[c * 2 * rank, (c + 1) * 2 *
 // rank) (its offsets, then its sizes), in file files[c] at data_offsets[c]. Its byte length is its
-// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that checked every chunk (its box within the
-// shape, its bytes within its file, and the chunks' volumes adding up to the shape's); unpacked
-// into StoredChunks once, on first use.
+// box's volume times `element_bytes`, its block checksums checksums.of(c). Made by a decoder that
+// checked every chunk (its box within the shape, its bytes within its file, and the chunks'
+// volumes adding up to the shape's); unpacked into StoredChunks once, on first use.
 struct PackedChunks {
   ChunkGrid grid;             // unless `listed`
   bool listed = false;
@@ -264,8 +264,9 @@ inline void AppendCellRun(std::vector<CellRun>* runs, uint64_t cell, uint32_t fi
 // A tensor's stored chunks (TensorMetadata::chunks): a vector of StoredChunk, or the chunks a
 // decoder kept packed (PackedChunks: a grid's cells as runs of files and offsets, and checksums
 // each, 4 bytes a cell of one block; a list's boxes, files and offsets side by side, 44 bytes a
-// chunk of rank 2; where a StoredChunk takes 128) until a consumer asks for them as StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and
-// the StoredChunks are made once, for the tensors a consumer walks.
+// chunk of rank 2; where a StoredChunk takes 128) until a consumer asks for them as
+// StoredChunks. Opening a checkpoint of millions of chunks then costs their packed bytes, and the
+// StoredChunks are made once, for the tensors a consumer walks.
 //
 // It reads as a std::vector<StoredChunk>: size() and empty() never unpack; the element access,
 // the iterators, data() and the conversion to a vector unpack on first use (once, shared by every
