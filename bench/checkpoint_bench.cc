@@ -37,7 +37,9 @@
 // device's counters: every process's reads count), which tells a load whose requests were cut
 // short by its destinations' pages from one the device itself slowed; and the CPU time each read
 // step took per GiB (`read cpu`: user and system time of the whole process while it ran), which
-// tells a read the cores held back from one the device did.
+// tells a read the cores held back from one the device did; and per load step the time from the
+// call to the first read of its last rank to begin (`before reads`, LoadResult::
+// before_reads_seconds): metadata, planning, assignment, opening files and reading headers.
 //
 // usage: checkpoint_bench [--dir DIR] [--runs N] [--mib 256,1024] [--threads T] [--no-verify]
 //                         [--block-kib N] [--only STEP,...] [--direct-io]
@@ -162,6 +164,9 @@ double ProcessCpuSeconds() {
 // start and stop, every thread of the process counted: what a read costs the machine beside
 // its time.
 double g_read_cpu_s = 0;
+// The last TimedLoad's time before reading: the largest LoadResult::before_reads_seconds of its
+// ranks (the load's reads are complete only once the last rank has begun); -1 after a raw read.
+double g_before_reads_s = -1;
 
 double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, ThreadPool& pool,
                 bool preallocate) {
@@ -373,6 +378,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
                  bool share_reads = true) {
   DropCache(dir);
   std::vector<uint64_t> read(dest.size(), 0);
+  std::vector<double> before_reads(dest.size(), 0);
   auto t0 = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
   Check(FirstError(RunRanks(static_cast<int>(dest.size()), [&](Communicator& comm) -> Status {
@@ -386,11 +392,13 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
           options.share_reads = share_reads;
           SP_ASSIGN_OR_RETURN(LoadResult r, Load(dest[comm.rank()].AsLoadState(model), dir, options));
           read[comm.rank()] = r.bytes_read;
+          before_reads[comm.rank()] = r.before_reads_seconds;
           return OkStatus();
         })),
         "load");
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   g_read_cpu_s = ProcessCpuSeconds() - cpu0;
+  g_before_reads_s = *std::max_element(before_reads.begin(), before_reads.end());
   *bytes_read = 0;
   for (uint64_t b : read) *bytes_read += b;
   return secs;
@@ -421,6 +429,8 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   std::map<std::string, std::vector<double>> request_kib;
   // Per read step, the CPU seconds its read took per GiB of state in each run (g_read_cpu_s).
   std::map<std::string, std::vector<double>> cpu_per_gib;
+  // Per load step, the milliseconds before its last rank's first read in each run.
+  std::map<std::string, std::vector<double>> before_reads_ms;
   uint64_t read_same = 0, read_reshard = 0, read_alone = 0, read_whole = 0, read_transposed = 0;
   // Each load fills destinations of its own layout, allocated (zeroed) before it is timed and
   // freed after it, so that a 4 GiB state needs room for two copies of it, not six. The last run
@@ -483,7 +493,9 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
       const char* name = kReadSteps[step];
       if (g_only.empty() || std::find(g_only.begin(), g_only.end(), name) != g_only.end()) {
         const std::optional<DeviceReads> before = ReadDeviceReads(dir);
+        g_before_reads_s = -1;
         reads[step]();
+        if (g_before_reads_s >= 0) before_reads_ms[name].push_back(g_before_reads_s * 1e3);
         const std::optional<DeviceReads> after = ReadDeviceReads(dir);
         cpu_per_gib[name].push_back(g_read_cpu_s / (model.total_bytes() / double(1 << 30)));
         if (before && after && after->requests > before->requests) {
@@ -582,6 +594,7 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   };
   print_per_step("device reads", "KiB per request", request_kib, 0);
   print_per_step("read cpu", "CPU seconds per GiB", cpu_per_gib, 2);
+  print_per_step("before reads", "ms to the last rank's first read", before_reads_ms, 1);
   std::printf("%s", residency.c_str());
   std::printf("  bytes read: same layout %s, resharded %s (%s without shared reads), whole by one "
               "rank %s, transposed %s (checkpoint %s); byte check: %s\n\n",

@@ -5,6 +5,8 @@
 #ifndef SHARDPOINT_ENGINE_CONTEXT_H_
 #define SHARDPOINT_ENGINE_CONTEXT_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -29,6 +31,9 @@ class EngineContext {
   Communicator& comm() { return *comm_; }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
+  // The steady clock's nanoseconds when this call's first read began, 0 before
+  // (ReadExecutorOptions::reads_begin_ns).
+  std::atomic<int64_t>& reads_begin_ns() { return reads_begin_ns_; }
 
  private:
   std::unique_ptr<Store> owned_store_;
@@ -37,6 +42,7 @@ class EngineContext {
   Store* store_ = nullptr;
   ThreadPool* pool_ = nullptr;
   Communicator* comm_ = nullptr;
+  std::atomic<int64_t> reads_begin_ns_{0};
 };
 
 }  // namespace sp

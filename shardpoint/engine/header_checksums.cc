@@ -53,7 +53,7 @@ Status HeaderChecksums::Load(const CheckpointMetadata& metadata,
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
   std::vector<std::unique_ptr<DataFileChecksums>> read(missing.size());
   SP_RETURN_IF_ERROR(
-      ParallelForInOrder(pool, static_cast<int64_t>(missing.size()), [&](int64_t i) -> Status {
+      ParallelForHelped(pool, static_cast<int64_t>(missing.size()), [&](int64_t i) -> Status {
         const uint32_t f = missing[i];
         SP_ASSIGN_OR_RETURN(DataFileChecksums table,
                             ReadHeaderChecksums(metadata, f, *handles[f]));

@@ -29,9 +29,10 @@ class HeaderChecksums {
 
   // Reads the header of each file of `which` (indexes into metadata.files) not loaded yet from
   // `handles[f]` (bytes [0, data_start)), checks it against metadata.files[f].header_crc32c and
-  // keeps its checksums; headers are read on `pool` when given. kDataLoss naming the file when
-  // its CRC differs, or when its checksums do not fit its entries; kInternal for a file that is
-  // not open. Calls may come from several threads.
+  // keeps its checksums. The calling thread reads them, helped by the workers of `pool` (when
+  // given) that are free (ParallelForHelped): a load's reads wait for none of the pool's queued
+  // tasks. kDataLoss naming the file when its CRC differs, or when its checksums do not fit its
+  // entries; kInternal for a file that is not open. Calls may come from several threads.
   Status Load(const CheckpointMetadata& metadata,
               std::span<const std::unique_ptr<ReadableFile>> handles,
               std::span<const uint32_t> which, ThreadPool* pool);

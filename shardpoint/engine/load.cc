@@ -4,6 +4,7 @@
 // reads; every rank returns the same outcome.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -97,6 +98,7 @@ ReadExecutorOptions ReadOptionsFor(const CheckpointMetadata& metadata, const Loa
   read_options.scatter_min_run_bytes = options.scatter_min_run_bytes.value_or(
       ctx.store().reads_cross_the_network() ? kMinScatterRunBytes : kMinScatterRunBytesLocal);
   read_options.io_depth = options.io_depth;
+  read_options.reads_begin_ns = &ctx.reads_begin_ns();
   // Staging per task; a cast needs up to twice more for the packed and converted copies.
   const uint64_t tasks = static_cast<uint64_t>(std::max(1, ctx.pool().size()));
   read_options.window = std::max<uint64_t>(std::max<uint64_t>(1, metadata.checksum_block_bytes),
@@ -393,6 +395,7 @@ Result<std::vector<ObjectEntry>> ReadCheckpointObjects(std::string_view path,
 
 Result<LoadResult> Load(const LoadState& state, std::string_view path,
                         const LoadOptions& options) {
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   SP_ASSIGN_OR_RETURN(std::unique_ptr<EngineContext> ctx,
                       EngineContext::Make(path, options.comm, options.store, options.pool,
                                           options.threads, options.coordinator));
@@ -426,6 +429,20 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
   };
   const std::unique_ptr<SharedIoTuner> gate =
       MachineGate(comm, nonce, options, ctx->pool(), machine_ranks);
+  // The call's time, and its time before the first read, into a successful result.
+  auto timed = [&](Result<LoadResult> result) {
+    if (!result.ok()) return result;
+    const std::chrono::steady_clock::time_point end = std::chrono::steady_clock::now();
+    result->seconds = std::chrono::duration<double>(end - start).count();
+    const int64_t began = ctx->reads_begin_ns().load();
+    result->before_reads_seconds =
+        began == 0 ? result->seconds
+                   : std::chrono::duration<double>(
+                         std::chrono::steady_clock::time_point(std::chrono::nanoseconds(began)) -
+                         start)
+                         .count();
+    return result;
+  };
   // The communicator is asked where its machines decide something: whether to share when the
   // caller left share_reads unset and the store is local, and how when reads are shared (asking
   // may cost a collective, e.g. an exchange of host names). Every rank opens the same kind of
@@ -452,14 +469,14 @@ Result<LoadResult> Load(const LoadState& state, std::string_view path,
       outcome.result->read_gate_ranks = gate->joined();
     }
     if (outcome.result.ok()) outcome.result->metadata_chunks = metadata_chunks;
-    return outcome.result;
+    return timed(std::move(outcome.result));
   }
   Result<LoadResult> result = LoadLocal(state, *metadata, path, options, *ctx, gate.get());
   SP_RETURN_IF_ERROR(AgreeOnStatus(comm, result.status()));
   // Every member attached before this collective: joined() counts them all.
   if (gate != nullptr) result->read_gate_ranks = gate->joined();
   result->metadata_chunks = metadata_chunks;
-  return result;
+  return timed(std::move(result));
 }
 
 }  // namespace sp

@@ -123,6 +123,11 @@ struct LoadResult {
   int read_gate_ranks = 1;
   // Stored chunks this rank's copy of the metadata held (LoadOptions::own_chunks_only).
   uint64_t metadata_chunks = 0;
+  // Seconds from the call to this rank's first read: reading the metadata, planning, the ranks'
+  // agreement on who reads what, opening the data files and reading their headers. The whole call
+  // when the rank read nothing.
+  double before_reads_seconds = 0;
+  double seconds = 0;  // the whole call
 };
 
 // Loads the checkpoint at `path` into the pieces of `state`. Collective over options.comm.

@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <tuple>
 
 #include "shardpoint/base/crc32c.h"
@@ -69,9 +72,17 @@ struct Job {
   BufferPool& staging;  // the pool's: shared with its other callers
   uint64_t span;        // file bytes per extent at most
   std::vector<char> direct_files;  // per file: its large extents are read directly
-  // Where the metadata holds no checksums and the reads verify: those of the files' headers.
+  // Where the metadata holds no checksums and the reads verify: those of the files' headers,
+  // once `headers_read` (when set) says they have been read (AwaitChecksums).
   const HeaderChecksums* header_checksums = nullptr;
+  const std::shared_future<Status>* headers_read = nullptr;
   std::atomic<uint64_t> bytes_read{0};
+
+  // Waits until the headers' checksums can be used, before a task verifies: their reading's
+  // status (an error names the file whose header failed).
+  Status AwaitChecksums() const {
+    return headers_read == nullptr ? OkStatus() : headers_read->get();
+  }
 };
 
 StoredChunkRef RefFor(const Job& job, const ReadRequest& r) {
@@ -183,6 +194,7 @@ Status ReadSlab(Job& job, const SharedSlab& shared) {
   const Slab& slab = shared.slab;
   AlignedBuffer buffer = job.staging.Acquire(slab.end - slab.begin);
   Status status = [&]() -> Status {
+    if (job.options.verify) SP_RETURN_IF_ERROR(job.AwaitChecksums());
     SP_RETURN_IF_ERROR(ReadChunkBytes(RefFor(job, *shared.users.front()), slab.begin, slab.end,
                                       buffer.data(), job.options.verify, &job.bytes_read));
     for (const ReadRequest* r : shared.users) {
@@ -525,6 +537,7 @@ Status ReadExtent(Job& job, const Extent& e, const PlannedExtent& plan, DepthSlo
     slot.Done();
     job.bytes_read.fetch_add(e.end - e.begin, std::memory_order_relaxed);
     if (job.options.verify) {
+      SP_RETURN_IF_ERROR(job.AwaitChecksums());
       // Each checksum block once, though several reads of one chunk may touch it.
       std::set<std::pair<const StoredChunk*, uint64_t>> verified;
       auto verify = [&](const ReadRequest& r, uint64_t lo, uint64_t hi) -> Status {
@@ -772,6 +785,39 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   effective.verify = options.verify && metadata.checksum_block_bytes > 0;
   const uint64_t bs =
       effective.verify ? std::max<uint64_t>(1, metadata.checksum_block_bytes) : uint64_t{1};
+  // Format 4: the checksums are in the headers of the files read; each header is read once per
+  // HeaderChecksums (the caller's, shared by its calls, or one for this call). They are read on
+  // a thread of their own (helped by the pool's free workers) while the data reads are planned
+  // and begin, and each task waits for them only before it verifies: read first, a header
+  // waited behind the data reads of the other callers of the pool (in-process ranks) on the
+  // device, and this call's reads began that much later (docs/PERFORMANCE.md, "Headers read
+  // beside the data").
+  std::optional<HeaderChecksums> own_headers;
+  HeaderChecksums* headers = nullptr;
+  std::vector<uint32_t> read_files;
+  if (effective.verify && metadata.checksums_in_headers) {
+    headers = options.header_checksums;
+    if (headers == nullptr) headers = &own_headers.emplace(metadata.files.size());
+    read_files.reserve(requests.size());
+    for (const ReadRequest& r : requests) {
+      if (r.chunk->encoding != ChunkEncoding::kDriverDecoded) read_files.push_back(r.chunk->file);
+    }
+  }
+  // Declared after what the reading uses: on any return, its destructor waits for it.
+  std::shared_future<Status> headers_read;
+  if (headers != nullptr) {
+    auto read_headers = [&metadata, &files, &read_files, headers, &pool] {
+      return headers->Load(metadata, files, read_files, &pool);
+    };
+    try {
+      headers_read = std::async(std::launch::async, read_headers).share();
+    } catch (const std::system_error&) {
+      // No thread to be had (a process at its limit): read them first, here.
+      std::promise<Status> read_here;
+      read_here.set_value(read_headers());
+      headers_read = read_here.get_future().share();
+    }
+  }
   // File bytes per extent. With direct I/O, no more than a task's staging window (less the
   // alignment it is widened by), so that every large extent can be read directly.
   std::vector<char> direct_files = DirectFiles(requests, metadata, files, options.direct_io);
@@ -784,19 +830,9 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   BufferPool::Stay stay(pool.staging());
   Job job(metadata, files, effective, pool.staging(), span, std::move(direct_files));
-  // Format 4: the checksums are in the headers of the files read; each header is read once per
-  // HeaderChecksums (the caller's, shared by its calls, or one for this call).
-  std::optional<HeaderChecksums> own_headers;
-  if (effective.verify && metadata.checksums_in_headers) {
-    HeaderChecksums* headers = options.header_checksums;
-    if (headers == nullptr) headers = &own_headers.emplace(metadata.files.size());
-    std::vector<uint32_t> read_files;
-    read_files.reserve(requests.size());
-    for (const ReadRequest& r : requests) {
-      if (r.chunk->encoding != ChunkEncoding::kDriverDecoded) read_files.push_back(r.chunk->file);
-    }
-    SP_RETURN_IF_ERROR(headers->Load(metadata, files, read_files, &pool));
+  if (headers != nullptr) {
     job.header_checksums = headers;
+    job.headers_read = &headers_read;
   }
   std::deque<Staged> staged;  // stable addresses for the extents
   std::deque<Direct> direct;
@@ -962,6 +998,13 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     fixed = std::make_unique<IoTuner>(std::move(config));
     tuner = fixed.get();
   }
+  if (options.reads_begin_ns != nullptr && !tasks.empty()) {
+    int64_t unset = 0;
+    options.reads_begin_ns->compare_exchange_strong(
+        unset, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+                   .count());
+  }
   TaskGroup group(&pool);
   for (size_t i : order) {
     group.RunOrdered(
@@ -971,7 +1014,11 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
         },
         position[i]);
   }
-  SP_RETURN_IF_ERROR(group.Wait());
+  const Status done = group.Wait();
+  // A header that failed fails the call with its own error, as when headers were read first,
+  // whatever the tasks that waited for it returned.
+  if (headers != nullptr) SP_RETURN_IF_ERROR(headers_read.get());
+  SP_RETURN_IF_ERROR(done);
   return job.bytes_read.load();
 }
 

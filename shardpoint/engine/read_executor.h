@@ -36,6 +36,7 @@
 #ifndef SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 #define SHARDPOINT_ENGINE_READ_EXECUTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -137,6 +138,9 @@ struct ReadExecutorOptions {
   // caller of several ExecuteReads on one checkpoint shares so that each header is read once;
   // null: a table for the call. Not owned.
   HeaderChecksums* header_checksums = nullptr;
+  // When set and still 0, set to the steady clock's nanoseconds (since its epoch) as the call
+  // hands its first read to the pool: a load's time before its first read (LoadResult). Not owned.
+  std::atomic<int64_t>* reads_begin_ns = nullptr;
 };
 
 // Where the k-th of the n mostly staged direct extents of file `file` runs, as a relative

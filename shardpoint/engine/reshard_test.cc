@@ -1808,6 +1808,17 @@ TEST_F(ReshardTest, RankHoldingNothingOnSaveAndOnLoad) {
     } else {
       EXPECT_EQ(total, 2u * 3 * 5 * 8);
     }
+    // Each rank's time before its first read ends inside its call; a rank that reads nothing
+    // has spent the whole call before reading.
+    for (const LoadResult& r : results_) {
+      EXPECT_GT(r.seconds, 0);
+      if (r.bytes_read == 0) {
+        EXPECT_EQ(r.before_reads_seconds, r.seconds);
+      } else {
+        EXPECT_GT(r.before_reads_seconds, 0);
+        EXPECT_LT(r.before_reads_seconds, r.seconds);
+      }
+    }
   }
 }
 

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +26,7 @@
 #include "shardpoint/format/torch_dcp/dcp_items.h"
 #include "shardpoint/format/torch_dcp/test_util.h"
 #include "shardpoint/store/memory_store.h"
+#include "shardpoint/testing/hook_store.h"
 
 namespace sp {
 namespace {
@@ -349,6 +354,96 @@ TEST(VerifyTest, DataFileHeadersHoldTheirChunksChecksums) {
 // HeaderChecksums, what loads take the checksums of format 4 from: each file's table once, every
 // chunk's checksums those of its blocks (none for an empty chunk), and a clear refusal of a file
 // that is not open, or whose header the metadata gives an impossible length.
+// Holds every read of a data file's header (at offset 0) until a read of some data file's chunks
+// has begun, for at most 10 s (then it lets it through and says so).
+class HeadersAfterDataStore : public testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+
+  Result<std::unique_ptr<ReadableFile>> OpenReadable(std::string_view path) override {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, base()->OpenReadable(path));
+    if (!path.ends_with(".safetensors")) return file;
+    return std::unique_ptr<ReadableFile>(new File(std::move(file), this));
+  }
+  bool headers_waited_out() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waited_out_;
+  }
+
+ private:
+  class File : public ReadableFile {
+   public:
+    File(std::unique_ptr<ReadableFile> base, HeadersAfterDataStore* store)
+        : base_(std::move(base)), store_(store) {}
+    Status ReadAt(uint64_t offset, MutableByteView out) const override {
+      store_->Before(offset);
+      return base_->ReadAt(offset, out);
+    }
+    Status ReadVAt(uint64_t offset, std::span<const MutableByteView> pieces) const override {
+      store_->Before(offset);
+      return base_->ReadVAt(offset, pieces);
+    }
+    uint64_t size() const override { return base_->size(); }
+    const std::string& path() const override { return base_->path(); }
+
+   private:
+    std::unique_ptr<ReadableFile> base_;
+    HeadersAfterDataStore* store_;
+  };
+
+  void Before(uint64_t offset) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (offset > 0) {
+      data_began_ = true;
+      cv_.notify_all();
+    } else if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return data_began_; })) {
+      waited_out_ = true;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool data_began_ = false;
+  bool waited_out_ = false;
+};
+
+// A load does not wait for its files' headers (format 4: the chunks' checksums) before it begins
+// reading their chunks: it reads the headers beside the chunks and verifies each chunk once both
+// are in. A damaged header still fails the load with its own error, found after the chunks' reads
+// began.
+TEST(VerifyTest, ChunksAreReadWhileTheHeadersAreReadAndVerifiedAfter) {
+  MemoryStore memory;
+  ASSERT_TRUE(memory.CreateDirs("/ckpt").ok());
+  SaveOptions options;
+  options.checksum_block_bytes = 64;
+  const testing::WholeTensor w = testing::Iota("w", {48, 40}, 3);
+  ASSERT_TRUE(testing::SaveWhole(&memory, "/ckpt", {w}, {}, 2, options).ok());
+  const CheckpointMetadata md = ReadCheckpointMetadata("/ckpt", &memory).value();
+  ASSERT_TRUE(md.checksums_in_headers);
+  {
+    HeadersAfterDataStore store(&memory);
+    Result<std::vector<std::byte>> loaded = testing::LoadWhole(&store, "/ckpt", "w");
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_FALSE(store.headers_waited_out()) << "the chunks' reads waited for the headers";
+    EXPECT_EQ(*loaded, w.bytes);
+  }
+  // A damaged header: the load names it, as when headers were read before the chunks.
+  const DataFile& file = md.files[0];
+  const std::string path = JoinPath("/ckpt", file.name);
+  std::string bytes = memory.ReadFile(path).value();
+  const size_t digits = bytes.find("\"crc32c\":\"") + 10;
+  ASSERT_LT(digits, file.data_start);
+  bytes[digits] = bytes[digits] == 'a' ? 'b' : 'a';
+  WriteFile(memory, path, bytes);
+  HeadersAfterDataStore store(&memory);
+  Status load = testing::LoadWhole(&store, "/ckpt", "w").status();
+  EXPECT_FALSE(store.headers_waited_out());
+  EXPECT_EQ(load.code(), StatusCode::kDataLoss) << load;
+  EXPECT_NE(load.message().find("data file " + file.name + ": its header's CRC32C is 0x"),
+            std::string::npos)
+      << load;
+}
+
 TEST(VerifyTest, HeaderChecksumsGiveEachChunkItsBlocksChecksums) {
   MemoryStore store;
   ASSERT_TRUE(store.CreateDirs("/ckpt").ok());

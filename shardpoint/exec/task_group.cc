@@ -1,6 +1,7 @@
 #include "shardpoint/exec/task_group.h"
 
 #include <algorithm>
+#include <memory>
 #include <new>
 #include <stdexcept>
 
@@ -113,6 +114,51 @@ Status ParallelForInOrder(ThreadPool* pool, int64_t n,
   }
   SP_RETURN_IF_ERROR(group.Wait());
   return first_error;
+}
+
+Status ParallelForHelped(ThreadPool* pool, int64_t n, const std::function<Status(int64_t)>& body) {
+  if (n <= 0) return OkStatus();
+  // Shared with the helpers, which may start after this call has returned: they then only look
+  // at `next`. `body` is called only for an index taken before the last one finished, and this
+  // call waits for that.
+  struct Loop {
+    const std::function<Status(int64_t)>* body;
+    int64_t n;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> lowest_failed;
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t finished = 0;  // under mu
+    Status first_error;    // under mu
+
+    void Work() {
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+           i = next.fetch_add(1, std::memory_order_relaxed)) {
+        // Indexes above a failed one are skipped, as in ParallelForInOrder.
+        Status s = i < lowest_failed.load(std::memory_order_relaxed)
+                       ? RunGuarded([this, i] { return (*body)(i); })
+                       : OkStatus();
+        std::lock_guard<std::mutex> lock(mu);
+        if (!s.ok() && i < lowest_failed.load(std::memory_order_relaxed)) {
+          lowest_failed.store(i, std::memory_order_relaxed);
+          first_error = std::move(s);
+        }
+        if (++finished == n) cv.notify_all();
+      }
+    }
+  };
+  auto loop = std::make_shared<Loop>();
+  loop->body = &body;
+  loop->n = n;
+  loop->lowest_failed.store(n, std::memory_order_relaxed);
+  if (pool != nullptr) {
+    const int64_t helpers = std::min<int64_t>(n - 1, pool->size());
+    for (int64_t h = 0; h < helpers; ++h) pool->Schedule([loop] { loop->Work(); });
+  }
+  loop->Work();
+  std::unique_lock<std::mutex> lock(loop->mu);
+  loop->cv.wait(lock, [&] { return loop->finished == n; });
+  return std::move(loop->first_error);
 }
 
 }  // namespace sp

@@ -60,6 +60,14 @@ Status ParallelFor(ThreadPool* pool, int64_t n, const std::function<Status(int64
 Status ParallelForInOrder(ThreadPool* pool, int64_t n,
                           const std::function<Status(int64_t)>& body);
 
+// As ParallelForInOrder, for work a caller must not wait behind the pool's queue for: the calling
+// thread runs the indexes one after another, and up to n - 1 of the pool's workers help as they
+// come free. It returns once every index has run, without waiting for a worker that is still busy
+// with other callers' tasks (one that starts after the last index was taken finds none and does
+// nothing). A load's reads of its data files' headers use it: while other ranks' reads hold every
+// worker of a shared pool, the rank reads its headers itself instead of waiting for a worker.
+Status ParallelForHelped(ThreadPool* pool, int64_t n, const std::function<Status(int64_t)>& body);
+
 }  // namespace sp
 
 #endif  // SHARDPOINT_EXEC_TASK_GROUP_H_

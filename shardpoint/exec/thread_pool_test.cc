@@ -191,5 +191,92 @@ TEST(ParallelForInOrderTest, RunsInlineWithoutAPoolAndTurnsFailedAllocationsInto
   EXPECT_TRUE(ParallelForInOrder(&pool, 0, [](int64_t) { return InternalError("ran"); }).ok());
 }
 
+// With or without a pool, every index below the lowest failing one runs once, and that index's
+// error is returned, whichever thread takes it and whatever fails first.
+TEST(ParallelForHelpedTest, ReturnsTheLowestFailingIndexAndRunsEveryIndexBelowIt) {
+  ThreadPool pool(3);
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 200);
+    std::vector<bool> fails(n);
+    int64_t lowest = n;
+    for (int64_t i = 0; i < n; ++i) {
+      fails[i] = rng() % 12 == 0;
+      if (fails[i] && lowest == n) lowest = i;
+    }
+    std::vector<std::atomic<int>> hits(n);
+    Status s = ParallelForHelped(trial % 3 == 0 ? nullptr : &pool, n, [&](int64_t i) -> Status {
+      hits[i]++;
+      if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      return fails[i] ? DataLossError("index " + std::to_string(i)) : OkStatus();
+    });
+    if (lowest == n) {
+      ASSERT_TRUE(s.ok()) << s.message();
+      for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    } else {
+      ASSERT_EQ(s.message(), "index " + std::to_string(lowest)) << "trial " << trial;
+    }
+    for (int64_t i = 0; i < std::min(lowest + 1, n); ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+    for (int64_t i = 0; i < n; ++i) EXPECT_LE(hits[i].load(), 1) << i;
+  }
+  Status s = ParallelForHelped(&pool, 50, [&](int64_t i) -> Status {
+    if (i == 30) throw std::bad_alloc();
+    return OkStatus();
+  });
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(ParallelForHelped(&pool, 0, [](int64_t) { return InternalError("ran"); }).ok());
+}
+
+// Every worker is busy with another caller's task: the caller runs every index itself and
+// returns without waiting for them (ParallelForInOrder would wait until they are free). The
+// helpers it scheduled start later, after its variables are gone, and find nothing to do.
+TEST(ParallelForHelpedTest, TheCallerDoesNotWaitForWorkersBusyElsewhere) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  int blocked = 0;
+  for (int w = 0; w < 2; ++w) {
+    pool.Schedule([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      ++blocked;
+      cv.notify_all();
+      cv.wait(lock, [&] { return release; });
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return blocked == 2; });
+  }
+  bool done = false;
+  Status status = InternalError("not run");
+  std::vector<std::thread::id> ran_on;
+  std::thread caller([&] {
+    std::vector<std::thread::id> ids(20);
+    Status s = ParallelForHelped(&pool, 20, [&ids](int64_t i) -> Status {
+      ids[i] = std::this_thread::get_id();
+      return OkStatus();
+    });
+    std::lock_guard<std::mutex> lock(mu);
+    status = s;
+    ran_on = ids;
+    done = true;
+    cv.notify_all();
+  });
+  const std::thread::id caller_id = caller.get_id();
+  bool returned;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    returned = cv.wait_for(lock, std::chrono::seconds(20), [&] { return done; });
+    release = true;
+    cv.notify_all();
+  }
+  caller.join();
+  EXPECT_TRUE(returned) << "the caller waited for the pool's busy workers";
+  EXPECT_TRUE(status.ok()) << status.message();
+  ASSERT_EQ(ran_on.size(), 20u);
+  for (const std::thread::id& id : ran_on) EXPECT_EQ(id, caller_id);
+}
+
 }  // namespace
 }  // namespace sp
