@@ -830,10 +830,6 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
   }
   BufferPool::Stay stay(pool.staging());
   Job job(metadata, files, effective, pool.staging(), span, std::move(direct_files));
-  if (headers != nullptr) {
-    job.header_checksums = headers;
-    job.headers_read = &headers_read;
-  }
   std::deque<Staged> staged;  // stable addresses for the extents
   std::deque<Direct> direct;
   std::vector<Task> tasks;
@@ -997,6 +993,13 @@ Result<uint64_t> ExecuteReads(std::span<const ReadRequest> requests,
     config.fixed = true;
     fixed = std::make_unique<IoTuner>(std::move(config));
     tuner = fixed.get();
+  }
+  // The tasks take their chunks' checksums from the headers once they have been read
+  // (Job::AwaitChecksums). Not before: planning asks only where the chunks lie, and the table is
+  // still being filled.
+  if (headers != nullptr) {
+    job.header_checksums = headers;
+    job.headers_read = &headers_read;
   }
   if (options.reads_begin_ns != nullptr && !tasks.empty()) {
     int64_t unset = 0;
