@@ -35,9 +35,11 @@
 // to ask which of the checkpoint's files are cached (sampled), against counting every page, and
 // per read step the device's average read request in each run (`device reads`, from the block
 // device's counters: every process's reads count), which tells a load whose requests were cut
-// short by its destinations' pages from one the device itself slowed; and the CPU time each read
-// step took per GiB (`read cpu`: user and system time of the whole process while it ran), which
-// tells a read the cores held back from one the device did; and per load step the time from the
+// short by its destinations' pages from one the device itself slowed, with the requests it had in
+// flight on average and the fraction of the time it had any (`device queue`, `device busy`: one
+// that the process left idle waited for it); and the CPU time each read step took per GiB (`read
+// cpu`: user and system time of the whole process while it ran), which tells a read the cores
+// held back from one the device did; and per load step the time from the
 // call to the first read of its last rank to begin (`before reads`, LoadResult::
 // before_reads_seconds): metadata, planning, assignment, opening files and reading headers.
 //
@@ -160,6 +162,50 @@ double ProcessCpuSeconds() {
   auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
+// The read requests the block device holding `dir` has completed, the bytes they carried, the
+// milliseconds they spent on the device added up, and the milliseconds it had any request in
+// flight, since it started (fields 1, 3, 4 and 10 of /sys/dev/block/MAJOR:MINOR/stat); nullopt
+// where that file cannot be read. Every process's reads count, so the machine should be otherwise
+// idle.
+struct DeviceReads {
+  uint64_t requests = 0;
+  uint64_t bytes = 0;
+  uint64_t request_ms = 0;
+  uint64_t busy_ms = 0;
+};
+std::optional<DeviceReads> ReadDeviceReads(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
+  std::ifstream in("/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                   std::to_string(minor(st.st_dev)) + "/stat");
+  uint64_t f[10] = {};
+  for (uint64_t& x : f) {
+    if (!(in >> x)) return std::nullopt;
+  }
+  return DeviceReads{f[0], f[2] * 512, f[3], f[9]};
+}
+
+// What the device did while the last timed read ran (RawRead, RawReadDirect, TimedLoad): its read
+// requests in flight on average (their milliseconds on the device over the read's), and the
+// fraction of the read's time it had any in flight. A device that is kept busy but slower has
+// shorter requests (`device reads`) or fewer of them in flight; one that is left idle waited for
+// the process. nullopt where the counters cannot be read.
+struct DeviceQueue {
+  double in_flight = 0;
+  double busy = 0;
+};
+std::optional<DeviceQueue> g_device_queue;
+
+void NoteDeviceQueue(const std::optional<DeviceReads>& before, const std::string& dir,
+                     double seconds) {
+  const std::optional<DeviceReads> after = ReadDeviceReads(dir);
+  g_device_queue.reset();
+  if (!before || !after || seconds <= 0) return;
+  const double ms = seconds * 1e3;
+  g_device_queue = DeviceQueue{static_cast<double>(after->request_ms - before->request_ms) / ms,
+                               std::min(1.0, (after->busy_ms - before->busy_ms) / ms)};
+}
+
 // The CPU time the last timed read (RawRead, RawReadDirect, TimedLoad) took between its clock's
 // start and stop, every thread of the process counted: what a read costs the machine beside
 // its time.
@@ -208,6 +254,7 @@ double RawWrite(const std::string& dir, const std::vector<RawPiece>& pieces, Thr
 double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
                std::vector<AlignedBuffer>& sink, ThreadPool& pool, bool per_file) {
   DropCache(dir);
+  const std::optional<DeviceReads> device0 = ReadDeviceReads(dir);
   auto t0 = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
   int fds[kRawFiles];
@@ -251,7 +298,9 @@ double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
   Check(group.Wait(), "raw read");
   for (int f = 0; f < kRawFiles; ++f) ::close(fds[f]);
   g_read_cpu_s = ProcessCpuSeconds() - cpu0;
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  NoteDeviceQueue(device0, dir, secs);
+  return secs;
 }
 
 // One cold read of the raw files with O_DIRECT (no page cache): each file in 16 MiB pieces at
@@ -260,6 +309,7 @@ double RawRead(const std::string& dir, const std::vector<RawPiece>& pieces,
 // for the loads with direct I/O.
 double RawReadDirect(const std::string& dir, std::vector<AlignedBuffer>& sink, ThreadPool& pool) {
   DropCache(dir);
+  const std::optional<DeviceReads> device0 = ReadDeviceReads(dir);
   auto t0 = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
   int fds[kRawFiles];
@@ -291,7 +341,9 @@ double RawReadDirect(const std::string& dir, std::vector<AlignedBuffer>& sink, T
   Check(group.Wait(), "raw direct read");
   for (int f = 0; f < kRawFiles; ++f) ::close(fds[f]);
   g_read_cpu_s = ProcessCpuSeconds() - cpu0;
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  NoteDeviceQueue(device0, dir, secs);
+  return secs;
 }
 
 // What a load spends, before its first read, asking which of the checkpoint's files are in the
@@ -337,23 +389,6 @@ std::string ResidencyCheck(const std::string& dir) {
   return out;
 }
 
-// The read requests the block device holding `dir` has completed, and the bytes they carried,
-// since it started (the first and third fields of /sys/dev/block/MAJOR:MINOR/stat); nullopt where
-// that file cannot be read. Every process's reads count, so the machine should be otherwise idle.
-struct DeviceReads {
-  uint64_t requests = 0;
-  uint64_t bytes = 0;
-};
-std::optional<DeviceReads> ReadDeviceReads(const std::string& dir) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
-  std::ifstream in("/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
-                   std::to_string(minor(st.st_dev)) + "/stat");
-  uint64_t requests = 0, merged = 0, sectors = 0;
-  if (!(in >> requests >> merged >> sectors)) return std::nullopt;
-  return DeviceReads{requests, sectors * 512};
-}
-
 double TimedSave(testing::GlobalModel& model, std::vector<testing::RankShards>& train,
                  const std::string& dir, ThreadPool& pool, SaveStats* rank0) {
   // A fresh directory, as a training job saves each step: like the raw baseline, the time of
@@ -379,6 +414,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
   DropCache(dir);
   std::vector<uint64_t> read(dest.size(), 0);
   std::vector<double> before_reads(dest.size(), 0);
+  const std::optional<DeviceReads> device0 = ReadDeviceReads(dir);
   auto t0 = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
   Check(FirstError(RunRanks(static_cast<int>(dest.size()), [&](Communicator& comm) -> Status {
@@ -398,6 +434,7 @@ double TimedLoad(testing::GlobalModel& model, std::vector<testing::RankShards>& 
         "load");
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   g_read_cpu_s = ProcessCpuSeconds() - cpu0;
+  NoteDeviceQueue(device0, dir, secs);
   g_before_reads_s = *std::max_element(before_reads.begin(), before_reads.end());
   *bytes_read = 0;
   for (uint64_t b : read) *bytes_read += b;
@@ -427,6 +464,9 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
   // segment limit, far below what it takes into huge pages (docs/PERFORMANCE.md, "Requests cut
   // by the destination's pages").
   std::map<std::string, std::vector<double>> request_kib;
+  // Per read step, the device's read requests in flight on average and the fraction of the time
+  // it had any, in each run (g_device_queue).
+  std::map<std::string, std::vector<double>> in_flight, busy;
   // Per read step, the CPU seconds its read took per GiB of state in each run (g_read_cpu_s).
   std::map<std::string, std::vector<double>> cpu_per_gib;
   // Per load step, the milliseconds before its last rank's first read in each run.
@@ -498,6 +538,10 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
         if (g_before_reads_s >= 0) before_reads_ms[name].push_back(g_before_reads_s * 1e3);
         const std::optional<DeviceReads> after = ReadDeviceReads(dir);
         cpu_per_gib[name].push_back(g_read_cpu_s / (model.total_bytes() / double(1 << 30)));
+        if (g_device_queue) {
+          in_flight[name].push_back(g_device_queue->in_flight);
+          busy[name].push_back(g_device_queue->busy);
+        }
         if (before && after && after->requests > before->requests) {
           request_kib[name].push_back(static_cast<double>(after->bytes - before->bytes) /
                                       (after->requests - before->requests) / 1024);
@@ -593,6 +637,8 @@ void BenchSize(uint64_t mib, int runs, const std::string& dir, ThreadPool& pool)
     std::printf("\n");
   };
   print_per_step("device reads", "KiB per request", request_kib, 0);
+  print_per_step("device queue", "reads in flight on average", in_flight, 1);
+  print_per_step("device busy", "fraction of the time with a read in flight", busy, 2);
   print_per_step("read cpu", "CPU seconds per GiB", cpu_per_gib, 2);
   print_per_step("before reads", "ms to the last rank's first read", before_reads_ms, 1);
   std::printf("%s", residency.c_str());
